@@ -1,0 +1,328 @@
+//! The `jobset.x-k8s.io/v1alpha2` JobSet, modelled as far as we read it.
+//!
+//! Every struct keeps the fields it does not model in a flattened `extra` map, and every modelled
+//! field is optional, so an object read and written back is the same JSON: nothing we do not model
+//! is lost. Pod templates stay raw JSON ([`serde_json::Value`]) because they carry fields newer than
+//! any typed Kubernetes crate knows; admission works on them with targeted JSON Patch operations.
+//!
+//! The epoch status fields are not modelled here: their names depend on the protocol dialect, and
+//! [`crate::protocol::Dialect`] reads them from [`JobSetStatus::extra`].
+
+use std::borrow::Cow;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::protocol::{DISABLE_ANNOTATION, Dialect, EpochStatus, IN_PLACE_RESTART};
+
+pub const GROUP: &str = "jobset.x-k8s.io";
+pub const VERSION: &str = "v1alpha2";
+pub const API_VERSION: &str = "jobset.x-k8s.io/v1alpha2";
+pub const KIND: &str = "JobSet";
+pub const PLURAL: &str = "jobsets";
+
+/// A JobSet.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JobSet {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_version: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec: Option<JobSetSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<JobSetStatus>,
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+/// `spec` of a JobSet.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JobSetSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicated_jobs: Option<Vec<ReplicatedJob>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_policy: Option<FailurePolicy>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub suspend: Option<bool>,
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+/// `spec.failurePolicy`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FailurePolicy {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_restarts: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restart_strategy: Option<String>,
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+/// `spec.replicatedJobs[i]`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplicatedJob {
+    #[serde(default)]
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<JobTemplate>,
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+/// `spec.replicatedJobs[i].template` (a batch/v1 JobTemplateSpec).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JobTemplate {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec: Option<JobSpec>,
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+/// `spec.replicatedJobs[i].template.spec` (a batch/v1 JobSpec); the pod template stays raw.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JobSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallelism: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completions: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backoff_limit: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_replacement_policy: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<Value>,
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+/// `status` of a JobSet. The dialect's epoch fields live in `extra`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JobSetStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conditions: Option<Vec<Condition>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restarts: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restarts_count_towards_max: Option<i32>,
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+/// A status condition (metav1.Condition, every field optional so a partial one still parses).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Condition {
+    #[serde(default, rename = "type")]
+    pub type_: String,
+    #[serde(default)]
+    pub status: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_transition_time: Option<String>,
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+impl kube::Resource for JobSet {
+    type DynamicType = ();
+    type Scope = k8s_openapi::NamespaceResourceScope;
+
+    fn kind(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed(KIND)
+    }
+    fn group(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed(GROUP)
+    }
+    fn version(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed(VERSION)
+    }
+    fn api_version(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed(API_VERSION)
+    }
+    fn plural(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed(PLURAL)
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+impl JobSet {
+    /// A JobSet with `apiVersion`, `kind`, name and namespace set, for builders and tests.
+    pub fn new(namespace: &str, name: &str, spec: JobSetSpec) -> Self {
+        JobSet {
+            api_version: Some(API_VERSION.to_owned()),
+            kind: Some(KIND.to_owned()),
+            metadata: ObjectMeta {
+                name: Some(name.to_owned()),
+                namespace: Some(namespace.to_owned()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(spec),
+            status: None,
+            extra: Map::new(),
+        }
+    }
+
+    pub fn failure_policy(&self) -> Option<&FailurePolicy> {
+        self.spec.as_ref()?.failure_policy.as_ref()
+    }
+
+    /// `spec.failurePolicy.restartStrategy == InPlaceRestart`.
+    pub fn is_in_place_restart(&self) -> bool {
+        self.failure_policy()
+            .and_then(|f| f.restart_strategy.as_deref())
+            == Some(IN_PLACE_RESTART)
+    }
+
+    /// The JobSet carries the annotation that disables in-place restart.
+    pub fn is_in_place_restart_disabled(&self) -> bool {
+        self.metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(DISABLE_ANNOTATION))
+    }
+
+    /// `spec.failurePolicy.maxRestarts`, 0 when absent (the JobSet API default).
+    pub fn max_restarts(&self) -> i32 {
+        self.failure_policy()
+            .and_then(|f| f.max_restarts)
+            .unwrap_or(0)
+    }
+
+    pub fn is_suspended(&self) -> bool {
+        self.spec.as_ref().and_then(|s| s.suspend).unwrap_or(false)
+    }
+
+    /// A `Completed` or `Failed` condition is `True`.
+    pub fn is_finished(&self) -> bool {
+        self.conditions()
+            .iter()
+            .any(|c| (c.type_ == "Completed" || c.type_ == "Failed") && c.status == "True")
+    }
+
+    pub fn conditions(&self) -> &[Condition] {
+        self.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_deref())
+            .unwrap_or(&[])
+    }
+
+    pub fn replicated_jobs(&self) -> &[ReplicatedJob] {
+        self.spec
+            .as_ref()
+            .and_then(|s| s.replicated_jobs.as_deref())
+            .unwrap_or(&[])
+    }
+
+    /// Sum over replicatedJobs of `replicas * parallelism` (each defaulting to 1, as the JobSet
+    /// and Job APIs do).
+    pub fn expected_pods(&self) -> i64 {
+        self.replicated_jobs()
+            .iter()
+            .map(|rj| {
+                let replicas = i64::from(rj.replicas.unwrap_or(1).max(0));
+                let parallelism = rj
+                    .template
+                    .as_ref()
+                    .and_then(|t| t.spec.as_ref())
+                    .and_then(|s| s.parallelism)
+                    .unwrap_or(1)
+                    .max(0);
+                replicas * i64::from(parallelism)
+            })
+            .sum()
+    }
+
+    /// The dialect's epoch fields of the status.
+    pub fn epoch_status(&self, dialect: Dialect) -> EpochStatus {
+        dialect.read_status(self.status.as_ref().map(|s| &s.extra))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn sample() -> Value {
+        json!({
+            "apiVersion": "jobset.x-k8s.io/v1alpha2",
+            "kind": "JobSet",
+            "metadata": {"name": "js", "namespace": "ns", "annotations": {"a/b": "c"}},
+            "spec": {
+                "failurePolicy": {"maxRestarts": 3, "restartStrategy": "InPlaceRestart",
+                                  "rules": [{"action": "FailJobSet"}]},
+                "futureField": {"x": [1, 2]},
+                "replicatedJobs": [{
+                    "name": "rj", "replicas": 2, "dependsOn": [],
+                    "template": {"metadata": {"labels": {"l": "v"}}, "spec": {
+                        "parallelism": 3, "completions": 3, "backoffLimit": 2147483647,
+                        "podReplacementPolicy": "Failed", "managedBy": "x",
+                        "template": {"spec": {"containers": [{"name": "w", "newThing": true}]}}
+                    }}
+                }]
+            },
+            "status": {"restarts": 1, "restartsCountTowardsMax": 1, "syncedEpoch": 4,
+                       "deprecatedEpoch": 3, "replicatedJobsStatus": [],
+                       "conditions": [{"type": "Failed", "status": "False", "observedGeneration": 2}]}
+        })
+    }
+
+    #[test]
+    fn round_trips_unknown_fields() {
+        let v = sample();
+        let js: JobSet = serde_json::from_value(v.clone()).expect("parses");
+        assert_eq!(serde_json::to_value(&js).expect("serializes"), v);
+    }
+
+    #[test]
+    fn reads_what_the_protocol_needs() {
+        let js: JobSet = serde_json::from_value(sample()).expect("parses");
+        assert!(js.is_in_place_restart());
+        assert!(!js.is_finished());
+        assert!(!js.is_suspended());
+        assert_eq!(js.max_restarts(), 3);
+        assert_eq!(js.expected_pods(), 6);
+        let st = js.epoch_status(Dialect::Epoch);
+        assert_eq!((st.deprecated, st.synced), (Some(3), Some(4)));
+        assert_eq!(js.epoch_status(Dialect::Attempt), EpochStatus::default());
+    }
+
+    #[test]
+    fn reads_the_released_crd_examples() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../shared/reference/jobset-v0.12");
+        for name in [
+            "jobset-sidecar-container-mode.yaml",
+            "jobset-main-container-mode.yaml",
+        ] {
+            let text = std::fs::read_to_string(dir.join(name)).expect("reference example");
+            let v: Value = serde_yaml::from_str(&text).expect("yaml");
+            let js: JobSet = serde_json::from_value(v.clone()).expect("jobset");
+            assert_eq!(serde_json::to_value(&js).expect("serializes"), v, "{name}");
+            assert_eq!(js.expected_pods(), 4, "{name}");
+            assert!(js.is_in_place_restart());
+        }
+    }
+}

@@ -1,0 +1,29 @@
+//! jobset-inplace: fast in-place group restarts for JobSets.
+//!
+//! One crate, one binary (`jobset-inplace`) with these components:
+//! - [`admission`]: the pure validation and mutation of InPlaceRestart JobSets, and the
+//!   AdmissionReview handling shared by the HTTPS server and the offline commands;
+//! - [`webhook`]: the HTTPS admission server;
+//! - [`reconciler`]: the epoch reconciler;
+//! - [`agent`]: the sidecar in every worker pod;
+//! - [`certs`]: CA and serving certificates;
+//! - [`offline`]: `inject`, `check`, `review` without a cluster;
+//! - [`protocol`]: the epoch protocol's dialects and pure decisions;
+//! - [`jobset`]: the JobSet model;
+//! - [`testing`]: the in-repo Kubernetes test API server and test helpers.
+#![forbid(unsafe_code)]
+
+pub mod admission;
+pub mod agent;
+pub mod certs;
+pub mod cli;
+pub mod error;
+pub mod jobset;
+pub mod offline;
+pub mod protocol;
+pub mod reconciler;
+pub mod telemetry;
+pub mod testing;
+pub mod webhook;
+
+pub use error::{Error, Result};

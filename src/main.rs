@@ -1,0 +1,50 @@
+#![forbid(unsafe_code)]
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use jobset_inplace::cli::{Cli, Command};
+use jobset_inplace::telemetry;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if let Err(e) = telemetry::init_logging(cli.log_format, &cli.log_level) {
+        eprintln!("jobset-inplace: {e}");
+        return ExitCode::from(2);
+    }
+    let global = cli.global();
+    // The agent runs on every in-place restart: a single-threaded runtime starts fastest.
+    let runtime = match cli.command {
+        Command::Agent(_) => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+        _ => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build(),
+    };
+    let runtime = match runtime {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("jobset-inplace: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async move {
+        match cli.command {
+            Command::Webhook(args) => args.run(global).await,
+            Command::Reconciler(args) => args.run(global).await,
+            Command::Agent(args) => args.run(global).await,
+            Command::Certs(args) => args.run(global).await,
+            Command::Inject(args) => args.run(global).await,
+            Command::Check(args) => args.run(global).await,
+            Command::Review(args) => args.run(global).await,
+        }
+    });
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("jobset-inplace: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,735 @@
+//! The epoch protocol (design.md §2): the two wire dialects and the pure decisions of the agent
+//! and the reconciler.
+//!
+//! This is the only module that spells the dialect-dependent names (the pod annotation and the two
+//! status fields). Everything else asks a [`Dialect`] for them.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde_json::{Map, Value, json};
+
+/// Label (and annotation) the JobSet controller sets on every pod of a JobSet.
+pub const JOBSET_NAME_LABEL: &str = "jobset.sigs.k8s.io/jobset-name";
+/// Annotation on a JobSet that turns the barrier off: agents lift at once, the reconciler idles.
+pub const DISABLE_ANNOTATION: &str = "jobset.sigs.k8s.io/disable-in-place-restart";
+/// `spec.failurePolicy.restartStrategy` value that enables the protocol.
+pub const IN_PLACE_RESTART: &str = "InPlaceRestart";
+
+/// An epoch value. The status fields are int32 in the CRD, so epochs are too.
+pub type Epoch = i32;
+
+/// The wire names of the protocol.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, clap::ValueEnum)]
+pub enum Dialect {
+    /// KEP-467 as written: `jobset.sigs.k8s.io/epoch`, `status.deprecatedEpoch`,
+    /// `status.syncedEpoch`; the first epoch is 1.
+    #[default]
+    Epoch,
+    /// JobSet >= v0.11 as released: `jobset.sigs.k8s.io/in-place-restart-attempt`,
+    /// `status.previousInPlaceRestartAttempt`, `status.currentInPlaceRestartAttempt`; the first
+    /// epoch is 0.
+    Attempt,
+}
+
+impl Dialect {
+    pub const ALL: [Dialect; 2] = [Dialect::Epoch, Dialect::Attempt];
+
+    /// The value used on the command line and in `JOBSET_INPLACE_PROTOCOL`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Dialect::Epoch => "epoch",
+            Dialect::Attempt => "attempt",
+        }
+    }
+
+    /// The pod annotation that carries a pod's epoch.
+    pub fn pod_annotation(self) -> &'static str {
+        match self {
+            Dialect::Epoch => "jobset.sigs.k8s.io/epoch",
+            Dialect::Attempt => "jobset.sigs.k8s.io/in-place-restart-attempt",
+        }
+    }
+
+    /// The JobSet status field (under `status`) holding the deprecated epoch.
+    pub fn deprecated_field(self) -> &'static str {
+        match self {
+            Dialect::Epoch => "deprecatedEpoch",
+            Dialect::Attempt => "previousInPlaceRestartAttempt",
+        }
+    }
+
+    /// The JobSet status field (under `status`) holding the synced epoch.
+    pub fn synced_field(self) -> &'static str {
+        match self {
+            Dialect::Epoch => "syncedEpoch",
+            Dialect::Attempt => "currentInPlaceRestartAttempt",
+        }
+    }
+
+    /// The epoch a pod registers when neither its own annotation nor the synced field exists.
+    pub fn first_epoch(self) -> Epoch {
+        match self {
+            Dialect::Epoch => 1,
+            Dialect::Attempt => 0,
+        }
+    }
+
+    /// Reads the two epoch fields from a JobSet `status` object (absent or malformed values read
+    /// as absent: a status we cannot read is one we must rewrite).
+    pub fn read_status(self, status: Option<&Map<String, Value>>) -> EpochStatus {
+        let field = |name: &str| {
+            status
+                .and_then(|s| s.get(name))
+                .and_then(Value::as_i64)
+                .and_then(|v| Epoch::try_from(v).ok())
+                .filter(|v| *v >= 0)
+        };
+        EpochStatus {
+            deprecated: field(self.deprecated_field()),
+            synced: field(self.synced_field()),
+        }
+    }
+
+    /// The JSON merge patch (for the `status` subresource) that writes the changed fields.
+    /// Returns `None` when nothing changes.
+    pub fn status_merge_patch(self, change: &StatusChange) -> Option<Value> {
+        let mut status = Map::new();
+        if let Some(d) = change.deprecated {
+            status.insert(self.deprecated_field().to_owned(), json!(d));
+        }
+        if let Some(s) = change.synced {
+            status.insert(self.synced_field().to_owned(), json!(s));
+        }
+        if status.is_empty() {
+            None
+        } else {
+            Some(json!({ "status": status }))
+        }
+    }
+
+    /// The JSON merge patch an agent sends to register its pod at `epoch`.
+    pub fn pod_epoch_merge_patch(self, epoch: Epoch) -> Value {
+        json!({ "metadata": { "annotations": { self.pod_annotation(): epoch.to_string() } } })
+    }
+
+    /// Reads a pod's epoch annotation from its annotations map: `Ok(None)` when absent.
+    pub fn read_pod_epoch<'a, I>(self, annotations: I) -> Result<Option<Epoch>, EpochParseError>
+    where
+        I: IntoIterator<Item = (&'a String, &'a String)>,
+    {
+        let key = self.pod_annotation();
+        match annotations.into_iter().find(|(k, _)| k.as_str() == key) {
+            None => Ok(None),
+            Some((_, v)) => parse_epoch(v).map(Some),
+        }
+    }
+}
+
+impl fmt::Display for Dialect {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Error for an unknown dialect name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown protocol {0:?}: expected \"epoch\" or \"attempt\"")]
+pub struct UnknownDialect(pub String);
+
+impl FromStr for Dialect {
+    type Err = UnknownDialect;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "epoch" => Ok(Dialect::Epoch),
+            "attempt" => Ok(Dialect::Attempt),
+            other => Err(UnknownDialect(other.to_owned())),
+        }
+    }
+}
+
+/// Error for an epoch annotation that is not a non-negative int32 in plain decimal.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("malformed epoch {value:?}: expected a non-negative integer below 2^31")]
+pub struct EpochParseError {
+    pub value: String,
+}
+
+/// Parses an epoch annotation value: plain ASCII decimal digits, no sign, no spaces, at most
+/// `i32::MAX`. Anything else is malformed (and reported, never guessed at).
+pub fn parse_epoch(value: &str) -> Result<Epoch, EpochParseError> {
+    let err = || EpochParseError {
+        value: value.chars().take(64).collect(),
+    };
+    if value.is_empty() || value.len() > 10 || !value.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(err());
+    }
+    value.parse::<Epoch>().map_err(|_| err())
+}
+
+/// The two epoch fields of a JobSet status, as read.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EpochStatus {
+    pub deprecated: Option<Epoch>,
+    pub synced: Option<Epoch>,
+}
+
+/// The fields to write; `None` means "leave as is".
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StatusChange {
+    pub deprecated: Option<Epoch>,
+    pub synced: Option<Epoch>,
+}
+
+impl StatusChange {
+    pub fn is_empty(&self) -> bool {
+        self.deprecated.is_none() && self.synced.is_none()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Agent
+// ---------------------------------------------------------------------------------------------
+
+/// Agent step 2: the epoch a starting agent registers, `max(synced + 1, own + 1)`, an absent value
+/// putting no constraint, and the dialect's first epoch when both are absent.
+pub fn agent_epoch(dialect: Dialect, own: Option<Epoch>, synced: Option<Epoch>) -> Epoch {
+    let next = |e: Epoch| e.saturating_add(1);
+    match (own.map(next), synced.map(next)) {
+        (None, None) => dialect.first_epoch(),
+        (Some(a), None) | (None, Some(a)) => a,
+        (Some(a), Some(b)) => a.max(b),
+    }
+}
+
+/// What an agent knows about its JobSet at one moment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AgentView {
+    /// `spec.failurePolicy.restartStrategy == InPlaceRestart`.
+    pub in_place_restart: bool,
+    /// The JobSet carries [`DISABLE_ANNOTATION`].
+    pub disabled: bool,
+    pub status: EpochStatus,
+}
+
+/// What an agent does on a JobSet state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AgentAction {
+    /// The pod's epoch is deprecated: exit with the restart code.
+    Restart { deprecated: Epoch },
+    /// Let the worker start (idempotent).
+    LiftBarrier,
+    /// Keep the barrier; wait for the next state.
+    Wait,
+}
+
+/// Agent step 4, for one observed JobSet state.
+pub fn agent_decide(epoch: Epoch, view: &AgentView) -> AgentAction {
+    if !view.in_place_restart || view.disabled {
+        return AgentAction::LiftBarrier;
+    }
+    if let Some(deprecated) = view.status.deprecated
+        && epoch <= deprecated
+    {
+        return AgentAction::Restart { deprecated };
+    }
+    if view.status.synced == Some(epoch) {
+        AgentAction::LiftBarrier
+    } else {
+        AgentAction::Wait
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reconciler
+// ---------------------------------------------------------------------------------------------
+
+/// What the reconciler reads of one pod.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct PodView {
+    pub name: String,
+    /// `status.phase == Failed`.
+    pub failed: bool,
+    /// `metadata.deletionTimestamp` is set.
+    pub terminating: bool,
+    /// The raw epoch annotation, if any.
+    pub epoch_annotation: Option<String>,
+    /// The largest `restartCount` over all container statuses (init, sidecar and regular).
+    pub max_restart_count: i32,
+}
+
+/// What the reconciler reads of one JobSet and its pods.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReconcileInput<'a> {
+    pub dialect: Dialect,
+    /// Sum over replicatedJobs of `replicas * parallelism`.
+    pub expected_pods: i64,
+    /// `spec.failurePolicy.maxRestarts` (absent is 0, as in the JobSet API).
+    pub max_restarts: i32,
+    pub status: EpochStatus,
+    /// `status.restarts`.
+    pub restarts: i32,
+    /// `status.restartsCountTowardsMax`.
+    pub restarts_count_towards_max: i32,
+    pub pods: &'a [PodView],
+}
+
+/// Why a JobSet is failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MaxRestartsExceeded {
+    /// In-place restarts so far (`max(epochs) - first epoch`, less the restarts that do not count)
+    /// exceed `maxRestarts`.
+    ByEpoch { restarts: i64, max_restarts: i32 },
+    /// A container of a pod restarted more than `maxRestarts` times.
+    ByRestartCount {
+        pod: String,
+        restart_count: i32,
+        max_restarts: i32,
+    },
+}
+
+impl fmt::Display for MaxRestartsExceeded {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MaxRestartsExceeded::ByEpoch {
+                restarts,
+                max_restarts,
+            } => write!(
+                f,
+                "{restarts} in-place group restarts exceed maxRestarts {max_restarts}"
+            ),
+            MaxRestartsExceeded::ByRestartCount {
+                pod,
+                restart_count,
+                max_restarts,
+            } => write!(
+                f,
+                "a container of pod {pod} restarted {restart_count} times, more than maxRestarts {max_restarts}"
+            ),
+        }
+    }
+}
+
+/// A pod whose epoch annotation could not be parsed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MalformedEpoch {
+    pub pod: String,
+    pub error: EpochParseError,
+}
+
+/// The reconciler's decision for one JobSet.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct Decision {
+    /// Fields to write (only those that change).
+    pub change: StatusChange,
+    /// Set when the JobSet must be failed; no epoch field is written then.
+    pub fail: Option<MaxRestartsExceeded>,
+    /// Pods whose annotation is malformed (ignored, to be reported).
+    pub malformed: Vec<MalformedEpoch>,
+    /// Pods counted (not failed, not terminating) with a valid epoch.
+    pub registered: usize,
+    /// Largest registered epoch.
+    pub max_epoch: Option<Epoch>,
+    /// When `change.deprecated` is set: how many counted pods are at or below it and must restart.
+    pub pods_to_restart: usize,
+}
+
+/// Reconciler steps 1 to 5 for one JobSet that has the InPlaceRestart strategy and is neither
+/// finished nor suspended (the caller checks that).
+pub fn reconcile_decide(input: &ReconcileInput<'_>) -> Decision {
+    let first = input.dialect.first_epoch();
+    let mut decision = Decision::default();
+    let mut epochs: Vec<Epoch> = Vec::with_capacity(input.pods.len());
+    let mut worst_restart: Option<(&str, i32)> = None;
+
+    for pod in input.pods.iter().filter(|p| !p.failed && !p.terminating) {
+        if worst_restart.is_none_or(|(_, c)| pod.max_restart_count > c) {
+            worst_restart = Some((&pod.name, pod.max_restart_count));
+        }
+        match pod.epoch_annotation.as_deref().map(parse_epoch) {
+            None => {}
+            Some(Ok(e)) => epochs.push(e),
+            Some(Err(error)) => decision.malformed.push(MalformedEpoch {
+                pod: pod.name.clone(),
+                error,
+            }),
+        }
+    }
+    decision.registered = epochs.len();
+    let max_epoch = epochs.iter().copied().max();
+    decision.max_epoch = max_epoch;
+
+    // Step 2: max restarts, by epoch and by container restart count.
+    let max_restarts = input.max_restarts.max(0);
+    if let Some(max) = max_epoch {
+        let not_counted = i64::from(input.restarts) - i64::from(input.restarts_count_towards_max);
+        let restarts = i64::from(max) - i64::from(first) - not_counted.max(0);
+        if restarts > i64::from(max_restarts) {
+            decision.fail = Some(MaxRestartsExceeded::ByEpoch {
+                restarts,
+                max_restarts,
+            });
+            return decision;
+        }
+    }
+    if let Some((pod, restart_count)) = worst_restart
+        && restart_count > max_restarts
+    {
+        decision.fail = Some(MaxRestartsExceeded::ByRestartCount {
+            pod: pod.to_owned(),
+            restart_count,
+            max_restarts,
+        });
+        return decision;
+    }
+
+    let Some(max) = max_epoch else {
+        return decision;
+    };
+
+    // Steps 3 and 4: everyone registered at one epoch.
+    let in_sync = input.expected_pods > 0
+        && i64::try_from(epochs.len()).unwrap_or(i64::MAX) >= input.expected_pods
+        && epochs.iter().all(|e| *e == max);
+    if in_sync {
+        let above_deprecated = input.status.deprecated.is_none_or(|d| max > d);
+        if above_deprecated && input.status.synced.is_none_or(|s| max > s) {
+            decision.change.synced = Some(max);
+        }
+        // A wiped deprecated field is rewritten even while in sync.
+        if input.status.deprecated.is_none() && max > first {
+            decision.change.deprecated = Some(max - 1);
+        }
+    } else {
+        // Step 5: deprecate everything below the newest epoch.
+        let candidate = max.saturating_sub(1);
+        if candidate >= first && input.status.deprecated.is_none_or(|d| candidate > d) {
+            decision.change.deprecated = Some(candidate);
+        }
+    }
+    if let Some(d) = decision.change.deprecated {
+        decision.pods_to_restart = epochs.iter().filter(|e| **e <= d).count();
+    }
+    decision
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(name: &str, epoch: Option<&str>) -> PodView {
+        PodView {
+            name: name.into(),
+            epoch_annotation: epoch.map(str::to_owned),
+            ..PodView::default()
+        }
+    }
+
+    fn input<'a>(
+        dialect: Dialect,
+        expected: i64,
+        status: EpochStatus,
+        pods: &'a [PodView],
+    ) -> ReconcileInput<'a> {
+        ReconcileInput {
+            dialect,
+            expected_pods: expected,
+            max_restarts: 10,
+            status,
+            restarts: 0,
+            restarts_count_towards_max: 0,
+            pods,
+        }
+    }
+
+    fn st(deprecated: Option<Epoch>, synced: Option<Epoch>) -> EpochStatus {
+        EpochStatus { deprecated, synced }
+    }
+
+    #[test]
+    fn dialect_names_round_trip() {
+        for d in Dialect::ALL {
+            assert_eq!(d.as_str().parse::<Dialect>(), Ok(d));
+        }
+        assert!("Epoch".parse::<Dialect>().is_err());
+    }
+
+    #[test]
+    fn parse_epoch_is_strict() {
+        assert_eq!(parse_epoch("0"), Ok(0));
+        assert_eq!(parse_epoch("2147483647"), Ok(i32::MAX));
+        for bad in [
+            "",
+            "-1",
+            "+1",
+            " 1",
+            "1 ",
+            "2147483648",
+            "99999999999",
+            "1.0",
+            "x",
+            "١",
+        ] {
+            assert!(parse_epoch(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn agent_epoch_rule() {
+        assert_eq!(agent_epoch(Dialect::Epoch, None, None), 1);
+        assert_eq!(agent_epoch(Dialect::Attempt, None, None), 0);
+        assert_eq!(agent_epoch(Dialect::Epoch, None, Some(3)), 4);
+        assert_eq!(agent_epoch(Dialect::Epoch, Some(3), None), 4);
+        assert_eq!(agent_epoch(Dialect::Epoch, Some(5), Some(3)), 6);
+        assert_eq!(agent_epoch(Dialect::Attempt, Some(1), Some(4)), 5);
+        assert_eq!(agent_epoch(Dialect::Epoch, Some(i32::MAX), None), i32::MAX);
+    }
+
+    #[test]
+    fn agent_decisions() {
+        let view = |in_place, disabled, d, s| AgentView {
+            in_place_restart: in_place,
+            disabled,
+            status: st(d, s),
+        };
+        assert_eq!(
+            agent_decide(2, &view(true, false, Some(2), Some(2))),
+            AgentAction::Restart { deprecated: 2 }
+        );
+        assert_eq!(
+            agent_decide(2, &view(true, false, Some(1), Some(2))),
+            AgentAction::LiftBarrier
+        );
+        assert_eq!(
+            agent_decide(2, &view(true, false, Some(1), Some(1))),
+            AgentAction::Wait
+        );
+        assert_eq!(
+            agent_decide(1, &view(true, false, None, None)),
+            AgentAction::Wait
+        );
+        assert_eq!(
+            agent_decide(1, &view(false, false, Some(5), None)),
+            AgentAction::LiftBarrier
+        );
+        assert_eq!(
+            agent_decide(1, &view(true, true, Some(5), None)),
+            AgentAction::LiftBarrier
+        );
+    }
+
+    #[test]
+    fn kep_all_pods_in_sync_no_write() {
+        let pods = [pod("a", Some("2")), pod("b", Some("2"))];
+        let d = reconcile_decide(&input(Dialect::Epoch, 2, st(Some(1), Some(2)), &pods));
+        assert!(d.change.is_empty());
+        assert!(d.fail.is_none());
+    }
+
+    #[test]
+    fn kep_all_just_synced_writes_synced() {
+        let pods = [pod("a", Some("2")), pod("b", Some("2"))];
+        let d = reconcile_decide(&input(Dialect::Epoch, 2, st(Some(1), Some(1)), &pods));
+        assert_eq!(
+            d.change,
+            StatusChange {
+                deprecated: None,
+                synced: Some(2)
+            }
+        );
+    }
+
+    #[test]
+    fn kep_first_sync_writes_synced_only() {
+        let pods = [pod("a", Some("1")), pod("b", Some("1"))];
+        let d = reconcile_decide(&input(Dialect::Epoch, 2, st(None, None), &pods));
+        assert_eq!(
+            d.change,
+            StatusChange {
+                deprecated: None,
+                synced: Some(1)
+            }
+        );
+        let pods = [pod("a", Some("0")), pod("b", Some("0"))];
+        let d = reconcile_decide(&input(Dialect::Attempt, 2, st(None, None), &pods));
+        assert_eq!(d.change.synced, Some(0));
+        assert_eq!(d.change.deprecated, None);
+    }
+
+    #[test]
+    fn kep_one_pod_moved_writes_deprecated() {
+        let pods = [pod("a", Some("3")), pod("b", Some("2"))];
+        let d = reconcile_decide(&input(Dialect::Epoch, 2, st(Some(1), Some(2)), &pods));
+        assert_eq!(
+            d.change,
+            StatusChange {
+                deprecated: Some(2),
+                synced: None
+            }
+        );
+        assert_eq!(d.pods_to_restart, 1);
+    }
+
+    #[test]
+    fn kep_lost_sync_second_pod_moved_no_write() {
+        let pods = [
+            pod("a", Some("3")),
+            pod("b", Some("3")),
+            pod("c", Some("2")),
+        ];
+        let d = reconcile_decide(&input(Dialect::Epoch, 3, st(Some(2), Some(2)), &pods));
+        assert!(d.change.is_empty());
+    }
+
+    #[test]
+    fn unregistered_pods_block_sync() {
+        let pods = [pod("a", Some("1")), pod("b", None)];
+        let d = reconcile_decide(&input(Dialect::Epoch, 2, st(None, None), &pods));
+        assert!(d.change.is_empty());
+        assert_eq!(d.registered, 1);
+    }
+
+    #[test]
+    fn failed_and_terminating_pods_are_ignored() {
+        let mut failed = pod("old", Some("1"));
+        failed.failed = true;
+        let mut terminating = pod("gone", Some("1"));
+        terminating.terminating = true;
+        let pods = [
+            failed,
+            terminating,
+            pod("a", Some("2")),
+            pod("b", Some("2")),
+        ];
+        let d = reconcile_decide(&input(Dialect::Epoch, 2, st(Some(1), Some(1)), &pods));
+        assert_eq!(d.change.synced, Some(2));
+        assert_eq!(d.registered, 2);
+    }
+
+    #[test]
+    fn malformed_annotations_are_reported_and_ignored() {
+        let pods = [pod("a", Some("x")), pod("b", Some("2"))];
+        let d = reconcile_decide(&input(Dialect::Epoch, 2, st(Some(1), Some(1)), &pods));
+        assert_eq!(d.malformed.len(), 1);
+        assert_eq!(d.malformed[0].pod, "a");
+        assert!(d.change.is_empty(), "a malformed pod is not registered");
+    }
+
+    #[test]
+    fn max_restarts_by_epoch() {
+        let pods = [pod("a", Some("5")), pod("b", Some("4"))];
+        let mut i = input(Dialect::Epoch, 2, st(Some(3), Some(4)), &pods);
+        i.max_restarts = 3;
+        let d = reconcile_decide(&i);
+        assert_eq!(
+            d.fail,
+            Some(MaxRestartsExceeded::ByEpoch {
+                restarts: 4,
+                max_restarts: 3
+            })
+        );
+        assert!(d.change.is_empty());
+        i.max_restarts = 4;
+        assert!(reconcile_decide(&i).fail.is_none());
+    }
+
+    #[test]
+    fn restarts_that_do_not_count() {
+        let pods = [pod("a", Some("5")), pod("b", Some("5"))];
+        let mut i = input(Dialect::Epoch, 2, st(Some(4), Some(4)), &pods);
+        i.max_restarts = 2;
+        i.restarts = 3;
+        i.restarts_count_towards_max = 1;
+        // 4 epoch restarts less 2 that do not count = 2, not above 2.
+        let d = reconcile_decide(&i);
+        assert!(d.fail.is_none());
+        assert_eq!(d.change.synced, Some(5));
+    }
+
+    #[test]
+    fn max_restarts_by_container_restart_count() {
+        let mut a = pod("a", Some("1"));
+        a.max_restart_count = 4;
+        let pods = [a, pod("b", Some("1"))];
+        let mut i = input(Dialect::Epoch, 2, st(None, None), &pods);
+        i.max_restarts = 3;
+        let d = reconcile_decide(&i);
+        assert!(matches!(
+            d.fail,
+            Some(MaxRestartsExceeded::ByRestartCount { ref pod, restart_count: 4, max_restarts: 3 }) if pod == "a"
+        ));
+    }
+
+    #[test]
+    fn wiped_fields_are_rewritten() {
+        let pods = [pod("a", Some("3")), pod("b", Some("3"))];
+        let d = reconcile_decide(&input(Dialect::Epoch, 2, st(None, None), &pods));
+        assert_eq!(
+            d.change,
+            StatusChange {
+                deprecated: Some(2),
+                synced: Some(3)
+            }
+        );
+        let pods = [pod("a", Some("4")), pod("b", Some("3"))];
+        let d = reconcile_decide(&input(Dialect::Epoch, 2, st(None, None), &pods));
+        assert_eq!(
+            d.change,
+            StatusChange {
+                deprecated: Some(3),
+                synced: None
+            }
+        );
+    }
+
+    #[test]
+    fn fields_never_decrease() {
+        let pods = [pod("a", Some("2")), pod("b", Some("2"))];
+        let d = reconcile_decide(&input(Dialect::Epoch, 2, st(Some(5), Some(6)), &pods));
+        assert!(d.change.is_empty());
+    }
+
+    #[test]
+    fn attempt_dialect_first_restart() {
+        let pods = [pod("a", Some("1")), pod("b", Some("0"))];
+        let d = reconcile_decide(&input(Dialect::Attempt, 2, st(None, Some(0)), &pods));
+        assert_eq!(d.change.deprecated, Some(0));
+        let pods = [pod("a", Some("1")), pod("b", Some("1"))];
+        let d = reconcile_decide(&input(Dialect::Attempt, 2, st(Some(0), Some(0)), &pods));
+        assert_eq!(d.change.synced, Some(1));
+    }
+
+    #[test]
+    fn epoch_dialect_first_epoch_is_never_deprecated() {
+        let pods = [pod("a", Some("1")), pod("b", None)];
+        let d = reconcile_decide(&input(Dialect::Epoch, 2, st(None, None), &pods));
+        assert!(d.change.is_empty());
+    }
+
+    #[test]
+    fn status_patches_use_dialect_names() {
+        let change = StatusChange {
+            deprecated: Some(1),
+            synced: Some(2),
+        };
+        assert_eq!(
+            Dialect::Epoch.status_merge_patch(&change),
+            Some(json!({"status": {"deprecatedEpoch": 1, "syncedEpoch": 2}}))
+        );
+        assert_eq!(
+            Dialect::Attempt.status_merge_patch(&change),
+            Some(
+                json!({"status": {"previousInPlaceRestartAttempt": 1, "currentInPlaceRestartAttempt": 2}})
+            )
+        );
+        assert_eq!(
+            Dialect::Epoch.status_merge_patch(&StatusChange::default()),
+            None
+        );
+        let status = json!({"deprecatedEpoch": 3, "syncedEpoch": -1, "other": 1});
+        assert_eq!(
+            Dialect::Epoch.read_status(status.as_object()),
+            st(Some(3), None)
+        );
+    }
+}
