@@ -12,6 +12,8 @@ fn main() -> ExitCode {
         eprintln!("jobset-inplace: {e}");
         return ExitCode::from(2);
     }
+    // The one TLS crypto provider of the process (kube's client and our server both use it).
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let global = cli.global();
     // The agent runs on every in-place restart: a single-threaded runtime starts fastest.
     let runtime = match cli.command {
