@@ -66,3 +66,62 @@ impl Cli {
         }
     }
 }
+
+/// Renders a clap error (other than `--help`/`--version`) as ONE line that names the flag, the
+/// environment variable that can also set it, and the accepted values.
+pub fn one_line_error(err: &clap::Error) -> String {
+    use clap::CommandFactory;
+    use clap::error::{ContextKind, ContextValue};
+
+    let rendered = err.render().to_string();
+    let mut line = rendered
+        .lines()
+        .next()
+        .unwrap_or("invalid command line")
+        .trim_start_matches("error: ")
+        .to_owned();
+    if let Some(ContextValue::String(arg)) = err.get(ContextKind::InvalidArg) {
+        let long = arg
+            .split_whitespace()
+            .next()
+            .unwrap_or_default()
+            .trim_start_matches("--");
+        let root = Cli::command();
+        let env = std::iter::once(&root)
+            .chain(root.get_subcommands())
+            .flat_map(|c| c.get_arguments())
+            .find(|a| a.get_long() == Some(long))
+            .and_then(|a| a.get_env())
+            .map(|e| e.to_string_lossy().into_owned());
+        if let Some(env) = env {
+            line.push_str(&format!(" (or env {env})"));
+        }
+    }
+    if let Some(ContextValue::Strings(values)) = err.get(ContextKind::ValidValue) {
+        line.push_str(&format!("; expected one of: {}", values.join(", ")));
+    }
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[test]
+    fn bad_value_is_one_line_naming_the_env_var() {
+        let err = Cli::try_parse_from(["jobset-inplace", "--protocol", "foo", "agent"])
+            .expect_err("rejected");
+        let line = one_line_error(&err);
+        assert!(!line.contains('\n'), "{line}");
+        assert!(line.contains("--protocol"), "{line}");
+        assert!(line.contains("JOBSET_INPLACE_PROTOCOL"), "{line}");
+        assert!(line.contains("epoch, attempt"), "{line}");
+    }
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

@@ -3,11 +3,22 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use jobset_inplace::cli::{Cli, Command};
+use jobset_inplace::cli::{self, Cli, Command};
 use jobset_inplace::telemetry;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if !e.use_stderr() => {
+            // --help and --version.
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("jobset-inplace: {}", cli::one_line_error(&e));
+            return ExitCode::from(2);
+        }
+    };
     if let Err(e) = telemetry::init_logging(cli.log_format, &cli.log_level) {
         eprintln!("jobset-inplace: {e}");
         return ExitCode::from(2);
