@@ -211,7 +211,10 @@ fn complete_agent(
     ])
     .is_none()
     {
-        let code = exit_code_for(agent, config.restart_exit_code);
+        let code = agent
+            .mode
+            .restart_code(&c.restart_rules(), config.restart_exit_code)
+            .unwrap_or(config.restart_exit_code);
         missing.push(literal_env(contract::RESTART_EXIT_CODE, &code.to_string()));
     }
     if c.env(contract::PROTOCOL).is_none() {
@@ -256,18 +259,6 @@ fn complete_agent(
         }
         _ => ops.push(add(env_ptr, Value::Array(missing))),
     }
-}
-
-/// The restart exit code to give an agent that sets none: the configured one if its restart rule
-/// covers it, else the first code the rule covers.
-fn exit_code_for(agent: &Agent<'_>, configured: u8) -> u8 {
-    agent
-        .container
-        .restart_rules()
-        .iter()
-        .filter(|r| agent.mode.rule_fits(r))
-        .find_map(|r| r.covered_code(configured))
-        .unwrap_or(configured)
 }
 
 /// Marks the pod template as injected (creating `metadata` and `annotations` as needed).

@@ -59,25 +59,9 @@ impl RestartRule<'_> {
         }
     }
 
-    /// The rule applies to every non-zero exit.
-    pub fn covers_every_failure(&self) -> bool {
-        match self.operator {
-            Some("NotIn") => self.values.iter().all(|v| *v == 0),
-            _ => false,
-        }
-    }
-
     /// The rule restarts the whole pod (either spelling).
     pub fn restarts_pod(&self) -> bool {
         self.action == RESTART_ALL_CONTAINERS || self.action == RESTART_POD
-    }
-
-    /// The first exit code in 1-255 the rule covers, preferring `preferred`.
-    pub fn covered_code(&self, preferred: u8) -> Option<u8> {
-        if self.covers(i64::from(preferred)) {
-            return Some(preferred);
-        }
-        (1..=255u8).find(|c| self.covers(i64::from(*c)))
     }
 }
 
@@ -265,6 +249,23 @@ impl AgentMode {
             AgentMode::MainContainer => rule.action == RESTART_CONTAINER || rule.restarts_pod(),
         }
     }
+
+    /// An exit with `code` restarts what the agent guards: the rules are evaluated in order and
+    /// the first that covers the code decides, as the kubelet does.
+    pub fn code_restarts(self, rules: &[RestartRule<'_>], code: u8) -> bool {
+        rules
+            .iter()
+            .find(|r| r.covers(i64::from(code)))
+            .is_some_and(|r| self.rule_fits(r))
+    }
+
+    /// The exit code to give an agent that sets none: `preferred` if its rules restart on it,
+    /// else the first code in 1-255 they restart on.
+    pub fn restart_code(self, rules: &[RestartRule<'_>], preferred: u8) -> Option<u8> {
+        std::iter::once(preferred)
+            .chain(1..=255)
+            .find(|c| self.code_restarts(rules, *c))
+    }
 }
 
 /// Where the agent of a pod template is.
@@ -274,11 +275,12 @@ pub struct Agent<'a> {
     pub container: Container<'a>,
 }
 
-/// A native sidecar (`restartPolicy: Always` init container) with a rule that restarts the pod.
+/// An init container whose exit restarts the whole pod, or that carries our agent's name: the
+/// agent sidecar (a well-formed one also has `restartPolicy: Always`, which validation checks).
 pub fn is_sidecar_agent(c: &Container<'_>) -> bool {
     c.list == ContainerList::Init
-        && c.restart_policy() == Some("Always")
-        && c.restart_rules().iter().any(RestartRule::restarts_pod)
+        && (c.restart_rules().iter().any(RestartRule::restarts_pod)
+            || c.name() == contract::CONTAINER_NAME)
 }
 
 /// A regular container running the worker under the agent (`WORKER_COMMAND` in its env).
@@ -286,17 +288,13 @@ pub fn is_main_container_agent(c: &Container<'_>) -> bool {
     c.list == ContainerList::Regular && c.env(contract::WORKER_COMMAND).is_some()
 }
 
-/// Every agent of a pod spec: sidecar-shaped init containers, main-container agents, and an init
-/// container carrying our agent's name even when it lacks the sidecar shape (it is the agent,
-/// broken; validation says how).
+/// Every agent of a pod spec: sidecar agents (see [`is_sidecar_agent`]; one lacking the sidecar
+/// shape is still the agent, broken, and validation says how) and main-container agents.
 pub fn agents(pod_spec: &Value) -> Vec<Agent<'_>> {
     all_containers(pod_spec)
         .into_iter()
         .filter_map(|container| {
-            let mode = if is_sidecar_agent(&container)
-                || (container.list == ContainerList::Init
-                    && container.name() == contract::CONTAINER_NAME)
-            {
+            let mode = if is_sidecar_agent(&container) {
                 AgentMode::Sidecar
             } else if is_main_container_agent(&container) {
                 AgentMode::MainContainer
@@ -333,10 +331,18 @@ mod tests {
         let rules = c.restart_rules();
         assert_eq!(rules.len(), 3);
         assert!(rules[0].covers(42) && !rules[0].covers(0));
-        assert!(rules[0].covers_every_failure() && rules[0].restarts_pod());
+        assert!(rules[0].restarts_pod() && !rules[1].restarts_pod());
         assert!(rules[1].covers(3) && !rules[1].covers(42));
-        assert_eq!(rules[1].covered_code(42), Some(3));
-        assert_eq!(rules[0].covered_code(42), Some(42));
+        assert_eq!(AgentMode::Sidecar.restart_code(&rules, 42), Some(42));
+        assert_eq!(AgentMode::MainContainer.restart_code(&rules, 42), Some(42));
+        // The first rule covering a code decides.
+        let shadowed = [rules[1].clone(), rules[0].clone()];
+        assert!(!AgentMode::Sidecar.code_restarts(&shadowed, 3));
+        assert_eq!(AgentMode::Sidecar.restart_code(&shadowed, 3), Some(1));
+        assert_eq!(
+            AgentMode::MainContainer.restart_code(&shadowed, 42),
+            Some(42)
+        );
         assert!(!rules[2].covers(1));
     }
 

@@ -103,6 +103,9 @@ pub fn decide(endpoint: Endpoint, request: &Request<'_>, config: &InjectionConfi
         "" => return Decision::malformed("request.operation is missing"),
         other => return Decision::malformed(&format!("unknown request.operation {other:?}")),
     }
+    if request.kind.is_empty() {
+        return Decision::malformed("request.kind is missing");
+    }
     if !is_jobset {
         return Decision::allow();
     }

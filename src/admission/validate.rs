@@ -8,7 +8,8 @@
 //! - the pod template runs exactly one agent, sidecar or main-container mode, whose restart rule
 //!   covers its restart exit code, with the env it needs and, as a sidecar, a startup probe on its
 //!   barrier ([`check_agent`]);
-//! - no restart rule uses KEP-467's `RestartPod` spelling ([`check_restart_pod_spelling`]).
+//! - no restart rule uses KEP-467's `RestartPod` spelling, and every container with restart
+//!   rules sets `restartPolicy` ([`check_restart_rules`]).
 
 use serde_json::Value;
 
@@ -47,7 +48,7 @@ pub fn validate(jobset: &Value, config: &InjectionConfig) -> Validation {
         check_completions(&prefix, job_spec, &mut out);
         let pod_prefix = format!("{prefix}.template.spec");
         let pod_spec = job_spec.pointer("/template/spec").unwrap_or(&Value::Null);
-        check_restart_pod_spelling(&pod_prefix, pod_spec, &mut out);
+        check_restart_rules(&pod_prefix, pod_spec, &mut out);
         check_agent(&pod_prefix, pod_spec, config.protocol, &mut out);
         check_service_account(&pod_prefix, pod_spec, &mut out);
     }
@@ -152,9 +153,20 @@ fn check_completions(prefix: &str, job_spec: &Value, out: &mut Validation) {
     }
 }
 
-fn check_restart_pod_spelling(pod_prefix: &str, pod_spec: &Value, out: &mut Validation) {
+/// Restart rules the API server would reject when it creates the pods, long after admission:
+/// KEP-467's `RestartPod` spelling, and rules on a container without an explicit
+/// `restartPolicy`.
+fn check_restart_rules(pod_prefix: &str, pod_spec: &Value, out: &mut Validation) {
     for c in pod::all_containers(pod_spec) {
-        for rule in c.restart_rules() {
+        let rules = c.restart_rules();
+        if !rules.is_empty() && c.restart_policy().is_none() {
+            violation(
+                out,
+                format!("{}.restartPolicy", container_path(pod_prefix, &c)),
+                "must be set when the container has restartPolicyRules (Kubernetes requires it)",
+            );
+        }
+        for rule in rules {
             if rule.action == pod::RESTART_POD {
                 violation(
                     out,
@@ -322,13 +334,8 @@ fn check_agent_rule(
 ) {
     let rules = agent.container.restart_rules();
     let wanted = agent.mode.wanted_action();
-    let fitting: Vec<_> = rules.iter().filter(|r| agent.mode.rule_fits(r)).collect();
     let code = exit_code.and_then(ExitCodeSetting::code);
-    let source = match exit_code {
-        Some(ExitCodeSetting::Env(name, _)) => format!("set by {name}"),
-        _ => "the agent's default".to_owned(),
-    };
-    if fitting.is_empty() {
+    if !rules.iter().any(|r| agent.mode.rule_fits(r)) {
         violation(
             out,
             format!("{path}.restartPolicyRules"),
@@ -344,14 +351,18 @@ fn check_agent_rule(
             ),
         );
     } else if let Some(code) = code
-        && !fitting.iter().any(|r| r.covers(i64::from(code)))
+        && !agent.mode.code_restarts(&rules, code)
     {
+        let source = match exit_code {
+            Some(ExitCodeSetting::Env(name, _)) => format!("set by {name}"),
+            _ => "the agent's default".to_owned(),
+        };
         violation(
             out,
             format!("{path}.restartPolicyRules"),
             format!(
-                "no {wanted} rule covers the agent's restart exit code {code} ({source}): the \
-                 pod would not restart when its epoch is deprecated"
+                "the first rule matching the agent's restart exit code {code} ({source}) must \
+                 be {wanted}: otherwise the pod does not restart when its epoch is deprecated"
             ),
         );
     }
@@ -452,11 +463,7 @@ fn check_worker_rules(pod_prefix: &str, pod_spec: &Value, agent: &Agent<'_>, out
         if agent.mode == AgentMode::MainContainer && c.index == agent.container.index {
             continue;
         }
-        let in_place = c
-            .restart_rules()
-            .iter()
-            .any(|r| r.restarts_pod() && r.covers_every_failure());
-        if !in_place {
+        if !c.restart_rules().iter().any(pod::RestartRule::restarts_pod) {
             out.warnings.push(format!(
                 "{} ({}): a crash of this container fails its pod, which is replaced before the \
                  group restarts; add restartPolicyRules [{{action: {}, exitCodes: {{operator: \
