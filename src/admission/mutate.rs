@@ -340,3 +340,104 @@ impl Ptr {
         Ptr(p)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::Dialect;
+
+    fn jobset(pod_spec: Value) -> Value {
+        json!({
+            "metadata": {"name": "js", "annotations": {}},
+            "spec": {
+                "failurePolicy": {"restartStrategy": "InPlaceRestart"},
+                "replicatedJobs": [{"name": "w", "template": {"spec": {"template": {"spec": pod_spec}}}}]
+            }
+        })
+    }
+
+    fn apply(js: &Value, config: &InjectionConfig) -> Value {
+        let mut out = js.clone();
+        json_patch::patch(&mut out, &mutate(js, config).patch).expect("applies");
+        out
+    }
+
+    fn env_value(container: &Value, name: &str) -> Option<String> {
+        container["env"]
+            .as_array()?
+            .iter()
+            .find(|e| e["name"] == name)
+            .and_then(|e| e["value"].as_str().map(str::to_owned))
+    }
+
+    #[test]
+    fn derived_exit_code_avoids_excluded_codes() {
+        let side = json!({"name": "a", "restartPolicy": "Always",
+            "restartPolicyRules": [{"action": "RestartAllContainers", "exitCodes": {"operator": "NotIn", "values": [0, 42]}}]});
+        let out = apply(
+            &jobset(json!({"initContainers": [side]})),
+            &InjectionConfig::defaults(Dialect::Epoch),
+        );
+        let agent = &out["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["initContainers"]
+            [0];
+        assert_eq!(
+            env_value(agent, "RESTART_POD_IN_PLACE_EXIT_CODE").as_deref(),
+            Some("1")
+        );
+    }
+
+    #[test]
+    fn existing_exit_code_alias_is_kept() {
+        let side = json!({"name": "a", "restartPolicy": "Always",
+            "restartPolicyRules": [{"action": "RestartAllContainers", "exitCodes": {"operator": "In", "values": [5]}}],
+            "env": [{"name": "IN_PLACE_RESTART_EXIT_CODE", "value": "5"}]});
+        let out = apply(
+            &jobset(json!({"initContainers": [side]})),
+            &InjectionConfig::defaults(Dialect::Epoch),
+        );
+        let agent = &out["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["initContainers"]
+            [0];
+        assert_eq!(env_value(agent, "RESTART_POD_IN_PLACE_EXIT_CODE"), None);
+    }
+
+    #[test]
+    fn opt_out_and_other_strategies_are_left_alone() {
+        let config = InjectionConfig::defaults(Dialect::Epoch);
+        let mut js = jobset(json!({"containers": [{"name": "w"}]}));
+        js["metadata"]["annotations"][crate::admission::INJECT_ANNOTATION] = json!("false");
+        assert!(mutate(&js, &config).patch.0.is_empty());
+        js["metadata"]["annotations"][crate::admission::INJECT_ANNOTATION] = json!("true");
+        assert!(!mutate(&js, &config).patch.0.is_empty());
+        js["spec"]["failurePolicy"]["restartStrategy"] = json!("Recreate");
+        assert!(mutate(&js, &config).patch.0.is_empty());
+    }
+
+    #[test]
+    fn an_older_injection_is_restamped_only_when_something_changes() {
+        let config = InjectionConfig::defaults(Dialect::Epoch);
+        let mut injected = apply(&jobset(json!({"containers": [{"name": "w"}]})), &config);
+        let template = "/spec/replicatedJobs/0/template/spec/template/metadata/annotations";
+        injected
+            .pointer_mut(template)
+            .and_then(Value::as_object_mut)
+            .map(|a| a.insert(crate::admission::INJECTED_ANNOTATION.into(), json!("0.0.1")));
+        assert!(
+            mutate(&injected, &config).patch.0.is_empty(),
+            "nothing to inject"
+        );
+    }
+
+    #[test]
+    fn injected_agent_uses_the_config() {
+        let mut config = InjectionConfig::defaults(Dialect::Attempt);
+        config.barrier_port = 9000;
+        let agent = agent_container(&config);
+        assert_eq!(env_value(&agent, "BARRIER_PORT").as_deref(), Some("9000"));
+        assert_eq!(env_value(&agent, "BARRIER_PATH"), None);
+        assert_eq!(
+            env_value(&agent, "JOBSET_INPLACE_PROTOCOL").as_deref(),
+            Some("attempt")
+        );
+        assert_eq!(agent["startupProbe"]["httpGet"]["port"], 9000);
+    }
+}

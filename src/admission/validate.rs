@@ -480,3 +480,231 @@ fn check_worker_rules(pod_prefix: &str, pod_spec: &Value, agent: &Agent<'_>, out
 fn shown(value: Option<&Value>) -> String {
     value.map_or_else(|| "not set".to_owned(), Value::to_string)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn jobset(pod_spec: Value) -> Value {
+        json!({
+            "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+            "metadata": {"name": "js"},
+            "spec": {
+                "failurePolicy": {"maxRestarts": 3, "restartStrategy": "InPlaceRestart"},
+                "replicatedJobs": [{"name": "w", "replicas": 1, "template": {"spec": {
+                    "completions": 2, "parallelism": 2, "backoffLimit": BACKOFF_LIMIT,
+                    "podReplacementPolicy": "Failed", "template": {"spec": pod_spec}
+                }}}]
+            }
+        })
+    }
+
+    fn agent(extra: Value) -> Value {
+        let mut a = json!({
+            "name": "a", "restartPolicy": "Always",
+            "restartPolicyRules": [{"action": "RestartAllContainers", "exitCodes": {"operator": "NotIn", "values": [0]}}],
+            "startupProbe": {"httpGet": {"path": "/barrier-is-lifted", "port": 8080}, "periodSeconds": 1, "failureThreshold": 86400},
+            "env": [{"name": "POD_NAME", "value": "p"}, {"name": "JOBSET_NAME", "value": "js"}]
+        });
+        if let (Some(a), Some(extra)) = (a.as_object_mut(), extra.as_object()) {
+            a.extend(extra.clone());
+        }
+        a
+    }
+
+    fn push_env(container: &mut Value, entry: Value) {
+        if let Some(env) = container["env"].as_array_mut() {
+            env.push(entry);
+        }
+    }
+
+    fn worker() -> Value {
+        json!({"name": "w", "restartPolicy": "Never",
+               "restartPolicyRules": [{"action": "RestartAllContainers", "exitCodes": {"operator": "NotIn", "values": [0]}}]})
+    }
+
+    fn paths(v: &Validation) -> Vec<&str> {
+        v.violations.iter().map(|v| v.path.as_str()).collect()
+    }
+
+    fn config() -> InjectionConfig {
+        InjectionConfig::defaults(Dialect::Epoch)
+    }
+
+    const C: &str = "spec.replicatedJobs[0].template.spec.template.spec";
+
+    #[test]
+    fn a_complete_pod_passes_quietly() {
+        let v = validate(
+            &jobset(
+                json!({"serviceAccountName": "sa", "initContainers": [agent(json!({}))], "containers": [worker()]}),
+            ),
+            &config(),
+        );
+        assert_eq!(v, Validation::default());
+    }
+
+    #[test]
+    fn not_in_place_restart_is_not_judged() {
+        let mut js = jobset(json!({}));
+        js["spec"]["failurePolicy"]["restartStrategy"] = json!("Recreate");
+        assert_eq!(validate(&js, &config()), Validation::default());
+    }
+
+    #[test]
+    fn a_shadowing_rule_is_caught() {
+        // The first rule matching 42 restarts only the container: the pod never restarts.
+        let a = agent(json!({"restartPolicyRules": [
+            {"action": "Restart", "exitCodes": {"operator": "In", "values": [42]}},
+            {"action": "RestartAllContainers", "exitCodes": {"operator": "NotIn", "values": [0]}}
+        ]}));
+        let v = validate(
+            &jobset(
+                json!({"serviceAccountName": "sa", "initContainers": [a], "containers": [worker()]}),
+            ),
+            &config(),
+        );
+        assert_eq!(
+            paths(&v),
+            vec![format!("{C}.initContainers[0].restartPolicyRules")]
+        );
+        assert!(v.violations[0].message.contains("42"), "{:?}", v.violations);
+    }
+
+    #[test]
+    fn exit_code_from_value_from_is_not_guessed() {
+        let mut a = agent(json!({}));
+        push_env(
+            &mut a,
+            json!({"name": "RESTART_POD_IN_PLACE_EXIT_CODE", "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}}),
+        );
+        let v = validate(
+            &jobset(
+                json!({"serviceAccountName": "sa", "initContainers": [a], "containers": [worker()]}),
+            ),
+            &config(),
+        );
+        assert!(v.violations.is_empty(), "{:?}", v.violations);
+    }
+
+    #[test]
+    fn bad_env_literals_are_named() {
+        let mut a = agent(json!({}));
+        push_env(
+            &mut a,
+            json!({"name": "IN_PLACE_RESTART_EXIT_CODE", "value": "300"}),
+        );
+        push_env(
+            &mut a,
+            json!({"name": "STARTUP_PROBE_PORT", "value": "http"}),
+        );
+        let v = validate(
+            &jobset(
+                json!({"serviceAccountName": "sa", "initContainers": [a], "containers": [worker()]}),
+            ),
+            &config(),
+        );
+        assert_eq!(
+            paths(&v),
+            vec![
+                format!("{C}.initContainers[0].env"),
+                format!("{C}.initContainers[0].env[3].value")
+            ]
+        );
+        assert!(
+            v.violations[0]
+                .message
+                .contains("IN_PLACE_RESTART_EXIT_CODE")
+        );
+        assert!(v.violations[1].message.contains("STARTUP_PROBE_PORT"));
+    }
+
+    #[test]
+    fn a_named_probe_port_is_resolved() {
+        let a = agent(json!({"ports": [{"name": "gate", "containerPort": 8080}],
+                             "startupProbe": {"httpGet": {"path": "/barrier-is-lifted", "port": "gate"}, "periodSeconds": 1, "failureThreshold": 86400}}));
+        let v = validate(
+            &jobset(
+                json!({"serviceAccountName": "sa", "initContainers": [a.clone()], "containers": [worker()]}),
+            ),
+            &config(),
+        );
+        assert!(v.violations.is_empty(), "{:?}", v.violations);
+        let mut unknown = a;
+        unknown["startupProbe"]["httpGet"]["port"] = json!("nope");
+        let v = validate(
+            &jobset(
+                json!({"serviceAccountName": "sa", "initContainers": [unknown], "containers": [worker()]}),
+            ),
+            &config(),
+        );
+        assert_eq!(
+            paths(&v),
+            vec![format!("{C}.initContainers[0].startupProbe.httpGet.port")]
+        );
+    }
+
+    #[test]
+    fn two_agents_are_one_too_many() {
+        let spec = json!({"serviceAccountName": "sa", "initContainers": [agent(json!({})), agent(json!({"name": "b"}))], "containers": [worker()]});
+        let v = validate(&jobset(spec), &config());
+        assert_eq!(paths(&v), vec![format!("{C}.initContainers[1]")]);
+    }
+
+    #[test]
+    fn main_container_agent_rejects_probe_settings() {
+        let main = json!({"name": "m", "restartPolicy": "Never",
+            "restartPolicyRules": [{"action": "Restart", "exitCodes": {"operator": "NotIn", "values": [0]}}],
+            "env": [{"name": "WORKER_COMMAND", "value": "train"}, {"name": "POD_NAME", "value": "p"},
+                    {"name": "JOBSET_NAME", "value": "js"}, {"name": "STARTUP_PROBE_PATH", "value": "/x"}]});
+        let v = validate(
+            &jobset(json!({"serviceAccountName": "sa", "containers": [main]})),
+            &config(),
+        );
+        assert_eq!(paths(&v), vec![format!("{C}.containers[0].env")]);
+        assert!(v.violations[0].message.contains("STARTUP_PROBE_PATH"));
+    }
+
+    #[test]
+    fn workers_without_in_place_rules_are_warned_about() {
+        let v = validate(
+            &jobset(
+                json!({"serviceAccountName": "sa", "initContainers": [agent(json!({}))], "containers": [{"name": "w"}]}),
+            ),
+            &config(),
+        );
+        assert!(v.violations.is_empty());
+        assert_eq!(v.warnings.len(), 1);
+        assert!(
+            v.warnings[0].contains("containers[0] (w)"),
+            "{:?}",
+            v.warnings
+        );
+    }
+
+    #[test]
+    fn update_ratchets_only_unchanged_replicated_jobs() {
+        let mut old = jobset(json!({"containers": [worker()]}));
+        old["spec"]["replicatedJobs"][0]["template"]["spec"]["backoffLimit"] = json!(6);
+        let mut relabelled = old.clone();
+        relabelled["metadata"]["labels"] = json!({"a": "b"});
+        let v = validate_update(&relabelled, &old, &config());
+        assert!(v.violations.is_empty(), "{:?}", v.violations);
+        assert!(v.warnings.iter().any(|w| w.contains("backoffLimit")));
+
+        let mut worse = old.clone();
+        worse["spec"]["replicatedJobs"][0]["template"]["spec"]["completions"] = json!(5);
+        let v = validate_update(&worse, &old, &config());
+        assert!(paths(&v).contains(&"spec.replicatedJobs[0].template.spec.backoffLimit"));
+
+        // An old object that was not InPlaceRestart ratchets nothing.
+        let mut before = old.clone();
+        before["spec"]["failurePolicy"]["restartStrategy"] = json!("Recreate");
+        assert!(
+            !validate_update(&relabelled, &before, &config())
+                .violations
+                .is_empty()
+        );
+    }
+}
