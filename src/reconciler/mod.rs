@@ -1,21 +1,290 @@
-//! The `reconciler` subcommand. STUB: being built.
+//! The `reconciler` subcommand (design.md §2): watches InPlaceRestart JobSets and their pods,
+//! moves the epoch status fields, fails JobSets past `maxRestarts`.
+//!
+//! - [`index`]: the in-memory index of JobSets and their pods (pure);
+//! - [`controller`]: watches, work queue, workers, status writes, events;
+//! - [`crd`]: the start-up check that the installed JobSet CRD has the dialect's status fields;
+//! - [`metrics`]: the `jobset_inplace_reconciler_*` metrics.
 
+pub mod controller;
+pub mod crd;
+pub mod index;
+pub mod metrics;
+
+use std::future::Future;
+use std::net::SocketAddr;
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube_lease_manager::{LeaseManagerBuilder, LeaseParams};
+use prometheus_client::registry::Registry;
+use tokio::sync::watch;
 
 use crate::cli::Global;
+use crate::protocol::Dialect;
+use crate::telemetry;
+
+pub use controller::{Controller, Settings};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("reconciler: {0}")]
-    Other(String),
+    #[error("cannot reach the Kubernetes API: {0}")]
+    Client(String),
+    #[error("cannot read the JobSet CRD jobsets.jobset.x-k8s.io: {0}")]
+    CrdRead(String),
+    #[error("{0}")]
+    CrdFields(String),
+    #[error("leader election on lease {namespace}/{name} failed: {reason}")]
+    Lease {
+        namespace: String,
+        name: String,
+        reason: String,
+    },
+    #[error("lost the leader lease {namespace}/{name}; exiting so that a fresh process takes over")]
+    LostLease { namespace: String, name: String },
+    #[error(transparent)]
+    Health(#[from] telemetry::Error),
 }
 
 /// Flags of `jobset-inplace reconciler`.
 #[derive(Clone, Debug, clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// Watch JobSets and pods of this namespace only (default: all namespaces).
+    #[arg(long, env = "JOBSET_INPLACE_WATCH_NAMESPACE")]
+    pub namespace: Option<String>,
+
+    /// Plain-HTTP address of /healthz, /readyz and /metrics.
+    #[arg(
+        long,
+        env = "JOBSET_INPLACE_HEALTH_ADDR",
+        default_value = "0.0.0.0:8081"
+    )]
+    pub health_addr: SocketAddr,
+
+    /// Elect a leader among replicas on a Lease; only the leader writes.
+    #[arg(long, env = "JOBSET_INPLACE_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
+    pub leader_elect: bool,
+
+    /// Name of the leader Lease.
+    #[arg(
+        long,
+        env = "JOBSET_INPLACE_LEASE_NAME",
+        default_value = "jobset-inplace-reconciler"
+    )]
+    pub lease_name: String,
+
+    /// Namespace of the leader Lease (default: $POD_NAMESPACE, else `default`).
+    #[arg(long, env = "JOBSET_INPLACE_LEASE_NAMESPACE")]
+    pub lease_namespace: Option<String>,
+
+    /// Seconds a lease stays valid without renewal.
+    #[arg(
+        long,
+        env = "JOBSET_INPLACE_LEASE_DURATION_SECONDS",
+        default_value_t = 15
+    )]
+    pub lease_duration_seconds: u64,
+
+    /// Seconds before expiry at which the holder renews.
+    #[arg(long, env = "JOBSET_INPLACE_LEASE_GRACE_SECONDS", default_value_t = 5)]
+    pub lease_grace_seconds: u64,
+
+    /// Leader identity (default: $POD_NAME, else the hostname).
+    #[arg(long, env = "JOBSET_INPLACE_IDENTITY")]
+    pub identity: Option<String>,
+
+    /// JobSets evaluated concurrently.
+    #[arg(long, env = "JOBSET_INPLACE_WORKERS", default_value_t = 4)]
+    pub workers: usize,
+
+    /// Milliseconds a changed JobSet waits before it is evaluated, coalescing bursts of pod
+    /// updates.
+    #[arg(long, env = "JOBSET_INPLACE_DEBOUNCE_MS", default_value_t = 5)]
+    pub debounce_ms: u64,
+
+    /// Skip the start-up check of the JobSet CRD's status fields.
+    #[arg(long, env = "JOBSET_INPLACE_SKIP_CRD_CHECK")]
+    pub skip_crd_check: bool,
+}
+
+/// How the reconciler elects its leader.
+#[derive(Clone, Debug)]
+pub struct LeaderElection {
+    pub lease_name: String,
+    pub lease_namespace: String,
+    pub duration: Duration,
+    pub grace: Duration,
+}
+
+/// Everything [`run`] needs, resolved from flags and env.
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub settings: Settings,
+    pub leader_election: Option<LeaderElection>,
+    pub check_crd: bool,
+}
 
 impl Args {
-    pub async fn run(self, _global: Global) -> crate::Result<ExitCode> {
-        Err(crate::Error::NotBuilt("reconciler"))
+    pub async fn run(self, global: Global) -> crate::Result<ExitCode> {
+        let identity = self
+            .identity
+            .clone()
+            .or_else(|| env_nonempty("POD_NAME"))
+            .unwrap_or_else(hostname);
+        let lease_namespace = self
+            .lease_namespace
+            .clone()
+            .or_else(|| env_nonempty("POD_NAMESPACE"))
+            .unwrap_or_else(|| "default".to_owned());
+        let options = Options {
+            settings: Settings {
+                dialect: global.dialect(),
+                namespace: self.namespace.clone(),
+                workers: self.workers.max(1),
+                debounce: Duration::from_millis(self.debounce_ms),
+                identity,
+            },
+            leader_election: self.leader_elect.then(|| LeaderElection {
+                lease_name: self.lease_name.clone(),
+                lease_namespace,
+                duration: Duration::from_secs(self.lease_duration_seconds.max(2)),
+                grace: Duration::from_secs(self.lease_grace_seconds.max(1)),
+            }),
+            check_crd: !self.skip_crd_check,
+        };
+        let client = kube::Client::try_default()
+            .await
+            .map_err(|e| Error::Client(e.to_string()))?;
+        let listener = telemetry::bind(self.health_addr, "--health-addr").await?;
+        run(
+            client,
+            options,
+            Some(listener),
+            crate::cli::shutdown_signal(),
+        )
+        .await?;
+        Ok(ExitCode::SUCCESS)
     }
+}
+
+fn env_nonempty(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .or_else(|| env_nonempty("HOSTNAME"))
+        .unwrap_or_else(|| "jobset-inplace-reconciler".to_owned())
+}
+
+/// Runs the reconciler until `shutdown` resolves (Ok) or the leader lease is lost (Err).
+/// `health` is the listener of /healthz, /readyz and /metrics, if any.
+pub async fn run(
+    client: kube::Client,
+    options: Options,
+    health: Option<tokio::net::TcpListener>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), Error> {
+    let dialect: Dialect = options.settings.dialect;
+    if options.check_crd {
+        crd::check(&client, dialect).await?;
+    }
+    let mut registry = Registry::default();
+    let metrics = metrics::Metrics::register(&mut registry);
+    let registry = Arc::new(registry);
+
+    // Leadership: a Lease, or always the leader.
+    let (leader_tx, leader_rx) = watch::channel(options.leader_election.is_none());
+    let mut lease_task = None;
+    if let Some(le) = &options.leader_election {
+        let lease_error = |e: kube_lease_manager::LeaseManagerError| Error::Lease {
+            namespace: le.lease_namespace.clone(),
+            name: le.lease_name.clone(),
+            reason: e.to_string(),
+        };
+        let manager = LeaseManagerBuilder::new(client.clone(), &le.lease_name)
+            .with_namespace(&le.lease_namespace)
+            .with_parameters(LeaseParams::new(
+                options.settings.identity.clone(),
+                le.duration.as_secs(),
+                le.grace.as_secs(),
+            ))
+            .build()
+            .await
+            .map_err(lease_error)?;
+        let (rx, task) = manager.watch().await;
+        lease_task = Some((rx, task));
+    }
+
+    let controller = Controller::start(client, options.settings.clone(), metrics, leader_rx);
+    let ready_probe = controller.readiness();
+    let (health_stop_tx, health_stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let health_task = health.map(|listener| {
+        let registry = registry.clone();
+        tokio::spawn(telemetry::serve_health(
+            listener,
+            telemetry::Health::new(ready_probe, move || telemetry::encode(&registry)),
+            async {
+                let _ = health_stop_rx.await;
+            },
+        ))
+    });
+
+    let outcome = match lease_task {
+        None => {
+            shutdown.await;
+            Ok(())
+        }
+        Some((mut rx, task)) => {
+            let le = options.leader_election.as_ref();
+            let lost = || Error::LostLease {
+                namespace: le.map(|l| l.lease_namespace.clone()).unwrap_or_default(),
+                name: le.map(|l| l.lease_name.clone()).unwrap_or_default(),
+            };
+            tokio::pin!(shutdown);
+            let mut was_leader = false;
+            let outcome = loop {
+                tokio::select! {
+                    () = &mut shutdown => break Ok(()),
+                    changed = rx.changed() => {
+                        if changed.is_err() {
+                            break Err(lost());
+                        }
+                        let is_leader = *rx.borrow_and_update();
+                        if is_leader {
+                            tracing::info!(identity = %options.settings.identity, "became the leader");
+                        } else if was_leader {
+                            break Err(lost());
+                        }
+                        was_leader = is_leader;
+                        let _ = leader_tx.send(is_leader);
+                    }
+                }
+            };
+            // Stop writing first, then let the lease manager release the lease.
+            let _ = leader_tx.send(false);
+            drop(rx);
+            match tokio::time::timeout(Duration::from_secs(5), task).await {
+                Ok(Ok(Ok(manager))) => {
+                    if outcome.is_ok() {
+                        let _ = manager.release().await;
+                    }
+                }
+                Ok(Ok(Err(e))) => tracing::warn!(error = %e, "lease manager ended with an error"),
+                Ok(Err(e)) => tracing::warn!(error = %e, "lease manager task failed"),
+                Err(_) => tracing::warn!("lease manager did not stop in time"),
+            }
+            outcome
+        }
+    };
+    controller.shutdown().await;
+    let _ = health_stop_tx.send(());
+    if let Some(task) = health_task {
+        let _ = task.await;
+    }
+    outcome
 }

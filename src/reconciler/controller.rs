@@ -1,0 +1,674 @@
+//! The reconciler's runtime: two watches feed the [`Index`], a work queue coalesces the JobSets
+//! whose input changed, workers run the pure decision ([`crate::protocol::reconcile_decide`]) and
+//! write what changed as JSON merge patches on the `status` subresource.
+//!
+//! Every status write carries the `resourceVersion` it was decided on (an optimistic lock): a
+//! write decided on a stale view is refused with 409, the JobSet is re-read and decided again,
+//! so a field can never be moved backwards by this process or by a leader that lost its lease.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
+use kube::runtime::watcher::{self, Event, watcher};
+use serde_json::{Value, json};
+use tokio::sync::{Notify, mpsc, watch};
+use tokio::task::JoinSet;
+
+use super::index::{Index, JobSetState, Key, WatchedPod, reconcile_input};
+use super::metrics::Metrics;
+use crate::jobset::{self, JobSet};
+use crate::protocol::{Decision, Dialect, Epoch, JOBSET_NAME_LABEL, reconcile_decide};
+
+/// Condition reason of a JobSet failed by the reconciler.
+pub const REACHED_MAX_RESTARTS: &str = "ReachedMaxRestarts";
+/// Event reporter name.
+pub const CONTROLLER_NAME: &str = "jobset-inplace-reconciler";
+/// Events waiting to be published; past this, new events are dropped (and logged).
+const EVENT_QUEUE: usize = 1024;
+/// Status writes retried at once after a 409 before the key goes back to the queue.
+const CONFLICT_RETRIES: usize = 3;
+
+/// What the controller needs to know.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub dialect: Dialect,
+    /// Watch one namespace; all when `None`.
+    pub namespace: Option<String>,
+    pub workers: usize,
+    /// How long a JobSet waits in the queue before it is evaluated, so that a burst of pod
+    /// updates coalesces into one evaluation.
+    pub debounce: Duration,
+    /// This replica's name, as the reporting instance of its events.
+    pub identity: String,
+}
+
+/// Errors of one reconcile; the JobSet is retried with backoff.
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    #[error("cannot write the status of JobSet {namespace}/{name}: {source}")]
+    Write {
+        namespace: String,
+        name: String,
+        source: kube::Error,
+    },
+    #[error("JobSet {namespace}/{name} kept changing under {CONFLICT_RETRIES} status writes")]
+    Conflicts { namespace: String, name: String },
+}
+
+/// A set of keys to work on: each key is queued at most once, and a key that changes while a
+/// worker holds it is queued again when the worker is done.
+#[derive(Default)]
+struct Queue {
+    state: Mutex<QueueState>,
+    notify: Notify,
+}
+
+#[derive(Default)]
+struct QueueState {
+    ready: VecDeque<Key>,
+    /// Waiting in `ready`, or popped and debouncing: a new trigger is absorbed.
+    queued: HashSet<Key>,
+    /// Being evaluated: a new trigger means one more pass.
+    busy: HashSet<Key>,
+    again: HashSet<Key>,
+}
+
+impl Queue {
+    fn lock(&self) -> MutexGuard<'_, QueueState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn add(&self, key: Key) {
+        let mut s = self.lock();
+        if s.busy.contains(&key) {
+            s.again.insert(key);
+        } else if s.queued.insert(key.clone()) {
+            s.ready.push_back(key);
+            self.notify.notify_one();
+        }
+    }
+
+    async fn next(&self) -> Key {
+        loop {
+            let notified = self.notify.notified();
+            if let Some(key) = self.lock().ready.pop_front() {
+                return key;
+            }
+            notified.await;
+        }
+    }
+
+    /// The debounce is over: triggers from now on need another pass.
+    fn start(&self, key: &Key) {
+        let mut s = self.lock();
+        s.queued.remove(key);
+        s.busy.insert(key.clone());
+    }
+
+    fn done(&self, key: &Key) {
+        let again = {
+            let mut s = self.lock();
+            s.busy.remove(key);
+            s.again.remove(key)
+        };
+        if again {
+            self.add(key.clone());
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.lock().queued.len()
+    }
+}
+
+/// State shared by the watch loops and the workers.
+struct Shared {
+    settings: Settings,
+    client: kube::Client,
+    index: Mutex<Index>,
+    queue: Queue,
+    metrics: Metrics,
+    leader: watch::Receiver<bool>,
+    jobsets_synced: AtomicBool,
+    pods_synced: AtomicBool,
+    /// When each JobSet's current group restart began: (deprecated epoch, when written).
+    restarts: Mutex<HashMap<Key, (Epoch, Instant)>>,
+    /// Malformed annotations already reported: (JobSet, pod, value).
+    reported: Mutex<HashSet<(Key, String, String)>>,
+    /// Keys with a retry pending, and their consecutive failures.
+    retries: Mutex<HashMap<Key, u32>>,
+    events: mpsc::Sender<(ObjectReference, KubeEvent)>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A running controller.
+pub struct Controller {
+    shared: Arc<Shared>,
+    tasks: JoinSet<()>,
+}
+
+impl Controller {
+    /// Starts the watches, the workers and the event publisher. Workers write only while
+    /// `leader` is true.
+    pub fn start(
+        client: kube::Client,
+        settings: Settings,
+        metrics: Metrics,
+        leader: watch::Receiver<bool>,
+    ) -> Controller {
+        let (events_tx, events_rx) = mpsc::channel(EVENT_QUEUE);
+        let shared = Arc::new(Shared {
+            index: Mutex::new(Index::new(settings.dialect)),
+            queue: Queue::default(),
+            metrics,
+            leader,
+            jobsets_synced: AtomicBool::new(false),
+            pods_synced: AtomicBool::new(false),
+            restarts: Mutex::new(HashMap::new()),
+            reported: Mutex::new(HashSet::new()),
+            retries: Mutex::new(HashMap::new()),
+            events: events_tx,
+            client,
+            settings,
+        });
+        let mut tasks = JoinSet::new();
+        tasks.spawn(watch_jobsets(shared.clone()));
+        tasks.spawn(watch_pods(shared.clone()));
+        tasks.spawn(publish_events(shared.clone(), events_rx));
+        tasks.spawn(follow_leadership(shared.clone()));
+        for _ in 0..shared.settings.workers.max(1) {
+            tasks.spawn(work(shared.clone()));
+        }
+        Controller { shared, tasks }
+    }
+
+    /// Both caches have synced once.
+    pub fn is_ready(&self) -> bool {
+        self.shared.jobsets_synced.load(Ordering::Acquire)
+            && self.shared.pods_synced.load(Ordering::Acquire)
+    }
+
+    /// A probe for /readyz: both caches have synced once.
+    pub fn readiness(&self) -> impl Fn() -> bool + Send + Sync + 'static {
+        let shared = self.shared.clone();
+        move || {
+            shared.jobsets_synced.load(Ordering::Acquire)
+                && shared.pods_synced.load(Ordering::Acquire)
+        }
+    }
+
+    /// JobSets waiting in the queue.
+    pub fn queued(&self) -> usize {
+        self.shared.queue.len()
+    }
+
+    /// Stops every task.
+    pub async fn shutdown(mut self) {
+        self.tasks.abort_all();
+        while self.tasks.join_next().await.is_some() {}
+    }
+}
+
+fn jobset_api(shared: &Shared) -> Api<JobSet> {
+    match &shared.settings.namespace {
+        Some(ns) => Api::namespaced(shared.client.clone(), ns),
+        None => Api::all(shared.client.clone()),
+    }
+}
+
+async fn watch_jobsets(shared: Arc<Shared>) {
+    let stream = watcher(
+        jobset_api(&shared),
+        watcher::Config::default().any_semantic(),
+    )
+    .default_backoff();
+    futures::pin_mut!(stream);
+    while let Some(event) = stream.next().await {
+        let mut changed = Vec::new();
+        {
+            let mut index = lock(&shared.index);
+            match event {
+                Ok(Event::Init) => index.jobsets_relisting(),
+                Ok(Event::InitApply(js) | Event::Apply(js)) => {
+                    changed.extend(index.apply_jobset(&js));
+                }
+                Ok(Event::Delete(js)) => {
+                    if let (Some(ns), Some(name)) = (&js.metadata.namespace, &js.metadata.name) {
+                        index.delete_jobset(ns, name);
+                        lock(&shared.restarts).remove(&(ns.clone(), name.clone()));
+                    }
+                }
+                Ok(Event::InitDone) => {
+                    index.jobsets_relisted();
+                    shared.jobsets_synced.store(true, Ordering::Release);
+                    changed.extend(index.active_keys());
+                }
+                Err(e) => tracing::warn!(error = %e, "jobset watch failed; retrying"),
+            }
+            shared
+                .metrics
+                .jobsets_tracked
+                .set(index.jobset_count() as i64);
+        }
+        for key in changed {
+            shared.queue.add(key);
+        }
+    }
+}
+
+async fn watch_pods(shared: Arc<Shared>) {
+    let api: Api<WatchedPod> = match &shared.settings.namespace {
+        Some(ns) => Api::namespaced(shared.client.clone(), ns),
+        None => Api::all(shared.client.clone()),
+    };
+    let config = watcher::Config::default()
+        .labels(JOBSET_NAME_LABEL)
+        .any_semantic();
+    let stream = watcher(api, config).default_backoff();
+    futures::pin_mut!(stream);
+    while let Some(event) = stream.next().await {
+        let mut changed = Vec::new();
+        {
+            let mut index = lock(&shared.index);
+            match event {
+                Ok(Event::Init) => index.pods_relisting(),
+                Ok(Event::InitApply(pod) | Event::Apply(pod)) => {
+                    changed.extend(index.apply_pod(&pod));
+                }
+                Ok(Event::Delete(pod)) => {
+                    if let (Some(ns), Some(name)) = (&pod.metadata.namespace, &pod.metadata.name) {
+                        changed.extend(index.delete_pod(ns, name));
+                    }
+                }
+                Ok(Event::InitDone) => {
+                    changed.extend(index.pods_relisted());
+                    shared.pods_synced.store(true, Ordering::Release);
+                }
+                Err(e) => tracing::warn!(error = %e, "pod watch failed; retrying"),
+            }
+            shared.metrics.pods_tracked.set(index.pod_count() as i64);
+        }
+        for key in changed {
+            shared.queue.add(key);
+        }
+    }
+}
+
+/// On gaining the lease, every active JobSet is evaluated: the previous leader may have left
+/// work undone.
+async fn follow_leadership(shared: Arc<Shared>) {
+    let mut leader = shared.leader.clone();
+    loop {
+        let is_leader = *leader.borrow_and_update();
+        shared.metrics.is_leader.set(i64::from(is_leader));
+        if is_leader {
+            let keys = lock(&shared.index).active_keys();
+            for key in keys {
+                shared.queue.add(key);
+            }
+        }
+        if leader.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+async fn work(shared: Arc<Shared>) {
+    loop {
+        let mut leader = shared.leader.clone();
+        if leader.wait_for(|l| *l).await.is_err() {
+            return;
+        }
+        let key = shared.queue.next().await;
+        if !shared.settings.debounce.is_zero() {
+            tokio::time::sleep(shared.settings.debounce).await;
+        }
+        shared.queue.start(&key);
+        let result = reconcile(&shared, &key).await;
+        shared.queue.done(&key);
+        match result {
+            Ok(()) => {
+                lock(&shared.retries).remove(&key);
+            }
+            Err(e) => {
+                tracing::warn!(namespace = %key.0, jobset = %key.1, error = %e, "reconcile failed; retrying");
+                retry_later(&shared, key);
+            }
+        }
+    }
+}
+
+/// Requeues a key after an exponential backoff (200 ms to 10 s); one pending retry per key.
+fn retry_later(shared: &Arc<Shared>, key: Key) {
+    let failures = {
+        let mut retries = lock(&shared.retries);
+        let n = retries.entry(key.clone()).or_insert(0);
+        *n = n.saturating_add(1);
+        *n
+    };
+    let delay = Duration::from_millis(200u64.saturating_mul(1 << failures.min(6)))
+        .min(Duration::from_secs(10));
+    let shared = shared.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(delay).await;
+        shared.queue.add(key);
+    });
+}
+
+/// Evaluates one JobSet and writes what changed.
+async fn reconcile(shared: &Arc<Shared>, key: &Key) -> Result<(), ReconcileError> {
+    for _ in 0..CONFLICT_RETRIES {
+        let Some((state, decision)) = decide(shared, key) else {
+            return Ok(());
+        };
+        report_malformed(shared, key, &state, &decision);
+        let written = if let Some(fail) = &decision.fail {
+            write_failed(shared, key, &state, &fail.to_string()).await?
+        } else if !decision.change.is_empty() {
+            write_epochs(shared, key, &state, &decision).await?
+        } else {
+            return Ok(());
+        };
+        if written {
+            return Ok(());
+        }
+        // 409: re-read the JobSet and decide again on what is there now.
+        let fresh = jobset_api_in(shared, &key.0)
+            .get_status(&key.1)
+            .await
+            .map_err(|source| write_error(key, source))?;
+        lock(&shared.index).record_write(key, &fresh);
+    }
+    Err(ReconcileError::Conflicts {
+        namespace: key.0.clone(),
+        name: key.1.clone(),
+    })
+}
+
+fn jobset_api_in(shared: &Shared, namespace: &str) -> Api<JobSet> {
+    Api::namespaced(shared.client.clone(), namespace)
+}
+
+fn write_error(key: &Key, source: kube::Error) -> ReconcileError {
+    ReconcileError::Write {
+        namespace: key.0.clone(),
+        name: key.1.clone(),
+        source,
+    }
+}
+
+/// Runs the pure decision on the index, in place.
+fn decide(shared: &Shared, key: &Key) -> Option<(JobSetState, Decision)> {
+    let index = lock(&shared.index);
+    let (state, pods) = index.get(key)?;
+    if !state.active {
+        return None;
+    }
+    let started = Instant::now();
+    let decision = reconcile_decide(&reconcile_input(index.dialect(), state, pods));
+    shared
+        .metrics
+        .reconcile_duration
+        .observe(started.elapsed().as_secs_f64());
+    shared.metrics.reconciles.inc();
+    Some((state.clone(), decision))
+}
+
+fn report_malformed(shared: &Shared, key: &Key, state: &JobSetState, decision: &Decision) {
+    for m in &decision.malformed {
+        let first =
+            lock(&shared.reported).insert((key.clone(), m.pod.clone(), m.error.value.clone()));
+        if first {
+            tracing::warn!(namespace = %key.0, jobset = %key.1, pod = %m.pod, error = %m.error, "malformed epoch annotation ignored");
+            emit(
+                shared,
+                key,
+                state,
+                EventType::Warning,
+                "MalformedEpoch",
+                format!(
+                    "pod {}: {}; the pod is not counted until its agent registers again",
+                    m.pod, m.error
+                ),
+            );
+        }
+    }
+}
+
+/// A merge patch on `status` that only applies to `resource_version`.
+fn status_patch(resource_version: &str, status: Value) -> Value {
+    json!({"metadata": {"resourceVersion": resource_version}, "status": status})
+}
+
+/// Patches the status; `Ok(false)` on a 409 (the view was stale).
+async fn patch_status(
+    shared: &Shared,
+    key: &Key,
+    patch: &Value,
+    field: &'static str,
+) -> Result<Option<JobSet>, ReconcileError> {
+    let api = jobset_api_in(shared, &key.0);
+    match api
+        .patch_status(&key.1, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+    {
+        Ok(js) => {
+            shared.metrics.write(field, "ok");
+            Ok(Some(js))
+        }
+        Err(kube::Error::Api(status)) if status.code == 409 => {
+            shared.metrics.write(field, "conflict");
+            Ok(None)
+        }
+        Err(source) => {
+            shared.metrics.write(field, "error");
+            Err(write_error(key, source))
+        }
+    }
+}
+
+async fn write_epochs(
+    shared: &Arc<Shared>,
+    key: &Key,
+    state: &JobSetState,
+    decision: &Decision,
+) -> Result<bool, ReconcileError> {
+    let dialect = shared.settings.dialect;
+    let Some(Value::Object(mut body)) = dialect.status_merge_patch(&decision.change) else {
+        return Ok(true);
+    };
+    let status = body.remove("status").unwrap_or(Value::Null);
+    let field = if decision.change.synced.is_some() {
+        "synced"
+    } else {
+        "deprecated"
+    };
+    let patch = status_patch(&state.resource_version, status);
+    let Some(js) = patch_status(shared, key, &patch, field).await? else {
+        return Ok(false);
+    };
+    lock(&shared.index).record_write(key, &js);
+    if let Some(deprecated) = decision.change.deprecated {
+        shared.metrics.group_restarts.inc();
+        lock(&shared.restarts).insert(key.clone(), (deprecated, Instant::now()));
+        tracing::info!(namespace = %key.0, jobset = %key.1, epoch = deprecated, pods = decision.pods_to_restart, "group restart started");
+        emit(
+            shared,
+            key,
+            state,
+            EventType::Normal,
+            "GroupRestartStarted",
+            format!(
+                "epoch {deprecated} deprecated: {} of {} registered pods restart in place",
+                decision.pods_to_restart, decision.registered
+            ),
+        );
+    }
+    if let Some(synced) = decision.change.synced {
+        let began = lock(&shared.restarts).remove(key);
+        match began {
+            Some((deprecated, at)) if deprecated < synced => {
+                let took = at.elapsed();
+                shared
+                    .metrics
+                    .group_restart_duration
+                    .observe(took.as_secs_f64());
+                tracing::info!(namespace = %key.0, jobset = %key.1, epoch = synced, seconds = took.as_secs_f64(), "group restart completed");
+                emit(
+                    shared,
+                    key,
+                    state,
+                    EventType::Normal,
+                    "GroupRestartCompleted",
+                    format!(
+                        "epoch {synced} synced: all {} pods restarted in place in {:.1} s",
+                        decision.registered,
+                        took.as_secs_f64()
+                    ),
+                );
+            }
+            _ => {
+                tracing::info!(namespace = %key.0, jobset = %key.1, epoch = synced, "epoch synced");
+                emit(
+                    shared,
+                    key,
+                    state,
+                    EventType::Normal,
+                    "EpochSynced",
+                    format!(
+                        "epoch {synced} synced: all {} pods registered",
+                        decision.registered
+                    ),
+                );
+            }
+        }
+    }
+    Ok(true)
+}
+
+async fn write_failed(
+    shared: &Arc<Shared>,
+    key: &Key,
+    state: &JobSetState,
+    reason: &str,
+) -> Result<bool, ReconcileError> {
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let now = k8s_openapi::jiff::Timestamp::from_second(now.as_second()).unwrap_or(now);
+    let message = format!("in-place restart gave up: {reason}");
+    let mut conditions: Vec<Value> = state
+        .conditions
+        .as_array()
+        .map(|c| {
+            c.iter()
+                .filter(|c| c.get("type").and_then(Value::as_str) != Some("Failed"))
+                .cloned()
+                .collect()
+        })
+        .unwrap_or_default();
+    conditions.push(json!({
+        "type": "Failed",
+        "status": "True",
+        "reason": REACHED_MAX_RESTARTS,
+        "message": message,
+        "lastTransitionTime": now.to_string(),
+    }));
+    let patch = status_patch(
+        &state.resource_version,
+        json!({"conditions": conditions, "terminalState": "Failed"}),
+    );
+    let Some(js) = patch_status(shared, key, &patch, "failed").await? else {
+        return Ok(false);
+    };
+    lock(&shared.index).record_write(key, &js);
+    shared.metrics.failed_jobsets.inc();
+    tracing::warn!(namespace = %key.0, jobset = %key.1, reason, "jobset failed: max restarts exceeded");
+    emit(
+        shared,
+        key,
+        state,
+        EventType::Warning,
+        "MaxRestartsExceeded",
+        message,
+    );
+    Ok(true)
+}
+
+/// Queues an event on the JobSet; dropped (and logged) when the queue is full.
+fn emit(
+    shared: &Shared,
+    key: &Key,
+    state: &JobSetState,
+    type_: EventType,
+    reason: &str,
+    note: String,
+) {
+    let reference = ObjectReference {
+        api_version: Some(jobset::API_VERSION.to_owned()),
+        kind: Some(jobset::KIND.to_owned()),
+        namespace: Some(key.0.clone()),
+        name: Some(key.1.clone()),
+        uid: Some(state.uid.clone()).filter(|u| !u.is_empty()),
+        ..ObjectReference::default()
+    };
+    let event = KubeEvent {
+        type_,
+        reason: reason.to_owned(),
+        note: Some(note),
+        action: "Reconcile".to_owned(),
+        secondary: None,
+    };
+    if shared.events.try_send((reference, event)).is_err() {
+        tracing::warn!(namespace = %key.0, jobset = %key.1, reason, "event queue full; event dropped");
+    }
+}
+
+async fn publish_events(shared: Arc<Shared>, mut rx: mpsc::Receiver<(ObjectReference, KubeEvent)>) {
+    let recorder = Recorder::new(
+        shared.client.clone(),
+        Reporter {
+            controller: CONTROLLER_NAME.to_owned(),
+            instance: Some(shared.settings.identity.clone()),
+        },
+    );
+    while let Some((reference, event)) = rx.recv().await {
+        if let Err(e) = recorder.publish(&event, &reference).await {
+            tracing::warn!(error = %e, reason = %event.reason, "cannot publish event");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(n: &str) -> Key {
+        ("ns".into(), n.into())
+    }
+
+    #[tokio::test]
+    async fn queue_coalesces_and_requeues_busy_keys() {
+        let q = Queue::default();
+        q.add(key("a"));
+        q.add(key("a"));
+        q.add(key("b"));
+        assert_eq!(q.len(), 2);
+        let a = q.next().await;
+        assert_eq!(a, key("a"));
+        q.add(key("a")); // absorbed: still debouncing
+        q.start(&a);
+        q.add(key("a")); // busy: one more pass
+        assert_eq!(q.next().await, key("b"));
+        q.done(&a);
+        assert_eq!(q.next().await, key("a"));
+    }
+}

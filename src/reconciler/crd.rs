@@ -1,0 +1,97 @@
+//! The start-up check that the installed JobSet CRD stores the status fields of the configured
+//! dialect: without them the API server prunes every write and no group restart ever completes.
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Api;
+use serde_json::Value;
+
+use super::Error;
+use crate::protocol::Dialect;
+
+pub const CRD_NAME: &str = "jobsets.jobset.x-k8s.io";
+
+/// Reads the CRD and checks it.
+pub async fn check(client: &kube::Client, dialect: Dialect) -> Result<(), Error> {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let crd = api
+        .get(CRD_NAME)
+        .await
+        .map_err(|e| Error::CrdRead(e.to_string()))?;
+    let crd = serde_json::to_value(&crd).map_err(|e| Error::CrdRead(e.to_string()))?;
+    missing_status_fields(&crd, dialect).map_err(Error::CrdFields)
+}
+
+/// `Ok` when the `v1alpha2` schema's `status` has both epoch fields of the dialect (or keeps
+/// unknown fields); otherwise a message naming what is missing and what to install.
+pub fn missing_status_fields(crd: &Value, dialect: Dialect) -> Result<(), String> {
+    let version = crd
+        .pointer("/spec/versions")
+        .and_then(Value::as_array)
+        .and_then(|v| v.iter().find(|v| v["name"] == crate::jobset::VERSION))
+        .ok_or_else(|| {
+            format!(
+                "the JobSet CRD {CRD_NAME} serves no {} version",
+                crate::jobset::VERSION
+            )
+        })?;
+    let status = version.pointer("/schema/openAPIV3Schema/properties/status");
+    if status
+        .and_then(|s| s.get("x-kubernetes-preserve-unknown-fields"))
+        .and_then(Value::as_bool)
+        == Some(true)
+    {
+        return Ok(());
+    }
+    let properties = status.and_then(|s| s.get("properties"));
+    let missing: Vec<&str> = [dialect.deprecated_field(), dialect.synced_field()]
+        .into_iter()
+        .filter(|f| properties.and_then(|p| p.get(*f)).is_none())
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let remedy = match dialect {
+        Dialect::Epoch => {
+            "apply the deploy/components/epoch-status-fields patch to the JobSet CRD, or run \
+             with --protocol attempt on JobSet >= v0.11"
+        }
+        Dialect::Attempt => "install JobSet >= v0.11, or run with --protocol epoch",
+    };
+    Err(format!(
+        "the JobSet CRD {CRD_NAME} has no status field {} for the {dialect} protocol: {remedy}",
+        missing.join(", ")
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn released_crd() -> Value {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../shared/reference/jobset-v0.12/jobset.x-k8s.io_jobsets.yaml");
+        let text = std::fs::read_to_string(path).expect("reference CRD");
+        serde_yaml::from_str(&text).expect("yaml")
+    }
+
+    #[test]
+    fn released_crd_speaks_the_attempt_dialect_only() {
+        let crd = released_crd();
+        assert_eq!(missing_status_fields(&crd, Dialect::Attempt), Ok(()));
+        let err = missing_status_fields(&crd, Dialect::Epoch).expect_err("no epoch fields");
+        assert!(err.contains("deprecatedEpoch, syncedEpoch"), "{err}");
+        assert!(err.contains("epoch-status-fields"), "{err}");
+    }
+
+    #[test]
+    fn patched_crd_speaks_the_epoch_dialect() {
+        let mut crd = released_crd();
+        let versions = crd["spec"]["versions"].as_array_mut().expect("versions");
+        for v in versions {
+            let props = &mut v["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"];
+            props["deprecatedEpoch"] = serde_json::json!({"type": "integer", "format": "int32"});
+            props["syncedEpoch"] = serde_json::json!({"type": "integer", "format": "int32"});
+        }
+        assert_eq!(missing_status_fields(&crd, Dialect::Epoch), Ok(()));
+    }
+}

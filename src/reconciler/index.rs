@@ -1,0 +1,538 @@
+//! The reconciler's in-memory index: every InPlaceRestart-relevant JobSet and, for each, its
+//! pods reduced to what the epoch algorithm reads ([`PodView`]). Pure data: the watch loops feed
+//! it, the worker reads it. An update that changes nothing the algorithm reads is reported as
+//! such, so it triggers no work.
+
+use std::collections::{HashMap, HashSet};
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::Deserialize;
+
+use crate::jobset::JobSet;
+use crate::protocol::{Dialect, EpochStatus, JOBSET_NAME_LABEL, PodView, ReconcileInput};
+
+/// `(namespace, JobSet name)`.
+pub type Key = (String, String);
+
+/// A pod as the reconciler watches it: metadata, phase and container restart counts, nothing
+/// else (10,000 full pods would cost far more memory and parse time).
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WatchedPod {
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub status: Option<WatchedPodStatus>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WatchedPodStatus {
+    #[serde(default)]
+    pub phase: Option<String>,
+    #[serde(default)]
+    pub container_statuses: Option<Vec<RestartCount>>,
+    #[serde(default)]
+    pub init_container_statuses: Option<Vec<RestartCount>>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RestartCount {
+    #[serde(default)]
+    pub restart_count: i32,
+}
+
+impl kube::Resource for WatchedPod {
+    type DynamicType = ();
+    type Scope = k8s_openapi::NamespaceResourceScope;
+
+    fn kind(_: &()) -> std::borrow::Cow<'_, str> {
+        "Pod".into()
+    }
+    fn group(_: &()) -> std::borrow::Cow<'_, str> {
+        "".into()
+    }
+    fn version(_: &()) -> std::borrow::Cow<'_, str> {
+        "v1".into()
+    }
+    fn api_version(_: &()) -> std::borrow::Cow<'_, str> {
+        "v1".into()
+    }
+    fn plural(_: &()) -> std::borrow::Cow<'_, str> {
+        "pods".into()
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+impl WatchedPod {
+    /// The JobSet this pod belongs to, from its label.
+    pub fn key(&self) -> Option<Key> {
+        let ns = self.metadata.namespace.clone()?;
+        let name = self
+            .metadata
+            .labels
+            .as_ref()?
+            .get(JOBSET_NAME_LABEL)?
+            .clone();
+        Some((ns, name))
+    }
+
+    /// What the algorithm reads of this pod.
+    pub fn view(&self, dialect: Dialect) -> PodView {
+        let status = self.status.as_ref();
+        let max_restart_count = status
+            .into_iter()
+            .flat_map(|s| {
+                s.container_statuses
+                    .iter()
+                    .chain(s.init_container_statuses.iter())
+                    .flatten()
+            })
+            .map(|c| c.restart_count)
+            .max()
+            .unwrap_or(0);
+        PodView {
+            name: self.metadata.name.clone().unwrap_or_default(),
+            failed: status.and_then(|s| s.phase.as_deref()) == Some("Failed"),
+            terminating: self.metadata.deletion_timestamp.is_some(),
+            epoch_annotation: self
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(dialect.pod_annotation()))
+                .cloned(),
+            max_restart_count,
+        }
+    }
+}
+
+/// What the reconciler reads of a JobSet.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JobSetState {
+    pub uid: String,
+    pub resource_version: String,
+    /// InPlaceRestart, not finished, not suspended, not disabled: the algorithm runs.
+    pub active: bool,
+    pub expected_pods: i64,
+    pub max_restarts: i32,
+    pub status: EpochStatus,
+    pub restarts: i32,
+    pub restarts_count_towards_max: i32,
+    /// `status.conditions`, raw, to append a `Failed` condition to.
+    pub conditions: serde_json::Value,
+}
+
+impl JobSetState {
+    pub fn from_jobset(js: &JobSet, dialect: Dialect) -> Self {
+        let status = js.status.as_ref();
+        JobSetState {
+            uid: js.metadata.uid.clone().unwrap_or_default(),
+            resource_version: js.metadata.resource_version.clone().unwrap_or_default(),
+            active: js.is_in_place_restart()
+                && !js.is_finished()
+                && !js.is_suspended()
+                && !js.is_in_place_restart_disabled(),
+            expected_pods: js.expected_pods(),
+            max_restarts: js.max_restarts(),
+            status: js.epoch_status(dialect),
+            restarts: status.and_then(|s| s.restarts).unwrap_or(0),
+            restarts_count_towards_max: status
+                .and_then(|s| s.restarts_count_towards_max)
+                .unwrap_or(0),
+            conditions: status
+                .and_then(|s| s.conditions.as_ref())
+                .and_then(|c| serde_json::to_value(c).ok())
+                .unwrap_or_else(|| serde_json::Value::Array(Vec::new())),
+        }
+    }
+
+    /// Equal for the algorithm (the resourceVersion aside).
+    fn same_input(&self, other: &JobSetState) -> bool {
+        JobSetState {
+            resource_version: String::new(),
+            ..self.clone()
+        } == JobSetState {
+            resource_version: String::new(),
+            ..other.clone()
+        }
+    }
+}
+
+/// The pods of one JobSet: a dense vector (the algorithm's input, borrowed without a copy) and
+/// a slot per pod name.
+#[derive(Debug, Default)]
+struct PodSet {
+    views: Vec<PodView>,
+    slot: HashMap<String, usize>,
+}
+
+impl PodSet {
+    fn get(&self, name: &str) -> Option<&PodView> {
+        self.slot.get(name).map(|i| &self.views[*i])
+    }
+
+    fn insert(&mut self, view: PodView) {
+        match self.slot.get(&view.name) {
+            Some(i) => self.views[*i] = view,
+            None => {
+                self.slot.insert(view.name.clone(), self.views.len());
+                self.views.push(view);
+            }
+        }
+    }
+
+    fn remove(&mut self, name: &str) {
+        let Some(i) = self.slot.remove(name) else {
+            return;
+        };
+        self.views.swap_remove(i);
+        if let Some(moved) = self.views.get(i) {
+            self.slot.insert(moved.name.clone(), i);
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.views.is_empty()
+    }
+}
+
+/// The index of JobSets and their pods.
+#[derive(Debug)]
+pub struct Index {
+    dialect: Dialect,
+    jobsets: HashMap<Key, JobSetState>,
+    /// Pods by JobSet.
+    pods: HashMap<Key, PodSet>,
+    /// Pod name → its JobSet key, to handle a pod whose label changes or that is deleted.
+    pod_owner: HashMap<(String, String), Key>,
+    /// Keys seen since the last `Init` of each watch, for relist clean-up.
+    jobset_relist: Option<HashSet<Key>>,
+    pod_relist: Option<HashSet<(String, String)>>,
+}
+
+impl Index {
+    pub fn new(dialect: Dialect) -> Self {
+        Index {
+            dialect,
+            jobsets: HashMap::new(),
+            pods: HashMap::new(),
+            pod_owner: HashMap::new(),
+            jobset_relist: None,
+            pod_relist: None,
+        }
+    }
+
+    pub fn dialect(&self) -> Dialect {
+        self.dialect
+    }
+
+    /// Number of pods tracked.
+    pub fn pod_count(&self) -> usize {
+        self.pod_owner.len()
+    }
+
+    /// Number of JobSets tracked.
+    pub fn jobset_count(&self) -> usize {
+        self.jobsets.len()
+    }
+
+    /// Applies a JobSet; returns its key when the algorithm's input changed.
+    pub fn apply_jobset(&mut self, js: &JobSet) -> Option<Key> {
+        let key = (js.metadata.namespace.clone()?, js.metadata.name.clone()?);
+        if let Some(seen) = self.jobset_relist.as_mut() {
+            seen.insert(key.clone());
+        }
+        let state = JobSetState::from_jobset(js, self.dialect);
+        match self.jobsets.get_mut(&key) {
+            Some(old) if old.same_input(&state) => {
+                old.resource_version = state.resource_version;
+                None
+            }
+            Some(old) => {
+                *old = state;
+                Some(key)
+            }
+            None => {
+                self.jobsets.insert(key.clone(), state);
+                Some(key)
+            }
+        }
+    }
+
+    pub fn delete_jobset(&mut self, namespace: &str, name: &str) {
+        self.jobsets
+            .remove(&(namespace.to_owned(), name.to_owned()));
+    }
+
+    /// Applies a pod; returns the keys of the JobSets whose input changed (two when the pod moved
+    /// from one JobSet to another).
+    pub fn apply_pod(&mut self, pod: &WatchedPod) -> Vec<Key> {
+        let (Some(ns), Some(name)) = (pod.metadata.namespace.clone(), pod.metadata.name.clone())
+        else {
+            return Vec::new();
+        };
+        let id = (ns, name.clone());
+        if let Some(seen) = self.pod_relist.as_mut() {
+            seen.insert(id.clone());
+        }
+        let mut changed = Vec::new();
+        let new_key = pod.key();
+        if let Some(old_key) = self.pod_owner.get(&id).cloned()
+            && Some(&old_key) != new_key.as_ref()
+        {
+            self.remove_pod(&id);
+            changed.push(old_key);
+        }
+        let Some(key) = new_key else {
+            return changed;
+        };
+        let view = pod.view(self.dialect);
+        let pods = self.pods.entry(key.clone()).or_default();
+        if pods.get(&name) != Some(&view) {
+            pods.insert(view);
+            self.pod_owner.insert(id, key.clone());
+            changed.push(key);
+        }
+        changed
+    }
+
+    /// Removes a pod; returns its JobSet's key.
+    pub fn delete_pod(&mut self, namespace: &str, name: &str) -> Option<Key> {
+        self.remove_pod(&(namespace.to_owned(), name.to_owned()))
+    }
+
+    fn remove_pod(&mut self, id: &(String, String)) -> Option<Key> {
+        let key = self.pod_owner.remove(id)?;
+        if let Some(pods) = self.pods.get_mut(&key) {
+            pods.remove(&id.1);
+            if pods.is_empty() {
+                self.pods.remove(&key);
+            }
+        }
+        Some(key)
+    }
+
+    /// A JobSet watch (re)lists: objects not seen before [`Index::jobsets_relisted`] are gone.
+    pub fn jobsets_relisting(&mut self) {
+        self.jobset_relist = Some(HashSet::new());
+    }
+
+    /// The JobSet relist is complete: forgets JobSets it did not contain.
+    pub fn jobsets_relisted(&mut self) {
+        if let Some(seen) = self.jobset_relist.take() {
+            self.jobsets.retain(|k, _| seen.contains(k));
+        }
+    }
+
+    /// A pod watch (re)lists.
+    pub fn pods_relisting(&mut self) {
+        self.pod_relist = Some(HashSet::new());
+    }
+
+    /// The pod relist is complete: forgets pods it did not contain; returns the affected keys.
+    pub fn pods_relisted(&mut self) -> Vec<Key> {
+        let Some(seen) = self.pod_relist.take() else {
+            return Vec::new();
+        };
+        let gone: Vec<_> = self
+            .pod_owner
+            .keys()
+            .filter(|id| !seen.contains(*id))
+            .cloned()
+            .collect();
+        let mut keys: Vec<Key> = gone.iter().filter_map(|id| self.remove_pod(id)).collect();
+        keys.sort();
+        keys.dedup();
+        keys
+    }
+
+    pub fn jobset(&self, key: &Key) -> Option<&JobSetState> {
+        self.jobsets.get(key)
+    }
+
+    /// Records a status this process wrote, so the next decision starts from it even before the
+    /// watch delivers it.
+    pub fn record_write(&mut self, key: &Key, js: &JobSet) {
+        let state = JobSetState::from_jobset(js, self.dialect);
+        self.jobsets.insert(key.clone(), state);
+    }
+
+    /// A JobSet and its pods, borrowed: the worker runs the pure decision on them in place.
+    pub fn get(&self, key: &Key) -> Option<(&JobSetState, &[PodView])> {
+        let js = self.jobsets.get(key)?;
+        let pods = self
+            .pods
+            .get(key)
+            .map(|p| p.views.as_slice())
+            .unwrap_or(&[]);
+        Some((js, pods))
+    }
+
+    /// Every active JobSet's key (for a full resync when leadership is gained).
+    pub fn active_keys(&self) -> Vec<Key> {
+        let mut keys: Vec<Key> = self
+            .jobsets
+            .iter()
+            .filter(|(_, s)| s.active)
+            .map(|(k, _)| k.clone())
+            .collect();
+        keys.sort();
+        keys
+    }
+}
+
+/// Builds the algorithm's input from a snapshot.
+pub fn reconcile_input<'a>(
+    dialect: Dialect,
+    js: &JobSetState,
+    pods: &'a [PodView],
+) -> ReconcileInput<'a> {
+    ReconcileInput {
+        dialect,
+        expected_pods: js.expected_pods,
+        max_restarts: js.max_restarts,
+        status: js.status,
+        restarts: js.restarts,
+        restarts_count_towards_max: js.restarts_count_towards_max,
+        pods,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(name: &str, jobset: &str, epoch: Option<&str>) -> WatchedPod {
+        let mut v = json!({
+            "metadata": {"name": name, "namespace": "ns", "labels": {JOBSET_NAME_LABEL: jobset},
+                         "annotations": {}},
+            "status": {"phase": "Running", "containerStatuses": [{"name": "w", "restartCount": 1}],
+                       "initContainerStatuses": [{"name": "a", "restartCount": 2}]}
+        });
+        if let Some(e) = epoch {
+            v["metadata"]["annotations"]["jobset.sigs.k8s.io/epoch"] = json!(e);
+        }
+        serde_json::from_value(v).expect("pod")
+    }
+
+    fn jobset(name: &str, synced: Option<i32>) -> JobSet {
+        let mut v = json!({
+            "metadata": {"name": name, "namespace": "ns", "uid": "u", "resourceVersion": "1"},
+            "spec": {"failurePolicy": {"restartStrategy": "InPlaceRestart", "maxRestarts": 3},
+                     "replicatedJobs": [{"name": "w", "replicas": 2,
+                                         "template": {"spec": {"parallelism": 2}}}]},
+            "status": {}
+        });
+        if let Some(s) = synced {
+            v["status"]["syncedEpoch"] = json!(s);
+        }
+        serde_json::from_value(v).expect("jobset")
+    }
+
+    fn key(name: &str) -> Key {
+        ("ns".into(), name.into())
+    }
+
+    #[test]
+    fn pod_view_reads_what_the_algorithm_needs() {
+        let view = pod("p", "js", Some("3")).view(Dialect::Epoch);
+        assert_eq!(view.epoch_annotation.as_deref(), Some("3"));
+        assert_eq!(view.max_restart_count, 2);
+        assert!(!view.failed && !view.terminating);
+        assert_eq!(
+            pod("p", "js", Some("3"))
+                .view(Dialect::Attempt)
+                .epoch_annotation,
+            None
+        );
+    }
+
+    #[test]
+    fn only_relevant_changes_trigger() {
+        let mut index = Index::new(Dialect::Epoch);
+        assert_eq!(index.apply_jobset(&jobset("js", None)), Some(key("js")));
+        let mut same = jobset("js", None);
+        same.metadata.resource_version = Some("2".into());
+        assert_eq!(
+            index.apply_jobset(&same),
+            None,
+            "a new resourceVersion alone"
+        );
+        assert_eq!(
+            index
+                .jobset(&key("js"))
+                .map(|j| j.resource_version.as_str()),
+            Some("2")
+        );
+        assert_eq!(index.apply_jobset(&jobset("js", Some(1))), Some(key("js")));
+
+        assert_eq!(index.apply_pod(&pod("a", "js", None)), vec![key("js")]);
+        let mut relabelled = pod("a", "js", None);
+        relabelled
+            .metadata
+            .labels
+            .as_mut()
+            .map(|l| l.insert("x".into(), "y".into()));
+        assert!(
+            index.apply_pod(&relabelled).is_empty(),
+            "an unrelated label"
+        );
+        assert_eq!(index.apply_pod(&pod("a", "js", Some("1"))), vec![key("js")]);
+        assert_eq!(index.pod_count(), 1);
+        let (_, pods) = index.get(&key("js")).expect("indexed");
+        assert_eq!(pods.len(), 1);
+    }
+
+    #[test]
+    fn pods_move_and_disappear() {
+        let mut index = Index::new(Dialect::Epoch);
+        index.apply_pod(&pod("a", "one", Some("1")));
+        assert_eq!(
+            index.apply_pod(&pod("a", "two", Some("1"))),
+            vec![key("one"), key("two")]
+        );
+        assert_eq!(index.delete_pod("ns", "a"), Some(key("two")));
+        assert_eq!(index.pod_count(), 0);
+
+        index.apply_pod(&pod("a", "one", Some("1")));
+        index.apply_pod(&pod("b", "one", Some("1")));
+        index.pods_relisting();
+        index.apply_pod(&pod("b", "one", Some("1")));
+        assert_eq!(index.pods_relisted(), vec![key("one")]);
+        assert_eq!(index.pod_count(), 1);
+    }
+
+    #[test]
+    fn pod_set_stays_dense() {
+        let mut set = PodSet::default();
+        for name in ["a", "b", "c"] {
+            set.insert(pod(name, "js", Some("1")).view(Dialect::Epoch));
+        }
+        set.remove("a");
+        assert_eq!(set.views.len(), 2);
+        assert_eq!(set.get("c").map(|v| v.name.as_str()), Some("c"));
+        assert_eq!(set.get("b").map(|v| v.name.as_str()), Some("b"));
+        set.remove("c");
+        set.remove("b");
+        assert!(set.is_empty() && set.slot.is_empty());
+    }
+
+    #[test]
+    fn relist_forgets_deleted_jobsets() {
+        let mut index = Index::new(Dialect::Epoch);
+        index.apply_jobset(&jobset("a", None));
+        index.apply_jobset(&jobset("b", None));
+        index.jobsets_relisting();
+        index.apply_jobset(&jobset("b", None));
+        index.jobsets_relisted();
+        assert_eq!(index.jobset_count(), 1);
+        assert_eq!(index.active_keys(), vec![key("b")]);
+    }
+}

@@ -1,0 +1,92 @@
+//! The reconciler's Prometheus metrics (`jobset_inplace_reconciler_*`).
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WriteLabels {
+    /// `deprecated`, `synced`, `failed`.
+    pub field: &'static str,
+    /// `ok`, `conflict`, `error`.
+    pub result: &'static str,
+}
+
+/// Every metric of the reconciler.
+#[derive(Clone, Debug)]
+pub struct Metrics {
+    pub group_restarts: Counter,
+    pub group_restart_duration: Histogram,
+    pub status_writes: Family<WriteLabels, Counter>,
+    pub reconcile_duration: Histogram,
+    pub reconciles: Counter,
+    pub pods_tracked: Gauge,
+    pub jobsets_tracked: Gauge,
+    pub failed_jobsets: Counter,
+    pub is_leader: Gauge,
+}
+
+impl Metrics {
+    /// Creates the metrics and registers them (prefix `jobset_inplace_reconciler`).
+    pub fn register(registry: &mut Registry) -> Self {
+        let m = Metrics {
+            group_restarts: Counter::default(),
+            group_restart_duration: Histogram::new(exponential_buckets(0.05, 2.0, 14)),
+            status_writes: Family::default(),
+            reconcile_duration: Histogram::new(exponential_buckets(0.000_01, 4.0, 12)),
+            reconciles: Counter::default(),
+            pods_tracked: Gauge::default(),
+            jobsets_tracked: Gauge::default(),
+            failed_jobsets: Counter::default(),
+            is_leader: Gauge::default(),
+        };
+        let r = registry.sub_registry_with_prefix("jobset_inplace_reconciler");
+        r.register(
+            "group_restarts",
+            "Group restarts started (a deprecated epoch written)",
+            m.group_restarts.clone(),
+        );
+        r.register(
+            "group_restart_duration_seconds",
+            "Time from writing the deprecated epoch to writing the synced epoch",
+            m.group_restart_duration.clone(),
+        );
+        r.register(
+            "status_writes",
+            "JobSet status writes by field and result",
+            m.status_writes.clone(),
+        );
+        r.register(
+            "reconcile_duration_seconds",
+            "In-memory evaluation time of one JobSet",
+            m.reconcile_duration.clone(),
+        );
+        r.register("reconciles", "JobSets evaluated", m.reconciles.clone());
+        r.register("pods_tracked", "Pods in the index", m.pods_tracked.clone());
+        r.register(
+            "jobsets_tracked",
+            "JobSets in the index",
+            m.jobsets_tracked.clone(),
+        );
+        r.register(
+            "failed_jobsets",
+            "JobSets failed for exceeding maxRestarts",
+            m.failed_jobsets.clone(),
+        );
+        r.register(
+            "is_leader",
+            "1 while this replica holds the leader lease",
+            m.is_leader.clone(),
+        );
+        m
+    }
+
+    pub fn write(&self, field: &'static str, result: &'static str) {
+        self.status_writes
+            .get_or_create(&WriteLabels { field, result })
+            .inc();
+    }
+}
