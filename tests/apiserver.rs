@@ -73,6 +73,23 @@ fn drive(
     rx
 }
 
+type MetaItem = Result<watcher::Event<kube::core::PartialObjectMeta<Pod>>, watcher::Error>;
+
+fn drive_meta(
+    stream: impl futures::Stream<Item = MetaItem> + Send + 'static,
+) -> tokio::sync::mpsc::UnboundedReceiver<MetaItem> {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        while let Some(item) = stream.next().await {
+            if tx.send(item).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
 async fn wait_for_watches(server: &TestApiServer, n: usize) {
     while server.watch_count() != n {
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -91,6 +108,12 @@ fn jobset_json(ns: &str, name: &str) -> Value {
             "futureField": {"kept": [1, 2, 3]},
         },
     })
+}
+
+#[test]
+fn the_handle_can_be_shared() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<TestApiServer>();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -261,6 +284,21 @@ async fn other_resources_round_trip() {
             .await
             .expect("field selector on events");
         assert_eq!(l.items.len(), 1);
+
+        // Typed direct access.
+        let mut lease: Lease = serde_json::from_value(json!({
+            "metadata": {"name": "l", "namespace": "ns"}, "spec": {"holderIdentity": "x"}
+        }))
+        .expect("lease");
+        let stored = server.put_as(&lease).expect("put_as");
+        assert_eq!(stored.metadata.resource_version, Some(server.resource_version().to_string()));
+        lease.spec = None;
+        lease.metadata.resource_version = Some("1".into());
+        assert_eq!(server.put_as(&lease).map(|_| ()).map_err(|e| e.code), Err(409));
+        assert_eq!(server.list_as::<Lease>(None).len(), 1);
+        assert_eq!(server.count("leases"), 1);
+        assert!(server.get("nonsense", "ns", "x").is_none());
+        assert_eq!(server.create("nonsense", json!({})).map_err(|e| e.code), Err(404));
 
         // Discovery and version.
         let version = client.apiserver_version().await.expect("version");
@@ -790,6 +828,27 @@ async fn deletion_with_finalizers() {
             Ok(Some(WatchEvent::Deleted(_)))
         ));
         assert_eq!(api_err(pods.get("p").await).0, 404);
+        // deletecollection with a selector.
+        for i in 0..3 {
+            server
+                .create(
+                    "pods",
+                    pod_json("ns", &format!("c{i}"), json!({"batch": "1"})),
+                )
+                .expect("seed");
+        }
+        server
+            .create("pods", pod_json("ns", "keep", json!({})))
+            .expect("seed");
+        let gone = pods
+            .delete_collection(
+                &DeleteParams::default(),
+                &ListParams::default().labels("batch=1"),
+            )
+            .await
+            .expect("delete collection");
+        assert_eq!(gone.left().map(|l| l.items.len()), Some(3));
+        assert_eq!(server.list("pods", Some("ns")).len(), 1);
         // Preconditions.
         let q = pods
             .create(&PostParams::default(), &pod("ns", "q", json!({})))
@@ -884,6 +943,23 @@ async fn request_counters_and_fault_injection() {
         assert!(t.elapsed() >= Duration::from_millis(200));
         assert!(fast < Duration::from_millis(200));
         server.clear_faults();
+
+        // Metadata-only reads (kube's `Api<PartialObjectMeta<K>>` and its watcher) get full objects, which
+        // kube reads as PartialObjectMeta.
+        let metas = pods
+            .list_metadata(&ListParams::default())
+            .await
+            .expect("list_metadata");
+        assert_eq!(metas.items[0].metadata.name.as_deref(), Some("p"));
+        let meta_api: Api<kube::core::PartialObjectMeta<Pod>> =
+            Api::namespaced(server.client(), "ns");
+        let mut meta_events = drive_meta(watcher(meta_api, watcher::Config::default()));
+        loop {
+            if let Some(Ok(watcher::Event::InitApply(m))) = meta_events.recv().await {
+                assert_eq!(m.metadata.name.as_deref(), Some("p"));
+                break;
+            }
+        }
 
         // Bad requests get a 400 Status, never a panic.
         let http = http_client();
@@ -1078,45 +1154,107 @@ async fn a_reflector_syncs_2000_pods_and_follows_updates() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_lease_manager_elects_one_leader() {
+async fn server_side_apply_conflicts_between_managers() {
+    within(20, async {
+        let server = TestApiServer::start().await;
+        let leases: Api<Lease> = Api::namespaced(server.client(), "ns");
+        let cfg = |holder: &str| {
+            Patch::Apply(json!({
+                "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                "metadata": {"name": "l"}, "spec": {"holderIdentity": holder, "leaseDurationSeconds": 5},
+            }))
+        };
+        let a = leases
+            .patch("l", &PatchParams::apply("mgr-a"), &cfg("a"))
+            .await
+            .expect("apply creates");
+        assert_eq!(a.spec.and_then(|s| s.holder_identity).as_deref(), Some("a"));
+        // Re-applying the same configuration is a no-op.
+        let again = leases
+            .patch("l", &PatchParams::apply("mgr-a"), &cfg("a"))
+            .await
+            .expect("idempotent");
+        assert_eq!(again.metadata.resource_version, a.metadata.resource_version);
+        // Another manager changing a field mgr-a applied: 409 Conflict (what kube-lease-manager
+        // relies on to elect one leader), unless forced.
+        assert_eq!(
+            api_err(leases.patch("l", &PatchParams::apply("mgr-b"), &cfg("b")).await),
+            (409, "Conflict".into())
+        );
+        let forced = leases
+            .patch("l", &PatchParams::apply("mgr-b").force(), &cfg("b"))
+            .await
+            .expect("forced");
+        assert_eq!(forced.spec.and_then(|s| s.holder_identity).as_deref(), Some("b"));
+        // A merge patch clearing the field frees it for anyone.
+        leases
+            .patch(
+                "l",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"holderIdentity": null}})),
+            )
+            .await
+            .expect("clear");
+        leases
+            .patch("l", &PatchParams::apply("mgr-a"), &cfg("a"))
+            .await
+            .expect("free again");
+        // Apply without a field manager is refused, as upstream.
+        let raw = http_client()
+            .patch(format!("{}/apis/coordination.k8s.io/v1/namespaces/ns/leases/l", server.url()))
+            .header("content-type", "application/apply-patch+yaml")
+            .body("apiVersion: coordination.k8s.io/v1\nkind: Lease\n")
+            .send()
+            .await
+            .expect("response");
+        assert_eq!(raw.status().as_u16(), 400);
+        server.shutdown().await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lease_manager_acquires_holds_and_hands_over() {
     within(30, async {
         let server = TestApiServer::start().await;
         let build = |id: &str| {
             kube_lease_manager::LeaseManagerBuilder::new(server.client(), "leader")
                 .with_namespace("ns")
                 .with_identity(id)
-                .with_duration(5)
-                .with_grace(2)
+                .with_duration(2)
+                .with_grace(1)
                 .build()
         };
         let a = build("a").await.expect("manager a");
-        let b = build("b").await.expect("manager b");
-        // Both race for the free lease: exactly one wins (server-side apply conflicts stop the
-        // other), and the loser keeps waiting.
-        let winner = tokio::select! {
-            r = a.changed() => { assert!(r.expect("a")); "a" }
-            r = b.changed() => { assert!(r.expect("b")); "b" }
-        };
+        assert!(a.changed().await.expect("a acquires"));
         let lease = server.get_as::<Lease>("ns", "leader").expect("lease");
         let spec = lease.spec.expect("spec");
-        assert_eq!(spec.holder_identity.as_deref(), Some(winner));
-        assert_eq!(spec.lease_duration_seconds, Some(5));
-        let loser = if winner == "a" { &b } else { &a };
-        assert!(
-            tokio::time::timeout(Duration::from_millis(1500), loser.changed())
-                .await
-                .is_err(),
-            "the loser must not become leader while the lease is held"
+        assert_eq!(spec.holder_identity.as_deref(), Some("a"));
+        assert_eq!(spec.lease_duration_seconds, Some(2));
+        assert_eq!(spec.lease_transitions, Some(1));
+        let b = build("b").await.expect("manager b");
+        // While a holds (and renews) the lease, b does not become leader.
+        let held = tokio::join!(
+            tokio::time::timeout(Duration::from_millis(2500), b.changed()),
+            tokio::time::timeout(Duration::from_millis(2500), a.changed()),
         );
-        // The winner releases; the loser takes over.
-        let winner_mgr = if winner == "a" { &a } else { &b };
-        winner_mgr.release().await.expect("release");
-        assert!(loser.changed().await.expect("takes over"));
-        let lease = server.get_as::<Lease>("ns", "leader").expect("lease");
-        assert_ne!(
-            lease.spec.and_then(|s| s.holder_identity).as_deref(),
-            Some(winner)
+        assert!(held.0.is_err(), "b must not lead while a holds the lease");
+        assert!(held.1.is_err(), "a keeps the lease by renewing it");
+        assert_eq!(
+            server
+                .get_as::<Lease>("ns", "leader")
+                .and_then(|l| l.spec?.holder_identity)
+                .as_deref(),
+            Some("a")
         );
+        a.release().await.expect("release");
+        assert!(b.changed().await.expect("b takes over"));
+        let spec = server
+            .get_as::<Lease>("ns", "leader")
+            .and_then(|l| l.spec)
+            .expect("spec");
+        assert_eq!(spec.holder_identity.as_deref(), Some("b"));
+        assert_eq!(spec.lease_transitions, Some(2));
         server.shutdown().await;
     })
     .await;
