@@ -116,6 +116,31 @@ fn the_handle_can_be_shared() {
     send_sync::<TestApiServer>();
 }
 
+/// Plain `#[tokio::test]` (a current-thread runtime) works too.
+#[tokio::test]
+async fn works_on_a_current_thread_runtime() {
+    within(10, async {
+        let server = TestApiServer::start().await;
+        let pods: Api<Pod> = Api::namespaced(server.client(), "ns");
+        let mut events = drive(watcher(pods.clone(), watcher::Config::default()));
+        pods.create(&PostParams::default(), &pod("ns", "p", json!({})))
+            .await
+            .expect("create");
+        loop {
+            match events.recv().await.expect("open") {
+                Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p))
+                    if p.metadata.name.as_deref() == Some("p") =>
+                {
+                    break;
+                }
+                _ => {}
+            }
+        }
+        server.shutdown().await;
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pod_crud_with_the_kube_client() {
     within(20, async {
@@ -934,14 +959,17 @@ async fn request_counters_and_fault_injection() {
         pods.get("p").await.expect("slow get");
         assert!(t.elapsed() >= Duration::from_millis(150));
         server.set_latency(Duration::ZERO);
-        server.set_latency_for(Verb::List, "pods", Duration::from_millis(200));
+        server.set_latency_for(Verb::List, "pods", Duration::from_millis(500));
         let t = Instant::now();
         pods.get("p").await.expect("fast get");
         let fast = t.elapsed();
         let t = Instant::now();
         pods.list(&ListParams::default()).await.expect("slow list");
-        assert!(t.elapsed() >= Duration::from_millis(200));
-        assert!(fast < Duration::from_millis(200));
+        assert!(t.elapsed() >= Duration::from_millis(500));
+        assert!(
+            fast < Duration::from_millis(500),
+            "a GET is not delayed by a LIST rule"
+        );
         server.clear_faults();
 
         // Metadata-only reads (kube's `Api<PartialObjectMeta<K>>` and its watcher) get full objects, which
@@ -1147,6 +1175,25 @@ async fn a_reflector_syncs_2000_pods_and_follows_updates() {
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+        // The same through a streaming list (sendInitialEvents) instead of paginated lists.
+        let lists = server.counters().get(Verb::List, "pods");
+        let (streamed, writer) = reflector::store::<Pod>();
+        let streaming = tokio::spawn(
+            reflector(
+                writer,
+                watcher(
+                    Api::<Pod>::all(server.client()),
+                    watcher::Config::default().labels("app=w").streaming_lists(),
+                ),
+            )
+            .default_backoff()
+            .touched_objects()
+            .for_each(|_| async {}),
+        );
+        streamed.wait_until_ready().await.expect("streamed ready");
+        assert_eq!(streamed.state().len(), 1999);
+        assert_eq!(server.counters().get(Verb::List, "pods"), lists);
+        streaming.abort();
         driver.abort();
         server.shutdown().await;
     })
