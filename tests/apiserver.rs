@@ -1391,9 +1391,37 @@ async fn ten_thousand_pods_sanity_figure() {
             .expect("creates");
         let http_creates = t.elapsed();
         assert_eq!(creates.len(), 1000);
+
+        // One watcher following an update of each of the 10,000 pods.
+        let rv = server.resource_version().to_string();
+        let mut stream = pods
+            .watch(&WatchParams::default().labels("app=w").timeout(60), &rv)
+            .await
+            .expect("watch")
+            .boxed();
+        let t = Instant::now();
+        for i in 0..10_000 {
+            server
+                .patch(
+                    "pods",
+                    &format!("ns{}", i % 10),
+                    &format!("p{i:05}"),
+                    &json!({"metadata": {"annotations": {"seen": "1"}}}),
+                )
+                .expect("update");
+        }
+        let updated = t.elapsed();
+        let mut modified = 0;
+        while modified < 10_000 {
+            if let WatchEvent::Modified(_) = stream.try_next().await.expect("event").expect("open") {
+                modified += 1;
+            }
+        }
+        let watched = t.elapsed();
         println!(
             "10,000 pods: seeded directly in {seeded:?}; raw LIST ({} KiB) in {raw_list:?}; \
-             kube typed LIST in {typed_list:?}; 1,000 HTTP creates (16 in flight) in {http_creates:?}",
+             kube typed LIST in {typed_list:?}; 1,000 HTTP creates (16 in flight) in {http_creates:?}; \
+             10,000 direct updates in {updated:?}, all seen by a kube watch after {watched:?}",
             body.len() / 1024
         );
         server.shutdown().await;
