@@ -1,0 +1,2044 @@
+//! The core of the test API server, without HTTP: objects keyed by resource, namespace and name;
+//! one resourceVersion counter; a bounded history of changes; watchers; and the write semantics
+//! (create, update, patch, delete, status subresource, finalizers).
+//!
+//! Everything here is synchronous and runs under the server's one lock; nothing awaits.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::ops::Bound;
+use std::sync::{Arc, OnceLock};
+
+use axum::body::Bytes;
+use base64::Engine as _;
+use serde_json::{Map, Value, json};
+use tokio::sync::mpsc;
+
+use super::error::ApiError;
+use super::patch::{self, Owners, PatchType};
+use super::resources::{Registry, ResId, ResourceType};
+use super::selector::{FieldSelector, LabelSelector};
+
+/// `(namespace, name)`; the namespace is `""` for cluster-scoped resources.
+pub type Key = (String, String);
+
+/// One stored version of an object: the JSON value, its serialized bytes (written once, reused
+/// by every GET, LIST and watch event), its resourceVersion and its field ownership.
+#[derive(Debug)]
+pub struct Entry {
+    pub value: Value,
+    pub json: Bytes,
+    pub rv: u64,
+    pub(crate) owners: Arc<Owners>,
+}
+
+impl Entry {
+    fn new(value: Value, rv: u64, owners: Arc<Owners>) -> Arc<Entry> {
+        let json = Bytes::from(serde_json::to_vec(&value).unwrap_or_default());
+        Arc::new(Entry {
+            value,
+            json,
+            rv,
+            owners,
+        })
+    }
+}
+
+/// A watch event type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum EventType {
+    Added,
+    Modified,
+    Deleted,
+}
+
+impl EventType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventType::Added => "ADDED",
+            EventType::Modified => "MODIFIED",
+            EventType::Deleted => "DELETED",
+        }
+    }
+}
+
+/// One change in the history: the object after (for a deletion, its last state carrying the
+/// deletion's resourceVersion) and before.
+#[derive(Debug)]
+pub(crate) struct Change {
+    pub rv: u64,
+    pub res: ResId,
+    pub ty: EventType,
+    pub key: Key,
+    pub object: Arc<Entry>,
+    pub prev: Option<Arc<Entry>>,
+    /// `prev` stamped with `rv`: what a watcher that stops matching receives as DELETED.
+    prev_stamped: OnceLock<Arc<Entry>>,
+}
+
+impl Change {
+    fn deleted_object(&self) -> Arc<Entry> {
+        if self.ty == EventType::Deleted {
+            return self.object.clone();
+        }
+        self.prev_stamped
+            .get_or_init(|| match &self.prev {
+                Some(p) => {
+                    let mut v = p.value.clone();
+                    set_rv(&mut v, self.rv);
+                    Entry::new(v, self.rv, p.owners.clone())
+                }
+                None => self.object.clone(),
+            })
+            .clone()
+    }
+}
+
+/// What a watcher receives.
+#[derive(Clone, Debug)]
+pub(crate) struct Delivery {
+    pub ty: EventType,
+    pub entry: Arc<Entry>,
+}
+
+/// Which objects a watch or list selects.
+#[derive(Clone, Debug, Default)]
+pub struct Filter {
+    pub namespace: Option<String>,
+    pub labels: LabelSelector,
+    pub fields: FieldSelector,
+}
+
+impl Filter {
+    pub fn matches(&self, key: &Key, v: &Value) -> bool {
+        self.namespace.as_ref().is_none_or(|ns| *ns == key.0)
+            && self.labels.matches(v)
+            && self.fields.matches(v)
+    }
+
+    /// The event a watcher with this filter receives for a change, as upstream's watch cache
+    /// does: an object entering the selection is ADDED, one leaving it DELETED.
+    fn classify(&self, c: &Change) -> Option<Delivery> {
+        let now = c.ty != EventType::Deleted && self.matches(&c.key, &c.object.value);
+        let before = c
+            .prev
+            .as_ref()
+            .is_some_and(|p| self.matches(&c.key, &p.value));
+        let (ty, entry) = match (before, now) {
+            (false, false) => return None,
+            (false, true) => (EventType::Added, c.object.clone()),
+            (true, true) => (EventType::Modified, c.object.clone()),
+            (true, false) => (EventType::Deleted, c.deleted_object()),
+        };
+        Some(Delivery { ty, entry })
+    }
+}
+
+/// Where a watch starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WatchFrom {
+    /// `resourceVersion` absent or `"0"`: synthetic ADDED events for the current objects.
+    Current,
+    /// Events after this resourceVersion, from the history.
+    After(u64),
+}
+
+/// A registered watch: its initial events, its live channel and the resourceVersion at start.
+pub(crate) struct WatchStart {
+    pub id: u64,
+    pub initial: Vec<Delivery>,
+    pub rx: mpsc::Receiver<Delivery>,
+    pub rv: u64,
+}
+
+/// Watchers of one resource, bucketed so a change visits only the watchers that may care:
+/// those pinned to its object (a `metadata.name` field selector), to its namespace, or to all.
+#[derive(Default)]
+struct Watchers {
+    buckets: HashMap<Bucket, HashMap<u64, Reg>>,
+    index: HashMap<u64, Bucket>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum Bucket {
+    Object(Key),
+    Namespace(String),
+    All,
+}
+
+struct Reg {
+    filter: Arc<Filter>,
+    tx: mpsc::Sender<Delivery>,
+}
+
+impl Watchers {
+    fn remove(&mut self, id: u64) -> bool {
+        let Some(b) = self.index.remove(&id) else {
+            return false;
+        };
+        if let Some(m) = self.buckets.get_mut(&b) {
+            m.remove(&id);
+            if m.is_empty() {
+                self.buckets.remove(&b);
+            }
+        }
+        true
+    }
+}
+
+/// Parameters of a write.
+#[derive(Clone, Debug, Default)]
+pub struct WriteOpts {
+    /// Compute and return the result without storing it (`dryRun=All`).
+    pub dry_run: bool,
+    /// `fieldManager`.
+    pub field_manager: Option<String>,
+    /// `force` (server-side apply: take fields from other managers).
+    pub force: bool,
+    /// Keep `status` as given (direct seeding; HTTP writes to the main resource never do).
+    pub keep_status: bool,
+}
+
+/// The part of an object a write addresses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Part {
+    Main,
+    Status,
+}
+
+/// Parameters of a delete (from `DeleteOptions`).
+#[derive(Clone, Debug, Default)]
+pub struct DeleteOpts {
+    pub dry_run: bool,
+    pub grace_period_seconds: Option<i64>,
+    pub precondition_uid: Option<String>,
+    pub precondition_rv: Option<String>,
+}
+
+/// A LIST request.
+#[derive(Clone, Debug, Default)]
+pub struct ListQuery {
+    pub filter: Filter,
+    pub limit: Option<usize>,
+    /// The opaque `continue` token of a previous page.
+    pub continue_token: Option<String>,
+    /// Serve the list as of this resourceVersion (`resourceVersionMatch=Exact`).
+    pub exact_rv: Option<u64>,
+}
+
+/// One page of a LIST.
+#[derive(Clone, Debug)]
+pub struct ListPage {
+    pub items: Vec<Arc<Entry>>,
+    pub rv: u64,
+    pub continue_token: Option<String>,
+}
+
+/// Tunables of a store.
+#[derive(Clone, Debug)]
+pub struct StoreOptions {
+    pub history_capacity: usize,
+    pub watcher_buffer: usize,
+    pub graceful_pod_deletion: bool,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            history_capacity: 10_000,
+            watcher_buffer: 10_000,
+            graceful_pod_deletion: false,
+        }
+    }
+}
+
+/// The object store.
+pub struct Store {
+    registry: Arc<Registry>,
+    objects: Vec<BTreeMap<Key, Arc<Entry>>>,
+    rv: u64,
+    history: VecDeque<Arc<Change>>,
+    /// Watches and consistent lists can resume from any resourceVersion at or after this one.
+    oldest: u64,
+    watchers: Vec<Watchers>,
+    next_watcher: u64,
+    rng: u64,
+    uid_seed: u64,
+    opts: StoreOptions,
+}
+
+fn splitmix(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+fn random_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default(),
+    );
+    h.finish()
+}
+
+/// Now, RFC 3339 with seconds (as `creationTimestamp`).
+pub(crate) fn timestamp_in(secs: i64) -> String {
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let t = now
+        .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(secs))
+        .unwrap_or(now);
+    t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
+
+fn set_rv(v: &mut Value, rv: u64) {
+    if let Some(m) = v.get_mut("metadata").and_then(Value::as_object_mut) {
+        m.insert("resourceVersion".into(), Value::String(rv.to_string()));
+    }
+}
+
+fn meta(v: &Value) -> Option<&Map<String, Value>> {
+    v.get("metadata").and_then(Value::as_object)
+}
+
+fn meta_str<'a>(v: &'a Value, field: &str) -> Option<&'a str> {
+    meta(v)
+        .and_then(|m| m.get(field))
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty())
+}
+
+fn has_finalizers(v: &Value) -> bool {
+    meta(v)
+        .and_then(|m| m.get("finalizers"))
+        .and_then(Value::as_array)
+        .is_some_and(|f| !f.is_empty())
+}
+
+/// Anything other than `metadata` and `status` differs (the rule for bumping `generation`).
+fn spec_changed(a: &Value, b: &Value) -> bool {
+    let (Some(a), Some(b)) = (a.as_object(), b.as_object()) else {
+        return a != b;
+    };
+    let skip = |k: &str| matches!(k, "metadata" | "status" | "apiVersion" | "kind");
+    let differs = |x: &Map<String, Value>, y: &Map<String, Value>| {
+        x.iter()
+            .filter(|(k, _)| !skip(k))
+            .any(|(k, v)| y.get(k) != Some(v))
+    };
+    differs(a, b) || differs(b, a)
+}
+
+/// Checks `apiVersion`/`kind` (when given) and sets them.
+fn normalize_type(rt: &ResourceType, obj: &mut Value) -> Result<(), ApiError> {
+    let Some(m) = obj.as_object_mut() else {
+        return Err(ApiError::bad_request(format!(
+            "the body of the request must be a {} object",
+            rt.kind
+        )));
+    };
+    let api_version = rt.api_version();
+    if let Some(v) = m.get("apiVersion").and_then(Value::as_str)
+        && !v.is_empty()
+        && v != api_version
+    {
+        return Err(ApiError::bad_request(format!(
+            "the API version in the data ({v}) does not match the expected API version ({api_version})"
+        )));
+    }
+    if let Some(k) = m.get("kind").and_then(Value::as_str)
+        && !k.is_empty()
+        && k != rt.kind
+    {
+        return Err(ApiError::bad_request(format!(
+            "the kind in the data ({k}) does not match the expected kind ({})",
+            rt.kind
+        )));
+    }
+    m.insert("apiVersion".into(), Value::String(api_version));
+    m.insert("kind".into(), Value::String(rt.kind.to_string()));
+    match m.get("metadata") {
+        None | Some(Value::Null) => {
+            m.insert("metadata".into(), json!({}));
+        }
+        Some(Value::Object(_)) => {}
+        Some(_) => return Err(ApiError::bad_request("metadata must be an object")),
+    }
+    Ok(())
+}
+
+/// Runs `f` on the object's `metadata` map (made empty when absent), then puts it back in place.
+fn with_meta<R>(obj: &mut Value, f: impl FnOnce(&mut Map<String, Value>) -> R) -> R {
+    let mut m = match obj.get_mut("metadata") {
+        Some(Value::Object(m)) => std::mem::take(m),
+        _ => Map::new(),
+    };
+    let r = f(&mut m);
+    if let Some(o) = obj.as_object_mut() {
+        o.insert("metadata".into(), Value::Object(m));
+    }
+    r
+}
+
+fn validate_name(rt: &ResourceType, name: &str) -> Result<(), String> {
+    if name.len() > 253 {
+        return Err("must be no more than 253 characters".into());
+    }
+    if rt.group == "rbac.authorization.k8s.io" {
+        if name == "." || name == ".." || name.contains(['/', '%']) {
+            return Err("may not contain '/' or '%' or be '.' or '..'".into());
+        }
+        return Ok(());
+    }
+    let ok = name
+        .chars()
+        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
+        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && name.ends_with(|c: char| c.is_ascii_alphanumeric());
+    if ok {
+        Ok(())
+    } else {
+        Err("a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character".into())
+    }
+}
+
+fn encode_continue(rv: u64, key: &Key) -> String {
+    let raw = json!({"rv": rv, "start": [key.0, key.1]}).to_string();
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(raw)
+}
+
+fn decode_continue(token: &str) -> Result<(u64, Key), ApiError> {
+    let bad = || ApiError::bad_request("continue key is not valid");
+    let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(token.trim_end_matches('='))
+        .map_err(|_| bad())?;
+    let v: Value = serde_json::from_slice(&raw).map_err(|_| bad())?;
+    let rv = v.get("rv").and_then(Value::as_u64).ok_or_else(bad)?;
+    let start = v.get("start").and_then(Value::as_array).ok_or_else(bad)?;
+    match (
+        start.first().and_then(Value::as_str),
+        start.get(1).and_then(Value::as_str),
+    ) {
+        (Some(ns), Some(name)) => Ok((rv, (ns.to_owned(), name.to_owned()))),
+        _ => Err(bad()),
+    }
+}
+
+impl Store {
+    pub fn new(registry: Arc<Registry>, opts: StoreOptions) -> Self {
+        let n = registry.types().len();
+        let seed = random_seed();
+        Store {
+            registry,
+            objects: (0..n).map(|_| BTreeMap::new()).collect(),
+            // resourceVersion "0" means "any" to clients, so real versions start above it.
+            rv: 1,
+            history: VecDeque::new(),
+            oldest: 1,
+            watchers: (0..n).map(|_| Watchers::default()).collect(),
+            next_watcher: 0,
+            rng: seed,
+            uid_seed: seed.rotate_left(17) ^ 0x5DEE_CE66_D1CE_4E5B,
+            opts,
+        }
+    }
+
+    pub fn registry(&self) -> &Arc<Registry> {
+        &self.registry
+    }
+
+    /// The current resourceVersion.
+    pub fn rv(&self) -> u64 {
+        self.rv
+    }
+
+    /// Watches and lists at resourceVersions below this answer 410.
+    pub fn oldest_rv(&self) -> u64 {
+        self.oldest
+    }
+
+    pub fn len(&self, res: ResId) -> usize {
+        self.objects[res].len()
+    }
+
+    pub fn is_empty(&self, res: ResId) -> bool {
+        self.objects[res].is_empty()
+    }
+
+    fn uid(&mut self) -> String {
+        let a = splitmix(&mut self.uid_seed);
+        let b = splitmix(&mut self.uid_seed);
+        format!(
+            "{:08x}-{:04x}-4{:03x}-{:04x}-{:012x}",
+            a >> 32,
+            (a >> 16) & 0xffff,
+            a & 0xfff,
+            0x8000 | ((b >> 48) & 0x3fff),
+            b & 0xffff_ffff_ffff
+        )
+    }
+
+    fn random_suffix(&mut self) -> String {
+        const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+        let mut x = splitmix(&mut self.rng);
+        (0..5)
+            .map(|_| {
+                let c = ALPHABET[(x % ALPHABET.len() as u64) as usize];
+                x /= ALPHABET.len() as u64;
+                char::from(c)
+            })
+            .collect()
+    }
+
+    fn key(&self, res: ResId, ns: &str, name: &str) -> Key {
+        if self.registry.get(res).namespaced {
+            (ns.to_owned(), name.to_owned())
+        } else {
+            (String::new(), name.to_owned())
+        }
+    }
+
+    pub fn get(&self, res: ResId, ns: &str, name: &str) -> Option<Arc<Entry>> {
+        self.objects[res].get(&self.key(res, ns, name)).cloned()
+    }
+
+    pub(crate) fn get_or_404(
+        &self,
+        res: ResId,
+        ns: &str,
+        name: &str,
+    ) -> Result<Arc<Entry>, ApiError> {
+        self.get(res, ns, name)
+            .ok_or_else(|| ApiError::not_found(self.registry.get(res), name))
+    }
+
+    // ---------------------------------------------------------------------------------------
+    // History and watchers
+    // ---------------------------------------------------------------------------------------
+
+    fn next_rv(&mut self) -> u64 {
+        self.rv += 1;
+        self.rv
+    }
+
+    fn publish(&mut self, change: Change) {
+        let change = Arc::new(change);
+        self.history.push_back(change.clone());
+        while self.history.len() > self.opts.history_capacity {
+            if let Some(old) = self.history.pop_front() {
+                self.oldest = self.oldest.max(old.rv);
+            }
+        }
+        let watchers = &mut self.watchers[change.res];
+        if watchers.index.is_empty() {
+            return;
+        }
+        let mut dead = Vec::new();
+        let buckets = [
+            Bucket::Object(change.key.clone()),
+            Bucket::Namespace(change.key.0.clone()),
+            Bucket::All,
+        ];
+        for b in &buckets {
+            let Some(regs) = watchers.buckets.get(b) else {
+                continue;
+            };
+            for (id, reg) in regs {
+                if let Some(d) = reg.filter.classify(&change)
+                    && reg.tx.try_send(d).is_err()
+                {
+                    // Full (a slow watcher) or closed: drop it; the client re-watches from the
+                    // last resourceVersion it saw, as with a real API server.
+                    dead.push(*id);
+                }
+            }
+        }
+        for id in dead {
+            watchers.remove(id);
+        }
+    }
+
+    fn put_entry(
+        &mut self,
+        res: ResId,
+        key: Key,
+        mut value: Value,
+        owners: Owners,
+        prev: Option<Arc<Entry>>,
+    ) -> Arc<Entry> {
+        let rv = self.next_rv();
+        set_rv(&mut value, rv);
+        let entry = Entry::new(value, rv, Arc::new(owners));
+        self.objects[res].insert(key.clone(), entry.clone());
+        let ty = if prev.is_some() {
+            EventType::Modified
+        } else {
+            EventType::Added
+        };
+        self.publish(Change {
+            rv,
+            res,
+            ty,
+            key,
+            object: entry.clone(),
+            prev,
+            prev_stamped: OnceLock::new(),
+        });
+        entry
+    }
+
+    fn remove_entry(
+        &mut self,
+        res: ResId,
+        key: Key,
+        prev: Arc<Entry>,
+        mut last: Value,
+    ) -> Arc<Entry> {
+        let rv = self.next_rv();
+        set_rv(&mut last, rv);
+        let entry = Entry::new(last, rv, prev.owners.clone());
+        self.objects[res].remove(&key);
+        self.publish(Change {
+            rv,
+            res,
+            ty: EventType::Deleted,
+            key,
+            object: entry.clone(),
+            prev: Some(prev),
+            prev_stamped: OnceLock::new(),
+        });
+        entry
+    }
+
+    /// Registers a watcher. Fails with 410 `Expired` when `from` is older than the history.
+    pub(crate) fn watch(
+        &mut self,
+        res: ResId,
+        filter: Filter,
+        from: WatchFrom,
+    ) -> Result<WatchStart, ApiError> {
+        let initial: Vec<Delivery> = match from {
+            WatchFrom::Current => {
+                let (lo, hi) = ns_bounds(filter.namespace.as_deref());
+                self.objects[res]
+                    .range((lo, hi))
+                    .filter(|(k, e)| filter.matches(k, &e.value))
+                    .map(|(_, e)| Delivery {
+                        ty: EventType::Added,
+                        entry: e.clone(),
+                    })
+                    .collect()
+            }
+            WatchFrom::After(rv) => {
+                if rv < self.oldest {
+                    return Err(ApiError::expired(rv, self.oldest));
+                }
+                let start = self.history.partition_point(|c| c.rv <= rv);
+                self.history
+                    .range(start..)
+                    .filter(|c| c.res == res)
+                    .filter_map(|c| filter.classify(c))
+                    .collect()
+            }
+        };
+        let bucket = match (filter.fields.name(), &filter.namespace) {
+            (Some(name), Some(ns)) => Bucket::Object((ns.clone(), name.to_owned())),
+            (Some(name), None) if !self.registry.get(res).namespaced => {
+                Bucket::Object((String::new(), name.to_owned()))
+            }
+            (_, Some(ns)) => Bucket::Namespace(ns.clone()),
+            _ => Bucket::All,
+        };
+        let (tx, rx) = mpsc::channel(self.opts.watcher_buffer.max(1));
+        self.next_watcher += 1;
+        let id = self.next_watcher;
+        let w = &mut self.watchers[res];
+        w.index.insert(id, bucket.clone());
+        w.buckets.entry(bucket).or_default().insert(
+            id,
+            Reg {
+                filter: Arc::new(filter),
+                tx,
+            },
+        );
+        Ok(WatchStart {
+            id,
+            initial,
+            rx,
+            rv: self.rv,
+        })
+    }
+
+    /// Unregisters a watcher (its stream ended).
+    pub(crate) fn unwatch(&mut self, res: ResId, id: u64) {
+        self.watchers[res].remove(id);
+    }
+
+    /// Closes every watch; returns how many were open.
+    pub fn close_watchers(&mut self) -> usize {
+        let mut n = 0;
+        for w in &mut self.watchers {
+            n += w.index.len();
+            *w = Watchers::default();
+        }
+        n
+    }
+
+    /// Number of open watches.
+    pub fn watcher_count(&self) -> usize {
+        self.watchers.iter().map(|w| w.index.len()).sum()
+    }
+
+    /// The resourceVersion a bookmark may carry for a watcher whose channel is `rx`: the current
+    /// one if the watcher has been handed every change so far, else none.
+    pub(crate) fn bookmark_rv(&self, rx: &mpsc::Receiver<Delivery>) -> Option<u64> {
+        rx.is_empty().then_some(self.rv)
+    }
+
+    /// Forgets history up to `rv`: watches and lists from older versions answer 410.
+    pub fn compact(&mut self, rv: u64) {
+        let rv = rv.min(self.rv);
+        self.oldest = self.oldest.max(rv);
+        while self.history.front().is_some_and(|c| c.rv <= rv) {
+            self.history.pop_front();
+        }
+    }
+
+    // ---------------------------------------------------------------------------------------
+    // Reads
+    // ---------------------------------------------------------------------------------------
+
+    /// LIST: selectors, pagination (`limit`/`continue`, consistent at the first page's
+    /// resourceVersion), and exact-version reads from the history.
+    pub fn list(&self, res: ResId, q: &ListQuery) -> Result<ListPage, ApiError> {
+        let (snap, after) = match &q.continue_token {
+            Some(t) => {
+                let (rv, key) = decode_continue(t)?;
+                if rv < self.oldest {
+                    return Err(ApiError::continue_expired());
+                }
+                (rv, Some(key))
+            }
+            None => (q.exact_rv.unwrap_or(self.rv), None),
+        };
+        if snap < self.oldest {
+            return Err(ApiError::expired(snap, self.oldest));
+        }
+        let snap = snap.min(self.rv);
+        // The objects as of `snap`: the current ones, overlaid by the state before the first
+        // later change of every key changed since.
+        let mut overlay: BTreeMap<Key, Option<Arc<Entry>>> = BTreeMap::new();
+        if snap < self.rv {
+            let start = self.history.partition_point(|c| c.rv <= snap);
+            for c in self.history.range(start..).filter(|c| c.res == res) {
+                overlay
+                    .entry(c.key.clone())
+                    .or_insert_with(|| c.prev.clone());
+            }
+        }
+        let ns = q.filter.namespace.as_deref();
+        let (ns_lo, hi) = ns_bounds(ns);
+        let lo = match after {
+            Some(k) => Bound::Excluded(k),
+            None => ns_lo,
+        };
+        let range = (lo, hi);
+        let mut merged = merge_sorted(self.objects[res].range(range.clone()), overlay.range(range))
+            .filter(|(k, e)| q.filter.matches(k, &e.value));
+        let limit = q.limit.filter(|l| *l > 0).unwrap_or(usize::MAX);
+        let mut items = Vec::new();
+        let mut last: Option<&Key> = None;
+        for (k, e) in merged.by_ref() {
+            items.push(e.clone());
+            last = Some(k);
+            if items.len() >= limit {
+                break;
+            }
+        }
+        let continue_token = match last {
+            Some(k) if items.len() >= limit && merged.next().is_some() => {
+                Some(encode_continue(snap, k))
+            }
+            _ => None,
+        };
+        Ok(ListPage {
+            items,
+            rv: snap,
+            continue_token,
+        })
+    }
+
+    // ---------------------------------------------------------------------------------------
+    // Writes
+    // ---------------------------------------------------------------------------------------
+
+    /// CREATE into namespace `ns` (ignored for cluster-scoped resources).
+    pub fn create(
+        &mut self,
+        res: ResId,
+        ns: &str,
+        obj: Value,
+        wo: &WriteOpts,
+    ) -> Result<Arc<Entry>, ApiError> {
+        self.create_inner(res, ns, obj, wo, None)
+    }
+
+    fn create_inner(
+        &mut self,
+        res: ResId,
+        ns: &str,
+        mut obj: Value,
+        wo: &WriteOpts,
+        applied: Option<&Value>,
+    ) -> Result<Arc<Entry>, ApiError> {
+        let registry = self.registry.clone();
+        let rt = registry.get(res);
+        normalize_type(rt, &mut obj)?;
+        if rt.namespaced && ns.is_empty() {
+            return Err(ApiError::bad_request("a namespace is required"));
+        }
+        let (given, generate) = with_meta(&mut obj, |m| {
+            if rt.namespaced {
+                if m.get("namespace")
+                    .and_then(Value::as_str)
+                    .is_some_and(|given| !given.is_empty() && given != ns)
+                {
+                    return Err(ns_mismatch());
+                }
+                m.insert("namespace".into(), json!(ns));
+            } else {
+                m.remove("namespace");
+            }
+            let text = |f: &str| {
+                m.get(f)
+                    .and_then(Value::as_str)
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_owned)
+            };
+            Ok((text("name"), text("generateName")))
+        })?;
+        let name = match (given, generate) {
+            (Some(n), _) => n,
+            (None, Some(prefix)) => {
+                let base: String = prefix.chars().take(58).collect();
+                let mut name = format!("{base}{}", self.random_suffix());
+                for _ in 0..16 {
+                    if !self.objects[res].contains_key(&self.key(res, ns, &name)) {
+                        break;
+                    }
+                    name = format!("{base}{}", self.random_suffix());
+                }
+                name
+            }
+            (None, None) => {
+                return Err(ApiError::invalid(
+                    rt,
+                    "",
+                    "metadata.name",
+                    "Required value: name or generateName is required",
+                ));
+            }
+        };
+        validate_name(rt, &name)
+            .map_err(|msg| ApiError::invalid(rt, &name, "metadata.name", &msg))?;
+        let key = self.key(res, ns, &name);
+        if self.objects[res].contains_key(&key) {
+            return Err(ApiError::already_exists(rt, &name));
+        }
+        let uid = self.uid();
+        with_meta(&mut obj, |m| {
+            m.insert("name".into(), json!(name));
+            m.insert("uid".into(), json!(uid));
+            m.insert("creationTimestamp".into(), json!(timestamp_in(0)));
+            m.insert("generation".into(), json!(1));
+            for f in [
+                "deletionTimestamp",
+                "deletionGracePeriodSeconds",
+                "managedFields",
+                "selfLink",
+                "resourceVersion",
+            ] {
+                m.remove(f);
+            }
+        });
+        if rt.status_subresource
+            && !wo.keep_status
+            && let Some(o) = obj.as_object_mut()
+        {
+            match rt.initial_status() {
+                Some(s) => {
+                    o.insert("status".into(), s);
+                }
+                None => {
+                    o.remove("status");
+                }
+            }
+        }
+        let owners = patch::update_owners(
+            &Owners::new(),
+            wo.field_manager.as_deref(),
+            applied,
+            None,
+            &obj,
+        );
+        if wo.dry_run {
+            set_rv(&mut obj, self.rv);
+            return Ok(Entry::new(obj, self.rv, Arc::new(owners)));
+        }
+        Ok(self.put_entry(res, key, obj, owners, None))
+    }
+
+    /// UPDATE (PUT) of the object or its status. Returns the result and whether it was created
+    /// (only for resources that create on update).
+    pub fn update(
+        &mut self,
+        res: ResId,
+        ns: &str,
+        name: &str,
+        mut obj: Value,
+        part: Part,
+        wo: &WriteOpts,
+    ) -> Result<(Arc<Entry>, bool), ApiError> {
+        if let Some(cur) = self.get(res, ns, name) {
+            return Ok((self.update_inner(res, cur, obj, part, wo, None)?, false));
+        }
+        let registry = self.registry.clone();
+        let rt = registry.get(res);
+        if !(rt.create_on_update && part == Part::Main) {
+            return Err(ApiError::not_found(rt, name));
+        }
+        normalize_type(rt, &mut obj)?;
+        with_meta(&mut obj, |m| {
+            if m.get("name")
+                .and_then(Value::as_str)
+                .is_some_and(|n| !n.is_empty() && n != name)
+            {
+                return Err(name_mismatch(m, name));
+            }
+            m.insert("name".into(), json!(name));
+            Ok(())
+        })?;
+        Ok((self.create_inner(res, ns, obj, wo, None)?, true))
+    }
+
+    fn update_inner(
+        &mut self,
+        res: ResId,
+        cur: Arc<Entry>,
+        mut body: Value,
+        part: Part,
+        wo: &WriteOpts,
+        applied: Option<&Value>,
+    ) -> Result<Arc<Entry>, ApiError> {
+        let registry = self.registry.clone();
+        let rt = registry.get(res);
+        normalize_type(rt, &mut body)?;
+        let cur_meta = meta(&cur.value).cloned().unwrap_or_default();
+        let cur_text = |f: &str| {
+            cur_meta
+                .get(f)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned()
+        };
+        let (name, ns, cur_uid) = (cur_text("name"), cur_text("namespace"), cur_text("uid"));
+        let given = |m: &Map<String, Value>, f: &str| {
+            m.get(f)
+                .and_then(Value::as_str)
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+        };
+        with_meta(&mut body, |m| {
+            if given(m, "name").is_some_and(|n| n != name) {
+                return Err(name_mismatch(m, &name));
+            }
+            if rt.namespaced && given(m, "namespace").is_some_and(|n| n != ns) {
+                return Err(ns_mismatch());
+            }
+            if given(m, "resourceVersion").is_some_and(|rv| rv != cur.rv.to_string()) {
+                return Err(ApiError::stale(rt, &name));
+            }
+            if let Some(uid) = given(m, "uid").filter(|u| *u != cur_uid) {
+                return Err(ApiError::conflict(
+                    rt,
+                    &name,
+                    &format!(
+                        "Precondition failed: UID in precondition: {uid}, UID in object meta: {cur_uid}"
+                    ),
+                ));
+            }
+            Ok(())
+        })?;
+        let mut new = match part {
+            Part::Main => {
+                if rt.status_subresource && !wo.keep_status {
+                    copy_field(&cur.value, &mut body, "status");
+                }
+                body
+            }
+            Part::Status => {
+                let mut n = cur.value.clone();
+                copy_field(&body, &mut n, "status");
+                n
+            }
+        };
+        // Server-managed metadata comes from the stored object.
+        let generation = cur_meta
+            .get("generation")
+            .and_then(Value::as_i64)
+            .unwrap_or(1);
+        let bump = part == Part::Main && spec_changed(&cur.value, &new);
+        with_meta(&mut new, |m| {
+            m.insert("name".into(), json!(name));
+            if rt.namespaced {
+                m.insert("namespace".into(), json!(ns));
+            }
+            for f in [
+                "uid",
+                "creationTimestamp",
+                "deletionTimestamp",
+                "deletionGracePeriodSeconds",
+            ] {
+                match cur_meta.get(f) {
+                    Some(v) => {
+                        m.insert(f.into(), v.clone());
+                    }
+                    None => {
+                        m.remove(f);
+                    }
+                }
+            }
+            m.remove("managedFields");
+            m.remove("selfLink");
+            m.insert(
+                "generation".into(),
+                json!(if bump { generation + 1 } else { generation }),
+            );
+            m.insert("resourceVersion".into(), json!(cur.rv.to_string()));
+        });
+        let owners = patch::update_owners(
+            &cur.owners,
+            wo.field_manager.as_deref(),
+            applied,
+            Some(&cur.value),
+            &new,
+        );
+        let key = self.key(res, &ns, &name);
+        if new == cur.value {
+            // A no-op: no new resourceVersion and no event, as upstream.
+            if owners != *cur.owners && !wo.dry_run {
+                let e = Entry::new(new, cur.rv, Arc::new(owners));
+                self.objects[res].insert(key, e.clone());
+                return Ok(e);
+            }
+            return Ok(cur);
+        }
+        if wo.dry_run {
+            return Ok(Entry::new(new, cur.rv, Arc::new(owners)));
+        }
+        if meta_str(&new, "deletionTimestamp").is_some() && !has_finalizers(&new) {
+            return Ok(self.remove_entry(res, key, cur, new));
+        }
+        Ok(self.put_entry(res, key, new, owners, Some(cur)))
+    }
+
+    /// PATCH of the object or its status. Server-side apply creates an absent object; the
+    /// other patch types answer 404 for it.
+    #[allow(clippy::too_many_arguments)]
+    pub fn patch(
+        &mut self,
+        res: ResId,
+        ns: &str,
+        name: &str,
+        ty: PatchType,
+        body: &[u8],
+        part: Part,
+        wo: &WriteOpts,
+    ) -> Result<(Arc<Entry>, bool), ApiError> {
+        let registry = self.registry.clone();
+        let rt = registry.get(res);
+        let cur = self.get(res, ns, name);
+        if ty != PatchType::Apply {
+            let cur = cur.ok_or_else(|| ApiError::not_found(rt, name))?;
+            let patched = patch::apply_patch(ty, &cur.value, body)?;
+            return Ok((self.update_inner(res, cur, patched, part, wo, None)?, false));
+        }
+        let manager = wo
+            .field_manager
+            .clone()
+            .filter(|m| !m.is_empty())
+            .ok_or_else(|| {
+                ApiError::bad_request("PATCH requests with apply must have a fieldManager")
+            })?;
+        let mut cfg = patch::parse_apply(body)?;
+        for f in ["apiVersion", "kind"] {
+            if cfg.get(f).and_then(Value::as_str).is_none_or(str::is_empty) {
+                return Err(ApiError::bad_request(format!(
+                    "{f} must be set in an applied configuration"
+                )));
+            }
+        }
+        normalize_type(rt, &mut cfg)?;
+        with_meta(&mut cfg, |m| {
+            if m.get("name")
+                .and_then(Value::as_str)
+                .is_some_and(|n| !n.is_empty() && n != name)
+            {
+                return Err(name_mismatch(m, name));
+            }
+            m.insert("name".into(), json!(name));
+            Ok(())
+        })?;
+        match cur {
+            None if part == Part::Status => Err(ApiError::not_found(rt, name)),
+            None => Ok((
+                self.create_inner(res, ns, cfg.clone(), wo, Some(&cfg))?,
+                true,
+            )),
+            Some(cur) => {
+                if !wo.force {
+                    let conflicts = patch::apply_conflicts(&cur.owners, &manager, &cfg, &cur.value);
+                    if !conflicts.is_empty() {
+                        return Err(apply_conflict(rt, name, &conflicts));
+                    }
+                }
+                let mut merged = cur.value.clone();
+                json_patch::merge(&mut merged, &cfg);
+                Ok((
+                    self.update_inner(res, cur, merged, part, wo, Some(&cfg))?,
+                    false,
+                ))
+            }
+        }
+    }
+
+    /// DELETE. With finalizers (or a graceful pod deletion) the object only gets
+    /// `deletionTimestamp`; the returned flag says whether it is gone.
+    pub fn delete(
+        &mut self,
+        res: ResId,
+        ns: &str,
+        name: &str,
+        d: &DeleteOpts,
+    ) -> Result<(Arc<Entry>, bool), ApiError> {
+        let registry = self.registry.clone();
+        let rt = registry.get(res);
+        let cur = self.get_or_404(res, ns, name)?;
+        let cur_uid = meta_str(&cur.value, "uid").unwrap_or_default();
+        if let Some(uid) = &d.precondition_uid
+            && uid != cur_uid
+        {
+            return Err(ApiError::conflict(
+                rt,
+                name,
+                &format!(
+                    "Precondition failed: UID in precondition: {uid}, UID in object meta: {cur_uid}"
+                ),
+            ));
+        }
+        if let Some(rv) = &d.precondition_rv
+            && *rv != cur.rv.to_string()
+        {
+            return Err(ApiError::conflict(
+                rt,
+                name,
+                &format!(
+                    "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}",
+                    cur.rv
+                ),
+            ));
+        }
+        let deleting = meta_str(&cur.value, "deletionTimestamp").is_some();
+        let finalizers = has_finalizers(&cur.value);
+        let scheduled_pod = self.opts.graceful_pod_deletion
+            && rt.group.is_empty()
+            && rt.plural == "pods"
+            && cur
+                .value
+                .pointer("/spec/nodeName")
+                .and_then(Value::as_str)
+                .is_some_and(|n| !n.is_empty());
+        let grace = if scheduled_pod {
+            d.grace_period_seconds
+                .or_else(|| {
+                    cur.value
+                        .pointer("/spec/terminationGracePeriodSeconds")
+                        .and_then(Value::as_i64)
+                })
+                .unwrap_or(30)
+                .max(0)
+        } else {
+            0
+        };
+        if finalizers || grace > 0 {
+            if deleting {
+                return Ok((cur, false));
+            }
+            let mut new = cur.value.clone();
+            let generation = meta(&new)
+                .and_then(|m| m.get("generation"))
+                .and_then(Value::as_i64)
+                .unwrap_or(1);
+            if let Some(m) = new.get_mut("metadata").and_then(Value::as_object_mut) {
+                m.insert("deletionTimestamp".into(), json!(timestamp_in(grace)));
+                m.insert("deletionGracePeriodSeconds".into(), json!(grace));
+                m.insert("generation".into(), json!(generation + 1));
+            }
+            if d.dry_run {
+                return Ok((Entry::new(new, cur.rv, cur.owners.clone()), false));
+            }
+            let owners = (*cur.owners).clone();
+            let key = self.key(res, ns, name);
+            return Ok((self.put_entry(res, key, new, owners, Some(cur)), false));
+        }
+        if d.dry_run {
+            return Ok((cur, true));
+        }
+        let last = cur.value.clone();
+        let key = self.key(res, ns, name);
+        Ok((self.remove_entry(res, key, cur, last), true))
+    }
+
+    /// Upsert for seeding: creates, or replaces the whole object (status included).
+    pub fn put(&mut self, res: ResId, mut obj: Value) -> Result<Arc<Entry>, ApiError> {
+        let rt = self.registry.get(res);
+        let ns = if rt.namespaced {
+            meta_str(&obj, "namespace").unwrap_or("default").to_owned()
+        } else {
+            String::new()
+        };
+        let wo = WriteOpts {
+            keep_status: true,
+            ..WriteOpts::default()
+        };
+        let name = meta_str(&obj, "name").map(str::to_owned);
+        match name.and_then(|n| self.get(res, &ns, &n)) {
+            Some(cur) => self.update_inner(res, cur, obj, Part::Main, &wo, None),
+            None => {
+                if let Some(m) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
+                    m.remove("resourceVersion");
+                }
+                self.create_inner(res, &ns, obj, &wo, None)
+            }
+        }
+    }
+}
+
+fn ns_mismatch() -> ApiError {
+    ApiError::bad_request(
+        "the namespace of the provided object does not match the namespace sent on the request",
+    )
+}
+
+/// Sets `to[field]` to `from[field]`, or removes it when `from` has none.
+fn copy_field(from: &Value, to: &mut Value, field: &str) {
+    if let Some(o) = to.as_object_mut() {
+        match from.get(field) {
+            Some(v) => {
+                o.insert(field.into(), v.clone());
+            }
+            None => {
+                o.remove(field);
+            }
+        }
+    }
+}
+
+fn apply_conflict(rt: &ResourceType, name: &str, conflicts: &[(String, String)]) -> ApiError {
+    let list: Vec<String> = conflicts
+        .iter()
+        .map(|(m, p)| format!("conflict with \"{m}\": {}", p.replace('/', ".")))
+        .collect();
+    let n = list.len();
+    let mut e = ApiError::conflict(rt, name, "");
+    e.message = format!(
+        "Apply failed with {n} conflict{}: {}",
+        if n == 1 { "" } else { "s" },
+        list.join("; ")
+    );
+    e
+}
+
+fn name_mismatch(m: &Map<String, Value>, url_name: &str) -> ApiError {
+    let given = m.get("name").and_then(Value::as_str).unwrap_or_default();
+    ApiError::bad_request(format!(
+        "the name of the object ({given}) does not match the name on the URL ({url_name})"
+    ))
+}
+
+/// Key bounds of one namespace (or everything).
+fn ns_bounds(ns: Option<&str>) -> (Bound<Key>, Bound<Key>) {
+    match ns {
+        None => (Bound::Unbounded, Bound::Unbounded),
+        Some(ns) => {
+            // Keys of `ns` sort between (ns, "") and (ns + "\0", ""), exclusive.
+            let mut next = ns.to_owned();
+            next.push('\0');
+            (
+                Bound::Included((ns.to_owned(), String::new())),
+                Bound::Excluded((next, String::new())),
+            )
+        }
+    }
+}
+
+/// Merges the current objects with the overlay of older states (the overlay wins on equal
+/// keys; an overlay of `None` hides the key), both sorted by key.
+fn merge_sorted<'a>(
+    current: impl Iterator<Item = (&'a Key, &'a Arc<Entry>)>,
+    overlay: impl Iterator<Item = (&'a Key, &'a Option<Arc<Entry>>)>,
+) -> impl Iterator<Item = (&'a Key, &'a Arc<Entry>)> {
+    let mut cur = current.peekable();
+    let mut ov = overlay.peekable();
+    std::iter::from_fn(move || {
+        loop {
+            let from_overlay = match (cur.peek(), ov.peek()) {
+                (None, None) => return None,
+                (Some(_), None) => false,
+                (None, Some(_)) => true,
+                (Some((ck, _)), Some((ok, _))) => {
+                    if ok == ck {
+                        cur.next();
+                        true
+                    } else {
+                        ok < ck
+                    }
+                }
+            };
+            if !from_overlay {
+                return cur.next();
+            }
+            match ov.next() {
+                Some((k, Some(e))) => return Some((k, e)),
+                Some((_, None)) => continue,
+                None => return None,
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::apiserver::resources::default_resources;
+
+    struct T {
+        s: Store,
+        pods: ResId,
+        jobsets: ResId,
+        leases: ResId,
+        namespaces: ResId,
+    }
+
+    fn setup(history: usize) -> T {
+        let reg = Arc::new(Registry::new(default_resources()));
+        let r = |n: &str| reg.resolve(n).expect(n);
+        let (pods, jobsets, leases, namespaces) =
+            (r("pods"), r("jobsets"), r("leases"), r("namespaces"));
+        T {
+            s: Store::new(
+                reg,
+                StoreOptions {
+                    history_capacity: history,
+                    watcher_buffer: 4,
+                    graceful_pod_deletion: true,
+                },
+            ),
+            pods,
+            jobsets,
+            leases,
+            namespaces,
+        }
+    }
+
+    fn pod(name: &str, labels: Value) -> Value {
+        json!({"metadata": {"name": name, "labels": labels},
+               "spec": {"containers": [{"name": "c"}]}, "status": {"phase": "Running"}})
+    }
+
+    fn http() -> WriteOpts {
+        WriteOpts::default()
+    }
+
+    fn rv_of(e: &Entry) -> String {
+        e.value["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    }
+
+    #[test]
+    fn create_sets_server_fields_and_drops_status() {
+        let mut t = setup(100);
+        let e =
+            t.s.create(t.pods, "ns", pod("a", json!({})), &http())
+                .expect("create");
+        let m = &e.value["metadata"];
+        assert_eq!(e.value["apiVersion"], "v1");
+        assert_eq!(e.value["kind"], "Pod");
+        assert_eq!(m["namespace"], "ns");
+        assert_eq!(m["generation"], 1);
+        assert_eq!(rv_of(&e), e.rv.to_string());
+        assert_eq!(m["uid"].as_str().map(str::len), Some(36));
+        assert!(
+            m["creationTimestamp"]
+                .as_str()
+                .is_some_and(|s| s.ends_with('Z'))
+        );
+        assert_eq!(e.value["status"], json!({"phase": "Pending"}));
+        assert_eq!(
+            serde_json::from_slice::<Value>(&e.json).expect("json"),
+            e.value
+        );
+
+        let js = json!({"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+                        "metadata": {"name": "j"}, "spec": {"x": 1}, "status": {"y": 2}});
+        let e =
+            t.s.create(t.jobsets, "ns", js.clone(), &http())
+                .expect("jobset");
+        assert!(e.value.get("status").is_none());
+        let seeded = WriteOpts {
+            keep_status: true,
+            ..WriteOpts::default()
+        };
+        let mut js2 = js;
+        js2["metadata"]["name"] = json!("k");
+        let e = t.s.create(t.jobsets, "ns", js2, &seeded).expect("seeded");
+        assert_eq!(e.value["status"], json!({"y": 2}));
+
+        let err =
+            t.s.create(t.pods, "ns", pod("a", json!({})), &http())
+                .expect_err("dup");
+        assert_eq!((err.code, err.reason.as_str()), (409, "AlreadyExists"));
+        let err =
+            t.s.create(
+                t.pods,
+                "ns",
+                json!({"apiVersion": "v2", "metadata": {"name": "b"}}),
+                &http(),
+            )
+            .expect_err("apiVersion");
+        assert_eq!(err.code, 400);
+        let err =
+            t.s.create(t.pods, "ns", json!({"metadata": {}}), &http())
+                .expect_err("name");
+        assert_eq!(err.code, 422);
+        let err =
+            t.s.create(t.pods, "ns", pod("Bad_Name", json!({})), &http())
+                .expect_err("invalid");
+        assert_eq!(err.code, 422);
+        let err =
+            t.s.create(
+                t.pods,
+                "ns",
+                json!({"metadata": {"name": "x", "namespace": "other"}}),
+                &http(),
+            )
+            .expect_err("namespace");
+        assert_eq!(err.code, 400);
+        let err =
+            t.s.create(t.pods, "ns", json!([1]), &http())
+                .expect_err("not an object");
+        assert_eq!(err.code, 400);
+        let g =
+            t.s.create(
+                t.pods,
+                "ns",
+                json!({"metadata": {"generateName": "w-"}}),
+                &http(),
+            )
+            .expect("generateName");
+        let name = g.value["metadata"]["name"].as_str().unwrap_or_default();
+        assert!(name.starts_with("w-") && name.len() == 7, "{name}");
+        let ns =
+            t.s.create(
+                t.namespaces,
+                "ignored",
+                json!({"metadata": {"name": "n1"}}),
+                &http(),
+            )
+            .expect("cluster-scoped");
+        assert!(ns.value["metadata"].get("namespace").is_none());
+        assert!(t.s.get(t.namespaces, "whatever", "n1").is_some());
+    }
+
+    #[test]
+    fn update_preconditions_status_and_generation() {
+        let mut t = setup(100);
+        let a =
+            t.s.create(t.pods, "ns", pod("a", json!({})), &http())
+                .expect("create");
+        // Main resource: status kept, generation bumped on spec change.
+        let mut body = a.value.clone();
+        body["spec"]["containers"][0]["image"] = json!("v2");
+        body["status"] = json!({"phase": "Failed"});
+        let b =
+            t.s.update(t.pods, "ns", "a", body, Part::Main, &http())
+                .expect("update")
+                .0;
+        assert_eq!(b.value["status"], json!({"phase": "Pending"}));
+        assert_eq!(b.value["metadata"]["generation"], 2);
+        assert!(b.rv > a.rv);
+        // Stale resourceVersion.
+        let err =
+            t.s.update(t.pods, "ns", "a", a.value.clone(), Part::Main, &http())
+                .expect_err("stale");
+        assert_eq!((err.code, err.reason.as_str()), (409, "Conflict"));
+        // Status: only status changes, generation stays.
+        let mut body = b.value.clone();
+        body["status"] = json!({"phase": "Running"});
+        body["spec"] = json!({"ignored": true});
+        body["metadata"]["labels"] = json!({"ignored": "too"});
+        let c =
+            t.s.update(t.pods, "ns", "a", body, Part::Status, &http())
+                .expect("status")
+                .0;
+        assert_eq!(c.value["status"], json!({"phase": "Running"}));
+        assert_eq!(c.value["spec"], b.value["spec"]);
+        assert_eq!(c.value["metadata"]["labels"], json!({}));
+        assert_eq!(c.value["metadata"]["generation"], 2);
+        // Metadata-only change: no generation bump. No-op: no new version.
+        let mut body = c.value.clone();
+        body["metadata"]["labels"] = json!({"x": "y"});
+        let d =
+            t.s.update(t.pods, "ns", "a", body, Part::Main, &http())
+                .expect("labels")
+                .0;
+        assert_eq!(d.value["metadata"]["generation"], 2);
+        let e =
+            t.s.update(t.pods, "ns", "a", d.value.clone(), Part::Main, &http())
+                .expect("noop")
+                .0;
+        assert_eq!(e.rv, d.rv);
+        // Unconditional update (no resourceVersion), server fields preserved.
+        let mut body = d.value.clone();
+        if let Some(m) = body["metadata"].as_object_mut() {
+            m.remove("resourceVersion");
+            m.remove("uid");
+            m.remove("creationTimestamp");
+        }
+        body["spec"]["x"] = json!(1);
+        let f =
+            t.s.update(t.pods, "ns", "a", body, Part::Main, &http())
+                .expect("unconditional")
+                .0;
+        assert_eq!(f.value["metadata"]["uid"], a.value["metadata"]["uid"]);
+        assert_eq!(
+            f.value["metadata"]["creationTimestamp"],
+            a.value["metadata"]["creationTimestamp"]
+        );
+        // Name mismatch, absent object, create on update for leases.
+        let err =
+            t.s.update(t.pods, "ns", "other", f.value.clone(), Part::Main, &http())
+                .expect_err("absent");
+        assert_eq!(err.code, 404);
+        let err =
+            t.s.update(
+                t.pods,
+                "ns",
+                "a",
+                json!({"metadata": {"name": "zz"}}),
+                Part::Main,
+                &http(),
+            )
+            .expect_err("mismatch");
+        assert_eq!(err.code, 400);
+        let (l, created) =
+            t.s.update(
+                t.leases,
+                "ns",
+                "l",
+                json!({"metadata": {"name": "l"}, "spec": {}}),
+                Part::Main,
+                &http(),
+            )
+            .expect("lease created");
+        assert!(created);
+        assert_eq!(l.value["kind"], "Lease");
+    }
+
+    #[test]
+    fn patches() {
+        let mut t = setup(100);
+        t.s.create(t.pods, "ns", pod("a", json!({"x": "1"})), &http())
+            .expect("create");
+        let (p, _) =
+            t.s.patch(
+                t.pods,
+                "ns",
+                "a",
+                PatchType::Merge,
+                br#"{"metadata":{"labels":{"x":null,"y":"2"}},"status":{"phase":"Failed"}}"#,
+                Part::Main,
+                &http(),
+            )
+            .expect("merge");
+        assert_eq!(p.value["metadata"]["labels"], json!({"y": "2"}));
+        assert_eq!(p.value["status"]["phase"], "Pending");
+        let (s, _) =
+            t.s.patch(
+                t.pods,
+                "ns",
+                "a",
+                PatchType::Merge,
+                br#"{"metadata":{"labels":{"z":"3"}},"status":{"phase":"Running"}}"#,
+                Part::Status,
+                &http(),
+            )
+            .expect("status merge");
+        assert_eq!(s.value["status"]["phase"], "Running");
+        assert_eq!(s.value["metadata"]["labels"], json!({"y": "2"}));
+        let stale = format!(
+            r#"{{"metadata":{{"resourceVersion":"{}"}},"spec":{{"a":1}}}}"#,
+            p.rv
+        );
+        let err =
+            t.s.patch(
+                t.pods,
+                "ns",
+                "a",
+                PatchType::Merge,
+                stale.as_bytes(),
+                Part::Main,
+                &http(),
+            )
+            .expect_err("stale patch");
+        assert_eq!(err.code, 409);
+        let err =
+            t.s.patch(
+                t.pods,
+                "ns",
+                "a",
+                PatchType::Json,
+                br#"[{"op":"test","path":"/metadata/labels/y","value":"9"}]"#,
+                Part::Main,
+                &http(),
+            )
+            .expect_err("test op");
+        assert_eq!(err.code, 422);
+        let err =
+            t.s.patch(
+                t.pods,
+                "ns",
+                "nope",
+                PatchType::Merge,
+                b"{}",
+                Part::Main,
+                &http(),
+            )
+            .expect_err("absent");
+        assert_eq!(err.code, 404);
+        // Server-side apply: creates, merges, conflicts with another manager, force wins.
+        let wo = |m: &str, force: bool| WriteOpts {
+            field_manager: Some(m.to_owned()),
+            force,
+            ..WriteOpts::default()
+        };
+        let cfg = |holder: &str| {
+            format!(
+                r#"{{"apiVersion":"coordination.k8s.io/v1","kind":"Lease","metadata":{{"name":"l"}},"spec":{{"holderIdentity":"{holder}"}}}}"#
+            )
+        };
+        let (l, created) =
+            t.s.patch(
+                t.leases,
+                "ns",
+                "l",
+                PatchType::Apply,
+                cfg("a").as_bytes(),
+                Part::Main,
+                &wo("a", false),
+            )
+            .expect("apply creates");
+        assert!(created);
+        assert_eq!(l.value["spec"]["holderIdentity"], "a");
+        let err =
+            t.s.patch(
+                t.leases,
+                "ns",
+                "l",
+                PatchType::Apply,
+                cfg("b").as_bytes(),
+                Part::Main,
+                &wo("b", false),
+            )
+            .expect_err("conflict");
+        assert_eq!((err.code, err.reason.as_str()), (409, "Conflict"));
+        assert!(
+            err.message
+                .contains("conflict with \"a\": .spec.holderIdentity"),
+            "{}",
+            err.message
+        );
+        let again =
+            t.s.patch(
+                t.leases,
+                "ns",
+                "l",
+                PatchType::Apply,
+                cfg("a").as_bytes(),
+                Part::Main,
+                &wo("a", false),
+            )
+            .expect("idempotent")
+            .0;
+        assert_eq!(again.rv, l.rv);
+        let (l, _) =
+            t.s.patch(
+                t.leases,
+                "ns",
+                "l",
+                PatchType::Apply,
+                cfg("b").as_bytes(),
+                Part::Main,
+                &wo("b", true),
+            )
+            .expect("forced");
+        assert_eq!(l.value["spec"]["holderIdentity"], "b");
+        let err =
+            t.s.patch(
+                t.leases,
+                "ns",
+                "l",
+                PatchType::Apply,
+                cfg("b").as_bytes(),
+                Part::Main,
+                &http(),
+            )
+            .expect_err("no field manager");
+        assert_eq!(err.code, 400);
+    }
+
+    #[test]
+    fn deletes_and_finalizers() {
+        let mut t = setup(100);
+        let mut p = pod("a", json!({}));
+        p["metadata"]["finalizers"] = json!(["x/y"]);
+        t.s.create(t.pods, "ns", p, &http()).expect("create");
+        let (e, gone) =
+            t.s.delete(t.pods, "ns", "a", &DeleteOpts::default())
+                .expect("delete");
+        assert!(!gone);
+        assert!(e.value["metadata"]["deletionTimestamp"].is_string());
+        assert_eq!(e.value["metadata"]["deletionGracePeriodSeconds"], 0);
+        // Deleting again changes nothing.
+        let (again, gone) =
+            t.s.delete(t.pods, "ns", "a", &DeleteOpts::default())
+                .expect("again");
+        assert!(!gone);
+        assert_eq!(again.rv, e.rv);
+        // Removing the finalizer removes the object.
+        let (last, _) =
+            t.s.patch(
+                t.pods,
+                "ns",
+                "a",
+                PatchType::Merge,
+                br#"{"metadata":{"finalizers":null}}"#,
+                Part::Main,
+                &http(),
+            )
+            .expect("unfinalize");
+        assert!(t.s.get(t.pods, "ns", "a").is_none());
+        assert!(last.rv > e.rv);
+        // Preconditions.
+        let b =
+            t.s.create(t.pods, "ns", pod("b", json!({})), &http())
+                .expect("b");
+        let err =
+            t.s.delete(
+                t.pods,
+                "ns",
+                "b",
+                &DeleteOpts {
+                    precondition_uid: Some("nope".into()),
+                    ..DeleteOpts::default()
+                },
+            )
+            .expect_err("uid");
+        assert_eq!(err.code, 409);
+        let (gone_obj, gone) =
+            t.s.delete(t.pods, "ns", "b", &DeleteOpts::default())
+                .expect("b");
+        assert!(gone);
+        assert_eq!(
+            gone_obj.value["metadata"]["uid"],
+            b.value["metadata"]["uid"]
+        );
+        assert_eq!(
+            t.s.delete(t.pods, "ns", "b", &DeleteOpts::default())
+                .expect_err("404")
+                .code,
+            404
+        );
+        // Graceful pod deletion for a bound pod.
+        let mut c = pod("c", json!({}));
+        c["spec"]["nodeName"] = json!("node");
+        c["spec"]["terminationGracePeriodSeconds"] = json!(5);
+        t.s.create(t.pods, "ns", c, &http()).expect("c");
+        let (e, gone) =
+            t.s.delete(t.pods, "ns", "c", &DeleteOpts::default())
+                .expect("graceful");
+        assert!(!gone);
+        assert_eq!(e.value["metadata"]["deletionGracePeriodSeconds"], 5);
+        let (_, gone) =
+            t.s.delete(
+                t.pods,
+                "ns",
+                "c",
+                &DeleteOpts {
+                    grace_period_seconds: Some(0),
+                    ..DeleteOpts::default()
+                },
+            )
+            .expect("kubelet");
+        assert!(gone);
+    }
+
+    fn names(p: &ListPage) -> Vec<String> {
+        p.items
+            .iter()
+            .map(|e| {
+                e.value["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn lists_paginate_consistently() {
+        let mut t = setup(1000);
+        for ns in ["a", "b"] {
+            for i in 0..5 {
+                let l = if i % 2 == 0 {
+                    json!({"even": "y"})
+                } else {
+                    json!({})
+                };
+                t.s.create(t.pods, ns, pod(&format!("p{i}"), l), &http())
+                    .expect("create");
+            }
+        }
+        let q = |ns: Option<&str>, limit, cont: Option<String>| ListQuery {
+            filter: Filter {
+                namespace: ns.map(str::to_owned),
+                ..Filter::default()
+            },
+            limit,
+            continue_token: cont,
+            exact_rv: None,
+        };
+        let all = t.s.list(t.pods, &q(None, None, None)).expect("all");
+        assert_eq!(all.items.len(), 10);
+        assert!(all.continue_token.is_none());
+        let page1 =
+            t.s.list(t.pods, &q(Some("a"), Some(2), None))
+                .expect("page1");
+        assert_eq!(names(&page1), ["p0", "p1"]);
+        let rv1 = page1.rv;
+        // Changes between pages do not show: the continuation is served as of the first page.
+        t.s.delete(t.pods, "a", "p2", &DeleteOpts::default())
+            .expect("delete");
+        t.s.create(t.pods, "a", pod("p25", json!({})), &http())
+            .expect("create");
+        t.s.patch(
+            t.pods,
+            "a",
+            "p3",
+            PatchType::Merge,
+            br#"{"metadata":{"labels":{"new":"1"}}}"#,
+            Part::Main,
+            &http(),
+        )
+        .expect("patch");
+        let page2 =
+            t.s.list(t.pods, &q(Some("a"), Some(2), page1.continue_token.clone()))
+                .expect("page2");
+        assert_eq!(names(&page2), ["p2", "p3"]);
+        assert_eq!(page2.rv, rv1);
+        assert!(
+            page2.items[1].value["metadata"]["labels"]
+                .get("new")
+                .is_none()
+        );
+        let page3 =
+            t.s.list(t.pods, &q(Some("a"), Some(2), page2.continue_token.clone()))
+                .expect("page3");
+        assert_eq!(names(&page3), ["p4"]);
+        assert!(page3.continue_token.is_none());
+        // Exact reads.
+        let exact =
+            t.s.list(
+                t.pods,
+                &ListQuery {
+                    exact_rv: Some(rv1),
+                    ..q(Some("a"), None, None)
+                },
+            )
+            .expect("exact");
+        assert_eq!(names(&exact), ["p0", "p1", "p2", "p3", "p4"]);
+        let now = t.s.list(t.pods, &q(Some("a"), None, None)).expect("now");
+        assert_eq!(names(&now), ["p0", "p1", "p25", "p3", "p4"]);
+        // Selectors with limit: the page fills with matches (a/p2 is gone by now).
+        let mut sel = q(None, Some(3), None);
+        sel.filter.labels = LabelSelector::parse("even").expect("selector");
+        let p = t.s.list(t.pods, &sel).expect("selected");
+        assert_eq!(names(&p), ["p0", "p4", "p0"]);
+        sel.continue_token = p.continue_token;
+        let p = t.s.list(t.pods, &sel).expect("selected 2");
+        assert_eq!(names(&p), ["p2", "p4"]);
+        assert!(p.continue_token.is_none());
+        // Compaction expires the old continue token.
+        t.s.compact(t.s.rv());
+        let err =
+            t.s.list(t.pods, &q(Some("a"), Some(2), page1.continue_token))
+                .expect_err("expired");
+        assert_eq!((err.code, err.reason.as_str()), (410, "Expired"));
+        let err =
+            t.s.list(t.pods, &q(None, None, Some("garbage".into())))
+                .expect_err("bad token");
+        assert_eq!(err.code, 400);
+    }
+
+    fn drain(rx: &mut mpsc::Receiver<Delivery>) -> Vec<(EventType, String, u64)> {
+        let mut out = Vec::new();
+        while let Ok(d) = rx.try_recv() {
+            out.push((
+                d.ty,
+                d.entry.value["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+                d.entry.rv,
+            ));
+        }
+        out
+    }
+
+    #[test]
+    fn watches_follow_selectors_history_and_slowness() {
+        let mut t = setup(6);
+        t.s.create(t.pods, "ns", pod("a", json!({"app": "x"})), &http())
+            .expect("a");
+        let start_rv = t.s.rv();
+        let f = Filter {
+            namespace: Some("ns".into()),
+            labels: LabelSelector::parse("app=x").expect("sel"),
+            ..Filter::default()
+        };
+        let w =
+            t.s.watch(t.pods, f.clone(), WatchFrom::Current)
+                .expect("watch");
+        assert_eq!(w.initial.len(), 1);
+        let mut rx = w.rx;
+        t.s.create(t.pods, "ns", pod("b", json!({"app": "y"})), &http())
+            .expect("b");
+        t.s.create(t.pods, "other", pod("c", json!({"app": "x"})), &http())
+            .expect("c");
+        t.s.patch(
+            t.pods,
+            "ns",
+            "b",
+            PatchType::Merge,
+            br#"{"metadata":{"labels":{"app":"x"}}}"#,
+            Part::Main,
+            &http(),
+        )
+        .expect("b enters");
+        t.s.patch(
+            t.pods,
+            "ns",
+            "a",
+            PatchType::Merge,
+            br#"{"metadata":{"labels":{"app":"z"}}}"#,
+            Part::Main,
+            &http(),
+        )
+        .expect("a leaves");
+        let a_left = t.s.rv();
+        t.s.delete(t.pods, "ns", "b", &DeleteOpts::default())
+            .expect("b deleted");
+        let got = drain(&mut rx);
+        let types: Vec<_> = got.iter().map(|(ty, n, _)| (*ty, n.as_str())).collect();
+        assert_eq!(
+            types,
+            [
+                (EventType::Added, "b"),
+                (EventType::Deleted, "a"),
+                (EventType::Deleted, "b")
+            ]
+        );
+        // A DELETED for leaving the selection carries the change's resourceVersion.
+        assert_eq!(got[1].2, a_left);
+        assert_eq!(t.s.bookmark_rv(&rx), Some(t.s.rv()));
+
+        // Resuming from the history replays the same.
+        let resumed =
+            t.s.watch(t.pods, f.clone(), WatchFrom::After(start_rv))
+                .expect("resume");
+        assert_eq!(resumed.initial.len(), 3);
+        // Beyond the history: 410.
+        for i in 0..6 {
+            t.s.create(t.pods, "ns", pod(&format!("x{i}"), json!({})), &http())
+                .expect("fill");
+        }
+        let err =
+            t.s.watch(t.pods, f.clone(), WatchFrom::After(start_rv))
+                .err()
+                .expect("expired");
+        assert_eq!((err.code, err.reason.as_str()), (410, "Expired"));
+        // A watcher that falls behind its buffer (4) is closed.
+        let mut slow =
+            t.s.watch(t.pods, Filter::default(), WatchFrom::After(t.s.rv()))
+                .expect("slow");
+        let before = t.s.watcher_count();
+        for i in 0..5 {
+            t.s.create(t.pods, "ns", pod(&format!("s{i}"), json!({})), &http())
+                .expect("burst");
+        }
+        assert_eq!(t.s.watcher_count(), before - 1);
+        assert_eq!(drain(&mut slow.rx).len(), 4);
+        assert!(slow.rx.is_closed());
+        // Name-pinned watchers only see their object.
+        let pinned = Filter {
+            namespace: Some("ns".into()),
+            fields: FieldSelector::parse("metadata.name=s0", t.s.registry().get(t.pods))
+                .expect("fields"),
+            ..Filter::default()
+        };
+        let mut w =
+            t.s.watch(t.pods, pinned, WatchFrom::After(t.s.rv()))
+                .expect("pinned");
+        t.s.patch(
+            t.pods,
+            "ns",
+            "s1",
+            PatchType::Merge,
+            br#"{"spec":{"x":1}}"#,
+            Part::Main,
+            &http(),
+        )
+        .expect("s1");
+        t.s.patch(
+            t.pods,
+            "ns",
+            "s0",
+            PatchType::Merge,
+            br#"{"spec":{"x":1}}"#,
+            Part::Main,
+            &http(),
+        )
+        .expect("s0");
+        let got = drain(&mut w.rx);
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].1, "s0");
+        assert!(t.s.close_watchers() >= 2);
+        assert!(w.rx.is_closed());
+    }
+}
