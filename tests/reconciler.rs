@@ -1,0 +1,513 @@
+//! The real reconciler against the in-repo test API server: each scenario of KEP-467's
+//! integration test plan as a sequence of pod annotation changes, the JobSet status and events
+//! that result, the number of status writes, and the faults it must ride through.
+
+use std::future::Future;
+use std::time::Duration;
+
+use jobset_inplace::protocol::{Dialect, JOBSET_NAME_LABEL};
+use jobset_inplace::reconciler::{self, LeaderElection, Options, Settings};
+use jobset_inplace::testing::apiserver::{TestApiServer, Verb};
+use serde_json::{Value, json};
+use tokio::sync::oneshot;
+
+const NS: &str = "team-a";
+const LIMIT: Duration = Duration::from_secs(20);
+
+fn options(dialect: Dialect, identity: &str, leader: Option<LeaderElection>) -> Options {
+    Options {
+        settings: Settings {
+            dialect,
+            namespace: None,
+            workers: 2,
+            debounce: Duration::from_millis(5),
+            identity: identity.to_owned(),
+        },
+        leader_election: leader,
+        check_crd: false,
+    }
+}
+
+/// A reconciler running in this process until dropped or stopped.
+struct Running {
+    stop: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<Result<(), reconciler::Error>>,
+}
+
+impl Running {
+    fn start(server: &TestApiServer, options: Options) -> Running {
+        let (stop, stopped) = oneshot::channel::<()>();
+        let client = server.client();
+        let task = tokio::spawn(reconciler::run(client, options, None, async {
+            let _ = stopped.await;
+        }));
+        Running {
+            stop: Some(stop),
+            task,
+        }
+    }
+
+    async fn stop(mut self) -> Result<(), reconciler::Error> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        match tokio::time::timeout(LIMIT, &mut self.task).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(e)) => panic!("reconciler task panicked: {e}"),
+            Err(_) => panic!("reconciler did not stop"),
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn jobset(name: &str, replicated: &[(i64, i64)], max_restarts: i64) -> Value {
+    let rjs: Vec<Value> = replicated
+        .iter()
+        .enumerate()
+        .map(|(i, (replicas, per_job))| {
+            json!({"name": format!("rj{i}"), "replicas": replicas, "template": {"spec": {
+                "parallelism": per_job, "completions": per_job,
+                "template": {"spec": {"containers": [{"name": "w", "image": "w"}]}}
+            }}})
+        })
+        .collect();
+    json!({
+        "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"failurePolicy": {"restartStrategy": "InPlaceRestart", "maxRestarts": max_restarts},
+                 "replicatedJobs": rjs},
+        "status": {}
+    })
+}
+
+fn pod(jobset: &str, name: &str) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": NS,
+                     "labels": {JOBSET_NAME_LABEL: jobset},
+                     "annotations": {JOBSET_NAME_LABEL: jobset}},
+        "spec": {"containers": [{"name": "w", "image": "w"}]},
+        "status": {"phase": "Running", "containerStatuses": [{"name": "w", "restartCount": 0}]}
+    })
+}
+
+struct World {
+    server: TestApiServer,
+    dialect: Dialect,
+    jobset: String,
+}
+
+impl World {
+    async fn new(dialect: Dialect, replicated: &[(i64, i64)], max_restarts: i64) -> World {
+        let server = TestApiServer::start().await;
+        let name = "js";
+        server
+            .create("jobsets", jobset(name, replicated, max_restarts))
+            .expect("jobset");
+        let pods: i64 = replicated.iter().map(|(r, p)| r * p).sum();
+        for i in 0..pods {
+            server
+                .create("pods", pod(name, &format!("{name}-{i}")))
+                .expect("pod");
+        }
+        World {
+            server,
+            dialect,
+            jobset: name.to_owned(),
+        }
+    }
+
+    fn first(&self) -> i64 {
+        i64::from(self.dialect.first_epoch())
+    }
+
+    fn set_epoch(&self, pod: usize, epoch: i64) {
+        let name = format!("{}-{pod}", self.jobset);
+        let patch = json!({"metadata": {"annotations": {self.dialect.pod_annotation(): epoch.to_string()}}});
+        self.server
+            .patch("pods", NS, &name, &patch)
+            .expect("pod annotation");
+    }
+
+    fn set_raw_epoch(&self, pod: usize, value: &str) {
+        let name = format!("{}-{pod}", self.jobset);
+        let patch = json!({"metadata": {"annotations": {self.dialect.pod_annotation(): value}}});
+        self.server.patch("pods", NS, &name, &patch).expect("pod");
+    }
+
+    fn patch_pod(&self, pod: usize, patch: Value) {
+        let name = format!("{}-{pod}", self.jobset);
+        self.server.patch("pods", NS, &name, &patch).expect("pod");
+    }
+
+    fn jobset(&self) -> Value {
+        self.server
+            .get("jobsets", NS, &self.jobset)
+            .expect("jobset")
+    }
+
+    fn field(&self, field: &str) -> Option<i64> {
+        self.jobset()["status"][field].as_i64()
+    }
+
+    fn deprecated(&self) -> Option<i64> {
+        self.field(self.dialect.deprecated_field())
+    }
+
+    fn synced(&self) -> Option<i64> {
+        self.field(self.dialect.synced_field())
+    }
+
+    fn status_writes(&self) -> u64 {
+        self.server.counters().get(Verb::Patch, "jobsets/status")
+    }
+
+    fn events(&self) -> Vec<Value> {
+        let mut events = self.server.list("events.events.k8s.io", Some(NS));
+        events.extend(self.server.list("events", Some(NS)));
+        events
+    }
+
+    fn has_event(&self, reason: &str) -> bool {
+        self.events().iter().any(|e| e["reason"] == reason)
+    }
+
+    async fn until(&self, what: &str, f: impl Fn(&World) -> bool) {
+        let deadline = tokio::time::Instant::now() + LIMIT;
+        while !f(self) {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "timed out waiting for {what}; status: {}",
+                self.jobset()["status"]
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Lets the reconciler react, then checks nothing was written.
+    async fn quiet(&self, what: &str) {
+        let before = self.status_writes();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(
+            self.status_writes(),
+            before,
+            "{what}: unexpected status write"
+        );
+    }
+}
+
+async fn bounded<F: Future<Output = ()>>(f: F) {
+    tokio::time::timeout(Duration::from_secs(60), f)
+        .await
+        .expect("test took too long");
+}
+
+/// KEP-467's integration plan, as one timeline: first sync; all in sync (no write); one pod moves
+/// (deprecated written); a second moves but not all (no write); all move (synced written); at
+/// most two status writes per group restart; events for each step.
+async fn kep_timeline(dialect: Dialect) {
+    let w = World::new(dialect, &[(2, 2)], 10).await;
+    let r = Running::start(&w.server, options(dialect, "r1", None));
+    let first = w.first();
+    for i in 0..4 {
+        w.set_epoch(i, first);
+    }
+    w.until("first sync", |w| w.synced() == Some(first)).await;
+    assert_eq!(w.deprecated(), None, "no restart yet");
+    w.quiet("all pods in sync").await;
+
+    let writes = w.status_writes();
+    w.set_epoch(0, first + 1);
+    w.until("deprecated", |w| w.deprecated() == Some(first))
+        .await;
+    w.set_epoch(1, first + 1);
+    w.quiet("lost sync and a second pod moved").await;
+    w.set_epoch(2, first + 1);
+    w.set_epoch(3, first + 1);
+    w.until("synced", |w| w.synced() == Some(first + 1)).await;
+    assert!(
+        w.status_writes() - writes <= 2,
+        "{} writes for one group restart",
+        w.status_writes() - writes
+    );
+    w.until("events", |w| {
+        w.has_event("EpochSynced")
+            && w.has_event("GroupRestartStarted")
+            && w.has_event("GroupRestartCompleted")
+    })
+    .await;
+    r.stop().await.expect("clean stop");
+}
+
+#[tokio::test]
+async fn kep_integration_plan_epoch_dialect() {
+    bounded(kep_timeline(Dialect::Epoch)).await;
+}
+
+#[tokio::test]
+async fn kep_integration_plan_attempt_dialect() {
+    bounded(kep_timeline(Dialect::Attempt)).await;
+}
+
+#[tokio::test]
+async fn unregistered_failed_and_terminating_pods() {
+    bounded(async {
+        let w = World::new(Dialect::Epoch, &[(1, 3)], 10).await;
+        let _r = Running::start(&w.server, options(Dialect::Epoch, "r1", None));
+        w.set_epoch(0, 1);
+        w.set_epoch(1, 1);
+        w.quiet("a pod is not registered").await;
+        assert_eq!(w.synced(), None);
+        // The unregistered pod fails; its replacement registers.
+        w.patch_pod(2, json!({"status": {"phase": "Failed"}}));
+        w.server
+            .create("pods", pod("js", "js-3"))
+            .expect("replacement");
+        w.set_epoch(3, 1);
+        w.until("sync with the replacement", |w| w.synced() == Some(1))
+            .await;
+        // A terminating pod at an old epoch does not hold the group back.
+        w.patch_pod(0, json!({"metadata": {"finalizers": ["x/y"]}}));
+        w.server.delete("pods", NS, "js-0").expect("delete");
+        w.server
+            .create("pods", pod("js", "js-4"))
+            .expect("replacement");
+        w.set_epoch(4, 2);
+        w.until("deprecated 1", |w| w.deprecated() == Some(1)).await;
+        w.set_epoch(1, 2);
+        w.set_epoch(3, 2);
+        w.until("synced 2", |w| w.synced() == Some(2)).await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn malformed_annotation_is_a_warning_event() {
+    bounded(async {
+        let w = World::new(Dialect::Epoch, &[(1, 2)], 10).await;
+        let _r = Running::start(&w.server, options(Dialect::Epoch, "r1", None));
+        w.set_epoch(0, 1);
+        w.set_raw_epoch(1, "one");
+        w.until("warning", |w| {
+            w.events()
+                .iter()
+                .any(|e| e["reason"] == "MalformedEpoch" && e["type"] == "Warning")
+        })
+        .await;
+        assert_eq!(w.synced(), None);
+        w.set_epoch(1, 1);
+        w.until("sync once fixed", |w| w.synced() == Some(1)).await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn max_restarts_by_epoch_and_by_restart_count() {
+    bounded(async {
+        let w = World::new(Dialect::Epoch, &[(1, 2)], 1).await;
+        let _r = Running::start(&w.server, options(Dialect::Epoch, "r1", None));
+        w.set_epoch(0, 1);
+        w.set_epoch(1, 1);
+        w.until("sync", |w| w.synced() == Some(1)).await;
+        w.set_epoch(0, 2);
+        w.set_epoch(1, 2);
+        w.until("sync 2", |w| w.synced() == Some(2)).await;
+        w.set_epoch(0, 3); // a second restart: 2 > maxRestarts 1
+        w.until("failed", |w| {
+            w.jobset()["status"]["conditions"]
+                .as_array()
+                .is_some_and(|c| {
+                    c.iter()
+                        .any(|c| c["type"] == "Failed" && c["reason"] == "ReachedMaxRestarts")
+                })
+        })
+        .await;
+        assert_eq!(w.jobset()["status"]["terminalState"], "Failed");
+        w.until("event", |w| w.has_event("MaxRestartsExceeded"))
+            .await;
+        // A finished JobSet is left alone.
+        w.set_epoch(1, 3);
+        w.quiet("finished").await;
+
+        let w = World::new(Dialect::Epoch, &[(1, 2)], 2).await;
+        let _r2 = Running::start(&w.server, options(Dialect::Epoch, "r2", None));
+        w.set_epoch(0, 1);
+        w.patch_pod(
+            1,
+            json!({"status": {"containerStatuses": [{"name": "w", "restartCount": 3}]}}),
+        );
+        w.until("failed by restart count", |w| {
+            w.jobset()["status"]["terminalState"] == "Failed"
+        })
+        .await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn restarts_that_do_not_count_and_wiped_fields() {
+    bounded(async {
+        let w = World::new(Dialect::Epoch, &[(1, 2)], 1).await;
+        w.server
+            .patch(
+                "jobsets",
+                NS,
+                "js",
+                &json!({"status": {"restarts": 2, "restartsCountTowardsMax": 0}}),
+            )
+            .expect("status");
+        let _r = Running::start(&w.server, options(Dialect::Epoch, "r1", None));
+        w.set_epoch(0, 3);
+        w.set_epoch(1, 3);
+        // 2 epoch restarts, 2 that do not count: not failed; both fields written (a wiped status).
+        w.until("sync", |w| w.synced() == Some(3)).await;
+        assert_eq!(w.deprecated(), Some(2));
+        assert!(w.jobset()["status"]["terminalState"].is_null());
+        // Another writer wipes the fields: they are rewritten.
+        let mut js = w.jobset();
+        if let Some(status) = js["status"].as_object_mut() {
+            status.remove("deprecatedEpoch");
+            status.remove("syncedEpoch");
+        }
+        js["metadata"]
+            .as_object_mut()
+            .map(|m| m.remove("resourceVersion"));
+        w.server.put("jobsets", js).expect("wipe");
+        w.until("rewritten", |w| {
+            w.synced() == Some(3) && w.deprecated() == Some(2)
+        })
+        .await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn multiple_replicated_jobs() {
+    bounded(async {
+        let w = World::new(Dialect::Attempt, &[(1, 1), (2, 3)], 10).await;
+        let _r = Running::start(&w.server, options(Dialect::Attempt, "r1", None));
+        for i in 0..6 {
+            w.set_epoch(i, 0);
+        }
+        w.quiet("one of seven missing").await;
+        w.set_epoch(6, 0);
+        w.until("sync", |w| w.synced() == Some(0)).await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn rides_through_faults() {
+    bounded(async {
+        let w = World::new(Dialect::Epoch, &[(1, 2)], 10).await;
+        let _r = Running::start(&w.server, options(Dialect::Epoch, "r1", None));
+        w.set_epoch(0, 1);
+        w.set_epoch(1, 1);
+        w.until("sync", |w| w.synced() == Some(1)).await;
+
+        // Every watch is cut; changes made meanwhile are still seen.
+        w.server.cut_watches();
+        w.set_epoch(0, 2);
+        w.until("deprecated after a cut", |w| w.deprecated() == Some(1))
+            .await;
+
+        // A 500 on the status write: retried.
+        w.server.fail_next(1, Verb::Patch, "jobsets/status", 500);
+        w.set_epoch(1, 2);
+        w.until("synced after a 500", |w| w.synced() == Some(2))
+            .await;
+
+        // A 409: re-read and retried.
+        w.server.fail_next(1, Verb::Patch, "jobsets/status", 409);
+        w.set_epoch(0, 3);
+        w.until("deprecated after a 409", |w| w.deprecated() == Some(2))
+            .await;
+        w.set_epoch(1, 3);
+        w.until("synced", |w| w.synced() == Some(3)).await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn leader_change_picks_up_where_the_old_leader_left() {
+    bounded(async {
+        let w = World::new(Dialect::Epoch, &[(1, 2)], 10).await;
+        let lease = |_: &str| LeaderElection {
+            lease_name: "jobset-inplace-reconciler".into(),
+            lease_namespace: "jobset-inplace-system".into(),
+            duration: Duration::from_secs(2),
+            grace: Duration::from_secs(1),
+        };
+        let a = Running::start(&w.server, options(Dialect::Epoch, "a", Some(lease("a"))));
+        w.set_epoch(0, 1);
+        w.set_epoch(1, 1);
+        w.until("sync by a", |w| w.synced() == Some(1)).await;
+        let b = Running::start(&w.server, options(Dialect::Epoch, "b", Some(lease("b"))));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        w.set_epoch(0, 2);
+        w.until("deprecated by a", |w| w.deprecated() == Some(1))
+            .await;
+        a.stop()
+            .await
+            .expect("a stops cleanly and releases the lease");
+        let holder = || {
+            w.server
+                .get(
+                    "leases",
+                    "jobset-inplace-system",
+                    "jobset-inplace-reconciler",
+                )
+                .and_then(|l| l["spec"]["holderIdentity"].as_str().map(str::to_owned))
+        };
+        w.until("b leads", |_| holder().as_deref() == Some("b"))
+            .await;
+        let writes = w.status_writes();
+        w.set_epoch(1, 2);
+        w.until("synced by b", |w| w.synced() == Some(2)).await;
+        assert_eq!(
+            w.status_writes() - writes,
+            1,
+            "b writes once, no stale values"
+        );
+        assert_eq!(w.deprecated(), Some(1));
+        b.stop().await.expect("b stops");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn crd_without_the_dialect_fields_stops_the_reconciler() {
+    bounded(async {
+        let server = TestApiServer::start().await;
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../shared/reference/jobset-v0.12/jobset.x-k8s.io_jobsets.yaml");
+        let crd: Value =
+            serde_yaml::from_str(&std::fs::read_to_string(path).expect("crd")).expect("yaml");
+        server
+            .create("customresourcedefinitions", crd)
+            .expect("crd");
+        let mut opts = options(Dialect::Epoch, "r", None);
+        opts.check_crd = true;
+        let err = reconciler::run(server.client(), opts.clone(), None, std::future::pending())
+            .await
+            .expect_err("refuses to start");
+        assert!(err.to_string().contains("syncedEpoch"), "{err}");
+        // The attempt dialect's fields are there.
+        opts.settings.dialect = Dialect::Attempt;
+        let (stop, stopped) = oneshot::channel::<()>();
+        let run = tokio::spawn(reconciler::run(server.client(), opts, None, async {
+            let _ = stopped.await;
+        }));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let _ = stop.send(());
+        run.await
+            .expect("joins")
+            .expect("runs with the attempt dialect");
+    })
+    .await;
+}
