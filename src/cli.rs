@@ -26,19 +26,28 @@ pub struct Cli {
     )]
     pub log_level: String,
 
-    /// Epoch protocol dialect: `epoch` (KEP-467 status fields deprecatedEpoch/syncedEpoch) or
-    /// `attempt` (JobSet >= v0.11's previous/currentInPlaceRestartAttempt).
-    #[arg(long, global = true, env = "JOBSET_INPLACE_PROTOCOL", value_enum, default_value_t = Dialect::Epoch)]
-    pub protocol: Dialect,
+    /// Epoch protocol dialect: `epoch` (KEP-467 status fields deprecatedEpoch/syncedEpoch; the
+    /// default) or `attempt` (JobSet >= v0.11's previous/currentInPlaceRestartAttempt). Overrides
+    /// the `protocol` key of an injection config file.
+    #[arg(long, global = true, env = "JOBSET_INPLACE_PROTOCOL", value_enum)]
+    pub protocol: Option<Dialect>,
 
     #[command(subcommand)]
     pub command: Command,
 }
 
 /// Settings every subcommand shares.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 pub struct Global {
-    pub protocol: Dialect,
+    /// `--protocol` / `JOBSET_INPLACE_PROTOCOL`, when given.
+    pub protocol: Option<Dialect>,
+}
+
+impl Global {
+    /// The dialect in force for components without an injection config: the flag, else `epoch`.
+    pub fn dialect(&self) -> Dialect {
+        self.protocol.unwrap_or_default()
+    }
 }
 
 #[derive(Debug, Subcommand)]

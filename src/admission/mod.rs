@@ -1,14 +1,30 @@
-//! Admission of InPlaceRestart JobSets (design.md §3): pure validation and mutation over JSON,
+//! Admission of InPlaceRestart JobSets (design.md §3): pure validation and mutation over raw JSON,
 //! the injection config, and the AdmissionReview handling shared by the HTTPS server and the
 //! offline commands.
 //!
-//! STUB: the interface below is fixed; the bodies are being built.
+//! - [`validate`]: the rules (`backoffLimit`, `podReplacementPolicy`, `completions`, the agent);
+//! - [`mutate`]: the injection (agent sidecar, env, service account) as JSON Patch operations;
+//! - [`review`]: AdmissionReview decoding, the decision, and the encoded response;
+//! - [`pod`]: reading containers, restart rules, env and probes of a pod template;
+//! - [`config`]: the injection config (file, flags, env).
 
 pub mod config;
+pub mod mutate;
+pub mod pod;
+pub mod review;
+pub mod validate;
 
 use serde_json::Value;
 
 pub use config::InjectionConfig;
+pub use mutate::mutate;
+pub use review::{Decision, Request, decide, review};
+pub use validate::{validate, validate_update};
+
+/// JobSet annotation that opts a JobSet out of the injection (value `"false"`).
+pub const INJECT_ANNOTATION: &str = "jobset-inplace.dev/inject";
+/// Pod template annotation recording the version that injected it.
+pub const INJECTED_ANNOTATION: &str = "jobset-inplace.dev/injected";
 
 /// Errors of the admission module (config loading; review decoding is answered, not raised).
 #[derive(Debug, thiserror::Error)]
@@ -103,22 +119,38 @@ pub fn status_body(code: u16, reason: &str, message: &str) -> Vec<u8> {
     serde_json::to_vec(&status).unwrap_or_default()
 }
 
-/// Validates a JobSet object (raw JSON). STUB.
-pub fn validate(_jobset: &Value, _config: &InjectionConfig) -> Validation {
-    Validation::default()
+/// What admission reads of a JobSet, borrowed from its raw JSON (nothing is re-serialized).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct JobSetView<'a> {
+    pub in_place_restart: bool,
+    pub max_restarts: Option<i64>,
+    pub replicated_jobs: &'a [Value],
+    pub annotations: Option<&'a serde_json::Map<String, Value>>,
 }
 
-/// Computes the injection patch for a JobSet object (raw JSON). STUB.
-pub fn mutate(_jobset: &Value, _config: &InjectionConfig) -> Mutation {
-    Mutation::default()
+impl<'a> JobSetView<'a> {
+    pub fn annotation(&self, key: &str) -> Option<&'a str> {
+        self.annotations?.get(key)?.as_str()
+    }
 }
 
-/// Answers one AdmissionReview request body. The HTTP layer has already checked the content type
-/// and the size. STUB.
-pub fn review(_endpoint: Endpoint, _body: &[u8], _config: &InjectionConfig) -> Reply {
-    Reply {
-        http_status: 400,
-        body: br#"{"error":"not built yet"}"#.to_vec(),
-        outcome: Outcome::Error,
+pub(crate) fn jobset_view(jobset: &Value) -> JobSetView<'_> {
+    let policy = jobset.pointer("/spec/failurePolicy");
+    JobSetView {
+        in_place_restart: policy
+            .and_then(|p| p.get("restartStrategy"))
+            .and_then(Value::as_str)
+            == Some(crate::protocol::IN_PLACE_RESTART),
+        max_restarts: policy
+            .and_then(|p| p.get("maxRestarts"))
+            .and_then(Value::as_i64),
+        replicated_jobs: jobset
+            .pointer("/spec/replicatedJobs")
+            .and_then(Value::as_array)
+            .map(Vec::as_slice)
+            .unwrap_or(&[]),
+        annotations: jobset
+            .pointer("/metadata/annotations")
+            .and_then(Value::as_object),
     }
 }

@@ -1,5 +1,7 @@
 //! The `agent` subcommand. STUB: being built.
 
+pub mod contract;
+
 use std::process::ExitCode;
 
 use crate::cli::Global;

@@ -1,0 +1,710 @@
+//! Validation of InPlaceRestart JobSets (design.md §3): every rule, every violation with its
+//! field path, all at once; warnings for what will work, but badly.
+//!
+//! The rules, per `spec.replicatedJobs[i]`:
+//! - `template.spec.backoffLimit` is 2147483647 ([`check_backoff_limit`]);
+//! - `template.spec.podReplacementPolicy` is `Failed` ([`check_pod_replacement_policy`]);
+//! - `template.spec.completions` and `parallelism` are set and equal ([`check_completions`]);
+//! - the pod template runs exactly one agent, sidecar or main-container mode, whose restart rule
+//!   covers its restart exit code, with the env it needs and, as a sidecar, a startup probe on its
+//!   barrier ([`check_agent`]);
+//! - no restart rule uses KEP-467's `RestartPod` spelling, and every container with restart
+//!   rules sets `restartPolicy` ([`check_restart_rules`]).
+
+use serde_json::Value;
+
+use super::config::InjectionConfig;
+use super::pod::{self, Agent, AgentMode, Container, ExitCodeSetting};
+use super::{Validation, Violation, jobset_view};
+use crate::agent::contract;
+use crate::protocol::Dialect;
+
+/// The `backoffLimit` an InPlaceRestart Job needs: the Job never fails on its own.
+pub const BACKOFF_LIMIT: i64 = 2_147_483_647;
+/// The `podReplacementPolicy` an InPlaceRestart Job needs.
+pub const POD_REPLACEMENT_POLICY: &str = "Failed";
+/// Below this many seconds of startup probing, a pod may be killed while waiting at the barrier.
+const SHORT_BARRIER_SECONDS: i64 = 600;
+
+/// Validates a JobSet (CREATE, or UPDATE without the old object).
+pub fn validate(jobset: &Value, config: &InjectionConfig) -> Validation {
+    let mut out = Validation::default();
+    let view = jobset_view(jobset);
+    if !view.in_place_restart {
+        return out;
+    }
+    if view.max_restarts.unwrap_or(0) == 0 {
+        out.warnings.push(
+            "spec.failurePolicy.maxRestarts is 0: the first failure fails the JobSet and no pod \
+             is ever restarted in place"
+                .to_owned(),
+        );
+    }
+    for (i, rj) in view.replicated_jobs.iter().enumerate() {
+        let prefix = format!("spec.replicatedJobs[{i}].template.spec");
+        let job_spec = rj.pointer("/template/spec").unwrap_or(&Value::Null);
+        check_backoff_limit(&prefix, job_spec, &mut out);
+        check_pod_replacement_policy(&prefix, job_spec, &mut out);
+        check_completions(&prefix, job_spec, &mut out);
+        let pod_prefix = format!("{prefix}.template.spec");
+        let pod_spec = job_spec.pointer("/template/spec").unwrap_or(&Value::Null);
+        check_restart_rules(&pod_prefix, pod_spec, &mut out);
+        check_agent(&pod_prefix, pod_spec, config.protocol, &mut out);
+        check_service_account(&pod_prefix, pod_spec, &mut out);
+    }
+    out
+}
+
+/// Validates an UPDATE. A replicatedJob that is unchanged from the old object and was already
+/// InPlaceRestart has its violations reported as warnings: a JobSet admitted before the webhook
+/// was installed must stay editable (to suspend or relabel it), and nothing got worse.
+pub fn validate_update(jobset: &Value, old: &Value, config: &InjectionConfig) -> Validation {
+    let mut out = validate(jobset, config);
+    let new_view = jobset_view(jobset);
+    let old_view = jobset_view(old);
+    if !old_view.in_place_restart {
+        return out;
+    }
+    let unchanged = |i: usize| {
+        new_view.replicated_jobs.get(i).is_some()
+            && new_view.replicated_jobs.get(i) == old_view.replicated_jobs.get(i)
+    };
+    let (kept, ratcheted): (Vec<_>, Vec<_>) = std::mem::take(&mut out.violations)
+        .into_iter()
+        .partition(|v| replicated_job_index(&v.path).is_none_or(|i| !unchanged(i)));
+    out.violations = kept;
+    out.warnings.extend(ratcheted.into_iter().map(|v| {
+        format!(
+            "{}: {} (left as it was: this part of the JobSet is unchanged by the update)",
+            v.path, v.message
+        )
+    }));
+    out
+}
+
+/// `spec.replicatedJobs[N]...` → N.
+fn replicated_job_index(path: &str) -> Option<usize> {
+    let rest = path.strip_prefix("spec.replicatedJobs[")?;
+    rest[..rest.find(']')?].parse().ok()
+}
+
+fn violation(out: &mut Validation, path: String, message: impl Into<String>) {
+    out.violations.push(Violation {
+        path,
+        message: message.into(),
+    });
+}
+
+fn check_backoff_limit(prefix: &str, job_spec: &Value, out: &mut Validation) {
+    let value = job_spec.get("backoffLimit");
+    if value.and_then(Value::as_i64) != Some(BACKOFF_LIMIT) {
+        violation(
+            out,
+            format!("{prefix}.backoffLimit"),
+            format!(
+                "must be {BACKOFF_LIMIT} (is {}): with InPlaceRestart the JobSet's maxRestarts \
+                 bounds restarts, and a Job that fails on its own recreates every pod",
+                shown(value)
+            ),
+        );
+    }
+}
+
+fn check_pod_replacement_policy(prefix: &str, job_spec: &Value, out: &mut Validation) {
+    let value = job_spec.get("podReplacementPolicy");
+    if value.and_then(Value::as_str) != Some(POD_REPLACEMENT_POLICY) {
+        violation(
+            out,
+            format!("{prefix}.podReplacementPolicy"),
+            format!(
+                "must be {POD_REPLACEMENT_POLICY} (is {}): a replacement pod must not start \
+                 beside a terminating one, or two pods hold one worker's place in the group",
+                shown(value)
+            ),
+        );
+    }
+}
+
+fn check_completions(prefix: &str, job_spec: &Value, out: &mut Validation) {
+    let completions = job_spec.get("completions").and_then(Value::as_i64);
+    let parallelism = job_spec.get("parallelism").and_then(Value::as_i64);
+    match (completions, parallelism) {
+        (Some(c), Some(p)) if c == p => {}
+        (Some(c), Some(p)) => violation(
+            out,
+            format!("{prefix}.completions"),
+            format!(
+                "must equal parallelism ({p}), is {c}: every pod of the Job runs at once and \
+                 restarts as one group"
+            ),
+        ),
+        _ => {
+            for (name, value) in [("completions", completions), ("parallelism", parallelism)] {
+                if value.is_none() {
+                    violation(
+                        out,
+                        format!("{prefix}.{name}"),
+                        "must be set, to the number of pods of each Job (completions and \
+                         parallelism equal), so the reconciler knows how many pods to wait for",
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Restart rules the API server would reject when it creates the pods, long after admission:
+/// KEP-467's `RestartPod` spelling, and rules on a container without an explicit
+/// `restartPolicy`.
+fn check_restart_rules(pod_prefix: &str, pod_spec: &Value, out: &mut Validation) {
+    for c in pod::all_containers(pod_spec) {
+        let rules = c.restart_rules();
+        if !rules.is_empty() && c.restart_policy().is_none() {
+            violation(
+                out,
+                format!("{}.restartPolicy", container_path(pod_prefix, &c)),
+                "must be set when the container has restartPolicyRules (Kubernetes requires it)",
+            );
+        }
+        for rule in rules {
+            if rule.action == pod::RESTART_POD {
+                violation(
+                    out,
+                    format!(
+                        "{}.restartPolicyRules[{}].action",
+                        container_path(pod_prefix, &c),
+                        rule.index
+                    ),
+                    format!(
+                        "{} is KEP-467's name for this action; Kubernetes 1.35 calls it {}",
+                        pod::RESTART_POD,
+                        pod::RESTART_ALL_CONTAINERS
+                    ),
+                );
+            }
+        }
+    }
+}
+
+fn check_service_account(pod_prefix: &str, pod_spec: &Value, out: &mut Validation) {
+    let named = ["serviceAccountName", "serviceAccount"].iter().any(|k| {
+        pod_spec
+            .get(*k)
+            .and_then(Value::as_str)
+            .is_some_and(|s| !s.is_empty())
+    });
+    if !named {
+        out.warnings.push(format!(
+            "{pod_prefix}.serviceAccountName is not set: the agent runs as the namespace's \
+             default service account, which needs get/list/watch on jobsets and patch on pods"
+        ));
+    }
+}
+
+/// `spec...template.spec.initContainers[1]`
+pub(super) fn container_path(pod_prefix: &str, c: &Container<'_>) -> String {
+    format!("{pod_prefix}.{}[{}]", c.list.key(), c.index)
+}
+
+fn check_agent(pod_prefix: &str, pod_spec: &Value, dialect: Dialect, out: &mut Validation) {
+    let agents = pod::agents(pod_spec);
+    let Some(agent) = agents.first() else {
+        violation(
+            out,
+            format!("{pod_prefix}.initContainers"),
+            format!(
+                "no jobset-inplace agent: the pod needs the agent sidecar (an init container \
+                 with restartPolicy: Always, a {} restart rule for its exit code, {} and {} env \
+                 and a startup probe on its barrier) or a main-container agent ({} env); remove \
+                 the {}: \"false\" annotation to have it injected",
+                pod::RESTART_ALL_CONTAINERS,
+                contract::POD_NAME,
+                contract::JOBSET_NAME,
+                contract::WORKER_COMMAND,
+                super::INJECT_ANNOTATION,
+            ),
+        );
+        return;
+    };
+    for extra in &agents[1..] {
+        violation(
+            out,
+            container_path(pod_prefix, &extra.container),
+            format!(
+                "a second agent (besides {}): a pod runs exactly one jobset-inplace agent",
+                container_path(pod_prefix, &agent.container)
+            ),
+        );
+    }
+    let path = container_path(pod_prefix, &agent.container);
+    let exit_code = match agent
+        .container
+        .agent_exit_code(contract::DEFAULT_RESTART_EXIT_CODE)
+    {
+        Ok(setting) => Some(setting),
+        Err(reason) => {
+            violation(out, format!("{path}.env"), reason);
+            None
+        }
+    };
+    check_agent_env(&path, agent, dialect, out);
+    match agent.mode {
+        AgentMode::Sidecar => {
+            if agent.container.restart_policy() != Some("Always") {
+                violation(
+                    out,
+                    format!("{path}.restartPolicy"),
+                    "must be Always: the agent runs as a native sidecar beside the workers",
+                );
+            }
+            check_agent_rule(&path, agent, exit_code, out);
+            check_barrier_probe(&path, &agent.container, out);
+        }
+        AgentMode::MainContainer => {
+            check_agent_rule(&path, agent, exit_code, out);
+            for name in [
+                contract::BARRIER_PORT,
+                contract::BARRIER_PORT_ALIAS,
+                contract::BARRIER_PATH,
+                contract::BARRIER_PATH_ALIAS,
+            ] {
+                if agent.container.env(name).is_some() {
+                    violation(
+                        out,
+                        format!("{path}.env"),
+                        format!(
+                            "{name} cannot be set with {}: in main-container mode the agent \
+                             holds the worker itself and serves no barrier probe",
+                            contract::WORKER_COMMAND
+                        ),
+                    );
+                }
+            }
+        }
+    }
+    check_worker_rules(pod_prefix, pod_spec, agent, out);
+}
+
+fn check_agent_env(path: &str, agent: &Agent<'_>, dialect: Dialect, out: &mut Validation) {
+    let c = &agent.container;
+    for (name, source) in [
+        (contract::POD_NAME, "fieldRef metadata.name"),
+        (
+            contract::JOBSET_NAME,
+            "fieldRef metadata.annotations['jobset.sigs.k8s.io/jobset-name']",
+        ),
+    ] {
+        if c.env(name).is_none() {
+            violation(
+                out,
+                format!("{path}.env"),
+                format!("the agent needs {name}: set it from the downward API ({source})"),
+            );
+        }
+    }
+    if let Some(entry) = c.env(contract::PROTOCOL)
+        && let Some(value) = entry.value
+    {
+        match value.parse::<Dialect>() {
+            Ok(d) if d == dialect => {}
+            Ok(d) => violation(
+                out,
+                format!("{path}.env[{}].value", entry.index),
+                format!(
+                    "{}={d} but this cluster runs the {dialect} protocol: the agent would \
+                     never see its epoch synced",
+                    contract::PROTOCOL
+                ),
+            ),
+            Err(e) => violation(
+                out,
+                format!("{path}.env[{}].value", entry.index),
+                e.to_string(),
+            ),
+        }
+    }
+}
+
+/// The agent's exit must restart what it guards (see [`AgentMode::rule_fits`]).
+fn check_agent_rule(
+    path: &str,
+    agent: &Agent<'_>,
+    exit_code: Option<ExitCodeSetting>,
+    out: &mut Validation,
+) {
+    let rules = agent.container.restart_rules();
+    let wanted = agent.mode.wanted_action();
+    let code = exit_code.and_then(ExitCodeSetting::code);
+    if !rules.iter().any(|r| agent.mode.rule_fits(r)) {
+        violation(
+            out,
+            format!("{path}.restartPolicyRules"),
+            format!(
+                "the agent needs a restart rule {{action: {wanted}, exitCodes: {{operator: In, \
+                 values: [{}]}}}} so that its exit restarts {} in place",
+                code.unwrap_or(contract::DEFAULT_RESTART_EXIT_CODE),
+                if agent.mode == AgentMode::Sidecar {
+                    "the pod"
+                } else {
+                    "its container"
+                }
+            ),
+        );
+    } else if let Some(code) = code
+        && !agent.mode.code_restarts(&rules, code)
+    {
+        let source = match exit_code {
+            Some(ExitCodeSetting::Env(name, _)) => format!("set by {name}"),
+            _ => "the agent's default".to_owned(),
+        };
+        violation(
+            out,
+            format!("{path}.restartPolicyRules"),
+            format!(
+                "the first rule matching the agent's restart exit code {code} ({source}) must \
+                 be {wanted}: otherwise the pod does not restart when its epoch is deprecated"
+            ),
+        );
+    }
+}
+
+/// The startup probe of a sidecar agent is its barrier: it must ask the agent's barrier endpoint.
+fn check_barrier_probe(path: &str, c: &Container<'_>, out: &mut Validation) {
+    let (port_source, port) =
+        match c.env_any(&[contract::BARRIER_PORT, contract::BARRIER_PORT_ALIAS]) {
+            None => (
+                "the agent's default".to_owned(),
+                Some(i64::from(contract::DEFAULT_BARRIER_PORT)),
+            ),
+            Some((name, entry)) => match entry.value {
+                None => (format!("{name} (valueFrom)"), None),
+                Some(v) => match v.trim().parse::<u16>() {
+                    Ok(p) if p > 0 => (name.to_owned(), Some(i64::from(p))),
+                    _ => {
+                        violation(
+                            out,
+                            format!("{path}.env[{}].value", entry.index),
+                            format!("{name}={v:?} is not a port in 1-65535"),
+                        );
+                        return;
+                    }
+                },
+            },
+        };
+    let (path_source, barrier_path) =
+        match c.env_any(&[contract::BARRIER_PATH, contract::BARRIER_PATH_ALIAS]) {
+            None => (
+                "the agent's default".to_owned(),
+                Some(contract::DEFAULT_BARRIER_PATH),
+            ),
+            Some((name, entry)) => (name.to_owned(), entry.value),
+        };
+    let Some(http_get) = c.startup_http_get() else {
+        violation(
+            out,
+            format!("{path}.startupProbe"),
+            format!(
+                "the agent needs a startup probe httpGet on its barrier (port {}, path {}): it \
+                 holds the workers until every pod of the JobSet is at the same epoch",
+                port.map_or("?".to_owned(), |p| p.to_string()),
+                barrier_path.unwrap_or("?")
+            ),
+        );
+        return;
+    };
+    let probe_port = http_get.get("port");
+    let resolved = probe_port.and_then(|p| c.resolve_port(p));
+    if let Some(port) = port
+        && resolved != Some(port)
+    {
+        violation(
+            out,
+            format!("{path}.startupProbe.httpGet.port"),
+            format!(
+                "probes port {} but the agent serves its barrier on {port} ({port_source})",
+                shown(probe_port)
+            ),
+        );
+    }
+    let probe_path = http_get.get("path").and_then(Value::as_str).unwrap_or("/");
+    if let Some(barrier_path) = barrier_path
+        && probe_path != barrier_path
+    {
+        violation(
+            out,
+            format!("{path}.startupProbe.httpGet.path"),
+            format!(
+                "probes {probe_path} but the agent serves its barrier at {barrier_path} \
+                 ({path_source})"
+            ),
+        );
+    }
+    let probe = c.value.get("startupProbe").unwrap_or(&Value::Null);
+    let period = probe
+        .get("periodSeconds")
+        .and_then(Value::as_i64)
+        .unwrap_or(10);
+    let threshold = probe
+        .get("failureThreshold")
+        .and_then(Value::as_i64)
+        .unwrap_or(3);
+    let seconds = period.saturating_mul(threshold);
+    if seconds < SHORT_BARRIER_SECONDS {
+        out.warnings.push(format!(
+            "{path}.startupProbe: the kubelet gives up on the barrier after {seconds} s and \
+             restarts the pod; a group restart that waits for a rescheduled pod takes longer"
+        ));
+    }
+}
+
+/// Warns about workers whose crash fails the pod instead of restarting it in place.
+fn check_worker_rules(pod_prefix: &str, pod_spec: &Value, agent: &Agent<'_>, out: &mut Validation) {
+    for c in pod::containers(pod_spec, pod::ContainerList::Regular) {
+        if agent.mode == AgentMode::MainContainer && c.index == agent.container.index {
+            continue;
+        }
+        if !c.restart_rules().iter().any(pod::RestartRule::restarts_pod) {
+            out.warnings.push(format!(
+                "{} ({}): a crash of this container fails its pod, which is replaced before the \
+                 group restarts; add restartPolicyRules [{{action: {}, exitCodes: {{operator: \
+                 NotIn, values: [0]}}}}] to restart the pod in place at once",
+                container_path(pod_prefix, &c),
+                c.name(),
+                pod::RESTART_ALL_CONTAINERS
+            ));
+        }
+    }
+}
+
+/// A value for a message: its JSON, or "not set".
+fn shown(value: Option<&Value>) -> String {
+    value.map_or_else(|| "not set".to_owned(), Value::to_string)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn jobset(pod_spec: Value) -> Value {
+        json!({
+            "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+            "metadata": {"name": "js"},
+            "spec": {
+                "failurePolicy": {"maxRestarts": 3, "restartStrategy": "InPlaceRestart"},
+                "replicatedJobs": [{"name": "w", "replicas": 1, "template": {"spec": {
+                    "completions": 2, "parallelism": 2, "backoffLimit": BACKOFF_LIMIT,
+                    "podReplacementPolicy": "Failed", "template": {"spec": pod_spec}
+                }}}]
+            }
+        })
+    }
+
+    fn agent(extra: Value) -> Value {
+        let mut a = json!({
+            "name": "a", "restartPolicy": "Always",
+            "restartPolicyRules": [{"action": "RestartAllContainers", "exitCodes": {"operator": "NotIn", "values": [0]}}],
+            "startupProbe": {"httpGet": {"path": "/barrier-is-lifted", "port": 8080}, "periodSeconds": 1, "failureThreshold": 86400},
+            "env": [{"name": "POD_NAME", "value": "p"}, {"name": "JOBSET_NAME", "value": "js"}]
+        });
+        if let (Some(a), Some(extra)) = (a.as_object_mut(), extra.as_object()) {
+            a.extend(extra.clone());
+        }
+        a
+    }
+
+    fn push_env(container: &mut Value, entry: Value) {
+        if let Some(env) = container["env"].as_array_mut() {
+            env.push(entry);
+        }
+    }
+
+    fn worker() -> Value {
+        json!({"name": "w", "restartPolicy": "Never",
+               "restartPolicyRules": [{"action": "RestartAllContainers", "exitCodes": {"operator": "NotIn", "values": [0]}}]})
+    }
+
+    fn paths(v: &Validation) -> Vec<&str> {
+        v.violations.iter().map(|v| v.path.as_str()).collect()
+    }
+
+    fn config() -> InjectionConfig {
+        InjectionConfig::defaults(Dialect::Epoch)
+    }
+
+    const C: &str = "spec.replicatedJobs[0].template.spec.template.spec";
+
+    #[test]
+    fn a_complete_pod_passes_quietly() {
+        let v = validate(
+            &jobset(
+                json!({"serviceAccountName": "sa", "initContainers": [agent(json!({}))], "containers": [worker()]}),
+            ),
+            &config(),
+        );
+        assert_eq!(v, Validation::default());
+    }
+
+    #[test]
+    fn not_in_place_restart_is_not_judged() {
+        let mut js = jobset(json!({}));
+        js["spec"]["failurePolicy"]["restartStrategy"] = json!("Recreate");
+        assert_eq!(validate(&js, &config()), Validation::default());
+    }
+
+    #[test]
+    fn a_shadowing_rule_is_caught() {
+        // The first rule matching 42 restarts only the container: the pod never restarts.
+        let a = agent(json!({"restartPolicyRules": [
+            {"action": "Restart", "exitCodes": {"operator": "In", "values": [42]}},
+            {"action": "RestartAllContainers", "exitCodes": {"operator": "NotIn", "values": [0]}}
+        ]}));
+        let v = validate(
+            &jobset(
+                json!({"serviceAccountName": "sa", "initContainers": [a], "containers": [worker()]}),
+            ),
+            &config(),
+        );
+        assert_eq!(
+            paths(&v),
+            vec![format!("{C}.initContainers[0].restartPolicyRules")]
+        );
+        assert!(v.violations[0].message.contains("42"), "{:?}", v.violations);
+    }
+
+    #[test]
+    fn exit_code_from_value_from_is_not_guessed() {
+        let mut a = agent(json!({}));
+        push_env(
+            &mut a,
+            json!({"name": "RESTART_POD_IN_PLACE_EXIT_CODE", "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}}),
+        );
+        let v = validate(
+            &jobset(
+                json!({"serviceAccountName": "sa", "initContainers": [a], "containers": [worker()]}),
+            ),
+            &config(),
+        );
+        assert!(v.violations.is_empty(), "{:?}", v.violations);
+    }
+
+    #[test]
+    fn bad_env_literals_are_named() {
+        let mut a = agent(json!({}));
+        push_env(
+            &mut a,
+            json!({"name": "IN_PLACE_RESTART_EXIT_CODE", "value": "300"}),
+        );
+        push_env(
+            &mut a,
+            json!({"name": "STARTUP_PROBE_PORT", "value": "http"}),
+        );
+        let v = validate(
+            &jobset(
+                json!({"serviceAccountName": "sa", "initContainers": [a], "containers": [worker()]}),
+            ),
+            &config(),
+        );
+        assert_eq!(
+            paths(&v),
+            vec![
+                format!("{C}.initContainers[0].env"),
+                format!("{C}.initContainers[0].env[3].value")
+            ]
+        );
+        assert!(
+            v.violations[0]
+                .message
+                .contains("IN_PLACE_RESTART_EXIT_CODE")
+        );
+        assert!(v.violations[1].message.contains("STARTUP_PROBE_PORT"));
+    }
+
+    #[test]
+    fn a_named_probe_port_is_resolved() {
+        let a = agent(json!({"ports": [{"name": "gate", "containerPort": 8080}],
+                             "startupProbe": {"httpGet": {"path": "/barrier-is-lifted", "port": "gate"}, "periodSeconds": 1, "failureThreshold": 86400}}));
+        let v = validate(
+            &jobset(
+                json!({"serviceAccountName": "sa", "initContainers": [a.clone()], "containers": [worker()]}),
+            ),
+            &config(),
+        );
+        assert!(v.violations.is_empty(), "{:?}", v.violations);
+        let mut unknown = a;
+        unknown["startupProbe"]["httpGet"]["port"] = json!("nope");
+        let v = validate(
+            &jobset(
+                json!({"serviceAccountName": "sa", "initContainers": [unknown], "containers": [worker()]}),
+            ),
+            &config(),
+        );
+        assert_eq!(
+            paths(&v),
+            vec![format!("{C}.initContainers[0].startupProbe.httpGet.port")]
+        );
+    }
+
+    #[test]
+    fn two_agents_are_one_too_many() {
+        let spec = json!({"serviceAccountName": "sa", "initContainers": [agent(json!({})), agent(json!({"name": "b"}))], "containers": [worker()]});
+        let v = validate(&jobset(spec), &config());
+        assert_eq!(paths(&v), vec![format!("{C}.initContainers[1]")]);
+    }
+
+    #[test]
+    fn main_container_agent_rejects_probe_settings() {
+        let main = json!({"name": "m", "restartPolicy": "Never",
+            "restartPolicyRules": [{"action": "Restart", "exitCodes": {"operator": "NotIn", "values": [0]}}],
+            "env": [{"name": "WORKER_COMMAND", "value": "train"}, {"name": "POD_NAME", "value": "p"},
+                    {"name": "JOBSET_NAME", "value": "js"}, {"name": "STARTUP_PROBE_PATH", "value": "/x"}]});
+        let v = validate(
+            &jobset(json!({"serviceAccountName": "sa", "containers": [main]})),
+            &config(),
+        );
+        assert_eq!(paths(&v), vec![format!("{C}.containers[0].env")]);
+        assert!(v.violations[0].message.contains("STARTUP_PROBE_PATH"));
+    }
+
+    #[test]
+    fn workers_without_in_place_rules_are_warned_about() {
+        let v = validate(
+            &jobset(
+                json!({"serviceAccountName": "sa", "initContainers": [agent(json!({}))], "containers": [{"name": "w"}]}),
+            ),
+            &config(),
+        );
+        assert!(v.violations.is_empty());
+        assert_eq!(v.warnings.len(), 1);
+        assert!(
+            v.warnings[0].contains("containers[0] (w)"),
+            "{:?}",
+            v.warnings
+        );
+    }
+
+    #[test]
+    fn update_ratchets_only_unchanged_replicated_jobs() {
+        let mut old = jobset(json!({"containers": [worker()]}));
+        old["spec"]["replicatedJobs"][0]["template"]["spec"]["backoffLimit"] = json!(6);
+        let mut relabelled = old.clone();
+        relabelled["metadata"]["labels"] = json!({"a": "b"});
+        let v = validate_update(&relabelled, &old, &config());
+        assert!(v.violations.is_empty(), "{:?}", v.violations);
+        assert!(v.warnings.iter().any(|w| w.contains("backoffLimit")));
+
+        let mut worse = old.clone();
+        worse["spec"]["replicatedJobs"][0]["template"]["spec"]["completions"] = json!(5);
+        let v = validate_update(&worse, &old, &config());
+        assert!(paths(&v).contains(&"spec.replicatedJobs[0].template.spec.backoffLimit"));
+
+        // An old object that was not InPlaceRestart ratchets nothing.
+        let mut before = old.clone();
+        before["spec"]["failurePolicy"]["restartStrategy"] = json!("Recreate");
+        assert!(
+            !validate_update(&relabelled, &before, &config())
+                .violations
+                .is_empty()
+        );
+    }
+}

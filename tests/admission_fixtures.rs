@@ -1,0 +1,285 @@
+//! Fixture-driven admission tests: every case of `fixtures/admission/<case>/` goes through the
+//! mutating then the validating review, as the API server chains them. Adding a case is adding a
+//! folder: `request.yaml` (an AdmissionReview), `expected.yaml`, `mutated.yaml` when the
+//! mutation patches, and optionally `config.yaml` (an injection config file).
+//!
+//! `UPDATE_FIXTURES=1 cargo test --test admission_fixtures` rewrites the `mutated.yaml` files;
+//! review their diff before committing.
+
+mod common;
+
+use base64::Engine;
+use jobset_inplace::admission::{self, Endpoint};
+use serde_json::Value;
+
+/// The response of a review, checked for the framing every response must have.
+fn response(case: &str, uid: &str, reply: &admission::Reply) -> Value {
+    assert_eq!(reply.http_status, 200, "{case}: HTTP status");
+    let review: Value = serde_json::from_slice(&reply.body).expect("response is JSON");
+    assert_eq!(review["apiVersion"], "admission.k8s.io/v1", "{case}");
+    assert_eq!(review["kind"], "AdmissionReview", "{case}");
+    assert_eq!(review["response"]["uid"], uid, "{case}: uid echoed");
+    review["response"].clone()
+}
+
+fn warnings(response: &Value) -> Vec<String> {
+    response["warnings"]
+        .as_array()
+        .map(|w| {
+            w.iter()
+                .filter_map(|s| s.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Each expected warning is a substring of the warning at the same position; counts match.
+fn check_warnings(case: &str, endpoint: &str, got: &[String], expected: &Value) {
+    let expected: Vec<&str> = expected
+        .as_array()
+        .map(|w| w.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    assert_eq!(
+        got.len(),
+        expected.len(),
+        "{case} {endpoint} warnings: {got:#?}"
+    );
+    for (g, e) in got.iter().zip(&expected) {
+        assert!(
+            g.contains(e),
+            "{case} {endpoint}: warning {g:?} lacks {e:?}"
+        );
+    }
+}
+
+fn decode_patch(response: &Value) -> Option<json_patch::Patch> {
+    let patch = response.get("patch")?;
+    assert_eq!(response["patchType"], "JSONPatch");
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(patch.as_str().expect("the patch is a base64 string"))
+        .expect("base64");
+    Some(serde_json::from_slice(&bytes).expect("a JSON Patch"))
+}
+
+/// Every operation adds something new (a key that was absent, or an array append), or replaces
+/// a `RestartPod` action: nothing the user wrote is removed or overwritten, so fields this code
+/// does not model survive byte for byte.
+fn assert_nothing_overwritten(case: &str, object: &Value, patch: &json_patch::Patch) {
+    for op in &patch.0 {
+        match op {
+            json_patch::PatchOperation::Add(add) => {
+                let path = add.path.as_str();
+                assert!(
+                    path.ends_with("/-") || object.pointer(path).is_none(),
+                    "{case}: add overwrites {path}"
+                );
+            }
+            json_patch::PatchOperation::Replace(replace) => {
+                let path = replace.path.as_str();
+                assert!(path.ends_with("/action"), "{case}: replaces {path}");
+                assert_eq!(
+                    object.pointer(path),
+                    Some(&Value::from("RestartPod")),
+                    "{case}"
+                );
+            }
+            other => panic!("{case}: unexpected operation {other:?}"),
+        }
+    }
+}
+
+fn with_object(request: &Value, object: &Value) -> Vec<u8> {
+    let mut request = request.clone();
+    request["request"]["object"] = object.clone();
+    serde_json::to_vec(&request).expect("serializes")
+}
+
+#[test]
+fn every_fixture_case() {
+    let cases = common::admission_cases();
+    assert!(cases.len() >= 20, "fixtures missing: {}", cases.len());
+    let schema = common::jobset_schema();
+    let update = std::env::var_os("UPDATE_FIXTURES").is_some();
+    for case in &cases {
+        let name = case.name.as_str();
+        let uid = case.request["request"]["uid"].as_str().expect("uid");
+        let object = &case.request["request"]["object"];
+        let is_jobset = case.request["request"]["kind"]["kind"] == "JobSet" && object.is_object();
+
+        // Mutation.
+        let reply = admission::review(Endpoint::Mutate, &case.body, &case.config);
+        let mutate = response(name, uid, &reply);
+        let exp = &case.expected["mutate"];
+        assert_eq!(mutate["allowed"], exp["allowed"], "{name}: mutate allowed");
+        check_warnings(name, "mutate", &warnings(&mutate), &exp["warnings"]);
+        let patch = decode_patch(&mutate);
+        assert_eq!(patch.is_some(), exp["patched"] == true, "{name}: patched");
+        let mut mutated = object.clone();
+        if let Some(patch) = &patch {
+            assert_nothing_overwritten(name, object, patch);
+            json_patch::patch(&mut mutated, patch).expect("the patch applies");
+            let path = case.mutated_path();
+            if update {
+                let text = serde_yaml::to_string(&mutated).expect("yaml");
+                std::fs::write(&path, text).expect("write mutated.yaml");
+            }
+            let expected = common::read_yaml(&path);
+            assert_eq!(
+                mutated, expected,
+                "{name}: mutated object differs from mutated.yaml"
+            );
+            assert_eq!(reply.outcome, admission::Outcome::Patched, "{name}");
+        } else {
+            assert!(
+                !case.mutated_path().exists(),
+                "{name}: mutated.yaml but no patch"
+            );
+        }
+
+        if is_jobset {
+            // The API server would accept the result.
+            let errors = common::schema_errors(&schema, &mutated);
+            assert!(
+                errors.is_empty(),
+                "{name}: CRD schema rejects the result: {errors:#?}"
+            );
+            // Idempotence: mutating the mutated object yields no patch.
+            let again = admission::review(
+                Endpoint::Mutate,
+                &with_object(&case.request, &mutated),
+                &case.config,
+            );
+            let again = response(name, uid, &again);
+            assert!(
+                again.get("patch").is_none(),
+                "{name}: second mutation patches: {again}"
+            );
+        }
+
+        // Validation of what the mutation produced.
+        let body = if object.is_object() {
+            with_object(&case.request, &mutated)
+        } else {
+            case.body.clone()
+        };
+        let reply = admission::review(Endpoint::Validate, &body, &case.config);
+        let validate = response(name, uid, &reply);
+        let exp = &case.expected["validate"];
+        assert_eq!(
+            validate["allowed"], exp["allowed"],
+            "{name}: validate allowed: {validate:#}"
+        );
+        assert!(
+            validate.get("patch").is_none(),
+            "{name}: validation never patches"
+        );
+        let fields: Vec<&str> = validate["status"]["details"]["causes"]
+            .as_array()
+            .map(|c| c.iter().filter_map(|c| c["field"].as_str()).collect())
+            .unwrap_or_default();
+        let expected_fields: Vec<&str> = exp["violations"]
+            .as_array()
+            .map(|v| v.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        assert_eq!(fields, expected_fields, "{name}: violations: {validate:#}");
+        if validate["allowed"] == false {
+            assert_eq!(validate["status"]["code"], 422, "{name}");
+            let message = validate["status"]["message"].as_str().unwrap_or("");
+            for field in &expected_fields {
+                assert!(
+                    message.contains(field),
+                    "{name}: message lacks {field}: {message}"
+                );
+            }
+        }
+        check_warnings(name, "validate", &warnings(&validate), &exp["warnings"]);
+    }
+}
+
+/// The released JobSet examples (image filled in) are accepted after mutation, and the mutation
+/// adds nothing that contradicts their agent: its probe still asks where the agent listens.
+#[test]
+fn released_examples_are_accepted_and_keep_working() {
+    let schema = common::jobset_schema();
+    for (file, sidecar) in [
+        ("jobset-sidecar-container-mode.yaml", true),
+        ("jobset-main-container-mode.yaml", false),
+    ] {
+        let text = std::fs::read_to_string(common::reference_dir().join(file)).expect("example");
+        let text = text.replace(
+            "<CHANGE ME>",
+            "registry.example/in-place-restart-agent:v0.12",
+        );
+        let object: Value = serde_yaml::from_str(&text).expect("yaml");
+        let config = admission::InjectionConfig::defaults(Default::default());
+        let mutation = admission::mutate(&object, &config);
+        let mut mutated = object.clone();
+        json_patch::patch(&mut mutated, &mutation.patch).expect("applies");
+        let validation = admission::validate(&mutated, &config);
+        assert!(
+            validation.violations.is_empty(),
+            "{file}: {:#?}",
+            validation.violations
+        );
+        assert!(
+            common::schema_errors(&schema, &mutated).is_empty(),
+            "{file}"
+        );
+        // Their own service account is kept; no second agent is added.
+        let pod = &mutated["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"];
+        assert_eq!(
+            pod["serviceAccountName"], "jobset-in-place-restart",
+            "{file}"
+        );
+        let agent = if sidecar {
+            assert_eq!(
+                pod["initContainers"].as_array().map(Vec::len),
+                Some(1),
+                "{file}"
+            );
+            &pod["initContainers"][0]
+        } else {
+            assert!(pod.get("initContainers").is_none(), "{file}");
+            &pod["containers"][0]
+        };
+        let env = |name: &str| {
+            agent["env"]
+                .as_array()
+                .and_then(|e| e.iter().find(|e| e["name"] == name))
+                .map(|e| e["value"].clone())
+        };
+        if sidecar {
+            // The released agent serves 8081 /barrier-is-down, which the probe asks: the env
+            // added for our agent says the same.
+            assert_eq!(env("BARRIER_PORT"), Some(Value::from("8081")), "{file}");
+            assert_eq!(
+                env("BARRIER_PATH"),
+                Some(Value::from("/barrier-is-down")),
+                "{file}"
+            );
+        } else {
+            // The released agent refuses probe settings beside WORKER_COMMAND.
+            assert_eq!(env("BARRIER_PORT"), None, "{file}");
+            assert_eq!(env("STARTUP_PROBE_PORT"), None, "{file}");
+        }
+        // Mutating again changes nothing.
+        assert!(
+            admission::mutate(&mutated, &config).patch.0.is_empty(),
+            "{file}"
+        );
+    }
+}
+
+/// The schema check has teeth: a wrong type is rejected.
+#[test]
+fn the_crd_schema_rejects_a_broken_jobset() {
+    let schema = common::jobset_schema();
+    let case = common::admission_cases()
+        .into_iter()
+        .find(|c| c.name == "story1-plain")
+        .expect("story1-plain");
+    let mut object = case.request["request"]["object"].clone();
+    assert!(common::schema_errors(&schema, &object).is_empty());
+    object["spec"]["replicatedJobs"][0]["replicas"] = Value::from("four");
+    assert!(!common::schema_errors(&schema, &object).is_empty());
+}

@@ -1,0 +1,137 @@
+//! AdmissionReview handling on bad input: every body gets a documented status and a well-formed
+//! answer, and nothing panics.
+
+mod common;
+
+use jobset_inplace::admission::{self, Endpoint, InjectionConfig, Outcome};
+use rstest::rstest;
+use serde_json::{Value, json};
+
+fn config() -> InjectionConfig {
+    InjectionConfig::defaults(Default::default())
+}
+
+fn story1() -> Value {
+    common::admission_cases()
+        .into_iter()
+        .find(|c| c.name == "story1-plain")
+        .map(|c| c.request)
+        .expect("story1-plain fixture")
+}
+
+/// A request body with one change applied to the story1 fixture.
+fn edited(edit: fn(&mut Value)) -> Vec<u8> {
+    let mut review = story1();
+    edit(&mut review);
+    serde_json::to_vec(&review).expect("serializes")
+}
+
+#[rstest]
+#[case::empty_body(Vec::new(), 400)]
+#[case::invalid_json(b"{\"apiVersion\": \"admission.k8s.io/v1\", ".to_vec(), 400)]
+#[case::not_an_object(b"[1, 2, 3]".to_vec(), 400)]
+#[case::missing_request(edited(|r| { r.as_object_mut().map(|o| o.remove("request")); }), 400)]
+#[case::missing_uid(edited(|r| { r["request"].as_object_mut().map(|o| o.remove("uid")); }), 400)]
+#[case::uid_not_a_string(edited(|r| r["request"]["uid"] = json!(7)), 400)]
+#[case::wrong_api_version(edited(|r| r["apiVersion"] = json!("admission.k8s.io/v1beta1")), 200)]
+#[case::wrong_kind(edited(|r| r["kind"] = json!("Pod")), 200)]
+#[case::missing_object(edited(|r| { r["request"].as_object_mut().map(|o| o.remove("object")); }), 200)]
+#[case::null_object(edited(|r| r["request"]["object"] = Value::Null), 200)]
+#[case::object_not_an_object(edited(|r| r["request"]["object"] = json!("JobSet")), 200)]
+#[case::missing_operation(edited(|r| { r["request"].as_object_mut().map(|o| o.remove("operation")); }), 200)]
+#[case::unknown_operation(edited(|r| r["request"]["operation"] = json!("PATCH")), 200)]
+#[case::missing_kind(edited(|r| { r["request"].as_object_mut().map(|o| o.remove("kind")); }), 200)]
+fn malformed_reviews_are_answered(#[case] body: Vec<u8>, #[case] status: u16) {
+    for endpoint in [Endpoint::Mutate, Endpoint::Validate] {
+        let reply = admission::review(endpoint, &body, &config());
+        assert_eq!(reply.http_status, status, "{endpoint:?}");
+        assert_eq!(reply.outcome, Outcome::Error);
+        let answer: Value = serde_json::from_slice(&reply.body).expect("well-formed JSON");
+        if status == 400 {
+            assert_eq!(answer["kind"], "Status");
+            assert_eq!(answer["code"], 400);
+            assert!(answer["message"].as_str().is_some_and(|m| !m.is_empty()));
+        } else {
+            assert_eq!(answer["kind"], "AdmissionReview");
+            assert_eq!(answer["response"]["uid"], story1()["request"]["uid"]);
+            assert_eq!(answer["response"]["allowed"], false);
+            assert_eq!(answer["response"]["status"]["code"], 400);
+            let message = answer["response"]["status"]["message"]
+                .as_str()
+                .unwrap_or("");
+            assert!(
+                message.starts_with("malformed AdmissionReview: "),
+                "{message}"
+            );
+        }
+    }
+}
+
+/// The response echoes the request's `apiVersion`/`kind` and base64-encodes the patch as a
+/// string (kube-core would write a number array).
+#[test]
+fn patch_is_a_base64_string() {
+    let body = serde_json::to_vec(&story1()).expect("serializes");
+    let reply = admission::review(Endpoint::Mutate, &body, &config());
+    let answer: Value = serde_json::from_slice(&reply.body).expect("json");
+    assert_eq!(answer["apiVersion"], "admission.k8s.io/v1");
+    assert_eq!(answer["kind"], "AdmissionReview");
+    assert_eq!(answer["response"]["patchType"], "JSONPatch");
+    assert!(answer["response"]["patch"].is_string());
+}
+
+/// Truncations, byte flips and splices of real requests never panic, and every answer is JSON
+/// with the documented status.
+#[test]
+fn damaged_bodies_never_panic() {
+    let bodies: Vec<Vec<u8>> = common::admission_cases()
+        .into_iter()
+        .map(|c| c.body)
+        .collect();
+    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let config = config();
+    for round in 0..3000 {
+        let base = &bodies[(next() % bodies.len() as u64) as usize];
+        let mut body = base.clone();
+        match round % 3 {
+            0 => body.truncate((next() % (base.len() as u64 + 1)) as usize),
+            1 => {
+                for _ in 0..1 + next() % 8 {
+                    let i = (next() % body.len() as u64) as usize;
+                    body[i] = (next() & 0xff) as u8;
+                }
+            }
+            _ => {
+                let other = &bodies[(next() % bodies.len() as u64) as usize];
+                let cut = (next() % base.len() as u64) as usize;
+                let from = (next() % other.len() as u64) as usize;
+                body.truncate(cut);
+                body.extend_from_slice(&other[from..]);
+            }
+        }
+        let endpoint = if round % 2 == 0 {
+            Endpoint::Mutate
+        } else {
+            Endpoint::Validate
+        };
+        let reply = admission::review(endpoint, &body, &config);
+        assert!(matches!(reply.http_status, 200 | 400), "round {round}");
+        let answer: Value = serde_json::from_slice(&reply.body).expect("well-formed JSON");
+        assert!(answer.is_object(), "round {round}");
+    }
+}
+
+/// Deeply nested JSON is refused by the parser's recursion limit, not by a stack overflow.
+#[test]
+fn deeply_nested_json_is_a_bad_request() {
+    let depth = 100_000;
+    let body = format!("{}{}", "[".repeat(depth), "]".repeat(depth));
+    let reply = admission::review(Endpoint::Validate, body.as_bytes(), &config());
+    assert_eq!(reply.http_status, 400);
+}

@@ -1,0 +1,172 @@
+//! The offline commands, run as a user runs them: the real binary, fixtures as input.
+
+mod common;
+
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+
+use jobset_inplace::admission::{self, Endpoint};
+
+fn binary() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_jobset-inplace"))
+}
+
+fn run_with_stdin(mut cmd: Command, stdin: &[u8]) -> Output {
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawns");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(stdin)
+        .expect("writes stdin");
+    child.wait_with_output().expect("runs")
+}
+
+/// `review` prints exactly the bytes the server sends, for every fixture and both endpoints.
+#[test]
+fn review_is_byte_identical_to_the_server_path() {
+    for case in common::admission_cases() {
+        for (flag, endpoint) in [
+            ("--mutate", Endpoint::Mutate),
+            ("--validate", Endpoint::Validate),
+        ] {
+            let mut cmd = binary();
+            cmd.args(["review", flag, "-f", "-"]);
+            if case.dir.join("config.yaml").exists() {
+                cmd.arg("--config").arg(case.dir.join("config.yaml"));
+            }
+            let out = run_with_stdin(cmd, &case.body);
+            let expected = admission::review(endpoint, &case.body, &case.config);
+            assert!(out.status.success(), "{} {flag}: {:?}", case.name, out);
+            assert_eq!(out.stdout, expected.body, "{} {flag}", case.name);
+        }
+    }
+}
+
+#[test]
+fn review_of_garbage_exits_non_zero_with_a_status() {
+    let mut cmd = binary();
+    cmd.args(["review", "--validate"]);
+    let out = run_with_stdin(cmd, b"not json");
+    assert_eq!(out.status.code(), Some(1));
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(status["code"], 400);
+}
+
+/// `inject` then `check` on a plain JobSet: the injected manifest passes; the plain one, checked
+/// as written, is denied with field paths and exit code 1.
+#[test]
+fn inject_and_check_a_plain_jobset() {
+    let case = common::admission_cases()
+        .into_iter()
+        .find(|c| c.name == "story1-plain")
+        .expect("fixture");
+    let jobset = serde_yaml::to_string(&case.request["request"]["object"]).expect("yaml");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let plain = dir.path().join("plain.yaml");
+    std::fs::write(
+        &plain,
+        format!("apiVersion: v1\nkind: Namespace\nmetadata: {{name: team-a}}\n---\n{jobset}"),
+    )
+    .expect("write");
+
+    let out = binary()
+        .args(["inject", "-f"])
+        .arg(&plain)
+        .output()
+        .expect("runs");
+    assert!(out.status.success(), "{out:?}");
+    let injected = String::from_utf8(out.stdout).expect("utf-8");
+    assert!(
+        injected.starts_with("apiVersion: v1\nkind: Namespace\n"),
+        "{injected}"
+    );
+    assert!(
+        injected.contains("name: jobset-inplace-agent"),
+        "{injected}"
+    );
+    let injected_path = dir.path().join("injected.yaml");
+    std::fs::write(&injected_path, &injected).expect("write");
+
+    let out = binary()
+        .args(["check", "--no-inject", "-f"])
+        .arg(&injected_path)
+        .output()
+        .expect("runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let out = binary()
+        .args(["check", "-f"])
+        .arg(&plain)
+        .output()
+        .expect("runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+
+    let out = binary()
+        .args(["check", "--no-inject", "-f"])
+        .arg(&plain)
+        .output()
+        .expect("runs");
+    assert_eq!(out.status.code(), Some(1));
+    let report = String::from_utf8(out.stdout).expect("utf-8");
+    assert!(
+        report.contains("denied: spec.replicatedJobs[0].template.spec.backoffLimit"),
+        "{report}"
+    );
+    assert!(
+        report
+            .contains("denied: spec.replicatedJobs[0].template.spec.template.spec.initContainers"),
+        "{report}"
+    );
+
+    // stdin works too, and the attempt dialect reaches the injected agent.
+    let mut cmd = binary();
+    cmd.args(["--protocol", "attempt", "inject", "-f", "-"]);
+    let out = run_with_stdin(cmd, jobset.as_bytes());
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("value: attempt"));
+}
+
+#[test]
+fn bad_input_and_flags_are_one_line_errors() {
+    let out = binary()
+        .args(["inject", "-f", "/nonexistent.yaml"])
+        .output()
+        .expect("runs");
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("/nonexistent.yaml"), "{err}");
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("c.yaml");
+    std::fs::write(&config, "barrierPort: lots\n").expect("write");
+    let out = binary()
+        .args(["check", "-f", "/dev/null", "--config"])
+        .arg(&config)
+        .output()
+        .expect("runs");
+    assert_ne!(out.status.code(), Some(0));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("barrierPort"), "{err}");
+
+    let out = binary()
+        .args(["review", "--mutate", "--restart-exit-code", "0"])
+        .output()
+        .expect("runs");
+    assert_ne!(out.status.code(), Some(0));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--restart-exit-code"), "{err}");
+}
