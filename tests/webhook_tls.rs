@@ -29,67 +29,104 @@ fn reqwest_client(server: &TestServer) -> reqwest::Client {
 
 /// The requests every case runs on: the fixtures, and inline ones that exist whatever the
 /// fixtures hold.
-fn cases() -> Vec<(String, Vec<u8>)> {
+fn cases() -> Vec<support::Fixture> {
     let mut cases = support::fixture_requests();
-    cases.push(("inline-jobset".into(), jobset_review("inline-1", 2, 5)));
+    cases.push(support::Fixture {
+        name: "inline-jobset".into(),
+        body: jobset_review("inline-1", 2, 5),
+        config: None,
+    });
     let mut delete: Value = serde_json::from_slice(&jobset_review("inline-2", 1, 1)).expect("json");
     delete["request"]["operation"] = "DELETE".into();
     delete["request"]["oldObject"] = delete["request"]["object"].take();
-    cases.push((
-        "inline-delete".into(),
-        serde_json::to_vec(&delete).expect("json"),
-    ));
+    cases.push(support::Fixture {
+        name: "inline-delete".into(),
+        body: serde_json::to_vec(&delete).expect("json"),
+        config: None,
+    });
     cases
+}
+
+/// POSTs `body` to both endpoints of `server` and checks status, content type and body against
+/// `admission::review` with the server's config.
+async fn assert_served_as_reviewed(
+    server: &TestServer,
+    client: &reqwest::Client,
+    name: &str,
+    body: &[u8],
+) {
+    for endpoint in [Endpoint::Mutate, Endpoint::Validate] {
+        let expected = admission::review(endpoint, body, &server.config);
+        let url = format!(
+            "https://localhost:{}/{}",
+            server.https.port(),
+            endpoint.as_str()
+        );
+        let response = client
+            .post(&url)
+            .header("content-type", "application/json")
+            .body(body.to_vec())
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{name} {url}: {e}"));
+        assert_eq!(
+            response.status().as_u16(),
+            expected.http_status,
+            "{name} /{}",
+            endpoint.as_str()
+        );
+        assert_eq!(
+            response
+                .headers()
+                .get("content-type")
+                .and_then(|v| v.to_str().ok()),
+            Some("application/json"),
+            "{name}"
+        );
+        let got = response.bytes().await.expect("body");
+        assert!(
+            got.as_ref() == expected.body.as_slice(),
+            "{name} /{}: server body differs from review():\n{}\n---\n{}",
+            endpoint.as_str(),
+            String::from_utf8_lossy(&got),
+            String::from_utf8_lossy(&expected.body)
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_case_is_answered_exactly_as_review_answers() {
     bounded(async {
-        let server = TestServer::start(Duration::from_secs(5)).await;
-        let client = reqwest_client(&server);
         let cases = cases();
         let fixtures = support::fixture_requests().len();
         assert!(cases.len() > fixtures, "inline cases always run");
-        for (name, body) in &cases {
-            for endpoint in [Endpoint::Mutate, Endpoint::Validate] {
-                let expected = admission::review(endpoint, body, &server.config);
-                let url = format!(
-                    "https://localhost:{}/{}",
-                    server.https.port(),
-                    endpoint.as_str()
-                );
-                let response = client
-                    .post(&url)
-                    .header("content-type", "application/json")
-                    .body(body.clone())
-                    .send()
-                    .await
-                    .unwrap_or_else(|e| panic!("{name} {url}: {e}"));
-                assert_eq!(
-                    response.status().as_u16(),
-                    expected.http_status,
-                    "{name} /{}",
-                    endpoint.as_str()
-                );
-                assert_eq!(
-                    response
-                        .headers()
-                        .get("content-type")
-                        .and_then(|v| v.to_str().ok()),
-                    Some("application/json"),
-                    "{name}"
-                );
-                let got = response.bytes().await.expect("body");
-                assert!(
-                    got.as_ref() == expected.body.as_slice(),
-                    "{name} /{}: server body differs from review():\n{}\n---\n{}",
-                    endpoint.as_str(),
-                    String::from_utf8_lossy(&got),
-                    String::from_utf8_lossy(&expected.body)
-                );
-            }
+
+        // Cases without a config.yaml: one server with the webhook's default config.
+        let server = TestServer::start(Duration::from_secs(5)).await;
+        let client = reqwest_client(&server);
+        let mut served = 0;
+        for case in cases.iter().filter(|c| c.config.is_none()) {
+            assert_served_as_reviewed(&server, &client, &case.name, &case.body).await;
+            served += 1;
         }
         server.stop().await;
+
+        // A case with a config.yaml: a server started with `--config` that file.
+        for case in cases.iter().filter(|c| c.config.is_some()) {
+            let path = case
+                .config
+                .as_ref()
+                .expect("config")
+                .to_string_lossy()
+                .into_owned();
+            let config = support::config_from_flags(&["--config", &path]);
+            let server = TestServer::start_with(Duration::from_secs(5), config).await;
+            let client = reqwest_client(&server);
+            assert_served_as_reviewed(&server, &client, &case.name, &case.body).await;
+            served += 1;
+            server.stop().await;
+        }
+        assert_eq!(served, cases.len());
     })
     .await;
 }

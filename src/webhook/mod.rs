@@ -257,12 +257,7 @@ mod tests {
     #[tokio::test]
     async fn half_a_tls_pair_is_a_one_line_error_naming_the_missing_flag() {
         let args = webhook_args(&["--tls-cert", "/tmp/x.crt"]);
-        let err = args
-            .run(Global {
-                protocol: crate::protocol::Dialect::Epoch,
-            })
-            .await
-            .expect_err("half pair");
+        let err = args.run(Global::default()).await.expect_err("half pair");
         let message = err.to_string();
         assert!(message.contains("--tls-key"), "{message}");
         assert!(message.contains("JOBSET_INPLACE_TLS_KEY"), "{message}");

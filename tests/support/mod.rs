@@ -27,7 +27,13 @@ pub fn install_provider() {
 
 /// The injection config of `jobset-inplace webhook` without flags (env may still set some).
 pub fn default_config() -> InjectionConfig {
-    let cli = Cli::try_parse_from(["jobset-inplace", "webhook"]).expect("webhook parses");
+    config_from_flags(&[])
+}
+
+/// The injection config of `jobset-inplace webhook <flags>`.
+pub fn config_from_flags(flags: &[&str]) -> InjectionConfig {
+    let cli = Cli::try_parse_from(["jobset-inplace", "webhook"].iter().chain(flags))
+        .expect("webhook parses");
     let global = cli.global();
     match cli.command {
         Command::Webhook(args) => {
@@ -52,6 +58,11 @@ impl TestServer {
     /// generated into a temporary directory, polling them every `reload_interval`, and waits
     /// for `/readyz`.
     pub async fn start(reload_interval: Duration) -> TestServer {
+        Self::start_with(reload_interval, default_config()).await
+    }
+
+    /// [`Self::start`] with an injection config.
+    pub async fn start_with(reload_interval: Duration, config: InjectionConfig) -> TestServer {
         install_provider();
         let dir = tempfile::tempdir().expect("tempdir");
         let ensured = certs::ensure(dir.path(), &certs::local_names()).expect("certs");
@@ -59,7 +70,6 @@ impl TestServer {
         let health = TcpListener::bind("127.0.0.1:0").await.expect("bind health");
         let https_addr = https.local_addr().expect("addr");
         let health_addr = health.local_addr().expect("addr");
-        let config = default_config();
         let mut options = ServeOptions::new(&ensured.tls_cert, &ensured.tls_key);
         options.reload_interval = reload_interval;
         options.shutdown_grace = Duration::from_secs(5);
@@ -320,8 +330,15 @@ impl Conn {
     }
 }
 
-/// Every `fixtures/admission/<case>/request.{json,yaml,yml}`, as (case name, JSON bytes).
-pub fn fixture_requests() -> Vec<(String, Vec<u8>)> {
+/// One `fixtures/admission/<case>/`: its name, its request as JSON bytes, its `config.yaml`.
+pub struct Fixture {
+    pub name: String,
+    pub body: Vec<u8>,
+    pub config: Option<PathBuf>,
+}
+
+/// Every `fixtures/admission/<case>/request.{json,yaml,yml}` (YAML converted to JSON).
+pub fn fixture_requests() -> Vec<Fixture> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/admission");
     let Ok(entries) = std::fs::read_dir(&root) else {
         return Vec::new();
@@ -342,14 +359,18 @@ pub fn fixture_requests() -> Vec<(String, Vec<u8>)> {
             .into_iter()
             .map(|f| case.join(f))
             .find(|p| p.exists());
-        if json.exists() {
-            requests.push((name, std::fs::read(&json).expect("read request.json")));
+        let config = Some(case.join("config.yaml")).filter(|p| p.exists());
+        let body = if json.exists() {
+            std::fs::read(&json).expect("read request.json")
         } else if let Some(yaml) = yaml {
             let text = std::fs::read_to_string(&yaml).expect("read request.yaml");
             let value: serde_json::Value =
                 serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", yaml.display()));
-            requests.push((name, serde_json::to_vec(&value).expect("to json")));
-        }
+            serde_json::to_vec(&value).expect("to json")
+        } else {
+            continue;
+        };
+        requests.push(Fixture { name, body, config });
     }
     requests
 }
