@@ -409,3 +409,63 @@ async fn shutdown_lets_the_request_in_flight_finish() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_clients_are_cut_off() {
+    bounded(async {
+        let timeout = Duration::from_millis(300);
+        let server = TestServer::start_custom(support::default_config(), |options| {
+            options.header_read_timeout = timeout;
+        })
+        .await;
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+        // No TLS handshake at all.
+        let mut silent = tokio::net::TcpStream::connect(server.https)
+            .await
+            .expect("connect");
+        let started = std::time::Instant::now();
+        let mut buf = [0u8; 64];
+        let n = tokio::time::timeout(Duration::from_secs(5), silent.read(&mut buf))
+            .await
+            .expect("closed by the server")
+            .unwrap_or(0);
+        assert_eq!(n, 0, "nothing but a close");
+        assert!(started.elapsed() >= timeout);
+
+        // Headers that never end.
+        let mut slow = server.connect().await.expect("connect");
+        slow.send(b"POST /validate HTTP/1.1\r\nhost: localhost\r\n")
+            .await
+            .expect("partial head");
+        let started = std::time::Instant::now();
+        let closed = tokio::time::timeout(Duration::from_secs(5), slow.read_response())
+            .await
+            .expect("closed by the server");
+        assert!(closed.is_err() || closed.is_ok_and(|r| r.status == 408));
+        assert!(started.elapsed() >= timeout - Duration::from_millis(50));
+
+        // A plain TCP client that writes one header line and stops, on the health port too.
+        let mut plain = tokio::net::TcpStream::connect(server.health)
+            .await
+            .expect("connect");
+        plain
+            .write_all(b"GET /healthz HTTP/1.1\r\n")
+            .await
+            .expect("write");
+        let mut rest = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), plain.read_to_end(&mut rest))
+            .await
+            .expect("closed by the server")
+            .ok();
+
+        // A well-behaved client is unaffected.
+        let mut conn = server.connect().await.expect("connect");
+        assert_eq!(
+            conn.post_json("/ping", b"{}").await.expect("ping").status,
+            200
+        );
+        server.stop().await;
+    })
+    .await;
+}

@@ -63,6 +63,14 @@ impl TestServer {
 
     /// [`Self::start`] with an injection config.
     pub async fn start_with(reload_interval: Duration, config: InjectionConfig) -> TestServer {
+        Self::start_custom(config, |options| options.reload_interval = reload_interval).await
+    }
+
+    /// [`Self::start`] with an injection config and options adjusted by `adjust`.
+    pub async fn start_custom(
+        config: InjectionConfig,
+        adjust: impl FnOnce(&mut ServeOptions),
+    ) -> TestServer {
         install_provider();
         let dir = tempfile::tempdir().expect("tempdir");
         let ensured = certs::ensure(dir.path(), &certs::local_names()).expect("certs");
@@ -71,8 +79,8 @@ impl TestServer {
         let https_addr = https.local_addr().expect("addr");
         let health_addr = health.local_addr().expect("addr");
         let mut options = ServeOptions::new(&ensured.tls_cert, &ensured.tls_key);
-        options.reload_interval = reload_interval;
         options.shutdown_grace = Duration::from_secs(5);
+        adjust(&mut options);
         let (tx, rx) = oneshot::channel::<()>();
         let task = tokio::spawn(webhook::serve(
             https,
