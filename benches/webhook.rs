@@ -246,7 +246,7 @@ fn main() {
         );
         println!(
             "{connections} keep-alive TLS connections, {seconds} s per phase, {} CPUs, client and \
-             server in one process",
+             server in one process on separate 2-thread runtimes",
             std::thread::available_parallelism().map_or(0, |n| n.get())
         );
 
