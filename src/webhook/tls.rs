@@ -29,8 +29,10 @@ pub fn certified_key(
         path: path.to_owned(),
         reason,
     };
-    let chain = crate::certs::parse_certs(cert_pem, cert_path)
-        .map_err(|e| tls_error(cert_path, e.to_string()))?;
+    let chain = crate::certs::parse_certs(cert_pem, cert_path).map_err(|e| match e {
+        crate::certs::Error::BadCertificate { reason, .. } => tls_error(cert_path, reason),
+        _ => tls_error(cert_path, "no PEM certificate in the file".into()),
+    })?;
     let key = match rustls_pemfile::private_key(&mut &key_pem[..]) {
         Ok(Some(key)) => key,
         Ok(None) => return Err(tls_error(key_path, "no PEM private key in the file".into())),
@@ -233,7 +235,10 @@ mod tests {
         let good_cert = std::fs::read(&cert).expect("read");
         std::fs::write(&cert, "garbage").expect("write");
         let err = resolver.reload_if_changed().expect_err("broken");
-        assert!(err.to_string().contains("tls.crt"), "{err}");
+        assert_eq!(
+            err.to_string(),
+            format!("{}: no PEM certificate in the file", cert.display())
+        );
         assert!(!resolver.reload_if_changed().expect("reported once"));
         assert_eq!(resolver.current().cert, first.cert);
 
