@@ -78,6 +78,11 @@ pub enum Error {
     Generate(String),
     #[error("{flag} is not built yet; use --out DIR and apply the files yourself")]
     NotBuilt { flag: &'static str },
+    #[error("{flag} (or env {env}) is required")]
+    Required {
+        flag: &'static str,
+        env: &'static str,
+    },
 }
 
 /// A certificate and its private key, both PEM.
@@ -496,16 +501,22 @@ pub fn ensure(dir: &Path, names: &[String]) -> Result<Ensured, Error> {
 pub struct Args {
     /// Name of the webhook's Kubernetes Service; the certificate covers `<svc>`, `<svc>.<ns>`,
     /// `<svc>.<ns>.svc` and `<svc>.<ns>.svc.cluster.local`.
-    #[arg(long, env = "JOBSET_INPLACE_WEBHOOK_SERVICE")]
-    pub service: String,
+    /// Required.
+    #[arg(long, env = "JOBSET_INPLACE_WEBHOOK_SERVICE", value_name = "NAME")]
+    pub service: Option<String>,
 
-    /// Namespace of the webhook's Service.
-    #[arg(long, env = "POD_NAMESPACE")]
-    pub namespace: String,
+    /// Namespace of the webhook's Service. Required.
+    #[arg(long, env = "POD_NAMESPACE", value_name = "NS")]
+    pub namespace: Option<String>,
 
     /// Directory for ca.crt, ca.key, tls.crt, tls.key (created when missing). An existing CA is
     /// reused; an existing serving certificate is kept while valid for more than 30 days.
-    #[arg(long, env = "JOBSET_INPLACE_CERT_DIR", default_value = "certs")]
+    #[arg(
+        long,
+        env = "JOBSET_INPLACE_CERT_DIR",
+        default_value = "certs",
+        value_name = "DIR"
+    )]
     pub out: PathBuf,
 
     /// More names (DNS names or IP addresses) for the serving certificate; repeatable.
@@ -532,7 +543,15 @@ impl Args {
             }
             .into());
         }
-        let mut names = service_names(&self.service, &self.namespace);
+        let service = self.service.clone().ok_or(Error::Required {
+            flag: "--service",
+            env: "JOBSET_INPLACE_WEBHOOK_SERVICE",
+        })?;
+        let namespace = self.namespace.clone().ok_or(Error::Required {
+            flag: "--namespace",
+            env: "POD_NAMESPACE",
+        })?;
+        let mut names = service_names(&service, &namespace);
         names.extend(self.extra_names.iter().cloned());
         let out = self.out.clone();
         let ensured = tokio::task::spawn_blocking(move || ensure(&out, &names))
@@ -554,7 +573,7 @@ impl Args {
             describe(&ensured.serving),
             ensured.tls_cert.display(),
             ensured.tls_key.display(),
-            service_names(&self.service, &self.namespace)
+            service_names(&service, &namespace)
                 .into_iter()
                 .chain(self.extra_names)
                 .collect::<Vec<_>>()
@@ -737,5 +756,65 @@ mod tests {
         let err = check_names(&["bad name".to_owned()]).expect_err("bad");
         assert!(err.to_string().contains("bad name"), "{err}");
         assert!(matches!(check_names(&[]), Err(Error::NoNames)));
+    }
+
+    fn certs_args(args: &[&str]) -> Args {
+        use clap::Parser as _;
+        let cli = crate::cli::Cli::try_parse_from(["jobset-inplace", "certs"].iter().chain(args))
+            .expect("parses");
+        match cli.command {
+            crate::cli::Command::Certs(args) => args,
+            other => panic!("not certs: {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn the_subcommand_fills_a_directory_and_refuses_what_is_not_built() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let out = dir.path().join("out");
+        let out_arg = out.to_string_lossy().into_owned();
+        let global = Global::default();
+        let base = [
+            "--service",
+            "hook",
+            "--namespace",
+            "ns",
+            "--out",
+            out_arg.as_str(),
+        ];
+
+        for (flag, extra) in [
+            ("--secret", &["--secret", "s"][..]),
+            ("--patch-webhooks", &["--patch-webhooks"][..]),
+        ] {
+            let args: Vec<&str> = base.iter().chain(extra).copied().collect();
+            let message = certs_args(&args)
+                .run(global)
+                .await
+                .expect_err(flag)
+                .to_string();
+            assert!(message.starts_with(flag), "{message}");
+            assert!(message.contains("not built yet"), "{message}");
+            assert!(!out.exists(), "nothing written before refusing {flag}");
+        }
+
+        let message = certs_args(&["--out", out_arg.as_str()])
+            .run(global)
+            .await
+            .expect_err("no service")
+            .to_string();
+        assert!(message.contains("--service"), "{message}");
+
+        let code = certs_args(&base).run(global).await.expect("generates");
+        assert_eq!(code, ExitCode::SUCCESS);
+        let (ca_cert, ca_key, tls_cert, tls_key) = paths(&out);
+        let ca = fs::read_to_string(&ca_cert).expect("ca");
+        let cert = fs::read_to_string(&tls_cert).expect("tls");
+        let key = fs::read_to_string(&tls_key).expect("key");
+        assert!(ca_key.exists());
+        assert_eq!(
+            serving_cert_problem(&ca, &cert, &key, &names(), SystemTime::now()),
+            None
+        );
     }
 }
