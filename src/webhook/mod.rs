@@ -118,16 +118,16 @@ pub struct Args {
     pub cert_dir: PathBuf,
 
     /// How often the certificate files are checked for a new pair.
-    #[arg(long, env = "JOBSET_INPLACE_CERT_RELOAD_INTERVAL", default_value = "5s", value_parser = parse_duration)]
+    #[arg(long, env = "JOBSET_INPLACE_CERT_RELOAD_INTERVAL", default_value = "5s", value_parser = parse_duration, value_name = "DURATION")]
     pub cert_reload_interval: Duration,
 
     /// Longest wait for a request's headers or a TLS handshake; idle keep-alive connections are
     /// closed after it as well.
-    #[arg(long, env = "JOBSET_INPLACE_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, env = "JOBSET_INPLACE_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]
     pub header_read_timeout: Duration,
 
     /// On SIGTERM/SIGINT, longest wait for in-flight requests.
-    #[arg(long, env = "JOBSET_INPLACE_SHUTDOWN_TIMEOUT", default_value = "25s", value_parser = parse_duration)]
+    #[arg(long, env = "JOBSET_INPLACE_SHUTDOWN_TIMEOUT", default_value = "25s", value_parser = parse_duration, value_name = "DURATION")]
     pub shutdown_timeout: Duration,
 
     #[command(flatten)]
