@@ -1,21 +1,282 @@
-//! The `webhook` subcommand. STUB: being built.
+//! The `webhook` subcommand: the HTTPS admission server (design.md §3, §4).
+//!
+//! - `POST /mutate`, `POST /validate` over TLS on `--addr` (default `0.0.0.0:8443`), answering
+//!   exactly what [`admission::review`] answers; 415 for a content type other than
+//!   `application/json`, 413 for a body over [`admission::MAX_BODY_BYTES`];
+//! - `/healthz`, `/readyz`, `/metrics` over plain HTTP on `--health-addr` (default
+//!   `0.0.0.0:8081`);
+//! - the serving certificate from `--tls-cert`/`--tls-key`, or generated with a CA into
+//!   `--cert-dir` when neither is given; reloaded when its files change;
+//! - graceful shutdown on SIGTERM/SIGINT.
+//!
+//! [`serve`] runs it all on listeners the caller bound (tests and benchmarks bind
+//! `127.0.0.1:0`).
 
+pub mod metrics;
+pub mod server;
+pub mod tls;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
+use tokio::net::TcpListener;
+
+pub use server::{ServeOptions, Webhook, health_router, router, serve};
+pub use tls::ReloadingCert;
+
+use crate::admission::{self, InjectionConfig, config::InjectionArgs};
+use crate::certs;
 use crate::cli::Global;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("webhook: {0}")]
-    Other(String),
+    #[error(
+        "--{given} is set but --{missing} (env {env}) is not: give both, or neither to use a generated pair in --cert-dir"
+    )]
+    HalfTlsPair {
+        given: &'static str,
+        missing: &'static str,
+        env: &'static str,
+    },
+    #[error("cannot read {path}: {reason}")]
+    Read { path: PathBuf, reason: String },
+    #[error("{path}: {reason}")]
+    Tls { path: PathBuf, reason: String },
+    #[error("cannot set up tls: {0}")]
+    TlsConfig(String),
+    #[error("cannot listen on {addr} ({flag}): {reason}")]
+    Bind {
+        flag: &'static str,
+        addr: SocketAddr,
+        reason: String,
+    },
+    #[error("--cert-dir {dir}: {source}")]
+    CertDir {
+        dir: PathBuf,
+        #[source]
+        source: certs::Error,
+    },
+}
+
+/// Parses `10s`, `500ms`, `2m`, `1h`, or a bare number of seconds.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: f64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration like 10s, 500ms, 2m"))?;
+    let seconds = match unit.trim() {
+        "" | "s" => number,
+        "ms" => number / 1000.0,
+        "m" => number * 60.0,
+        "h" => number * 3600.0,
+        other => return Err(format!("unknown unit {other:?} (expected ms, s, m or h)")),
+    };
+    Duration::try_from_secs_f64(seconds).map_err(|e| format!("{text:?}: {e}"))
 }
 
 /// Flags of `jobset-inplace webhook`.
 #[derive(Clone, Debug, clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// Address of the HTTPS admission endpoints (/mutate, /validate).
+    #[arg(
+        long,
+        env = "JOBSET_INPLACE_WEBHOOK_ADDR",
+        default_value = "0.0.0.0:8443"
+    )]
+    pub addr: SocketAddr,
+
+    /// Address of the plain-HTTP /healthz, /readyz and /metrics.
+    #[arg(
+        long,
+        env = "JOBSET_INPLACE_HEALTH_ADDR",
+        default_value = "0.0.0.0:8081"
+    )]
+    pub health_addr: SocketAddr,
+
+    /// Serving certificate (PEM, leaf first). With --tls-key; reloaded when the file changes.
+    #[arg(long, env = "JOBSET_INPLACE_TLS_CERT", value_name = "FILE")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// Private key of --tls-cert (PEM).
+    #[arg(long, env = "JOBSET_INPLACE_TLS_KEY", value_name = "FILE")]
+    pub tls_key: Option<PathBuf>,
+
+    /// Without --tls-cert/--tls-key: where a CA and a serving certificate for localhost,
+    /// 127.0.0.1 and ::1 are generated, and reused on the next start (trust ca.crt).
+    #[arg(
+        long,
+        env = "JOBSET_INPLACE_CERT_DIR",
+        default_value = "certs",
+        value_name = "DIR"
+    )]
+    pub cert_dir: PathBuf,
+
+    /// How often the certificate files are checked for a new pair.
+    #[arg(long, env = "JOBSET_INPLACE_CERT_RELOAD_INTERVAL", default_value = "5s", value_parser = parse_duration, value_name = "DURATION")]
+    pub cert_reload_interval: Duration,
+
+    /// Longest wait for a request's headers or a TLS handshake; idle keep-alive connections are
+    /// closed after it as well.
+    #[arg(long, env = "JOBSET_INPLACE_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]
+    pub header_read_timeout: Duration,
+
+    /// On SIGTERM/SIGINT, longest wait for in-flight requests.
+    #[arg(long, env = "JOBSET_INPLACE_SHUTDOWN_TIMEOUT", default_value = "25s", value_parser = parse_duration, value_name = "DURATION")]
+    pub shutdown_timeout: Duration,
+
+    #[command(flatten)]
+    pub injection: InjectionArgs,
+}
 
 impl Args {
-    pub async fn run(self, _global: Global) -> crate::Result<ExitCode> {
-        Err(crate::Error::NotBuilt("webhook"))
+    /// The certificate pair to serve: the flags, or a generated pair in --cert-dir.
+    async fn tls_files(&self) -> Result<(PathBuf, PathBuf), Error> {
+        match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => Ok((cert.clone(), key.clone())),
+            (Some(_), None) => Err(Error::HalfTlsPair {
+                given: "tls-cert",
+                missing: "tls-key",
+                env: "JOBSET_INPLACE_TLS_KEY",
+            }),
+            (None, Some(_)) => Err(Error::HalfTlsPair {
+                given: "tls-key",
+                missing: "tls-cert",
+                env: "JOBSET_INPLACE_TLS_CERT",
+            }),
+            (None, None) => {
+                let dir = self.cert_dir.clone();
+                let target = dir.clone();
+                let ensured = tokio::task::spawn_blocking(move || {
+                    certs::ensure(&target, &certs::local_names())
+                })
+                .await
+                .unwrap_or_else(|e| Err(certs::Error::Generate(e.to_string())))
+                .map_err(|source| Error::CertDir { dir, source })?;
+                let ca = ensured.ca_cert.display().to_string();
+                tracing::info!(
+                    ca = %ca,
+                    ca_action = ?ensured.ca,
+                    serving_action = ?ensured.serving,
+                    "no --tls-cert/--tls-key: serving a generated certificate for localhost, \
+                     127.0.0.1 and ::1; trust it with `curl --cacert {ca}`"
+                );
+                Ok((ensured.tls_cert, ensured.tls_key))
+            }
+        }
+    }
+
+    pub async fn run(self, global: Global) -> crate::Result<ExitCode> {
+        let config = InjectionConfig::load(&self.injection, global.protocol)
+            .map_err(admission::Error::from)?;
+        let (cert, key) = self.tls_files().await?;
+        let https = bind("--addr", self.addr).await?;
+        let health = bind("--health-addr", self.health_addr).await?;
+        let options = ServeOptions {
+            tls_cert: cert,
+            tls_key: key,
+            reload_interval: self.cert_reload_interval,
+            header_read_timeout: self.header_read_timeout,
+            shutdown_grace: self.shutdown_timeout,
+        };
+        serve(
+            https,
+            health,
+            Webhook::new(config),
+            options,
+            shutdown_signal(),
+        )
+        .await?;
+        Ok(ExitCode::SUCCESS)
+    }
+}
+
+async fn bind(flag: &'static str, addr: SocketAddr) -> Result<TcpListener, Error> {
+    TcpListener::bind(addr).await.map_err(|e| Error::Bind {
+        flag,
+        addr,
+        reason: e.to_string(),
+    })
+}
+
+/// Resolves on SIGTERM or SIGINT.
+pub async fn shutdown_signal() {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    let interrupt = async {
+        if let Err(e) = tokio::signal::ctrl_c().await {
+            tracing::warn!(error = %e, "cannot listen for SIGINT");
+            std::future::pending::<()>().await;
+        }
+    };
+    tokio::select! {
+        () = terminate => tracing::info!("SIGTERM received"),
+        () = interrupt => tracing::info!("SIGINT received"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::{Cli, Command};
+    use clap::Parser;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
+        assert!(parse_duration("ten").is_err());
+        assert!(parse_duration("5d").is_err());
+    }
+
+    fn webhook_args(args: &[&str]) -> Args {
+        let cli =
+            Cli::try_parse_from(["jobset-inplace", "webhook"].iter().chain(args)).expect("parses");
+        match cli.command {
+            Command::Webhook(args) => args,
+            other => panic!("not webhook: {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn half_a_tls_pair_is_a_one_line_error_naming_the_missing_flag() {
+        let args = webhook_args(&["--tls-cert", "/tmp/x.crt"]);
+        let err = args.run(Global::default()).await.expect_err("half pair");
+        let message = err.to_string();
+        assert!(message.contains("--tls-key"), "{message}");
+        assert!(message.contains("JOBSET_INPLACE_TLS_KEY"), "{message}");
+        assert!(!message.contains('\n'), "{message}");
+
+        let args = webhook_args(&["--tls-key", "/tmp/x.key"]);
+        let message = args.tls_files().await.expect_err("half pair").to_string();
+        assert!(
+            message.starts_with("--tls-key is set but --tls-cert"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn defaults() {
+        let args = webhook_args(&[]);
+        assert_eq!(args.addr.to_string(), "0.0.0.0:8443");
+        assert_eq!(args.health_addr.to_string(), "0.0.0.0:8081");
+        assert_eq!(args.cert_dir, PathBuf::from("certs"));
+        assert_eq!(args.shutdown_timeout, Duration::from_secs(25));
     }
 }

@@ -1,0 +1,479 @@
+//! Shared by `tests/webhook_tls.rs` and `benches/webhook.rs`: a webhook started in-process on
+//! ephemeral loopback ports with certificates generated into a temporary directory, and a
+//! minimal HTTP/1.1 client over tokio-rustls (one connection, keep-alive, peer certificate
+//! visible) trusting only the generated CA.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Parser as _;
+use jobset_inplace::admission::InjectionConfig;
+use jobset_inplace::certs;
+use jobset_inplace::cli::{Cli, Command};
+use jobset_inplace::webhook::{self, ServeOptions, Webhook};
+use rustls::pki_types::{CertificateDer, ServerName};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio_rustls::TlsConnector;
+
+pub fn install_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// The injection config of `jobset-inplace webhook` without flags (env may still set some).
+pub fn default_config() -> InjectionConfig {
+    config_from_flags(&[])
+}
+
+/// The injection config of `jobset-inplace webhook <flags>`.
+pub fn config_from_flags(flags: &[&str]) -> InjectionConfig {
+    let cli = Cli::try_parse_from(["jobset-inplace", "webhook"].iter().chain(flags))
+        .expect("webhook parses");
+    let global = cli.global();
+    match cli.command {
+        Command::Webhook(args) => {
+            InjectionConfig::load(&args.injection, global.protocol).expect("default config loads")
+        }
+        _ => unreachable!("parsed as webhook"),
+    }
+}
+
+pub struct TestServer {
+    pub https: SocketAddr,
+    pub health: SocketAddr,
+    pub dir: tempfile::TempDir,
+    pub config: InjectionConfig,
+    pub connector: TlsConnector,
+    shutdown: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<Result<(), webhook::Error>>>,
+}
+
+impl TestServer {
+    /// Starts a webhook on `127.0.0.1:0` (both listeners) with a CA and serving certificate
+    /// generated into a temporary directory, polling them every `reload_interval`, and waits
+    /// for `/readyz`.
+    pub async fn start(reload_interval: Duration) -> TestServer {
+        Self::start_with(reload_interval, default_config()).await
+    }
+
+    /// [`Self::start`] with an injection config.
+    pub async fn start_with(reload_interval: Duration, config: InjectionConfig) -> TestServer {
+        Self::start_custom(config, |options| options.reload_interval = reload_interval).await
+    }
+
+    /// [`Self::start`] with an injection config and options adjusted by `adjust`.
+    pub async fn start_custom(
+        config: InjectionConfig,
+        adjust: impl FnOnce(&mut ServeOptions),
+    ) -> TestServer {
+        install_provider();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ensured = certs::ensure(dir.path(), &certs::local_names()).expect("certs");
+        let https = TcpListener::bind("127.0.0.1:0").await.expect("bind https");
+        let health = TcpListener::bind("127.0.0.1:0").await.expect("bind health");
+        let https_addr = https.local_addr().expect("addr");
+        let health_addr = health.local_addr().expect("addr");
+        let mut options = ServeOptions::new(&ensured.tls_cert, &ensured.tls_key);
+        options.shutdown_grace = Duration::from_secs(5);
+        adjust(&mut options);
+        let (tx, rx) = oneshot::channel::<()>();
+        let task = tokio::spawn(webhook::serve(
+            https,
+            health,
+            Webhook::new(config.clone()),
+            options,
+            async move {
+                let _ = rx.await;
+            },
+        ));
+        let server = TestServer {
+            https: https_addr,
+            health: health_addr,
+            connector: connector_for(&ensured.ca_cert),
+            dir,
+            config,
+            shutdown: Some(tx),
+            task: Some(task),
+        };
+        for _ in 0..200 {
+            if let Ok((200, _)) = server.health_get("/readyz").await {
+                return server;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("the webhook did not get ready");
+    }
+
+    pub fn ca_cert(&self) -> PathBuf {
+        self.dir.path().join(certs::CA_CERT_FILE)
+    }
+
+    /// GET on the plain-HTTP health listener: (status, body).
+    pub async fn health_get(&self, path: &str) -> std::io::Result<(u16, String)> {
+        let mut tcp = TcpStream::connect(self.health).await?;
+        let request =
+            format!("GET {path} HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n");
+        tcp.write_all(request.as_bytes()).await?;
+        let mut raw = Vec::new();
+        tcp.read_to_end(&mut raw).await?;
+        let response =
+            parse_response(&raw).ok_or_else(|| std::io::Error::other("incomplete response"))?;
+        Ok((
+            response.status,
+            String::from_utf8_lossy(&response.body).into_owned(),
+        ))
+    }
+
+    /// A new TLS connection to the HTTPS listener.
+    pub async fn connect(&self) -> std::io::Result<Conn> {
+        Conn::connect(self.https, &self.connector).await
+    }
+
+    /// Triggers the shutdown without waiting for it.
+    pub fn trigger_shutdown(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+    }
+
+    /// Shuts the server down and checks `serve` returned `Ok` in time.
+    pub async fn stop(mut self) {
+        self.trigger_shutdown();
+        if let Some(task) = self.task.take() {
+            let result = tokio::time::timeout(Duration::from_secs(10), task)
+                .await
+                .expect("serve returns after shutdown")
+                .expect("serve task did not panic");
+            result.expect("serve returned Ok");
+        }
+    }
+
+    /// Waits for the serve task to end, after [`Self::trigger_shutdown`].
+    pub async fn join(&mut self, limit: Duration) -> Result<(), webhook::Error> {
+        let task = self.task.take().expect("not joined yet");
+        tokio::time::timeout(limit, task)
+            .await
+            .expect("serve returns in time")
+            .expect("serve task did not panic")
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        self.trigger_shutdown();
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
+/// A rustls client config trusting only the CA in `ca_cert` (ring provider).
+pub fn client_config(ca_cert: &Path) -> rustls::ClientConfig {
+    let pem = std::fs::read(ca_cert).expect("read ca.crt");
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in certs::parse_certs(&pem, ca_cert).expect("parse ca.crt") {
+        roots.add(cert).expect("trust anchor");
+    }
+    rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth()
+}
+
+pub fn connector_for(ca_cert: &Path) -> TlsConnector {
+    TlsConnector::from(Arc::new(client_config(ca_cert)))
+}
+
+/// An HTTP response: status, lower-cased headers, body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Response {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Response {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// Parses one complete response with a `content-length` (or delimited by the end of `raw`).
+/// `None` while incomplete.
+pub fn parse_response(raw: &[u8]) -> Option<Response> {
+    let (response, _) = parse_response_prefix(raw, true)?;
+    Some(response)
+}
+
+fn parse_response_prefix(raw: &[u8], eof: bool) -> Option<(Response, usize)> {
+    let head_end = raw.windows(4).position(|w| w == b"\r\n\r\n")? + 4;
+    let head = std::str::from_utf8(&raw[..head_end]).ok()?;
+    let mut lines = head.split("\r\n");
+    let status = lines.next()?.split(' ').nth(1)?.parse().ok()?;
+    let headers: Vec<(String, String)> = lines
+        .filter(|l| !l.is_empty())
+        .filter_map(|l| {
+            let (n, v) = l.split_once(':')?;
+            Some((n.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        })
+        .collect();
+    let length = headers
+        .iter()
+        .find(|(n, _)| n == "content-length")
+        .and_then(|(_, v)| v.parse::<usize>().ok());
+    let end = match length {
+        Some(len) if raw.len() >= head_end + len => head_end + len,
+        Some(_) => return None,
+        None if eof => raw.len(),
+        None => return None,
+    };
+    Some((
+        Response {
+            status,
+            headers,
+            body: raw[head_end..end].to_vec(),
+        },
+        end,
+    ))
+}
+
+/// One TLS connection speaking HTTP/1.1 with keep-alive.
+pub struct Conn {
+    stream: tokio_rustls::client::TlsStream<TcpStream>,
+    buf: Vec<u8>,
+}
+
+impl Conn {
+    pub async fn connect(addr: SocketAddr, connector: &TlsConnector) -> std::io::Result<Conn> {
+        let tcp = TcpStream::connect(addr).await?;
+        tcp.set_nodelay(true)?;
+        let name = ServerName::try_from("localhost").expect("name");
+        let stream = connector.connect(name, tcp).await?;
+        Ok(Conn {
+            stream,
+            buf: Vec::with_capacity(16 * 1024),
+        })
+    }
+
+    /// The server's leaf certificate (DER).
+    pub fn peer_certificate(&self) -> Option<CertificateDer<'static>> {
+        self.stream
+            .get_ref()
+            .1
+            .peer_certificates()
+            .and_then(|certs| certs.first())
+            .map(|c| c.clone().into_owned())
+    }
+
+    /// Encodes a request with a body and `content-length`.
+    pub fn encode(method: &str, path: &str, content_type: Option<&str>, body: &[u8]) -> Vec<u8> {
+        let mut request = format!(
+            "{method} {path} HTTP/1.1\r\nhost: localhost\r\ncontent-length: {}\r\n",
+            body.len()
+        );
+        if let Some(ct) = content_type {
+            request.push_str(&format!("content-type: {ct}\r\n"));
+        }
+        request.push_str("\r\n");
+        let mut bytes = request.into_bytes();
+        bytes.extend_from_slice(body);
+        bytes
+    }
+
+    pub async fn send(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        self.stream.write_all(bytes).await?;
+        self.stream.flush().await
+    }
+
+    /// Reads one response (the connection stays usable when the server keeps it alive).
+    pub async fn read_response(&mut self) -> std::io::Result<Response> {
+        let mut chunk = [0u8; 16 * 1024];
+        loop {
+            if let Some((response, used)) = parse_response_prefix(&self.buf, false) {
+                self.buf.drain(..used);
+                return Ok(response);
+            }
+            let n = self.stream.read(&mut chunk).await?;
+            if n == 0 {
+                return match parse_response_prefix(&self.buf, true) {
+                    Some((response, _)) => {
+                        self.buf.clear();
+                        Ok(response)
+                    }
+                    None => Err(std::io::Error::new(
+                        std::io::ErrorKind::UnexpectedEof,
+                        "connection closed before a complete response",
+                    )),
+                };
+            }
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+
+    pub async fn request(
+        &mut self,
+        method: &str,
+        path: &str,
+        content_type: Option<&str>,
+        body: &[u8],
+    ) -> std::io::Result<Response> {
+        self.send(&Self::encode(method, path, content_type, body))
+            .await?;
+        self.read_response().await
+    }
+
+    /// POSTs `body` as `application/json`.
+    pub async fn post_json(&mut self, path: &str, body: &[u8]) -> std::io::Result<Response> {
+        self.request("POST", path, Some("application/json"), body)
+            .await
+    }
+}
+
+/// One `fixtures/admission/<case>/`: its name, its request as JSON bytes, its `config.yaml`.
+pub struct Fixture {
+    pub name: String,
+    pub body: Vec<u8>,
+    pub config: Option<PathBuf>,
+}
+
+/// Every `fixtures/admission/<case>/request.{json,yaml,yml}` (YAML converted to JSON).
+pub fn fixture_requests() -> Vec<Fixture> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/admission");
+    let Ok(entries) = std::fs::read_dir(&root) else {
+        return Vec::new();
+    };
+    let mut cases: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_dir())
+        .collect();
+    cases.sort();
+    let mut requests = Vec::new();
+    for case in cases {
+        let name = case
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let json = case.join("request.json");
+        let yaml = ["request.yaml", "request.yml"]
+            .into_iter()
+            .map(|f| case.join(f))
+            .find(|p| p.exists());
+        let config = Some(case.join("config.yaml")).filter(|p| p.exists());
+        let body = if json.exists() {
+            std::fs::read(&json).expect("read request.json")
+        } else if let Some(yaml) = yaml {
+            let text = std::fs::read_to_string(&yaml).expect("read request.yaml");
+            let value: serde_json::Value =
+                serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", yaml.display()));
+            serde_json::to_vec(&value).expect("to json")
+        } else {
+            continue;
+        };
+        requests.push(Fixture { name, body, config });
+    }
+    requests
+}
+
+/// A JobSet AdmissionReview request (CREATE) with `replicated_jobs` replicated jobs, each with a
+/// rich pod template (`env_vars` env vars per container, volumes, affinity, tolerations).
+pub fn jobset_review(uid: &str, replicated_jobs: usize, env_vars: usize) -> Vec<u8> {
+    use serde_json::json;
+    let rjobs: Vec<serde_json::Value> = (0..replicated_jobs)
+        .map(|i| {
+            let env: Vec<serde_json::Value> = (0..env_vars)
+                .map(|e| json!({"name": format!("WORKER_SETTING_{i}_{e}"), "value": format!("value-{e}-of-a-reasonably-long-setting")}))
+                .collect();
+            json!({
+                "name": format!("workers-{i}"),
+                "replicas": 2,
+                "template": {
+                    "spec": {
+                        "parallelism": 4,
+                        "completions": 4,
+                        "backoffLimit": 2147483647,
+                        "podReplacementPolicy": "Failed",
+                        "template": {
+                            "metadata": {"labels": {"app": "trainer", "role": format!("workers-{i}")}},
+                            "spec": {
+                                "restartPolicy": "OnFailure",
+                                "containers": [{
+                                    "name": "trainer",
+                                    "image": "registry.example.com/ml/trainer:v1.2.3",
+                                    "command": ["python", "-m", "trainer", "--epochs", "100"],
+                                    "env": env,
+                                    "resources": {
+                                        "requests": {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": "8"},
+                                        "limits": {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": "8"}
+                                    },
+                                    "volumeMounts": [
+                                        {"name": "data", "mountPath": "/data", "readOnly": true},
+                                        {"name": "checkpoints", "mountPath": "/checkpoints"},
+                                        {"name": "shm", "mountPath": "/dev/shm"}
+                                    ],
+                                    "ports": [{"containerPort": 29500, "name": "dist"}]
+                                }],
+                                "volumes": [
+                                    {"name": "data", "persistentVolumeClaim": {"claimName": "dataset"}},
+                                    {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "checkpoints"}},
+                                    {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}}
+                                ],
+                                "affinity": {
+                                    "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [
+                                        {"key": "cloud.example.com/accelerator", "operator": "In", "values": ["h100", "a100"]},
+                                        {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["zone-a", "zone-b"]}
+                                    ]}]}},
+                                    "podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "podAffinityTerm": {
+                                        "labelSelector": {"matchLabels": {"app": "trainer"}},
+                                        "topologyKey": "kubernetes.io/hostname"
+                                    }}]}
+                                },
+                                "tolerations": [
+                                    {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+                                    {"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}
+                                ]
+                            }
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    let jobset = json!({
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": {"name": "trainer", "namespace": "ml", "labels": {"team": "research"}},
+        "spec": {
+            "failurePolicy": {"maxRestarts": 10, "restartStrategy": "InPlaceRestart"},
+            "replicatedJobs": rjobs
+        }
+    });
+    let review = json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": uid,
+            "kind": {"group": "jobset.x-k8s.io", "version": "v1alpha2", "kind": "JobSet"},
+            "resource": {"group": "jobset.x-k8s.io", "version": "v1alpha2", "resource": "jobsets"},
+            "requestKind": {"group": "jobset.x-k8s.io", "version": "v1alpha2", "kind": "JobSet"},
+            "requestResource": {"group": "jobset.x-k8s.io", "version": "v1alpha2", "resource": "jobsets"},
+            "name": "trainer",
+            "namespace": "ml",
+            "operation": "CREATE",
+            "userInfo": {"username": "alice", "groups": ["system:authenticated"]},
+            "object": jobset,
+            "oldObject": null,
+            "dryRun": false,
+            "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"}
+        }
+    });
+    serde_json::to_vec(&review).expect("serialize")
+}
