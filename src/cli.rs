@@ -1,6 +1,8 @@
 //! The command line: global flags and one subcommand per component. Every flag can also be set
 //! from an environment variable (shown in `--help`).
 
+use std::time::Duration;
+
 use clap::{Parser, Subcommand};
 
 use crate::protocol::Dialect;
@@ -110,6 +112,26 @@ pub fn one_line_error(err: &clap::Error) -> String {
         line.push_str(&format!("; expected one of: {}", values.join(", ")));
     }
     line
+}
+
+/// Parses `10s`, `500ms`, `2m`, `1h`, or a bare number of seconds.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: f64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration like 10s, 500ms, 2m"))?;
+    let seconds = match unit.trim() {
+        "" | "s" => number,
+        "ms" => number / 1000.0,
+        "m" => number * 60.0,
+        "h" => number * 3600.0,
+        other => return Err(format!("unknown unit {other:?} (expected ms, s, m or h)")),
+    };
+    Duration::try_from_secs_f64(seconds).map_err(|e| format!("{text:?}: {e}"))
 }
 
 /// Resolves on SIGTERM or SIGINT.

@@ -101,15 +101,15 @@ pub fn health_router(health: Health) -> axum::Router {
     use axum::http::{StatusCode, header};
     use axum::routing::get;
     axum::Router::new()
-        .route("/healthz", get(|| async { "ok" }))
+        .route("/healthz", get(|| async { "ok\n" }))
         .route(
             "/readyz",
             get(
                 |axum::extract::State(h): axum::extract::State<Health>| async move {
                     if (h.ready)() {
-                        (StatusCode::OK, "ready")
+                        (StatusCode::OK, "ok\n")
                     } else {
-                        (StatusCode::SERVICE_UNAVAILABLE, "not ready")
+                        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
                     }
                 },
             ),

@@ -13,7 +13,7 @@ use prometheus_client::registry::{Registry, Unit};
 use crate::admission::{Endpoint, Outcome};
 
 /// The content type of [`Metrics::encode`]'s output.
-pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+pub const CONTENT_TYPE: &str = crate::telemetry::METRICS_CONTENT_TYPE;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RequestLabels {

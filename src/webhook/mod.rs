@@ -28,7 +28,7 @@ pub use tls::ReloadingCert;
 
 use crate::admission::{self, InjectionConfig, config::InjectionArgs};
 use crate::certs;
-use crate::cli::Global;
+use crate::cli::{Global, parse_duration};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -58,26 +58,6 @@ pub enum Error {
         #[source]
         source: certs::Error,
     },
-}
-
-/// Parses `10s`, `500ms`, `2m`, `1h`, or a bare number of seconds.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let number: f64 = number
-        .parse()
-        .map_err(|_| format!("{text:?} is not a duration like 10s, 500ms, 2m"))?;
-    let seconds = match unit.trim() {
-        "" | "s" => number,
-        "ms" => number / 1000.0,
-        "m" => number * 60.0,
-        "h" => number * 3600.0,
-        other => return Err(format!("unknown unit {other:?} (expected ms, s, m or h)")),
-    };
-    Duration::try_from_secs_f64(seconds).map_err(|e| format!("{text:?}: {e}"))
 }
 
 /// Flags of `jobset-inplace webhook`.
@@ -189,7 +169,7 @@ impl Args {
             health,
             Webhook::new(config),
             options,
-            shutdown_signal(),
+            crate::cli::shutdown_signal(),
         )
         .await?;
         Ok(ExitCode::SUCCESS)
@@ -202,31 +182,6 @@ async fn bind(flag: &'static str, addr: SocketAddr) -> Result<TcpListener, Error
         addr,
         reason: e.to_string(),
     })
-}
-
-/// Resolves on SIGTERM or SIGINT.
-pub async fn shutdown_signal() {
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot listen for SIGTERM");
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    let interrupt = async {
-        if let Err(e) = tokio::signal::ctrl_c().await {
-            tracing::warn!(error = %e, "cannot listen for SIGINT");
-            std::future::pending::<()>().await;
-        }
-    };
-    tokio::select! {
-        () = terminate => tracing::info!("SIGTERM received"),
-        () = interrupt => tracing::info!("SIGINT received"),
-    }
 }
 
 #[cfg(test)]

@@ -26,7 +26,7 @@ use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 
 use super::Error;
-use super::metrics::{self, Metrics};
+use super::metrics::Metrics;
 use super::tls::{ReloadingCert, server_config};
 use crate::admission::{self, Endpoint, InjectionConfig, Outcome, Reply};
 
@@ -84,11 +84,11 @@ pub fn router(webhook: Arc<Webhook>) -> Router {
 
 /// The plain-HTTP routes: `/healthz`, `/readyz`, `/metrics`.
 pub fn health_router(webhook: Arc<Webhook>) -> Router {
-    Router::new()
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics_text))
-        .with_state(webhook)
+    let ready = webhook.clone();
+    crate::telemetry::health_router(crate::telemetry::Health::new(
+        move || ready.is_ready(),
+        move || webhook.metrics.encode(),
+    ))
 }
 
 async fn mutate(State(webhook): State<Arc<Webhook>>, request: Request) -> Response {
@@ -220,29 +220,6 @@ async fn ping(request: Request) -> Response {
         Ok(_) => json_response(200, b"{}".to_vec()),
         Err(reply) => json_response(reply.http_status, reply.body),
     }
-}
-
-async fn healthz() -> &'static str {
-    "ok\n"
-}
-
-async fn readyz(State(webhook): State<Arc<Webhook>>) -> Response {
-    if webhook.is_ready() {
-        (StatusCode::OK, "ok\n").into_response()
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n").into_response()
-    }
-}
-
-async fn metrics_text(State(webhook): State<Arc<Webhook>>) -> Response {
-    (
-        [(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static(metrics::CONTENT_TYPE),
-        )],
-        webhook.metrics.encode(),
-    )
-        .into_response()
 }
 
 /// How [`serve`] runs.
@@ -644,7 +621,10 @@ mod tests {
         );
         let (status, content_type, body) = call(health_router(hook), get("/metrics")).await;
         assert_eq!(status, 200);
-        assert_eq!(content_type.as_deref(), Some(metrics::CONTENT_TYPE));
+        assert_eq!(
+            content_type.as_deref(),
+            Some(super::super::metrics::CONTENT_TYPE)
+        );
         assert!(String::from_utf8_lossy(&body).contains("jobset_inplace_build_info"));
     }
 }
