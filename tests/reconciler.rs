@@ -59,6 +59,16 @@ impl Running {
     }
 }
 
+impl Running {
+    /// Waits for the reconciler to end by itself.
+    async fn task_result(mut self) -> Result<(), reconciler::Error> {
+        match (&mut self.task).await {
+            Ok(result) => result,
+            Err(e) => panic!("reconciler task panicked: {e}"),
+        }
+    }
+}
+
 impl Drop for Running {
     fn drop(&mut self) {
         self.task.abort();
@@ -508,6 +518,98 @@ async fn crd_without_the_dialect_fields_stops_the_reconciler() {
         run.await
             .expect("joins")
             .expect("runs with the attempt dialect");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn readiness_and_metrics_on_the_health_port() {
+    bounded(async {
+        let w = World::new(Dialect::Epoch, &[(1, 2)], 10).await;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (stop, stopped) = oneshot::channel::<()>();
+        let run = tokio::spawn(reconciler::run(
+            w.server.client(),
+            options(Dialect::Epoch, "r1", None),
+            Some(listener),
+            async {
+                let _ = stopped.await;
+            },
+        ));
+        let get = |path: &str| {
+            let url = format!("http://{addr}{path}");
+            async move {
+                let r = reqwest::get(url).await.expect("health server answers");
+                (r.status().as_u16(), r.text().await.unwrap_or_default())
+            }
+        };
+        let deadline = tokio::time::Instant::now() + LIMIT;
+        while get("/readyz").await.0 != 200 {
+            assert!(tokio::time::Instant::now() < deadline, "never ready");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(get("/healthz").await.0, 200);
+        w.set_epoch(0, 1);
+        w.set_epoch(1, 1);
+        w.until("sync", |w| w.synced() == Some(1)).await;
+        w.set_epoch(0, 2);
+        w.set_epoch(1, 2);
+        w.until("sync 2", |w| w.synced() == Some(2)).await;
+        let (status, metrics) = get("/metrics").await;
+        assert_eq!(status, 200);
+        for line in [
+            "jobset_inplace_reconciler_group_restarts_total 1",
+            "jobset_inplace_reconciler_group_restart_duration_seconds_count 1",
+            "jobset_inplace_reconciler_pods_tracked 2",
+            "jobset_inplace_reconciler_is_leader 1",
+        ] {
+            assert!(metrics.contains(line), "{line} missing from\n{metrics}");
+        }
+        assert!(
+            metrics.contains(
+                "jobset_inplace_reconciler_status_writes_total{field=\"synced\",result=\"ok\"} 2"
+            ),
+            "{metrics}"
+        );
+        let _ = stop.send(());
+        run.await.expect("joins").expect("clean stop");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn losing_the_lease_stops_with_an_error() {
+    bounded(async {
+        let w = World::new(Dialect::Epoch, &[(1, 2)], 10).await;
+        let lease = LeaderElection {
+            lease_name: "jobset-inplace-reconciler".into(),
+            lease_namespace: "jobset-inplace-system".into(),
+            duration: Duration::from_secs(2),
+            grace: Duration::from_secs(1),
+        };
+        let r = Running::start(&w.server, options(Dialect::Epoch, "a", Some(lease)));
+        w.set_epoch(0, 1);
+        w.set_epoch(1, 1);
+        w.until("sync", |w| w.synced() == Some(1)).await;
+        // Another holder takes the lease over (as after a long pause of this process).
+        let now = k8s_openapi::jiff::Timestamp::now();
+        w.server
+            .patch(
+                "leases",
+                "jobset-inplace-system",
+                "jobset-inplace-reconciler",
+                &json!({"spec": {"holderIdentity": "intruder", "leaseDurationSeconds": 3600,
+                                  "acquireTime": now.to_string(), "renewTime": now.to_string()}}),
+            )
+            .expect("lease");
+        let outcome = tokio::time::timeout(LIMIT, r.task_result())
+            .await
+            .expect("stops by itself");
+        let err = outcome.expect_err("losing the lease is an error");
+        assert!(matches!(err, reconciler::Error::LostLease { .. }), "{err}");
     })
     .await;
 }
