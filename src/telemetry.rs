@@ -28,8 +28,10 @@ pub fn init_logging(format: LogFormat, level: &str) -> Result<(), Error> {
         level: level.to_owned(),
         reason: e.to_string(),
     })?;
+    use std::io::IsTerminal;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     // A second initialisation (tests) is not an error worth failing on.
     let _ = match format {
