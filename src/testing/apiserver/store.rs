@@ -912,16 +912,7 @@ impl Store {
             return Err(ApiError::not_found(rt, name));
         }
         normalize_type(rt, &mut obj)?;
-        with_meta(&mut obj, |m| {
-            if m.get("name")
-                .and_then(Value::as_str)
-                .is_some_and(|n| !n.is_empty() && n != name)
-            {
-                return Err(name_mismatch(m, name));
-            }
-            m.insert("name".into(), json!(name));
-            Ok(())
-        })?;
+        set_name(&mut obj, name)?;
         Ok((self.create_inner(res, ns, obj, wo, None)?, true))
     }
 
@@ -1083,16 +1074,7 @@ impl Store {
             }
         }
         normalize_type(rt, &mut cfg)?;
-        with_meta(&mut cfg, |m| {
-            if m.get("name")
-                .and_then(Value::as_str)
-                .is_some_and(|n| !n.is_empty() && n != name)
-            {
-                return Err(name_mismatch(m, name));
-            }
-            m.insert("name".into(), json!(name));
-            Ok(())
-        })?;
+        set_name(&mut cfg, name)?;
         match cur {
             None if part == Part::Status => Err(ApiError::not_found(rt, name)),
             None => Ok((
@@ -1268,6 +1250,20 @@ fn name_mismatch(m: &Map<String, Value>, url_name: &str) -> ApiError {
     ApiError::bad_request(format!(
         "the name of the object ({given}) does not match the name on the URL ({url_name})"
     ))
+}
+
+/// Sets `metadata.name` to the name in the URL; a different non-empty name in the body is a 400.
+fn set_name(obj: &mut Value, name: &str) -> Result<(), ApiError> {
+    with_meta(obj, |m| {
+        if m.get("name")
+            .and_then(Value::as_str)
+            .is_some_and(|n| !n.is_empty() && n != name)
+        {
+            return Err(name_mismatch(m, name));
+        }
+        m.insert("name".into(), json!(name));
+        Ok(())
+    })
 }
 
 /// Key bounds of one namespace (or everything).
