@@ -254,6 +254,26 @@ impl JobSet {
             .sum()
     }
 
+    /// The service account each replicatedJob's pod template names (`serviceAccountName`, else
+    /// the deprecated `serviceAccount`), `None` where it names none.
+    pub fn pod_service_accounts(&self) -> Vec<Option<String>> {
+        self.replicated_jobs()
+            .iter()
+            .map(|rj| {
+                let pod_spec = rj
+                    .template
+                    .as_ref()
+                    .and_then(|t| t.spec.as_ref())
+                    .and_then(|s| s.template.as_ref())
+                    .and_then(|t| t.get("spec"));
+                ["serviceAccountName", "serviceAccount"]
+                    .iter()
+                    .find_map(|k| pod_spec?.get(*k)?.as_str().filter(|s| !s.is_empty()))
+                    .map(str::to_owned)
+            })
+            .collect()
+    }
+
     /// The dialect's epoch fields of the status.
     pub fn epoch_status(&self, dialect: Dialect) -> EpochStatus {
         dialect.read_status(self.status.as_ref().map(|s| &s.extra))
@@ -307,6 +327,7 @@ mod tests {
         let st = js.epoch_status(Dialect::Epoch);
         assert_eq!((st.deprecated, st.synced), (Some(3), Some(4)));
         assert_eq!(js.epoch_status(Dialect::Attempt), EpochStatus::default());
+        assert_eq!(js.pod_service_accounts(), vec![None]);
     }
 
     #[test]
@@ -322,6 +343,10 @@ mod tests {
             let js: JobSet = serde_json::from_value(v.clone()).expect("jobset");
             assert_eq!(serde_json::to_value(&js).expect("serializes"), v, "{name}");
             assert_eq!(js.expected_pods(), 4, "{name}");
+            assert_eq!(
+                js.pod_service_accounts(),
+                vec![Some("jobset-in-place-restart".to_owned())]
+            );
             assert!(js.is_in_place_restart());
         }
     }

@@ -22,6 +22,7 @@ fn options(dialect: Dialect, identity: &str, leader: Option<LeaderElection>) -> 
             workers: 2,
             debounce: Duration::from_millis(5),
             identity: identity.to_owned(),
+            provision: None,
         },
         leader_election: leader,
         check_crd: false,
@@ -610,6 +611,72 @@ async fn losing_the_lease_stops_with_an_error() {
             .expect("stops by itself");
         let err = outcome.expect_err("losing the lease is an error");
         assert!(matches!(err, reconciler::Error::LostLease { .. }), "{err}");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn provisions_the_agent_service_account_and_binding() {
+    bounded(async {
+        let w = World::new(Dialect::Epoch, &[(1, 2)], 10).await;
+        let mut custom = jobset("custom", &[(1, 1)], 10);
+        custom["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["serviceAccountName"] =
+            json!("trainer");
+        w.server.create("jobsets", custom).expect("custom jobset");
+        let mut recreate = jobset("plain", &[(1, 1)], 10);
+        recreate["metadata"]["namespace"] = json!("not-in-place");
+        recreate["spec"]["failurePolicy"]["restartStrategy"] = json!("Recreate");
+        w.server.create("jobsets", recreate).expect("recreate jobset");
+        w.server
+            .create(
+                "namespaces",
+                json!({"apiVersion": "v1", "kind": "Namespace",
+                       "metadata": {"name": "ahead", "labels": {"jobset-inplace.dev/enabled": "true"}}}),
+            )
+            .expect("namespace");
+        let mut opts = options(Dialect::Epoch, "r1", None);
+        opts.settings.provision = Some(reconciler::provision::ProvisionSettings::default());
+        let r = Running::start(&w.server, opts.clone());
+
+        let binding = |ns: &str| w.server.get("rolebindings", ns, "jobset-inplace-agent");
+        let subjects = |ns: &str| -> Vec<String> {
+            binding(ns)
+                .and_then(|b| b["subjects"].as_array().cloned())
+                .unwrap_or_default()
+                .iter()
+                .filter_map(|s| s["name"].as_str().map(str::to_owned))
+                .collect()
+        };
+        w.until("team-a provisioned", |_| subjects(NS) == ["jobset-inplace-agent", "trainer"]).await;
+        w.until("labelled namespace provisioned", |_| subjects("ahead") == ["jobset-inplace-agent"]).await;
+        for ns in [NS, "ahead"] {
+            assert!(w.server.get("serviceaccounts", ns, "jobset-inplace-agent").is_some(), "{ns}");
+            assert_eq!(binding(ns).expect("binding")["roleRef"]["name"], "jobset-inplace-agent");
+        }
+        assert!(binding("not-in-place").is_none(), "no InPlaceRestart JobSet there");
+
+        // Another field manager's label survives; a pod change causes no re-apply; a fresh
+        // reconciler applies the same objects again without changing them.
+        w.server
+            .patch("rolebindings", NS, "jobset-inplace-agent", &json!({"metadata": {"labels": {"team": "a"}}}))
+            .expect("label");
+        let rv = |res: &str| {
+            w.server.get(res, NS, "jobset-inplace-agent").expect("object")["metadata"]["resourceVersion"].clone()
+        };
+        let (sa_rv, rb_rv) = (rv("serviceaccounts"), rv("rolebindings"));
+        w.set_epoch(0, 1);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        r.stop().await.expect("stops");
+        let writes = w.server.counters();
+        let r = Running::start(&w.server, opts);
+        w.until("re-applied", |w| {
+            w.server.counters().since(&writes).get(Verb::Patch, "rolebindings") >= 1
+        })
+        .await;
+        assert_eq!(rv("serviceaccounts"), sa_rv, "idempotent");
+        assert_eq!(rv("rolebindings"), rb_rv, "idempotent");
+        assert_eq!(binding(NS).expect("binding")["metadata"]["labels"]["team"], "a");
+        r.stop().await.expect("stops");
     })
     .await;
 }

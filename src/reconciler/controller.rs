@@ -23,6 +23,7 @@ use tokio::task::JoinSet;
 
 use super::index::{Index, JobSetState, Key, WatchedPod, reconcile_input};
 use super::metrics::Metrics;
+use super::provision::{self, ProvisionSettings};
 use crate::jobset::{self, JobSet};
 use crate::protocol::{Decision, Dialect, Epoch, JOBSET_NAME_LABEL, reconcile_decide};
 
@@ -32,6 +33,8 @@ pub const REACHED_MAX_RESTARTS: &str = "ReachedMaxRestarts";
 pub const CONTROLLER_NAME: &str = "jobset-inplace-reconciler";
 /// Events waiting to be published; past this, new events are dropped (and logged).
 const EVENT_QUEUE: usize = 1024;
+/// How often the provisioner applies everything again.
+const PROVISION_RESYNC: Duration = Duration::from_secs(600);
 /// Status writes retried at once after a 409 before the key goes back to the queue.
 const CONFLICT_RETRIES: usize = 3;
 
@@ -47,6 +50,8 @@ pub struct Settings {
     pub debounce: Duration,
     /// This replica's name, as the reporting instance of its events.
     pub identity: String,
+    /// Provision the agent's service account and RoleBinding per namespace; off when `None`.
+    pub provision: Option<ProvisionSettings>,
 }
 
 /// Errors of one reconcile; the JobSet is retried with backoff.
@@ -145,6 +150,10 @@ struct Shared {
     /// Keys with a retry pending, and their consecutive failures.
     retries: Mutex<HashMap<Key, u32>>,
     events: mpsc::Sender<(ObjectReference, KubeEvent)>,
+    /// Namespaces labelled for provisioning ahead of any JobSet.
+    enabled_namespaces: Mutex<std::collections::BTreeSet<String>>,
+    /// Wakes the provisioner when JobSets or labelled namespaces change.
+    provision_wake: Notify,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -178,6 +187,8 @@ impl Controller {
             reported: Mutex::new(HashSet::new()),
             retries: Mutex::new(HashMap::new()),
             events: events_tx,
+            enabled_namespaces: Mutex::new(std::collections::BTreeSet::new()),
+            provision_wake: Notify::new(),
             client,
             settings,
         });
@@ -186,6 +197,10 @@ impl Controller {
         tasks.spawn(watch_pods(shared.clone()));
         tasks.spawn(publish_events(shared.clone(), events_rx));
         tasks.spawn(follow_leadership(shared.clone()));
+        if shared.settings.provision.is_some() {
+            tasks.spawn(watch_namespaces(shared.clone()));
+            tasks.spawn(provision_loop(shared.clone()));
+        }
         for _ in 0..shared.settings.workers.max(1) {
             tasks.spawn(work(shared.clone()));
         }
@@ -301,6 +316,93 @@ async fn watch_pods(shared: Arc<Shared>) {
         for key in changed {
             shared.queue.add(key);
         }
+    }
+}
+
+/// Follows the namespaces labelled `jobset-inplace.dev/enabled=true`.
+async fn watch_namespaces(shared: Arc<Shared>) {
+    let api: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(shared.client.clone());
+    let config = watcher::Config::default()
+        .labels(&format!("{}=true", provision::ENABLED_LABEL))
+        .any_semantic();
+    let stream = watcher(api, config).default_backoff();
+    futures::pin_mut!(stream);
+    let mut relist: Option<std::collections::BTreeSet<String>> = None;
+    while let Some(event) = stream.next().await {
+        let mut enabled = lock(&shared.enabled_namespaces);
+        match event {
+            Ok(Event::Init) => relist = Some(std::collections::BTreeSet::new()),
+            Ok(Event::InitApply(ns)) => {
+                if let (Some(seen), Some(name)) = (relist.as_mut(), ns.metadata.name) {
+                    seen.insert(name);
+                }
+            }
+            Ok(Event::InitDone) => {
+                if let Some(seen) = relist.take() {
+                    *enabled = seen;
+                }
+            }
+            Ok(Event::Apply(ns)) => {
+                enabled.extend(ns.metadata.name);
+            }
+            Ok(Event::Delete(ns)) => {
+                if let Some(name) = ns.metadata.name {
+                    enabled.remove(&name);
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "namespace watch failed; retrying"),
+        }
+        drop(enabled);
+        shared.provision_wake.notify_one();
+    }
+}
+
+/// Keeps every namespace's agent ServiceAccount and RoleBinding as the JobSets need them. Runs
+/// on the leader, once the JobSet cache is complete (a partial view would drop subjects). What is
+/// no longer needed is left in place: a binding removed under a running pod would strand it.
+async fn provision_loop(shared: Arc<Shared>) {
+    let Some(settings) = shared.settings.provision.clone() else {
+        return;
+    };
+    let mut applied: HashMap<String, std::collections::BTreeSet<String>> = HashMap::new();
+    let mut leader = shared.leader.clone();
+    let mut last_full_pass = Instant::now();
+    loop {
+        if leader.wait_for(|l| *l).await.is_err() {
+            return;
+        }
+        // Every so often everything is applied again (a no-op unless someone removed or changed
+        // it), so a deleted ServiceAccount or RoleBinding comes back.
+        if last_full_pass.elapsed() > PROVISION_RESYNC {
+            applied.clear();
+            last_full_pass = Instant::now();
+        }
+        if shared.jobsets_synced.load(Ordering::Acquire) {
+            let named = lock(&shared.index).service_accounts_by_namespace();
+            let enabled = lock(&shared.enabled_namespaces).clone();
+            let desired = provision::desired_subjects(&named, &enabled, &settings.service_account);
+            let mut failed = false;
+            for (namespace, subjects) in desired {
+                if applied.get(&namespace) == Some(&subjects) {
+                    continue;
+                }
+                match provision::apply(&shared.client, &namespace, &subjects, &settings).await {
+                    Ok(()) => {
+                        tracing::info!(namespace = %namespace, subjects = ?subjects, "agent service account and role binding applied");
+                        applied.insert(namespace, subjects);
+                    }
+                    Err(e) => {
+                        tracing::warn!(namespace = %namespace, error = %e, "cannot provision the agent's service account; retrying");
+                        failed = true;
+                    }
+                }
+            }
+            if failed {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        }
+        let _ = tokio::time::timeout(PROVISION_RESYNC, shared.provision_wake.notified()).await;
     }
 }
 

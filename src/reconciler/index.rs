@@ -119,6 +119,10 @@ pub struct JobSetState {
     pub resource_version: String,
     /// InPlaceRestart, not finished, not suspended, not disabled: the algorithm runs.
     pub active: bool,
+    /// `spec.failurePolicy.restartStrategy == InPlaceRestart` (finished or not).
+    pub in_place_restart: bool,
+    /// The service accounts its pod templates name (`None`: none named).
+    pub service_accounts: Vec<Option<String>>,
     pub expected_pods: i64,
     pub max_restarts: i32,
     pub status: EpochStatus,
@@ -138,6 +142,8 @@ impl JobSetState {
                 && !js.is_finished()
                 && !js.is_suspended()
                 && !js.is_in_place_restart_disabled(),
+            in_place_restart: js.is_in_place_restart(),
+            service_accounts: js.pod_service_accounts(),
             expected_pods: js.expected_pods(),
             max_restarts: js.max_restarts(),
             status: js.epoch_status(dialect),
@@ -372,6 +378,23 @@ impl Index {
             .map(|p| p.views.as_slice())
             .unwrap_or(&[]);
         Some((js, pods))
+    }
+
+    /// Per namespace, the service accounts named by its InPlaceRestart JobSets (`None`: a pod
+    /// template that names none).
+    pub fn service_accounts_by_namespace(
+        &self,
+    ) -> std::collections::BTreeMap<String, std::collections::BTreeSet<Option<String>>> {
+        let mut out: std::collections::BTreeMap<_, std::collections::BTreeSet<_>> =
+            std::collections::BTreeMap::new();
+        for ((ns, _), js) in &self.jobsets {
+            if js.in_place_restart {
+                out.entry(ns.clone())
+                    .or_default()
+                    .extend(js.service_accounts.iter().cloned());
+            }
+        }
+        out
     }
 
     /// Every active JobSet's key (for a full resync when leadership is gained).

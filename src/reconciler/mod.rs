@@ -4,12 +4,14 @@
 //! - [`index`]: the in-memory index of JobSets and their pods (pure);
 //! - [`controller`]: watches, work queue, workers, status writes, events;
 //! - [`crd`]: the start-up check that the installed JobSet CRD has the dialect's status fields;
+//! - [`provision`]: the agent's ServiceAccount and RoleBinding in every namespace that needs them;
 //! - [`metrics`]: the `jobset_inplace_reconciler_*` metrics.
 
 pub mod controller;
 pub mod crd;
 pub mod index;
 pub mod metrics;
+pub mod provision;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -103,6 +105,27 @@ pub struct Args {
     #[arg(long, env = "JOBSET_INPLACE_DEBOUNCE_MS", default_value_t = 5)]
     pub debounce_ms: u64,
 
+    /// Provision the agent's ServiceAccount and a RoleBinding of its ClusterRole in every
+    /// namespace with an InPlaceRestart JobSet or labelled jobset-inplace.dev/enabled=true.
+    #[arg(long, env = "JOBSET_INPLACE_PROVISION_SERVICE_ACCOUNTS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub provision_service_accounts: bool,
+
+    /// The agent's service account (the webhook injects the same name).
+    #[arg(
+        long,
+        env = "JOBSET_INPLACE_AGENT_SERVICE_ACCOUNT",
+        default_value = "jobset-inplace-agent"
+    )]
+    pub agent_service_account: String,
+
+    /// The ClusterRole bound to the agent's service account in each namespace.
+    #[arg(
+        long,
+        env = "JOBSET_INPLACE_AGENT_CLUSTER_ROLE",
+        default_value = "jobset-inplace-agent"
+    )]
+    pub agent_cluster_role: String,
+
     /// Skip the start-up check of the JobSet CRD's status fields.
     #[arg(long, env = "JOBSET_INPLACE_SKIP_CRD_CHECK")]
     pub skip_crd_check: bool,
@@ -144,6 +167,12 @@ impl Args {
                 workers: self.workers.max(1),
                 debounce: Duration::from_millis(self.debounce_ms),
                 identity,
+                provision: self
+                    .provision_service_accounts
+                    .then(|| provision::ProvisionSettings {
+                        service_account: self.agent_service_account.clone(),
+                        cluster_role: self.agent_cluster_role.clone(),
+                    }),
             },
             leader_election: self.leader_elect.then(|| LeaderElection {
                 lease_name: self.lease_name.clone(),
