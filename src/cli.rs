@@ -52,6 +52,8 @@ impl Global {
     }
 }
 
+// Parsed once per process: the size of the largest variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the HTTPS admission webhook (/mutate, /validate).

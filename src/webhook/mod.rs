@@ -52,12 +52,38 @@ pub enum Error {
         addr: SocketAddr,
         reason: String,
     },
+    #[error("--self-signed: cannot reach the Kubernetes API: {0}")]
+    Cluster(String),
     #[error("--cert-dir {dir}: {source}")]
     CertDir {
         dir: PathBuf,
         #[source]
         source: certs::Error,
     },
+}
+
+/// The `--self-signed` certificate source: a Secret, the caBundle, a local directory.
+struct SelfSigned {
+    client: kube::Client,
+    namespace: String,
+    secret: String,
+    webhook_config: String,
+    names: Vec<String>,
+    dir: PathBuf,
+}
+
+impl SelfSigned {
+    async fn step(&self) -> Result<(), certs::Error> {
+        certs::cluster::bootstrap(
+            &self.client,
+            &self.namespace,
+            &self.secret,
+            &self.names,
+            Some(&self.webhook_config),
+            &self.dir,
+        )
+        .await
+    }
 }
 
 /// Flags of `jobset-inplace webhook`.
@@ -110,6 +136,53 @@ pub struct Args {
     #[arg(long, env = "JOBSET_INPLACE_SHUTDOWN_TIMEOUT", default_value = "25s", value_parser = parse_duration, value_name = "DURATION")]
     pub shutdown_timeout: Duration,
 
+    /// In a cluster without cert-manager: keep a self-signed CA and serving certificate in
+    /// --secret (the first replica creates it, the others read it), set the CA as caBundle of
+    /// --webhook-config, renew the serving certificate before it expires, and serve the files
+    /// from --cert-dir.
+    #[arg(long, env = "JOBSET_INPLACE_SELF_SIGNED", conflicts_with_all = ["tls_cert", "tls_key"])]
+    pub self_signed: bool,
+
+    /// With --self-signed: the webhook's Service (the certificate covers its DNS names).
+    #[arg(
+        long,
+        env = "JOBSET_INPLACE_WEBHOOK_SERVICE",
+        default_value = "jobset-inplace-webhook",
+        value_name = "NAME"
+    )]
+    pub service: String,
+
+    /// With --self-signed: the namespace of the Service and the Secret.
+    #[arg(
+        long,
+        env = "POD_NAMESPACE",
+        default_value = "jobset-inplace-system",
+        value_name = "NS"
+    )]
+    pub namespace: String,
+
+    /// With --self-signed: the Secret holding the certificates.
+    #[arg(
+        long,
+        env = "JOBSET_INPLACE_CERT_SECRET",
+        default_value = "jobset-inplace-webhook-tls",
+        value_name = "NAME"
+    )]
+    pub secret: String,
+
+    /// With --self-signed: the Mutating and Validating webhook configurations to set caBundle on.
+    #[arg(
+        long,
+        env = "JOBSET_INPLACE_WEBHOOK_CONFIG",
+        default_value = "jobset-inplace",
+        value_name = "NAME"
+    )]
+    pub webhook_config: String,
+
+    /// With --self-signed: how often the Secret is checked (renewal, another replica's renewal).
+    #[arg(long, env = "JOBSET_INPLACE_CERT_RENEW_INTERVAL", default_value = "1h", value_parser = parse_duration, value_name = "DURATION")]
+    pub cert_renew_interval: Duration,
+
     #[command(flatten)]
     pub injection: InjectionArgs,
 }
@@ -151,10 +224,44 @@ impl Args {
         }
     }
 
+    /// `--self-signed`: bootstraps from the Secret, then keeps it renewed in the background.
+    async fn self_signed_files(&self) -> Result<(PathBuf, PathBuf), Error> {
+        let client = kube::Client::try_default()
+            .await
+            .map_err(|e| Error::Cluster(e.to_string()))?;
+        let bootstrap = std::sync::Arc::new(SelfSigned {
+            client,
+            namespace: self.namespace.clone(),
+            secret: self.secret.clone(),
+            webhook_config: self.webhook_config.clone(),
+            names: certs::service_names(&self.service, &self.namespace),
+            dir: self.cert_dir.clone(),
+        });
+        bootstrap.step().await.map_err(|source| Error::CertDir {
+            dir: self.cert_dir.clone(),
+            source,
+        })?;
+        let interval = self.cert_renew_interval.max(Duration::from_secs(1));
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(interval).await;
+                if let Err(e) = bootstrap.step().await {
+                    tracing::warn!(error = %e, "certificate renewal check failed; retrying later");
+                }
+            }
+        });
+        let (_, _, cert, key) = certs::paths(&self.cert_dir);
+        Ok((cert, key))
+    }
+
     pub async fn run(self, global: Global) -> crate::Result<ExitCode> {
         let config = InjectionConfig::load(&self.injection, global.protocol)
             .map_err(admission::Error::from)?;
-        let (cert, key) = self.tls_files().await?;
+        let (cert, key) = if self.self_signed {
+            self.self_signed_files().await?
+        } else {
+            self.tls_files().await?
+        };
         let https = bind("--addr", self.addr).await?;
         let health = bind("--health-addr", self.health_addr).await?;
         let options = ServeOptions {

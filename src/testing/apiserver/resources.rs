@@ -182,6 +182,19 @@ pub fn default_resources() -> Vec<ResourceType> {
             "customresourcedefinitions",
         )
         .with_status(),
+        ResourceType::namespaced("", "v1", "Secret", "secrets"),
+        ResourceType::cluster(
+            "admissionregistration.k8s.io",
+            "v1",
+            "MutatingWebhookConfiguration",
+            "mutatingwebhookconfigurations",
+        ),
+        ResourceType::cluster(
+            "admissionregistration.k8s.io",
+            "v1",
+            "ValidatingWebhookConfiguration",
+            "validatingwebhookconfigurations",
+        ),
     ]
 }
 

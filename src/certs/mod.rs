@@ -8,7 +8,11 @@
 //! generated. Files are replaced atomically (written beside, then renamed), so a server polling
 //! them never reads half a file.
 //!
-//! The `certs` subcommand ([`Args`]) fills a directory for a Kubernetes Service.
+//! The `certs` subcommand ([`Args`]) fills a directory for a Kubernetes Service, and with
+//! `--secret` / `--patch-webhooks` keeps them in a Secret and the webhook configurations'
+//! `caBundle` ([`cluster`]).
+
+pub mod cluster;
 
 use std::fs;
 use std::io::Write as _;
@@ -76,8 +80,8 @@ pub enum Error {
     NoNames,
     #[error("cannot generate a certificate: {0}")]
     Generate(String),
-    #[error("{flag} is not built yet; use --out DIR and apply the files yourself")]
-    NotBuilt { flag: &'static str },
+    #[error("{what}: {reason}")]
+    Kubernetes { what: String, reason: String },
     #[error("{flag} (or env {env}) is required")]
     Required {
         flag: &'static str,
@@ -523,26 +527,28 @@ pub struct Args {
     #[arg(long = "extra-name", value_name = "NAME")]
     pub extra_names: Vec<String>,
 
-    /// Also store the pair in this Kubernetes TLS Secret (not built yet).
-    #[arg(long, value_name = "NAME")]
+    /// Keep the certificates in this Kubernetes Secret (kubernetes.io/tls plus ca.crt and
+    /// ca.key): created when absent, its CA reused, its serving certificate renewed when due.
+    #[arg(long, env = "JOBSET_INPLACE_CERT_SECRET", value_name = "NAME")]
     pub secret: Option<String>,
 
-    /// Also patch the CA into the webhook configurations' caBundle (not built yet).
-    #[arg(long)]
+    /// Set the CA as caBundle of the Mutating and Validating webhook configurations named by
+    /// --webhook-config.
+    #[arg(long, env = "JOBSET_INPLACE_PATCH_WEBHOOKS")]
     pub patch_webhooks: bool,
+
+    /// Name of the MutatingWebhookConfiguration and ValidatingWebhookConfiguration.
+    #[arg(
+        long,
+        env = "JOBSET_INPLACE_WEBHOOK_CONFIG",
+        default_value = "jobset-inplace",
+        value_name = "NAME"
+    )]
+    pub webhook_config: String,
 }
 
 impl Args {
     pub async fn run(self, _global: Global) -> crate::Result<ExitCode> {
-        if self.secret.is_some() {
-            return Err(Error::NotBuilt { flag: "--secret" }.into());
-        }
-        if self.patch_webhooks {
-            return Err(Error::NotBuilt {
-                flag: "--patch-webhooks",
-            }
-            .into());
-        }
         let service = self.service.clone().ok_or(Error::Required {
             flag: "--service",
             env: "JOBSET_INPLACE_WEBHOOK_SERVICE",
@@ -553,6 +559,42 @@ impl Args {
         })?;
         let mut names = service_names(&service, &namespace);
         names.extend(self.extra_names.iter().cloned());
+        if self.secret.is_some() || self.patch_webhooks {
+            let client = kube::Client::try_default()
+                .await
+                .map_err(|e| Error::Kubernetes {
+                    what: "the Kubernetes API".into(),
+                    reason: e.to_string(),
+                })?;
+            let config = self.patch_webhooks.then_some(self.webhook_config.as_str());
+            match &self.secret {
+                Some(secret) => {
+                    cluster::bootstrap(&client, &namespace, secret, &names, config, &self.out)
+                        .await?;
+                    println!(
+                        "certificates in secret {namespace}/{secret} and {}",
+                        self.out.display()
+                    );
+                }
+                None => {
+                    let out = self.out.clone();
+                    let ensured = tokio::task::spawn_blocking(move || ensure(&out, &names))
+                        .await
+                        .map_err(|e| Error::Generate(e.to_string()))??;
+                    let ca = std::fs::read(&ensured.ca_cert).map_err(|e| Error::Read {
+                        path: ensured.ca_cert.clone(),
+                        reason: e.to_string(),
+                    })?;
+                    if let Some(config) = config {
+                        cluster::patch_ca_bundle(&client, config, &ca).await?;
+                    }
+                }
+            }
+            if let Some(config) = config {
+                println!("caBundle of webhook configurations {config} set");
+            }
+            return Ok(ExitCode::SUCCESS);
+        }
         let out = self.out.clone();
         let ensured = tokio::task::spawn_blocking(move || ensure(&out, &names))
             .await
@@ -769,7 +811,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn the_subcommand_fills_a_directory_and_refuses_what_is_not_built() {
+    async fn the_subcommand_fills_a_directory() {
         let dir = tempfile::tempdir().expect("tempdir");
         let out = dir.path().join("out");
         let out_arg = out.to_string_lossy().into_owned();
@@ -783,19 +825,16 @@ mod tests {
             out_arg.as_str(),
         ];
 
-        for (flag, extra) in [
-            ("--secret", &["--secret", "s"][..]),
-            ("--patch-webhooks", &["--patch-webhooks"][..]),
-        ] {
+        // The in-cluster forms need the API: without one, a one-line error and nothing written.
+        for extra in [&["--secret", "s"][..], &["--patch-webhooks"][..]] {
             let args: Vec<&str> = base.iter().chain(extra).copied().collect();
-            let message = certs_args(&args)
-                .run(global)
-                .await
-                .expect_err(flag)
-                .to_string();
-            assert!(message.starts_with(flag), "{message}");
-            assert!(message.contains("not built yet"), "{message}");
-            assert!(!out.exists(), "nothing written before refusing {flag}");
+            let Err(e) = certs_args(&args).run(global).await else {
+                continue; // a cluster is configured on this machine
+            };
+            let message = e.to_string();
+            assert!(message.contains("Kubernetes API"), "{message}");
+            assert!(!message.contains('\n'), "{message}");
+            assert!(!out.exists(), "nothing written without a cluster");
         }
 
         let message = certs_args(&["--out", out_arg.as_str()])
