@@ -680,3 +680,60 @@ async fn provisions_the_agent_service_account_and_binding() {
     })
     .await;
 }
+
+/// A burst of updates to 200 pods coalesces into a few evaluations, and updates that change
+/// nothing the algorithm reads cause none.
+#[tokio::test]
+async fn bursts_coalesce_and_irrelevant_updates_cost_nothing() {
+    bounded(async {
+        let w = World::new(Dialect::Epoch, &[(4, 50)], 10).await;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (stop, stopped) = oneshot::channel::<()>();
+        let run = tokio::spawn(reconciler::run(
+            w.server.client(),
+            options(Dialect::Epoch, "r1", None),
+            Some(listener),
+            async {
+                let _ = stopped.await;
+            },
+        ));
+        let reconciles = || async move {
+            let text = reqwest::get(format!("http://{addr}/metrics"))
+                .await
+                .expect("metrics")
+                .text()
+                .await
+                .unwrap_or_default();
+            text.lines()
+                .find(|l| l.starts_with("jobset_inplace_reconciler_reconciles_total"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        for i in 0..200 {
+            w.set_epoch(i, 1);
+        }
+        w.until("sync", |w| w.synced() == Some(1)).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let after_burst = reconciles().await;
+        assert!(
+            after_burst < 50,
+            "{after_burst} evaluations for a burst of 200 pod updates"
+        );
+        for i in 0..200 {
+            w.patch_pod(i, json!({"metadata": {"labels": {"unrelated": "x"}}}));
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(
+            reconciles().await,
+            after_burst,
+            "label changes are not the algorithm's input"
+        );
+        let _ = stop.send(());
+        run.await.expect("joins").expect("clean stop");
+    })
+    .await;
+}
