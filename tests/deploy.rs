@@ -1,0 +1,2118 @@
+//! The `deploy/` kustomize tree: every overlay renders with `kubectl kustomize`, each object is a
+//! well-formed Kubernetes object of its kind, and what the manifests say agrees with what the
+//! code does: the injection config loads, the flags parse with the binary's own CLI, the webhook
+//! configurations send InPlaceRestart JobSets (and only those) to paths the server serves, every
+//! container runs under the `restricted` Pod Security profile, the RBAC grants every request the
+//! reconciler and the self-signed webhook make (they run against the in-repo test API server)
+//! and no verb they do not, the agent policy's CEL allows exactly the agent's own epoch write,
+//! and the CRD component gives the released JobSet CRD the epoch status fields.
+//!
+//! CEL is evaluated with the `cel` crate (cel-rust), not Kubernetes' cel-go: it parses and runs
+//! the standard macros (`has`, `all`), `in`, `matches`, `int()`, string and list equality, the
+//! ternary operator and map indexing, which is all the expressions here use. It does not type
+//! check: Kubernetes compiles policy expressions against the OpenAPI schema of the object, which
+//! only an API server does. The test objects are JSON, so a field Kubernetes would see as an
+//! empty typed value is simply absent here; the expressions guard every such field with `has()`,
+//! which is correct for both.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use clap::{CommandFactory, Parser};
+use jobset_inplace::admission::InjectionConfig;
+use jobset_inplace::cli::{Cli, Command as Sub};
+use jobset_inplace::protocol::{Dialect, JOBSET_NAME_LABEL};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+
+const NAMESPACE: &str = "jobset-inplace-system";
+const IMAGE: &str = "ghcr.io/jobset-inplace/jobset-inplace";
+const RENDER_LIMIT: Duration = Duration::from_secs(60);
+const OVERLAYS: [&str; 4] = ["epoch", "jobset-native", "cert-manager", "self-signed"];
+
+fn deploy_dir() -> PathBuf {
+    common::manifest_dir().join("deploy")
+}
+
+/// The dialect each overlay is for.
+fn overlay_dialect(overlay: &str) -> Dialect {
+    match overlay {
+        "jobset-native" => Dialect::Attempt,
+        _ => Dialect::Epoch,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rendering
+// ---------------------------------------------------------------------------------------------
+
+/// Runs a command with a time limit; stdout on success, a one-line reason otherwise.
+fn run_bounded(cmd: &mut Command, limit: Duration) -> Result<String, String> {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot start {cmd:?}: {e}"))?;
+    let mut stdout = child.stdout.take().ok_or("no stdout")?;
+    let mut stderr = child.stderr.take().ok_or("no stderr")?;
+    let out = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stdout.read_to_string(&mut s);
+        s
+    });
+    let err = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stderr.read_to_string(&mut s);
+        s
+    });
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+            Ok(None) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("{cmd:?} did not finish within {limit:?}"));
+            }
+            Err(e) => return Err(format!("{cmd:?}: {e}")),
+        }
+    };
+    let out = out.join().unwrap_or_default();
+    let err = err.join().unwrap_or_default();
+    if status.success() {
+        Ok(out)
+    } else {
+        Err(format!("{cmd:?} failed ({status}): {err}"))
+    }
+}
+
+/// Whether `kubectl` (with its built-in kustomize) is here; says so loudly once when not.
+fn have_kubectl() -> bool {
+    static HAVE: OnceLock<bool> = OnceLock::new();
+    *HAVE.get_or_init(|| {
+        match run_bounded(
+            Command::new("kubectl").args(["version", "--client"]),
+            RENDER_LIMIT,
+        ) {
+            Ok(_) => true,
+            Err(e) => {
+                eprintln!(
+                    "\n!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n\
+                     !! SKIPPED: kubectl is not installed, so deploy/ was NOT rendered or tested.\n\
+                     !! ({e})\n\
+                     !!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n"
+                );
+                false
+            }
+        }
+    })
+}
+
+/// `kubectl kustomize DIR` as JSON values, one per object.
+fn kustomize(dir: &Path) -> Vec<Value> {
+    let text = run_bounded(
+        Command::new("kubectl").arg("kustomize").arg(dir),
+        RENDER_LIMIT,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|doc| {
+            <Value as serde::Deserialize>::deserialize(doc)
+                .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        })
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+/// The rendered objects of one overlay (rendered once per test binary), or `None` without
+/// kubectl.
+fn overlay(name: &str) -> Option<Rendered> {
+    if !have_kubectl() {
+        return None;
+    }
+    static CACHE: OnceLock<Mutex<HashMap<String, Vec<Value>>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(Default::default);
+    let mut cache = cache.lock().unwrap_or_else(|p| p.into_inner());
+    let objects = cache
+        .entry(name.to_owned())
+        .or_insert_with(|| kustomize(&deploy_dir().join("overlays").join(name)))
+        .clone();
+    Some(Rendered {
+        name: name.to_owned(),
+        objects,
+    })
+}
+
+/// A temporary directory for a kustomization of the test's own.
+fn kustomization_dir() -> tempfile::TempDir {
+    tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir")
+}
+
+/// `to` relative to the directory `from` (kustomize takes no absolute paths).
+fn relative(from: &Path, to: &Path) -> PathBuf {
+    let from: Vec<_> = from.components().collect();
+    let to: Vec<_> = to.components().collect();
+    let common = from.iter().zip(&to).take_while(|(a, b)| a == b).count();
+    let mut out = PathBuf::new();
+    for _ in common..from.len() {
+        out.push("..");
+    }
+    for c in &to[common..] {
+        out.push(c);
+    }
+    out
+}
+
+/// A kustomization that lists `deploy/<path>` entries: `{deploy}` in `template` is replaced by
+/// the path of `deploy/` relative to where it is written.
+fn write_kustomization(dir: &Path, template: &str, files: &[(&str, &str)]) {
+    let deploy = std::fs::canonicalize(deploy_dir()).expect("deploy/");
+    let here = std::fs::canonicalize(dir).expect("dir");
+    let text = template.replace("{deploy}", &relative(&here, &deploy).display().to_string());
+    std::fs::write(dir.join("kustomization.yaml"), text).expect("write");
+    for (name, text) in files {
+        std::fs::write(dir.join(name), text).expect("write");
+    }
+}
+
+/// Renders a kustomization written into a temporary directory.
+fn render_kustomization(template: &str, files: &[(&str, &str)]) -> Vec<Value> {
+    let dir = kustomization_dir();
+    write_kustomization(dir.path(), template, files);
+    kustomize(dir.path())
+}
+
+struct Rendered {
+    name: String,
+    objects: Vec<Value>,
+}
+
+impl Rendered {
+    fn of_kind(&self, kind: &str) -> Vec<&Value> {
+        self.objects.iter().filter(|o| o["kind"] == kind).collect()
+    }
+
+    fn get(&self, kind: &str, name: &str) -> &Value {
+        self.objects
+            .iter()
+            .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("{}: no {kind} {name}", self.name))
+    }
+
+    /// The ConfigMap generated from `jobset-inplace-config` (its name has a hash suffix).
+    fn config_map(&self) -> &Value {
+        let found: Vec<&Value> = self
+            .of_kind("ConfigMap")
+            .into_iter()
+            .filter(|c| {
+                c["metadata"]["name"]
+                    .as_str()
+                    .is_some_and(|n| n.starts_with("jobset-inplace-config-"))
+            })
+            .collect();
+        assert_eq!(found.len(), 1, "{}: one injection ConfigMap", self.name);
+        found[0]
+    }
+
+    fn deployment(&self, name: &str) -> &Value {
+        self.get("Deployment", name)
+    }
+
+    fn container<'a>(&'a self, deployment: &str, container: &str) -> &'a Value {
+        self.deployment(deployment)["spec"]["template"]["spec"]["containers"]
+            .as_array()
+            .and_then(|cs| cs.iter().find(|c| c["name"] == container))
+            .unwrap_or_else(|| panic!("{}: no container {container}", self.name))
+    }
+}
+
+fn strings(v: &Value) -> Vec<String> {
+    v.as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|s| s.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn env_value<'a>(container: &'a Value, name: &str) -> Option<&'a Value> {
+    container["env"]
+        .as_array()?
+        .iter()
+        .find(|e| e["name"] == name)
+}
+
+/// Parses a container's args with the binary's own command line.
+fn parse_args(container: &Value) -> Cli {
+    let args = strings(&container["args"]);
+    let argv = std::iter::once("jobset-inplace".to_owned()).chain(args.iter().cloned());
+    Cli::try_parse_from(argv).unwrap_or_else(|e| panic!("args {args:?} do not parse: {e}"))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Every overlay renders, and every object is a well-formed object of its kind
+// ---------------------------------------------------------------------------------------------
+
+/// Paths where `got` (the typed round trip) differs from `want` (the manifest).
+fn differences(want: &Value, got: &Value, path: &str, out: &mut Vec<String>) {
+    match (want, got) {
+        (Value::Object(a), Value::Object(b)) => {
+            for (k, v) in a {
+                match b.get(k) {
+                    Some(w) => differences(v, w, &format!("{path}.{k}"), out),
+                    None => out.push(format!("{path}.{k}: unknown field, dropped by the type")),
+                }
+            }
+            for k in b.keys().filter(|k| !a.contains_key(*k)) {
+                out.push(format!("{path}.{k}: added by the type"));
+            }
+        }
+        (Value::Array(a), Value::Array(b)) if a.len() == b.len() => {
+            for (i, (v, w)) in a.iter().zip(b).enumerate() {
+                differences(v, w, &format!("{path}[{i}]"), out);
+            }
+        }
+        _ if want == got => {}
+        // A float field (a schema's `minimum`) reads an integer back as a float.
+        (Value::Number(a), Value::Number(b)) if a.as_f64() == b.as_f64() => {}
+        _ => out.push(format!("{path}: {want} became {got}")),
+    }
+}
+
+/// Deserializes into the typed object and back: every field must survive (a misspelt or
+/// misplaced key is dropped by the type and so shows up here).
+fn round_trip<K: DeserializeOwned + Serialize>(object: &Value) -> Vec<String> {
+    let typed: K = match serde_json::from_value(object.clone()) {
+        Ok(t) => t,
+        Err(e) => return vec![format!("does not deserialize: {e}")],
+    };
+    let back = serde_json::to_value(&typed).expect("serializes");
+    let mut out = Vec::new();
+    differences(object, &back, "", &mut out);
+    out
+}
+
+/// Checks one object strictly; returns its problems.
+fn check_object(object: &Value) -> Vec<String> {
+    use k8s_openapi::api::admissionregistration::v1 as adm;
+    use k8s_openapi::api::rbac::v1 as rbac;
+    use k8s_openapi::api::{apps::v1 as apps, core::v1 as core, policy::v1 as policy};
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1 as apiext;
+    let kind = object["kind"].as_str().unwrap_or_default();
+    match kind {
+        "Namespace" => round_trip::<core::Namespace>(object),
+        "ServiceAccount" => round_trip::<core::ServiceAccount>(object),
+        "ConfigMap" => round_trip::<core::ConfigMap>(object),
+        "Service" => round_trip::<core::Service>(object),
+        "Deployment" => round_trip::<apps::Deployment>(object),
+        "PodDisruptionBudget" => round_trip::<policy::PodDisruptionBudget>(object),
+        "ClusterRole" => round_trip::<rbac::ClusterRole>(object),
+        "ClusterRoleBinding" => round_trip::<rbac::ClusterRoleBinding>(object),
+        "Role" => round_trip::<rbac::Role>(object),
+        "RoleBinding" => round_trip::<rbac::RoleBinding>(object),
+        "MutatingWebhookConfiguration" => round_trip::<adm::MutatingWebhookConfiguration>(object),
+        "ValidatingWebhookConfiguration" => {
+            round_trip::<adm::ValidatingWebhookConfiguration>(object)
+        }
+        "ValidatingAdmissionPolicy" => round_trip::<adm::ValidatingAdmissionPolicy>(object),
+        "ValidatingAdmissionPolicyBinding" => {
+            round_trip::<adm::ValidatingAdmissionPolicyBinding>(object)
+        }
+        "CustomResourceDefinition" => round_trip::<apiext::CustomResourceDefinition>(object),
+        "Issuer" | "Certificate" => check_cert_manager(object),
+        other => vec![format!("unexpected kind {other:?}")],
+    }
+}
+
+/// cert-manager's kinds have no Rust types here: the fields this tree uses, by hand.
+fn check_cert_manager(object: &Value) -> Vec<String> {
+    let mut out = Vec::new();
+    if object["apiVersion"] != "cert-manager.io/v1" {
+        out.push(format!("apiVersion {}", object["apiVersion"]));
+    }
+    let allowed: &[&str] = if object["kind"] == "Issuer" {
+        &["selfSigned", "ca"]
+    } else {
+        &[
+            "secretName",
+            "dnsNames",
+            "duration",
+            "renewBefore",
+            "privateKey",
+            "issuerRef",
+            "isCA",
+            "commonName",
+        ]
+    };
+    for key in object["spec"]
+        .as_object()
+        .into_iter()
+        .flat_map(|s| s.keys())
+    {
+        if !allowed.contains(&key.as_str()) {
+            out.push(format!("spec.{key}: not a field this test knows"));
+        }
+    }
+    for key in object["spec"]["privateKey"]
+        .as_object()
+        .into_iter()
+        .flat_map(|s| s.keys())
+    {
+        if !["algorithm", "size", "rotationPolicy"].contains(&key.as_str()) {
+            out.push(format!("spec.privateKey.{key}: unknown"));
+        }
+    }
+    out
+}
+
+/// Kinds that live in no namespace.
+fn cluster_scoped(kind: &str) -> bool {
+    matches!(
+        kind,
+        "Namespace"
+            | "ClusterRole"
+            | "ClusterRoleBinding"
+            | "MutatingWebhookConfiguration"
+            | "ValidatingWebhookConfiguration"
+            | "ValidatingAdmissionPolicy"
+            | "ValidatingAdmissionPolicyBinding"
+            | "CustomResourceDefinition"
+    )
+}
+
+#[test]
+fn every_overlay_renders_into_well_formed_objects() {
+    for name in OVERLAYS {
+        let Some(r) = overlay(name) else { return };
+        let mut problems = Vec::new();
+        let mut seen = BTreeSet::new();
+        for o in &r.objects {
+            let kind = o["kind"].as_str().unwrap_or_default();
+            let id = format!("{kind} {}", o["metadata"]["name"].as_str().unwrap_or("?"));
+            assert!(seen.insert(id.clone()), "{name}: {id} twice");
+            problems.extend(check_object(o).into_iter().map(|p| format!("{id}: {p}")));
+            // kustomize does not know every cluster-scoped kind: it would put a
+            // ValidatingAdmissionPolicy in a namespace if the tree used `namespace:`.
+            let ns = o["metadata"].get("namespace");
+            if cluster_scoped(kind) {
+                if ns.is_some() {
+                    problems.push(format!("{id}: cluster-scoped, yet in namespace {ns:?}"));
+                }
+            } else if ns != Some(&json!(NAMESPACE)) {
+                problems.push(format!("{id}: namespace {ns:?}, not {NAMESPACE}"));
+            }
+            if o["metadata"]["labels"]["app.kubernetes.io/part-of"] != "jobset-inplace" {
+                problems.push(format!("{id}: no part-of label"));
+            }
+        }
+        assert!(problems.is_empty(), "{name}:\n{}", problems.join("\n"));
+        for required in [
+            "Namespace",
+            "ServiceAccount",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "Role",
+            "RoleBinding",
+            "ConfigMap",
+            "Service",
+            "Deployment",
+            "PodDisruptionBudget",
+            "MutatingWebhookConfiguration",
+            "ValidatingWebhookConfiguration",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
+        ] {
+            assert!(!r.of_kind(required).is_empty(), "{name}: no {required}");
+        }
+    }
+}
+
+#[test]
+fn the_strict_check_catches_typos() {
+    let deployment = json!({"apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "x"},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"a": "b"}},
+                 "template": {"spec": {"containers": [{"name": "c", "image": "i", "readinessprobe": {}}]}}}});
+    let problems = check_object(&deployment);
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(problems[0].contains("readinessprobe"), "{problems:?}");
+    let mut wrong_version = deployment.clone();
+    wrong_version["apiVersion"] = json!("apps/v1beta1");
+    assert!(!check_object(&wrong_version).is_empty());
+    let vap = json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": "p"}, "spec": {"validation": [{"expression": "true"}]}});
+    assert!(!check_object(&vap).is_empty());
+}
+
+// ---------------------------------------------------------------------------------------------
+// The injection config
+// ---------------------------------------------------------------------------------------------
+
+fn load_config(start: Dialect, text: &str) -> InjectionConfig {
+    let mut config = InjectionConfig::defaults(start);
+    config
+        .apply_file(Path::new("config.yaml"), text)
+        .unwrap_or_else(|e| panic!("{e}"));
+    config.check().unwrap_or_else(|e| panic!("{e}"));
+    config
+}
+
+#[test]
+fn the_injection_config_loads_with_each_overlays_dialect() {
+    use jobset_inplace::admission::config::{DEFAULT_IMAGE, DEFAULT_SERVICE_ACCOUNT};
+    for name in OVERLAYS {
+        let Some(r) = overlay(name) else { return };
+        let dialect = overlay_dialect(name);
+        let cm = r.config_map();
+        let text = cm["data"]["config.yaml"].as_str().expect("config.yaml");
+        // The file names its dialect: whatever the defaults started from, it wins.
+        for start in Dialect::ALL {
+            assert_eq!(load_config(start, text).protocol, dialect, "{name}");
+        }
+        let config = load_config(Dialect::Epoch, text);
+        assert_eq!(
+            cm["data"]["protocol"],
+            dialect.as_str(),
+            "{name}: reconciler's dialect"
+        );
+        assert_eq!(config.service_account, DEFAULT_SERVICE_ACCOUNT, "{name}");
+        assert_eq!(
+            config,
+            {
+                let mut d = InjectionConfig::defaults(dialect);
+                d.image = config.image.clone();
+                d
+            },
+            "{name}: the file spells out the built-in defaults, so --help tells the truth"
+        );
+
+        // The agent image: the webhook's own image, through the env that overrides the file.
+        let webhook = r.container("jobset-inplace-webhook", "webhook");
+        let image = webhook["image"].as_str().expect("image");
+        assert_eq!(image, DEFAULT_IMAGE, "{name}: the image is this version's");
+        assert_eq!(
+            env_value(webhook, "JOBSET_INPLACE_AGENT_IMAGE").map(|e| &e["value"]),
+            Some(&json!(image)),
+            "{name}"
+        );
+        assert!(
+            text.lines().all(|l| !l.starts_with("image:")),
+            "{name}: image is the env's"
+        );
+
+        // Both Deployments use the generated ConfigMap (its hashed name).
+        let cm_name = &cm["metadata"]["name"];
+        let volumes =
+            &r.deployment("jobset-inplace-webhook")["spec"]["template"]["spec"]["volumes"];
+        assert!(
+            volumes
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|v| v["configMap"]["name"] == *cm_name),
+            "{name}: webhook mounts {cm_name}"
+        );
+        let reconciler = r.container("jobset-inplace-reconciler", "reconciler");
+        assert_eq!(
+            env_value(reconciler, "JOBSET_INPLACE_PROTOCOL")
+                .map(|e| &e["valueFrom"]["configMapKeyRef"]),
+            Some(&json!({"name": cm_name, "key": "protocol"})),
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn the_attempt_config_is_the_epoch_config_but_for_the_protocol() {
+    let read = |p: &str| -> serde_yaml::Mapping {
+        let text = std::fs::read_to_string(deploy_dir().join(p)).expect("read");
+        let mut map: serde_yaml::Mapping = serde_yaml::from_str(&text).expect("yaml");
+        map.remove("protocol").expect("names its protocol");
+        map
+    };
+    assert_eq!(
+        read("base/config.yaml"),
+        read("components/attempt-dialect/config.yaml")
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Flags, env, mounts and probes agree with the binary
+// ---------------------------------------------------------------------------------------------
+
+/// Env names the binary reads for a subcommand: its flags' and the global flags' env, plus the
+/// downward-API names the reconciler reads directly.
+fn known_env(sub: &str) -> BTreeSet<String> {
+    let root = Cli::command();
+    let sub = root.find_subcommand(sub).expect("subcommand").clone();
+    root.get_arguments()
+        .chain(sub.get_arguments())
+        .filter_map(|a| a.get_env())
+        .map(|e| e.to_string_lossy().into_owned())
+        .chain(["POD_NAME".to_owned(), "POD_NAMESPACE".to_owned()])
+        .collect()
+}
+
+/// The volume mount holding `path` (the longest mountPath above or at it) and its volume.
+fn mount_for<'a>(pod: &'a Value, container: &'a Value, path: &Path) -> (&'a Value, &'a Value) {
+    let mount = container["volumeMounts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|m| m["mountPath"].as_str().is_some_and(|p| path.starts_with(p)))
+        .max_by_key(|m| m["mountPath"].as_str().map_or(0, str::len))
+        .unwrap_or_else(|| panic!("nothing mounted at {}", path.display()));
+    let volume = pod["volumes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|v| v["name"] == mount["name"])
+        .unwrap_or_else(|| panic!("no volume {}", mount["name"]));
+    (mount, volume)
+}
+
+fn port_named(container: &Value, name: &str) -> u16 {
+    container["ports"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|p| p["name"] == name)
+        .and_then(|p| p["containerPort"].as_u64())
+        .and_then(|p| u16::try_from(p).ok())
+        .unwrap_or_else(|| panic!("no port {name}"))
+}
+
+fn check_probes(what: &str, container: &Value, health_port: u16) {
+    assert_eq!(port_named(container, "health"), health_port, "{what}");
+    for (probe, path) in [
+        ("startupProbe", "/readyz"),
+        ("readinessProbe", "/readyz"),
+        ("livenessProbe", "/healthz"),
+    ] {
+        let get = &container[probe]["httpGet"];
+        assert_eq!(get["path"], path, "{what} {probe}");
+        assert_eq!(get["port"], "health", "{what} {probe}");
+    }
+}
+
+#[test]
+fn container_flags_env_and_mounts_are_what_the_binary_takes() {
+    for name in OVERLAYS {
+        let Some(r) = overlay(name) else { return };
+        // Webhook.
+        let pod = &r.deployment("jobset-inplace-webhook")["spec"]["template"]["spec"];
+        let c = r.container("jobset-inplace-webhook", "webhook");
+        let Sub::Webhook(args) = parse_args(c).command else {
+            panic!("{name}: the webhook container runs `webhook`")
+        };
+        assert_eq!(args.addr.port(), port_named(c, "https"), "{name}");
+        check_probes(name, c, args.health_addr.port());
+        let config = args.injection.config.as_deref().expect("--config");
+        let (mount, volume) = mount_for(pod, c, config);
+        assert_eq!(mount["mountPath"], json!(config), "{name}");
+        assert_eq!(
+            volume["configMap"]["name"],
+            r.config_map()["metadata"]["name"],
+            "{name}"
+        );
+        let service = r.get("Service", "jobset-inplace-webhook");
+        if args.self_signed {
+            assert_eq!(name, "self-signed");
+            let (mount, volume) = mount_for(pod, c, &args.cert_dir);
+            assert!(volume["emptyDir"].is_object(), "{name}: writable cert dir");
+            assert_ne!(mount["readOnly"], true, "{name}");
+            assert_eq!(
+                args.service,
+                service["metadata"]["name"].as_str().unwrap_or_default()
+            );
+            assert_eq!(args.namespace, NAMESPACE);
+            assert_eq!(args.secret, "jobset-inplace-webhook-tls");
+            assert_eq!(
+                pod["automountServiceAccountToken"], true,
+                "{name}: it talks to the API"
+            );
+        } else {
+            for (file, key) in [(&args.tls_cert, "tls.crt"), (&args.tls_key, "tls.key")] {
+                let file = file.as_deref().expect("--tls-cert and --tls-key");
+                let (mount, volume) = mount_for(pod, c, file);
+                let mount_path = mount["mountPath"].as_str().unwrap_or_default();
+                let rel = file.strip_prefix(mount_path).expect("under the mount");
+                assert_eq!(
+                    volume["secret"]["secretName"], "jobset-inplace-webhook-tls",
+                    "{name}"
+                );
+                let items = volume["secret"]["items"].as_array().expect("items");
+                assert!(
+                    items
+                        .iter()
+                        .any(|i| i["key"] == key && i["path"] == json!(rel)),
+                    "{name}: {key} at {}",
+                    file.display()
+                );
+                assert!(
+                    items.iter().all(|i| i["key"] != "ca.key"),
+                    "{name}: the CA key stays out of the pod"
+                );
+            }
+            assert_eq!(
+                pod["automountServiceAccountToken"], false,
+                "{name}: no API access"
+            );
+        }
+        let known = known_env("webhook");
+        for e in c["env"].as_array().into_iter().flatten() {
+            let env = e["name"].as_str().unwrap_or_default();
+            assert!(known.contains(env), "{name}: the webhook reads no {env}");
+        }
+
+        // Reconciler.
+        let c = r.container("jobset-inplace-reconciler", "reconciler");
+        let Sub::Reconciler(args) = parse_args(c).command else {
+            panic!("{name}: the reconciler container runs `reconciler`")
+        };
+        assert!(args.leader_elect, "{name}");
+        assert!(args.provision_service_accounts, "{name}");
+        assert_eq!(args.agent_cluster_role, "jobset-inplace-agent");
+        check_probes(name, c, args.health_addr.port());
+        let known = known_env("reconciler");
+        for e in c["env"].as_array().into_iter().flatten() {
+            let env = e["name"].as_str().unwrap_or_default();
+            assert!(known.contains(env), "{name}: the reconciler reads no {env}");
+        }
+        for (env, field) in [
+            ("POD_NAME", "metadata.name"),
+            ("POD_NAMESPACE", "metadata.namespace"),
+        ] {
+            assert_eq!(
+                env_value(c, env).map(|e| &e["valueFrom"]["fieldRef"]["fieldPath"]),
+                Some(&json!(field)),
+                "{name}: {env} from the downward API"
+            );
+        }
+        assert_eq!(
+            r.deployment("jobset-inplace-reconciler")["spec"]["replicas"],
+            2,
+            "{name}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_probe_paths_are_served() {
+    use tower::ServiceExt;
+    let health = jobset_inplace::telemetry::health_router(jobset_inplace::telemetry::Health::new(
+        || true,
+        String::new,
+    ));
+    for path in ["/readyz", "/healthz"] {
+        let request = axum::http::Request::get(path)
+            .body(axum::body::Body::empty())
+            .expect("request");
+        let response =
+            tokio::time::timeout(Duration::from_secs(10), health.clone().oneshot(request))
+                .await
+                .expect("in time")
+                .expect("answered");
+        assert_eq!(response.status(), 200, "{path}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pod Security Standards, `restricted`
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn every_container_runs_under_the_restricted_profile() {
+    for name in OVERLAYS {
+        let Some(r) = overlay(name) else { return };
+        let ns = r.get("Namespace", NAMESPACE);
+        assert_eq!(
+            ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"], "restricted",
+            "{name}"
+        );
+        let deployments = r.of_kind("Deployment");
+        assert_eq!(deployments.len(), 2, "{name}");
+        for d in deployments {
+            let dname = d["metadata"]["name"].as_str().unwrap_or_default();
+            let pod = &d["spec"]["template"]["spec"];
+            for host in ["hostNetwork", "hostPID", "hostIPC"] {
+                assert_ne!(pod[host], true, "{name} {dname}: {host}");
+            }
+            for v in pod["volumes"].as_array().into_iter().flatten() {
+                let kinds: Vec<&String> = v
+                    .as_object()
+                    .into_iter()
+                    .flat_map(|o| o.keys())
+                    .filter(|k| *k != "name")
+                    .collect();
+                assert!(
+                    kinds.iter().all(|k| [
+                        "configMap",
+                        "secret",
+                        "emptyDir",
+                        "projected",
+                        "downwardAPI"
+                    ]
+                    .contains(&k.as_str())),
+                    "{name} {dname}: volume {kinds:?}"
+                );
+            }
+            let containers = ["initContainers", "containers", "ephemeralContainers"]
+                .iter()
+                .flat_map(|k| pod[*k].as_array().into_iter().flatten());
+            for c in containers {
+                let what = format!("{name} {dname}/{}", c["name"]);
+                let sc = &c["securityContext"];
+                let effective = |field: &str| -> Value {
+                    if sc[field].is_null() {
+                        pod["securityContext"][field].clone()
+                    } else {
+                        sc[field].clone()
+                    }
+                };
+                assert_eq!(effective("runAsNonRoot"), true, "{what}");
+                assert_eq!(
+                    effective("runAsUser"),
+                    65532,
+                    "{what}: numeric non-root user"
+                );
+                assert_eq!(
+                    effective("seccompProfile")["type"],
+                    "RuntimeDefault",
+                    "{what}"
+                );
+                assert_eq!(sc["allowPrivilegeEscalation"], false, "{what}");
+                assert_eq!(sc["capabilities"]["drop"], json!(["ALL"]), "{what}");
+                assert!(sc["capabilities"]["add"].is_null(), "{what}");
+                assert_ne!(sc["privileged"], true, "{what}");
+                assert_eq!(sc["readOnlyRootFilesystem"], true, "{what}");
+                for p in c["ports"].as_array().into_iter().flatten() {
+                    assert!(p["hostPort"].is_null(), "{what}: hostPort");
+                }
+                for (kind, resource) in [
+                    ("requests", "cpu"),
+                    ("requests", "memory"),
+                    ("limits", "cpu"),
+                    ("limits", "memory"),
+                ] {
+                    assert!(
+                        c["resources"][kind][resource].is_string(),
+                        "{what}: {kind}.{resource}"
+                    );
+                }
+                assert!(
+                    c["image"].as_str().is_some_and(|i| i.starts_with(IMAGE)),
+                    "{what}"
+                );
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Webhook configurations, Service, PodDisruptionBudget
+// ---------------------------------------------------------------------------------------------
+
+/// Evaluates a CEL expression to a boolean; an error or a non-boolean is a test failure.
+fn cel_bool(
+    expression: &str,
+    bindings: &[(&str, &Value)],
+    variables: &HashMap<String, cel::Value>,
+) -> bool {
+    match cel_eval(expression, bindings, variables) {
+        Ok(cel::Value::Bool(b)) => b,
+        other => panic!("{expression}: {other:?}"),
+    }
+}
+
+fn cel_eval(
+    expression: &str,
+    bindings: &[(&str, &Value)],
+    variables: &HashMap<String, cel::Value>,
+) -> Result<cel::Value, String> {
+    thread_local! {
+        // Parsing is most of the cost in a debug build: each expression once per thread.
+        static PROGRAMS: std::cell::RefCell<HashMap<String, std::rc::Rc<cel::Program>>> =
+            std::cell::RefCell::new(HashMap::new());
+    }
+    let cached = PROGRAMS.with(|p| p.borrow().get(expression).cloned());
+    let program = match cached {
+        Some(p) => p,
+        None => {
+            let p = std::rc::Rc::new(
+                cel::Program::compile(expression).map_err(|e| format!("does not parse: {e}"))?,
+            );
+            PROGRAMS.with(|c| c.borrow_mut().insert(expression.to_owned(), p.clone()));
+            p
+        }
+    };
+    let mut context = cel::Context::default();
+    for (name, value) in bindings {
+        let value = cel::to_value(value).map_err(|e| e.to_string())?;
+        context.add_variable_from_value(*name, value);
+    }
+    context.add_variable_from_value("variables", cel::Value::Map(variables.clone().into()));
+    program.execute(&context).map_err(|e| format!("fails: {e}"))
+}
+
+/// Whether a webhook's matchConditions all hold for a CREATE of `object`.
+fn webhook_matches(webhook: &Value, object: &Value) -> bool {
+    let request =
+        json!({"operation": "CREATE", "namespace": "team-a", "userInfo": {"username": "alice"}});
+    let conditions = webhook["matchConditions"]
+        .as_array()
+        .expect("matchConditions");
+    assert!(!conditions.is_empty());
+    conditions.iter().all(|c| {
+        cel_bool(
+            c["expression"].as_str().expect("expression"),
+            &[
+                ("object", object),
+                ("oldObject", &Value::Null),
+                ("request", &request),
+            ],
+            &HashMap::new(),
+        )
+    })
+}
+
+/// JobSets (or what claims to be one) the match conditions must sort as the code does.
+fn jobset_objects() -> Vec<(String, Value)> {
+    let mut out = Vec::new();
+    let story1 = common::read_yaml(
+        &common::manifest_dir().join("fixtures/admission/story1-plain/request.json"),
+    );
+    out.push(("story1".to_owned(), story1["request"]["object"].clone()));
+    let other = common::read_yaml(
+        &common::manifest_dir().join("fixtures/admission/not-in-place-restart/request.yaml"),
+    );
+    out.push((
+        "not-in-place-restart".to_owned(),
+        other["request"]["object"].clone(),
+    ));
+    for file in [
+        "jobset-main-container-mode.yaml",
+        "jobset-sidecar-container-mode.yaml",
+    ] {
+        let path = common::reference_dir().join(file);
+        let text = std::fs::read_to_string(&path).expect("released example");
+        for doc in serde_yaml::Deserializer::from_str(&text) {
+            let v = <Value as serde::Deserialize>::deserialize(doc).expect("yaml");
+            if v["kind"] == "JobSet" {
+                out.push((file.to_owned(), v));
+            }
+        }
+    }
+    let base = |spec: Value| json!({"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": {"name": "x"}, "spec": spec});
+    out.push(("no spec".into(), json!({"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": {"name": "x"}})));
+    out.push((
+        "no failurePolicy".into(),
+        base(json!({"replicatedJobs": []})),
+    ));
+    out.push((
+        "no restartStrategy".into(),
+        base(json!({"failurePolicy": {"maxRestarts": 3}})),
+    ));
+    for strategy in [
+        "Recreate",
+        "BlockingRecreate",
+        "InPlaceRestart",
+        "inplacerestart",
+    ] {
+        out.push((
+            strategy.into(),
+            base(json!({"failurePolicy": {"restartStrategy": strategy, "maxRestarts": 1}})),
+        ));
+    }
+    out
+}
+
+#[test]
+fn the_match_conditions_select_exactly_in_place_restart_jobsets() {
+    let objects = jobset_objects();
+    let in_place: Vec<&str> = objects
+        .iter()
+        .filter(|(_, o)| o["spec"]["failurePolicy"]["restartStrategy"] == "InPlaceRestart")
+        .map(|(n, _)| n.as_str())
+        .collect();
+    assert!(
+        in_place.contains(&"story1") && in_place.contains(&"InPlaceRestart"),
+        "{in_place:?}"
+    );
+    for name in OVERLAYS {
+        let Some(r) = overlay(name) else { return };
+        for kind in [
+            "MutatingWebhookConfiguration",
+            "ValidatingWebhookConfiguration",
+        ] {
+            let webhook = &r.get(kind, "jobset-inplace")["webhooks"][0];
+            for (what, object) in &objects {
+                let code: jobset_inplace::jobset::JobSet = serde_json::from_value(object.clone())
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+                assert_eq!(
+                    webhook_matches(webhook, object),
+                    code.is_in_place_restart(),
+                    "{name} {kind}: {what}"
+                );
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn webhook_configurations_call_the_served_paths_with_the_right_policies() {
+    use jobset_inplace::jobset::{GROUP, PLURAL, VERSION};
+    use tower::ServiceExt;
+    let default_args = match Cli::try_parse_from(["jobset-inplace", "webhook"])
+        .expect("parses")
+        .command
+    {
+        Sub::Webhook(a) => a,
+        _ => unreachable!(),
+    };
+    for name in OVERLAYS {
+        let Some(r) = overlay(name) else { return };
+        let service = r.get("Service", "jobset-inplace-webhook");
+        let container = r.container("jobset-inplace-webhook", "webhook");
+        let pdb = r.get("PodDisruptionBudget", "jobset-inplace-webhook");
+        let deployment = r.deployment("jobset-inplace-webhook");
+        let pod_labels = &deployment["spec"]["template"]["metadata"]["labels"];
+        let selects = |selector: &Value| {
+            selector
+                .as_object()
+                .into_iter()
+                .flatten()
+                .all(|(k, v)| pod_labels[k] == *v)
+        };
+        assert!(
+            selects(&service["spec"]["selector"]),
+            "{name}: Service selects the webhook pods"
+        );
+        assert!(
+            selects(&pdb["spec"]["selector"]["matchLabels"]),
+            "{name}: PDB selects them"
+        );
+        assert!(
+            selects(&deployment["spec"]["selector"]["matchLabels"]),
+            "{name}"
+        );
+        assert_eq!(pdb["spec"]["minAvailable"], 1, "{name}");
+        assert_eq!(deployment["spec"]["replicas"], 2, "{name}");
+        let anti = &deployment["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"];
+        let term = &anti["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"];
+        assert!(
+            selects(&term["labelSelector"]["matchLabels"]),
+            "{name}: anti-affinity"
+        );
+
+        let ports = service["spec"]["ports"].as_array().expect("ports");
+        assert_eq!(ports.len(), 1);
+        assert_eq!(ports[0]["port"], 443);
+        let target = ports[0]["targetPort"].as_str().map_or_else(
+            || {
+                ports[0]["targetPort"]
+                    .as_u64()
+                    .and_then(|p| u16::try_from(p).ok())
+                    .unwrap_or(0)
+            },
+            |named| port_named(container, named),
+        );
+        assert_eq!(target, 8443, "{name}: 443 -> 8443");
+
+        for (kind, path, operations, failure) in [
+            (
+                "MutatingWebhookConfiguration",
+                "/mutate",
+                json!(["CREATE"]),
+                "Ignore",
+            ),
+            (
+                "ValidatingWebhookConfiguration",
+                "/validate",
+                json!(["CREATE", "UPDATE"]),
+                "Fail",
+            ),
+        ] {
+            let what = format!("{name} {kind}");
+            let config = r.get(kind, &default_args.webhook_config);
+            let webhooks = config["webhooks"].as_array().expect("webhooks");
+            assert_eq!(webhooks.len(), 1, "{what}");
+            let w = &webhooks[0];
+            assert_eq!(
+                w["clientConfig"]["service"],
+                json!({"name": service["metadata"]["name"], "namespace": NAMESPACE, "path": path, "port": 443}),
+                "{what}"
+            );
+            assert!(w["clientConfig"]["url"].is_null(), "{what}");
+            assert_eq!(
+                w["rules"],
+                json!([{"apiGroups": [GROUP], "apiVersions": [VERSION], "operations": operations,
+                        "resources": [PLURAL], "scope": "Namespaced"}]),
+                "{what}: the main resource only (status writes stay out)"
+            );
+            assert_eq!(w["failurePolicy"], failure, "{what}");
+            assert_eq!(w["sideEffects"], "None", "{what}");
+            assert_eq!(w["timeoutSeconds"], 5, "{what}");
+            assert_eq!(w["admissionReviewVersions"], json!(["v1"]), "{what}");
+            assert_eq!(w["matchPolicy"], "Equivalent", "{what}");
+            if kind.starts_with("Mutating") {
+                assert_eq!(w["reinvocationPolicy"], "IfNeeded", "{what}");
+            }
+            assert_eq!(
+                w["namespaceSelector"],
+                json!({"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "NotIn",
+                                             "values": ["kube-system", NAMESPACE]}]}),
+                "{what}"
+            );
+            match name {
+                "cert-manager" => assert_eq!(
+                    config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"],
+                    format!("{NAMESPACE}/jobset-inplace-webhook"),
+                    "{what}"
+                ),
+                _ => assert!(config["metadata"]["annotations"].is_null(), "{what}"),
+            }
+
+            // The path is served: the story-1 review answers 200 with its uid.
+            let body = std::fs::read(
+                common::manifest_dir().join("fixtures/admission/story1-plain/request.json"),
+            )
+            .expect("fixture");
+            let uid =
+                serde_json::from_slice::<Value>(&body).expect("json")["request"]["uid"].clone();
+            let text = r.config_map()["data"]["config.yaml"]
+                .as_str()
+                .expect("config");
+            let webhook = jobset_inplace::webhook::Webhook::new(load_config(Dialect::Epoch, text));
+            let request = axum::http::Request::post(path)
+                .header("content-type", "application/json")
+                .body(axum::body::Body::from(body))
+                .expect("request");
+            let response = tokio::time::timeout(
+                Duration::from_secs(10),
+                jobset_inplace::webhook::router(webhook).oneshot(request),
+            )
+            .await
+            .expect("in time")
+            .expect("answered");
+            assert_eq!(response.status(), 200, "{what}: {path} served");
+            let bytes = http_body_util::BodyExt::collect(response.into_body())
+                .await
+                .expect("body")
+                .to_bytes();
+            let review: Value = serde_json::from_slice(&bytes).expect("AdmissionReview");
+            assert_eq!(review["response"]["uid"], uid, "{what}");
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The agent's ValidatingAdmissionPolicy
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Debug, PartialEq, Eq)]
+enum Verdict {
+    NotMatched,
+    Allowed,
+    Denied(String),
+}
+
+/// Evaluates a ValidatingAdmissionPolicy on one request as the API server would: the match
+/// constraints, then every match condition, the variables in order, and every validation.
+/// An expression that errors fails the test (these must be total on any pod).
+fn evaluate_policy(policy: &Value, request: &Value, object: &Value, old: &Value) -> Verdict {
+    let spec = &policy["spec"];
+    let resource = match request["subResource"].as_str() {
+        Some(sub) if !sub.is_empty() => format!("pods/{sub}"),
+        _ => "pods".to_owned(),
+    };
+    let matched = spec["matchConstraints"]["resourceRules"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|rule| {
+            strings(&rule["apiGroups"]).contains(&String::new())
+                && strings(&rule["apiVersions"]).contains(&"v1".to_owned())
+                && strings(&rule["operations"])
+                    .iter()
+                    .any(|o| request["operation"] == o.as_str())
+                && strings(&rule["resources"])
+                    .iter()
+                    .any(|r| *r == resource || (r == "pods/*" && resource.starts_with("pods/")))
+        });
+    if !matched {
+        return Verdict::NotMatched;
+    }
+    let bindings = [("object", object), ("oldObject", old), ("request", request)];
+    let mut variables = HashMap::new();
+    for condition in spec["matchConditions"].as_array().into_iter().flatten() {
+        let expression = condition["expression"].as_str().expect("expression");
+        if !cel_bool(expression, &bindings, &variables) {
+            return Verdict::NotMatched;
+        }
+    }
+    for variable in spec["variables"].as_array().into_iter().flatten() {
+        let name = variable["name"].as_str().expect("name").to_owned();
+        let expression = variable["expression"].as_str().expect("expression");
+        let value = cel_eval(expression, &bindings, &variables)
+            .unwrap_or_else(|e| panic!("variable {name}: {expression}: {e}"));
+        variables.insert(name, value);
+    }
+    for validation in spec["validations"].as_array().into_iter().flatten() {
+        let expression = validation["expression"].as_str().expect("expression");
+        if !cel_bool(expression, &bindings, &variables) {
+            return Verdict::Denied(
+                validation["message"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+            );
+        }
+    }
+    Verdict::Allowed
+}
+
+const AGENT: &str = "system:serviceaccount:team-a:jobset-inplace-agent";
+
+fn worker_pod(name: &str, epoch_annotation: &str, epoch: Option<&str>) -> Value {
+    let mut annotations = json!({JOBSET_NAME_LABEL: "js", "jobset-inplace.dev/injected": "0.1.0"});
+    if let Some(e) = epoch {
+        annotations[epoch_annotation] = json!(e);
+    }
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "team-a", "uid": "u-1", "resourceVersion": "7",
+                     "labels": {JOBSET_NAME_LABEL: "js", "batch.kubernetes.io/job-name": "js-w-0"},
+                     "annotations": annotations,
+                     "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": "js-w-0", "uid": "j-1", "controller": true}]},
+        "spec": {"serviceAccountName": "jobset-inplace-agent",
+                 "containers": [{"name": "w", "image": "trainer:1"}]},
+        "status": {"phase": "Running"}
+    })
+}
+
+fn update_request(user: &str, token_pod: Option<&str>, sub_resource: &str) -> Value {
+    let mut user_info =
+        json!({"username": user, "groups": ["system:serviceaccounts", "system:authenticated"]});
+    if let Some(pod) = token_pod {
+        user_info["extra"] = json!({"authentication.kubernetes.io/pod-name": [pod],
+                                    "authentication.kubernetes.io/pod-uid": ["u-1"]});
+    }
+    json!({"operation": "UPDATE", "namespace": "team-a", "name": "js-0",
+           "resource": {"group": "", "version": "v1", "resource": "pods"},
+           "subResource": sub_resource, "userInfo": user_info})
+}
+
+/// The agent policy's verdicts on the requests agents and others send.
+fn check_agent_policy(what: &str, policy: &Value, dialect: Dialect) {
+    let key = dialect.pod_annotation();
+    let other_key = Dialect::ALL
+        .into_iter()
+        .find(|d| *d != dialect)
+        .map(Dialect::pod_annotation)
+        .expect("two dialects");
+    let own = update_request(AGENT, Some("js-0"), "");
+    let verdict =
+        |request: &Value, old: &Value, new: &Value| evaluate_policy(policy, request, new, old);
+    let edit = |old: &Value, f: &dyn Fn(&mut Value)| {
+        let mut new = old.clone();
+        f(&mut new);
+        new
+    };
+    let at = |e: Option<&str>| worker_pod("js-0", key, e);
+
+    // Allowed: the agent writes its own pod's epoch annotation.
+    let mut bare = at(None);
+    bare["metadata"]
+        .as_object_mut()
+        .map(|m| m.remove("annotations"));
+    let cases_allowed = [
+        (
+            "first registration, pod without annotations",
+            bare.clone(),
+            edit(&bare, &|p| p["metadata"]["annotations"] = json!({key: "1"})),
+        ),
+        ("first registration", at(None), at(Some("1"))),
+        ("next epoch", at(Some("1")), at(Some("2"))),
+        (
+            "the same epoch again (a retried patch)",
+            at(Some("2")),
+            at(Some("2")),
+        ),
+        ("a malformed epoch replaced", at(Some("x")), at(Some("3"))),
+        (
+            "resourceVersion and managedFields move with any update",
+            at(Some("1")),
+            edit(&at(Some("2")), &|p| {
+                p["metadata"]["resourceVersion"] = json!("8");
+                p["metadata"]["managedFields"] = json!([{"manager": "agent"}]);
+            }),
+        ),
+    ];
+    for (case, old, new) in &cases_allowed {
+        assert_eq!(verdict(&own, old, new), Verdict::Allowed, "{what}: {case}");
+    }
+
+    // Denied: anything else the agent's account might try.
+    // Each denial comes from the validation meant for it (its message says which).
+    let denied = |case: &str, because: &str, request: &Value, old: &Value, new: &Value| {
+        let v = verdict(request, old, new);
+        assert!(
+            matches!(&v, Verdict::Denied(m) if m.contains(because)),
+            "{what}: {case}: {v:?}, expected a denial for {because:?}"
+        );
+    };
+    denied(
+        "another pod's epoch",
+        "only update the pod its token",
+        &update_request(AGENT, Some("js-1"), ""),
+        &at(Some("1")),
+        &at(Some("2")),
+    );
+    denied(
+        "a token bound to no pod",
+        "only update the pod its token",
+        &update_request(AGENT, None, ""),
+        &at(Some("1")),
+        &at(Some("2")),
+    );
+    denied(
+        "the agent of another namespace",
+        "only update the pod its token",
+        &update_request(
+            "system:serviceaccount:team-b:jobset-inplace-agent",
+            Some("js-0"),
+            "",
+        ),
+        &at(Some("1")),
+        &at(Some("2")),
+    );
+    denied(
+        "pods/status",
+        "subresources",
+        &update_request(AGENT, Some("js-0"), "status"),
+        &at(Some("1")),
+        &at(Some("2")),
+    );
+    denied(
+        "pods/status, status only",
+        "subresources",
+        &update_request(AGENT, Some("js-0"), "status"),
+        &at(Some("1")),
+        &edit(&at(Some("1")), &|p| p["status"]["phase"] = json!("Failed")),
+    );
+    denied(
+        "pods/ephemeralcontainers",
+        "subresources",
+        &update_request(AGENT, Some("js-0"), "ephemeralcontainers"),
+        &at(Some("1")),
+        &edit(&at(Some("1")), &|p| {
+            p["spec"]["ephemeralContainers"] = json!([{"name": "debug", "image": "busybox"}])
+        }),
+    );
+    denied(
+        "another annotation added",
+        "no pod annotation but",
+        &own,
+        &at(Some("1")),
+        &edit(&at(Some("2")), &|p| {
+            p["metadata"]["annotations"]["x"] = json!("y")
+        }),
+    );
+    denied(
+        "another annotation changed",
+        "no pod annotation but",
+        &own,
+        &at(Some("1")),
+        &edit(&at(Some("2")), &|p| {
+            p["metadata"]["annotations"][JOBSET_NAME_LABEL] = json!("other")
+        }),
+    );
+    denied(
+        "another annotation removed",
+        "no pod annotation but",
+        &own,
+        &at(Some("1")),
+        &edit(&at(Some("2")), &|p| {
+            p["metadata"]["annotations"]
+                .as_object_mut()
+                .map(|a| a.remove(JOBSET_NAME_LABEL));
+        }),
+    );
+    denied(
+        "the other dialect's annotation",
+        "no pod annotation but",
+        &own,
+        &at(Some("1")),
+        &edit(&at(Some("1")), &|p| {
+            p["metadata"]["annotations"][other_key] = json!("5")
+        }),
+    );
+    denied(
+        "a label changed",
+        "labels",
+        &own,
+        &at(Some("1")),
+        &edit(&at(Some("2")), &|p| {
+            p["metadata"]["labels"]["team"] = json!("x")
+        }),
+    );
+    denied(
+        "labels removed",
+        "labels",
+        &own,
+        &at(Some("1")),
+        &edit(&at(Some("2")), &|p| {
+            p["metadata"].as_object_mut().map(|m| m.remove("labels"));
+        }),
+    );
+    denied(
+        "the spec changed",
+        "spec",
+        &own,
+        &at(Some("1")),
+        &edit(&at(Some("2")), &|p| {
+            p["spec"]["containers"][0]["image"] = json!("evil:1")
+        }),
+    );
+    denied(
+        "a finalizer added",
+        "finalizers or owner",
+        &own,
+        &at(Some("1")),
+        &edit(&at(Some("2")), &|p| {
+            p["metadata"]["finalizers"] = json!(["x/y"])
+        }),
+    );
+    denied(
+        "owner references dropped",
+        "finalizers or owner",
+        &own,
+        &at(Some("1")),
+        &edit(&at(Some("2")), &|p| {
+            p["metadata"]
+                .as_object_mut()
+                .map(|m| m.remove("ownerReferences"));
+        }),
+    );
+    denied(
+        "the epoch removed",
+        "never decreases",
+        &own,
+        &at(Some("1")),
+        &at(None),
+    );
+    denied(
+        "the epoch decreased",
+        "never decreases",
+        &own,
+        &at(Some("3")),
+        &at(Some("2")),
+    );
+    for bad in ["", "-1", "+1", "1.0", "one", " 1", "12345678901"] {
+        denied(
+            &format!("epoch {bad:?}"),
+            "never decreases",
+            &own,
+            &at(Some("1")),
+            &at(Some(bad)),
+        );
+    }
+
+    // Not the policy's business: other users, other operations.
+    for user in [
+        "system:serviceaccount:team-a:default",
+        "system:serviceaccount:team-a:jobset-inplace-agent-2",
+        "system:serviceaccount:team-a:my-jobset-inplace-agent",
+        "system:serviceaccount:jobset-inplace-system:jobset-inplace-reconciler",
+        "alice",
+        "jobset-inplace-agent",
+    ] {
+        let request = update_request(user, Some("js-0"), "");
+        let anything = edit(&at(Some("1")), &|p| {
+            p["spec"]["containers"][0]["image"] = json!("x")
+        });
+        assert_eq!(
+            verdict(&request, &at(Some("1")), &anything),
+            Verdict::NotMatched,
+            "{what}: {user}"
+        );
+    }
+    for operation in ["CREATE", "DELETE", "CONNECT"] {
+        let mut request = own.clone();
+        request["operation"] = json!(operation);
+        assert_eq!(
+            verdict(&request, &at(Some("1")), &at(Some("1"))),
+            Verdict::NotMatched,
+            "{what}: {operation}"
+        );
+    }
+}
+
+#[test]
+fn the_agent_policy_allows_only_the_agents_own_epoch_annotation() {
+    use jobset_inplace::admission::config::DEFAULT_SERVICE_ACCOUNT;
+    for name in OVERLAYS {
+        let Some(r) = overlay(name) else { return };
+        let policy = r.get("ValidatingAdmissionPolicy", "jobset-inplace-agent");
+        let binding = r.get("ValidatingAdmissionPolicyBinding", "jobset-inplace-agent");
+        assert_eq!(binding["spec"]["policyName"], "jobset-inplace-agent");
+        assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]));
+        assert_eq!(policy["spec"]["failurePolicy"], "Fail");
+        let dialect = overlay_dialect(name);
+        assert_eq!(
+            policy["spec"]["variables"][0],
+            json!({"name": "epochAnnotation", "expression": format!("'{}'", dialect.pod_annotation())}),
+            "{name}"
+        );
+        // The account it restricts is the one the webhook injects.
+        let condition = policy["spec"]["matchConditions"][0]["expression"]
+            .as_str()
+            .unwrap_or_default();
+        assert!(
+            condition.contains(&format!(":{DEFAULT_SERVICE_ACCOUNT}$")),
+            "{condition}"
+        );
+        check_agent_policy(name, policy, dialect);
+    }
+}
+
+/// The policy file as written, for both dialects, without kubectl.
+#[test]
+fn the_agent_policy_file_evaluates_for_both_dialects() {
+    let text = std::fs::read_to_string(deploy_dir().join("base/agent-policy.yaml")).expect("read");
+    let policy = serde_yaml::Deserializer::from_str(&text)
+        .map(|d| <Value as serde::Deserialize>::deserialize(d).expect("yaml"))
+        .find(|v| v["kind"] == "ValidatingAdmissionPolicy")
+        .expect("policy");
+    for dialect in Dialect::ALL {
+        let mut policy = policy.clone();
+        policy["spec"]["variables"][0]["expression"] =
+            json!(format!("'{}'", dialect.pod_annotation()));
+        check_agent_policy(dialect.as_str(), &policy, dialect);
+    }
+}
+
+#[test]
+fn the_agent_role_is_what_the_agent_needs() {
+    use jobset_inplace::reconciler::provision::ProvisionSettings;
+    for name in OVERLAYS {
+        let Some(r) = overlay(name) else { return };
+        let settings = ProvisionSettings::default();
+        let role = r.get("ClusterRole", &settings.cluster_role);
+        assert_eq!(
+            role["rules"],
+            json!([
+                {"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"], "verbs": ["get", "list", "watch"]},
+                {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch"]}
+            ]),
+            "{name}"
+        );
+        // The reconciler may bind it without holding it.
+        let reconciler = r.get("ClusterRole", "jobset-inplace-reconciler");
+        assert!(
+            reconciler["rules"].as_array().into_iter().flatten().any(|rule| rule
+                == &json!({"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterroles"],
+                           "resourceNames": [settings.cluster_role], "verbs": ["bind"]})),
+            "{name}: bind on the agent role"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// RBAC: every request the components make is granted, and nothing they never ask for
+// ---------------------------------------------------------------------------------------------
+
+/// The rules bound to one service account of this namespace: cluster-wide, and in the namespace.
+struct Grants {
+    cluster: Vec<Value>,
+    namespaced: Vec<Value>,
+}
+
+fn grants_for(r: &Rendered, account: &str) -> Grants {
+    let subject = json!({"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE});
+    let bound = |binding_kind: &str| -> Vec<Value> {
+        r.of_kind(binding_kind)
+            .into_iter()
+            .filter(|b| {
+                b["subjects"]
+                    .as_array()
+                    .is_some_and(|s| s.contains(&subject))
+            })
+            .flat_map(|b| {
+                let role = r.get(
+                    b["roleRef"]["kind"].as_str().unwrap_or_default(),
+                    b["roleRef"]["name"].as_str().unwrap_or_default(),
+                );
+                role["rules"].as_array().cloned().unwrap_or_default()
+            })
+            .collect()
+    };
+    Grants {
+        cluster: bound("ClusterRoleBinding"),
+        namespaced: bound("RoleBinding"),
+    }
+}
+
+fn rule_allows(rule: &Value, group: &str, resource: &str, verb: &str, name: Option<&str>) -> bool {
+    let has = |field: &str, want: &str| strings(&rule[field]).iter().any(|v| v == want || v == "*");
+    let names = strings(&rule["resourceNames"]);
+    has("apiGroups", group)
+        && has("resources", resource)
+        && has("verbs", verb)
+        && (names.is_empty() || name.is_some_and(|n| names.iter().any(|r| r == n)))
+}
+
+/// Every (group, resource, verb) the rules grant.
+fn granted(rules: &[Value]) -> BTreeSet<(String, String, String)> {
+    let mut out = BTreeSet::new();
+    for rule in rules {
+        for g in strings(&rule["apiGroups"]) {
+            for res in strings(&rule["resources"]) {
+                for v in strings(&rule["verbs"]) {
+                    out.insert((g.clone(), res.clone(), v));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The requests the test API server counted, as (group, resource[/subresource], verb).
+fn observed(
+    server: &jobset_inplace::testing::apiserver::TestApiServer,
+) -> BTreeSet<(String, String, String)> {
+    let registry = server.registry();
+    server
+        .counters()
+        .by
+        .keys()
+        .map(|(verb, name)| {
+            let (base, sub) = match name.split_once('/') {
+                Some((b, s)) => (b, Some(s)),
+                None => (name.as_str(), None),
+            };
+            let id = registry
+                .resolve(base)
+                .unwrap_or_else(|| panic!("unknown resource {name}"));
+            let t = &registry.types()[id];
+            let resource = match sub {
+                Some(s) => format!("{}/{s}", t.plural),
+                None => t.plural.to_string(),
+            };
+            (t.group.to_string(), resource, verb.as_str().to_owned())
+        })
+        .collect()
+}
+
+/// Checks `seen` against `grants`; `named` gives the object name of requests on resources only
+/// granted by name; `namespaced` lists the resources requested in this namespace only (the rest
+/// are requested in any namespace, so need cluster-wide rules). Returns what is granted but never
+/// requested.
+fn check_grants(
+    what: &str,
+    grants: &Grants,
+    seen: &BTreeSet<(String, String, String)>,
+    named: &BTreeMap<&str, &str>,
+    namespaced: &[&str],
+) -> BTreeSet<(String, String, String)> {
+    for (group, resource, verb) in seen {
+        let name = if verb == "create" || verb == "list" || verb == "watch" {
+            None
+        } else {
+            named.get(resource.as_str()).copied()
+        };
+        let mut rules = grants.cluster.iter().collect::<Vec<_>>();
+        if namespaced.contains(&resource.as_str()) {
+            rules.extend(grants.namespaced.iter());
+        }
+        assert!(
+            rules
+                .iter()
+                .any(|r| rule_allows(r, group, resource, verb, name)),
+            "{what}: `{verb} {resource}` (group {group:?}, name {name:?}) is not granted"
+        );
+    }
+    let mut all = granted(&grants.cluster);
+    all.extend(granted(&grants.namespaced));
+    all.difference(seen).cloned().collect()
+}
+
+/// Polls `f` every 10 ms for up to 30 s.
+async fn until(what: &str, f: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn jobset_json(ns: &str, name: &str, max_restarts: i64) -> Value {
+    json!({
+        "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"failurePolicy": {"restartStrategy": "InPlaceRestart", "maxRestarts": max_restarts},
+                 "replicatedJobs": [
+                    {"name": "w", "replicas": 1, "template": {"spec": {"parallelism": 1, "completions": 1,
+                        "template": {"spec": {"containers": [{"name": "w", "image": "w"}]}}}}},
+                    {"name": "t", "replicas": 1, "template": {"spec": {"parallelism": 1, "completions": 1,
+                        "template": {"spec": {"serviceAccountName": "trainer", "containers": [{"name": "w", "image": "w"}]}}}}}
+                 ]},
+        "status": {}
+    })
+}
+
+#[tokio::test]
+async fn the_reconcilers_rbac_grants_every_request_it_makes_and_no_more() {
+    use jobset_inplace::reconciler::provision::ProvisionSettings;
+    use jobset_inplace::reconciler::{self, LeaderElection, Options, Settings, crd};
+    use jobset_inplace::testing::apiserver::{TestApiServer, Verb};
+    // The attempt dialect runs on the released CRD, so the start-up CRD check runs too.
+    let Some(r) = overlay("jobset-native") else {
+        return;
+    };
+    let Sub::Reconciler(args) =
+        parse_args(r.container("jobset-inplace-reconciler", "reconciler")).command
+    else {
+        panic!("reconciler")
+    };
+    let dialect = Dialect::Attempt;
+    let server = TestApiServer::start().await;
+    let seen = tokio::time::timeout(Duration::from_secs(60), async {
+        let crd_object = common::read_yaml(&common::reference_dir().join("jobset.x-k8s.io_jobsets.yaml"));
+        server.create("customresourcedefinitions", crd_object).expect("crd");
+        server
+            .create("namespaces", json!({"metadata": {"name": "team-b", "labels": {"jobset-inplace.dev/enabled": "true"}}}))
+            .expect("namespace");
+        server.create("jobsets", jobset_json("team-a", "js", 1)).expect("jobset");
+        for i in 0..2 {
+            server
+                .create("pods", json!({"metadata": {"name": format!("js-{i}"), "namespace": "team-a",
+                    "labels": {JOBSET_NAME_LABEL: "js"}, "annotations": {JOBSET_NAME_LABEL: "js"}},
+                    "spec": {"containers": [{"name": "w", "image": "w"}]},
+                    "status": {"phase": "Running", "containerStatuses": [{"name": "w", "restartCount": 0}]}}))
+                .expect("pod");
+        }
+        let options = Options {
+            settings: Settings {
+                dialect,
+                namespace: args.namespace.clone(),
+                workers: 2,
+                debounce: Duration::from_millis(5),
+                identity: "jobset-inplace-reconciler-0".to_owned(),
+                provision: args.provision_service_accounts.then(|| ProvisionSettings {
+                    service_account: args.agent_service_account.clone(),
+                    cluster_role: args.agent_cluster_role.clone(),
+                }),
+            },
+            leader_election: args.leader_elect.then(|| LeaderElection {
+                lease_name: args.lease_name.clone(),
+                lease_namespace: NAMESPACE.to_owned(),
+                duration: Duration::from_secs(args.lease_duration_seconds),
+                grace: Duration::from_secs(args.lease_grace_seconds),
+            }),
+            check_crd: !args.skip_crd_check,
+        };
+        assert!(options.check_crd && options.leader_election.is_some());
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(reconciler::run(server.client(), options, None, async {
+            let _ = stopped.await;
+        }));
+        let status = |field: &str| server.get("jobsets", "team-a", "js").map(|j| j["status"][field].clone());
+        let set_epoch = |pod: &str, epoch: &str| {
+            server
+                .patch("pods", "team-a", pod, &json!({"metadata": {"annotations": {dialect.pod_annotation(): epoch}}}))
+                .expect("pod");
+        };
+        // Every pod registers: synced.
+        set_epoch("js-0", "0");
+        set_epoch("js-1", "0");
+        until("synced 0", || status(dialect.synced_field()) == Some(json!(0))).await;
+        // A group restart; its first status write meets a conflict and is re-read.
+        server.fail_next(1, Verb::Patch, "jobsets/status", 409);
+        set_epoch("js-0", "1");
+        until("deprecated 0", || status(dialect.deprecated_field()) == Some(json!(0))).await;
+        set_epoch("js-1", "1");
+        until("synced 1", || status(dialect.synced_field()) == Some(json!(1))).await;
+        // One restart too many: the JobSet fails.
+        set_epoch("js-0", "2");
+        until("failed", || {
+            status("conditions").is_some_and(|c| c.as_array().into_iter().flatten().any(|c| c["type"] == "Failed"))
+        })
+        .await;
+        // The agent's accounts, in the JobSet's namespace and the labelled one.
+        until("provisioned", || {
+            ["team-a", "team-b"].iter().all(|ns| {
+                server.get("serviceaccounts", ns, "jobset-inplace-agent").is_some()
+                    && server.get("rolebindings", ns, "jobset-inplace-agent").is_some()
+            })
+        })
+        .await;
+        until("events", || !server.list("events.events.k8s.io", Some("team-a")).is_empty()).await;
+        let _ = stop.send(());
+        match tokio::time::timeout(Duration::from_secs(20), task).await {
+            Ok(Ok(result)) => result.expect("the reconciler ran"),
+            other => panic!("the reconciler did not stop: {other:?}"),
+        }
+        observed(&server)
+    })
+    .await
+    .expect("the scenario finished in time");
+    // The CRD check passed on the released CRD in this dialect, as in the cluster.
+    let released = common::read_yaml(&common::reference_dir().join("jobset.x-k8s.io_jobsets.yaml"));
+    assert_eq!(crd::missing_status_fields(&released, dialect), Ok(()));
+
+    let named = BTreeMap::from([
+        ("customresourcedefinitions", crd::CRD_NAME),
+        ("leases", args.lease_name.as_str()),
+    ]);
+    let grants = grants_for(&r, "jobset-inplace-reconciler");
+    // Leases only in its own namespace; never cluster-wide.
+    assert!(
+        grants
+            .cluster
+            .iter()
+            .all(|rule| !strings(&rule["resources"]).contains(&"leases".to_owned()))
+    );
+    let unused = check_grants("reconciler", &grants, &seen, &named, &["leases"]);
+    let reasons: BTreeMap<(&str, &str, &str), &str> = BTreeMap::from([
+        (
+            ("events.k8s.io", "events", "patch"),
+            "a repeated event is patched into a series",
+        ),
+        (
+            ("", "serviceaccounts", "create"),
+            "server-side apply of a new object is authorized as create",
+        ),
+        (
+            ("rbac.authorization.k8s.io", "rolebindings", "create"),
+            "server-side apply of a new object is authorized as create",
+        ),
+        (
+            ("rbac.authorization.k8s.io", "clusterroles", "bind"),
+            "binding the agent role without holding it; no request",
+        ),
+    ]);
+    let unexplained: Vec<_> = unused
+        .iter()
+        .filter(|(g, res, v)| !reasons.contains_key(&(g.as_str(), res.as_str(), v.as_str())))
+        .collect();
+    assert!(
+        unexplained.is_empty(),
+        "granted to the reconciler but never requested: {unexplained:?}\nrequested: {seen:?}"
+    );
+}
+
+#[tokio::test]
+async fn the_self_signed_webhooks_rbac_grants_what_it_uses() {
+    use jobset_inplace::certs::{self, cluster};
+    use jobset_inplace::testing::apiserver::TestApiServer;
+    for name in ["epoch", "jobset-native", "cert-manager"] {
+        let Some(r) = overlay(name) else { return };
+        let grants = grants_for(&r, "jobset-inplace-webhook");
+        assert!(
+            grants.cluster.is_empty() && grants.namespaced.is_empty(),
+            "{name}: no API access"
+        );
+    }
+    let Some(r) = overlay("self-signed") else {
+        return;
+    };
+    let Sub::Webhook(args) = parse_args(r.container("jobset-inplace-webhook", "webhook")).command
+    else {
+        panic!("webhook")
+    };
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let server = TestApiServer::start().await;
+    let dirs = [
+        tempfile::tempdir().expect("tempdir"),
+        tempfile::tempdir().expect("tempdir"),
+    ];
+    let seen = tokio::time::timeout(Duration::from_secs(60), async {
+        for (kind, resource) in [
+            (
+                "MutatingWebhookConfiguration",
+                "mutatingwebhookconfigurations",
+            ),
+            (
+                "ValidatingWebhookConfiguration",
+                "validatingwebhookconfigurations",
+            ),
+        ] {
+            server
+                .create(resource, r.get(kind, &args.webhook_config).clone())
+                .expect("configuration");
+        }
+        let names = certs::service_names(&args.service, &args.namespace);
+        // Two replicas, one after the other: the first creates, the second reads.
+        for dir in &dirs {
+            cluster::bootstrap(
+                &server.client(),
+                &args.namespace,
+                &args.secret,
+                &names,
+                Some(&args.webhook_config),
+                dir.path(),
+            )
+            .await
+            .expect("bootstrap");
+        }
+        for resource in [
+            "mutatingwebhookconfigurations",
+            "validatingwebhookconfigurations",
+        ] {
+            let config = server
+                .get(resource, "", &args.webhook_config)
+                .expect("configuration");
+            assert!(
+                config["webhooks"][0]["clientConfig"]["caBundle"].is_string(),
+                "{resource}: caBundle"
+            );
+        }
+        observed(&server)
+    })
+    .await
+    .expect("in time");
+    let named = BTreeMap::from([
+        ("secrets", args.secret.as_str()),
+        (
+            "mutatingwebhookconfigurations",
+            args.webhook_config.as_str(),
+        ),
+        (
+            "validatingwebhookconfigurations",
+            args.webhook_config.as_str(),
+        ),
+    ]);
+    let grants = grants_for(&r, "jobset-inplace-webhook");
+    assert!(
+        grants
+            .cluster
+            .iter()
+            .all(|rule| !strings(&rule["resources"]).contains(&"secrets".to_owned()))
+    );
+    let unused = check_grants("self-signed webhook", &grants, &seen, &named, &["secrets"]);
+    assert_eq!(
+        unused,
+        BTreeSet::from([("".to_owned(), "secrets".to_owned(), "update".to_owned())]),
+        "only the renewal (an update under a resourceVersion precondition) is not exercised here"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// The epoch-status-fields component on the released CRD, the one-place image, cert-manager
+// ---------------------------------------------------------------------------------------------
+
+fn released_crd_text() -> String {
+    std::fs::read_to_string(common::reference_dir().join("jobset.x-k8s.io_jobsets.yaml"))
+        .expect("released CRD")
+}
+
+fn v1alpha2_status_schema(crd: &Value) -> jsonschema::Validator {
+    let schema = crd["spec"]["versions"]
+        .as_array()
+        .and_then(|vs| vs.iter().find(|v| v["name"] == "v1alpha2"))
+        .map(|v| v["schema"]["openAPIV3Schema"]["properties"]["status"].clone())
+        .expect("v1alpha2 status schema");
+    jsonschema::validator_for(&schema).expect("compiles")
+}
+
+#[test]
+fn the_crd_component_gives_the_released_crd_the_epoch_fields() {
+    use jobset_inplace::reconciler::crd::missing_status_fields;
+    if !have_kubectl() {
+        return;
+    }
+    // The recipe of deploy/README.md: the JobSet manifest, the overlay, the component.
+    let kustomization = "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n\
+        resources:\n- jobset-manifests.yaml\n- {deploy}/overlays/epoch\n\
+        components:\n- {deploy}/components/epoch-status-fields\n";
+    let objects = render_kustomization(
+        kustomization,
+        &[("jobset-manifests.yaml", &released_crd_text())],
+    );
+    let crds: Vec<&Value> = objects
+        .iter()
+        .filter(|o| o["kind"] == "CustomResourceDefinition")
+        .collect();
+    assert_eq!(crds.len(), 1);
+    let crd = crds[0];
+    assert_eq!(check_object(crd), Vec::<String>::new(), "still a valid CRD");
+    let released = common::read_yaml(&common::reference_dir().join("jobset.x-k8s.io_jobsets.yaml"));
+    assert!(missing_status_fields(&released, Dialect::Epoch).is_err());
+    assert_eq!(
+        missing_status_fields(crd, Dialect::Epoch),
+        Ok(()),
+        "the reconciler starts"
+    );
+    assert_eq!(
+        missing_status_fields(crd, Dialect::Attempt),
+        Ok(()),
+        "the released fields stay"
+    );
+    // Nothing else changes: the rest is the overlay as it renders alone.
+    if let Some(alone) = overlay("epoch") {
+        let rest: Vec<&Value> = objects
+            .iter()
+            .filter(|o| o["kind"] != "CustomResourceDefinition")
+            .collect();
+        assert_eq!(rest, alone.objects.iter().collect::<Vec<_>>());
+    }
+
+    // The status schema (the whole object's is checked by tests/admission_fixtures.rs).
+    let schema = v1alpha2_status_schema(crd);
+    let accepts = |status: Value| common::schema_errors(&schema, &status);
+    assert_eq!(accepts(json!({})), Vec::<String>::new());
+    assert_eq!(
+        accepts(json!({"deprecatedEpoch": 0, "syncedEpoch": 1, "restarts": 1})),
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        accepts(json!({"deprecatedEpoch": 2147483646, "syncedEpoch": 2147483647})),
+        Vec::<String>::new()
+    );
+    for bad in [
+        json!({"deprecatedEpoch": -1}),
+        json!({"syncedEpoch": -5}),
+        json!({"syncedEpoch": "2"}),
+        json!({"deprecatedEpoch": 1.5}),
+    ] {
+        assert!(!accepts(bad.clone()).is_empty(), "{bad} accepted");
+    }
+    // The released schema would not have had them (pruned by the API server, not rejected).
+    let released_schema = &released["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
+        ["status"]["properties"];
+    assert!(released_schema.get("syncedEpoch").is_none());
+
+    // The patch stops the build rather than patch the wrong version.
+    let mut moved = released.clone();
+    moved["spec"]["versions"][0]["name"] = json!("v1alpha3");
+    let moved = serde_json::to_string(&moved).expect("json");
+    let dir = kustomization_dir();
+    write_kustomization(
+        dir.path(),
+        kustomization,
+        &[("jobset-manifests.yaml", &moved)],
+    );
+    let result = run_bounded(
+        Command::new("kubectl").arg("kustomize").arg(dir.path()),
+        RENDER_LIMIT,
+    );
+    assert!(
+        result.is_err(),
+        "a CRD whose first version is not v1alpha2 must not be patched"
+    );
+}
+
+#[test]
+fn the_epoch_overlay_alone_patches_no_crd() {
+    let Some(r) = overlay("epoch") else { return };
+    assert!(r.of_kind("CustomResourceDefinition").is_empty());
+}
+
+#[test]
+fn one_images_entry_moves_every_image() {
+    if !have_kubectl() {
+        return;
+    }
+    for name in ["epoch", "self-signed"] {
+        let kustomization = format!(
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n\
+             resources:\n- {{deploy}}/overlays/{name}\n\
+             images:\n- name: {IMAGE}\n  newName: registry.example.com/mirror/jobset-inplace\n  newTag: 9.9.9\n"
+        );
+        let r = Rendered {
+            name: name.to_owned(),
+            objects: render_kustomization(&kustomization, &[]),
+        };
+        let want = json!("registry.example.com/mirror/jobset-inplace:9.9.9");
+        for (deployment, container) in [
+            ("jobset-inplace-webhook", "webhook"),
+            ("jobset-inplace-reconciler", "reconciler"),
+        ] {
+            assert_eq!(
+                r.container(deployment, container)["image"],
+                want,
+                "{name} {deployment}"
+            );
+        }
+        let webhook = r.container("jobset-inplace-webhook", "webhook");
+        assert_eq!(
+            env_value(webhook, "JOBSET_INPLACE_AGENT_IMAGE").map(|e| &e["value"]),
+            Some(&want),
+            "{name}: the injected agent follows"
+        );
+    }
+}
+
+#[test]
+fn cert_manager_issues_the_secret_the_webhook_mounts() {
+    use jobset_inplace::certs;
+    let Some(r) = overlay("cert-manager") else {
+        return;
+    };
+    let pod = &r.deployment("jobset-inplace-webhook")["spec"]["template"]["spec"];
+    let tls_secret = pod["volumes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find_map(|v| v["secret"]["secretName"].as_str())
+        .expect("a Secret volume");
+    let serving = r.get("Certificate", "jobset-inplace-webhook");
+    assert_eq!(serving["spec"]["secretName"], tls_secret);
+    let service = r.get("Service", "jobset-inplace-webhook")["metadata"]["name"]
+        .as_str()
+        .expect("service");
+    let names = certs::service_names(service, NAMESPACE);
+    let dns = strings(&serving["spec"]["dnsNames"]);
+    assert!(
+        dns.contains(&format!("{service}.{NAMESPACE}.svc")),
+        "{dns:?}: the name the API server dials"
+    );
+    assert!(dns.iter().all(|d| names.contains(d)), "{dns:?}");
+    assert_ne!(serving["spec"]["isCA"], true);
+    // serving <- CA issuer <- CA certificate <- self-signed issuer
+    let ca_issuer = r.get(
+        "Issuer",
+        serving["spec"]["issuerRef"]["name"]
+            .as_str()
+            .expect("issuer"),
+    );
+    assert_eq!(serving["spec"]["issuerRef"]["kind"], "Issuer");
+    let ca_secret = &ca_issuer["spec"]["ca"]["secretName"];
+    let ca = r
+        .of_kind("Certificate")
+        .into_iter()
+        .find(|c| c["spec"]["secretName"] == *ca_secret)
+        .expect("the CA certificate");
+    assert_eq!(ca["spec"]["isCA"], true);
+    let root = r.get(
+        "Issuer",
+        ca["spec"]["issuerRef"]["name"].as_str().expect("issuer"),
+    );
+    assert!(root["spec"]["selfSigned"].is_object());
+    // Both webhook configurations get the CA of the serving certificate.
+    let from = format!(
+        "{NAMESPACE}/{}",
+        serving["metadata"]["name"].as_str().unwrap_or_default()
+    );
+    for kind in [
+        "MutatingWebhookConfiguration",
+        "ValidatingWebhookConfiguration",
+    ] {
+        assert_eq!(
+            r.get(kind, "jobset-inplace")["metadata"]["annotations"]["cert-manager.io/inject-ca-from"],
+            json!(from)
+        );
+    }
+}
