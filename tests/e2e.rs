@@ -86,3 +86,217 @@ async fn group_restart(dialect: Dialect, pods: i64) {
 async fn kep_e2e_two_pods_epoch_dialect() {
     bounded(group_restart(Dialect::Epoch, 2)).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kep_e2e_two_pods_attempt_dialect() {
+    bounded(group_restart(Dialect::Attempt, 2)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_pods_in_one_job_both_dialects() {
+    bounded(async {
+        for dialect in Dialect::ALL {
+            let mut c = config(dialect, 3);
+            c.replicated_jobs[0].replicas = 1;
+            c.replicated_jobs[0].parallelism = 3;
+            let sim = Simulation::start(c).await.expect("starts");
+            let first = running(&sim).await;
+            assert!(sim.fail_worker(2, 1));
+            let after = until(&sim, "the group restart", |s| {
+                s.all_running_after(first.synced)
+            })
+            .await;
+            assert_eq!(after.uids(), first.uids());
+            assert!(after.slots.iter().all(|s| s.state.restarts == 1), "{after}");
+            assert_clean(&sim, &after);
+            sim.shutdown().await;
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixteen_pods_both_dialects() {
+    bounded(async {
+        for dialect in Dialect::ALL {
+            let mut c = config(dialect, 16);
+            c.probe_period = Duration::from_millis(25);
+            c.check_interval = Some(Duration::from_millis(10));
+            let sim = Simulation::start(c).await.expect("starts");
+            let first = running(&sim).await;
+            assert!(sim.fail_worker(5, 2));
+            let after = until(&sim, "the group restart", |s| {
+                s.all_running_after(first.synced)
+            })
+            .await;
+            assert_eq!(after.synced, first.synced.map(|e| e + 1), "{after}");
+            assert_eq!(after.uids(), first.uids());
+            assert!(after.slots.iter().all(|s| s.state.restarts == 1), "{after}");
+            assert_clean(&sim, &after);
+            sim.shutdown().await;
+        }
+    })
+    .await;
+}
+
+/// A node is lost: its pod fails and the Job controller replaces it (new name and UID); the
+/// replacement registers a newer epoch, which restarts the others in place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_node_replacement_joins_the_next_epoch() {
+    bounded(async {
+        for dialect in Dialect::ALL {
+            let sim = Simulation::start(config(dialect, 3)).await.expect("starts");
+            let first = running(&sim).await;
+            assert!(sim.fail_node(1));
+            let after = until(&sim, "the replacement and the group restart", |s| {
+                s.all_running_after(first.synced)
+            })
+            .await;
+            assert_eq!(after.synced, first.synced.map(|e| e + 1), "{after}");
+            let (lost, kept) = (&after.slots[1], [&after.slots[0], &after.slots[2]]);
+            assert_eq!(lost.state.replacements, 1, "{after}");
+            assert_ne!(lost.state.uid, first.slots[1].state.uid);
+            assert_eq!(
+                lost.state.restarts, 0,
+                "the replacement started fresh\n{after}"
+            );
+            for (slot, before) in kept.iter().zip([&first.slots[0], &first.slots[2]]) {
+                assert_eq!(
+                    slot.state.uid, before.state.uid,
+                    "restarted in place\n{after}"
+                );
+                assert_eq!(slot.state.restarts, 1, "{after}");
+            }
+            let failed = sim
+                .server()
+                .get("pods", &sim.config().namespace, &first.slots[1].state.pod)
+                .expect("the failed pod stays");
+            assert_eq!(failed["status"]["phase"], "Failed");
+            assert_clean(&sim, &after);
+            sim.shutdown().await;
+        }
+    })
+    .await;
+}
+
+/// Restarts past `maxRestarts` fail the JobSet; no worker starts at the epoch past the limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_failures_past_max_restarts_fail_the_jobset() {
+    bounded(async {
+        for dialect in Dialect::ALL {
+            let mut c = config(dialect, 2);
+            c.max_restarts = 2;
+            let sim = Simulation::start(c).await.expect("starts");
+            let mut last = running(&sim).await;
+            for round in 0..2 {
+                assert!(sim.fail_worker(round % 2, 1));
+                last = until(&sim, "a group restart within maxRestarts", |s| {
+                    s.all_running_after(last.synced)
+                })
+                .await;
+            }
+            let allowed = last.synced;
+            assert!(sim.fail_worker(0, 1));
+            let end = until(&sim, "the JobSet to fail", |s| s.failed.is_some()).await;
+            assert_eq!(end.failed.as_deref(), Some("ReachedMaxRestarts"), "{end}");
+            assert_eq!(end.synced, allowed, "nothing synced past the limit\n{end}");
+            let end = until(&sim, "every pod stopped", |s| {
+                s.slots.iter().all(|p| p.state.ended.is_some())
+            })
+            .await;
+            assert!(end.slots.iter().all(|s| s.state.worker_runs == 3), "{end}");
+            assert_clean(&sim, &end);
+            sim.shutdown().await;
+        }
+    })
+    .await;
+}
+
+/// KEP-467 story 2: a worker exit code matched by the Job's `podFailurePolicy` `FailJob` rule,
+/// with a JobSet `FailJobSet` rule on `PodFailurePolicy`, fails the JobSet at once: no in-place
+/// restart is attempted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unrecoverable_exit_code_fails_the_jobset_without_restart() {
+    bounded(async {
+        let mut c = config(Dialect::Epoch, 2);
+        c.fail_job_exit_code = Some(7);
+        let sim = Simulation::start(c).await.expect("starts");
+        let first = running(&sim).await;
+        assert!(sim.fail_worker(1, 7));
+        let end = until(&sim, "the JobSet to fail and its pods to stop", |s| {
+            s.failed.is_some() && s.slots.iter().all(|p| p.state.ended.is_some())
+        })
+        .await;
+        assert_eq!(end.failed.as_deref(), Some("FailJobSetAction"), "{end}");
+        assert_eq!(end.deprecated, None, "no group restart began\n{end}");
+        assert_eq!(end.synced, first.synced, "{end}");
+        for slot in &end.slots {
+            assert_eq!(slot.state.restarts, 0, "{end}");
+            assert_eq!(slot.state.agent_runs, 1, "{end}");
+            assert_eq!(slot.state.replacements, 0, "{end}");
+        }
+        assert_clean(&sim, &end);
+        sim.shutdown().await;
+    })
+    .await;
+}
+
+/// The agent alone crashes (SIGKILL): its exit restarts the whole pod in place, and the new
+/// epoch restarts every pod; the worker never restarts alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_crash_causes_a_full_group_restart() {
+    bounded(async {
+        let sim = Simulation::start(config(Dialect::Attempt, 3))
+            .await
+            .expect("starts");
+        let first = running(&sim).await;
+        assert!(sim.kill_agent(1));
+        let after = until(&sim, "the group restart", |s| {
+            s.all_running_after(first.synced)
+        })
+        .await;
+        assert_eq!(after.uids(), first.uids());
+        for slot in &after.slots {
+            assert_eq!(slot.state.restarts, 1, "{after}");
+            assert_eq!(slot.state.agent_runs, 2, "{after}");
+            assert_eq!(slot.state.worker_runs, 2, "{after}");
+        }
+        assert_clean(&sim, &after);
+        sim.shutdown().await;
+    })
+    .await;
+}
+
+/// Main-container mode: the agent runs the worker script itself. A worker failure restarts its
+/// container in place; the other agents stop their workers and restart too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn main_container_mode_group_restart() {
+    bounded(async {
+        for dialect in Dialect::ALL {
+            let mut c = config(dialect, 2);
+            c.mode = AgentMode::MainContainer;
+            let sim = Simulation::start(c).await.expect("starts");
+            let first = running(&sim).await;
+            assert!(sim.fail_worker(0, 3));
+            let after = until(&sim, "the group restart", |s| {
+                s.all_running_after(first.synced)
+            })
+            .await;
+            assert_eq!(after.uids(), first.uids());
+            for slot in &after.slots {
+                assert_eq!(slot.state.restarts, 1, "{after}");
+                assert_eq!(slot.state.worker_runs, 2, "{after}");
+            }
+            assert_clean(&sim, &after);
+            // A worker that succeeds ends its pod successfully.
+            assert!(sim.fail_worker(1, 0));
+            let done = until(&sim, "the pod to succeed", |s| {
+                s.slots[1].phase == "Succeeded"
+            })
+            .await;
+            assert_eq!(done.slots[1].state.restarts, 1, "{done}");
+            sim.shutdown().await;
+        }
+    })
+    .await;
+}
