@@ -300,3 +300,29 @@ async fn main_container_mode_group_restart() {
     })
     .await;
 }
+
+/// The checker itself: a registered pod at an older epoch than a running worker is reported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_invariant_checker_sees_an_older_pod() {
+    bounded(async {
+        let sim = Simulation::start(SimConfig::new(Dialect::Epoch, 2))
+            .await
+            .expect("starts");
+        let first = running(&sim).await;
+        assert_eq!(first.synced, Some(1));
+        let ns = sim.config().namespace.clone();
+        let stray = serde_json::json!({
+            "metadata": {"name": "stray", "namespace": ns,
+                "labels": {"jobset.sigs.k8s.io/jobset-name": "js"},
+                "annotations": {"jobset.sigs.k8s.io/epoch": "0"}},
+            "spec": {"containers": []}
+        });
+        sim.server().create("pods", stray).expect("pod");
+        let seen = sim
+            .wait_for("a violation", WAIT, |s| !s.violations.is_empty())
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(seen.violations[0].contains("stray is at epoch 0"), "{seen}");
+    })
+    .await;
+}

@@ -622,13 +622,16 @@ async fn controllers(ctx: Arc<Ctx>, mut ended: mpsc::UnboundedReceiver<(PodInfo,
     }
 }
 
+/// The in-process reconciler: its stop signal and task.
+type RunningReconciler = (
+    oneshot::Sender<()>,
+    JoinHandle<Result<(), reconciler::Error>>,
+);
+
 /// A running simulation. Dropping it stops every task and kills every child process.
 pub struct Simulation {
     ctx: Arc<Ctx>,
-    reconciler: Option<(
-        oneshot::Sender<()>,
-        JoinHandle<Result<(), reconciler::Error>>,
-    )>,
+    reconciler: Option<RunningReconciler>,
 }
 
 impl Simulation {
