@@ -103,6 +103,9 @@ pub struct SimConfig {
     pub check_invariant: bool,
     /// Period of the invariant checker (`None`: only at worker starts).
     pub check_interval: Option<Duration>,
+    /// Write pod statuses through the API (phase, container statuses, conditions), as the
+    /// kubelet does; off, only the agents' and controllers' writes remain.
+    pub pod_status: bool,
     /// Run the reconciler in-process.
     pub run_reconciler: bool,
     pub reconciler_debounce: Duration,
@@ -134,6 +137,7 @@ impl SimConfig {
             fail_job_exit_code: None,
             check_invariant: true,
             check_interval: Some(Duration::from_millis(5)),
+            pod_status: true,
             run_reconciler: true,
             reconciler_debounce: Duration::from_millis(5),
             agent_log_level: "info".to_owned(),
@@ -340,6 +344,9 @@ impl Ctx {
     }
 
     pub(crate) async fn write_status(&self, pod: &PodInfo, status: Value) {
+        if !self.config.pod_status {
+            return;
+        }
         let api: Api<DynamicObject> =
             Api::namespaced_with(self.client.clone(), &self.config.namespace, &pod_resource());
         let patch = Patch::Merge(json!({ "status": status }));
@@ -733,6 +740,11 @@ impl Simulation {
 
     pub fn server(&self) -> &TestApiServer {
         &self.ctx.server
+    }
+
+    /// The server, shared (for tasks that outlive a borrow of the simulation).
+    pub fn server_arc(&self) -> Arc<TestApiServer> {
+        self.ctx.server.clone()
     }
 
     pub fn config(&self) -> &SimConfig {
