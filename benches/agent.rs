@@ -353,13 +353,17 @@ async fn recovery(label: &str, config: SimConfig, rounds: usize) {
     let worst = times.iter().copied().max().unwrap_or_default();
     let best = times.iter().copied().min().unwrap_or_default();
     let overhead = worst.saturating_sub(restart);
+    // The failed pod restarts, registers, and only then are the others deprecated and
+    // restarted: two container restarts lie on the critical path by design.
+    let beyond_both = worst.saturating_sub(restart * 2);
     println!(
-        "{label:<34} {pods:>5} pods: first start {:8.1} ms; recovery {:7.1} ms (best {:7.1}); overhead beyond the {:.0} ms restart {:7.1} ms (probe period {:.0} ms){}",
+        "{label:<34} {pods:>5} pods: first start {:8.1} ms; recovery {:7.1} ms (best {:7.1}); overhead beyond the {:.0} ms restart {:7.1} ms, beyond the two sequential restarts {:7.1} ms (probe period {:.0} ms){}",
         ms(first_start),
         ms(worst),
         ms(best),
         ms(restart),
         ms(overhead),
+        ms(beyond_both),
         ms(probe),
         if pods >= 1024 {
             if overhead < Duration::from_secs(1) {
