@@ -78,7 +78,27 @@ pub enum Error {
 /// configuration error; in main-container mode the worker's own code (127 if it cannot start).
 /// Never 0 in sidecar mode.
 #[derive(Clone, Debug, clap::Args)]
+#[command(after_help = ENV_HELP)]
 pub struct Args {}
+
+/// The environment of `jobset-inplace agent`, shown by `--help`.
+const ENV_HELP: &str = "\
+Environment (set by the webhook's injection; empty counts as unset):
+  POD_NAME, JOBSET_NAME          required (downward API)
+  NAMESPACE                      else the service account's namespace file
+  RESTART_POD_IN_PLACE_EXIT_CODE exit code asking for an in-place restart, 1-255 (default 42;
+                                 alias IN_PLACE_RESTART_EXIT_CODE)
+  JOBSET_INPLACE_PROTOCOL        epoch | attempt (the --protocol flag)
+  BARRIER_PORT, BARRIER_PATH     the barrier endpoint (default 8080, /barrier-is-lifted;
+                                 aliases STARTUP_PROBE_PORT, STARTUP_PROBE_PATH)
+  WORKER_COMMAND                 main-container mode: run it with $SHELL -c (default /bin/sh)
+                                 once the barrier lifts; no barrier endpoint then
+  AGENT_WORKER_GRACE_PERIOD      main-container mode: SIGTERM to SIGKILL of the worker (10s)
+  AGENT_API_TIMEOUT              timeout of each GET and PATCH (10s)
+  AGENT_API_URL                  API server URL instead of the in-cluster config (simulators)
+
+Exit codes: the restart code when the pod's epoch is deprecated; 128+N on signal N; 2 on a
+configuration error; main-container mode: the worker's own code (127 if it cannot start).";
 
 impl Args {
     pub async fn run(self, global: Global) -> crate::Result<ExitCode> {
