@@ -665,10 +665,17 @@ mod tests {
     async fn worker_gets_sigterm_then_sigkill() {
         let mut w = Worker::spawn("/bin/sh", "exit 3").expect("spawns");
         assert_eq!(w.wait().await, WorkerExit::Code(3));
-        let started = Instant::now();
         let w = Worker::spawn("/bin/sh", "trap '' TERM; sleep 30").expect("spawns");
+        // Let the shell install its trap: SIGTERM is then ignored and only SIGKILL ends it.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let started = Instant::now();
         w.stop(Duration::from_millis(200)).await;
-        assert!(started.elapsed() < Duration::from_secs(20), "killed");
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_millis(200),
+            "waited the grace period: {took:?}"
+        );
+        assert!(took < Duration::from_secs(20), "then killed: {took:?}");
         let mut w = Worker::spawn("/bin/sh", "exec sleep 30").expect("spawns");
         w.signal(Signal::Term);
         assert_eq!(w.wait().await, WorkerExit::Signal(15));
