@@ -39,3 +39,20 @@ pub const DEFAULT_RESTART_EXIT_CODE: u8 = 42;
 /// Where the agent reads its namespace when `NAMESPACE` is not set.
 pub const SERVICE_ACCOUNT_NAMESPACE_FILE: &str =
     "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
+
+/// Optional: timeout of each GET and PATCH the agent sends (a duration: `10s`, `500ms`).
+pub const API_TIMEOUT: &str = "AGENT_API_TIMEOUT";
+/// Optional, main-container mode: how long a stopped worker gets between SIGTERM and SIGKILL.
+pub const WORKER_GRACE_PERIOD: &str = "AGENT_WORKER_GRACE_PERIOD";
+/// Optional: the API server URL (`http://127.0.0.1:PORT`), instead of the in-cluster config or
+/// kubeconfig. Meant for the simulator and local runs, never needed in a cluster.
+pub const API_URL: &str = "AGENT_API_URL";
+/// The shell that runs [`WORKER_COMMAND`] (`/bin/sh` when unset).
+pub const SHELL: &str = "SHELL";
+
+/// Built-in per-request API timeout.
+pub const DEFAULT_API_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// Built-in worker grace period.
+pub const DEFAULT_WORKER_GRACE_PERIOD: std::time::Duration = std::time::Duration::from_secs(10);
+/// The shell used when `SHELL` is unset.
+pub const DEFAULT_SHELL: &str = "/bin/sh";

@@ -1,0 +1,404 @@
+//! The agent's configuration, parsed from its environment by a pure function (the environment
+//! and the namespace file are passed in), so every rule is unit-tested without touching the
+//! process environment.
+
+use std::time::{Duration, Instant};
+
+use super::Error;
+use super::contract;
+use crate::protocol::Dialect;
+
+/// Everything the agent needs to run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AgentConfig {
+    pub namespace: String,
+    pub pod_name: String,
+    pub jobset_name: String,
+    /// The exit code that asks for an in-place restart of the pod (1-255).
+    pub restart_exit_code: u8,
+    pub dialect: Dialect,
+    pub mode: Mode,
+    /// Timeout of each GET and PATCH.
+    pub api_timeout: Duration,
+    /// The API server URL, when not the in-cluster one ([`contract::API_URL`]).
+    pub api_url: Option<String>,
+    /// When the process started: the origin of the timings in the logs.
+    pub started: Instant,
+}
+
+/// Where the worker runs, and so what the barrier is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// The agent is a sidecar; its barrier is an HTTP endpoint, the startup probe of its
+    /// container, which holds the worker containers back until it answers 200.
+    Sidecar { port: u16, path: String },
+    /// The agent is the main container and runs the worker itself once the barrier lifts.
+    MainContainer {
+        command: String,
+        shell: String,
+        /// Between SIGTERM and SIGKILL when the agent stops the worker for a restart.
+        grace_period: Duration,
+    },
+}
+
+impl AgentConfig {
+    /// A sidecar-mode config with the defaults, for tests and in-process agents.
+    pub fn sidecar(namespace: &str, pod_name: &str, jobset_name: &str, dialect: Dialect) -> Self {
+        AgentConfig {
+            namespace: namespace.to_owned(),
+            pod_name: pod_name.to_owned(),
+            jobset_name: jobset_name.to_owned(),
+            restart_exit_code: contract::DEFAULT_RESTART_EXIT_CODE,
+            dialect,
+            mode: Mode::Sidecar {
+                port: contract::DEFAULT_BARRIER_PORT,
+                path: contract::DEFAULT_BARRIER_PATH.to_owned(),
+            },
+            api_timeout: contract::DEFAULT_API_TIMEOUT,
+            api_url: None,
+            started: Instant::now(),
+        }
+    }
+
+    /// The barrier port and path in sidecar mode.
+    pub fn barrier(&self) -> Option<(u16, &str)> {
+        match &self.mode {
+            Mode::Sidecar { port, path } => Some((*port, path)),
+            Mode::MainContainer { .. } => None,
+        }
+    }
+}
+
+/// Parses the agent's environment.
+///
+/// `env` looks a variable up (an empty value counts as unset, as in the released agent);
+/// `namespace_file` reads the service account's namespace file, called only when `NAMESPACE` is
+/// unset. Every error names the variable.
+pub fn from_env(
+    env: impl Fn(&str) -> Option<String>,
+    namespace_file: impl FnOnce() -> std::io::Result<String>,
+    dialect: Dialect,
+) -> Result<AgentConfig, Error> {
+    let started = Instant::now();
+    let get = |name: &str| env(name).filter(|v| !v.trim().is_empty());
+    // The first of a variable and its alias that is set, with the name it was found under.
+    let either = |name: &'static str, alias: &'static str| {
+        get(name)
+            .map(|v| (name, v))
+            .or_else(|| get(alias).map(|v| (alias, v)))
+    };
+    let required = |name: &'static str| get(name).ok_or(Error::Missing { name });
+
+    let namespace = match get(contract::NAMESPACE) {
+        Some(ns) => ns.trim().to_owned(),
+        None => {
+            let text = namespace_file().map_err(|e| Error::Namespace {
+                path: contract::SERVICE_ACCOUNT_NAMESPACE_FILE,
+                reason: e.to_string(),
+            })?;
+            let ns = text.trim();
+            if ns.is_empty() {
+                return Err(Error::Namespace {
+                    path: contract::SERVICE_ACCOUNT_NAMESPACE_FILE,
+                    reason: "the file is empty".to_owned(),
+                });
+            }
+            ns.to_owned()
+        }
+    };
+    let pod_name = required(contract::POD_NAME)?.trim().to_owned();
+    let jobset_name = required(contract::JOBSET_NAME)?.trim().to_owned();
+
+    let restart_exit_code = match either(
+        contract::RESTART_EXIT_CODE,
+        contract::RESTART_EXIT_CODE_ALIAS,
+    ) {
+        None => contract::DEFAULT_RESTART_EXIT_CODE,
+        Some((name, v)) => match v.trim().parse::<u8>() {
+            Ok(code) if code > 0 => code,
+            _ => return Err(invalid(name, &v, "expected an exit code in 1-255")),
+        },
+    };
+
+    let port = either(contract::BARRIER_PORT, contract::BARRIER_PORT_ALIAS);
+    let path = either(contract::BARRIER_PATH, contract::BARRIER_PATH_ALIAS);
+    let mode = match get(contract::WORKER_COMMAND) {
+        Some(command) => {
+            if let Some((name, _)) = port.or(path) {
+                return Err(Error::Conflict { name });
+            }
+            let grace_period = match get(contract::WORKER_GRACE_PERIOD) {
+                None => contract::DEFAULT_WORKER_GRACE_PERIOD,
+                Some(v) => duration(contract::WORKER_GRACE_PERIOD, &v)?,
+            };
+            Mode::MainContainer {
+                command,
+                shell: get(contract::SHELL).unwrap_or_else(|| contract::DEFAULT_SHELL.to_owned()),
+                grace_period,
+            }
+        }
+        None => {
+            let port = match port {
+                None => contract::DEFAULT_BARRIER_PORT,
+                Some((name, v)) => match v.trim().parse::<u16>() {
+                    Ok(p) if p > 0 => p,
+                    _ => return Err(invalid(name, &v, "expected a port in 1-65535")),
+                },
+            };
+            let path = match path {
+                None => contract::DEFAULT_BARRIER_PATH.to_owned(),
+                Some((name, v)) => {
+                    let v = v.trim();
+                    if !v.starts_with('/') || v.contains(char::is_whitespace) {
+                        return Err(invalid(name, v, "expected a URL path starting with /"));
+                    }
+                    v.to_owned()
+                }
+            };
+            Mode::Sidecar { port, path }
+        }
+    };
+
+    let api_timeout = match get(contract::API_TIMEOUT) {
+        None => contract::DEFAULT_API_TIMEOUT,
+        Some(v) => match duration(contract::API_TIMEOUT, &v)? {
+            d if d.is_zero() => return Err(invalid(contract::API_TIMEOUT, &v, "must not be 0")),
+            d => d,
+        },
+    };
+    let api_url = match get(contract::API_URL) {
+        None => None,
+        Some(v) => {
+            let v = v.trim();
+            let ok = v.parse::<hyper::Uri>().is_ok_and(|u| {
+                matches!(u.scheme_str(), Some("http" | "https")) && u.authority().is_some()
+            });
+            if !ok {
+                return Err(invalid(
+                    contract::API_URL,
+                    v,
+                    "expected a URL like http://127.0.0.1:6443",
+                ));
+            }
+            Some(v.trim_end_matches('/').to_owned())
+        }
+    };
+
+    Ok(AgentConfig {
+        namespace,
+        pod_name,
+        jobset_name,
+        restart_exit_code,
+        dialect,
+        mode,
+        api_timeout,
+        api_url,
+        started,
+    })
+}
+
+fn invalid(name: &'static str, value: &str, reason: &str) -> Error {
+    Error::Invalid {
+        name,
+        value: value.chars().take(80).collect(),
+        reason: reason.to_owned(),
+    }
+}
+
+fn duration(name: &'static str, value: &str) -> Result<Duration, Error> {
+    crate::cli::parse_duration(value).map_err(|reason| Error::Invalid {
+        name,
+        value: value.chars().take(80).collect(),
+        reason,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn parse(vars: &[(&str, &str)]) -> Result<AgentConfig, Error> {
+        parse_with_file(vars, Ok("ns-from-file\n".to_owned()))
+    }
+
+    fn parse_with_file(
+        vars: &[(&str, &str)],
+        file: std::io::Result<String>,
+    ) -> Result<AgentConfig, Error> {
+        let map: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        from_env(|n| map.get(n).cloned(), || file, Dialect::Attempt)
+    }
+
+    const BASE: [(&str, &str); 2] = [("POD_NAME", "p-0"), ("JOBSET_NAME", "js")];
+
+    fn with(extra: &[(&'static str, &'static str)]) -> Vec<(&'static str, &'static str)> {
+        BASE.iter().chain(extra).copied().collect()
+    }
+
+    fn message(r: Result<AgentConfig, Error>) -> String {
+        match r {
+            Ok(c) => panic!("accepted: {c:?}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn defaults() {
+        let c = parse(&with(&[("NAMESPACE", "team-a")])).expect("parses");
+        assert_eq!(c.namespace, "team-a");
+        assert_eq!(c.pod_name, "p-0");
+        assert_eq!(c.jobset_name, "js");
+        assert_eq!(c.restart_exit_code, 42);
+        assert_eq!(c.dialect, Dialect::Attempt);
+        assert_eq!(
+            c.mode,
+            Mode::Sidecar {
+                port: 8080,
+                path: "/barrier-is-lifted".into()
+            }
+        );
+        assert_eq!(c.api_timeout, Duration::from_secs(10));
+        assert_eq!(c.api_url, None);
+    }
+
+    #[test]
+    fn namespace_falls_back_to_the_service_account_file() {
+        let c = parse(&with(&[])).expect("parses");
+        assert_eq!(c.namespace, "ns-from-file");
+        let c = parse(&with(&[("NAMESPACE", "")])).expect("empty is unset");
+        assert_eq!(c.namespace, "ns-from-file");
+        let e = message(parse_with_file(
+            &with(&[]),
+            Err(std::io::Error::new(std::io::ErrorKind::NotFound, "gone")),
+        ));
+        assert!(
+            e.contains("NAMESPACE") && e.contains("serviceaccount/namespace"),
+            "{e}"
+        );
+        let e = message(parse_with_file(&with(&[]), Ok(" \n".into())));
+        assert!(e.contains("empty"), "{e}");
+    }
+
+    #[test]
+    fn required_variables_are_named() {
+        let e = message(parse(&[("JOBSET_NAME", "js")]));
+        assert_eq!(e, "POD_NAME is not set");
+        let e = message(parse(&[("POD_NAME", "p"), ("JOBSET_NAME", "  ")]));
+        assert_eq!(e, "JOBSET_NAME is not set");
+    }
+
+    #[test]
+    fn exit_code_and_alias() {
+        let c = parse(&with(&[("RESTART_POD_IN_PLACE_EXIT_CODE", "7")])).expect("parses");
+        assert_eq!(c.restart_exit_code, 7);
+        let c = parse(&with(&[("IN_PLACE_RESTART_EXIT_CODE", "9")])).expect("parses");
+        assert_eq!(c.restart_exit_code, 9);
+        let c = parse(&with(&[
+            ("RESTART_POD_IN_PLACE_EXIT_CODE", "7"),
+            ("IN_PLACE_RESTART_EXIT_CODE", "9"),
+        ]))
+        .expect("parses");
+        assert_eq!(c.restart_exit_code, 7, "our name wins");
+        for bad in ["0", "256", "-1", "x", "4 2"] {
+            let e = message(parse(&with(&[("RESTART_POD_IN_PLACE_EXIT_CODE", bad)])));
+            assert!(e.starts_with("RESTART_POD_IN_PLACE_EXIT_CODE="), "{e}");
+            assert!(e.contains("1-255"), "{e}");
+        }
+        let e = message(parse(&with(&[("IN_PLACE_RESTART_EXIT_CODE", "0")])));
+        assert!(e.starts_with("IN_PLACE_RESTART_EXIT_CODE="), "{e}");
+    }
+
+    #[test]
+    fn barrier_port_path_and_aliases() {
+        let c = parse(&with(&[
+            ("BARRIER_PORT", "9000"),
+            ("STARTUP_PROBE_PATH", "/up"),
+        ]))
+        .expect("parses");
+        assert_eq!(c.barrier(), Some((9000, "/up")));
+        let c = parse(&with(&[
+            ("STARTUP_PROBE_PORT", "81"),
+            ("BARRIER_PORT", "82"),
+        ]))
+        .expect("parses");
+        assert_eq!(c.barrier(), Some((82, "/barrier-is-lifted")));
+        for bad in ["0", "65536", "http"] {
+            let e = message(parse(&with(&[("STARTUP_PROBE_PORT", bad)])));
+            assert!(e.starts_with("STARTUP_PROBE_PORT="), "{e}");
+        }
+        let e = message(parse(&with(&[("BARRIER_PATH", "up")])));
+        assert!(
+            e.starts_with("BARRIER_PATH=") && e.contains("starting with /"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn main_container_mode() {
+        let c = parse(&with(&[
+            ("WORKER_COMMAND", "exec train"),
+            ("SHELL", "/bin/bash"),
+        ]))
+        .expect("parses");
+        assert_eq!(
+            c.mode,
+            Mode::MainContainer {
+                command: "exec train".into(),
+                shell: "/bin/bash".into(),
+                grace_period: Duration::from_secs(10),
+            }
+        );
+        assert_eq!(c.barrier(), None);
+        let c = parse(&with(&[
+            ("WORKER_COMMAND", "w"),
+            ("AGENT_WORKER_GRACE_PERIOD", "500ms"),
+        ]))
+        .expect("parses");
+        assert!(matches!(
+            c.mode,
+            Mode::MainContainer { ref shell, grace_period, .. }
+                if shell == "/bin/sh" && grace_period == Duration::from_millis(500)
+        ));
+        for conflict in [
+            "BARRIER_PORT",
+            "STARTUP_PROBE_PORT",
+            "BARRIER_PATH",
+            "STARTUP_PROBE_PATH",
+        ] {
+            let e = message(parse(&with(&[("WORKER_COMMAND", "w"), (conflict, "1")])));
+            assert!(e.contains("WORKER_COMMAND") && e.contains(conflict), "{e}");
+        }
+        let e = message(parse(&with(&[
+            ("WORKER_COMMAND", "w"),
+            ("AGENT_WORKER_GRACE_PERIOD", "soon"),
+        ])));
+        assert!(e.starts_with("AGENT_WORKER_GRACE_PERIOD="), "{e}");
+    }
+
+    #[test]
+    fn tuning_variables() {
+        let c = parse(&with(&[
+            ("AGENT_API_TIMEOUT", "2s"),
+            ("AGENT_API_URL", "http://127.0.0.1:1234/"),
+        ]))
+        .expect("parses");
+        assert_eq!(c.api_timeout, Duration::from_secs(2));
+        assert_eq!(c.api_url.as_deref(), Some("http://127.0.0.1:1234"));
+        let e = message(parse(&with(&[("AGENT_API_TIMEOUT", "0")])));
+        assert!(e.starts_with("AGENT_API_TIMEOUT="), "{e}");
+        for bad in ["127.0.0.1:1234", "ftp://x", "http://"] {
+            let e = message(parse(&with(&[("AGENT_API_URL", bad)])));
+            assert!(e.starts_with("AGENT_API_URL="), "{e}");
+        }
+    }
+
+    #[test]
+    fn errors_are_one_line() {
+        let e = message(parse(&with(&[("BARRIER_PORT", "8080\n8081")])));
+        assert!(!e.contains('\n'), "{e}");
+    }
+}

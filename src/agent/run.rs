@@ -1,0 +1,683 @@
+//! The agent's I/O (design.md §2): read the pod and its JobSet, register the epoch, watch the
+//! JobSet, and act on each state with [`protocol::agent_decide`]; in main-container mode, run
+//! the worker as a child.
+//!
+//! Every API error is retried with a jittered exponential backoff (50 ms to 5 s); nothing the
+//! API server does makes the agent exit. The agent ends only with an [`Outcome`]: its pod's epoch
+//! was deprecated, a signal arrived, or (main-container mode) the worker ended.
+
+use std::hash::{BuildHasher, Hasher};
+use std::time::{Duration, Instant};
+
+use futures::stream::BoxStream;
+use futures::{Stream, StreamExt};
+use kube::api::{Api, Patch, PatchParams, WatchEvent, WatchParams};
+use tokio::sync::watch;
+use tracing::Instrument;
+
+use super::barrier::BarrierState;
+use super::config::{AgentConfig, Mode};
+use crate::jobset::JobSet;
+use crate::protocol::{self, AgentAction, AgentView, Dialect, Epoch};
+use crate::reconciler::index::WatchedPod;
+
+/// Seconds a watch request stays open before the server ends it and the agent resumes it.
+const WATCH_TIMEOUT_SECS: u32 = 240;
+const BACKOFF_MIN: Duration = Duration::from_millis(50);
+const BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+/// A signal the agent reacts to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Signal {
+    Term,
+    Int,
+}
+
+impl Signal {
+    pub fn number(self) -> i32 {
+        match self {
+            Signal::Term => 15,
+            Signal::Int => 2,
+        }
+    }
+
+    fn nix(self) -> nix::sys::signal::Signal {
+        match self {
+            Signal::Term => nix::sys::signal::Signal::SIGTERM,
+            Signal::Int => nix::sys::signal::Signal::SIGINT,
+        }
+    }
+}
+
+/// How the worker of main-container mode ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WorkerExit {
+    Code(i32),
+    /// Killed by this signal.
+    Signal(i32),
+    /// The shell could not be started.
+    SpawnFailed,
+}
+
+/// Why the agent ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The pod's epoch is deprecated: exit with the restart code so the pod restarts in place.
+    Restart { epoch: Epoch, deprecated: Epoch },
+    /// SIGTERM or SIGINT (with no worker running).
+    Signalled(Signal),
+    /// Main-container mode: the worker ended.
+    WorkerExited(WorkerExit),
+}
+
+/// Exit code when the worker command cannot be started (a shell's "command not found").
+pub const SPAWN_FAILED_EXIT_CODE: u8 = 127;
+
+impl Outcome {
+    /// The process exit code: the restart code only for a deprecated epoch, `128 + N` for
+    /// signal N, the worker's own code in main-container mode. Never 0 except for a worker that
+    /// succeeded.
+    pub fn exit_code(&self, restart_exit_code: u8) -> u8 {
+        let signalled = |n: i32| u8::try_from(128 + n.clamp(1, 127)).unwrap_or(255);
+        match *self {
+            Outcome::Restart { .. } => restart_exit_code,
+            Outcome::Signalled(s) => signalled(s.number()),
+            Outcome::WorkerExited(WorkerExit::Code(c)) => u8::try_from(c & 0xff).unwrap_or(1),
+            Outcome::WorkerExited(WorkerExit::Signal(n)) => signalled(n),
+            Outcome::WorkerExited(WorkerExit::SpawnFailed) => SPAWN_FAILED_EXIT_CODE,
+        }
+    }
+}
+
+/// Runs the agent until it has a reason to end.
+///
+/// `barrier` receives every change of the barrier state (the HTTP endpoint of sidecar mode
+/// serves it); `signals` delivers SIGTERM/SIGINT (a test may pass `futures::stream::pending()`).
+/// API errors never end it.
+pub async fn run_agent<S>(
+    client: kube::Client,
+    config: AgentConfig,
+    barrier: watch::Sender<BarrierState>,
+    signals: S,
+) -> Outcome
+where
+    S: Stream<Item = Signal> + Unpin,
+{
+    let span = tracing::info_span!(
+        "agent",
+        namespace = %config.namespace,
+        pod = %config.pod_name,
+        jobset = %config.jobset_name,
+    );
+    supervise(client, config, barrier, signals)
+        .instrument(span)
+        .await
+}
+
+async fn supervise<S>(
+    client: kube::Client,
+    config: AgentConfig,
+    barrier: watch::Sender<BarrierState>,
+    mut signals: S,
+) -> Outcome
+where
+    S: Stream<Item = Signal> + Unpin,
+{
+    let mut proto = Protocol::new(client, &config, barrier);
+    let mut worker: Option<Worker> = None;
+    let mut signals_open = true;
+    loop {
+        tokio::select! {
+            event = proto.next() => match event {
+                Event::Restart { epoch, deprecated } => {
+                    tracing::info!(epoch, deprecated, "restarting: epoch {epoch} <= deprecated {deprecated}");
+                    if let (Some(w), Mode::MainContainer { grace_period, .. }) = (worker.take(), &config.mode) {
+                        w.stop(*grace_period).await;
+                    }
+                    return Outcome::Restart { epoch, deprecated };
+                }
+                Event::Lifted => {
+                    if let Mode::MainContainer { command, shell, .. } = &config.mode {
+                        match Worker::spawn(shell, command) {
+                            Ok(w) => {
+                                tracing::info!(pid = w.pid, "worker started");
+                                worker = Some(w);
+                            }
+                            Err(e) => {
+                                tracing::error!(shell = %shell, error = %e, "cannot start the worker");
+                                return Outcome::WorkerExited(WorkerExit::SpawnFailed);
+                            }
+                        }
+                    }
+                }
+            },
+            exit = wait_worker(&mut worker), if worker.is_some() => {
+                tracing::info!(?exit, "worker ended");
+                return Outcome::WorkerExited(exit);
+            }
+            signal = signals.next(), if signals_open => match signal {
+                Some(s) => match &worker {
+                    Some(w) => {
+                        tracing::info!(signal = s.number(), "forwarding the signal to the worker");
+                        w.signal(s);
+                    }
+                    None => {
+                        tracing::info!(signal = s.number(), "signal received; exiting");
+                        return Outcome::Signalled(s);
+                    }
+                },
+                None => signals_open = false,
+            },
+        }
+    }
+}
+
+async fn wait_worker(worker: &mut Option<Worker>) -> WorkerExit {
+    match worker {
+        Some(w) => w.wait().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// A protocol step that matters to the supervisor.
+enum Event {
+    Lifted,
+    Restart { epoch: Epoch, deprecated: Epoch },
+}
+
+/// The protocol as a resumable state machine: [`Protocol::next`] may be dropped at any await
+/// (the supervisor races it against signals and the worker) and called again.
+struct Protocol {
+    pods: Api<WatchedPod>,
+    jobsets: Api<JobSet>,
+    dialect: Dialect,
+    pod_name: String,
+    jobset_name: String,
+    api_timeout: Duration,
+    started: Instant,
+    barrier: watch::Sender<BarrierState>,
+    /// The epoch to register, once the pod and JobSet were read.
+    epoch: Option<Epoch>,
+    registered: bool,
+    lifted: bool,
+    /// The JobSet state to decide on next.
+    pending: Option<JobSet>,
+    /// Re-read the JobSet before watching again (after a 410).
+    reread: bool,
+    /// Where the watch resumes.
+    resource_version: Option<String>,
+    stream: Option<BoxStream<'static, kube::Result<WatchEvent<JobSet>>>>,
+    watch_opened: Instant,
+    watch_events: u64,
+    backoff: Backoff,
+}
+
+impl Protocol {
+    fn new(
+        client: kube::Client,
+        config: &AgentConfig,
+        barrier: watch::Sender<BarrierState>,
+    ) -> Self {
+        Protocol {
+            pods: Api::namespaced(client.clone(), &config.namespace),
+            jobsets: Api::namespaced(client, &config.namespace),
+            dialect: config.dialect,
+            pod_name: config.pod_name.clone(),
+            jobset_name: config.jobset_name.clone(),
+            api_timeout: config.api_timeout,
+            started: config.started,
+            barrier,
+            epoch: None,
+            registered: false,
+            lifted: false,
+            pending: None,
+            reread: false,
+            resource_version: None,
+            stream: None,
+            watch_opened: Instant::now(),
+            watch_events: 0,
+            backoff: Backoff::new(),
+        }
+    }
+
+    fn elapsed_ms(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    async fn next(&mut self) -> Event {
+        loop {
+            let Some(epoch) = self.epoch else {
+                self.read_initial().await;
+                // A JobSet without in-place restart lifts at once, before the registration.
+                let bypass = self
+                    .pending
+                    .as_ref()
+                    .filter(|js| !js.is_in_place_restart() || js.is_in_place_restart_disabled())
+                    .cloned();
+                if let Some(js) = bypass
+                    && let Some(event) = self.decide(&js)
+                {
+                    return event;
+                }
+                continue;
+            };
+            if !self.registered {
+                // Registration comes before any restart decision: a pod that restarted without
+                // registering would compute the same epoch again and loop.
+                self.register(epoch).await;
+                continue;
+            }
+            if let Some(js) = self.pending.take() {
+                if let Some(event) = self.decide(&js) {
+                    return event;
+                }
+                continue;
+            }
+            if self.reread {
+                self.reread_jobset().await;
+                continue;
+            }
+            self.watch_step().await;
+        }
+    }
+
+    fn decide(&mut self, js: &JobSet) -> Option<Event> {
+        let epoch = self.epoch?;
+        let view = AgentView {
+            in_place_restart: js.is_in_place_restart(),
+            disabled: js.is_in_place_restart_disabled(),
+            status: js.epoch_status(self.dialect),
+        };
+        self.barrier.send_modify(|s| {
+            s.synced = view.status.synced;
+            s.deprecated = view.status.deprecated;
+        });
+        match protocol::agent_decide(epoch, &view) {
+            AgentAction::Restart { deprecated } => Some(Event::Restart { epoch, deprecated }),
+            AgentAction::LiftBarrier if !self.lifted => {
+                self.lifted = true;
+                let bypassed = !view.in_place_restart || view.disabled;
+                self.barrier.send_modify(|s| {
+                    s.lifted = true;
+                    s.bypassed = bypassed;
+                });
+                let ms = self.elapsed_ms();
+                if bypassed {
+                    tracing::info!(
+                        epoch,
+                        ms,
+                        "barrier lifted after {ms} ms: the JobSet does not use in-place restart"
+                    );
+                } else {
+                    tracing::info!(epoch, ms, "barrier lifted after {ms} ms");
+                }
+                Some(Event::Lifted)
+            }
+            AgentAction::LiftBarrier | AgentAction::Wait => None,
+        }
+    }
+
+    /// Step 1 and 2: reads the pod and the JobSet (concurrently), computes the epoch.
+    async fn read_initial(&mut self) {
+        loop {
+            let (pod, js) = tokio::join!(
+                with_timeout(self.api_timeout, self.pods.get(&self.pod_name)),
+                with_timeout(self.api_timeout, self.jobsets.get(&self.jobset_name)),
+            );
+            match (pod, js) {
+                (Ok(pod), Ok(js)) => {
+                    let annotations = pod.metadata.annotations.iter().flatten();
+                    let own = match self.dialect.read_pod_epoch(annotations) {
+                        Ok(own) => own,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "the pod's epoch annotation is malformed; ignoring it");
+                            None
+                        }
+                    };
+                    let synced = js.epoch_status(self.dialect).synced;
+                    let epoch = protocol::agent_epoch(self.dialect, own, synced);
+                    self.backoff.reset();
+                    self.epoch = Some(epoch);
+                    self.resource_version = js.metadata.resource_version.clone();
+                    self.pending = Some(js);
+                    self.barrier.send_modify(|s| s.epoch = Some(epoch));
+                    tracing::debug!(
+                        epoch,
+                        own,
+                        synced,
+                        ms = self.elapsed_ms(),
+                        "read the pod and its JobSet"
+                    );
+                    return;
+                }
+                (pod, js) => {
+                    if let Err(e) = pod {
+                        tracing::warn!(error = %e, "cannot read the pod; retrying");
+                    }
+                    match js {
+                        Err(e) if is_not_found(&e) => {
+                            tracing::warn!("the JobSet does not exist (yet); retrying")
+                        }
+                        Err(e) => tracing::warn!(error = %e, "cannot read the JobSet; retrying"),
+                        Ok(_) => {}
+                    }
+                    self.backoff.wait().await;
+                }
+            }
+        }
+    }
+
+    /// Step 3: the annotation, as a JSON merge patch.
+    async fn register(&mut self, epoch: Epoch) {
+        let patch = Patch::Merge(self.dialect.pod_epoch_merge_patch(epoch));
+        let params = PatchParams::default();
+        loop {
+            let sent = self.pods.patch(&self.pod_name, &params, &patch);
+            match with_timeout(self.api_timeout, sent).await {
+                Ok(_) => {
+                    self.registered = true;
+                    self.backoff.reset();
+                    self.barrier.send_modify(|s| s.registered = true);
+                    let ms = self.elapsed_ms();
+                    tracing::info!(epoch, ms, "registered epoch {epoch} after {ms} ms");
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(epoch, error = %e, "cannot register the epoch on the pod; retrying");
+                    self.backoff.wait().await;
+                }
+            }
+        }
+    }
+
+    /// After a 410: a fresh read gives the current state and a resourceVersion to watch from.
+    async fn reread_jobset(&mut self) {
+        match with_timeout(self.api_timeout, self.jobsets.get(&self.jobset_name)).await {
+            Ok(js) => {
+                self.reread = false;
+                self.backoff.reset();
+                self.resource_version = js.metadata.resource_version.clone();
+                self.pending = Some(js);
+            }
+            Err(e) => {
+                if is_not_found(&e) {
+                    tracing::warn!("the JobSet does not exist; retrying");
+                } else {
+                    tracing::warn!(error = %e, "cannot read the JobSet; retrying");
+                }
+                self.backoff.wait().await;
+            }
+        }
+    }
+
+    /// Step 4: one event of the JobSet watch (opening or resuming it as needed).
+    async fn watch_step(&mut self) {
+        let stream = match &mut self.stream {
+            Some(stream) => stream,
+            None => {
+                let params = WatchParams::default()
+                    .fields(&format!("metadata.name={}", self.jobset_name))
+                    .timeout(WATCH_TIMEOUT_SECS);
+                let from = self
+                    .resource_version
+                    .clone()
+                    .unwrap_or_else(|| "0".to_owned());
+                match self.jobsets.watch(&params, &from).await {
+                    Ok(stream) => {
+                        self.watch_opened = Instant::now();
+                        self.watch_events = 0;
+                        self.stream.insert(stream.boxed())
+                    }
+                    Err(e) if api_code(&e) == Some(410) => {
+                        tracing::info!(
+                            "the watch's resourceVersion expired; re-reading the JobSet"
+                        );
+                        self.reread = true;
+                        return;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot watch the JobSet; retrying");
+                        self.backoff.wait().await;
+                        return;
+                    }
+                }
+            }
+        };
+        match stream.next().await {
+            Some(Ok(WatchEvent::Added(js) | WatchEvent::Modified(js))) => {
+                self.watch_events += 1;
+                self.backoff.reset();
+                if let Some(rv) = &js.metadata.resource_version {
+                    self.resource_version = Some(rv.clone());
+                }
+                self.pending = Some(js);
+            }
+            Some(Ok(WatchEvent::Deleted(js))) => {
+                self.watch_events += 1;
+                if let Some(rv) = &js.metadata.resource_version {
+                    self.resource_version = Some(rv.clone());
+                }
+                tracing::warn!("the JobSet was deleted; waiting (the pod goes with it)");
+            }
+            Some(Ok(WatchEvent::Bookmark(b))) => {
+                self.resource_version = Some(b.metadata.resource_version);
+            }
+            Some(Ok(WatchEvent::Error(status))) => {
+                self.stream = None;
+                if status.code == 410 {
+                    tracing::info!("the watch's resourceVersion expired; re-reading the JobSet");
+                    self.reread = true;
+                } else {
+                    tracing::warn!(code = status.code, message = %status.message, "the JobSet watch failed; resuming");
+                    self.backoff.wait().await;
+                }
+            }
+            Some(Err(e)) => {
+                self.stream = None;
+                tracing::warn!(error = %e, "the JobSet watch broke; resuming");
+                self.backoff.wait().await;
+            }
+            None => {
+                self.stream = None;
+                tracing::debug!(resource_version = ?self.resource_version, "the JobSet watch ended; resuming");
+                // A server that closes watches at once must not make the agent spin.
+                if self.watch_events == 0 && self.watch_opened.elapsed() < Duration::from_secs(1) {
+                    self.backoff.wait().await;
+                }
+            }
+        }
+    }
+}
+
+/// An API call bounded by the agent's API timeout.
+async fn with_timeout<T>(
+    limit: Duration,
+    call: impl Future<Output = kube::Result<T>>,
+) -> Result<T, CallError> {
+    match tokio::time::timeout(limit, call).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(CallError::Api(e)),
+        Err(_) => Err(CallError::Timeout(limit)),
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+enum CallError {
+    #[error(transparent)]
+    Api(kube::Error),
+    #[error("no answer within {0:?} (AGENT_API_TIMEOUT)")]
+    Timeout(Duration),
+}
+
+fn is_not_found(e: &CallError) -> bool {
+    matches!(e, CallError::Api(e) if api_code(e) == Some(404))
+}
+
+fn api_code(e: &kube::Error) -> Option<u16> {
+    match e {
+        kube::Error::Api(status) => Some(status.code),
+        _ => None,
+    }
+}
+
+/// Jittered exponential backoff.
+struct Backoff {
+    next: Duration,
+}
+
+impl Backoff {
+    fn new() -> Self {
+        Backoff { next: BACKOFF_MIN }
+    }
+
+    fn reset(&mut self) {
+        self.next = BACKOFF_MIN;
+    }
+
+    /// The next delay: between half and all of the current step, so that many agents spread
+    /// out; the step doubles up to [`BACKOFF_MAX`].
+    fn advance(&mut self) -> Duration {
+        let random = std::collections::hash_map::RandomState::new()
+            .build_hasher()
+            .finish();
+        let fraction = 0.5 + (random % 1024) as f64 / 2048.0;
+        let delay = self.next.mul_f64(fraction);
+        self.next = (self.next * 2).min(BACKOFF_MAX);
+        delay
+    }
+
+    async fn wait(&mut self) {
+        tokio::time::sleep(self.advance()).await;
+    }
+}
+
+/// The worker of main-container mode: `SHELL -c COMMAND` in its own process group, so that a
+/// signal reaches everything the command started.
+struct Worker {
+    child: tokio::process::Child,
+    pid: Option<u32>,
+}
+
+impl Worker {
+    fn spawn(shell: &str, command: &str) -> std::io::Result<Worker> {
+        let child = tokio::process::Command::new(shell)
+            .arg("-c")
+            .arg(command)
+            .process_group(0)
+            .kill_on_drop(true)
+            .spawn()?;
+        let pid = child.id();
+        Ok(Worker { child, pid })
+    }
+
+    fn group(&self) -> Option<nix::unistd::Pid> {
+        self.pid
+            .and_then(|p| i32::try_from(p).ok())
+            .map(nix::unistd::Pid::from_raw)
+    }
+
+    fn signal(&self, signal: Signal) {
+        if let Some(group) = self.group()
+            && let Err(e) = nix::sys::signal::killpg(group, signal.nix())
+        {
+            tracing::warn!(error = %e, "cannot signal the worker");
+        }
+    }
+
+    async fn wait(&mut self) -> WorkerExit {
+        use std::os::unix::process::ExitStatusExt;
+        match self.child.wait().await {
+            Ok(status) => match (status.code(), status.signal()) {
+                (Some(code), _) => WorkerExit::Code(code),
+                (None, Some(signal)) => WorkerExit::Signal(signal),
+                (None, None) => WorkerExit::Code(1),
+            },
+            Err(e) => {
+                tracing::error!(error = %e, "cannot wait for the worker");
+                WorkerExit::Code(1)
+            }
+        }
+    }
+
+    /// SIGTERM, then SIGKILL after `grace`.
+    async fn stop(mut self, grace: Duration) {
+        self.signal(Signal::Term);
+        if tokio::time::timeout(grace, self.child.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(?grace, "the worker outlived its grace period; killing it");
+            if let Some(group) = self.group() {
+                let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
+            }
+            let _ = self.child.start_kill();
+            let _ = self.child.wait().await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_codes_are_the_contract() {
+        let restart = Outcome::Restart {
+            epoch: 3,
+            deprecated: 3,
+        };
+        assert_eq!(restart.exit_code(42), 42);
+        assert_eq!(Outcome::Signalled(Signal::Term).exit_code(42), 143);
+        assert_eq!(Outcome::Signalled(Signal::Int).exit_code(42), 130);
+        assert_eq!(
+            Outcome::WorkerExited(WorkerExit::Code(0)).exit_code(42),
+            0,
+            "a worker that succeeded succeeds the pod"
+        );
+        assert_eq!(Outcome::WorkerExited(WorkerExit::Code(3)).exit_code(42), 3);
+        assert_eq!(
+            Outcome::WorkerExited(WorkerExit::Signal(9)).exit_code(42),
+            137
+        );
+        assert_eq!(
+            Outcome::WorkerExited(WorkerExit::SpawnFailed).exit_code(42),
+            127
+        );
+    }
+
+    #[test]
+    fn backoff_grows_and_resets() {
+        let mut b = Backoff::new();
+        let first = b.advance();
+        assert!(
+            first >= BACKOFF_MIN / 2 && first <= BACKOFF_MIN,
+            "{first:?}"
+        );
+        for _ in 0..10 {
+            assert!(b.advance() <= BACKOFF_MAX);
+        }
+        assert_eq!(b.next, BACKOFF_MAX);
+        b.reset();
+        assert_eq!(b.next, BACKOFF_MIN);
+    }
+
+    #[tokio::test]
+    async fn worker_gets_sigterm_then_sigkill() {
+        let mut w = Worker::spawn("/bin/sh", "exit 3").expect("spawns");
+        assert_eq!(w.wait().await, WorkerExit::Code(3));
+        let w = Worker::spawn("/bin/sh", "trap '' TERM; sleep 30").expect("spawns");
+        // Let the shell install its trap: SIGTERM is then ignored and only SIGKILL ends it.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let started = Instant::now();
+        w.stop(Duration::from_millis(200)).await;
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_millis(200),
+            "waited the grace period: {took:?}"
+        );
+        assert!(took < Duration::from_secs(20), "then killed: {took:?}");
+        let mut w = Worker::spawn("/bin/sh", "exec sleep 30").expect("spawns");
+        w.signal(Signal::Term);
+        assert_eq!(w.wait().await, WorkerExit::Signal(15));
+    }
+}

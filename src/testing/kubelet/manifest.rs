@@ -1,0 +1,313 @@
+//! The objects of a simulated JobSet: the plain JobSet a user writes, the injection applied to it
+//! (the real [`crate::admission::mutate`]), the pods the Job controller creates from it, and the
+//! downward-API env the kubelet resolves for a container.
+
+use serde_json::{Map, Value, json};
+
+use super::{AgentMode, SimConfig, SimError};
+use crate::admission::{self, InjectionConfig};
+use crate::protocol::JOBSET_NAME_LABEL;
+
+/// Label and annotation of the replicated job a pod belongs to.
+pub const REPLICATED_JOB_LABEL: &str = "jobset.sigs.k8s.io/replicatedjob-name";
+/// Label and annotation of the job index within the replicated job.
+pub const JOB_INDEX_LABEL: &str = "jobset.sigs.k8s.io/job-index";
+/// Label and annotation of the pod's completion index within its Job.
+pub const COMPLETION_INDEX_LABEL: &str = "batch.kubernetes.io/job-completion-index";
+/// Name of the worker container (sidecar mode).
+pub const WORKER_CONTAINER: &str = "worker";
+/// Name of the agent container in main-container mode.
+pub const MAIN_AGENT_CONTAINER: &str = "agent";
+/// Env the simulator gives a main-container-mode agent: a file whose appearance makes the
+/// worker script exit with the code written in it.
+pub const WORKER_CONTROL_ENV: &str = "WORKER_CONTROL";
+
+/// The worker of main-container mode: announces itself on stdout (the simulator reads it through
+/// the agent's inherited stdout), then exits with the code written to `$WORKER_CONTROL` once
+/// that file appears.
+pub const WORKER_SCRIPT: &str = r#"echo "worker-started $$"
+while :; do
+  if [ -f "$WORKER_CONTROL" ]; then
+    code=$(cat "$WORKER_CONTROL"); rm -f "$WORKER_CONTROL"
+    echo "worker-exiting $code"
+    exit "$code"
+  fi
+  sleep 0.02
+done"#;
+
+fn exit_codes(operator: &str, values: &[i32]) -> Value {
+    json!({"operator": operator, "values": values})
+}
+
+/// The JobSet a user writes: a worker container with restart rules, no agent (sidecar mode), or
+/// the agent as the main container with `WORKER_COMMAND` (main-container mode).
+pub fn plain_jobset(c: &SimConfig) -> Value {
+    let fail_code = c.fail_job_exit_code;
+    let pod_spec = match c.mode {
+        AgentMode::Sidecar => {
+            let rules = match fail_code {
+                None => {
+                    json!([{"action": "RestartAllContainers", "exitCodes": exit_codes("NotIn", &[0])}])
+                }
+                Some(y) => json!([
+                    {"action": "Terminate", "exitCodes": exit_codes("In", &[y])},
+                    {"action": "RestartAllContainers", "exitCodes": exit_codes("NotIn", &[0, y])}
+                ]),
+            };
+            json!({
+                "restartPolicy": "Never",
+                "containers": [{
+                    "name": WORKER_CONTAINER, "image": "worker:sim",
+                    "restartPolicy": "Never", "restartPolicyRules": rules
+                }]
+            })
+        }
+        AgentMode::MainContainer => json!({
+            "restartPolicy": "Never",
+            "containers": [{
+                "name": MAIN_AGENT_CONTAINER, "image": "worker-with-agent:sim", "args": ["agent"],
+                "restartPolicy": "Never",
+                "restartPolicyRules": [{"action": "Restart", "exitCodes": exit_codes("NotIn", &[0])}],
+                "env": [{"name": crate::agent::contract::WORKER_COMMAND, "value": WORKER_SCRIPT}]
+            }]
+        }),
+    };
+    let replicated: Vec<Value> = c
+        .replicated_jobs
+        .iter()
+        .map(|rj| {
+            let mut job = json!({
+                "parallelism": rj.parallelism, "completions": rj.parallelism,
+                "template": {"metadata": {"labels": {"app": "sim"}}, "spec": pod_spec.clone()}
+            });
+            if let Some(y) = fail_code {
+                job["podFailurePolicy"] = json!({"rules": [{
+                    "action": "FailJob",
+                    "onExitCodes": {"containerName": WORKER_CONTAINER, "operator": "In", "values": [y]}
+                }]});
+            }
+            json!({"name": rj.name, "replicas": rj.replicas, "template": {"spec": job}})
+        })
+        .collect();
+    let mut policy = json!({"maxRestarts": c.max_restarts, "restartStrategy": "InPlaceRestart"});
+    if fail_code.is_some() {
+        policy["rules"] =
+            json!([{"action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"]}]);
+    }
+    json!({
+        "apiVersion": crate::jobset::API_VERSION, "kind": crate::jobset::KIND,
+        "metadata": {"name": c.jobset_name, "namespace": c.namespace},
+        "spec": {"failurePolicy": policy, "replicatedJobs": replicated}
+    })
+}
+
+/// The plain JobSet with the webhook's injection applied.
+pub fn mutated_jobset(c: &SimConfig) -> Result<Value, SimError> {
+    let mut jobset = plain_jobset(c);
+    let mutation = admission::mutate(&jobset, &InjectionConfig::defaults(c.dialect));
+    json_patch::patch(&mut jobset, &mutation.patch)
+        .map_err(|e| SimError::Setup(format!("the injection patch does not apply: {e}")))?;
+    Ok(jobset)
+}
+
+/// One pod position of the JobSet: (replicated job, job index, completion index). Replacement
+/// pods take the position of the pod they replace.
+#[derive(Clone, Debug)]
+pub struct Slot {
+    pub index: usize,
+    pub replicated_job: String,
+    pub job_index: i64,
+    pub completion_index: i64,
+    /// The pod template (`metadata`, `spec`) of the replicated job.
+    pub template: Value,
+}
+
+/// Every pod position of a (mutated) JobSet, in order.
+pub fn slots(jobset: &Value) -> Vec<Slot> {
+    let mut out = Vec::new();
+    let rjs = jobset
+        .pointer("/spec/replicatedJobs")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or(&[]);
+    for rj in rjs {
+        let name = rj.get("name").and_then(Value::as_str).unwrap_or("rj");
+        let replicas = rj.get("replicas").and_then(Value::as_i64).unwrap_or(1);
+        let job = rj.pointer("/template/spec").cloned().unwrap_or(Value::Null);
+        let parallelism = job.get("parallelism").and_then(Value::as_i64).unwrap_or(1);
+        let template = job.get("template").cloned().unwrap_or(Value::Null);
+        for job_index in 0..replicas {
+            for completion_index in 0..parallelism {
+                out.push(Slot {
+                    index: out.len(),
+                    replicated_job: name.to_owned(),
+                    job_index,
+                    completion_index,
+                    template: template.clone(),
+                });
+            }
+        }
+    }
+    out
+}
+
+/// The pod the Job controller creates for `slot`, with the labels and annotations the JobSet
+/// and Job controllers set.
+pub fn pod_object(c: &SimConfig, slot: &Slot, name: &str) -> Value {
+    let mut labels: Map<String, Value> = slot
+        .template
+        .pointer("/metadata/labels")
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default();
+    let mut annotations: Map<String, Value> = slot
+        .template
+        .pointer("/metadata/annotations")
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default();
+    for (k, v) in [
+        (JOBSET_NAME_LABEL, c.jobset_name.clone()),
+        (REPLICATED_JOB_LABEL, slot.replicated_job.clone()),
+        (JOB_INDEX_LABEL, slot.job_index.to_string()),
+        (COMPLETION_INDEX_LABEL, slot.completion_index.to_string()),
+    ] {
+        labels.insert(k.to_owned(), json!(v));
+        annotations.insert(k.to_owned(), json!(v));
+    }
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": c.namespace, "labels": labels, "annotations": annotations},
+        "spec": slot.template.get("spec").cloned().unwrap_or_else(|| json!({})),
+    })
+}
+
+/// The container's env as the kubelet gives it: literal values, and `fieldRef`s resolved from
+/// the pod (name, namespace, uid, labels, annotations, node name). Other sources are skipped.
+pub fn resolve_env(container: &Value, pod: &Value) -> Vec<(String, String)> {
+    let entries = container
+        .get("env")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or(&[]);
+    let mut out: Vec<(String, String)> = Vec::new();
+    for e in entries {
+        let Some(name) = e.get("name").and_then(Value::as_str) else {
+            continue;
+        };
+        let value = match e.get("value") {
+            Some(v) => v.as_str().map(str::to_owned),
+            None => e
+                .pointer("/valueFrom/fieldRef/fieldPath")
+                .and_then(Value::as_str)
+                .and_then(|path| field_ref(pod, path)),
+        };
+        if let Some(value) = value {
+            // The last of duplicates wins, as in the kubelet.
+            out.retain(|(n, _)| n != name);
+            out.push((name.to_owned(), value));
+        }
+    }
+    out
+}
+
+/// A downward-API `fieldPath` of a pod.
+pub fn field_ref(pod: &Value, path: &str) -> Option<String> {
+    let map_key = |prefix: &str| {
+        path.strip_prefix(prefix)?
+            .strip_suffix("']")
+            .map(str::to_owned)
+    };
+    if let Some(key) = map_key("metadata.annotations['") {
+        return pod
+            .pointer("/metadata/annotations")?
+            .get(&key)?
+            .as_str()
+            .map(str::to_owned);
+    }
+    if let Some(key) = map_key("metadata.labels['") {
+        return pod
+            .pointer("/metadata/labels")?
+            .get(&key)?
+            .as_str()
+            .map(str::to_owned);
+    }
+    let pointer = match path {
+        "metadata.name" => "/metadata/name",
+        "metadata.namespace" => "/metadata/namespace",
+        "metadata.uid" => "/metadata/uid",
+        "spec.nodeName" => "/spec/nodeName",
+        "spec.serviceAccountName" => "/spec/serviceAccountName",
+        "status.podIP" => "/status/podIP",
+        _ => return None,
+    };
+    pod.pointer(pointer)?.as_str().map(str::to_owned)
+}
+
+/// The action of the first of a container's `restartPolicyRules` that covers an exit code.
+pub fn rule_action(container: &Value, code: i32) -> Option<String> {
+    let c = admission::pod::Container {
+        list: admission::pod::ContainerList::Regular,
+        index: 0,
+        value: container,
+    };
+    c.restart_rules()
+        .into_iter()
+        .find(|r| r.covers(i64::from(code)))
+        .map(|r| r.action.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::Dialect;
+
+    #[test]
+    fn field_refs() {
+        let pod = json!({"metadata": {"name": "p", "namespace": "ns", "uid": "u",
+            "annotations": {"jobset.sigs.k8s.io/jobset-name": "js"}, "labels": {"a": "b"}}});
+        assert_eq!(field_ref(&pod, "metadata.name").as_deref(), Some("p"));
+        assert_eq!(
+            field_ref(
+                &pod,
+                "metadata.annotations['jobset.sigs.k8s.io/jobset-name']"
+            )
+            .as_deref(),
+            Some("js")
+        );
+        assert_eq!(
+            field_ref(&pod, "metadata.labels['a']").as_deref(),
+            Some("b")
+        );
+        assert_eq!(field_ref(&pod, "metadata.labels['x']"), None);
+        let c = json!({"env": [{"name": "A", "value": "1"},
+            {"name": "N", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+            {"name": "A", "value": "2"}]});
+        assert_eq!(
+            resolve_env(&c, &pod),
+            vec![("N".into(), "ns".into()), ("A".into(), "2".into())]
+        );
+    }
+
+    #[test]
+    fn the_injection_gives_each_pod_an_agent() {
+        for mode in [AgentMode::Sidecar, AgentMode::MainContainer] {
+            let mut c = SimConfig::new(Dialect::Epoch, 2);
+            c.mode = mode;
+            let js = mutated_jobset(&c).expect("mutates");
+            let slots = slots(&js);
+            assert_eq!(slots.len(), 2);
+            let spec = &slots[0].template["spec"];
+            let agent = admission::pod::agent(spec).expect("an agent");
+            assert!(
+                agent
+                    .container
+                    .env(crate::agent::contract::JOBSET_NAME)
+                    .is_some()
+            );
+            let config = InjectionConfig::defaults(Dialect::Epoch);
+            let validation = admission::validate(&js, &config);
+            assert!(validation.violations.is_empty(), "{mode:?}: {validation:?}");
+        }
+    }
+}

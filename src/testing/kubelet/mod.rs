@@ -1,0 +1,931 @@
+//! A simulated kubelet, Job controller and JobSet controller for the pods of one JobSet, on the
+//! [`TestApiServer`], with the real reconciler running in-process and the real agent binary (or
+//! the agent's code in-process, for large simulations).
+//!
+//! [`Simulation::start`] takes a plain JobSet ([`manifest::plain_jobset`]), applies the webhook's
+//! injection ([`crate::admission::mutate`]), creates it and one pod per position, each with the
+//! labels and annotations the JobSet and Job controllers set. Each pod has its own kubelet task
+//! ([`pod`]) that:
+//! - runs the agent container with the env its template gives (downward-API `fieldRef`s
+//!   resolved), pointed at the test API server (`AGENT_API_URL`) with a barrier port of its own
+//!   (`BARRIER_PORT`: all pods share 127.0.0.1);
+//! - polls the startup probe like the kubelet (every [`SimConfig::probe_period`]) and starts a
+//!   simulated worker only once it answers 200 (main-container mode: the agent starts the real
+//!   worker script, [`manifest::WORKER_SCRIPT`], which announces itself on stdout);
+//! - writes the pod status through the API: phase, container statuses with `restartCount`, the
+//!   `AllContainersRestarting` condition during a restart;
+//! - applies `restartPolicyRules` to every container exit: `RestartAllContainers` restarts every
+//!   container in place (same pod and UID, restart counts up, a new agent process); a pod that
+//!   fails ends, and the Job controller creates a replacement (new name and UID), as with
+//!   `podReplacementPolicy: Failed`; a worker exit matching a `podFailurePolicy` `FailJob` rule
+//!   fails the JobSet (KEP-467 story 2).
+//!
+//! An invariant checker runs all along ([`SimConfig::check_interval`], and at every worker
+//! start): a worker never runs while any registered pod of the JobSet (not failed, not
+//! terminating, with an epoch annotation) is at an epoch older than the one its own pod had when
+//! the worker started. Violations are collected ([`Simulation::violations`]).
+//!
+//! Every child process is killed when the simulation is dropped.
+
+mod agents;
+pub mod manifest;
+mod pod;
+
+use std::collections::{HashSet, VecDeque};
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::{AbortHandle, JoinHandle};
+
+pub use agents::{barrier_port, http_get};
+use pod::{PodCmd, PodEnd, PodInfo};
+
+use super::apiserver::TestApiServer;
+use crate::jobset::JobSet;
+use crate::protocol::{Dialect, Epoch, JOBSET_NAME_LABEL};
+use crate::reconciler;
+
+/// Where the agent runs in the pod.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AgentMode {
+    /// An injected native sidecar with a startup-probe barrier, beside a `worker` container.
+    Sidecar,
+    /// The agent is the pod's only container and runs the worker command itself.
+    MainContainer,
+}
+
+/// How agents run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AgentRunner {
+    /// The real binary as a child process per pod (`env!("CARGO_BIN_EXE_jobset-inplace")`).
+    Binary(PathBuf),
+    /// [`crate::agent::run_agent`] as a task of this process on one shared client, the barrier
+    /// read from its state instead of HTTP (sidecar mode only; for hundreds of pods).
+    InProcess,
+}
+
+/// One replicated job: `replicas` Jobs of `parallelism` pods.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReplicatedJobSpec {
+    pub name: String,
+    pub replicas: i64,
+    pub parallelism: i64,
+}
+
+/// What to simulate.
+#[derive(Clone, Debug)]
+pub struct SimConfig {
+    pub dialect: Dialect,
+    pub namespace: String,
+    pub jobset_name: String,
+    pub replicated_jobs: Vec<ReplicatedJobSpec>,
+    /// `spec.failurePolicy.maxRestarts`.
+    pub max_restarts: i32,
+    pub mode: AgentMode,
+    pub agents: AgentRunner,
+    /// Startup probe period (the kubelet's is at least 1 s; simulations go faster).
+    pub probe_period: Duration,
+    /// Simulated time to restart a pod's containers in place.
+    pub restart_delay: Duration,
+    /// SIGTERM to SIGKILL when the kubelet stops an agent container.
+    pub termination_grace: Duration,
+    /// KEP-467 story 2: the worker exit code that a `podFailurePolicy` `FailJob` rule and a
+    /// JobSet `FailJobSet` rule on `PodFailurePolicy` turn into a failed JobSet.
+    pub fail_job_exit_code: Option<i32>,
+    /// Check the invariant at every worker start and every [`SimConfig::check_interval`]
+    /// (each check lists the JobSet's pods: turn it off for benchmarks of hundreds of pods).
+    pub check_invariant: bool,
+    /// Period of the invariant checker (`None`: only at worker starts).
+    pub check_interval: Option<Duration>,
+    /// Write pod statuses through the API (phase, container statuses, conditions), as the
+    /// kubelet does; off, only the agents' and controllers' writes remain.
+    pub pod_status: bool,
+    /// Run the reconciler in-process.
+    pub run_reconciler: bool,
+    pub reconciler_debounce: Duration,
+    /// `JOBSET_INPLACE_LOG_LEVEL` of agent processes.
+    pub agent_log_level: String,
+    /// Agent and kubelet log lines kept for [`Simulation::logs`].
+    pub log_capacity: usize,
+}
+
+impl SimConfig {
+    /// `pods` pods (one replicated job `workers` of `pods` Jobs with one pod each), sidecar
+    /// mode, agents in-process; set [`SimConfig::agents`] to the binary for end-to-end runs.
+    pub fn new(dialect: Dialect, pods: i64) -> Self {
+        SimConfig {
+            dialect,
+            namespace: "sim".to_owned(),
+            jobset_name: "js".to_owned(),
+            replicated_jobs: vec![ReplicatedJobSpec {
+                name: "workers".to_owned(),
+                replicas: pods,
+                parallelism: 1,
+            }],
+            max_restarts: 10,
+            mode: AgentMode::Sidecar,
+            agents: AgentRunner::InProcess,
+            probe_period: Duration::from_millis(10),
+            restart_delay: Duration::from_millis(20),
+            termination_grace: Duration::from_secs(2),
+            fail_job_exit_code: None,
+            check_invariant: true,
+            check_interval: Some(Duration::from_millis(5)),
+            pod_status: true,
+            run_reconciler: true,
+            reconciler_debounce: Duration::from_millis(5),
+            agent_log_level: "info".to_owned(),
+            log_capacity: 4_000,
+        }
+    }
+
+    /// Agents run as the given binary.
+    pub fn with_binary(mut self, binary: impl Into<PathBuf>) -> Self {
+        self.agents = AgentRunner::Binary(binary.into());
+        self
+    }
+
+    pub fn pods(&self) -> i64 {
+        self.replicated_jobs
+            .iter()
+            .map(|r| r.replicas * r.parallelism)
+            .sum()
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    #[error("simulation setup failed: {0}")]
+    Setup(String),
+    #[error("timed out after {after:?} waiting for {what}\n{state}")]
+    Timeout {
+        what: String,
+        after: Duration,
+        state: String,
+    },
+}
+
+/// What the simulation knows of one pod position.
+#[derive(Clone, Debug, Default)]
+pub struct SlotState {
+    /// The current pod.
+    pub pod: String,
+    pub uid: String,
+    /// Pods created for this position after the first (replacements).
+    pub replacements: u32,
+    /// In-place restarts of all containers, over every pod of the position.
+    pub restarts: u32,
+    /// Agent container runs, over every pod of the position.
+    pub agent_runs: u32,
+    /// Worker starts, over every pod of the position.
+    pub worker_runs: u32,
+    /// Worker starts without a new agent run before them: a worker restarted alone.
+    pub lone_worker_restarts: u32,
+    /// The running worker, if any.
+    pub worker: Option<WorkerRun>,
+    /// How the last pod of this position ended, if it did.
+    pub ended: Option<String>,
+    workers_this_agent_run: u32,
+}
+
+/// A running worker.
+#[derive(Clone, Copy, Debug)]
+pub struct WorkerRun {
+    /// Its pod's epoch annotation when it started.
+    pub epoch: Option<Epoch>,
+    pub started: Instant,
+}
+
+/// A consistent view for assertions.
+#[derive(Clone, Debug)]
+pub struct Snapshot {
+    pub slots: Vec<SlotView>,
+    pub deprecated: Option<Epoch>,
+    pub synced: Option<Epoch>,
+    /// Reason of the JobSet's `Failed` condition, when it has one.
+    pub failed: Option<String>,
+    pub violations: Vec<String>,
+}
+
+/// One pod position in a [`Snapshot`].
+#[derive(Clone, Debug)]
+pub struct SlotView {
+    pub state: SlotState,
+    /// The current pod's epoch annotation.
+    pub epoch: Option<Epoch>,
+    pub phase: String,
+    /// The largest `restartCount` of the current pod's container statuses.
+    pub restart_count: i64,
+}
+
+impl Snapshot {
+    /// Every position has a running worker, started at the synced epoch.
+    pub fn all_running(&self) -> bool {
+        self.synced.is_some()
+            && !self.slots.is_empty()
+            && self
+                .slots
+                .iter()
+                .all(|s| s.state.worker.is_some_and(|w| w.epoch == self.synced))
+    }
+
+    /// [`Snapshot::all_running`] at an epoch above `epoch`.
+    pub fn all_running_after(&self, epoch: Option<Epoch>) -> bool {
+        self.all_running() && self.synced > epoch
+    }
+
+    pub fn uids(&self) -> Vec<String> {
+        self.slots.iter().map(|s| s.state.uid.clone()).collect()
+    }
+}
+
+impl fmt::Display for Snapshot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "jobset: deprecated {:?}, synced {:?}, failed {:?}; {} violation(s)",
+            self.deprecated,
+            self.synced,
+            self.failed,
+            self.violations.len()
+        )?;
+        for (i, s) in self.slots.iter().enumerate() {
+            writeln!(
+                f,
+                "  [{i}] {} {} epoch {:?} restartCount {} | restarts {} replacements {} agent runs {} worker runs {} worker {:?} ended {:?}",
+                s.state.pod,
+                s.phase,
+                s.epoch,
+                s.restart_count,
+                s.state.restarts,
+                s.state.replacements,
+                s.state.agent_runs,
+                s.state.worker_runs,
+                s.state.worker.map(|w| w.epoch),
+                s.state.ended
+            )?;
+        }
+        for v in self.violations.iter().take(5) {
+            writeln!(f, "  violation: {v}")?;
+        }
+        Ok(())
+    }
+}
+
+struct State {
+    slots: Vec<SlotState>,
+    cmds: Vec<Option<mpsc::UnboundedSender<PodCmd>>>,
+    violations: Vec<String>,
+    worker_groups: HashSet<i32>,
+}
+
+/// Shared by the simulation's tasks.
+pub(crate) struct Ctx {
+    config: SimConfig,
+    server: Arc<TestApiServer>,
+    /// The kubelet's and controllers' client.
+    client: kube::Client,
+    /// The shared client of in-process agents.
+    agent_client: kube::Client,
+    slots: Vec<manifest::Slot>,
+    state: Mutex<State>,
+    log: Mutex<VecDeque<String>>,
+    stop_tx: watch::Sender<bool>,
+    ended_tx: mpsc::UnboundedSender<(PodInfo, PodEnd)>,
+    tasks: Mutex<Vec<AbortHandle>>,
+    workdir: PathBuf,
+    generation: AtomicU32,
+    started: Instant,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn pod_resource() -> ApiResource {
+    ApiResource::erase::<k8s_openapi::api::core::v1::Pod>(&())
+}
+
+fn jobset_resource() -> ApiResource {
+    ApiResource::erase::<JobSet>(&())
+}
+
+impl Ctx {
+    pub(crate) fn log(&self, line: String) {
+        let mut log = lock(&self.log);
+        if log.len() >= self.config.log_capacity.max(1) {
+            log.pop_front();
+        }
+        let ms = self.started.elapsed().as_millis();
+        log.push_back(format!("{ms:>6}ms {line}"));
+    }
+
+    pub(crate) fn log_sink(self: &Arc<Self>) -> agents::LogSink {
+        let weak = Arc::downgrade(self);
+        Arc::new(move |line| {
+            if let Some(ctx) = weak.upgrade() {
+                ctx.log(line);
+            }
+        })
+    }
+
+    pub(crate) fn stop_rx(&self) -> watch::Receiver<bool> {
+        self.stop_tx.subscribe()
+    }
+
+    pub(crate) fn control_file(&self, pod: &str) -> PathBuf {
+        self.workdir.join(format!("{pod}.exit"))
+    }
+
+    pub(crate) async fn write_status(&self, pod: &PodInfo, status: Value) {
+        if !self.config.pod_status {
+            return;
+        }
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(self.client.clone(), &self.config.namespace, &pod_resource());
+        let patch = Patch::Merge(json!({ "status": status }));
+        for attempt in 0..3 {
+            match api
+                .patch_status(&pod.name, &PatchParams::default(), &patch)
+                .await
+            {
+                Ok(_) => return,
+                Err(kube::Error::Api(s)) if s.code == 404 => return,
+                Err(e) if attempt == 2 => {
+                    self.log(format!("{}: cannot write the pod status: {e}", pod.name));
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        }
+    }
+
+    fn with_slot(&self, slot: usize, f: impl FnOnce(&mut SlotState)) {
+        if let Some(s) = lock(&self.state).slots.get_mut(slot) {
+            f(s);
+        }
+    }
+
+    pub(crate) fn agent_started(&self, slot: usize) {
+        self.with_slot(slot, |s| {
+            s.agent_runs += 1;
+            s.workers_this_agent_run = 0;
+        });
+    }
+
+    pub(crate) fn restarted(&self, slot: usize) {
+        self.with_slot(slot, |s| s.restarts += 1);
+    }
+
+    /// A worker starts: its pod's epoch now is what it must never run ahead of.
+    pub(crate) fn worker_started(&self, slot: usize, pod: &str) {
+        let epoch = self
+            .server
+            .get("pods", &self.config.namespace, pod)
+            .and_then(|p| self.epoch_of(&p));
+        self.with_slot(slot, |s| {
+            s.worker_runs += 1;
+            s.workers_this_agent_run += 1;
+            if s.workers_this_agent_run > 1 {
+                s.lone_worker_restarts += 1;
+            }
+            s.worker = Some(WorkerRun {
+                epoch,
+                started: Instant::now(),
+            });
+        });
+        self.log(format!("{pod}: worker started at epoch {epoch:?}"));
+        if self.config.check_invariant {
+            self.check_invariant();
+        }
+    }
+
+    pub(crate) fn worker_stopped(&self, slot: usize) {
+        self.with_slot(slot, |s| s.worker = None);
+    }
+
+    pub(crate) fn worker_group(&self, pid: i32, alive: bool) {
+        let mut state = lock(&self.state);
+        if alive {
+            state.worker_groups.insert(pid);
+        } else {
+            state.worker_groups.remove(&pid);
+        }
+    }
+
+    fn epoch_of(&self, pod: &Value) -> Option<Epoch> {
+        let raw = pod
+            .pointer("/metadata/annotations")?
+            .get(self.config.dialect.pod_annotation())?
+            .as_str()?;
+        crate::protocol::parse_epoch(raw).ok()
+    }
+
+    /// The pods of the JobSet that count: not failed, not terminating.
+    fn counted_pods(&self) -> Vec<Value> {
+        self.server
+            .list("pods", Some(&self.config.namespace))
+            .into_iter()
+            .filter(|p| {
+                p.pointer("/metadata/labels")
+                    .and_then(|l| l.get(JOBSET_NAME_LABEL))
+                    .and_then(Value::as_str)
+                    == Some(self.config.jobset_name.as_str())
+                    && p.pointer("/status/phase").and_then(Value::as_str) != Some("Failed")
+                    && p.pointer("/metadata/deletionTimestamp").is_none()
+            })
+            .collect()
+    }
+
+    /// The invariant: no worker runs while a registered pod is at an older epoch than the one
+    /// the worker's pod had when it started.
+    pub(crate) fn check_invariant(&self) {
+        // Workers first, pods second: epochs only grow, so a later read of the pods can only
+        // make a violation disappear, never invent one.
+        let running: Vec<(String, Option<Epoch>)> = lock(&self.state)
+            .slots
+            .iter()
+            .filter_map(|s| s.worker.map(|w| (s.pod.clone(), w.epoch)))
+            .collect();
+        if running.is_empty() {
+            return;
+        }
+        let pods = self.counted_pods();
+        let oldest = pods
+            .iter()
+            .filter_map(|p| {
+                let epoch = self.epoch_of(p)?;
+                let name = p.pointer("/metadata/name")?.as_str()?.to_owned();
+                Some((epoch, name))
+            })
+            .min();
+        let mut found = Vec::new();
+        for (pod, epoch) in running {
+            match (epoch, &oldest) {
+                (None, _) => found.push(format!("the worker of {pod} started on an unregistered pod")),
+                (Some(e), Some((older, other))) if *older < e => found.push(format!(
+                    "the worker of {pod} (started at epoch {e}) runs while {other} is at epoch {older}"
+                )),
+                _ => {}
+            }
+        }
+        if !found.is_empty() {
+            let mut state = lock(&self.state);
+            for v in found {
+                if state.violations.len() < 100 && !state.violations.contains(&v) {
+                    state.violations.push(v);
+                }
+            }
+        }
+    }
+
+    fn spawn(&self, fut: impl Future<Output = ()> + Send + 'static) {
+        let handle = tokio::spawn(fut);
+        lock(&self.tasks).push(handle.abort_handle());
+    }
+
+    /// The Job controller creates the pod of a position (a first pod or a replacement) and the
+    /// kubelet starts it.
+    async fn create_pod(self: &Arc<Self>, slot: usize) -> Result<(), SimError> {
+        let Some(position) = self.slots.get(slot) else {
+            return Err(SimError::Setup(format!("no pod position {slot}")));
+        };
+        let generation = self.generation.fetch_add(1, Ordering::Relaxed);
+        let name = format!(
+            "{}-{}-{}-{}-{generation:05}",
+            self.config.jobset_name,
+            position.replicated_job,
+            position.job_index,
+            position.completion_index
+        );
+        let object = manifest::pod_object(&self.config, position, &name);
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(self.client.clone(), &self.config.namespace, &pod_resource());
+        let obj: DynamicObject = serde_json::from_value(object)
+            .map_err(|e| SimError::Setup(format!("pod {name}: {e}")))?;
+        let created = api
+            .create(&PostParams::default(), &obj)
+            .await
+            .map_err(|e| SimError::Setup(format!("cannot create pod {name}: {e}")))?;
+        let uid = created.metadata.uid.clone().unwrap_or_default();
+        let spec = created.data.get("spec").cloned().unwrap_or(Value::Null);
+        let port = match (&self.config.agents, self.config.mode) {
+            (AgentRunner::Binary(_), AgentMode::Sidecar) => Some(
+                agents::barrier_port()
+                    .ok_or_else(|| SimError::Setup("no free loopback port".into()))?,
+            ),
+            _ => None,
+        };
+        let (tx, rx) = mpsc::unbounded_channel();
+        {
+            let mut state = lock(&self.state);
+            if let Some(s) = state.slots.get_mut(slot) {
+                if !s.pod.is_empty() {
+                    s.replacements += 1;
+                }
+                s.pod = name.clone();
+                s.uid = uid;
+                s.ended = None;
+                s.worker = None;
+            }
+            if let Some(c) = state.cmds.get_mut(slot) {
+                *c = Some(tx);
+            }
+        }
+        self.log(format!("{name}: created for position {slot}"));
+        let info = PodInfo {
+            slot,
+            name,
+            spec,
+            port,
+        };
+        self.spawn(pod::run(self.clone(), info, rx));
+        Ok(())
+    }
+
+    pub(crate) fn pod_ended(&self, pod: &PodInfo, end: PodEnd) {
+        self.log(format!("{}: ended: {end:?}", pod.name));
+        self.with_slot(pod.slot, |s| {
+            s.worker = None;
+            s.ended = Some(format!("{end:?}"));
+        });
+        let _ = self.ended_tx.send((pod.clone(), end));
+    }
+
+    /// The JobSet controller's reaction to a Job failed by its pod failure policy: a
+    /// `FailJobSet` rule on `PodFailurePolicy` fails the JobSet.
+    async fn fail_jobset(&self, reason: &str, message: &str) {
+        let api: Api<DynamicObject> = Api::namespaced_with(
+            self.client.clone(),
+            &self.config.namespace,
+            &jobset_resource(),
+        );
+        let patch = Patch::Merge(json!({"status": {
+            "conditions": [{"type": "Failed", "status": "True", "reason": reason, "message": message,
+                            "lastTransitionTime": "2025-01-01T00:00:00Z"}],
+            "terminalState": "Failed"
+        }}));
+        if let Err(e) = api
+            .patch_status(&self.config.jobset_name, &PatchParams::default(), &patch)
+            .await
+        {
+            self.log(format!("cannot fail the JobSet: {e}"));
+        }
+    }
+
+    fn jobset_failed(&self) -> Option<String> {
+        let js: JobSet = self
+            .server
+            .get_as(&self.config.namespace, &self.config.jobset_name)?;
+        js.conditions()
+            .iter()
+            .find(|c| c.type_ == "Failed" && c.status == "True")
+            .map(|c| c.reason.clone().unwrap_or_default())
+    }
+
+    fn stop_all(&self, why: &str) {
+        if !*self.stop_tx.borrow() {
+            self.log(format!("stopping every pod: {why}"));
+            let _ = self.stop_tx.send(true);
+        }
+    }
+}
+
+/// The Job and JobSet controllers: replacement pods, pod failure policies, and the end of the
+/// JobSet.
+async fn controllers(ctx: Arc<Ctx>, mut ended: mpsc::UnboundedReceiver<(PodInfo, PodEnd)>) {
+    let mut poll = tokio::time::interval(Duration::from_millis(20));
+    loop {
+        tokio::select! {
+            msg = ended.recv() => {
+                let Some((pod, end)) = msg else { return };
+                let PodEnd::Failed { container, code, .. } = end else { continue };
+                if *ctx.stop_tx.borrow() {
+                    continue;
+                }
+                let fail_job = ctx.config.fail_job_exit_code.is_some()
+                    && code == ctx.config.fail_job_exit_code
+                    && container.as_deref() == Some(manifest::WORKER_CONTAINER);
+                if fail_job {
+                    let message = format!(
+                        "job of pod {} failed by its podFailurePolicy (container {} exited {:?}); FailJobSet rule",
+                        pod.name, manifest::WORKER_CONTAINER, code
+                    );
+                    ctx.log(message.clone());
+                    ctx.fail_jobset("FailJobSetAction", &message).await;
+                    ctx.stop_all("the JobSet failed");
+                    continue;
+                }
+                // podReplacementPolicy: Failed: the replacement comes once the pod has failed.
+                if let Err(e) = ctx.create_pod(pod.slot).await {
+                    ctx.log(format!("cannot replace {}: {e}", pod.name));
+                }
+            }
+            _ = poll.tick() => {
+                if !*ctx.stop_tx.borrow() && let Some(reason) = ctx.jobset_failed() {
+                    ctx.stop_all(&format!("the JobSet failed ({reason})"));
+                }
+            }
+        }
+    }
+}
+
+/// The in-process reconciler: its stop signal and task.
+type RunningReconciler = (
+    oneshot::Sender<()>,
+    JoinHandle<Result<(), reconciler::Error>>,
+);
+
+/// A running simulation. Dropping it stops every task and kills every child process.
+pub struct Simulation {
+    ctx: Arc<Ctx>,
+    reconciler: Option<RunningReconciler>,
+}
+
+impl Simulation {
+    /// Starts a test API server, the reconciler, the JobSet (injected) and its pods.
+    pub async fn start(config: SimConfig) -> Result<Simulation, SimError> {
+        let server = Arc::new(TestApiServer::start().await);
+        Self::start_on(server, config).await
+    }
+
+    /// As [`Simulation::start`], on an existing server.
+    pub async fn start_on(
+        server: Arc<TestApiServer>,
+        config: SimConfig,
+    ) -> Result<Simulation, SimError> {
+        if config.mode == AgentMode::MainContainer && config.agents == AgentRunner::InProcess {
+            return Err(SimError::Setup(
+                "main-container mode needs the agent binary (it runs the worker as a child)".into(),
+            ));
+        }
+        let jobset = manifest::mutated_jobset(&config)?;
+        let slots = manifest::slots(&jobset);
+        let workdir = std::env::temp_dir().join(format!(
+            "jobset-inplace-sim-{}-{}",
+            std::process::id(),
+            NEXT_SIM.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&workdir)
+            .map_err(|e| SimError::Setup(format!("{}: {e}", workdir.display())))?;
+        let (stop_tx, _) = watch::channel(false);
+        let (ended_tx, ended_rx) = mpsc::unbounded_channel();
+        let n = slots.len();
+        let ctx = Arc::new(Ctx {
+            client: server.client(),
+            agent_client: server.client(),
+            server: server.clone(),
+            slots,
+            state: Mutex::new(State {
+                slots: vec![SlotState::default(); n],
+                cmds: vec![None; n],
+                violations: Vec::new(),
+                worker_groups: HashSet::new(),
+            }),
+            log: Mutex::new(VecDeque::new()),
+            stop_tx,
+            ended_tx,
+            tasks: Mutex::new(Vec::new()),
+            workdir,
+            generation: AtomicU32::new(0),
+            started: Instant::now(),
+            config,
+        });
+        let mut sim = Simulation {
+            ctx: ctx.clone(),
+            reconciler: None,
+        };
+        if ctx.config.run_reconciler {
+            let (stop, stopped) = oneshot::channel::<()>();
+            let options = reconciler::Options {
+                settings: reconciler::Settings {
+                    dialect: ctx.config.dialect,
+                    namespace: Some(ctx.config.namespace.clone()),
+                    workers: 2,
+                    debounce: ctx.config.reconciler_debounce,
+                    identity: "sim".to_owned(),
+                    provision: None,
+                },
+                leader_election: None,
+                check_crd: false,
+            };
+            let task = tokio::spawn(reconciler::run(server.client(), options, None, async {
+                let _ = stopped.await;
+            }));
+            sim.reconciler = Some((stop, task));
+        }
+        server
+            .create("jobsets", jobset)
+            .map_err(|e| SimError::Setup(format!("cannot create the JobSet: {e}")))?;
+        ctx.spawn(controllers(ctx.clone(), ended_rx));
+        if let (true, Some(period)) = (ctx.config.check_invariant, ctx.config.check_interval) {
+            let checker = ctx.clone();
+            ctx.spawn(async move {
+                let mut tick = tokio::time::interval(period);
+                loop {
+                    tick.tick().await;
+                    checker.check_invariant();
+                }
+            });
+        }
+        for slot in 0..n {
+            ctx.create_pod(slot).await?;
+        }
+        Ok(sim)
+    }
+
+    pub fn server(&self) -> &TestApiServer {
+        &self.ctx.server
+    }
+
+    /// The server, shared (for tasks that outlive a borrow of the simulation).
+    pub fn server_arc(&self) -> Arc<TestApiServer> {
+        self.ctx.server.clone()
+    }
+
+    pub fn config(&self) -> &SimConfig {
+        &self.ctx.config
+    }
+
+    /// Number of pod positions.
+    pub fn len(&self) -> usize {
+        self.ctx.slots.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ctx.slots.is_empty()
+    }
+
+    /// The state of every position and of the JobSet now.
+    pub fn snapshot(&self) -> Snapshot {
+        let ctx = &self.ctx;
+        let (slots, violations) = {
+            let state = lock(&ctx.state);
+            (state.slots.clone(), state.violations.clone())
+        };
+        let pods = ctx.server.list("pods", Some(&ctx.config.namespace));
+        let find = |name: &str| {
+            pods.iter()
+                .find(|p| p.pointer("/metadata/name").and_then(Value::as_str) == Some(name))
+        };
+        let views = slots
+            .into_iter()
+            .map(|state| {
+                let pod = find(&state.pod);
+                let restart_count = pod
+                    .and_then(|p| p.pointer("/status"))
+                    .map(|s| {
+                        ["initContainerStatuses", "containerStatuses"]
+                            .iter()
+                            .filter_map(|k| s.get(*k).and_then(Value::as_array))
+                            .flatten()
+                            .filter_map(|c| c.get("restartCount").and_then(Value::as_i64))
+                            .max()
+                            .unwrap_or(0)
+                    })
+                    .unwrap_or(0);
+                SlotView {
+                    epoch: pod.and_then(|p| ctx.epoch_of(p)),
+                    phase: pod
+                        .and_then(|p| p.pointer("/status/phase"))
+                        .and_then(Value::as_str)
+                        .unwrap_or("Absent")
+                        .to_owned(),
+                    restart_count,
+                    state,
+                }
+            })
+            .collect();
+        let js: Option<JobSet> = ctx
+            .server
+            .get_as(&ctx.config.namespace, &ctx.config.jobset_name);
+        let status = js
+            .as_ref()
+            .map(|j| j.epoch_status(ctx.config.dialect))
+            .unwrap_or_default();
+        Snapshot {
+            slots: views,
+            deprecated: status.deprecated,
+            synced: status.synced,
+            failed: ctx.jobset_failed(),
+            violations,
+        }
+    }
+
+    /// Polls (every 5 ms; 50 ms past 64 pods) until `done` holds.
+    pub async fn wait_for(
+        &self,
+        what: &str,
+        limit: Duration,
+        done: impl Fn(&Snapshot) -> bool,
+    ) -> Result<Snapshot, SimError> {
+        let deadline = Instant::now() + limit;
+        loop {
+            let snapshot = self.snapshot();
+            if done(&snapshot) {
+                return Ok(snapshot);
+            }
+            if Instant::now() >= deadline {
+                return Err(SimError::Timeout {
+                    what: what.to_owned(),
+                    after: limit,
+                    state: format!("{snapshot}last log lines:\n{}", self.logs(40).join("\n")),
+                });
+            }
+            let period = if self.len() > 64 { 50 } else { 5 };
+            tokio::time::sleep(Duration::from_millis(period)).await;
+        }
+    }
+
+    /// Until every position runs its worker at the synced epoch.
+    pub async fn wait_all_running(&self, limit: Duration) -> Result<Snapshot, SimError> {
+        self.wait_for("every worker running at the synced epoch", limit, |s| {
+            s.all_running()
+        })
+        .await
+    }
+
+    fn send(&self, slot: usize, cmd: PodCmd) -> bool {
+        let state = lock(&self.ctx.state);
+        match state.cmds.get(slot).and_then(Option::as_ref) {
+            Some(tx) => tx.send(cmd).is_ok(),
+            None => false,
+        }
+    }
+
+    /// The worker of a position exits with `code`.
+    pub fn fail_worker(&self, slot: usize, code: i32) -> bool {
+        self.ctx.log(format!("test: worker [{slot}] exits {code}"));
+        self.send(slot, PodCmd::WorkerExit(code))
+    }
+
+    /// SIGKILL to the agent of a position, nothing else.
+    pub fn kill_agent(&self, slot: usize) -> bool {
+        self.send(slot, PodCmd::KillAgent)
+    }
+
+    /// The node of a position is lost: its pod fails and is replaced.
+    pub fn fail_node(&self, slot: usize) -> bool {
+        self.ctx.log(format!("test: node of [{slot}] lost"));
+        self.send(slot, PodCmd::FailNode)
+    }
+
+    /// The invariant violations seen so far.
+    pub fn violations(&self) -> Vec<String> {
+        lock(&self.ctx.state).violations.clone()
+    }
+
+    /// The last `n` log lines (agents' output and the simulation's own).
+    pub fn logs(&self, n: usize) -> Vec<String> {
+        let log = lock(&self.ctx.log);
+        log.iter()
+            .skip(log.len().saturating_sub(n))
+            .cloned()
+            .collect()
+    }
+
+    /// Stops every pod (agents get SIGTERM), the reconciler and the controllers.
+    pub async fn shutdown(mut self) {
+        self.ctx.stop_all("shutdown");
+        let deadline = Instant::now() + self.ctx.config.termination_grace + Duration::from_secs(2);
+        while Instant::now() < deadline
+            && lock(&self.ctx.state)
+                .slots
+                .iter()
+                .any(|s| s.ended.is_none() && !s.pod.is_empty())
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        if let Some((stop, task)) = self.reconciler.take() {
+            let _ = stop.send(());
+            let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
+        }
+    }
+}
+
+static NEXT_SIM: AtomicU32 = AtomicU32::new(0);
+
+impl Drop for Simulation {
+    fn drop(&mut self) {
+        for task in lock(&self.ctx.tasks).drain(..) {
+            task.abort();
+        }
+        if let Some((_, task)) = self.reconciler.take() {
+            task.abort();
+        }
+        // Agent processes die with their tasks (kill on drop); the worker process groups of
+        // main-container mode are not their children's children any more once an agent dies.
+        for pid in lock(&self.ctx.state).worker_groups.drain() {
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        let _ = std::fs::remove_dir_all(&self.ctx.workdir);
+    }
+}

@@ -1,0 +1,459 @@
+//! The agent against the test API server: the binary's exit codes, one-line config errors and
+//! barrier endpoint, and (in-process, through `run_agent`) the protocol steps and the faults it
+//! must ride through: a missing JobSet, failing and conflicting writes, cut watches, 410s.
+
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use jobset_inplace::agent::{self, AgentConfig, BarrierState, Mode, Outcome, WorkerExit};
+use jobset_inplace::protocol::{DISABLE_ANNOTATION, Dialect, JOBSET_NAME_LABEL};
+use jobset_inplace::testing::apiserver::{TestApiServer, Verb};
+use jobset_inplace::testing::kubelet::{barrier_port, http_get};
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::sync::watch;
+
+const BIN: &str = env!("CARGO_BIN_EXE_jobset-inplace");
+const NS: &str = "team-a";
+const LIMIT: Duration = Duration::from_secs(20);
+
+fn jobset(strategy: &str) -> Value {
+    json!({
+        "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+        "metadata": {"name": "js", "namespace": NS},
+        "spec": {"failurePolicy": {"restartStrategy": strategy, "maxRestarts": 3},
+                 "replicatedJobs": [{"name": "w", "replicas": 2, "template": {"spec": {
+                     "parallelism": 1, "completions": 1,
+                     "template": {"spec": {"containers": [{"name": "w", "image": "w"}]}}}}}]},
+        "status": {}
+    })
+}
+
+fn pod(name: &str) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": NS, "labels": {JOBSET_NAME_LABEL: "js"},
+                     "annotations": {JOBSET_NAME_LABEL: "js"}},
+        "spec": {"containers": [{"name": "w", "image": "w"}]}
+    })
+}
+
+fn annotation(server: &TestApiServer, dialect: Dialect, pod: &str) -> Option<String> {
+    server.get("pods", NS, pod)?["metadata"]["annotations"][dialect.pod_annotation()]
+        .as_str()
+        .map(str::to_owned)
+}
+
+fn set_status(server: &TestApiServer, status: Value) {
+    server
+        .patch("jobsets", NS, "js", &json!({ "status": status }))
+        .expect("jobset status");
+}
+
+async fn until(what: &str, f: impl Fn() -> bool) {
+    let deadline = Instant::now() + LIMIT;
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// An agent run in-process.
+struct InProcess {
+    barrier: watch::Receiver<BarrierState>,
+    task: tokio::task::JoinHandle<Outcome>,
+}
+
+impl InProcess {
+    fn start(server: &TestApiServer, dialect: Dialect, pod: &str) -> InProcess {
+        let mut config = AgentConfig::sidecar(NS, pod, "js", dialect);
+        config.api_timeout = Duration::from_secs(2);
+        Self::start_with(server, config)
+    }
+
+    fn start_with(server: &TestApiServer, config: AgentConfig) -> InProcess {
+        let (tx, barrier) = watch::channel(BarrierState::default());
+        let task = tokio::spawn(agent::run_agent(
+            server.client(),
+            config,
+            tx,
+            futures::stream::pending(),
+        ));
+        InProcess { barrier, task }
+    }
+
+    fn lifted(&self) -> bool {
+        self.barrier.borrow().lifted
+    }
+
+    async fn outcome(mut self) -> Outcome {
+        match tokio::time::timeout(LIMIT, &mut self.task).await {
+            Ok(Ok(outcome)) => outcome,
+            Ok(Err(e)) => panic!("agent task failed: {e}"),
+            Err(_) => panic!("the agent did not end"),
+        }
+    }
+}
+
+impl Drop for InProcess {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The binary
+// ---------------------------------------------------------------------------------------------
+
+fn agent_command(env: &[(&str, String)]) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(BIN);
+    cmd.arg("agent")
+        .env_clear()
+        .env("NO_COLOR", "1")
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    cmd
+}
+
+async fn run_to_end(env: &[(&str, String)]) -> (i32, String) {
+    let out = tokio::time::timeout(LIMIT, agent_command(env).output())
+        .await
+        .expect("ends")
+        .expect("runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn config_errors_exit_2_with_one_line_naming_the_variable() {
+    let cases: &[(&[(&str, &str)], &str)] = &[
+        (
+            &[("JOBSET_NAME", "js"), ("NAMESPACE", "ns")],
+            "POD_NAME is not set",
+        ),
+        (
+            &[("POD_NAME", "p"), ("NAMESPACE", "ns")],
+            "JOBSET_NAME is not set",
+        ),
+        (
+            &[
+                ("POD_NAME", "p"),
+                ("JOBSET_NAME", "js"),
+                ("NAMESPACE", "ns"),
+                ("RESTART_POD_IN_PLACE_EXIT_CODE", "0"),
+            ],
+            "RESTART_POD_IN_PLACE_EXIT_CODE=\"0\"",
+        ),
+        (
+            &[
+                ("POD_NAME", "p"),
+                ("JOBSET_NAME", "js"),
+                ("NAMESPACE", "ns"),
+                ("WORKER_COMMAND", "true"),
+                ("STARTUP_PROBE_PORT", "1"),
+            ],
+            "STARTUP_PROBE_PORT",
+        ),
+        (
+            &[("POD_NAME", "p"), ("JOBSET_NAME", "js")],
+            "NAMESPACE is not set",
+        ),
+        (
+            &[
+                ("POD_NAME", "p"),
+                ("JOBSET_NAME", "js"),
+                ("NAMESPACE", "ns"),
+                ("JOBSET_INPLACE_PROTOCOL", "v2"),
+            ],
+            "JOBSET_INPLACE_PROTOCOL",
+        ),
+    ];
+    for (env, expected) in cases {
+        let env: Vec<(&str, String)> = env.iter().map(|(k, v)| (*k, (*v).to_owned())).collect();
+        let (code, stderr) = run_to_end(&env).await;
+        assert_eq!(code, 2, "{env:?}: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "{env:?}: {stderr}");
+        assert!(stderr.contains(expected), "{env:?}: {stderr}");
+    }
+}
+
+/// The binary end to end: the barrier answers 503 from the start and says what it waits for,
+/// the epoch is registered, a synced epoch lifts the barrier (200), a deprecated one makes the
+/// process exit with the restart code; SIGTERM exits 143.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binary_registers_lifts_restarts_and_exits_on_signals() {
+    let server = TestApiServer::start().await;
+    server
+        .create("jobsets", jobset("InPlaceRestart"))
+        .expect("jobset");
+    server.create("pods", pod("p0")).expect("pod");
+    let port = barrier_port().expect("a free port");
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let env = vec![
+        ("NAMESPACE", NS.to_owned()),
+        ("POD_NAME", "p0".to_owned()),
+        ("JOBSET_NAME", "js".to_owned()),
+        ("RESTART_POD_IN_PLACE_EXIT_CODE", "9".to_owned()),
+        ("BARRIER_PORT", port.to_string()),
+        ("AGENT_API_URL", server.url()),
+    ];
+    let mut child = agent_command(&env).spawn().expect("spawns");
+    until("the epoch annotation", || {
+        annotation(&server, Dialect::Epoch, "p0").as_deref() == Some("1")
+    })
+    .await;
+    let (code, body) = http_get(addr, "/barrier-is-lifted", LIMIT)
+        .await
+        .expect("answers");
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("epoch 1 waits to be synced"), "{body}");
+    assert_eq!(
+        http_get(addr, "/healthz", LIMIT).await.map(|r| r.0),
+        Some(200)
+    );
+    set_status(&server, json!({"syncedEpoch": 1}));
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        if let Some((200, body)) = http_get(addr, "/barrier-is-lifted", LIMIT).await {
+            assert!(body.contains("lifted"), "{body}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the barrier did not lift");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    set_status(&server, json!({"deprecatedEpoch": 1}));
+    let status = tokio::time::timeout(LIMIT, child.wait())
+        .await
+        .expect("exits")
+        .expect("status");
+    assert_eq!(status.code(), Some(9));
+
+    // The restarted agent registers the next epoch and waits; SIGTERM ends it with 143.
+    let mut child = agent_command(&env).spawn().expect("spawns");
+    until("epoch 2", || {
+        annotation(&server, Dialect::Epoch, "p0").as_deref() == Some("2")
+    })
+    .await;
+    let pid =
+        nix::unistd::Pid::from_raw(child.id().and_then(|p| i32::try_from(p).ok()).expect("pid"));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("signal");
+    let status = tokio::time::timeout(LIMIT, child.wait())
+        .await
+        .expect("exits")
+        .expect("status");
+    assert_eq!(status.code(), Some(143));
+}
+
+/// Main-container mode: no barrier endpoint; the worker starts once the epoch is synced, its
+/// exit code becomes the agent's, and a deprecated epoch stops it and exits with the restart
+/// code.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binary_main_container_mode_runs_and_stops_the_worker() {
+    let server = TestApiServer::start().await;
+    let mut js = jobset("InPlaceRestart");
+    js["status"] = json!({"currentInPlaceRestartAttempt": 0});
+    server.create("jobsets", js).expect("jobset");
+    server.create("pods", pod("p0")).expect("pod");
+    let env = |command: &str| {
+        vec![
+            ("NAMESPACE", NS.to_owned()),
+            ("POD_NAME", "p0".to_owned()),
+            ("JOBSET_NAME", "js".to_owned()),
+            ("JOBSET_INPLACE_PROTOCOL", "attempt".to_owned()),
+            ("WORKER_COMMAND", command.to_owned()),
+            ("AGENT_WORKER_GRACE_PERIOD", "5s".to_owned()),
+            ("AGENT_API_URL", server.url()),
+        ]
+    };
+    // The worker's exit code is the agent's.
+    let mut child = agent_command(&env("echo worker-up; exit 5"))
+        .spawn()
+        .expect("spawns");
+    until("attempt 1", || {
+        annotation(&server, Dialect::Attempt, "p0").as_deref() == Some("1")
+    })
+    .await;
+    set_status(&server, json!({"currentInPlaceRestartAttempt": 1}));
+    let status = tokio::time::timeout(LIMIT, child.wait())
+        .await
+        .expect("exits")
+        .expect("status");
+    assert_eq!(status.code(), Some(5));
+
+    // A deprecated epoch stops the worker (SIGTERM) and exits with the restart code.
+    let mut child = agent_command(&env("echo worker-up; exec sleep 60"))
+        .spawn()
+        .expect("spawns");
+    let mut stdout = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    until("attempt 2", || {
+        annotation(&server, Dialect::Attempt, "p0").as_deref() == Some("2")
+    })
+    .await;
+    set_status(&server, json!({"currentInPlaceRestartAttempt": 2}));
+    let line = tokio::time::timeout(LIMIT, stdout.next_line())
+        .await
+        .expect("worker output");
+    assert_eq!(line.ok().flatten().as_deref(), Some("worker-up"));
+    let started = Instant::now();
+    set_status(&server, json!({"previousInPlaceRestartAttempt": 2}));
+    let status = tokio::time::timeout(LIMIT, child.wait())
+        .await
+        .expect("exits")
+        .expect("status");
+    assert_eq!(status.code(), Some(42));
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "SIGTERM, not the grace period's SIGKILL"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// In-process
+// ---------------------------------------------------------------------------------------------
+
+/// A JobSet without in-place restart, or with it disabled, lifts the barrier at once.
+#[tokio::test]
+async fn bypass_lifts_at_once() {
+    for (strategy, disabled) in [("Recreate", false), ("InPlaceRestart", true)] {
+        let server = TestApiServer::start().await;
+        let mut js = jobset(strategy);
+        if disabled {
+            js["metadata"]["annotations"] = json!({DISABLE_ANNOTATION: "true"});
+        }
+        server.create("jobsets", js).expect("jobset");
+        server.create("pods", pod("p0")).expect("pod");
+        let a = InProcess::start(&server, Dialect::Epoch, "p0");
+        until("the barrier to lift", || a.lifted()).await;
+        assert!(a.barrier.borrow().bypassed);
+        // Even a deprecation does not re-arm it; the agent stays.
+        until("the registration", || a.barrier.borrow().registered).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(a.lifted() && !a.task.is_finished());
+    }
+}
+
+/// The JobSet does not exist yet: the agent keeps retrying, then registers.
+#[tokio::test]
+async fn missing_jobset_is_retried() {
+    let server = TestApiServer::start().await;
+    server.create("pods", pod("p0")).expect("pod");
+    let a = InProcess::start(&server, Dialect::Epoch, "p0");
+    until("a few reads", || {
+        server.counters().get(Verb::Get, "jobsets") >= 3
+    })
+    .await;
+    assert_eq!(annotation(&server, Dialect::Epoch, "p0"), None);
+    let mut js = jobset("InPlaceRestart");
+    js["status"] = json!({"syncedEpoch": 4});
+    server.create("jobsets", js).expect("jobset");
+    until("the registration", || {
+        annotation(&server, Dialect::Epoch, "p0").as_deref() == Some("5")
+    })
+    .await;
+    assert!(!a.lifted());
+}
+
+/// Server errors and conflicts on the annotation write are retried.
+#[tokio::test]
+async fn failed_and_conflicting_writes_are_retried() {
+    let server = TestApiServer::start().await;
+    server
+        .create("jobsets", jobset("InPlaceRestart"))
+        .expect("jobset");
+    server.create("pods", pod("p0")).expect("pod");
+    server.fail_next(2, Verb::Patch, "pods", 500);
+    server.fail_next(1, Verb::Patch, "pods", 409);
+    let _a = InProcess::start(&server, Dialect::Epoch, "p0");
+    until("the registration", || {
+        annotation(&server, Dialect::Epoch, "p0").as_deref() == Some("1")
+    })
+    .await;
+    assert!(server.counters().get(Verb::Patch, "pods") >= 4);
+}
+
+/// The pod's own epoch keeps a restarted pod ahead of its old epoch even when the status was
+/// wiped; a cut watch is resumed and an expired resourceVersion (410) is re-read, without
+/// missing the state that matters.
+#[tokio::test]
+async fn watch_cuts_and_expiry_are_survived() {
+    let server = TestApiServer::start().await;
+    let mut js = jobset("InPlaceRestart");
+    js["status"] = json!({"previousInPlaceRestartAttempt": 0, "currentInPlaceRestartAttempt": 1});
+    server.create("jobsets", js).expect("jobset");
+    let mut p = pod("p0");
+    p["metadata"]["annotations"]["jobset.sigs.k8s.io/in-place-restart-attempt"] = json!("3");
+    server.create("pods", p).expect("pod");
+    let a = InProcess::start(&server, Dialect::Attempt, "p0");
+    until("attempt 4 (own + 1)", || {
+        annotation(&server, Dialect::Attempt, "p0").as_deref() == Some("4")
+    })
+    .await;
+    until("the watch", || server.watch_count() > 0).await;
+    assert!(server.cut_watches() > 0);
+    set_status(&server, json!({"currentInPlaceRestartAttempt": 2}));
+    until("a resumed watch", || server.watch_count() > 0).await;
+    // The next watches fail while the history is forgotten: the resume from the old version
+    // then gets 410, and the agent re-reads the JobSet.
+    let reads = server.counters().get(Verb::Get, "jobsets");
+    server.fail_next(3, Verb::Watch, "jobsets", 500);
+    server.cut_watches();
+    set_status(&server, json!({"currentInPlaceRestartAttempt": 3}));
+    server.compact_all();
+    set_status(&server, json!({"currentInPlaceRestartAttempt": 4}));
+    until("the barrier to lift", || a.lifted()).await;
+    assert_eq!(
+        server.counters().get(Verb::Get, "jobsets"),
+        reads + 1,
+        "one re-read"
+    );
+    set_status(&server, json!({"previousInPlaceRestartAttempt": 4}));
+    assert_eq!(
+        a.outcome().await,
+        Outcome::Restart {
+            epoch: 4,
+            deprecated: 4
+        }
+    );
+}
+
+/// Many in-process agents on one JobSet: every one registers once and lifts on the synced epoch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_agents_register_and_lift() {
+    let server = Arc::new(TestApiServer::start().await);
+    server
+        .create("jobsets", jobset("InPlaceRestart"))
+        .expect("jobset");
+    let agents: Vec<InProcess> = (0..50)
+        .map(|i| {
+            let name = format!("p{i}");
+            server.create("pods", pod(&name)).expect("pod");
+            InProcess::start(&server, Dialect::Epoch, &name)
+        })
+        .collect();
+    until("every registration", || {
+        agents.iter().all(|a| a.barrier.borrow().registered)
+    })
+    .await;
+    set_status(&server, json!({"syncedEpoch": 1}));
+    until("every barrier", || agents.iter().all(InProcess::lifted)).await;
+    assert_eq!(server.counters().get(Verb::Patch, "pods"), 50);
+}
+
+#[test]
+fn main_container_config_has_no_barrier() {
+    let mut c = AgentConfig::sidecar(NS, "p", "js", Dialect::Epoch);
+    assert!(c.barrier().is_some());
+    c.mode = Mode::MainContainer {
+        command: "true".into(),
+        shell: "/bin/sh".into(),
+        grace_period: Duration::from_secs(1),
+    };
+    assert!(c.barrier().is_none());
+    assert_eq!(Outcome::WorkerExited(WorkerExit::Code(0)).exit_code(42), 0);
+}
