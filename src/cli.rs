@@ -136,6 +136,28 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     Duration::try_from_secs_f64(seconds).map_err(|e| format!("{text:?}: {e}"))
 }
 
+/// Parses a size in bytes: `65536`, `512Ki`, `64Mi`, `1Gi` (an optional trailing `B`).
+pub fn parse_bytes(text: &str) -> Result<usize, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: usize = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a size like 64Mi, 512Ki, 65536"))?;
+    let shift = match unit.trim().trim_end_matches('B') {
+        "" => 0,
+        "Ki" => 10,
+        "Mi" => 20,
+        "Gi" => 30,
+        other => return Err(format!("unknown unit {other:?} (expected Ki, Mi or Gi)")),
+    };
+    number
+        .checked_mul(1 << shift)
+        .ok_or_else(|| format!("{text:?} is too large"))
+}
+
 /// Resolves on SIGTERM or SIGINT.
 pub async fn shutdown_signal() {
     let terminate = async {

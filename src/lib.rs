@@ -10,6 +10,7 @@
 //! - [`offline`]: `inject`, `check`, `review` without a cluster;
 //! - [`protocol`]: the epoch protocol's dialects and pure decisions;
 //! - [`jobset`]: the JobSet model;
+//! - [`retry`]: retry timing shared by the agent and the reconciler (`Retry-After`);
 //! - [`testing`]: the in-repo Kubernetes test API server and test helpers.
 #![forbid(unsafe_code)]
 
@@ -22,6 +23,7 @@ pub mod jobset;
 pub mod offline;
 pub mod protocol;
 pub mod reconciler;
+pub mod retry;
 pub mod telemetry;
 pub mod testing;
 pub mod webhook;

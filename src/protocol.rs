@@ -256,6 +256,9 @@ pub struct PodView {
     pub epoch_annotation: Option<String>,
     /// The largest `restartCount` over all container statuses (init, sidecar and regular).
     pub max_restart_count: i32,
+    /// The pod was counted when this reconciler last wrote the synced epoch
+    /// ([`ReconcileInput::last_synced`]).
+    pub counted_in_last_sync: bool,
 }
 
 /// What the reconciler reads of one JobSet and its pods.
@@ -271,6 +274,12 @@ pub struct ReconcileInput<'a> {
     pub restarts: i32,
     /// `status.restartsCountTowardsMax`.
     pub restarts_count_towards_max: i32,
+    /// The synced epoch this reconciler last wrote for the JobSet (kept in memory: a new leader
+    /// starts without it); the pods it counted then carry [`PodView::counted_in_last_sync`].
+    pub last_synced: Option<Epoch>,
+    /// The highest deprecated epoch this reconciler wrote for the JobSet (in memory): a field
+    /// that another writer wiped is never rewritten below it.
+    pub last_deprecated: Option<Epoch>,
     pub pods: &'a [PodView],
 }
 
@@ -332,6 +341,12 @@ pub struct Decision {
     pub max_epoch: Option<Epoch>,
     /// When `change.deprecated` is set: how many counted pods are at or below it and must restart.
     pub pods_to_restart: usize,
+    /// Pods registered at or below the last synced epoch that were not counted in it: they read
+    /// the JobSet while another writer had wiped its epoch fields (see [`reconcile_decide`]).
+    pub unsynced_joiners: Vec<String>,
+    /// When `change.synced` is set: the pods counted at that epoch (for
+    /// [`PodView::counted_in_last_sync`] once the write succeeded).
+    pub synced_pods: Vec<String>,
 }
 
 /// Reconciler steps 1 to 5 for one JobSet that has the InPlaceRestart strategy and is neither
@@ -387,25 +402,76 @@ pub fn reconcile_decide(input: &ReconcileInput<'_>) -> Decision {
         return decision;
     };
 
+    // A pod registers above every epoch synced so far (`agent_epoch` takes `synced + 1`), unless
+    // it read the JobSet while another writer had wiped the synced field: a fresh pod (a
+    // replacement) then starts over at the first epoch, at or below the pods that run. It
+    // restarted all the same, so every pod must: everything up to the last synced epoch is
+    // deprecated, and nothing is synced while such a pod is there. (Found by the model check,
+    // tests/model_check.rs: a lost node while the fields were wiped.)
+    // A wiped deprecated field is rewritten, never below what this reconciler wrote before.
+    let wiped_floor = input
+        .status
+        .deprecated
+        .is_none()
+        .then_some(input.last_deprecated)
+        .flatten();
+    let raise = |target: Option<Epoch>| {
+        let target = target.max(wiped_floor)?;
+        input
+            .status
+            .deprecated
+            .is_none_or(|d| target > d)
+            .then_some(target)
+    };
+    if let Some(last) = input.last_synced {
+        decision.unsynced_joiners = input
+            .pods
+            .iter()
+            .filter(|p| !p.failed && !p.terminating && !p.counted_in_last_sync)
+            .filter(|p| {
+                p.epoch_annotation
+                    .as_deref()
+                    .and_then(|a| parse_epoch(a).ok())
+                    .is_some_and(|e| e <= last)
+            })
+            .map(|p| p.name.clone())
+            .collect();
+        if !decision.unsynced_joiners.is_empty() {
+            decision.change.deprecated = raise(Some(last));
+            if let Some(d) = decision.change.deprecated {
+                decision.pods_to_restart = epochs.iter().filter(|e| **e <= d).count();
+            }
+            return decision;
+        }
+    }
+
     // Steps 3 and 4: everyone registered at one epoch.
     let in_sync = input.expected_pods > 0
         && i64::try_from(epochs.len()).unwrap_or(i64::MAX) >= input.expected_pods
         && epochs.iter().all(|e| *e == max);
     if in_sync {
-        let above_deprecated = input.status.deprecated.is_none_or(|d| max > d);
+        let above_deprecated = input
+            .status
+            .deprecated
+            .or(wiped_floor)
+            .is_none_or(|d| max > d);
         if above_deprecated && input.status.synced.is_none_or(|s| max > s) {
             decision.change.synced = Some(max);
+            decision.synced_pods = input
+                .pods
+                .iter()
+                .filter(|p| !p.failed && !p.terminating && p.epoch_annotation.is_some())
+                .map(|p| p.name.clone())
+                .collect();
         }
         // A wiped deprecated field is rewritten even while in sync.
-        if input.status.deprecated.is_none() && max > first {
-            decision.change.deprecated = Some(max - 1);
+        if input.status.deprecated.is_none() {
+            decision.change.deprecated = raise((max > first).then(|| max - 1));
         }
     } else {
         // Step 5: deprecate everything below the newest epoch.
         let candidate = max.saturating_sub(1);
-        if candidate >= first && input.status.deprecated.is_none_or(|d| candidate > d) {
-            decision.change.deprecated = Some(candidate);
-        }
+        decision.change.deprecated = raise((candidate >= first).then_some(candidate));
     }
     if let Some(d) = decision.change.deprecated {
         decision.pods_to_restart = epochs.iter().filter(|e| **e <= d).count();
@@ -438,6 +504,8 @@ mod tests {
             status,
             restarts: 0,
             restarts_count_towards_max: 0,
+            last_synced: None,
+            last_deprecated: None,
             pods,
         }
     }
@@ -704,6 +772,70 @@ mod tests {
         let pods = [pod("a", Some("1")), pod("b", None)];
         let d = reconcile_decide(&input(Dialect::Epoch, 2, st(None, None), &pods));
         assert!(d.change.is_empty());
+    }
+
+    /// The model check's trace (tests/model_check.rs,
+    /// `regression_wipe_then_lost_node_restarts_every_pod`): pods a and b synced and ran at 1,
+    /// the status was wiped, b's node was lost and its replacement c read no synced epoch and
+    /// registered 1 too. Without memory the reconciler rewrote S=1 and c ran beside a, which
+    /// never restarted; with it, c was not counted at the last sync, so everything up to 1 is
+    /// deprecated.
+    #[test]
+    fn a_pod_that_joined_while_the_status_was_wiped_restarts_every_pod() {
+        let mut a = pod("a", Some("1"));
+        a.counted_in_last_sync = true;
+        let pods = [a.clone(), pod("c", Some("1"))];
+        let mut i = input(Dialect::Epoch, 2, st(None, None), &pods);
+        assert_eq!(
+            reconcile_decide(&i).change.synced,
+            Some(1),
+            "without memory"
+        );
+        i.last_synced = Some(1);
+        let d = reconcile_decide(&i);
+        assert_eq!(
+            d.change,
+            StatusChange {
+                deprecated: Some(1),
+                synced: None
+            }
+        );
+        assert_eq!(d.unsynced_joiners, vec!["c".to_owned()]);
+        assert_eq!(d.pods_to_restart, 2);
+        // Below the last synced epoch too (the replacement started over at the first epoch).
+        a.epoch_annotation = Some("3".into());
+        let pods = [a.clone(), pod("c", Some("1"))];
+        let mut i = input(Dialect::Epoch, 2, st(None, None), &pods);
+        i.last_synced = Some(3);
+        assert_eq!(reconcile_decide(&i).change.deprecated, Some(3));
+        // Once c climbed above it, the group syncs as usual.
+        let mut c = pod("c", Some("4"));
+        c.counted_in_last_sync = false;
+        a.epoch_annotation = Some("4".into());
+        let pods = [a, c];
+        let mut i = input(Dialect::Epoch, 2, st(Some(3), None), &pods);
+        i.last_synced = Some(3);
+        let d = reconcile_decide(&i);
+        assert_eq!(d.change.synced, Some(4));
+        assert_eq!(d.synced_pods, vec!["a".to_owned(), "c".to_owned()]);
+    }
+
+    #[test]
+    fn a_wiped_deprecated_field_is_not_rewritten_below_an_earlier_write() {
+        // The reconciler wrote D=2; the status was wiped; its cache shows one pod at 2 so far.
+        let pods = [pod("a", Some("2"))];
+        let mut i = input(Dialect::Epoch, 2, st(None, None), &pods);
+        assert_eq!(
+            reconcile_decide(&i).change.deprecated,
+            Some(1),
+            "without memory"
+        );
+        i.last_deprecated = Some(2);
+        assert_eq!(reconcile_decide(&i).change.deprecated, Some(2));
+        // A present field is compared as before.
+        let mut i = input(Dialect::Epoch, 2, st(Some(1), None), &pods);
+        i.last_deprecated = Some(2);
+        assert!(reconcile_decide(&i).change.is_empty());
     }
 
     #[test]

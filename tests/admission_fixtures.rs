@@ -9,6 +9,7 @@
 mod common;
 
 use base64::Engine;
+use common::warnings;
 use jobset_inplace::admission::{self, Endpoint};
 use serde_json::Value;
 
@@ -20,17 +21,6 @@ fn response(case: &str, uid: &str, reply: &admission::Reply) -> Value {
     assert_eq!(review["kind"], "AdmissionReview", "{case}");
     assert_eq!(review["response"]["uid"], uid, "{case}: uid echoed");
     review["response"].clone()
-}
-
-fn warnings(response: &Value) -> Vec<String> {
-    response["warnings"]
-        .as_array()
-        .map(|w| {
-            w.iter()
-                .filter_map(|s| s.as_str().map(str::to_owned))
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 /// Each expected warning is a substring of the warning at the same position; counts match.

@@ -208,11 +208,20 @@ async fn binary_registers_lifts_restarts_and_exits_on_signals() {
         annotation(&server, Dialect::Epoch, "p0").as_deref() == Some("1")
     })
     .await;
-    let (code, body) = http_get(addr, "/barrier-is-lifted", LIMIT)
-        .await
-        .expect("answers");
-    assert_eq!(code, 503, "{body}");
-    assert!(body.contains("epoch 1 waits to be synced"), "{body}");
+    // The agent sees its write succeed a moment after the server applied it.
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        let (code, body) = http_get(addr, "/barrier-is-lifted", LIMIT)
+            .await
+            .expect("answers");
+        assert_eq!(code, 503, "{body}");
+        if body.contains("epoch 1 waits to be synced") {
+            break;
+        }
+        assert!(body.contains("registering epoch 1"), "{body}");
+        assert!(Instant::now() < deadline, "{body}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     assert_eq!(
         http_get(addr, "/healthz", LIMIT).await.map(|r| r.0),
         Some(200)
@@ -375,6 +384,71 @@ async fn failed_and_conflicting_writes_are_retried() {
     })
     .await;
     assert!(server.counters().get(Verb::Patch, "pods") >= 4);
+}
+
+/// A 429 that reaches the agent (here kube's own retries are off) is retried after the
+/// `Retry-After` the server asked for, not after the agent's shorter backoff.
+#[tokio::test]
+async fn throttled_requests_wait_for_retry_after() {
+    let server = TestApiServer::start().await;
+    server
+        .create("jobsets", jobset("InPlaceRestart"))
+        .expect("jobset");
+    server.create("pods", pod("p0")).expect("pod");
+    server.throttle_next(1, Verb::Patch, "pods", 1);
+    let mut config = server.config();
+    config.default_retry = false;
+    let client = kube::Client::try_from(config).expect("client");
+    let (tx, barrier) = watch::channel(BarrierState::default());
+    let task = tokio::spawn(agent::run_agent(
+        client,
+        AgentConfig::sidecar(NS, "p0", "js", Dialect::Epoch),
+        tx,
+        futures::stream::pending(),
+    ));
+    let _a = InProcess { barrier, task };
+    until("the throttled write", || {
+        server.counters().get(Verb::Patch, "pods") >= 1
+    })
+    .await;
+    let throttled = Instant::now();
+    until("the registration", || {
+        annotation(&server, Dialect::Epoch, "p0").as_deref() == Some("1")
+    })
+    .await;
+    let waited = throttled.elapsed();
+    assert_eq!(server.counters().get(Verb::Patch, "pods"), 2);
+    assert!(
+        waited >= Duration::from_millis(900),
+        "retried after {waited:?}, before the Retry-After of 1 s"
+    );
+}
+
+/// A watch that served (here: bookmarks) and is then cut is resumed at once, however often it
+/// happens: cuts are not failures to back off from.
+#[tokio::test]
+async fn served_watches_that_are_cut_resume_at_once() {
+    let server = TestApiServer::start().await;
+    server.set_bookmark_interval(Duration::from_millis(10));
+    server
+        .create("jobsets", jobset("InPlaceRestart"))
+        .expect("jobset");
+    server.create("pods", pod("p0")).expect("pod");
+    let a = InProcess::start(&server, Dialect::Epoch, "p0");
+    until("the registration", || a.barrier.borrow().registered).await;
+    let started = Instant::now();
+    for _ in 0..10 {
+        until("a watch", || server.watch_count() > 0).await;
+        // Long enough for a bookmark or two.
+        tokio::time::sleep(Duration::from_millis(40)).await;
+        assert!(server.cut_watches() > 0);
+    }
+    until("a watch", || server.watch_count() > 0).await;
+    // With a backoff doubling from 50 ms at every cut, the ten re-watches would take > 5 s.
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(3), "ten cuts took {took:?}");
+    set_status(&server, json!({"syncedEpoch": 1}));
+    until("the barrier to lift", || a.lifted()).await;
 }
 
 /// The pod's own epoch keeps a restarted pod ahead of its old epoch even when the status was

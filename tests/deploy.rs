@@ -617,6 +617,15 @@ fn container_flags_env_and_mounts_are_what_the_binary_takes() {
         };
         assert_eq!(args.addr.port(), port_named(c, "https"), "{name}");
         check_probes(name, c, args.health_addr.port());
+        // Drained before it stops, and done before the kubelet's SIGKILL.
+        let grace = pod["terminationGracePeriodSeconds"]
+            .as_f64()
+            .unwrap_or(30.0);
+        assert!(args.shutdown_delay > std::time::Duration::ZERO, "{name}");
+        assert!(
+            (args.shutdown_delay + args.shutdown_timeout).as_secs_f64() < grace,
+            "{name}: --shutdown-delay + --shutdown-timeout within the grace period {grace} s"
+        );
         let config = args.injection.config.as_deref().expect("--config");
         let (mount, volume) = mount_for(pod, c, config);
         assert_eq!(mount["mountPath"], json!(config), "{name}");

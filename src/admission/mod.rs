@@ -6,6 +6,8 @@
 //! - [`mutate`]: the injection (agent sidecar, env, service account) as JSON Patch operations;
 //! - [`review`]: AdmissionReview decoding, the decision, and the encoded response;
 //! - [`pod`]: reading containers, restart rules, env and probes of a pod template;
+//! - [`view`]: the sparse, borrowed, lenient views of a review and its JobSet the rules read,
+//!   decoded straight from the body (no `Value` of the whole review is ever built);
 //! - [`config`]: the injection config (file, flags, env).
 
 pub mod config;
@@ -13,8 +15,7 @@ pub mod mutate;
 pub mod pod;
 pub mod review;
 pub mod validate;
-
-use serde_json::Value;
+pub(crate) mod view;
 
 pub use config::InjectionConfig;
 pub use mutate::mutate;
@@ -117,40 +118,4 @@ pub fn status_body(code: u16, reason: &str, message: &str) -> Vec<u8> {
         "code": code,
     });
     serde_json::to_vec(&status).unwrap_or_default()
-}
-
-/// What admission reads of a JobSet, borrowed from its raw JSON (nothing is re-serialized).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct JobSetView<'a> {
-    pub in_place_restart: bool,
-    pub max_restarts: Option<i64>,
-    pub replicated_jobs: &'a [Value],
-    pub annotations: Option<&'a serde_json::Map<String, Value>>,
-}
-
-impl<'a> JobSetView<'a> {
-    pub fn annotation(&self, key: &str) -> Option<&'a str> {
-        self.annotations?.get(key)?.as_str()
-    }
-}
-
-pub(crate) fn jobset_view(jobset: &Value) -> JobSetView<'_> {
-    let policy = jobset.pointer("/spec/failurePolicy");
-    JobSetView {
-        in_place_restart: policy
-            .and_then(|p| p.get("restartStrategy"))
-            .and_then(Value::as_str)
-            == Some(crate::protocol::IN_PLACE_RESTART),
-        max_restarts: policy
-            .and_then(|p| p.get("maxRestarts"))
-            .and_then(Value::as_i64),
-        replicated_jobs: jobset
-            .pointer("/spec/replicatedJobs")
-            .and_then(Value::as_array)
-            .map(Vec::as_slice)
-            .unwrap_or(&[]),
-        annotations: jobset
-            .pointer("/metadata/annotations")
-            .and_then(Value::as_object),
-    }
 }

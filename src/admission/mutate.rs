@@ -1,100 +1,167 @@
 //! Mutation of InPlaceRestart JobSets (design.md §3): the agent sidecar, its env, the service
 //! account, the Job fields the protocol needs, as targeted JSON Patch operations. Fields this code
 //! does not model are never touched; mutating an already-mutated JobSet yields no operation.
+//!
+//! The operations are built with their values already JSON text ([`Op`]): the review writes them
+//! into its response as they are, and the agent container is serialized once per JobSet, not once
+//! per replicatedJob. [`mutate`] turns them into a [`json_patch::Patch`] for the offline commands.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
 
 use json_patch::{AddOperation, PatchOperation, ReplaceOperation};
 use jsonptr::PointerBuf;
-use serde_json::{Map, Value, json};
+use serde::Serialize;
+use serde_json::{Value, json};
 
 use super::config::InjectionConfig;
 use super::pod::{self, Agent, AgentMode, Container};
 use super::validate::{BACKOFF_LIMIT, POD_REPLACEMENT_POLICY};
-use super::{INJECT_ANNOTATION, INJECTED_ANNOTATION, Mutation, jobset_view};
+use super::view::{JobSet, PodSpec, PodTemplate};
+use super::{INJECTED_ANNOTATION, Mutation};
 use crate::agent::contract;
 use crate::protocol::JOBSET_NAME_LABEL;
 
 /// The value of the `jobset-inplace.dev/injected` annotation: the version that injected.
 pub const INJECTED_VERSION: &str = env!("CARGO_PKG_VERSION");
 
+/// One JSON Patch operation (`add`, or `replace` when `replace`), its value as compact JSON text.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Op {
+    pub replace: bool,
+    /// A JSON Pointer, its tokens escaped (`/` in annotation keys is `~1`).
+    pub path: String,
+    pub value: String,
+}
+
+impl Op {
+    /// The operation as `json_patch` models it.
+    pub fn to_patch_operation(&self) -> PatchOperation {
+        // Both parse: the path and the value were written by this module.
+        let path = PointerBuf::parse(self.path.as_str()).unwrap_or_default();
+        let value = serde_json::from_str(&self.value).unwrap_or_default();
+        if self.replace {
+            PatchOperation::Replace(ReplaceOperation { path, value })
+        } else {
+            PatchOperation::Add(AddOperation { path, value })
+        }
+    }
+}
+
+/// Writes operations as a JSON Patch document: the bytes `serde_json::to_vec` writes for the
+/// `json_patch::Patch` of them.
+pub(crate) fn write_patch(ops: &[Op], out: &mut Vec<u8>) {
+    out.push(b'[');
+    for (i, op) in ops.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(if op.replace {
+            b"{\"op\":\"replace\",\"path\":"
+        } else {
+            b"{\"op\":\"add\",\"path\":"
+        });
+        write_json_str(&op.path, out);
+        out.extend_from_slice(b",\"value\":");
+        out.extend_from_slice(op.value.as_bytes());
+        out.push(b'}');
+    }
+    out.push(b']');
+}
+
+/// A string as JSON, as serde_json writes it.
+pub(crate) fn write_json_str(s: &str, out: &mut Vec<u8>) {
+    // Writing into a Vec cannot fail.
+    let _ = serde_json::to_writer(&mut *out, s);
+}
+
 /// Computes the injection patch for a JobSet (CREATE).
 pub fn mutate(jobset: &Value, config: &InjectionConfig) -> Mutation {
-    let mut out = Mutation::default();
-    let view = jobset_view(jobset);
-    if !view.in_place_restart || view.annotation(INJECT_ANNOTATION) == Some("false") {
-        return out;
+    let (ops, warnings) = mutate_view(&JobSet::from_value(jobset), config);
+    Mutation {
+        patch: json_patch::Patch(ops.iter().map(Op::to_patch_operation).collect()),
+        warnings,
     }
-    for (i, rj) in view.replicated_jobs.iter().enumerate() {
-        let Some(job_spec) = rj.pointer("/template/spec").and_then(Value::as_object) else {
+}
+
+/// [`mutate`] over the view of a JobSet: the operations and the warnings.
+pub(crate) fn mutate_view(jobset: &JobSet<'_>, config: &InjectionConfig) -> (Vec<Op>, Vec<String>) {
+    let mut out = Vec::new();
+    let mut warnings = Vec::new();
+    if !jobset.in_place_restart() || jobset.inject_annotation() == Some("false") {
+        return (out, warnings);
+    }
+    let mut agent_json = None;
+    for (i, rj) in jobset.replicated_jobs().iter().enumerate() {
+        let Some(job_spec) = &rj.job_spec else {
             continue;
         };
         let job_ptr = ptr(&["spec", "replicatedJobs"])
             .idx(i)
             .keys(&["template", "spec"]);
-        let mut ops = Vec::new();
-        if !job_spec.contains_key("backoffLimit") {
-            ops.push(add(job_ptr.key("backoffLimit"), json!(BACKOFF_LIMIT)));
+        let ops_before = out.len();
+        if job_spec.backoff_limit.is_none() {
+            out.push(add(job_ptr.key("backoffLimit"), BACKOFF_LIMIT.to_string()));
         }
-        if !job_spec.contains_key("podReplacementPolicy") {
-            ops.push(add(
+        if job_spec.pod_replacement_policy.is_none() {
+            out.push(add(
                 job_ptr.key("podReplacementPolicy"),
-                json!(POD_REPLACEMENT_POLICY),
+                to_json(&POD_REPLACEMENT_POLICY),
             ));
         }
-        if let Some(template) = job_spec.get("template").and_then(Value::as_object)
-            && let Some(pod_spec) = template.get("spec").filter(|s| s.is_object())
+        if let Some(template) = &job_spec.template
+            && let Some(pod_spec) = &template.spec
         {
             let template_ptr = job_ptr.key("template");
             let pod_ptr = template_ptr.key("spec");
-            rewrite_restart_pod(&pod_ptr, pod_spec, &mut ops, &mut out.warnings, i);
+            rewrite_restart_pod(&pod_ptr, pod_spec, &mut out, &mut warnings, i);
             match pod::agent(pod_spec) {
-                None => inject_agent(&pod_ptr, pod_spec, config, &mut ops),
-                Some(agent) => complete_agent(&pod_ptr, &agent, config, &mut ops),
+                None => {
+                    let agent = agent_json.get_or_insert_with(|| agent_container_json(config));
+                    inject_agent(&pod_ptr, pod_spec, agent, &mut out);
+                }
+                Some(agent) => complete_agent(&pod_ptr, &agent, config, &mut out),
             }
-            let names_account = ["serviceAccountName", "serviceAccount"].iter().any(|k| {
-                pod_spec
-                    .get(*k)
-                    .and_then(Value::as_str)
-                    .is_some_and(|s| !s.is_empty())
-            });
-            if !names_account {
-                ops.push(add(
+            if !pod_spec.names_service_account() {
+                out.push(add(
                     pod_ptr.key("serviceAccountName"),
-                    json!(config.service_account),
+                    to_json(&config.service_account),
                 ));
             }
-            if !ops.is_empty() {
-                annotate_injected(&template_ptr, template, &mut ops);
+            if out.len() > ops_before {
+                annotate_injected(&template_ptr, template, &mut out);
             }
         }
-        out.patch.0.extend(ops);
     }
-    out
+    (out, warnings)
 }
 
 /// Rewrites KEP-467's `RestartPod` to Kubernetes 1.35's `RestartAllContainers`.
 fn rewrite_restart_pod(
     pod_ptr: &Ptr,
-    pod_spec: &Value,
-    ops: &mut Vec<PatchOperation>,
+    pod_spec: &PodSpec<'_>,
+    ops: &mut Vec<Op>,
     warnings: &mut Vec<String>,
     replicated_job: usize,
 ) {
     for c in pod::all_containers(pod_spec) {
-        for rule in c.restart_rules() {
-            if rule.action == pod::RESTART_POD {
-                ops.push(PatchOperation::Replace(ReplaceOperation {
+        for (index, rule) in c.restart_rules().iter().enumerate() {
+            if rule.action() == pod::RESTART_POD {
+                ops.push(Op {
+                    replace: true,
                     path: container_ptr(pod_ptr, &c)
                         .key("restartPolicyRules")
-                        .idx(rule.index)
+                        .idx(index)
                         .key("action")
                         .0,
-                    value: json!(pod::RESTART_ALL_CONTAINERS),
-                }));
+                    value: to_json(&pod::RESTART_ALL_CONTAINERS),
+                });
                 warnings.push(format!(
                     "spec.replicatedJobs[{replicated_job}]: container {} restart rule {}: {} \
                      rewritten to {}, its name since Kubernetes 1.35",
                     c.name(),
-                    rule.index,
+                    index,
                     pod::RESTART_POD,
                     pod::RESTART_ALL_CONTAINERS
                 ));
@@ -103,106 +170,216 @@ fn rewrite_restart_pod(
     }
 }
 
-/// Appends the agent sidecar to `initContainers`.
-fn inject_agent(
-    pod_ptr: &Ptr,
-    pod_spec: &Value,
-    config: &InjectionConfig,
-    ops: &mut Vec<PatchOperation>,
-) {
-    let container = agent_container(config);
-    match pod_spec.get("initContainers") {
-        Some(Value::Array(_)) => ops.push(add(pod_ptr.key("initContainers").key("-"), container)),
-        _ => ops.push(add(pod_ptr.key("initContainers"), json!([container]))),
+/// Appends the agent sidecar (`agent`: its JSON) to `initContainers`.
+fn inject_agent(pod_ptr: &Ptr, pod_spec: &PodSpec<'_>, agent: &str, ops: &mut Vec<Op>) {
+    match pod_spec.init_containers {
+        Some(_) => ops.push(add(
+            pod_ptr.key("initContainers").key("-"),
+            agent.to_owned(),
+        )),
+        None => ops.push(add(pod_ptr.key("initContainers"), format!("[{agent}]"))),
     }
 }
 
 /// The injected agent sidecar.
 pub fn agent_container(config: &InjectionConfig) -> Value {
-    let mut env = vec![
-        field_env(contract::NAMESPACE, "metadata.namespace"),
-        field_env(contract::POD_NAME, "metadata.name"),
-        field_env(
-            contract::JOBSET_NAME,
-            &format!("metadata.annotations['{JOBSET_NAME_LABEL}']"),
-        ),
-        literal_env(
-            contract::RESTART_EXIT_CODE,
-            &config.restart_exit_code.to_string(),
-        ),
-        literal_env(contract::PROTOCOL, config.protocol.as_str()),
-    ];
-    if config.barrier_port != contract::DEFAULT_BARRIER_PORT {
-        env.push(literal_env(
-            contract::BARRIER_PORT,
-            &config.barrier_port.to_string(),
-        ));
-    }
-    if config.barrier_path != contract::DEFAULT_BARRIER_PATH {
-        env.push(literal_env(contract::BARRIER_PATH, &config.barrier_path));
-    }
-    let mut container = json!({
-        "name": contract::CONTAINER_NAME,
-        "image": config.image,
-        "imagePullPolicy": config.image_pull_policy,
-        "args": ["agent"],
-        "restartPolicy": "Always",
-        "restartPolicyRules": [{
-            "action": pod::RESTART_ALL_CONTAINERS,
-            "exitCodes": {"operator": "NotIn", "values": [0]}
-        }],
-        "env": env,
-        "startupProbe": {
-            "httpGet": {"path": config.barrier_path, "port": config.barrier_port},
-            "periodSeconds": config.probe_period_seconds,
-            "failureThreshold": config.probe_failure_threshold
-        },
-        "securityContext": {
-            "runAsNonRoot": true,
-            "readOnlyRootFilesystem": true,
-            "allowPrivilegeEscalation": false,
-            "capabilities": {"drop": ["ALL"]},
-            "seccompProfile": {"type": "RuntimeDefault"}
-        },
-        "terminationMessagePolicy": "FallbackToLogsOnError"
-    });
-    let mut resources = Map::new();
-    for (key, map) in [
-        ("requests", &config.resources.requests),
-        ("limits", &config.resources.limits),
-    ] {
-        if !map.is_empty() {
-            resources.insert(key.to_owned(), json!(map));
+    serde_json::to_value(AgentContainer::new(config)).unwrap_or_default()
+}
+
+/// The JSON text of [`agent_container`], written without building a `Value`.
+fn agent_container_json(config: &InjectionConfig) -> String {
+    serde_json::to_string(&AgentContainer::new(config)).unwrap_or_default()
+}
+
+/// The injected agent sidecar as it is serialized (fields in this order).
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct AgentContainer<'a> {
+    name: &'static str,
+    image: &'a str,
+    image_pull_policy: &'a str,
+    args: [&'static str; 1],
+    restart_policy: &'static str,
+    restart_policy_rules: [RestartRuleSpec; 1],
+    env: Vec<EnvSpec<'a>>,
+    startup_probe: ProbeSpec<'a>,
+    security_context: SecurityContextSpec,
+    termination_message_policy: &'static str,
+    #[serde(skip_serializing_if = "ResourcesSpec::is_empty")]
+    resources: ResourcesSpec<'a>,
+}
+
+impl<'a> AgentContainer<'a> {
+    fn new(config: &'a InjectionConfig) -> Self {
+        let mut env = vec![
+            field_env(contract::NAMESPACE, "metadata.namespace"),
+            field_env(contract::POD_NAME, "metadata.name"),
+            field_env(
+                contract::JOBSET_NAME,
+                format!("metadata.annotations['{JOBSET_NAME_LABEL}']"),
+            ),
+            literal_env(
+                contract::RESTART_EXIT_CODE,
+                config.restart_exit_code.to_string(),
+            ),
+            literal_env(contract::PROTOCOL, config.protocol.as_str()),
+        ];
+        if config.barrier_port != contract::DEFAULT_BARRIER_PORT {
+            env.push(literal_env(
+                contract::BARRIER_PORT,
+                config.barrier_port.to_string(),
+            ));
+        }
+        if config.barrier_path != contract::DEFAULT_BARRIER_PATH {
+            env.push(literal_env(
+                contract::BARRIER_PATH,
+                config.barrier_path.as_str(),
+            ));
+        }
+        AgentContainer {
+            name: contract::CONTAINER_NAME,
+            image: &config.image,
+            image_pull_policy: &config.image_pull_policy,
+            args: ["agent"],
+            restart_policy: "Always",
+            restart_policy_rules: [RestartRuleSpec {
+                action: pod::RESTART_ALL_CONTAINERS,
+                exit_codes: ExitCodesSpec {
+                    operator: "NotIn",
+                    values: [0],
+                },
+            }],
+            env,
+            startup_probe: ProbeSpec {
+                http_get: HttpGetSpec {
+                    path: &config.barrier_path,
+                    port: config.barrier_port,
+                },
+                period_seconds: config.probe_period_seconds,
+                failure_threshold: config.probe_failure_threshold,
+            },
+            security_context: SecurityContextSpec {
+                run_as_non_root: true,
+                read_only_root_filesystem: true,
+                allow_privilege_escalation: false,
+                capabilities: CapabilitiesSpec { drop: ["ALL"] },
+                seccomp_profile: SeccompProfileSpec {
+                    r#type: "RuntimeDefault",
+                },
+            },
+            termination_message_policy: "FallbackToLogsOnError",
+            resources: ResourcesSpec {
+                requests: &config.resources.requests,
+                limits: &config.resources.limits,
+            },
         }
     }
-    if !resources.is_empty()
-        && let Some(obj) = container.as_object_mut()
-    {
-        obj.insert("resources".to_owned(), Value::Object(resources));
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct RestartRuleSpec {
+    action: &'static str,
+    exit_codes: ExitCodesSpec,
+}
+
+#[derive(Serialize)]
+struct ExitCodesSpec {
+    operator: &'static str,
+    values: [u8; 1],
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ProbeSpec<'a> {
+    http_get: HttpGetSpec<'a>,
+    period_seconds: i32,
+    failure_threshold: i32,
+}
+
+#[derive(Serialize)]
+struct HttpGetSpec<'a> {
+    path: &'a str,
+    port: u16,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct SecurityContextSpec {
+    run_as_non_root: bool,
+    read_only_root_filesystem: bool,
+    allow_privilege_escalation: bool,
+    capabilities: CapabilitiesSpec,
+    seccomp_profile: SeccompProfileSpec,
+}
+
+#[derive(Serialize)]
+struct CapabilitiesSpec {
+    drop: [&'static str; 1],
+}
+
+#[derive(Serialize)]
+struct SeccompProfileSpec {
+    r#type: &'static str,
+}
+
+/// `resources`, each map only when it is not empty (sorted keys: `BTreeMap`).
+#[derive(Serialize)]
+struct ResourcesSpec<'a> {
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    requests: &'a BTreeMap<String, String>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    limits: &'a BTreeMap<String, String>,
+}
+
+impl ResourcesSpec<'_> {
+    fn is_empty(&self) -> bool {
+        self.requests.is_empty() && self.limits.is_empty()
     }
-    container
+}
+
+/// An env entry: from the downward API, or a literal.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum EnvSpec<'a> {
+    Field {
+        name: &'static str,
+        #[serde(rename = "valueFrom")]
+        value_from: ValueFromSpec,
+    },
+    Literal {
+        name: &'static str,
+        value: Cow<'a, str>,
+    },
+}
+
+#[derive(Serialize)]
+struct ValueFromSpec {
+    #[serde(rename = "fieldRef")]
+    field_ref: FieldRefSpec,
+}
+
+#[derive(Serialize)]
+struct FieldRefSpec {
+    #[serde(rename = "fieldPath")]
+    field_path: Cow<'static, str>,
 }
 
 /// Adds the env an existing agent lacks, deriving values from what the agent declares (its
 /// restart rule, its startup probe) so that nothing added contradicts it.
-fn complete_agent(
-    pod_ptr: &Ptr,
-    agent: &Agent<'_>,
-    config: &InjectionConfig,
-    ops: &mut Vec<PatchOperation>,
-) {
+fn complete_agent(pod_ptr: &Ptr, agent: &Agent<'_>, config: &InjectionConfig, ops: &mut Vec<Op>) {
     let c = &agent.container;
     let mut missing = Vec::new();
     for (name, field) in [
-        (contract::NAMESPACE, "metadata.namespace".to_owned()),
-        (contract::POD_NAME, "metadata.name".to_owned()),
+        (contract::NAMESPACE, Cow::Borrowed("metadata.namespace")),
+        (contract::POD_NAME, Cow::Borrowed("metadata.name")),
         (
             contract::JOBSET_NAME,
-            format!("metadata.annotations['{JOBSET_NAME_LABEL}']"),
+            Cow::Owned(format!("metadata.annotations['{JOBSET_NAME_LABEL}']")),
         ),
     ] {
         if c.env(name).is_none() {
-            missing.push(field_env(name, &field));
+            missing.push(field_env(name, field));
         }
     }
     if c.env_any(&[
@@ -213,9 +390,9 @@ fn complete_agent(
     {
         let code = agent
             .mode
-            .restart_code(&c.restart_rules(), config.restart_exit_code)
+            .restart_code(c.restart_rules(), config.restart_exit_code)
             .unwrap_or(config.restart_exit_code);
-        missing.push(literal_env(contract::RESTART_EXIT_CODE, &code.to_string()));
+        missing.push(literal_env(contract::RESTART_EXIT_CODE, code.to_string()));
     }
     if c.env(contract::PROTOCOL).is_none() {
         missing.push(literal_env(contract::PROTOCOL, config.protocol.as_str()));
@@ -225,21 +402,21 @@ fn complete_agent(
         if c.env_any(&[contract::BARRIER_PORT, contract::BARRIER_PORT_ALIAS])
             .is_none()
         {
-            let port = match probe.and_then(|g| g.get("port")) {
+            let port = match probe.and_then(|g| g.port.as_ref()) {
                 Some(p) => c.resolve_port(p),
                 None => Some(i64::from(config.barrier_port)),
             };
             if let Some(port) = port
                 && port != i64::from(contract::DEFAULT_BARRIER_PORT)
             {
-                missing.push(literal_env(contract::BARRIER_PORT, &port.to_string()));
+                missing.push(literal_env(contract::BARRIER_PORT, port.to_string()));
             }
         }
         if c.env_any(&[contract::BARRIER_PATH, contract::BARRIER_PATH_ALIAS])
             .is_none()
         {
             let path = match probe {
-                Some(g) => g.get("path").and_then(Value::as_str).unwrap_or("/"),
+                Some(g) => g.path.as_deref().unwrap_or("/"),
                 None => config.barrier_path.as_str(),
             };
             if path != contract::DEFAULT_BARRIER_PATH {
@@ -251,93 +428,121 @@ fn complete_agent(
         return;
     }
     let env_ptr = container_ptr(pod_ptr, c).key("env");
-    match c.value.get("env") {
-        Some(Value::Array(_)) => {
-            for entry in missing {
-                ops.push(add(env_ptr.key("-"), entry));
-            }
+    if c.has_env_list() {
+        for entry in missing {
+            ops.push(add(env_ptr.key("-"), to_json(&entry)));
         }
-        _ => ops.push(add(env_ptr, Value::Array(missing))),
+    } else {
+        ops.push(add(env_ptr, to_json(&missing)));
     }
 }
 
 /// Marks the pod template as injected (creating `metadata` and `annotations` as needed).
-fn annotate_injected(
-    template_ptr: &Ptr,
-    template: &Map<String, Value>,
-    ops: &mut Vec<PatchOperation>,
-) {
-    let metadata = template.get("metadata").and_then(Value::as_object);
-    let annotations = metadata
-        .and_then(|m| m.get("annotations"))
-        .and_then(Value::as_object);
+fn annotate_injected(template_ptr: &Ptr, template: &PodTemplate<'_>, ops: &mut Vec<Op>) {
+    let metadata = template.metadata.as_ref();
+    let annotations = metadata.and_then(|m| m.annotations.as_ref());
     let op = match (metadata, annotations) {
         (None, _) => add(
             template_ptr.key("metadata"),
-            json!({"annotations": {INJECTED_ANNOTATION: INJECTED_VERSION}}),
+            to_json(&json!({"annotations": {INJECTED_ANNOTATION: INJECTED_VERSION}})),
         ),
         (Some(_), None) => add(
             template_ptr.keys(&["metadata", "annotations"]),
-            json!({INJECTED_ANNOTATION: INJECTED_VERSION}),
+            to_json(&json!({INJECTED_ANNOTATION: INJECTED_VERSION})),
         ),
-        (Some(_), Some(a))
-            if a.get(INJECTED_ANNOTATION).and_then(Value::as_str) == Some(INJECTED_VERSION) =>
-        {
+        (Some(_), Some(a)) if a.injected.as_deref() == Some(INJECTED_VERSION) => {
             return;
         }
         (Some(_), Some(_)) => add(
             template_ptr.keys(&["metadata", "annotations", INJECTED_ANNOTATION]),
-            json!(INJECTED_VERSION),
+            to_json(&INJECTED_VERSION),
         ),
     };
     ops.push(op);
 }
 
-fn field_env(name: &str, field_path: &str) -> Value {
-    json!({"name": name, "valueFrom": {"fieldRef": {"fieldPath": field_path}}})
+fn field_env(name: &'static str, field_path: impl Into<Cow<'static, str>>) -> EnvSpec<'static> {
+    EnvSpec::Field {
+        name,
+        value_from: ValueFromSpec {
+            field_ref: FieldRefSpec {
+                field_path: field_path.into(),
+            },
+        },
+    }
 }
 
-fn literal_env(name: &str, value: &str) -> Value {
-    json!({"name": name, "value": value})
+fn literal_env<'a>(name: &'static str, value: impl Into<Cow<'a, str>>) -> EnvSpec<'a> {
+    EnvSpec::Literal {
+        name,
+        value: value.into(),
+    }
 }
 
-fn add(path: Ptr, value: Value) -> PatchOperation {
-    PatchOperation::Add(AddOperation {
+/// The JSON text of a serializable value.
+fn to_json<T: Serialize>(value: &T) -> String {
+    serde_json::to_string(value).unwrap_or_default()
+}
+
+fn add(path: Ptr, value: String) -> Op {
+    Op {
+        replace: false,
         path: path.0,
         value,
-    })
+    }
 }
 
 fn container_ptr(pod_ptr: &Ptr, c: &Container<'_>) -> Ptr {
     pod_ptr.key(c.list.key()).idx(c.index)
 }
 
-/// A JSON Pointer under construction; every token is escaped by `jsonptr` (`/` in annotation
-/// keys becomes `~1`).
+/// A JSON Pointer under construction; every token is escaped as RFC 6901 says (`~` is `~0`, `/`
+/// is `~1`: an annotation key's `/` becomes `~1`).
 #[derive(Clone, Debug)]
-struct Ptr(PointerBuf);
+struct Ptr(String);
 
 fn ptr(keys: &[&str]) -> Ptr {
-    Ptr(PointerBuf::new()).keys(keys)
+    Ptr(String::with_capacity(96)).keys(keys)
 }
 
 impl Ptr {
-    fn key(&self, key: &str) -> Ptr {
-        let mut p = self.0.clone();
-        p.push_back(key);
+    /// A copy with room for `extra` more bytes.
+    fn with_room(&self, extra: usize) -> Ptr {
+        let mut p = String::with_capacity(self.0.len() + extra);
+        p.push_str(&self.0);
         Ptr(p)
+    }
+    fn push(&mut self, token: &str) {
+        self.0.push('/');
+        if !token.contains(['~', '/']) {
+            self.0.push_str(token);
+            return;
+        }
+        for c in token.chars() {
+            match c {
+                '~' => self.0.push_str("~0"),
+                '/' => self.0.push_str("~1"),
+                c => self.0.push(c),
+            }
+        }
+    }
+    fn key(&self, key: &str) -> Ptr {
+        let mut p = self.with_room(key.len() + 8);
+        p.push(key);
+        p
     }
     fn keys(&self, keys: &[&str]) -> Ptr {
-        let mut p = self.0.clone();
+        let mut p = self.with_room(keys.iter().map(|k| k.len() + 8).sum());
         for k in keys {
-            p.push_back(*k);
+            p.push(k);
         }
-        Ptr(p)
+        p
     }
     fn idx(&self, index: usize) -> Ptr {
-        let mut p = self.0.clone();
-        p.push_back(index);
-        Ptr(p)
+        let mut p = self.with_room(24);
+        // Writing into a String cannot fail.
+        let _ = write!(p.0, "/{index}");
+        p
     }
 }
 

@@ -1,9 +1,10 @@
-//! Reading a pod template (raw JSON): its containers, their restart rules, env and startup probe,
-//! and where the jobset-inplace agent is. Validation and mutation share these readers, so what
-//! one calls an agent the other does too.
+//! Reading a pod template (its [view](super::view)): its containers, their restart rules, env and
+//! startup probe, and where the jobset-inplace agent is. Validation and mutation share these
+//! readers, so what one calls an agent the other does too.
 
 use serde_json::Value;
 
+use super::view::{ContainerView, HttpGet, L, PodSpec, RuleView, is_env_name_read};
 use crate::agent::contract;
 
 /// `RestartAllContainers`: the container restart rule action that restarts the whole pod in place
@@ -33,35 +34,47 @@ impl ContainerList {
 
 /// One container of a pod template.
 #[derive(Clone, Copy, Debug)]
-pub struct Container<'a> {
+pub(crate) struct Container<'a> {
     pub list: ContainerList,
     pub index: usize,
-    pub value: &'a Value,
+    pub view: &'a ContainerView<'a>,
 }
 
 /// One `restartPolicyRules` entry.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RestartRule<'a> {
-    pub index: usize,
-    pub action: &'a str,
-    /// `exitCodes.operator` (`In` or `NotIn`); `None` when absent or unknown.
-    pub operator: Option<&'a str>,
-    pub values: Vec<i64>,
-}
+pub(crate) type RestartRule<'a> = RuleView<'a>;
 
-impl RestartRule<'_> {
+impl RuleView<'_> {
+    /// `action`, "" when absent.
+    pub fn action(&self) -> &str {
+        self.action.as_deref().unwrap_or("")
+    }
+
+    /// `exitCodes.operator` (`In` or `NotIn`); `None` when absent or unknown.
+    pub fn operator(&self) -> Option<&str> {
+        self.exit_codes.as_ref()?.operator.as_deref()
+    }
+
+    /// The integers of `exitCodes.values`.
+    pub fn values(&self) -> &[i64] {
+        self.exit_codes
+            .as_ref()
+            .and_then(|e| e.values.as_ref())
+            .map_or(&[], |v| v.0.as_slice())
+    }
+
     /// The rule applies to a container exit with `code`.
     pub fn covers(&self, code: i64) -> bool {
-        match self.operator {
-            Some("In") => self.values.contains(&code),
-            Some("NotIn") => !self.values.contains(&code),
+        match self.operator() {
+            Some("In") => self.values().contains(&code),
+            Some("NotIn") => !self.values().contains(&code),
             _ => false,
         }
     }
 
     /// The rule restarts the whole pod (either spelling).
     pub fn restarts_pod(&self) -> bool {
-        self.action == RESTART_ALL_CONTAINERS || self.action == RESTART_POD
+        let action = self.action();
+        action == RESTART_ALL_CONTAINERS || action == RESTART_POD
     }
 }
 
@@ -74,56 +87,41 @@ pub struct EnvEntry<'a> {
 
 impl<'a> Container<'a> {
     pub fn name(&self) -> &'a str {
-        self.value.get("name").and_then(Value::as_str).unwrap_or("")
+        self.view.name.as_deref().unwrap_or("")
     }
 
     pub fn restart_policy(&self) -> Option<&'a str> {
-        self.value.get("restartPolicy").and_then(Value::as_str)
+        self.view.restart_policy.as_deref()
     }
 
-    /// The container's `restartPolicyRules`.
-    pub fn restart_rules(&self) -> Vec<RestartRule<'a>> {
-        let Some(rules) = self
-            .value
-            .get("restartPolicyRules")
-            .and_then(Value::as_array)
-        else {
-            return Vec::new();
-        };
-        rules
-            .iter()
-            .enumerate()
-            .map(|(index, rule)| {
-                let exit_codes = rule.get("exitCodes");
-                RestartRule {
-                    index,
-                    action: rule.get("action").and_then(Value::as_str).unwrap_or(""),
-                    operator: exit_codes
-                        .and_then(|e| e.get("operator"))
-                        .and_then(Value::as_str),
-                    values: exit_codes
-                        .and_then(|e| e.get("values"))
-                        .and_then(Value::as_array)
-                        .map(|v| v.iter().filter_map(Value::as_i64).collect())
-                        .unwrap_or_default(),
-                }
-            })
-            .collect()
+    /// The container's `restartPolicyRules` (an entry's index is its position).
+    pub fn restart_rules(&self) -> &'a [RestartRule<'a>] {
+        self.view
+            .restart_policy_rules
+            .as_ref()
+            .map_or(&[], |l| l.0.as_slice())
     }
 
-    /// The env entry named `name` (the last of duplicates, as the kubelet uses the last).
+    /// The env entry named `name` (the last of duplicates, as the kubelet uses the last). `name`
+    /// is one the view keeps ([`is_env_name_read`]).
     pub fn env(&self, name: &str) -> Option<EnvEntry<'a>> {
-        self.env_list()
+        debug_assert!(
+            is_env_name_read(name),
+            "env {name:?} is not read by the view"
+        );
+        self.view
+            .env
+            .as_ref()?
+            .read
             .iter()
-            .enumerate()
             .rev()
-            .find(|(_, e)| e.get("name").and_then(Value::as_str) == Some(name))
+            .find(|(_, e)| e.name.as_deref() == Some(name))
             .map(|(index, e)| EnvEntry {
-                index,
-                value: if e.get("valueFrom").is_some() {
+                index: *index,
+                value: if e.value_from {
                     None
                 } else {
-                    Some(e.get("value").and_then(Value::as_str).unwrap_or(""))
+                    Some(e.value.as_deref().unwrap_or(""))
                 },
             })
     }
@@ -133,31 +131,30 @@ impl<'a> Container<'a> {
         names.iter().find_map(|n| self.env(n).map(|e| (*n, e)))
     }
 
-    pub fn env_list(&self) -> &'a [Value] {
-        self.value
-            .get("env")
-            .and_then(Value::as_array)
-            .map(Vec::as_slice)
-            .unwrap_or(&[])
+    /// `env` is an array (entries can be appended to it).
+    pub fn has_env_list(&self) -> bool {
+        self.view.env.is_some()
     }
 
-    /// The startup probe's `httpGet` (port as written: a number or a port name; path).
-    pub fn startup_http_get(&self) -> Option<&'a Value> {
-        self.value.get("startupProbe")?.get("httpGet")
+    /// The startup probe's `httpGet` (present whatever its type; port as written: a number or a
+    /// port name; path).
+    pub fn startup_http_get(&self) -> Option<&'a HttpGet<'a>> {
+        self.view.startup_probe.as_ref()?.http_get.as_ref()
     }
 
     /// Resolves a probe port (number or container port name) to a number.
     pub fn resolve_port(&self, port: &Value) -> Option<i64> {
         match port {
             Value::Number(n) => n.as_i64(),
-            Value::String(name) => self
-                .value
-                .get("ports")
-                .and_then(Value::as_array)?
-                .iter()
-                .find(|p| p.get("name").and_then(Value::as_str) == Some(name))?
-                .get("containerPort")?
-                .as_i64(),
+            Value::String(name) => {
+                self.view
+                    .ports
+                    .as_ref()?
+                    .0
+                    .iter()
+                    .find(|p| p.name.as_deref() == Some(name.as_str()))?
+                    .container_port
+            }
             _ => None,
         }
     }
@@ -200,25 +197,25 @@ impl ExitCodeSetting {
 }
 
 /// The containers of one list of a pod spec.
-pub fn containers(pod_spec: &Value, list: ContainerList) -> Vec<Container<'_>> {
-    pod_spec
-        .get(list.key())
-        .and_then(Value::as_array)
-        .map(|items| {
-            items
-                .iter()
-                .enumerate()
-                .map(|(index, value)| Container { list, index, value })
-                .collect()
-        })
-        .unwrap_or_default()
+pub(crate) fn containers<'a>(
+    pod_spec: &'a PodSpec<'a>,
+    list: ContainerList,
+) -> impl Iterator<Item = Container<'a>> + 'a {
+    let items = match list {
+        ContainerList::Init => &pod_spec.init_containers,
+        ContainerList::Regular => &pod_spec.containers,
+    };
+    items
+        .as_ref()
+        .map_or(&[][..], |l| l.0.as_slice())
+        .iter()
+        .enumerate()
+        .map(move |(index, view)| Container { list, index, view })
 }
 
 /// Every container of a pod spec, init containers first.
-pub fn all_containers(pod_spec: &Value) -> Vec<Container<'_>> {
-    let mut all = containers(pod_spec, ContainerList::Init);
-    all.extend(containers(pod_spec, ContainerList::Regular));
-    all
+pub(crate) fn all_containers<'a>(pod_spec: &'a PodSpec<'a>) -> impl Iterator<Item = Container<'a>> {
+    containers(pod_spec, ContainerList::Init).chain(containers(pod_spec, ContainerList::Regular))
 }
 
 /// How an agent runs in its pod.
@@ -243,16 +240,16 @@ impl AgentMode {
 
     /// A rule of the agent's container restarts what the agent guards: the whole pod (sidecar),
     /// or its own container (main-container mode; restarting the whole pod works there too).
-    pub fn rule_fits(self, rule: &RestartRule<'_>) -> bool {
+    pub(crate) fn rule_fits(self, rule: &RestartRule<'_>) -> bool {
         match self {
             AgentMode::Sidecar => rule.restarts_pod(),
-            AgentMode::MainContainer => rule.action == RESTART_CONTAINER || rule.restarts_pod(),
+            AgentMode::MainContainer => rule.action() == RESTART_CONTAINER || rule.restarts_pod(),
         }
     }
 
     /// An exit with `code` restarts what the agent guards: the rules are evaluated in order and
     /// the first that covers the code decides, as the kubelet does.
-    pub fn code_restarts(self, rules: &[RestartRule<'_>], code: u8) -> bool {
+    pub(crate) fn code_restarts(self, rules: &[RestartRule<'_>], code: u8) -> bool {
         rules
             .iter()
             .find(|r| r.covers(i64::from(code)))
@@ -261,7 +258,7 @@ impl AgentMode {
 
     /// The exit code to give an agent that sets none: `preferred` if its rules restart on it,
     /// else the first code in 1-255 they restart on.
-    pub fn restart_code(self, rules: &[RestartRule<'_>], preferred: u8) -> Option<u8> {
+    pub(crate) fn restart_code(self, rules: &[RestartRule<'_>], preferred: u8) -> Option<u8> {
         std::iter::once(preferred)
             .chain(1..=255)
             .find(|c| self.code_restarts(rules, *c))
@@ -270,51 +267,62 @@ impl AgentMode {
 
 /// Where the agent of a pod template is.
 #[derive(Clone, Copy, Debug)]
-pub struct Agent<'a> {
+pub(crate) struct Agent<'a> {
     pub mode: AgentMode,
     pub container: Container<'a>,
 }
 
 /// An init container whose exit restarts the whole pod, or that carries our agent's name: the
 /// agent sidecar (a well-formed one also has `restartPolicy: Always`, which validation checks).
-pub fn is_sidecar_agent(c: &Container<'_>) -> bool {
+pub(crate) fn is_sidecar_agent(c: &Container<'_>) -> bool {
     c.list == ContainerList::Init
         && (c.restart_rules().iter().any(RestartRule::restarts_pod)
             || c.name() == contract::CONTAINER_NAME)
 }
 
 /// A regular container running the worker under the agent (`WORKER_COMMAND` in its env).
-pub fn is_main_container_agent(c: &Container<'_>) -> bool {
+pub(crate) fn is_main_container_agent(c: &Container<'_>) -> bool {
     c.list == ContainerList::Regular && c.env(contract::WORKER_COMMAND).is_some()
 }
 
 /// Every agent of a pod spec: sidecar agents (see [`is_sidecar_agent`]; one lacking the sidecar
 /// shape is still the agent, broken, and validation says how) and main-container agents.
-pub fn agents(pod_spec: &Value) -> Vec<Agent<'_>> {
-    all_containers(pod_spec)
-        .into_iter()
-        .filter_map(|container| {
-            let mode = if is_sidecar_agent(&container) {
-                AgentMode::Sidecar
-            } else if is_main_container_agent(&container) {
-                AgentMode::MainContainer
-            } else {
-                return None;
-            };
-            Some(Agent { mode, container })
-        })
-        .collect()
+pub(crate) fn agents<'a>(pod_spec: &'a PodSpec<'a>) -> impl Iterator<Item = Agent<'a>> {
+    all_containers(pod_spec).filter_map(|container| {
+        let mode = if is_sidecar_agent(&container) {
+            AgentMode::Sidecar
+        } else if is_main_container_agent(&container) {
+            AgentMode::MainContainer
+        } else {
+            return None;
+        };
+        Some(Agent { mode, container })
+    })
+}
+
+/// The view of an in-memory pod spec (all absent for a non-object).
+pub(crate) fn pod_spec_view(value: &Value) -> PodSpec<'_> {
+    L::<PodSpec<'_>>::from_value(value).unwrap_or_default()
+}
+
+/// The view of an in-memory container (all absent for a non-object).
+pub(crate) fn container_view(value: &Value) -> ContainerView<'_> {
+    L::<ContainerView<'_>>::from_value(value).unwrap_or_default()
 }
 
 /// The first agent of a pod spec, if any.
-pub fn agent(pod_spec: &Value) -> Option<Agent<'_>> {
-    agents(pod_spec).into_iter().next()
+pub(crate) fn agent<'a>(pod_spec: &'a PodSpec<'a>) -> Option<Agent<'a>> {
+    agents(pod_spec).next()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    fn pod_spec(value: &Value) -> PodSpec<'_> {
+        pod_spec_view(value)
+    }
 
     #[test]
     fn rules_cover_codes() {
@@ -323,18 +331,19 @@ mod tests {
             {"action": "Restart", "exitCodes": {"operator": "In", "values": [3, 4]}},
             {"action": "Restart"}
         ]});
+        let view = container_view(&c);
         let c = Container {
             list: ContainerList::Init,
             index: 0,
-            value: &c,
+            view: &view,
         };
         let rules = c.restart_rules();
         assert_eq!(rules.len(), 3);
         assert!(rules[0].covers(42) && !rules[0].covers(0));
         assert!(rules[0].restarts_pod() && !rules[1].restarts_pod());
         assert!(rules[1].covers(3) && !rules[1].covers(42));
-        assert_eq!(AgentMode::Sidecar.restart_code(&rules, 42), Some(42));
-        assert_eq!(AgentMode::MainContainer.restart_code(&rules, 42), Some(42));
+        assert_eq!(AgentMode::Sidecar.restart_code(rules, 42), Some(42));
+        assert_eq!(AgentMode::MainContainer.restart_code(rules, 42), Some(42));
         // The first rule covering a code decides.
         let shadowed = [rules[1].clone(), rules[0].clone()];
         assert!(!AgentMode::Sidecar.code_restarts(&shadowed, 3));
@@ -356,15 +365,18 @@ mod tests {
             ],
             "containers": [{"name": "w", "env": [{"name": "WORKER_COMMAND", "value": "train"}]}]
         });
-        let found = agents(&spec);
+        let spec = pod_spec(&spec);
+        let found: Vec<_> = agents(&spec).collect();
         assert_eq!(found.len(), 2);
         assert_eq!(found[0].mode, AgentMode::Sidecar);
         assert_eq!(found[0].container.index, 1);
         assert_eq!(found[1].mode, AgentMode::MainContainer);
 
         let named = json!({"initContainers": [{"name": "jobset-inplace-agent"}]});
+        let named = pod_spec(&named);
         assert_eq!(agent(&named).map(|a| a.mode), Some(AgentMode::Sidecar));
-        assert!(agent(&json!({"containers": [{"name": "w"}]})).is_none());
+        let plain = json!({"containers": [{"name": "w"}]});
+        assert!(agent(&pod_spec(&plain)).is_none());
     }
 
     #[test]
@@ -373,10 +385,11 @@ mod tests {
             "env": [{"name": "IN_PLACE_RESTART_EXIT_CODE", "value": "7"},
                     {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
             "ports": [{"name": "barrier", "containerPort": 9000}]});
+        let view = container_view(&c);
         let c = Container {
             list: ContainerList::Init,
             index: 0,
-            value: &c,
+            view: &view,
         };
         assert_eq!(
             c.agent_exit_code(42),

@@ -7,6 +7,7 @@ use base64::Engine;
 use serde_json::{Value, json};
 
 use super::config::InjectionConfig;
+use super::view::{self, JobSet, Str};
 use super::{Endpoint, Outcome, Reply, Violation, mutate, status_body, validate};
 
 pub const API_VERSION: &str = "admission.k8s.io/v1";
@@ -35,11 +36,21 @@ pub struct Decision {
     pub outcome: Outcome,
 }
 
-impl Decision {
+/// A decision as [`decide_view`] makes it: the patch as operations with their JSON text, written
+/// into the response as they are.
+struct Answer {
+    allowed: bool,
+    ops: Vec<mutate::Op>,
+    warnings: Vec<String>,
+    status: Option<Value>,
+    outcome: Outcome,
+}
+
+impl Answer {
     fn allow() -> Self {
-        Decision {
+        Answer {
             allowed: true,
-            patch: json_patch::Patch(Vec::new()),
+            ops: Vec::new(),
             warnings: Vec::new(),
             status: None,
             outcome: Outcome::Allowed,
@@ -47,9 +58,9 @@ impl Decision {
     }
 
     fn malformed(reason: &str) -> Self {
-        Decision {
+        Answer {
             allowed: false,
-            patch: json_patch::Patch(Vec::new()),
+            ops: Vec::new(),
             warnings: Vec::new(),
             status: Some(json!({
                 "metadata": {},
@@ -61,7 +72,21 @@ impl Decision {
             outcome: Outcome::Error,
         }
     }
+}
 
+impl From<Answer> for Decision {
+    fn from(a: Answer) -> Self {
+        Decision {
+            allowed: a.allowed,
+            patch: json_patch::Patch(a.ops.iter().map(mutate::Op::to_patch_operation).collect()),
+            warnings: a.warnings,
+            status: a.status,
+            outcome: a.outcome,
+        }
+    }
+}
+
+impl Decision {
     /// The violations of a denial, read back from its `Status` causes.
     pub fn violations(&self) -> Vec<Violation> {
         self.status
@@ -96,52 +121,84 @@ impl Decision {
 
 /// Decides one request for one endpoint. Pure.
 pub fn decide(endpoint: Endpoint, request: &Request<'_>, config: &InjectionConfig) -> Decision {
-    let is_jobset = request.group == crate::jobset::GROUP && request.kind == crate::jobset::KIND;
-    match request.operation {
+    let object = request.object.filter(|o| o.is_object());
+    let old_object = request.old_object.filter(|o| o.is_object());
+    let view = object.map(JobSet::from_value);
+    let old_view = old_object.map(JobSet::from_value);
+    let new_jobs = object.map_or(&[][..], validate::replicated_jobs);
+    let old_jobs = old_object.map_or(&[][..], validate::replicated_jobs);
+    decide_view(
+        endpoint,
+        request.operation,
+        request.group,
+        request.kind,
+        view.as_ref(),
+        old_view.as_ref(),
+        |i| new_jobs.get(i).is_some() && new_jobs.get(i) == old_jobs.get(i),
+        config,
+    )
+    .into()
+}
+
+/// [`decide`] over the views of the object and the old object (present when they are objects);
+/// `unchanged(i)`: `spec.replicatedJobs[i]` is in both and equal (asked by the UPDATE ratchet
+/// only).
+#[allow(clippy::too_many_arguments)]
+fn decide_view(
+    endpoint: Endpoint,
+    operation: &str,
+    group: &str,
+    kind: &str,
+    object: Option<&JobSet<'_>>,
+    old_object: Option<&JobSet<'_>>,
+    unchanged: impl FnMut(usize) -> bool,
+    config: &InjectionConfig,
+) -> Answer {
+    let is_jobset = group == crate::jobset::GROUP && kind == crate::jobset::KIND;
+    match operation {
         "CREATE" | "UPDATE" => {}
-        "DELETE" | "CONNECT" => return Decision::allow(),
-        "" => return Decision::malformed("request.operation is missing"),
-        other => return Decision::malformed(&format!("unknown request.operation {other:?}")),
+        "DELETE" | "CONNECT" => return Answer::allow(),
+        "" => return Answer::malformed("request.operation is missing"),
+        other => return Answer::malformed(&format!("unknown request.operation {other:?}")),
     }
-    if request.kind.is_empty() {
-        return Decision::malformed("request.kind is missing");
+    if kind.is_empty() {
+        return Answer::malformed("request.kind is missing");
     }
     if !is_jobset {
-        return Decision::allow();
+        return Answer::allow();
     }
-    let Some(object) = request.object.filter(|o| o.is_object()) else {
-        return Decision::malformed(&format!(
-            "request.object is missing for {} of a JobSet",
-            request.operation
+    let Some(object) = object else {
+        return Answer::malformed(&format!(
+            "request.object is missing for {operation} of a JobSet"
         ));
     };
     match endpoint {
         Endpoint::Mutate => {
-            if request.operation != "CREATE" {
-                return Decision::allow();
+            if operation != "CREATE" {
+                return Answer::allow();
             }
-            let m = mutate::mutate(object, config);
-            let mut d = Decision::allow();
-            d.warnings = m.warnings;
-            if !m.patch.0.is_empty() {
-                d.patch = m.patch;
+            let (ops, warnings) = mutate::mutate_view(object, config);
+            let mut d = Answer::allow();
+            d.warnings = warnings;
+            if !ops.is_empty() {
+                d.ops = ops;
                 d.outcome = Outcome::Patched;
             }
             d
         }
         Endpoint::Validate => {
-            let v = match request.old_object.filter(|o| o.is_object()) {
-                Some(old) if request.operation == "UPDATE" => {
-                    validate::validate_update(object, old, config)
+            let v = match old_object {
+                Some(old) if operation == "UPDATE" => {
+                    validate::validate_update_view(object, old, config, unchanged)
                 }
-                _ => validate::validate(object, config),
+                _ => validate::validate_view(object, config),
             };
-            let mut d = Decision::allow();
+            let mut d = Answer::allow();
             d.warnings = v.warnings;
             if !v.violations.is_empty() {
                 d.allowed = false;
                 d.outcome = Outcome::Denied;
-                d.status = Some(invalid_status(object, &v.violations));
+                d.status = Some(invalid_status(object.name(), &v.violations));
             }
             d
         }
@@ -149,16 +206,7 @@ pub fn decide(endpoint: Endpoint, request: &Request<'_>, config: &InjectionConfi
 }
 
 /// A `422 Invalid` Status listing every violation, in the API server's own wording.
-fn invalid_status(object: &Value, violations: &[Violation]) -> Value {
-    let name = object
-        .pointer("/metadata/name")
-        .and_then(Value::as_str)
-        .or_else(|| {
-            object
-                .pointer("/metadata/generateName")
-                .and_then(Value::as_str)
-        })
-        .unwrap_or("");
+fn invalid_status(name: &str, violations: &[Violation]) -> Value {
     let list = violations
         .iter()
         .map(|v| format!("{}: {}", v.path, v.message))
@@ -190,6 +238,9 @@ fn invalid_status(object: &Value, violations: &[Violation]) -> Value {
 /// and the size. Never panics: a body that is not JSON, or has no `request.uid`, gets HTTP 400
 /// with a `Status`; any other malformation gets HTTP 200 and a response that denies with the
 /// reason.
+///
+/// The body is decoded once into the [views](super::view) the rules read, never into a `Value`;
+/// it answers exactly as reading a `Value` of the whole body did, for every body.
 pub fn review(endpoint: Endpoint, body: &[u8], config: &InjectionConfig) -> Reply {
     let bad_request = |message: String| Reply {
         http_status: 400,
@@ -199,71 +250,170 @@ pub fn review(endpoint: Endpoint, body: &[u8], config: &InjectionConfig) -> Repl
     if body.is_empty() {
         return bad_request("cannot read AdmissionReview: the request body is empty".to_owned());
     }
-    let review: Value = match serde_json::from_slice(body) {
-        Ok(v) => v,
+    let review = match view::parse_review(body) {
+        Ok(review) => review.unwrap_or_default(),
         Err(e) => return bad_request(format!("cannot read AdmissionReview: invalid JSON: {e}")),
     };
-    let request = review.get("request");
-    let Some(uid) = request
-        .and_then(|r| r.get("uid"))
-        .and_then(Value::as_str)
-        .filter(|u| !u.is_empty())
-    else {
+    let Some((request, uid)) = review.request.as_ref().and_then(|r| {
+        let uid = r.uid.as_deref().filter(|u| !u.is_empty())?;
+        Some((r, uid))
+    }) else {
         return bad_request("cannot read AdmissionReview: request.uid is missing".to_owned());
     };
-    let api_version = review
-        .get("apiVersion")
-        .and_then(Value::as_str)
-        .unwrap_or("");
-    let kind = review.get("kind").and_then(Value::as_str).unwrap_or("");
-    let decision = if api_version != API_VERSION || kind != KIND {
-        Decision::malformed(&format!(
+    let api_version = review.api_version.as_deref().unwrap_or("");
+    let kind = review.kind.as_deref().unwrap_or("");
+    let answer = if api_version != API_VERSION || kind != KIND {
+        Answer::malformed(&format!(
             "expected apiVersion {API_VERSION} kind {KIND}, got apiVersion {api_version:?} kind {kind:?}"
         ))
     } else {
-        fn text(v: Option<&Value>) -> &str {
-            v.and_then(Value::as_str).unwrap_or("")
+        fn text<'s>(s: Option<&'s Str<'_>>) -> &'s str {
+            s.map_or("", |s| s.as_ref())
         }
-        let request = request.unwrap_or(&Value::Null);
-        let object = |key: &str| request.get(key).filter(|v| !v.is_null());
-        decide(
+        let group_kind = request.kind.as_ref();
+        let mut jobs = None;
+        decide_view(
             endpoint,
-            &Request {
-                operation: text(request.get("operation")),
-                group: text(request.pointer("/kind/group")),
-                kind: text(request.pointer("/kind/kind")),
-                object: object("object"),
-                old_object: object("oldObject"),
+            text(request.operation.as_ref()),
+            text(group_kind.and_then(|k| k.group.as_ref())),
+            text(group_kind.and_then(|k| k.kind.as_ref())),
+            request.object.as_ref(),
+            request.old_object.as_ref(),
+            |i| {
+                jobs.get_or_insert_with(|| BodyJobs::read(body))
+                    .unchanged(i)
             },
             config,
         )
     };
+    let patch = (!answer.ops.is_empty()).then(|| {
+        let mut patch = Vec::with_capacity(
+            answer
+                .ops
+                .iter()
+                .map(|o| o.path.len() + o.value.len() + 40)
+                .sum(),
+        );
+        mutate::write_patch(&answer.ops, &mut patch);
+        patch
+    });
     Reply {
         http_status: 200,
-        body: encode(uid, &decision),
-        outcome: decision.outcome,
+        body: encode_parts(
+            uid,
+            answer.allowed,
+            answer.status.as_ref(),
+            patch.as_deref(),
+            &answer.warnings,
+        )
+        .unwrap_or_default(),
+        outcome: answer.outcome,
     }
 }
 
-/// The AdmissionReview response for a decision.
+/// `spec.replicatedJobs` of `request.object` and of `request.oldObject` in a body, for the UPDATE
+/// ratchet: as written (two jobs written alike are equal; two written differently are compared as
+/// JSON values), or as values of a second, complete reading of the body where the JSON text is not
+/// at hand (serde_json's raw-value objects).
+enum BodyJobs<'a> {
+    Raw(view::RawJobs<'a>),
+    Values(Vec<Value>, Vec<Value>),
+}
+
+impl<'a> BodyJobs<'a> {
+    fn read(body: &'a [u8]) -> Self {
+        if let Some(raw) = view::raw_jobs(body) {
+            return BodyJobs::Raw(raw);
+        }
+        let review: Value = serde_json::from_slice(body).unwrap_or_default();
+        let request = review.get("request").unwrap_or(&Value::Null);
+        let jobs = |key: &str| {
+            request
+                .get(key)
+                .filter(|o| o.is_object())
+                .map_or(&[][..], validate::replicated_jobs)
+                .to_vec()
+        };
+        BodyJobs::Values(jobs("object"), jobs("oldObject"))
+    }
+
+    fn unchanged(&self, i: usize) -> bool {
+        match self {
+            BodyJobs::Raw(raw) => match (raw.object.get(i), raw.old_object.get(i)) {
+                (Some(new), Some(old)) if new.get() == old.get() => true,
+                (Some(new), Some(old)) => {
+                    let value = |raw: &serde_json::value::RawValue| {
+                        serde_json::from_str::<Value>(raw.get()).ok()
+                    };
+                    // Both parsed already as part of the body: they parse again.
+                    matches!((value(new), value(old)), (Some(n), Some(o)) if n == o)
+                }
+                _ => false,
+            },
+            BodyJobs::Values(new, old) => new.get(i).is_some() && new.get(i) == old.get(i),
+        }
+    }
+}
+
+/// The AdmissionReview response for a decision, written directly (the bytes a `Value` of it
+/// would serialize to: compact, keys in this order).
 pub fn encode(uid: &str, decision: &Decision) -> Vec<u8> {
-    let mut response = serde_json::Map::new();
-    response.insert("uid".into(), json!(uid));
-    response.insert("allowed".into(), json!(decision.allowed));
-    if let Some(status) = &decision.status {
-        response.insert("status".into(), status.clone());
+    let patch = if decision.patch.0.is_empty() {
+        None
+    } else {
+        Some(serde_json::to_vec(&decision.patch).unwrap_or_default())
+    };
+    encode_parts(
+        uid,
+        decision.allowed,
+        decision.status.as_ref(),
+        patch.as_deref(),
+        &decision.warnings,
+    )
+    .unwrap_or_default()
+}
+
+/// The response, `patch` the JSON Patch document (when there is one).
+fn encode_parts(
+    uid: &str,
+    allowed: bool,
+    status: Option<&Value>,
+    patch: Option<&[u8]>,
+    warnings: &[String],
+) -> serde_json::Result<Vec<u8>> {
+    let engine = &base64::engine::general_purpose::STANDARD;
+    let patch_len = patch.map_or(0, |p| p.len().div_ceil(3) * 4);
+    let warnings_len: usize = warnings.iter().map(|w| w.len() + 3).sum();
+    let status_len = if status.is_some() { 512 } else { 0 };
+    let mut out = Vec::with_capacity(160 + uid.len() + patch_len + warnings_len + status_len);
+    out.extend_from_slice(b"{\"apiVersion\":");
+    serde_json::to_writer(&mut out, API_VERSION)?;
+    out.extend_from_slice(b",\"kind\":");
+    serde_json::to_writer(&mut out, KIND)?;
+    out.extend_from_slice(b",\"response\":{\"uid\":");
+    serde_json::to_writer(&mut out, uid)?;
+    out.extend_from_slice(if allowed {
+        b",\"allowed\":true"
+    } else {
+        b",\"allowed\":false"
+    });
+    if let Some(status) = status {
+        out.extend_from_slice(b",\"status\":");
+        serde_json::to_writer(&mut out, status)?;
     }
-    if !decision.patch.0.is_empty() {
-        let patch = serde_json::to_vec(&decision.patch).unwrap_or_default();
-        response.insert("patchType".into(), json!("JSONPatch"));
-        response.insert(
-            "patch".into(),
-            json!(base64::engine::general_purpose::STANDARD.encode(patch)),
-        );
+    if let Some(patch) = patch {
+        // Base64 needs no JSON escaping.
+        out.extend_from_slice(b",\"patchType\":\"JSONPatch\",\"patch\":\"");
+        let start = out.len();
+        out.resize(start + patch_len, 0);
+        let written = engine.encode_slice(patch, &mut out[start..]).unwrap_or(0);
+        out.truncate(start + written);
+        out.push(b'"');
     }
-    if !decision.warnings.is_empty() {
-        response.insert("warnings".into(), json!(decision.warnings));
+    if !warnings.is_empty() {
+        out.extend_from_slice(b",\"warnings\":");
+        serde_json::to_writer(&mut out, warnings)?;
     }
-    let review = json!({"apiVersion": API_VERSION, "kind": KIND, "response": response});
-    serde_json::to_vec(&review).unwrap_or_default()
+    out.extend_from_slice(b"}}");
+    Ok(out)
 }

@@ -15,7 +15,8 @@ use serde_json::Value;
 
 use super::config::InjectionConfig;
 use super::pod::{self, Agent, AgentMode, Container, ExitCodeSetting};
-use super::{Validation, Violation, jobset_view};
+use super::view::{JobSet, JobSpec, PodSpec};
+use super::{Validation, Violation};
 use crate::agent::contract;
 use crate::protocol::Dialect;
 
@@ -28,26 +29,36 @@ const SHORT_BARRIER_SECONDS: i64 = 600;
 
 /// Validates a JobSet (CREATE, or UPDATE without the old object).
 pub fn validate(jobset: &Value, config: &InjectionConfig) -> Validation {
+    validate_view(&JobSet::from_value(jobset), config)
+}
+
+/// [`validate`] over the view of a JobSet.
+pub(crate) fn validate_view(jobset: &JobSet<'_>, config: &InjectionConfig) -> Validation {
     let mut out = Validation::default();
-    let view = jobset_view(jobset);
-    if !view.in_place_restart {
+    if !jobset.in_place_restart() {
         return out;
     }
-    if view.max_restarts.unwrap_or(0) == 0 {
+    if jobset.max_restarts().unwrap_or(0) == 0 {
         out.warnings.push(
             "spec.failurePolicy.maxRestarts is 0: the first failure fails the JobSet and no pod \
              is ever restarted in place"
                 .to_owned(),
         );
     }
-    for (i, rj) in view.replicated_jobs.iter().enumerate() {
+    let no_job_spec = JobSpec::default();
+    let no_pod_spec = PodSpec::default();
+    for (i, rj) in jobset.replicated_jobs().iter().enumerate() {
         let prefix = format!("spec.replicatedJobs[{i}].template.spec");
-        let job_spec = rj.pointer("/template/spec").unwrap_or(&Value::Null);
+        let job_spec = rj.job_spec.as_ref().unwrap_or(&no_job_spec);
         check_backoff_limit(&prefix, job_spec, &mut out);
         check_pod_replacement_policy(&prefix, job_spec, &mut out);
         check_completions(&prefix, job_spec, &mut out);
         let pod_prefix = format!("{prefix}.template.spec");
-        let pod_spec = job_spec.pointer("/template/spec").unwrap_or(&Value::Null);
+        let pod_spec = job_spec
+            .template
+            .as_ref()
+            .and_then(|t| t.spec.as_ref())
+            .unwrap_or(&no_pod_spec);
         check_restart_rules(&pod_prefix, pod_spec, &mut out);
         check_agent(&pod_prefix, pod_spec, config.protocol, &mut out);
         check_service_account(&pod_prefix, pod_spec, &mut out);
@@ -59,16 +70,36 @@ pub fn validate(jobset: &Value, config: &InjectionConfig) -> Validation {
 /// InPlaceRestart has its violations reported as warnings: a JobSet admitted before the webhook
 /// was installed must stay editable (to suspend or relabel it), and nothing got worse.
 pub fn validate_update(jobset: &Value, old: &Value, config: &InjectionConfig) -> Validation {
-    let mut out = validate(jobset, config);
-    let new_view = jobset_view(jobset);
-    let old_view = jobset_view(old);
-    if !old_view.in_place_restart {
+    let (new_jobs, old_jobs) = (replicated_jobs(jobset), replicated_jobs(old));
+    validate_update_view(
+        &JobSet::from_value(jobset),
+        &JobSet::from_value(old),
+        config,
+        |i| new_jobs.get(i).is_some() && new_jobs.get(i) == old_jobs.get(i),
+    )
+}
+
+/// `spec.replicatedJobs` of a JobSet as written (empty when it is not an array).
+pub(crate) fn replicated_jobs(jobset: &Value) -> &[Value] {
+    jobset
+        .pointer("/spec/replicatedJobs")
+        .and_then(Value::as_array)
+        .map_or(&[], Vec::as_slice)
+}
+
+/// [`validate_update`] over the views; `unchanged(i)`: `spec.replicatedJobs[i]` exists and is
+/// equal (as JSON values) in the new and the old object. Only asked about replicatedJobs with
+/// violations.
+pub(crate) fn validate_update_view(
+    jobset: &JobSet<'_>,
+    old: &JobSet<'_>,
+    config: &InjectionConfig,
+    mut unchanged: impl FnMut(usize) -> bool,
+) -> Validation {
+    let mut out = validate_view(jobset, config);
+    if !old.in_place_restart() {
         return out;
     }
-    let unchanged = |i: usize| {
-        new_view.replicated_jobs.get(i).is_some()
-            && new_view.replicated_jobs.get(i) == old_view.replicated_jobs.get(i)
-    };
     let (kept, ratcheted): (Vec<_>, Vec<_>) = std::mem::take(&mut out.violations)
         .into_iter()
         .partition(|v| replicated_job_index(&v.path).is_none_or(|i| !unchanged(i)));
@@ -95,8 +126,8 @@ fn violation(out: &mut Validation, path: String, message: impl Into<String>) {
     });
 }
 
-fn check_backoff_limit(prefix: &str, job_spec: &Value, out: &mut Validation) {
-    let value = job_spec.get("backoffLimit");
+fn check_backoff_limit(prefix: &str, job_spec: &JobSpec<'_>, out: &mut Validation) {
+    let value = job_spec.backoff_limit.as_ref();
     if value.and_then(Value::as_i64) != Some(BACKOFF_LIMIT) {
         violation(
             out,
@@ -110,8 +141,8 @@ fn check_backoff_limit(prefix: &str, job_spec: &Value, out: &mut Validation) {
     }
 }
 
-fn check_pod_replacement_policy(prefix: &str, job_spec: &Value, out: &mut Validation) {
-    let value = job_spec.get("podReplacementPolicy");
+fn check_pod_replacement_policy(prefix: &str, job_spec: &JobSpec<'_>, out: &mut Validation) {
+    let value = job_spec.pod_replacement_policy.as_ref();
     if value.and_then(Value::as_str) != Some(POD_REPLACEMENT_POLICY) {
         violation(
             out,
@@ -125,9 +156,9 @@ fn check_pod_replacement_policy(prefix: &str, job_spec: &Value, out: &mut Valida
     }
 }
 
-fn check_completions(prefix: &str, job_spec: &Value, out: &mut Validation) {
-    let completions = job_spec.get("completions").and_then(Value::as_i64);
-    let parallelism = job_spec.get("parallelism").and_then(Value::as_i64);
+fn check_completions(prefix: &str, job_spec: &JobSpec<'_>, out: &mut Validation) {
+    let completions = job_spec.completions;
+    let parallelism = job_spec.parallelism;
     match (completions, parallelism) {
         (Some(c), Some(p)) if c == p => {}
         (Some(c), Some(p)) => violation(
@@ -156,7 +187,7 @@ fn check_completions(prefix: &str, job_spec: &Value, out: &mut Validation) {
 /// Restart rules the API server would reject when it creates the pods, long after admission:
 /// KEP-467's `RestartPod` spelling, and rules on a container without an explicit
 /// `restartPolicy`.
-fn check_restart_rules(pod_prefix: &str, pod_spec: &Value, out: &mut Validation) {
+fn check_restart_rules(pod_prefix: &str, pod_spec: &PodSpec<'_>, out: &mut Validation) {
     for c in pod::all_containers(pod_spec) {
         let rules = c.restart_rules();
         if !rules.is_empty() && c.restart_policy().is_none() {
@@ -166,14 +197,13 @@ fn check_restart_rules(pod_prefix: &str, pod_spec: &Value, out: &mut Validation)
                 "must be set when the container has restartPolicyRules (Kubernetes requires it)",
             );
         }
-        for rule in rules {
-            if rule.action == pod::RESTART_POD {
+        for (index, rule) in rules.iter().enumerate() {
+            if rule.action() == pod::RESTART_POD {
                 violation(
                     out,
                     format!(
-                        "{}.restartPolicyRules[{}].action",
+                        "{}.restartPolicyRules[{index}].action",
                         container_path(pod_prefix, &c),
-                        rule.index
                     ),
                     format!(
                         "{} is KEP-467's name for this action; Kubernetes 1.35 calls it {}",
@@ -186,14 +216,8 @@ fn check_restart_rules(pod_prefix: &str, pod_spec: &Value, out: &mut Validation)
     }
 }
 
-fn check_service_account(pod_prefix: &str, pod_spec: &Value, out: &mut Validation) {
-    let named = ["serviceAccountName", "serviceAccount"].iter().any(|k| {
-        pod_spec
-            .get(*k)
-            .and_then(Value::as_str)
-            .is_some_and(|s| !s.is_empty())
-    });
-    if !named {
+fn check_service_account(pod_prefix: &str, pod_spec: &PodSpec<'_>, out: &mut Validation) {
+    if !pod_spec.names_service_account() {
         out.warnings.push(format!(
             "{pod_prefix}.serviceAccountName is not set: the agent runs as the namespace's \
              default service account, which needs get/list/watch on jobsets and patch on pods"
@@ -206,9 +230,9 @@ pub(super) fn container_path(pod_prefix: &str, c: &Container<'_>) -> String {
     format!("{pod_prefix}.{}[{}]", c.list.key(), c.index)
 }
 
-fn check_agent(pod_prefix: &str, pod_spec: &Value, dialect: Dialect, out: &mut Validation) {
-    let agents = pod::agents(pod_spec);
-    let Some(agent) = agents.first() else {
+fn check_agent(pod_prefix: &str, pod_spec: &PodSpec<'_>, dialect: Dialect, out: &mut Validation) {
+    let mut agents = pod::agents(pod_spec);
+    let Some(agent) = agents.next() else {
         violation(
             out,
             format!("{pod_prefix}.initContainers"),
@@ -226,7 +250,7 @@ fn check_agent(pod_prefix: &str, pod_spec: &Value, dialect: Dialect, out: &mut V
         );
         return;
     };
-    for extra in &agents[1..] {
+    for extra in agents {
         violation(
             out,
             container_path(pod_prefix, &extra.container),
@@ -247,7 +271,7 @@ fn check_agent(pod_prefix: &str, pod_spec: &Value, dialect: Dialect, out: &mut V
             None
         }
     };
-    check_agent_env(&path, agent, dialect, out);
+    check_agent_env(&path, &agent, dialect, out);
     match agent.mode {
         AgentMode::Sidecar => {
             if agent.container.restart_policy() != Some("Always") {
@@ -257,11 +281,11 @@ fn check_agent(pod_prefix: &str, pod_spec: &Value, dialect: Dialect, out: &mut V
                     "must be Always: the agent runs as a native sidecar beside the workers",
                 );
             }
-            check_agent_rule(&path, agent, exit_code, out);
+            check_agent_rule(&path, &agent, exit_code, out);
             check_barrier_probe(&path, &agent.container, out);
         }
         AgentMode::MainContainer => {
-            check_agent_rule(&path, agent, exit_code, out);
+            check_agent_rule(&path, &agent, exit_code, out);
             for name in [
                 contract::BARRIER_PORT,
                 contract::BARRIER_PORT_ALIAS,
@@ -282,7 +306,7 @@ fn check_agent(pod_prefix: &str, pod_spec: &Value, dialect: Dialect, out: &mut V
             }
         }
     }
-    check_worker_rules(pod_prefix, pod_spec, agent, out);
+    check_worker_rules(pod_prefix, pod_spec, &agent, out);
 }
 
 fn check_agent_env(path: &str, agent: &Agent<'_>, dialect: Dialect, out: &mut Validation) {
@@ -351,7 +375,7 @@ fn check_agent_rule(
             ),
         );
     } else if let Some(code) = code
-        && !agent.mode.code_restarts(&rules, code)
+        && !agent.mode.code_restarts(rules, code)
     {
         let source = match exit_code {
             Some(ExitCodeSetting::Env(name, _)) => format!("set by {name}"),
@@ -412,7 +436,7 @@ fn check_barrier_probe(path: &str, c: &Container<'_>, out: &mut Validation) {
         );
         return;
     };
-    let probe_port = http_get.get("port");
+    let probe_port = http_get.port.as_ref();
     let resolved = probe_port.and_then(|p| c.resolve_port(p));
     if let Some(port) = port
         && resolved != Some(port)
@@ -426,7 +450,7 @@ fn check_barrier_probe(path: &str, c: &Container<'_>, out: &mut Validation) {
             ),
         );
     }
-    let probe_path = http_get.get("path").and_then(Value::as_str).unwrap_or("/");
+    let probe_path = http_get.path.as_deref().unwrap_or("/");
     if let Some(barrier_path) = barrier_path
         && probe_path != barrier_path
     {
@@ -439,15 +463,9 @@ fn check_barrier_probe(path: &str, c: &Container<'_>, out: &mut Validation) {
             ),
         );
     }
-    let probe = c.value.get("startupProbe").unwrap_or(&Value::Null);
-    let period = probe
-        .get("periodSeconds")
-        .and_then(Value::as_i64)
-        .unwrap_or(10);
-    let threshold = probe
-        .get("failureThreshold")
-        .and_then(Value::as_i64)
-        .unwrap_or(3);
+    let probe = c.view.startup_probe.as_ref();
+    let period = probe.and_then(|p| p.period_seconds).unwrap_or(10);
+    let threshold = probe.and_then(|p| p.failure_threshold).unwrap_or(3);
     let seconds = period.saturating_mul(threshold);
     if seconds < SHORT_BARRIER_SECONDS {
         out.warnings.push(format!(
@@ -458,7 +476,12 @@ fn check_barrier_probe(path: &str, c: &Container<'_>, out: &mut Validation) {
 }
 
 /// Warns about workers whose crash fails the pod instead of restarting it in place.
-fn check_worker_rules(pod_prefix: &str, pod_spec: &Value, agent: &Agent<'_>, out: &mut Validation) {
+fn check_worker_rules(
+    pod_prefix: &str,
+    pod_spec: &PodSpec<'_>,
+    agent: &Agent<'_>,
+    out: &mut Validation,
+) {
     for c in pod::containers(pod_spec, pod::ContainerList::Regular) {
         if agent.mode == AgentMode::MainContainer && c.index == agent.container.index {
             continue;

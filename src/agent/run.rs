@@ -2,11 +2,12 @@
 //! JobSet, and act on each state with [`protocol::agent_decide`]; in main-container mode, run
 //! the worker as a child.
 //!
-//! Every API error is retried with a jittered exponential backoff (50 ms to 5 s); nothing the
-//! API server does makes the agent exit. The agent ends only with an [`Outcome`]: its pod's epoch
+//! Every API error is retried with a jittered exponential backoff (50 ms to 5 s, or longer when
+//! a 429's `Retry-After` asks for it, [`crate::retry`]); nothing the API server does makes the
+//! agent exit. A watch that ends or breaks after it served (an event or a bookmark, or one
+//! second open) is resumed at once: only watches that fail straight away back off. The agent ends only with an [`Outcome`]: its pod's epoch
 //! was deprecated, a signal arrived, or (main-container mode) the worker ended.
 
-use std::hash::{BuildHasher, Hasher};
 use std::time::{Duration, Instant};
 
 use futures::stream::BoxStream;
@@ -24,6 +25,8 @@ use crate::reconciler::index::WatchedPod;
 /// Seconds a watch request stays open before the server ends it and the agent resumes it.
 const WATCH_TIMEOUT_SECS: u32 = 240;
 const BACKOFF_MIN: Duration = Duration::from_millis(50);
+/// A watch open this long served, even without an event ([`Protocol::watch_served`]).
+const WATCH_SERVED: Duration = Duration::from_secs(1);
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
 
 /// A signal the agent reacts to.
@@ -351,17 +354,22 @@ impl Protocol {
                     return;
                 }
                 (pod, js) => {
-                    if let Err(e) = pod {
+                    let mut server = None;
+                    if let Err(e) = &pod {
                         tracing::warn!(error = %e, "cannot read the pod; retrying");
+                        server = e.retry_after();
                     }
-                    match js {
-                        Err(e) if is_not_found(&e) => {
+                    match &js {
+                        Err(e) if is_not_found(e) => {
                             tracing::warn!("the JobSet does not exist (yet); retrying")
                         }
                         Err(e) => tracing::warn!(error = %e, "cannot read the JobSet; retrying"),
                         Ok(_) => {}
                     }
-                    self.backoff.wait().await;
+                    if let Err(e) = &js {
+                        server = server.max(e.retry_after());
+                    }
+                    self.backoff.wait(server).await;
                 }
             }
         }
@@ -382,9 +390,20 @@ impl Protocol {
                     tracing::info!(epoch, ms, "registered epoch {epoch} after {ms} ms");
                     return;
                 }
+                Err(CallError::Api(e)) if api_code(&e) == Some(422) => {
+                    // The admission policy refuses an epoch below the pod's annotation: a
+                    // registration of this pod's previous agent, still in flight when it was
+                    // killed, landed after this agent read the pod. Read again and register above
+                    // it (found by the model check, tests/model_check.rs).
+                    tracing::warn!(epoch, error = %e, "the epoch was refused; reading the pod again");
+                    self.epoch = None;
+                    self.pending = None;
+                    self.backoff.wait(None).await;
+                    return;
+                }
                 Err(e) => {
                     tracing::warn!(epoch, error = %e, "cannot register the epoch on the pod; retrying");
-                    self.backoff.wait().await;
+                    self.backoff.wait(e.retry_after()).await;
                 }
             }
         }
@@ -405,9 +424,17 @@ impl Protocol {
                 } else {
                     tracing::warn!(error = %e, "cannot read the JobSet; retrying");
                 }
-                self.backoff.wait().await;
+                self.backoff.wait(e.retry_after()).await;
             }
         }
+    }
+
+    /// The watch that just ended served: it delivered an event or a bookmark, or stayed open
+    /// for a second. Its end (a server timeout, a cut connection) calls for resuming at once,
+    /// not for backing off as after a failure; a watch that fails straight away backs off, so
+    /// that a server that refuses watches does not make the agent spin.
+    fn watch_served(&self) -> bool {
+        self.watch_events > 0 || self.watch_opened.elapsed() >= WATCH_SERVED
     }
 
     /// Step 4: one event of the JobSet watch (opening or resuming it as needed).
@@ -437,7 +464,7 @@ impl Protocol {
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, "cannot watch the JobSet; retrying");
-                        self.backoff.wait().await;
+                        self.backoff.wait(crate::retry::retry_after(&e)).await;
                         return;
                     }
                 }
@@ -460,6 +487,7 @@ impl Protocol {
                 tracing::warn!("the JobSet was deleted; waiting (the pod goes with it)");
             }
             Some(Ok(WatchEvent::Bookmark(b))) => {
+                self.watch_events += 1;
                 self.resource_version = Some(b.metadata.resource_version);
             }
             Some(Ok(WatchEvent::Error(status))) => {
@@ -469,20 +497,28 @@ impl Protocol {
                     self.reread = true;
                 } else {
                     tracing::warn!(code = status.code, message = %status.message, "the JobSet watch failed; resuming");
-                    self.backoff.wait().await;
+                    let server = crate::retry::status_retry_after(&status);
+                    self.backoff.wait(server).await;
                 }
             }
             Some(Err(e)) => {
                 self.stream = None;
-                tracing::warn!(error = %e, "the JobSet watch broke; resuming");
-                self.backoff.wait().await;
+                if self.watch_served() {
+                    tracing::info!(error = %e, "the JobSet watch broke; resuming");
+                    self.backoff.reset();
+                } else {
+                    tracing::warn!(error = %e, "the JobSet watch broke at once; resuming");
+                    self.backoff.wait(crate::retry::retry_after(&e)).await;
+                }
             }
             None => {
                 self.stream = None;
                 tracing::debug!(resource_version = ?self.resource_version, "the JobSet watch ended; resuming");
                 // A server that closes watches at once must not make the agent spin.
-                if self.watch_events == 0 && self.watch_opened.elapsed() < Duration::from_secs(1) {
-                    self.backoff.wait().await;
+                if self.watch_served() {
+                    self.backoff.reset();
+                } else {
+                    self.backoff.wait(None).await;
                 }
             }
         }
@@ -509,6 +545,16 @@ enum CallError {
     Timeout(Duration),
 }
 
+impl CallError {
+    /// The delay a 429 asked for ([`crate::retry::retry_after`]).
+    fn retry_after(&self) -> Option<Duration> {
+        match self {
+            CallError::Api(e) => crate::retry::retry_after(e),
+            CallError::Timeout(_) => None,
+        }
+    }
+}
+
 fn is_not_found(e: &CallError) -> bool {
     matches!(e, CallError::Api(e) if api_code(e) == Some(404))
 }
@@ -520,34 +566,26 @@ fn api_code(e: &kube::Error) -> Option<u16> {
     }
 }
 
-/// Jittered exponential backoff.
-struct Backoff {
-    next: Duration,
-}
+/// The agent's backoff: [`crate::retry::Backoff`] from [`BACKOFF_MIN`] to [`BACKOFF_MAX`]
+/// (jittered, so that many agents spread out).
+struct Backoff(crate::retry::Backoff);
 
 impl Backoff {
     fn new() -> Self {
-        Backoff { next: BACKOFF_MIN }
+        Backoff(crate::retry::Backoff::new(BACKOFF_MIN, BACKOFF_MAX))
     }
 
     fn reset(&mut self) {
-        self.next = BACKOFF_MIN;
+        self.0.reset();
     }
 
-    /// The next delay: between half and all of the current step, so that many agents spread
-    /// out; the step doubles up to [`BACKOFF_MAX`].
-    fn advance(&mut self) -> Duration {
-        let random = std::collections::hash_map::RandomState::new()
-            .build_hasher()
-            .finish();
-        let fraction = 0.5 + (random % 1024) as f64 / 2048.0;
-        let delay = self.next.mul_f64(fraction);
-        self.next = (self.next * 2).min(BACKOFF_MAX);
-        delay
-    }
-
-    async fn wait(&mut self) {
-        tokio::time::sleep(self.advance()).await;
+    /// Sleeps the next delay, or what the server asked for (`Retry-After`) when longer.
+    async fn wait(&mut self, server: Option<Duration>) {
+        let delay = crate::retry::delay(self.0.advance(), server);
+        if server.is_some() {
+            tracing::debug!(?delay, "the API server asked to retry later");
+        }
+        tokio::time::sleep(delay).await;
     }
 }
 
@@ -643,22 +681,6 @@ mod tests {
             Outcome::WorkerExited(WorkerExit::SpawnFailed).exit_code(42),
             127
         );
-    }
-
-    #[test]
-    fn backoff_grows_and_resets() {
-        let mut b = Backoff::new();
-        let first = b.advance();
-        assert!(
-            first >= BACKOFF_MIN / 2 && first <= BACKOFF_MIN,
-            "{first:?}"
-        );
-        for _ in 0..10 {
-            assert!(b.advance() <= BACKOFF_MAX);
-        }
-        assert_eq!(b.next, BACKOFF_MAX);
-        b.reset();
-        assert_eq!(b.next, BACKOFF_MIN);
     }
 
     #[tokio::test]

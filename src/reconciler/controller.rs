@@ -2,9 +2,20 @@
 //! whose input changed, workers run the pure decision ([`crate::protocol::reconcile_decide`]) and
 //! write what changed as JSON merge patches on the `status` subresource.
 //!
+//! A watch that fails is paused with [`WatchBackoff`] (at most 5 s), not kube's default, whose
+//! pauses grow to 30 s over isolated failures.
+//!
 //! Every status write carries the `resourceVersion` it was decided on (an optimistic lock): a
 //! write decided on a stale view is refused with 409, the JobSet is re-read and decided again,
 //! so a field can never be moved backwards by this process or by a leader that lost its lease.
+//!
+//! Nothing grows without bound ([`Controller::state_sizes`]): the work queue holds each key at
+//! most once and never drops one, so its size is bounded by the number of keys that exist; the
+//! index, the retry state (one pending retry per key), the group restarts in progress and the
+//! malformed annotations already reported are per JobSet and forgotten when it is deleted
+//! (seen by the watch, or missing from a relist after the watch was down); the event queue is a
+//! bounded channel ([`EVENT_QUEUE`]) that drops new events when full (kube's event recorder
+//! keeps what it published for 6 minutes, to aggregate repeats into series).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -26,6 +37,7 @@ use super::metrics::Metrics;
 use super::provision::{self, ProvisionSettings};
 use crate::jobset::{self, JobSet};
 use crate::protocol::{Decision, Dialect, Epoch, JOBSET_NAME_LABEL, reconcile_decide};
+use crate::retry::WatchBackoff;
 
 /// Condition reason of a JobSet failed by the reconciler.
 pub const REACHED_MAX_RESTARTS: &str = "ReachedMaxRestarts";
@@ -67,8 +79,21 @@ pub enum ReconcileError {
     Conflicts { namespace: String, name: String },
 }
 
+impl ReconcileError {
+    /// The delay the API server asked for, if it throttled the write.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            ReconcileError::Write { source, .. } => crate::retry::retry_after(source),
+            ReconcileError::Conflicts { .. } => None,
+        }
+    }
+}
+
 /// A set of keys to work on: each key is queued at most once, and a key that changes while a
-/// worker holds it is queued again when the worker is done.
+/// worker holds it is queued again when the worker is done. Bounded without dropping anything:
+/// a trigger for a key already waiting is absorbed, so the queue holds at most one entry per
+/// key (and one more pass per key being evaluated); a key whose JobSet is gone leaves at its
+/// next evaluation, which finds nothing to do.
 #[derive(Default)]
 struct Queue {
     state: Mutex<QueueState>,
@@ -145,10 +170,10 @@ struct Shared {
     pods_synced: AtomicBool,
     /// When each JobSet's current group restart began: (deprecated epoch, when written).
     restarts: Mutex<HashMap<Key, (Epoch, Instant)>>,
-    /// Malformed annotations already reported: (JobSet, pod, value).
-    reported: Mutex<HashSet<(Key, String, String)>>,
-    /// Keys with a retry pending, and their consecutive failures.
-    retries: Mutex<HashMap<Key, u32>>,
+    /// Per JobSet, the malformed annotations already reported and still there: (pod, value).
+    reported: Mutex<HashMap<Key, HashSet<(String, String)>>>,
+    /// Keys whose last evaluation failed: consecutive failures, and whether a retry is pending.
+    retries: Mutex<HashMap<Key, Retry>>,
     events: mpsc::Sender<(ObjectReference, KubeEvent)>,
     /// Namespaces labelled for provisioning ahead of any JobSet.
     enabled_namespaces: Mutex<std::collections::BTreeSet<String>>,
@@ -156,8 +181,40 @@ struct Shared {
     provision_wake: Notify,
 }
 
+/// The retry state of a key.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Retry {
+    failures: u32,
+    /// A requeue is scheduled: further failures do not schedule another.
+    pending: bool,
+}
+
+/// How much state the controller holds, for tests and debugging.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StateSizes {
+    /// JobSets in the index.
+    pub jobsets: usize,
+    /// Pods in the index.
+    pub pods: usize,
+    /// Keys waiting in the work queue.
+    pub queued: usize,
+    /// Keys with failures (and possibly a pending retry).
+    pub retries: usize,
+    /// Group restarts in progress (their start time, for the duration metric).
+    pub restarts: usize,
+    /// JobSets with malformed annotations reported.
+    pub reported: usize,
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Forgets the per-JobSet state of a deleted JobSet (the index has already forgotten it).
+fn forget(shared: &Shared, key: &Key) {
+    lock(&shared.restarts).remove(key);
+    lock(&shared.reported).remove(key);
+    lock(&shared.retries).remove(key);
 }
 
 /// A running controller.
@@ -184,7 +241,7 @@ impl Controller {
             jobsets_synced: AtomicBool::new(false),
             pods_synced: AtomicBool::new(false),
             restarts: Mutex::new(HashMap::new()),
-            reported: Mutex::new(HashSet::new()),
+            reported: Mutex::new(HashMap::new()),
             retries: Mutex::new(HashMap::new()),
             events: events_tx,
             enabled_namespaces: Mutex::new(std::collections::BTreeSet::new()),
@@ -227,6 +284,22 @@ impl Controller {
         self.shared.queue.len()
     }
 
+    /// How much state is held now.
+    pub fn state_sizes(&self) -> StateSizes {
+        let (jobsets, pods) = {
+            let index = lock(&self.shared.index);
+            (index.jobset_count(), index.pod_count())
+        };
+        StateSizes {
+            jobsets,
+            pods,
+            queued: self.shared.queue.len(),
+            retries: lock(&self.shared.retries).len(),
+            restarts: lock(&self.shared.restarts).len(),
+            reported: lock(&self.shared.reported).len(),
+        }
+    }
+
     /// Stops every task.
     pub async fn shutdown(mut self) {
         self.tasks.abort_all();
@@ -246,10 +319,11 @@ async fn watch_jobsets(shared: Arc<Shared>) {
         jobset_api(&shared),
         watcher::Config::default().any_semantic(),
     )
-    .default_backoff();
+    .backoff(WatchBackoff::new());
     futures::pin_mut!(stream);
     while let Some(event) = stream.next().await {
         let mut changed = Vec::new();
+        let mut gone = Vec::new();
         {
             let mut index = lock(&shared.index);
             match event {
@@ -260,11 +334,11 @@ async fn watch_jobsets(shared: Arc<Shared>) {
                 Ok(Event::Delete(js)) => {
                     if let (Some(ns), Some(name)) = (&js.metadata.namespace, &js.metadata.name) {
                         index.delete_jobset(ns, name);
-                        lock(&shared.restarts).remove(&(ns.clone(), name.clone()));
+                        gone.push((ns.clone(), name.clone()));
                     }
                 }
                 Ok(Event::InitDone) => {
-                    index.jobsets_relisted();
+                    gone = index.jobsets_relisted();
                     shared.jobsets_synced.store(true, Ordering::Release);
                     changed.extend(index.active_keys());
                 }
@@ -274,6 +348,9 @@ async fn watch_jobsets(shared: Arc<Shared>) {
                 .metrics
                 .jobsets_tracked
                 .set(index.jobset_count() as i64);
+        }
+        for key in &gone {
+            forget(&shared, key);
         }
         for key in changed {
             shared.queue.add(key);
@@ -289,7 +366,7 @@ async fn watch_pods(shared: Arc<Shared>) {
     let config = watcher::Config::default()
         .labels(JOBSET_NAME_LABEL)
         .any_semantic();
-    let stream = watcher(api, config).default_backoff();
+    let stream = watcher(api, config).backoff(WatchBackoff::new());
     futures::pin_mut!(stream);
     while let Some(event) = stream.next().await {
         let mut changed = Vec::new();
@@ -307,6 +384,8 @@ async fn watch_pods(shared: Arc<Shared>) {
                 }
                 Ok(Event::InitDone) => {
                     changed.extend(index.pods_relisted());
+                    // Nothing was decided during the list (see `decide`): decide now.
+                    changed.extend(index.active_keys());
                     shared.pods_synced.store(true, Ordering::Release);
                 }
                 Err(e) => tracing::warn!(error = %e, "pod watch failed; retrying"),
@@ -325,7 +404,7 @@ async fn watch_namespaces(shared: Arc<Shared>) {
     let config = watcher::Config::default()
         .labels(&format!("{}=true", provision::ENABLED_LABEL))
         .any_semantic();
-    let stream = watcher(api, config).default_backoff();
+    let stream = watcher(api, config).backoff(WatchBackoff::new());
     futures::pin_mut!(stream);
     let mut relist: Option<std::collections::BTreeSet<String>> = None;
     while let Some(event) = stream.next().await {
@@ -381,6 +460,8 @@ async fn provision_loop(shared: Arc<Shared>) {
             let named = lock(&shared.index).service_accounts_by_namespace();
             let enabled = lock(&shared.enabled_namespaces).clone();
             let desired = provision::desired_subjects(&named, &enabled, &settings.service_account);
+            // Namespaces that need nothing any more are forgotten (what was applied stays).
+            applied.retain(|ns, _| desired.contains_key(ns));
             let mut failed = false;
             for (namespace, subjects) in desired {
                 if applied.get(&namespace) == Some(&subjects) {
@@ -444,25 +525,39 @@ async fn work(shared: Arc<Shared>) {
             }
             Err(e) => {
                 tracing::warn!(namespace = %key.0, jobset = %key.1, error = %e, "reconcile failed; retrying");
-                retry_later(&shared, key);
+                retry_later(&shared, key, e.retry_after());
             }
         }
     }
 }
 
-/// Requeues a key after an exponential backoff (200 ms to 10 s); one pending retry per key.
-fn retry_later(shared: &Arc<Shared>, key: Key) {
-    let failures = {
-        let mut retries = lock(&shared.retries);
-        let n = retries.entry(key.clone()).or_insert(0);
-        *n = n.saturating_add(1);
-        *n
-    };
-    let delay = Duration::from_millis(200u64.saturating_mul(1 << failures.min(6)))
+/// The delay before the retry after `failures` consecutive failures: 400 ms doubling to 10 s,
+/// or what the API server asked for (`Retry-After`) when longer.
+fn retry_delay(failures: u32, server: Option<Duration>) -> Duration {
+    let backoff = Duration::from_millis(200u64.saturating_mul(1 << failures.min(6)))
         .min(Duration::from_secs(10));
+    crate::retry::delay(backoff, server)
+}
+
+/// Requeues a key after a backoff ([`retry_delay`]). At most one retry is pending per key: a
+/// key that fails again meanwhile (evaluated for a watch event) only counts the failure.
+fn retry_later(shared: &Arc<Shared>, key: Key, server: Option<Duration>) {
+    let delay = {
+        let mut retries = lock(&shared.retries);
+        let retry = retries.entry(key.clone()).or_default();
+        retry.failures = retry.failures.saturating_add(1);
+        if retry.pending {
+            return;
+        }
+        retry.pending = true;
+        retry_delay(retry.failures, server)
+    };
     let shared = shared.clone();
     tokio::spawn(async move {
         tokio::time::sleep(delay).await;
+        if let Some(retry) = lock(&shared.retries).get_mut(&key) {
+            retry.pending = false;
+        }
         shared.queue.add(key);
     });
 }
@@ -512,12 +607,25 @@ fn write_error(key: &Key, source: kube::Error) -> ReconcileError {
 /// Runs the pure decision on the index, in place.
 fn decide(shared: &Shared, key: &Key) -> Option<(JobSetState, Decision)> {
     let index = lock(&shared.index);
+    // While the pod watch re-lists, some pods are listed anew and others are as they were: a
+    // pod created since the last event seen may be missing while a pod that failed since still
+    // counts, so the synced epoch could be written with a registered pod left out (found by the
+    // model check, tests/model_check.rs). The keys are queued again when the list is complete.
+    if index.pods_relisting_in_progress() {
+        return None;
+    }
     let (state, pods) = index.get(key)?;
     if !state.active {
         return None;
     }
     let started = Instant::now();
-    let decision = reconcile_decide(&reconcile_input(index.dialect(), state, pods));
+    let decision = reconcile_decide(&reconcile_input(
+        index.dialect(),
+        state,
+        pods,
+        index.last_synced(key),
+        index.last_deprecated(key),
+    ));
     shared
         .metrics
         .reconcile_duration
@@ -526,10 +634,29 @@ fn decide(shared: &Shared, key: &Key) -> Option<(JobSetState, Decision)> {
     Some((state.clone(), decision))
 }
 
+/// Reports each malformed annotation once, as a Warning event. Only those still there are
+/// remembered: a pod whose annotation is fixed (or that is gone) is forgotten, and reported
+/// again should it break again.
 fn report_malformed(shared: &Shared, key: &Key, state: &JobSetState, decision: &Decision) {
+    if decision.malformed.is_empty() && !lock(&shared.reported).contains_key(key) {
+        return;
+    }
+    let current: HashSet<(String, String)> = decision
+        .malformed
+        .iter()
+        .map(|m| (m.pod.clone(), m.error.value.clone()))
+        .collect();
+    let seen = {
+        let mut reported = lock(&shared.reported);
+        let seen = if current.is_empty() {
+            reported.remove(key)
+        } else {
+            reported.insert(key.clone(), current)
+        };
+        seen.unwrap_or_default()
+    };
     for m in &decision.malformed {
-        let first =
-            lock(&shared.reported).insert((key.clone(), m.pod.clone(), m.error.value.clone()));
+        let first = !seen.contains(&(m.pod.clone(), m.error.value.clone()));
         if first {
             tracing::warn!(namespace = %key.0, jobset = %key.1, pod = %m.pod, error = %m.error, "malformed epoch annotation ignored");
             emit(
@@ -552,12 +679,19 @@ fn status_patch(resource_version: &str, status: Value) -> Value {
     json!({"metadata": {"resourceVersion": resource_version}, "status": status})
 }
 
-/// Patches the status; `Ok(false)` on a 409 (the view was stale).
+/// Patches the status; `Ok(None)` on a 409 (the view was stale).
+///
+/// A write whose outcome is unknown (a 5xx, a timeout, a dropped connection: the API server
+/// may have applied it and lost the answer) is checked with a fresh read: when `applied` holds
+/// for it, the write counts as done, so that what follows a write (the group restart's start
+/// time, metrics, events) is not lost with the answer. Otherwise the error is returned and the
+/// key retried; its next decision starts from whatever the watch shows.
 async fn patch_status(
     shared: &Shared,
     key: &Key,
     patch: &Value,
     field: &'static str,
+    applied: impl Fn(&JobSet) -> bool,
 ) -> Result<Option<JobSet>, ReconcileError> {
     let api = jobset_api_in(shared, &key.0);
     match api
@@ -573,6 +707,15 @@ async fn patch_status(
             Ok(None)
         }
         Err(source) => {
+            let unknown = !matches!(&source, kube::Error::Api(s) if s.code < 500);
+            if unknown
+                && let Ok(fresh) = api.get_status(&key.1).await
+                && applied(&fresh)
+            {
+                tracing::info!(namespace = %key.0, jobset = %key.1, field, error = %source, "the status write failed, but a fresh read shows it applied");
+                shared.metrics.write(field, "ok");
+                return Ok(Some(fresh));
+            }
             shared.metrics.write(field, "error");
             Err(write_error(key, source))
         }
@@ -596,10 +739,33 @@ async fn write_epochs(
         "deprecated"
     };
     let patch = status_patch(&state.resource_version, status);
-    let Some(js) = patch_status(shared, key, &patch, field).await? else {
+    let change = decision.change;
+    let applied = |js: &JobSet| {
+        let now = js.epoch_status(dialect);
+        change.deprecated.is_none_or(|d| now.deprecated == Some(d))
+            && change.synced.is_none_or(|s| now.synced == Some(s))
+    };
+    let Some(js) = patch_status(shared, key, &patch, field, applied).await? else {
         return Ok(false);
     };
-    lock(&shared.index).record_write(key, &js);
+    {
+        let mut index = lock(&shared.index);
+        index.record_write(key, &js);
+        if let Some(synced) = decision.change.synced {
+            index.record_sync(key, synced, &decision.synced_pods);
+        }
+        if let Some(deprecated) = decision.change.deprecated {
+            index.record_deprecated(key, deprecated);
+        }
+    }
+    if !decision.unsynced_joiners.is_empty() {
+        tracing::warn!(
+            namespace = %key.0,
+            jobset = %key.1,
+            pods = ?decision.unsynced_joiners,
+            "pods registered without seeing the synced epoch (another writer wiped the epoch fields): every pod restarts"
+        );
+    }
     if let Some(deprecated) = decision.change.deprecated {
         shared.metrics.group_restarts.inc();
         lock(&shared.restarts).insert(key.clone(), (deprecated, Instant::now()));
@@ -688,7 +854,14 @@ async fn write_failed(
         &state.resource_version,
         json!({"conditions": conditions, "terminalState": "Failed"}),
     );
-    let Some(js) = patch_status(shared, key, &patch, "failed").await? else {
+    let applied = |js: &JobSet| {
+        js.conditions().iter().any(|c| {
+            c.type_ == "Failed"
+                && c.status == "True"
+                && c.reason.as_deref() == Some(REACHED_MAX_RESTARTS)
+        })
+    };
+    let Some(js) = patch_status(shared, key, &patch, "failed", applied).await? else {
         return Ok(false);
     };
     lock(&shared.index).record_write(key, &js);
@@ -772,5 +945,43 @@ mod tests {
         assert_eq!(q.next().await, key("b"));
         q.done(&a);
         assert_eq!(q.next().await, key("a"));
+    }
+
+    #[tokio::test]
+    async fn queue_is_bounded_by_the_keys_however_many_triggers() {
+        let q = Queue::default();
+        for i in 0..10_000 {
+            q.add(key(&format!("k{}", i % 3)));
+        }
+        assert_eq!(q.len(), 3);
+        assert_eq!(q.lock().ready.len(), 3);
+        // A key being evaluated takes one more pass, however many triggers come meanwhile.
+        let k = q.next().await;
+        q.start(&k);
+        for _ in 0..1_000 {
+            q.add(k.clone());
+        }
+        assert_eq!(q.lock().again.len(), 1);
+        q.done(&k);
+        assert_eq!(q.len(), 3);
+        for _ in 0..3 {
+            let k = q.next().await;
+            q.start(&k);
+            q.done(&k);
+        }
+        let s = q.lock();
+        assert!(
+            s.ready.is_empty() && s.queued.is_empty() && s.busy.is_empty() && s.again.is_empty()
+        );
+    }
+
+    #[test]
+    fn retries_back_off_and_honour_retry_after() {
+        let ms = Duration::from_millis;
+        assert_eq!(retry_delay(1, None), ms(400));
+        assert_eq!(retry_delay(2, None), ms(800));
+        assert_eq!(retry_delay(40, None), ms(10_000));
+        assert_eq!(retry_delay(1, Some(ms(3_000))), ms(3_000));
+        assert_eq!(retry_delay(40, Some(ms(3_000))), ms(10_000));
     }
 }

@@ -9,7 +9,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
 
 use crate::jobset::JobSet;
-use crate::protocol::{Dialect, EpochStatus, JOBSET_NAME_LABEL, PodView, ReconcileInput};
+use crate::protocol::{Dialect, Epoch, EpochStatus, JOBSET_NAME_LABEL, PodView, ReconcileInput};
 
 /// `(namespace, JobSet name)`.
 pub type Key = (String, String);
@@ -108,6 +108,7 @@ impl WatchedPod {
                 .and_then(|a| a.get(dialect.pod_annotation()))
                 .cloned(),
             max_restart_count,
+            counted_in_last_sync: false,
         }
     }
 }
@@ -217,6 +218,10 @@ pub struct Index {
     pods: HashMap<Key, PodSet>,
     /// Pod name → its JobSet key, to handle a pod whose label changes or that is deleted.
     pod_owner: HashMap<(String, String), Key>,
+    /// Per JobSet, the synced epoch this process last wrote and the pods it counted then.
+    last_sync: HashMap<Key, (Epoch, HashSet<String>)>,
+    /// Per JobSet, the highest deprecated epoch this process wrote.
+    last_deprecated: HashMap<Key, Epoch>,
     /// Keys seen since the last `Init` of each watch, for relist clean-up.
     jobset_relist: Option<HashSet<Key>>,
     pod_relist: Option<HashSet<(String, String)>>,
@@ -229,6 +234,8 @@ impl Index {
             jobsets: HashMap::new(),
             pods: HashMap::new(),
             pod_owner: HashMap::new(),
+            last_sync: HashMap::new(),
+            last_deprecated: HashMap::new(),
             jobset_relist: None,
             pod_relist: None,
         }
@@ -272,8 +279,10 @@ impl Index {
     }
 
     pub fn delete_jobset(&mut self, namespace: &str, name: &str) {
-        self.jobsets
-            .remove(&(namespace.to_owned(), name.to_owned()));
+        let key = (namespace.to_owned(), name.to_owned());
+        self.jobsets.remove(&key);
+        self.last_sync.remove(&key);
+        self.last_deprecated.remove(&key);
     }
 
     /// Applies a pod; returns the keys of the JobSets whose input changed (two when the pod moved
@@ -298,7 +307,11 @@ impl Index {
         let Some(key) = new_key else {
             return changed;
         };
-        let view = pod.view(self.dialect);
+        let mut view = pod.view(self.dialect);
+        view.counted_in_last_sync = self
+            .last_sync
+            .get(&key)
+            .is_some_and(|(_, counted)| counted.contains(&name));
         let pods = self.pods.entry(key.clone()).or_default();
         if pods.get(&name) != Some(&view) {
             pods.insert(view);
@@ -329,16 +342,34 @@ impl Index {
         self.jobset_relist = Some(HashSet::new());
     }
 
-    /// The JobSet relist is complete: forgets JobSets it did not contain.
-    pub fn jobsets_relisted(&mut self) {
-        if let Some(seen) = self.jobset_relist.take() {
-            self.jobsets.retain(|k, _| seen.contains(k));
+    /// The JobSet relist is complete: forgets JobSets it did not contain (deleted while the
+    /// watch was down) and returns their keys, so that state kept per JobSet elsewhere goes too.
+    pub fn jobsets_relisted(&mut self) -> Vec<Key> {
+        let Some(seen) = self.jobset_relist.take() else {
+            return Vec::new();
+        };
+        let mut gone: Vec<Key> = self
+            .jobsets
+            .keys()
+            .filter(|k| !seen.contains(*k))
+            .cloned()
+            .collect();
+        gone.sort();
+        for k in &gone {
+            self.jobsets.remove(k);
         }
+        gone
     }
 
     /// A pod watch (re)lists.
     pub fn pods_relisting(&mut self) {
         self.pod_relist = Some(HashSet::new());
+    }
+
+    /// A pod relist is in progress: the pods seen so far are listed anew, the others are as
+    /// they were, so the set is no consistent view and nothing is decided on it.
+    pub fn pods_relisting_in_progress(&self) -> bool {
+        self.pod_relist.is_some()
     }
 
     /// The pod relist is complete: forgets pods it did not contain; returns the affected keys.
@@ -363,10 +394,39 @@ impl Index {
     }
 
     /// Records a status this process wrote, so the next decision starts from it even before the
-    /// watch delivers it.
+    /// watch delivers it. A JobSet deleted meanwhile (the watch's delete came first) stays
+    /// forgotten: the answer to a write must not bring it back into the index.
     pub fn record_write(&mut self, key: &Key, js: &JobSet) {
-        let state = JobSetState::from_jobset(js, self.dialect);
-        self.jobsets.insert(key.clone(), state);
+        if let Some(state) = self.jobsets.get_mut(key) {
+            *state = JobSetState::from_jobset(js, self.dialect);
+        }
+    }
+
+    /// Records a synced epoch this process wrote and the pods it counted.
+    pub fn record_sync(&mut self, key: &Key, epoch: Epoch, counted: &[String]) {
+        let counted: HashSet<String> = counted.iter().cloned().collect();
+        if let Some(pods) = self.pods.get_mut(key) {
+            for view in &mut pods.views {
+                view.counted_in_last_sync = counted.contains(&view.name);
+            }
+        }
+        self.last_sync.insert(key.clone(), (epoch, counted));
+    }
+
+    /// Records a deprecated epoch this process wrote.
+    pub fn record_deprecated(&mut self, key: &Key, epoch: Epoch) {
+        let d = self.last_deprecated.entry(key.clone()).or_insert(epoch);
+        *d = (*d).max(epoch);
+    }
+
+    /// The highest deprecated epoch this process wrote for a JobSet.
+    pub fn last_deprecated(&self, key: &Key) -> Option<Epoch> {
+        self.last_deprecated.get(key).copied()
+    }
+
+    /// The synced epoch this process last wrote for a JobSet.
+    pub fn last_synced(&self, key: &Key) -> Option<Epoch> {
+        self.last_sync.get(key).map(|(epoch, _)| *epoch)
     }
 
     /// A JobSet and its pods, borrowed: the worker runs the pure decision on them in place.
@@ -415,6 +475,8 @@ pub fn reconcile_input<'a>(
     dialect: Dialect,
     js: &JobSetState,
     pods: &'a [PodView],
+    last_synced: Option<Epoch>,
+    last_deprecated: Option<Epoch>,
 ) -> ReconcileInput<'a> {
     ReconcileInput {
         dialect,
@@ -423,6 +485,8 @@ pub fn reconcile_input<'a>(
         status: js.status,
         restarts: js.restarts,
         restarts_count_towards_max: js.restarts_count_towards_max,
+        last_synced,
+        last_deprecated,
         pods,
     }
 }
@@ -554,8 +618,23 @@ mod tests {
         index.apply_jobset(&jobset("b", None));
         index.jobsets_relisting();
         index.apply_jobset(&jobset("b", None));
-        index.jobsets_relisted();
+        assert_eq!(index.jobsets_relisted(), vec![key("a")]);
         assert_eq!(index.jobset_count(), 1);
         assert_eq!(index.active_keys(), vec![key("b")]);
+    }
+
+    #[test]
+    fn a_write_answer_does_not_bring_back_a_deleted_jobset() {
+        let mut index = Index::new(Dialect::Epoch);
+        index.apply_jobset(&jobset("a", None));
+        index.record_write(&key("a"), &jobset("a", Some(1)));
+        assert_eq!(
+            index.jobset(&key("a")).map(|s| s.status.synced),
+            Some(Some(1))
+        );
+        index.delete_jobset("ns", "a");
+        index.record_write(&key("a"), &jobset("a", Some(2)));
+        assert_eq!(index.jobset_count(), 0);
+        assert!(index.get(&key("a")).is_none());
     }
 }

@@ -33,6 +33,17 @@ struct ResponseLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CutLabels {
+    listener: &'static str,
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ListenerLabels {
+    listener: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabels {
     result: &'static str,
 }
@@ -72,6 +83,11 @@ fn outcome_index(outcome: Outcome) -> usize {
 /// - `jobset_inplace_admission_in_flight_requests`: requests being answered;
 /// - `jobset_inplace_tls_handshake_failures_total`: TLS handshakes that failed or timed out;
 /// - `jobset_inplace_connections_open{listener}`: open connections (`https`, `health`);
+/// - `jobset_inplace_connections_closed_by_server_total{listener,reason}`: connections the
+///   server closed on its own: `header_timeout` (handshake or request head too slow),
+///   `idle_timeout`, `evicted` (to make room under `--max-connections`);
+/// - `jobset_inplace_connection_limit_reached_total{listener}`: times every connection slot was
+///   taken and new connections had to wait;
 /// - `jobset_inplace_tls_certificate_reloads_total{result}`: reloads of the serving certificate
 ///   (`success`, `failure`);
 /// - `jobset_inplace_tls_certificate_loaded_timestamp_seconds`: when the serving certificate in
@@ -88,6 +104,8 @@ pub struct Metrics {
     handshake_failures: Counter,
     https_connections: Gauge,
     health_connections: Gauge,
+    closed_by_server: Family<CutLabels, Counter>,
+    limit_reached: Family<ListenerLabels, Counter>,
     reloads: Family<ResultLabels, Counter>,
     cert_loaded: Gauge<f64, AtomicU64>,
 }
@@ -161,6 +179,19 @@ impl Metrics {
         let https_connections = connections.get_or_create_owned(&vec![("listener", "https")]);
         let health_connections = connections.get_or_create_owned(&vec![("listener", "health")]);
 
+        let closed_by_server = Family::<CutLabels, Counter>::default();
+        registry.register(
+            "connections_closed_by_server",
+            "Connections the server closed on its own, by listener and reason (header_timeout, idle_timeout, evicted)",
+            closed_by_server.clone(),
+        );
+        let limit_reached = Family::<ListenerLabels, Counter>::default();
+        registry.register(
+            "connection_limit_reached",
+            "Times every connection slot of a listener was taken and new connections waited",
+            limit_reached.clone(),
+        );
+
         let reloads = Family::<ResultLabels, Counter>::default();
         registry.register(
             "tls_certificate_reloads",
@@ -194,6 +225,8 @@ impl Metrics {
             handshake_failures,
             https_connections,
             health_connections,
+            closed_by_server,
+            limit_reached,
             reloads,
             cert_loaded,
         }
@@ -227,6 +260,23 @@ impl Metrics {
         };
         gauge.inc();
         InFlight(gauge.clone())
+    }
+
+    /// Counts a connection the server closed on its own.
+    pub fn connection_cut(&self, listener: &'static str, cut: crate::webhook::conn::Cut) {
+        self.closed_by_server
+            .get_or_create(&CutLabels {
+                listener,
+                reason: cut.as_str(),
+            })
+            .inc();
+    }
+
+    /// Counts a time every connection slot of `listener` was taken.
+    pub fn connection_limit_reached(&self, listener: &'static str) {
+        self.limit_reached
+            .get_or_create(&ListenerLabels { listener })
+            .inc();
     }
 
     pub fn handshake_failed(&self) {

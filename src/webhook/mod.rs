@@ -7,11 +7,14 @@
 //!   `0.0.0.0:8081`);
 //! - the serving certificate from `--tls-cert`/`--tls-key`, or generated with a CA into
 //!   `--cert-dir` when neither is given; reloaded when its files change;
-//! - graceful shutdown on SIGTERM/SIGINT.
+//! - limits on slow, idle, many and large clients: `--header-read-timeout`, `--idle-timeout`,
+//!   `--body-read-timeout`, `--max-connections`, `--max-body-bytes-in-flight`;
+//! - graceful shutdown on SIGTERM/SIGINT, after an optional drain (`--shutdown-delay`).
 //!
 //! [`serve`] runs it all on listeners the caller bound (tests and benchmarks bind
 //! `127.0.0.1:0`).
 
+pub mod conn;
 pub mod metrics;
 pub mod server;
 pub mod tls;
@@ -23,12 +26,12 @@ use std::time::Duration;
 
 use tokio::net::TcpListener;
 
-pub use server::{ServeOptions, Webhook, health_router, router, serve};
+pub use server::{BodyLimits, ServeOptions, Webhook, health_router, router, router_with, serve};
 pub use tls::ReloadingCert;
 
 use crate::admission::{self, InjectionConfig, config::InjectionArgs};
 use crate::certs;
-use crate::cli::{Global, parse_duration};
+use crate::cli::{Global, parse_bytes, parse_duration};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -127,12 +130,41 @@ pub struct Args {
     #[arg(long, env = "JOBSET_INPLACE_CERT_RELOAD_INTERVAL", default_value = "5s", value_parser = parse_duration, value_name = "DURATION")]
     pub cert_reload_interval: Duration,
 
-    /// Longest wait for a request's headers or a TLS handshake; idle keep-alive connections are
-    /// closed after it as well.
+    /// Longest wait for a TLS handshake, and for a request's head (from the handshake for the
+    /// first request, from its first byte for the next ones); the connection is closed after it.
     #[arg(long, env = "JOBSET_INPLACE_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]
     pub header_read_timeout: Duration,
 
-    /// On SIGTERM/SIGINT, longest wait for in-flight requests.
+    /// Longest a keep-alive connection may sit idle between requests. Above the API server's own
+    /// idle timeout (90s), so that it, not the webhook, closes the connections it keeps.
+    #[arg(long, env = "JOBSET_INPLACE_IDLE_TIMEOUT", default_value = "120s", value_parser = parse_duration, value_name = "DURATION")]
+    pub idle_timeout: Duration,
+
+    /// Longest wait for a request's body once its head is in: 408 after it.
+    #[arg(long, env = "JOBSET_INPLACE_BODY_READ_TIMEOUT", default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]
+    pub body_read_timeout: Duration,
+
+    /// Most connections open at once, on each listener. Beyond it new connections wait, and idle
+    /// ones (and handshakes or request heads stuck for a second) are closed to make room.
+    #[arg(long, env = "JOBSET_INPLACE_MAX_CONNECTIONS", default_value_t = server::DEFAULT_MAX_CONNECTIONS as u32, value_parser = clap::value_parser!(u32).range(1..), value_name = "N")]
+    pub max_connections: u32,
+
+    /// Most request-body bytes held in memory at once, across requests (`64Mi`, `512Ki`,
+    /// bytes; at least 7Mi, one body at the size limit). Bytes are counted as they arrive; a
+    /// request that finds no room waits up to a second, then gets 429 with Retry-After (the API
+    /// server retries it).
+    #[arg(long, env = "JOBSET_INPLACE_MAX_BODY_BYTES_IN_FLIGHT", default_value = "64Mi", value_parser = parse_body_budget, value_name = "BYTES")]
+    pub max_body_bytes_in_flight: usize,
+
+    /// On SIGTERM/SIGINT, how long to go on serving first: not ready, every answer closing its
+    /// connection, while the Service's endpoints drop this pod. Clients then neither send a
+    /// request on a connection being closed nor find the port closed (the API server retries
+    /// neither for a webhook call). Keep it plus --shutdown-timeout below the pod's
+    /// terminationGracePeriodSeconds.
+    #[arg(long, env = "JOBSET_INPLACE_SHUTDOWN_DELAY", default_value = "0s", value_parser = parse_duration, value_name = "DURATION")]
+    pub shutdown_delay: Duration,
+
+    /// On SIGTERM/SIGINT, after --shutdown-delay, longest wait for in-flight requests.
     #[arg(long, env = "JOBSET_INPLACE_SHUTDOWN_TIMEOUT", default_value = "25s", value_parser = parse_duration, value_name = "DURATION")]
     pub shutdown_timeout: Duration,
 
@@ -265,11 +297,17 @@ impl Args {
         let https = bind("--addr", self.addr).await?;
         let health = bind("--health-addr", self.health_addr).await?;
         let options = ServeOptions {
-            tls_cert: cert,
-            tls_key: key,
             reload_interval: self.cert_reload_interval,
             header_read_timeout: self.header_read_timeout,
+            idle_timeout: self.idle_timeout,
+            max_connections: self.max_connections as usize,
+            body: BodyLimits {
+                read_timeout: self.body_read_timeout,
+                bytes_in_flight: self.max_body_bytes_in_flight,
+            },
+            shutdown_delay: self.shutdown_delay,
             shutdown_grace: self.shutdown_timeout,
+            ..ServeOptions::new(cert, key)
         };
         serve(
             https,
@@ -281,6 +319,18 @@ impl Args {
         .await?;
         Ok(ExitCode::SUCCESS)
     }
+}
+
+/// `--max-body-bytes-in-flight`: a size ([`parse_bytes`]) of at least one body at the limit.
+fn parse_body_budget(text: &str) -> Result<usize, String> {
+    let bytes = parse_bytes(text)?;
+    if bytes < admission::MAX_BODY_BYTES {
+        return Err(format!(
+            "{text:?} is below {} bytes (7Mi), the largest request body",
+            admission::MAX_BODY_BYTES
+        ));
+    }
+    Ok(bytes)
 }
 
 async fn bind(flag: &'static str, addr: SocketAddr) -> Result<TcpListener, Error> {
@@ -305,6 +355,20 @@ mod tests {
         assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
         assert!(parse_duration("ten").is_err());
         assert!(parse_duration("5d").is_err());
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_bytes("65536"), Ok(65536));
+        assert_eq!(parse_bytes("512Ki"), Ok(512 << 10));
+        assert_eq!(parse_bytes("64Mi"), Ok(64 << 20));
+        assert_eq!(parse_bytes("64MiB"), Ok(64 << 20));
+        assert_eq!(parse_bytes("1Gi"), Ok(1 << 30));
+        assert!(parse_bytes("64M").is_err());
+        assert!(parse_bytes("Mi").is_err());
+        assert!(parse_bytes("-1").is_err());
+        assert!(parse_body_budget("7Mi").is_ok());
+        assert!(parse_body_budget("6Mi").is_err());
     }
 
     fn webhook_args(args: &[&str]) -> Args {
@@ -340,5 +404,35 @@ mod tests {
         assert_eq!(args.health_addr.to_string(), "0.0.0.0:8081");
         assert_eq!(args.cert_dir, PathBuf::from("certs"));
         assert_eq!(args.shutdown_timeout, Duration::from_secs(25));
+        assert_eq!(args.idle_timeout, Duration::from_secs(120));
+        assert_eq!(args.body_read_timeout, Duration::from_secs(10));
+        assert_eq!(args.max_connections, 512);
+        assert_eq!(args.max_body_bytes_in_flight, 64 << 20);
+    }
+
+    #[test]
+    fn connection_and_body_limits() {
+        let args = webhook_args(&[
+            "--max-connections",
+            "8",
+            "--max-body-bytes-in-flight",
+            "16Mi",
+            "--idle-timeout",
+            "30s",
+        ]);
+        assert_eq!(args.max_connections, 8);
+        assert_eq!(args.max_body_bytes_in_flight, 16 << 20);
+        assert_eq!(args.idle_timeout, Duration::from_secs(30));
+        for bad in [
+            ["--max-connections", "0"],
+            ["--max-body-bytes-in-flight", "1Mi"],
+            ["--max-body-bytes-in-flight", "lots"],
+        ] {
+            let err = Cli::try_parse_from(["jobset-inplace", "webhook"].iter().chain(&bad))
+                .expect_err("rejected");
+            let line = crate::cli::one_line_error(&err);
+            assert!(line.contains(bad[0]), "{line}");
+            assert!(line.contains("JOBSET_INPLACE_"), "{line}");
+        }
     }
 }

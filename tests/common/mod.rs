@@ -4,6 +4,11 @@
 
 use std::path::{Path, PathBuf};
 
+// Shared with the fuzz targets (fuzz/src/lib.rs includes the same file).
+mod value_path;
+#[allow(unused_imports)]
+pub use value_path::review_through_value;
+
 use jobset_inplace::admission::InjectionConfig;
 use jobset_inplace::admission::config::InjectionArgs;
 use serde_json::Value;
@@ -99,4 +104,28 @@ pub fn schema_errors(schema: &jsonschema::Validator, object: &Value) -> Vec<Stri
         .iter_errors(object)
         .map(|e| format!("{}: {e}", e.instance_path))
         .collect()
+}
+
+/// The `warnings` of an AdmissionResponse.
+pub fn warnings(response: &Value) -> Vec<String> {
+    response["warnings"]
+        .as_array()
+        .map(|w| {
+            w.iter()
+                .filter_map(|s| s.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The `field` of each cause of an AdmissionResponse's denial `Status`.
+pub fn violation_fields(response: &Value) -> Vec<String> {
+    response["status"]["details"]["causes"]
+        .as_array()
+        .map(|c| {
+            c.iter()
+                .filter_map(|c| c["field"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
 }

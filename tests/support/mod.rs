@@ -115,18 +115,7 @@ impl TestServer {
 
     /// GET on the plain-HTTP health listener: (status, body).
     pub async fn health_get(&self, path: &str) -> std::io::Result<(u16, String)> {
-        let mut tcp = TcpStream::connect(self.health).await?;
-        let request =
-            format!("GET {path} HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n");
-        tcp.write_all(request.as_bytes()).await?;
-        let mut raw = Vec::new();
-        tcp.read_to_end(&mut raw).await?;
-        let response =
-            parse_response(&raw).ok_or_else(|| std::io::Error::other("incomplete response"))?;
-        Ok((
-            response.status,
-            String::from_utf8_lossy(&response.body).into_owned(),
-        ))
+        health_get(self.health, path).await
     }
 
     /// A new TLS connection to the HTTPS listener.
@@ -170,6 +159,21 @@ impl Drop for TestServer {
             task.abort();
         }
     }
+}
+
+/// GET on a plain-HTTP health listener: (status, body).
+pub async fn health_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
+    let mut tcp = TcpStream::connect(addr).await?;
+    let request = format!("GET {path} HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n");
+    tcp.write_all(request.as_bytes()).await?;
+    let mut raw = Vec::new();
+    tcp.read_to_end(&mut raw).await?;
+    let response =
+        parse_response(&raw).ok_or_else(|| std::io::Error::other("incomplete response"))?;
+    Ok((
+        response.status,
+        String::from_utf8_lossy(&response.body).into_owned(),
+    ))
 }
 
 /// A rustls client config trusting only the CA in `ca_cert` (ring provider).
@@ -476,4 +480,126 @@ pub fn jobset_review(uid: &str, replicated_jobs: usize, env_vars: usize) -> Vec<
         }
     });
     serde_json::to_vec(&review).expect("serialize")
+}
+
+/// `jobset-inplace webhook` as a child process on ephemeral loopback ports (learnt from its
+/// "webhook serving" log line), serving `--tls-cert`/`--tls-key`; killed when dropped.
+pub struct Replica {
+    pub child: tokio::process::Child,
+    pub https: SocketAddr,
+    pub health: SocketAddr,
+    /// Its log lines (JSON), as they come.
+    pub logs: Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl Replica {
+    /// Starts the binary with `--tls-cert cert --tls-key key` and `extra` flags, and waits until
+    /// `/readyz` answers 200. The binary is this build's, or `$JOBSET_INPLACE_WEBHOOK_BIN` (e.g.
+    /// the musl build the image ships).
+    pub async fn start(cert: &Path, key: &Path, extra: &[&str]) -> Replica {
+        use tokio::io::AsyncBufReadExt as _;
+        let bin = std::env::var_os("JOBSET_INPLACE_WEBHOOK_BIN")
+            .unwrap_or_else(|| env!("CARGO_BIN_EXE_jobset-inplace").into());
+        let mut child = tokio::process::Command::new(bin)
+            .args(["--log-format", "json", "webhook"])
+            .args(["--addr", "127.0.0.1:0", "--health-addr", "127.0.0.1:0"])
+            .arg("--tls-cert")
+            .arg(cert)
+            .arg("--tls-key")
+            .arg(key)
+            .args(extra)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn jobset-inplace webhook");
+        let stderr = child.stderr.take().expect("stderr");
+        let mut lines = tokio::io::BufReader::new(stderr).lines();
+        let logs = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut addrs = None;
+        while addrs.is_none() {
+            let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+                .await
+                .expect("the webhook logs in time")
+                .expect("read stderr");
+            let Some(line) = line else {
+                panic!(
+                    "the webhook exited before serving: {:?}",
+                    logs.lock().expect("logs")
+                );
+            };
+            if let Ok(entry) = serde_json::from_str::<serde_json::Value>(&line)
+                && entry["message"] == "webhook serving"
+            {
+                let addr = |field: &str| -> SocketAddr {
+                    entry[field]
+                        .as_str()
+                        .and_then(|a| a.parse().ok())
+                        .unwrap_or_else(|| panic!("no {field} address in {line}"))
+                };
+                addrs = Some((addr("https"), addr("health")));
+            }
+            logs.lock().expect("logs").push(line);
+        }
+        let collected = logs.clone();
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = lines.next_line().await {
+                collected.lock().expect("logs").push(line);
+            }
+        });
+        let (https, health) = addrs.expect("addresses");
+        let replica = Replica {
+            child,
+            https,
+            health,
+            logs,
+        };
+        for _ in 0..500 {
+            if let Ok((200, _)) = replica.health_get("/readyz").await {
+                return replica;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("the webhook replica did not get ready");
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id().expect("running") as i32
+    }
+
+    /// Sends SIGTERM.
+    pub fn terminate(&self) {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.pid()),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .expect("SIGTERM");
+    }
+
+    /// Waits for the process to exit.
+    pub async fn wait(&mut self, limit: Duration) -> std::process::ExitStatus {
+        tokio::time::timeout(limit, self.child.wait())
+            .await
+            .expect("the webhook exits in time")
+            .expect("wait")
+    }
+
+    /// GET on the plain-HTTP health listener: (status, body).
+    pub async fn health_get(&self, path: &str) -> std::io::Result<(u16, String)> {
+        health_get(self.health, path).await
+    }
+
+    /// VmRSS of the process, in KiB (Linux).
+    pub fn rss_kib(&self) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).ok()?;
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))?
+            .trim()
+            .trim_end_matches("kB")
+            .trim()
+            .parse()
+            .ok()
+    }
 }

@@ -14,6 +14,7 @@ use serde_json::{Value, json};
 use tokio::time::Instant;
 
 use super::Shared;
+use super::chaos;
 use super::error::ApiError;
 use super::faults::Verb;
 use super::patch::PatchType;
@@ -322,6 +323,62 @@ async fn resource(
     if let Some(e) = sh.faults().take(verb, &counted) {
         return Err(e);
     }
+    let plan = chaos_plan(sh, parts, verb, &counted, &t, &params);
+    if !plan.delay.is_zero() {
+        tokio::time::sleep(plan.delay).await;
+    }
+    if let Some(e) = plan.error {
+        return Err(e);
+    }
+    let result = handle_verb(sh, parts, body, &t, &params, verb, plan.watch_cut).await;
+    if plan.lose_response
+        && result.is_ok()
+        && let Some(chaos) = sh.chaos().as_mut()
+    {
+        chaos.lost_response();
+        return Err(ApiError::new(
+            500,
+            "InternalError",
+            "an error on the server (injected) has prevented the response from being sent; \
+             the request was applied",
+        ));
+    }
+    result
+}
+
+/// Chaos mode's plan for this request: nothing when chaos is off or the client is exempt.
+fn chaos_plan(
+    sh: &Shared,
+    parts: &axum::http::request::Parts,
+    verb: Verb,
+    counted: &str,
+    t: &Target,
+    params: &Params,
+) -> chaos::Plan {
+    let mut guard = sh.chaos();
+    let Some(chaos) = guard.as_mut() else {
+        return chaos::Plan::default();
+    };
+    if parts.headers.contains_key(chaos::EXEMPT_HEADER) {
+        chaos.exempt();
+        return chaos::Plan::default();
+    }
+    let opt = |s: &Option<String>| s.clone().unwrap_or_default();
+    let (ns, name) = (opt(&t.namespace), opt(&t.name));
+    let (labels, fields) = (opt(&params.label_selector), opt(&params.field_selector));
+    chaos.plan(verb, &[counted, &ns, &name, &labels, &fields])
+}
+
+async fn handle_verb(
+    sh: &Arc<Shared>,
+    parts: &axum::http::request::Parts,
+    body: Body,
+    t: &Target,
+    params: &Params,
+    verb: Verb,
+    watch_cut: Option<Duration>,
+) -> Result<Response, ApiError> {
+    let rt = sh.registry.get(t.res).clone();
     let body = axum::body::to_bytes(body, MAX_BODY)
         .await
         .map_err(|_| ApiError::new(413, "RequestEntityTooLarge", "the request is too large"))?;
@@ -333,8 +390,8 @@ async fn resource(
             let e = sh.store().get_or_404(t.res, ns, name)?;
             Ok(object_response(200, &e.json))
         }
-        Verb::List => list(sh, &t, &params),
-        Verb::Watch => watch(sh, &t, &params),
+        Verb::List => list(sh, t, params),
+        Verb::Watch => watch(sh, t, params, watch_cut),
         Verb::Create => {
             let obj = parse_body(&body)?;
             let e = sh.store().create(t.res, ns, obj, &params.write_opts())?;
@@ -366,12 +423,12 @@ async fn resource(
             Ok(object_response(if created { 201 } else { 200 }, &e.json))
         }
         Verb::Delete => {
-            let d = delete_opts(&params, &body)?;
+            let d = delete_opts(params, &body)?;
             let (e, gone) = sh.store().delete(t.res, ns, name, &d)?;
             Ok(object_response(if gone { 200 } else { 202 }, &e.json))
         }
         Verb::DeleteCollection => {
-            let d = delete_opts(&params, &body)?;
+            let d = delete_opts(params, &body)?;
             let filter = params.filter(&sh.registry, t.res, t.namespace.as_deref())?;
             let mut store = sh.store();
             let page = store.list(
@@ -494,7 +551,12 @@ fn list(sh: &Arc<Shared>, t: &Target, params: &Params) -> Result<Response, ApiEr
     ))
 }
 
-fn watch(sh: &Arc<Shared>, t: &Target, params: &Params) -> Result<Response, ApiError> {
+fn watch(
+    sh: &Arc<Shared>,
+    t: &Target,
+    params: &Params,
+    cut: Option<Duration>,
+) -> Result<Response, ApiError> {
     let filter = params.filter(&sh.registry, t.res, t.namespace.as_deref())?;
     if params.send_initial_events && !params.allow_bookmarks {
         return Err(ApiError::new(
@@ -532,6 +594,7 @@ fn watch(sh: &Arc<Shared>, t: &Target, params: &Params) -> Result<Response, ApiE
         rx: start.rx,
         initial_end: params.send_initial_events.then_some(start.rv),
         deadline: Instant::now() + timeout,
+        cut_at: cut.map(|c| Instant::now() + c),
         bookmarks: params
             .allow_bookmarks
             .then(|| watch::bookmark_interval(period)),

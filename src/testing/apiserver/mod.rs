@@ -42,7 +42,9 @@
 //!   `status` subresource, `dryRun=All`;
 //! - one resourceVersion counter for all resources, uids, `creationTimestamp`, `generation`;
 //! - request counters by verb and resource, and fault injection: failures, latency, cut
-//!   watches, history compaction.
+//!   watches, history compaction; and a seeded chaos mode drawing 500s, 409s, 429s with
+//!   `Retry-After`, lost write responses, latency spikes and watch cuts at random
+//!   ([`chaos`]).
 //!
 //! Not supported: protobuf, table output, `PartialObjectMetadata` conversion (full objects are
 //! returned), field ownership in `managedFields`, strategic-merge list merging (lists are
@@ -51,6 +53,7 @@
 //! collection by owner references, and storage shared between core/v1 and events.k8s.io/v1
 //! events (they are separate stores here).
 
+pub mod chaos;
 pub mod error;
 pub mod faults;
 mod http;
@@ -72,6 +75,7 @@ use serde_json::Value;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+pub use chaos::{Chaos, ChaosStats, EXEMPT_HEADER};
 pub use error::ApiError;
 pub use faults::{Counters, FaultRule, Matcher, Verb};
 pub use patch::PatchType;
@@ -115,6 +119,7 @@ pub(crate) struct Shared {
     registry: Arc<Registry>,
     store: Mutex<Store>,
     faults: Mutex<faults::Faults>,
+    chaos: Mutex<Option<chaos::ChaosState>>,
     counters: Mutex<Counters>,
     bookmark_period: Mutex<Duration>,
     shutting_down: AtomicBool,
@@ -131,6 +136,10 @@ impl Shared {
 
     pub(crate) fn faults(&self) -> MutexGuard<'_, faults::Faults> {
         lock(&self.faults)
+    }
+
+    pub(crate) fn chaos(&self) -> MutexGuard<'_, Option<chaos::ChaosState>> {
+        lock(&self.chaos)
     }
 
     pub(crate) fn count(&self, verb: Verb, resource: &str) {
@@ -193,6 +202,7 @@ impl TestApiServer {
             registry,
             store: Mutex::new(store),
             faults: Mutex::new(faults::Faults::default()),
+            chaos: Mutex::new(None),
             counters: Mutex::new(Counters::default()),
             bookmark_period: Mutex::new(opts.bookmark_interval),
             shutting_down: AtomicBool::new(false),
@@ -255,6 +265,24 @@ impl TestApiServer {
     pub fn client(&self) -> kube::Client {
         let _ = rustls::crypto::ring::default_provider().install_default();
         match kube::Client::try_from(self.config()) {
+            Ok(c) => c,
+            Err(e) => panic!("test API server: cannot build a kube client: {e}"),
+        }
+    }
+
+    /// A `kube::Client` whose requests carry [`EXEMPT_HEADER`]: chaos mode leaves them alone
+    /// (deterministic fault rules still apply). For the simulated environment's own writes.
+    ///
+    /// # Panics
+    /// As [`TestApiServer::client`].
+    pub fn exempt_client(&self) -> kube::Client {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let mut config = self.config();
+        config.headers.push((
+            axum::http::HeaderName::from_static(EXEMPT_HEADER),
+            axum::http::HeaderValue::from_static("true"),
+        ));
+        match kube::Client::try_from(config) {
             Ok(c) => c,
             Err(e) => panic!("test API server: cannot build a kube client: {e}"),
         }
@@ -328,6 +356,15 @@ impl TestApiServer {
 
     /// The objects of a resource (in one namespace, or all), sorted by namespace and name.
     pub fn list(&self, resource: &str, ns: Option<&str>) -> Vec<Value> {
+        self.list_shared(resource, ns)
+            .iter()
+            .map(|e| e.value.clone())
+            .collect()
+    }
+
+    /// [`TestApiServer::list`]'s objects shared with the store rather than copied: for observers
+    /// that read many objects often.
+    pub fn list_shared(&self, resource: &str, ns: Option<&str>) -> Vec<Arc<store::Entry>> {
         let Ok(res) = self.resolve(resource) else {
             return Vec::new();
         };
@@ -341,7 +378,7 @@ impl TestApiServer {
         self.shared
             .store()
             .list(res, &q)
-            .map(|p| p.items.iter().map(|e| e.value.clone()).collect())
+            .map(|p| p.items)
             .unwrap_or_default()
     }
 
@@ -589,6 +626,21 @@ impl TestApiServer {
     /// Changes the BOOKMARK interval of watches started from now on.
     pub fn set_bookmark_interval(&self, d: Duration) {
         *lock(&self.shared.bookmark_period) = d;
+    }
+
+    /// Turns chaos mode on with `chaos` (replacing any previous config and its counts), or off
+    /// with `None`. See [`chaos`].
+    pub fn set_chaos(&self, chaos: Option<Chaos>) {
+        *self.shared.chaos() = chaos.map(chaos::ChaosState::new);
+    }
+
+    /// What chaos mode injected since it was last set (zero when off).
+    pub fn chaos_stats(&self) -> ChaosStats {
+        self.shared
+            .chaos()
+            .as_ref()
+            .map(chaos::ChaosState::stats)
+            .unwrap_or_default()
     }
 }
 

@@ -44,6 +44,8 @@ pub(crate) struct Session {
     /// `sendInitialEvents`: the resourceVersion of the bookmark that ends the initial events.
     pub initial_end: Option<u64>,
     pub deadline: Instant,
+    /// Chaos mode: when the server cuts this watch (aborts its connection).
+    pub cut_at: Option<Instant>,
     pub bookmarks: Option<Interval>,
     pub api_version: String,
     pub kind: String,
@@ -62,6 +64,13 @@ pub(crate) fn bookmark_interval(period: Duration) -> Interval {
     let mut i = tokio::time::interval_at(Instant::now() + period, period);
     i.set_missed_tick_behavior(MissedTickBehavior::Delay);
     i
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
 }
 
 async fn tick(i: &mut Option<Interval>) {
@@ -121,6 +130,16 @@ impl Session {
                             )))
                         }
                     };
+                }
+                _ = sleep_until(self.cut_at) => {
+                    self.finished = true;
+                    if let Some(chaos) = self.shared.chaos().as_mut() {
+                        chaos.watch_cut();
+                    }
+                    return Some(Err(std::io::Error::new(
+                        std::io::ErrorKind::ConnectionAborted,
+                        "watch cut by the server (injected)",
+                    )));
                 }
                 _ = tokio::time::sleep_until(self.deadline) => {
                     self.finished = true;

@@ -246,15 +246,16 @@ pub fn field_ref(pod: &Value, path: &str) -> Option<String> {
 
 /// The action of the first of a container's `restartPolicyRules` that covers an exit code.
 pub fn rule_action(container: &Value, code: i32) -> Option<String> {
+    let view = admission::pod::container_view(container);
     let c = admission::pod::Container {
         list: admission::pod::ContainerList::Regular,
         index: 0,
-        value: container,
+        view: &view,
     };
     c.restart_rules()
-        .into_iter()
+        .iter()
         .find(|r| r.covers(i64::from(code)))
-        .map(|r| r.action.to_owned())
+        .map(|r| r.action().to_owned())
 }
 
 #[cfg(test)]
@@ -298,7 +299,8 @@ mod tests {
             let slots = slots(&js);
             assert_eq!(slots.len(), 2);
             let spec = &slots[0].template["spec"];
-            let agent = admission::pod::agent(spec).expect("an agent");
+            let view = admission::pod::pod_spec_view(spec);
+            let agent = admission::pod::agent(&view).expect("an agent");
             assert!(
                 agent
                     .container

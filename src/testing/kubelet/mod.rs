@@ -25,6 +25,12 @@
 //! terminating, with an epoch annotation) is at an epoch older than the one its own pod had when
 //! the worker started. Violations are collected ([`Simulation::violations`]).
 //!
+//! The kubelet's and controllers' own API requests (pod creation, pod status, the JobSet's
+//! `Failed` condition) carry the test API server's chaos exemption header
+//! ([`crate::testing::apiserver::EXEMPT_HEADER`]): under chaos mode, faults hit the agents and the
+//! reconciler only. The real kubelet and controllers retry their writes until they succeed; the
+//! simulation's writes, if faulted, would only be lost or delayed and test the simulator.
+//!
 //! Every child process is killed when the simulation is dropped.
 
 mod agents;
@@ -289,7 +295,9 @@ struct State {
 pub(crate) struct Ctx {
     config: SimConfig,
     server: Arc<TestApiServer>,
-    /// The kubelet's and controllers' client.
+    /// The kubelet's and controllers' client: exempt from the test API server's chaos mode
+    /// ([`crate::testing::apiserver::chaos`]), as they play the environment, not the system
+    /// under test.
     client: kube::Client,
     /// The shared client of in-process agents.
     agent_client: kube::Client,
@@ -677,7 +685,7 @@ impl Simulation {
         let (ended_tx, ended_rx) = mpsc::unbounded_channel();
         let n = slots.len();
         let ctx = Arc::new(Ctx {
-            client: server.client(),
+            client: server.exempt_client(),
             agent_client: server.client(),
             server: server.clone(),
             slots,
@@ -768,11 +776,14 @@ impl Simulation {
             let state = lock(&ctx.state);
             (state.slots.clone(), state.violations.clone())
         };
-        let pods = ctx.server.list("pods", Some(&ctx.config.namespace));
-        let find = |name: &str| {
-            pods.iter()
-                .find(|p| p.pointer("/metadata/name").and_then(Value::as_str) == Some(name))
-        };
+        let pods = ctx.server.list_shared("pods", Some(&ctx.config.namespace));
+        // By name, once: a linear search per position made a snapshot of 1,024 pods cost a
+        // million lookups, more than the protocol it observes.
+        let by_name: std::collections::HashMap<&str, &Value> = pods
+            .iter()
+            .filter_map(|e| Some((e.value.get("metadata")?.get("name")?.as_str()?, &e.value)))
+            .collect();
+        let find = |name: &str| by_name.get(name).copied();
         let views = slots
             .into_iter()
             .map(|state| {

@@ -66,26 +66,30 @@ struct Containers {
 }
 
 fn containers(ctx: &Ctx, spec: &Value) -> Option<Containers> {
-    let agent = podspec::agent(spec)?;
+    let view = podspec::pod_spec_view(spec);
+    let agent = podspec::agent(&view)?;
     let probe_path = agent
         .container
         .startup_http_get()
-        .and_then(|g| g.get("path"))
-        .and_then(Value::as_str)
+        .and_then(|g| g.path.as_deref())
         .unwrap_or(contract::DEFAULT_BARRIER_PATH)
         .to_owned();
     let worker = match ctx.config.mode {
-        AgentMode::Sidecar => podspec::containers(spec, podspec::ContainerList::Regular)
-            .into_iter()
+        AgentMode::Sidecar => podspec::containers(&view, podspec::ContainerList::Regular)
             .find(|c| c.name() == WORKER_CONTAINER)
-            .map(|c| c.value.clone()),
+            .and_then(|c| container_value(spec, &c)),
         AgentMode::MainContainer => None,
     };
     Some(Containers {
-        agent: agent.container.value.clone(),
+        agent: container_value(spec, &agent.container)?,
         worker,
         probe_path,
     })
+}
+
+/// The JSON of a container the views found, by its list and index.
+fn container_value(spec: &Value, c: &podspec::Container<'_>) -> Option<Value> {
+    spec.get(c.list.key())?.get(c.index).cloned()
 }
 
 async fn kubelet(

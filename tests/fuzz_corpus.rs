@@ -1,0 +1,68 @@
+//! The fuzz targets (`fuzz/src/lib.rs`, included here) as plain tests on stable Rust: every input
+//! of `fuzz/corpus/<target>/` is replayed through its target, so `cargo test` checks the seeds
+//! and what the fuzzer kept without building or running the fuzzer (see `fuzz/README.md`).
+//!
+//! The seeds derived from the admission fixtures are written by `UPDATE_FUZZ_CORPUS=1 cargo test
+//! --test fuzz_corpus`; the hand-written seeds and the fuzzer's minimized findings are committed
+//! as they are.
+// `common` and the targets both load tests/common/value_path.rs: the targets must build alone
+// in fuzz/, where there is no `common`.
+#![allow(clippy::duplicate_mod)]
+
+mod common;
+
+#[path = "../fuzz/src/lib.rs"]
+#[allow(dead_code)] // `replay` is for the binaries
+mod targets;
+
+use std::path::PathBuf;
+
+fn corpus_dir(target: &str) -> PathBuf {
+    common::manifest_dir().join("fuzz/corpus").join(target)
+}
+
+#[test]
+fn every_corpus_input_passes_its_target() {
+    if std::env::var_os("UPDATE_FUZZ_CORPUS").is_some() {
+        write_fixture_seeds();
+    }
+    for (name, target) in targets::TARGETS {
+        let dir = corpus_dir(name);
+        let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("cannot list {}: {e}", dir.display()))
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.is_file())
+            .collect();
+        files.sort();
+        assert!(files.len() >= 5, "{name}: only {} inputs", files.len());
+        let mut failed = Vec::new();
+        for file in &files {
+            let data = std::fs::read(file).expect("read a corpus file");
+            if std::panic::catch_unwind(|| target(&data)).is_err() {
+                failed.push(file.display().to_string());
+            }
+        }
+        assert!(failed.is_empty(), "{name}: inputs fail: {failed:#?}");
+    }
+}
+
+/// `review/fixture-<case>.json`: each fixture's request body; `offline/fixture-<case>.yaml`: its
+/// object as a manifest (and the mutated one where there is one).
+fn write_fixture_seeds() {
+    for case in common::admission_cases() {
+        let review = corpus_dir("review").join(format!("fixture-{}.json", case.name));
+        std::fs::write(review, &case.body).expect("write a seed");
+        let object = &case.request["request"]["object"];
+        if !object.is_object() {
+            continue;
+        }
+        let manifest = serde_yaml::to_string(object).expect("YAML");
+        let path = corpus_dir("offline").join(format!("fixture-{}.yaml", case.name));
+        std::fs::write(path, manifest).expect("write a seed");
+        if case.mutated_path().exists() {
+            let mutated = std::fs::read_to_string(case.mutated_path()).expect("mutated.yaml");
+            let path = corpus_dir("offline").join(format!("fixture-{}-mutated.yaml", case.name));
+            std::fs::write(path, mutated).expect("write a seed");
+        }
+    }
+}

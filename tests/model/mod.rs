@@ -1,0 +1,1193 @@
+//! A model of the epoch protocol (docs/protocol.md) for the stateright model checker.
+//!
+//! The model is a state machine over the whole system: the API server's JobSet status and pods,
+//! one agent and one worker per pod, the kubelet that starts workers and restarts pods in place,
+//! the Job controller that replaces failed pods, the reconciler with its watch-fed caches, and the
+//! faults: worker and agent crashes, node loss, a competing status writer that wipes the epoch
+//! fields, a reconciler that restarts with empty caches, and a killed agent's registration that
+//! lands late. Every step is one action of one component; the checker explores every
+//! interleaving.
+//!
+//! The decisions are the shipped ones: the agent's epoch is [`protocol::agent_epoch`], its
+//! reaction to a JobSet state [`protocol::agent_decide`], the reconciler's writes
+//! [`protocol::reconcile_decide`] on a [`ReconcileInput`] built from the reconciler's cache, as
+//! `src/reconciler/index.rs` builds it. What the model adds is the I/O around them:
+//!
+//! - **The reconciler's caches lag.** Its view of each pod and of the JobSet is some earlier state
+//!   of that object, and moves forward (to the object's current state) at any time, independently
+//!   per object. That is what delayed watch events, a cut watch and its re-list, and the
+//!   coalescing of bursts can produce (and a little more: watch order across objects is not kept),
+//!   so a dropped watch needs no action of its own.
+//! - **Status writes are guarded.** A write lands only on the status it was decided on (the
+//!   `resourceVersion` precondition); otherwise it is refused (409), the reconciler re-reads the
+//!   status and decides again later. The model compares the status itself plus a count of wipes,
+//!   not a resourceVersion: a reconciler write always changes the status and the fields only grow
+//!   between wipes, so equal values mean no write happened in between, or one that a re-read
+//!   would have seen.
+//! - **Agents read, register, then watch.** An agent reads its pod and its JobSet, computes its
+//!   epoch, registers it (a merge patch on its pod) and then acts on the JobSet states its watch
+//!   delivers: each delivery captures the current status, and the decision on it may come later
+//!   (a delayed event), so an agent can act on a state that is already stale; a newer delivery may
+//!   replace one not yet acted upon (a re-read after a cut watch).
+//! - **Restarts.** A worker or agent crash, and an agent's exit with the restart code, restart all
+//!   of the pod's containers in place (the `RestartAllContainers` rule matches every non-zero
+//!   exit): the worker stops, a new agent process starts, the annotation survives. A lost node
+//!   fails the pod; the Job controller then creates a replacement without an annotation.
+//!
+//! Safety properties are state predicates ([`Property::always`]); properties of transitions
+//! ("never backwards") are recorded as violation flags by the step that breaks them. Liveness is
+//! checked as "every quiescent state is converged" together with a progress order that every
+//! non-fault step must strictly increase (see `tests/model_check.rs`).
+
+use std::cmp::Ordering;
+use std::fmt;
+
+use jobset_inplace::protocol::{
+    self, AgentAction, AgentView, Dialect, Epoch, EpochStatus, PodView, ReconcileInput,
+};
+use stateright::{Model, Property};
+
+pub mod trace;
+
+/// Which decisions the model runs: the shipped ones, or a deliberately broken wrapper around
+/// them (to show that the checker catches a broken protocol).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Variant {
+    /// `src/protocol.rs` as shipped.
+    Real,
+    /// An agent that lifts its barrier whenever a synced epoch is present, at any value.
+    AgentLiftsAtAnySynced,
+    /// A reconciler that writes the synced epoch before every expected pod registered (it is
+    /// told to expect one pod).
+    ReconcilerSyncsEarly,
+    /// A reconciler that deprecates nothing.
+    ReconcilerNeverDeprecates,
+    /// The reconciler before the model check: it does not remember its last synced write, so it
+    /// cannot tell a pod that registered while the epoch fields were wiped.
+    ReconcilerWithoutMemory,
+    /// The agent before the model check: it retries a refused registration with the same epoch.
+    AgentRetriesRefusedEpoch,
+    /// The reconciler before the model check: it decides while its pod watch re-lists, on a cache
+    /// where some pods are listed anew and others still as they were (per pod, any lag).
+    ReconcilerDecidesMidRelist,
+}
+
+/// What to explore.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub dialect: Dialect,
+    /// Pods of the JobSet (`replicas * parallelism`).
+    pub pods: u8,
+    /// Worker crashes, agent crashes and lost nodes, together.
+    pub failures: u8,
+    /// Lost nodes may be among the failures (the pod fails and is replaced).
+    pub node_loss: bool,
+    /// Wipes of both epoch fields by another status writer.
+    pub wipes: u8,
+    /// Reconciler restarts (a new leader with empty caches).
+    pub reconciler_restarts: u8,
+    /// A killed agent's registration may land after the pod restarted.
+    pub late_registrations: bool,
+    /// The API server runs the agent's ValidatingAdmissionPolicy
+    /// (deploy/base/agent-policy.yaml), which refuses an epoch annotation below the current one.
+    pub admission_policy: bool,
+    pub variant: Variant,
+}
+
+impl Config {
+    pub fn new(dialect: Dialect, pods: u8, failures: u8) -> Self {
+        Config {
+            dialect,
+            pods,
+            failures,
+            node_loss: true,
+            wipes: 1,
+            reconciler_restarts: 0,
+            late_registrations: true,
+            admission_policy: true,
+            variant: Variant::Real,
+        }
+    }
+
+    fn first(&self) -> Epoch {
+        self.dialect.first_epoch()
+    }
+
+    /// Epochs above this are flagged: with `failures` restarts and `wipes` wipes, the protocol
+    /// needs far fewer; a protocol that climbs forever would otherwise make the space infinite.
+    fn epoch_limit(&self) -> Epoch {
+        self.first() + 2 * Epoch::from(self.failures) + 2 * Epoch::from(self.wipes) + 2
+    }
+}
+
+impl fmt::Display for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} dialect, {} pods, {} failures{}, {} wipes, {} reconciler restarts{}{}{}",
+            self.dialect,
+            self.pods,
+            self.failures,
+            if self.node_loss {
+                " (crashes or lost nodes)"
+            } else {
+                " (crashes)"
+            },
+            self.wipes,
+            self.reconciler_restarts,
+            if self.late_registrations {
+                ", late registrations"
+            } else {
+                ""
+            },
+            if self.admission_policy {
+                ""
+            } else {
+                ", no admission policy"
+            },
+            match self.variant {
+                Variant::Real => String::new(),
+                v => format!(", variant {v:?}"),
+            }
+        )
+    }
+}
+
+/// The JobSet's epoch fields, with the number of wipes so far (which stands in for the
+/// resourceVersion across a wipe: a view from before a wipe is stale even if the values match).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct Status {
+    pub wipes: u8,
+    pub deprecated: Option<Epoch>,
+    pub synced: Option<Epoch>,
+}
+
+impl Status {
+    fn epochs(self) -> EpochStatus {
+        EpochStatus {
+            deprecated: self.deprecated,
+            synced: self.synced,
+        }
+    }
+
+    /// Progress order: later wipes are later; between wipes both fields only grow.
+    fn progress(self, other: Status) -> Option<Ordering> {
+        match self.wipes.cmp(&other.wipes) {
+            Ordering::Equal => product([
+                Some(self.deprecated.cmp(&other.deprecated)),
+                Some(self.synced.cmp(&other.synced)),
+            ]),
+            o => Some(o),
+        }
+    }
+}
+
+impl fmt::Display for Status {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "D={} S={}", show(self.deprecated), show(self.synced))?;
+        if self.wipes > 0 {
+            write!(f, " (wiped {}x)", self.wipes)?;
+        }
+        Ok(())
+    }
+}
+
+fn show(e: Option<Epoch>) -> String {
+    e.map_or_else(|| "-".to_owned(), |e| e.to_string())
+}
+
+/// One agent process (or none).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Agent {
+    /// Started; reads its pod and JobSet next.
+    Starting,
+    /// Has its epoch; registers it next. `read` is the JobSet status it read, its first state.
+    Registering { epoch: Epoch, read: Status },
+    /// Registered; acts on the JobSet states its watch delivers. `view` is the last one
+    /// delivered, `decided` whether it acted on it.
+    Watching {
+        epoch: Epoch,
+        view: Status,
+        decided: bool,
+        lifted: bool,
+    },
+    /// Exited (restart code) or died: the kubelet restarts every container of the pod.
+    Exited,
+    /// The pod failed.
+    Gone,
+}
+
+/// One pod object on the API server, and what runs in it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Pod {
+    /// Its epoch annotation.
+    pub annotation: Option<Epoch>,
+    /// Phase `Failed` (lost node).
+    pub failed: bool,
+    /// Failed and replaced by the Job controller.
+    pub replaced: bool,
+    pub agent: Agent,
+    /// The epoch at which its worker runs, if it runs.
+    pub worker: Option<Epoch>,
+    /// Failures that had happened when the current agent started (see [`State::generations`]).
+    pub born: u8,
+    /// A registration patch sent by an agent that has since been killed, still in flight.
+    pub late: Option<Epoch>,
+}
+
+impl Pod {
+    fn new() -> Self {
+        Pod {
+            annotation: None,
+            failed: false,
+            replaced: false,
+            agent: Agent::Starting,
+            worker: None,
+            born: 0,
+            late: None,
+        }
+    }
+
+    fn agent_alive(&self) -> bool {
+        matches!(
+            self.agent,
+            Agent::Starting | Agent::Registering { .. } | Agent::Watching { .. }
+        )
+    }
+
+    /// Progress order within one pod object (see [`ProtocolModel::progressed`]).
+    fn progress(&self, other: &Pod, first: Epoch) -> Option<Ordering> {
+        let generation = |p: &Pod| -> (Epoch, i8) {
+            let next = p.annotation.map_or(first, |a| a.saturating_add(1));
+            match p.agent {
+                Agent::Exited => (next, -1),
+                Agent::Starting => (next, 0),
+                Agent::Registering { epoch, .. } => (epoch, 1),
+                Agent::Watching { epoch, .. } => (epoch, 2),
+                Agent::Gone => (Epoch::MAX, 0),
+            }
+        };
+        let watching = |p: &Pod| match p.agent {
+            Agent::Watching {
+                view,
+                decided,
+                lifted,
+                ..
+            } => Some((view, lifted, decided)),
+            _ => None,
+        };
+        lex([
+            &|| Some(self.failed.cmp(&other.failed)),
+            &|| Some(self.replaced.cmp(&other.replaced)),
+            &|| Some(self.late.is_none().cmp(&other.late.is_none())),
+            &|| Some(generation(self).cmp(&generation(other))),
+            &|| match (watching(self), watching(other)) {
+                (Some((v1, l1, d1)), Some((v2, l2, d2))) => {
+                    lex([&|| v1.progress(v2), &|| Some(l1.cmp(&l2)), &|| {
+                        Some(d1.cmp(&d2))
+                    }])
+                }
+                (None, None) => Some(Ordering::Equal),
+                _ => None,
+            },
+            &|| Some(self.worker.is_some().cmp(&other.worker.is_some())),
+            &|| Some(self.born.cmp(&other.born)),
+            &|| Some(self.annotation.cmp(&other.annotation)),
+        ])
+    }
+}
+
+/// What the reconciler holds of one pod: its cached view, and whether the pod was counted when
+/// the reconciler last wrote the synced epoch (in memory, like the view).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct RecPod {
+    pub seen: Option<Seen>,
+    pub counted: bool,
+}
+
+/// What the reconciler's cache holds of one pod.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Seen {
+    pub annotation: Option<Epoch>,
+    pub failed: bool,
+}
+
+impl Seen {
+    fn of(pod: &Pod) -> Seen {
+        Seen {
+            annotation: pod.annotation,
+            failed: pod.failed,
+        }
+    }
+
+    fn progress(self, other: Seen) -> Option<Ordering> {
+        lex([&|| Some(self.failed.cmp(&other.failed)), &|| {
+            Some(self.annotation.cmp(&other.annotation))
+        }])
+    }
+}
+
+/// Transition properties broken by a step, as flags.
+pub mod flag {
+    /// A pod's epoch annotation decreased.
+    pub const EPOCH_DECREASED: u16 = 1 << 0;
+    /// A reconciler write lowered a field present on the server.
+    pub const WRITE_LOWERED: u16 = 1 << 1;
+    /// A reconciler write went below a value the reconciler wrote before.
+    pub const WRITE_BELOW_EARLIER: u16 = 1 << 2;
+    /// An agent exited with the restart code at an epoch no deprecated value ever covered.
+    pub const EXIT_NOT_DEPRECATED: u16 = 1 << 3;
+    /// An epoch went past [`super::Config::epoch_limit`].
+    pub const EPOCH_UNBOUNDED: u16 = 1 << 4;
+    /// A step that is not a fault did not move the progress order strictly up.
+    pub const NO_PROGRESS: u16 = 1 << 5;
+}
+
+/// The whole system.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct State {
+    /// The JobSet's epoch fields on the API server.
+    pub status: Status,
+    /// Every pod object, in creation order (failed ones stay, as with
+    /// `podReplacementPolicy: Failed`).
+    pub pods: Vec<Pod>,
+    /// The reconciler's view of the JobSet (`None`: not listed yet).
+    pub rec_status: Option<Status>,
+    /// The reconciler's view of each pod object.
+    pub rec_pods: Vec<RecPod>,
+    /// The synced epoch the reconciler last wrote (in memory).
+    pub rec_last_synced: Option<Epoch>,
+    /// The highest deprecated epoch the reconciler wrote (in memory).
+    pub rec_last_deprecated: Option<Epoch>,
+    /// Pod watch events not yet delivered to the reconciler, oldest first: (pod object, state).
+    pub rec_queue: Vec<(u8, Seen)>,
+    /// For each failure so far, the generation it ended: the highest epoch at which a worker
+    /// ran or could start then. A worker whose agent started before failure `k` and runs at an
+    /// epoch at or below `generations[k]` owes a restart.
+    pub generations: Vec<Option<Epoch>>,
+    /// Highest deprecated and synced values the reconciler ever wrote.
+    pub written_deprecated: Option<Epoch>,
+    pub written_synced: Option<Epoch>,
+    /// Fault budgets left.
+    pub failures_left: u8,
+    pub wipes_left: u8,
+    pub rec_restarts_left: u8,
+    /// [`flag`]s raised so far; a state with a flag has no successor.
+    pub violations: u16,
+}
+
+/// One step of one component.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Action {
+    /// The agent of pod object `i` reads its pod and JobSet and computes its epoch.
+    AgentReads(usize),
+    /// It patches its pod's annotation.
+    AgentRegisters(usize),
+    /// Its JobSet watch delivers the current state.
+    AgentWatchDelivers(usize),
+    /// It acts on the last state delivered (`agent_decide`).
+    AgentDecides(usize),
+    /// The kubelet's startup probe sees the lifted barrier and starts the worker.
+    KubeletStartsWorker(usize),
+    /// The kubelet restarts every container of the pod in place.
+    KubeletRestartsPod(usize),
+    /// A killed agent's registration patch lands.
+    LateRegistrationLands(usize),
+    /// The Job controller replaces failed pod object `i`.
+    JobControllerReplaces(usize),
+    /// The reconciler's JobSet watch (or a re-list) brings its view up to date.
+    ReconcilerSeesJobSet,
+    /// Its pod watch delivers the oldest pending event.
+    ReconcilerPodWatchDelivers,
+    /// Its pod watch is cut and re-lists: the cache becomes the current state of every pod
+    /// (it decides only once the list is complete).
+    ReconcilerRelistsPods,
+    /// [`Variant::ReconcilerDecidesMidRelist`] only: a re-list in progress has brought pod
+    /// object `i` up to date, others not yet.
+    ReconcilerRelistsPod(usize),
+    /// It decides (`reconcile_decide`) on its cache and writes, guarded by the resourceVersion
+    /// of its view: a stale view gets a 409 and a re-read instead.
+    ReconcilerDecides,
+    /// Fault: the worker of pod object `i` crashes (the kubelet kills the agent too).
+    WorkerCrashes(usize),
+    /// Fault: the agent of pod object `i` crashes (its worker runs until the kubelet restarts
+    /// the pod). `late`: its registration patch was in flight and lands later.
+    AgentCrashes { pod: usize, late: bool },
+    /// Fault: the node of pod object `i` is lost; the pod fails.
+    NodeLost(usize),
+    /// Fault: another status writer drops both epoch fields.
+    StatusWiped,
+    /// Fault: the reconciler restarts (or leadership moves): its caches start empty.
+    ReconcilerRestarts,
+}
+
+impl Action {
+    pub fn is_fault(&self) -> bool {
+        matches!(
+            self,
+            Action::WorkerCrashes(_)
+                | Action::AgentCrashes { .. }
+                | Action::NodeLost(_)
+                | Action::StatusWiped
+                | Action::ReconcilerRestarts
+        )
+    }
+}
+
+/// The model: a configuration.
+#[derive(Clone, Debug)]
+pub struct ProtocolModel {
+    pub config: Config,
+}
+
+impl ProtocolModel {
+    pub fn new(config: Config) -> Self {
+        ProtocolModel { config }
+    }
+
+    fn agent_decide(&self, epoch: Epoch, view: Status) -> AgentAction {
+        let agent_view = AgentView {
+            in_place_restart: true,
+            disabled: false,
+            status: view.epochs(),
+        };
+        let action = protocol::agent_decide(epoch, &agent_view);
+        match (self.config.variant, action) {
+            (Variant::AgentLiftsAtAnySynced, AgentAction::Wait) if view.synced.is_some() => {
+                AgentAction::LiftBarrier
+            }
+            _ => action,
+        }
+    }
+
+    /// The reconciler's decision on its cache, as `reconcile_input` builds it from the index.
+    pub fn reconcile(
+        &self,
+        view: Status,
+        rec: &[RecPod],
+        last_synced: Option<Epoch>,
+        last_deprecated: Option<Epoch>,
+    ) -> protocol::Decision {
+        let pods: Vec<PodView> = rec
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| {
+                r.seen.map(|s| PodView {
+                    name: pod_name(i),
+                    failed: s.failed,
+                    terminating: false,
+                    epoch_annotation: s.annotation.map(|e| e.to_string()),
+                    max_restart_count: 0,
+                    counted_in_last_sync: r.counted,
+                })
+            })
+            .collect();
+        let expected = match self.config.variant {
+            Variant::ReconcilerSyncsEarly => 1,
+            _ => i64::from(self.config.pods),
+        };
+        let input = ReconcileInput {
+            dialect: self.config.dialect,
+            expected_pods: expected,
+            max_restarts: i32::MAX,
+            status: view.epochs(),
+            restarts: 0,
+            restarts_count_towards_max: 0,
+            last_synced: match self.config.variant {
+                Variant::ReconcilerWithoutMemory => None,
+                _ => last_synced,
+            },
+            last_deprecated: match self.config.variant {
+                Variant::ReconcilerWithoutMemory => None,
+                _ => last_deprecated,
+            },
+            pods: &pods,
+        };
+        let mut decision = protocol::reconcile_decide(&input);
+        assert!(decision.fail.is_none(), "maxRestarts is out of reach");
+        if self.config.variant == Variant::ReconcilerNeverDeprecates {
+            decision.change.deprecated = None;
+        }
+        decision
+    }
+
+    /// A pod restarts or fails: record the generation it ends (the highest epoch a worker runs
+    /// or may start at: running workers', lifted agents', the highest synced epoch written, as
+    /// a stale watch event may still lift a barrier at it) before the failure counts.
+    fn fail(state: &mut State) {
+        let lifted = state
+            .pods
+            .iter()
+            .filter(|p| !p.failed)
+            .filter_map(|p| match p.agent {
+                Agent::Watching {
+                    epoch,
+                    lifted: true,
+                    ..
+                } => Some(epoch),
+                _ => p.worker,
+            });
+        let generation = lifted.chain(state.written_synced).max();
+        state.generations.push(generation);
+        state.failures_left -= 1;
+    }
+
+    /// Failures so far.
+    fn failures(state: &State) -> u8 {
+        u8::try_from(state.generations.len()).unwrap_or(u8::MAX)
+    }
+
+    /// The worker of `p` (running at `epoch`) belongs to a generation that a failure after its
+    /// agent started ended: the failure with index `k` for the first such `k`.
+    pub fn doomed_by(state: &State, p: &Pod, epoch: Epoch) -> Option<usize> {
+        state
+            .generations
+            .iter()
+            .enumerate()
+            .skip(usize::from(p.born))
+            .find(|(_, g)| g.is_some_and(|g| epoch <= g))
+            .map(|(k, _)| k)
+    }
+
+    /// The successor of `state` by `action`, or `None` when the action is not enabled or would
+    /// change nothing.
+    pub fn step(&self, state: &State, action: Action) -> Option<State> {
+        let cfg = &self.config;
+        let mut s = state.clone();
+        match action {
+            Action::AgentReads(i) => {
+                let p = s.pods.get_mut(i)?;
+                if p.failed || p.agent != Agent::Starting {
+                    return None;
+                }
+                let epoch = protocol::agent_epoch(cfg.dialect, p.annotation, s.status.synced);
+                p.agent = Agent::Registering {
+                    epoch,
+                    read: s.status,
+                };
+            }
+            Action::AgentRegisters(i) => {
+                let p = s.pods.get_mut(i)?;
+                let Agent::Registering { epoch, read } = p.agent else {
+                    return None;
+                };
+                if p.annotation.is_some_and(|a| a > epoch) {
+                    if !cfg.admission_policy {
+                        s.violations |= flag::EPOCH_DECREASED;
+                    } else if cfg.variant == Variant::AgentRetriesRefusedEpoch {
+                        // Refused (422), and retried with the same epoch: no step changes anything.
+                        return None;
+                    } else {
+                        // Refused (422): the agent reads its pod and JobSet again.
+                        p.agent = Agent::Starting;
+                        return self.finish(state, s, action);
+                    }
+                }
+                p.annotation = Some(epoch);
+                p.agent = Agent::Watching {
+                    epoch,
+                    view: read,
+                    decided: false,
+                    lifted: false,
+                };
+            }
+            Action::AgentWatchDelivers(i) => {
+                let status = s.status;
+                let p = s.pods.get_mut(i)?;
+                let Agent::Watching { view, decided, .. } = &mut p.agent else {
+                    return None;
+                };
+                if *view == status {
+                    return None;
+                }
+                *view = status;
+                *decided = false;
+            }
+            Action::AgentDecides(i) => {
+                let p = s.pods.get(i)?;
+                let Agent::Watching {
+                    epoch,
+                    view,
+                    decided: false,
+                    lifted,
+                } = p.agent
+                else {
+                    return None;
+                };
+                let next = match self.agent_decide(epoch, view) {
+                    AgentAction::Restart { .. } => {
+                        if s.written_deprecated.is_none_or(|d| epoch > d) {
+                            s.violations |= flag::EXIT_NOT_DEPRECATED;
+                        }
+                        Agent::Exited
+                    }
+                    AgentAction::LiftBarrier => Agent::Watching {
+                        epoch,
+                        view,
+                        decided: true,
+                        lifted: true,
+                    },
+                    AgentAction::Wait => Agent::Watching {
+                        epoch,
+                        view,
+                        decided: true,
+                        lifted,
+                    },
+                };
+                s.pods[i].agent = next;
+            }
+            Action::KubeletStartsWorker(i) => {
+                let p = s.pods.get_mut(i)?;
+                let Agent::Watching {
+                    epoch,
+                    lifted: true,
+                    ..
+                } = p.agent
+                else {
+                    return None;
+                };
+                if p.worker.is_some() {
+                    return None;
+                }
+                p.worker = Some(epoch);
+            }
+            Action::KubeletRestartsPod(i) => {
+                let p = s.pods.get_mut(i)?;
+                if p.failed || p.agent != Agent::Exited {
+                    return None;
+                }
+                p.worker = None;
+                p.agent = Agent::Starting;
+                p.born = u8::try_from(state.generations.len()).unwrap_or(u8::MAX);
+            }
+            Action::LateRegistrationLands(i) => {
+                let p = s.pods.get_mut(i)?;
+                let epoch = p.late.take()?;
+                if p.annotation.is_some_and(|a| a > epoch) {
+                    if cfg.admission_policy {
+                        // Refused (422); nobody waits for the answer.
+                        return self.finish(state, s, action);
+                    }
+                    s.violations |= flag::EPOCH_DECREASED;
+                }
+                p.annotation = Some(epoch);
+            }
+            Action::JobControllerReplaces(i) => {
+                let p = s.pods.get_mut(i)?;
+                if !p.failed || p.replaced {
+                    return None;
+                }
+                p.replaced = true;
+                let mut fresh = Pod::new();
+                fresh.born = Self::failures(&s);
+                s.pods.push(fresh);
+                s.rec_pods.push(RecPod::default());
+            }
+            Action::ReconcilerSeesJobSet => {
+                if s.rec_status == Some(s.status) {
+                    return None;
+                }
+                s.rec_status = Some(s.status);
+            }
+            Action::ReconcilerPodWatchDelivers => {
+                if s.rec_queue.is_empty() {
+                    return None;
+                }
+                let (i, seen) = s.rec_queue.remove(0);
+                s.rec_pods[usize::from(i)].seen = Some(seen);
+            }
+            Action::ReconcilerRelistsPods => {
+                let current: Vec<Option<Seen>> = s.pods.iter().map(|p| Some(Seen::of(p))).collect();
+                if s.rec_queue.is_empty()
+                    && s.rec_pods
+                        .iter()
+                        .map(|r| r.seen)
+                        .eq(current.iter().copied())
+                {
+                    return None;
+                }
+                s.rec_queue.clear();
+                for (r, c) in s.rec_pods.iter_mut().zip(current) {
+                    r.seen = c;
+                }
+            }
+            Action::ReconcilerRelistsPod(i) => {
+                if cfg.variant != Variant::ReconcilerDecidesMidRelist {
+                    return None;
+                }
+                let seen = Seen::of(s.pods.get(i)?);
+                if s.rec_pods[i].seen == Some(seen) {
+                    return None;
+                }
+                s.rec_pods[i].seen = Some(seen);
+                s.rec_queue.retain(|(j, _)| usize::from(*j) != i);
+            }
+            Action::ReconcilerDecides => {
+                let view = s.rec_status?;
+                let decision =
+                    self.reconcile(view, &s.rec_pods, s.rec_last_synced, s.rec_last_deprecated);
+                let change = decision.change;
+                if change.is_empty() {
+                    return None;
+                }
+                if view != s.status {
+                    // 409: re-read the JobSet; decide again on the next step.
+                    s.rec_status = Some(s.status);
+                } else {
+                    let mut next = s.status;
+                    if let Some(d) = change.deprecated {
+                        if next.deprecated.is_some_and(|cur| d < cur) {
+                            s.violations |= flag::WRITE_LOWERED;
+                        }
+                        if s.written_deprecated.is_some_and(|w| d < w) {
+                            s.violations |= flag::WRITE_BELOW_EARLIER;
+                        }
+                        next.deprecated = Some(d);
+                        s.written_deprecated = s.written_deprecated.max(Some(d));
+                        s.rec_last_deprecated = s.rec_last_deprecated.max(Some(d));
+                    }
+                    if let Some(e) = change.synced {
+                        if next.synced.is_some_and(|cur| e < cur) {
+                            s.violations |= flag::WRITE_LOWERED;
+                        }
+                        if s.written_synced.is_some_and(|w| e < w) {
+                            s.violations |= flag::WRITE_BELOW_EARLIER;
+                        }
+                        next.synced = Some(e);
+                        s.written_synced = s.written_synced.max(Some(e));
+                        s.rec_last_synced = Some(e);
+                        for (i, r) in s.rec_pods.iter_mut().enumerate() {
+                            r.counted = decision.synced_pods.contains(&pod_name(i));
+                        }
+                    }
+                    s.status = next;
+                    s.rec_status = Some(next);
+                }
+            }
+            Action::WorkerCrashes(pod) => {
+                if s.failures_left == 0 {
+                    return None;
+                }
+                let p = s.pods.get(pod)?;
+                if p.failed || p.worker.is_none() || !p.agent_alive() {
+                    return None;
+                }
+                Self::fail(&mut s);
+                let p = &mut s.pods[pod];
+                p.worker = None;
+                p.agent = Agent::Exited;
+            }
+            Action::AgentCrashes { pod, late } => {
+                if s.failures_left == 0 {
+                    return None;
+                }
+                let p = s.pods.get(pod)?;
+                if p.failed || !p.agent_alive() {
+                    return None;
+                }
+                let in_flight = match (late, p.agent) {
+                    (false, _) => None,
+                    (true, Agent::Registering { epoch, .. }) => Some(epoch),
+                    (true, _) => return None,
+                };
+                Self::fail(&mut s);
+                let p = &mut s.pods[pod];
+                p.late = in_flight;
+                p.agent = Agent::Exited;
+            }
+            Action::NodeLost(pod) => {
+                if s.failures_left == 0 || !cfg.node_loss {
+                    return None;
+                }
+                if s.pods.get(pod)?.failed {
+                    return None;
+                }
+                Self::fail(&mut s);
+                let p = &mut s.pods[pod];
+                // A failed pod is ignored by everyone: keep nothing that could tell two failed
+                // pods apart.
+                *p = Pod {
+                    annotation: None,
+                    failed: true,
+                    replaced: false,
+                    agent: Agent::Gone,
+                    worker: None,
+                    born: 0,
+                    late: None,
+                };
+            }
+            Action::StatusWiped => {
+                if s.wipes_left == 0 || (s.status.deprecated.is_none() && s.status.synced.is_none())
+                {
+                    return None;
+                }
+                s.wipes_left -= 1;
+                s.status = Status {
+                    wipes: s.status.wipes + 1,
+                    deprecated: None,
+                    synced: None,
+                };
+            }
+            Action::ReconcilerRestarts => {
+                if s.rec_restarts_left == 0 {
+                    return None;
+                }
+                s.rec_restarts_left -= 1;
+                s.rec_status = None;
+                s.rec_last_synced = None;
+                s.rec_last_deprecated = None;
+                s.rec_queue.clear();
+                s.rec_pods.iter_mut().for_each(|p| *p = RecPod::default());
+            }
+        }
+        self.finish(state, s, action)
+    }
+
+    /// The checks every step ends with.
+    fn finish(&self, state: &State, mut s: State, action: Action) -> Option<State> {
+        let cfg = &self.config;
+        // Every change of a pod is an event of the reconciler's pod watch.
+        for (i, p) in s.pods.iter().enumerate() {
+            let now = Seen::of(p);
+            if state.pods.get(i).map(Seen::of) != Some(now) {
+                s.rec_queue.push((u8::try_from(i).unwrap_or(u8::MAX), now));
+            }
+        }
+        // What the reconciler remembers of a failed pod does not matter any more.
+        for (p, r) in s.pods.iter().zip(s.rec_pods.iter_mut()) {
+            if p.failed {
+                r.counted = false;
+            }
+        }
+        let limit = cfg.epoch_limit();
+        let over = |e: Option<Epoch>| e.is_some_and(|e| e > limit);
+        if over(s.status.deprecated)
+            || over(s.status.synced)
+            || s.pods.iter().any(|p| over(p.annotation))
+        {
+            s.violations |= flag::EPOCH_UNBOUNDED;
+        }
+        if !action.is_fault() && !self.progressed(state, &s) {
+            s.violations |= flag::NO_PROGRESS;
+        }
+        (s != *state).then_some(s)
+    }
+
+    /// The progress order: the product of the status, the reconciler's views and every pod
+    /// object's own order (objects are only ever added). Every step that is not a fault must
+    /// move it strictly up; as it is a partial order, no cycle of such steps exists, so once the
+    /// fault budgets are spent every run ends in a state where nothing but a fault is enabled.
+    pub fn progressed(&self, before: &State, after: &State) -> bool {
+        let first = self.config.first();
+        // The system itself: the status and the pods (objects are only added).
+        let system = || {
+            product(
+                [
+                    before.status.progress(after.status),
+                    Some(before.pods.len().cmp(&after.pods.len())),
+                ]
+                .into_iter()
+                .chain(
+                    before
+                        .pods
+                        .iter()
+                        .zip(&after.pods)
+                        .map(|(a, b)| a.progress(b, first)),
+                ),
+            )
+        };
+        // The reconciler's views (`counted` only changes with a synced write, which moves the
+        // status up).
+        let views = || {
+            product(
+                [match (before.rec_status, after.rec_status) {
+                    (Some(a), Some(b)) => a.progress(b),
+                    (a, b) => Some(a.is_some().cmp(&b.is_some())),
+                }]
+                .into_iter()
+                .chain(before.rec_pods.iter().zip(&after.rec_pods).map(|(a, b)| {
+                    match (a.seen, b.seen) {
+                        (Some(x), Some(y)) => x.progress(y),
+                        (x, y) => Some(x.is_some().cmp(&y.is_some())),
+                    }
+                })),
+            )
+        };
+        // Events still to deliver: fewer is further.
+        let pending = || Some(after.rec_queue.len().cmp(&before.rec_queue.len()));
+        lex([&system, &views, &pending]) == Some(Ordering::Less)
+    }
+
+    /// Every action that could be enabled in `state` (the model filters with [`Self::step`]).
+    fn candidates(&self, state: &State, out: &mut Vec<Action>) {
+        for (i, p) in state.pods.iter().enumerate() {
+            if p.failed {
+                continue;
+            }
+            match p.agent {
+                Agent::Starting => out.push(Action::AgentReads(i)),
+                Agent::Registering { .. } => out.push(Action::AgentRegisters(i)),
+                Agent::Watching { lifted, .. } => {
+                    out.push(Action::AgentWatchDelivers(i));
+                    out.push(Action::AgentDecides(i));
+                    if lifted {
+                        out.push(Action::KubeletStartsWorker(i));
+                    }
+                }
+                Agent::Exited => out.push(Action::KubeletRestartsPod(i)),
+                Agent::Gone => {}
+            }
+            if p.late.is_some() {
+                out.push(Action::LateRegistrationLands(i));
+            }
+        }
+        for (i, p) in state.pods.iter().enumerate() {
+            if p.failed && !p.replaced {
+                out.push(Action::JobControllerReplaces(i));
+            }
+        }
+        out.push(Action::ReconcilerSeesJobSet);
+        out.push(Action::ReconcilerPodWatchDelivers);
+        out.push(Action::ReconcilerRelistsPods);
+        if self.config.variant == Variant::ReconcilerDecidesMidRelist {
+            for i in 0..state.pods.len() {
+                out.push(Action::ReconcilerRelistsPod(i));
+            }
+        }
+        out.push(Action::ReconcilerDecides);
+        if state.failures_left > 0 {
+            for (i, p) in state.pods.iter().enumerate() {
+                if p.failed {
+                    continue;
+                }
+                let late =
+                    self.config.late_registrations && matches!(p.agent, Agent::Registering { .. });
+                out.push(Action::WorkerCrashes(i));
+                out.push(Action::AgentCrashes {
+                    pod: i,
+                    late: false,
+                });
+                if late {
+                    out.push(Action::AgentCrashes { pod: i, late: true });
+                }
+                out.push(Action::NodeLost(i));
+            }
+        }
+        out.push(Action::StatusWiped);
+        out.push(Action::ReconcilerRestarts);
+    }
+
+    /// No step but a fault is enabled.
+    pub fn quiescent(&self, state: &State) -> bool {
+        let mut actions = Vec::new();
+        self.candidates(state, &mut actions);
+        actions
+            .into_iter()
+            .filter(|a| !a.is_fault())
+            .all(|a| self.step(state, a).is_none())
+    }
+
+    /// The goal: every slot has a live pod, all registered at one epoch `e`, the synced epoch is
+    /// `e` and the deprecated epoch below it (present once there was a restart), every barrier
+    /// lifted and every worker running at `e`, none owing a restart.
+    pub fn converged(&self, state: &State) -> bool {
+        let live: Vec<&Pod> = state.pods.iter().filter(|p| !p.failed).collect();
+        if live.len() != usize::from(self.config.pods) {
+            return false;
+        }
+        let Some(e) = live.first().and_then(|p| p.annotation) else {
+            return false;
+        };
+        let pods_ok = live.iter().all(|p| {
+            p.annotation == Some(e)
+                && p.worker == Some(e)
+                && Self::doomed_by(state, p, e).is_none()
+                && p.late.is_none()
+                && matches!(p.agent, Agent::Watching { epoch, lifted: true, .. } if epoch == e)
+        });
+        let status = state.status;
+        pods_ok
+            && status.synced == Some(e)
+            && status.deprecated.is_none_or(|d| d < e)
+            && (e == self.config.first() || status.deprecated.is_some())
+    }
+}
+
+/// Safety: all running workers run at one epoch.
+fn one_epoch_runs(_: &ProtocolModel, s: &State) -> bool {
+    let mut running = s.pods.iter().filter_map(|p| p.worker);
+    match running.next() {
+        None => true,
+        Some(first) => running.all(|w| w == first),
+    }
+}
+
+/// Safety: a worker that was running (or released) when another pod restarted never runs
+/// beside a worker of the next generation.
+fn no_generation_mix(_: &ProtocolModel, s: &State) -> bool {
+    let running: Vec<(&Pod, Epoch)> = s
+        .pods
+        .iter()
+        .filter_map(|p| p.worker.map(|w| (p, w)))
+        .collect();
+    running
+        .iter()
+        .all(|(p, w)| match ProtocolModel::doomed_by(s, p, *w) {
+            None => true,
+            Some(k) => running.iter().all(|(q, _)| usize::from(q.born) <= k),
+        })
+}
+
+impl Model for ProtocolModel {
+    type State = State;
+    type Action = Action;
+
+    fn init_states(&self) -> Vec<State> {
+        let n = usize::from(self.config.pods);
+        vec![State {
+            status: Status::default(),
+            pods: vec![Pod::new(); n],
+            rec_status: None,
+            rec_pods: vec![RecPod::default(); n],
+            rec_last_synced: None,
+            rec_last_deprecated: None,
+            rec_queue: Vec::new(),
+            generations: Vec::new(),
+            written_deprecated: None,
+            written_synced: None,
+            failures_left: self.config.failures,
+            wipes_left: self.config.wipes,
+            rec_restarts_left: self.config.reconciler_restarts,
+            violations: 0,
+        }]
+    }
+
+    fn actions(&self, state: &State, actions: &mut Vec<Action>) {
+        if state.violations != 0 {
+            return;
+        }
+        // Candidates only: `next_state` returns `None` for those not enabled.
+        self.candidates(state, actions);
+    }
+
+    fn next_state(&self, state: &State, action: Action) -> Option<State> {
+        self.step(state, action)
+    }
+
+    fn properties(&self) -> Vec<Property<Self>> {
+        vec![
+            Property::always("safety 1: running workers share one epoch", one_epoch_runs),
+            Property::always(
+                "safety 2: no new worker runs beside one that owes a restart",
+                no_generation_mix,
+            ),
+            Property::always(
+                "safety 2: restart exit only when deprecated",
+                |_, s: &State| s.violations & flag::EXIT_NOT_DEPRECATED == 0,
+            ),
+            Property::always("safety 3: a pod's epoch never decreases", |_, s: &State| {
+                s.violations & flag::EPOCH_DECREASED == 0
+            }),
+            Property::always("safety 3: a write never lowers a field", |_, s: &State| {
+                s.violations & flag::WRITE_LOWERED == 0
+            }),
+            Property::always(
+                "safety 3: a write never goes below an earlier write",
+                |_, s: &State| s.violations & flag::WRITE_BELOW_EARLIER == 0,
+            ),
+            Property::always("bound: epochs stay bounded", |_, s: &State| {
+                s.violations & flag::EPOCH_UNBOUNDED == 0
+            }),
+            Property::always(
+                "liveness: every step but a fault makes progress",
+                |_, s: &State| s.violations & flag::NO_PROGRESS == 0,
+            ),
+            Property::always(
+                "liveness: every quiescent state is converged",
+                |m: &ProtocolModel, s: &State| {
+                    s.violations != 0 || !m.quiescent(s) || m.converged(s)
+                },
+            ),
+            Property::eventually(
+                "liveness (stateright): converged",
+                |m: &ProtocolModel, s: &State| s.violations != 0 || m.converged(s),
+            ),
+            Property::sometimes("reachable: converged after a restart", |m, s| {
+                m.converged(s)
+                    && s.failures_left < m.config.failures
+                    && s.status.synced > Some(m.config.first())
+            }),
+        ]
+    }
+}
+
+/// The name of pod object `i` in the reconciler's input.
+pub fn pod_name(i: usize) -> String {
+    format!("pod-{i}")
+}
+
+/// Symmetry: pods are interchangeable, so a state is represented by its pods (with what the
+/// reconciler holds of each) in sorted order.
+pub fn representative(state: &State) -> State {
+    let mut order: Vec<usize> = (0..state.pods.len()).collect();
+    order.sort_by_cached_key(|i| format_key(&(state.pods[*i], state.rec_pods[*i])));
+    let mut new_index = vec![0u8; order.len()];
+    for (new, old) in order.iter().enumerate() {
+        new_index[*old] = u8::try_from(new).unwrap_or(u8::MAX);
+    }
+    let mut s = state.clone();
+    s.pods = order.iter().map(|i| state.pods[*i]).collect();
+    s.rec_pods = order.iter().map(|i| state.rec_pods[*i]).collect();
+    for (i, _) in &mut s.rec_queue {
+        *i = new_index[usize::from(*i)];
+    }
+    s
+}
+
+/// A total order on (pod, reconciler view) pairs, for [`representative`].
+fn format_key(pair: &(Pod, RecPod)) -> impl Ord + use<> {
+    let (p, r) = pair;
+    let agent = match p.agent {
+        Agent::Starting => (0, 0, None, false, false),
+        Agent::Registering { epoch, read } => (1, epoch, Some(read), false, false),
+        Agent::Watching {
+            epoch,
+            view,
+            decided,
+            lifted,
+        } => (2, epoch, Some(view), decided, lifted),
+        Agent::Exited => (3, 0, None, false, false),
+        Agent::Gone => (4, 0, None, false, false),
+    };
+    let status_key = |s: Option<Status>| s.map(|s| (s.wipes, s.deprecated, s.synced));
+    (
+        (p.failed, p.replaced, p.annotation, p.worker, p.born, p.late),
+        (agent.0, agent.1, status_key(agent.2), agent.3, agent.4),
+        (r.seen.map(|s| (s.failed, s.annotation)), r.counted),
+    )
+}
+
+/// A product of orderings: `Less` when none is `Greater` and one is `Less`.
+fn product(orders: impl IntoIterator<Item = Option<Ordering>>) -> Option<Ordering> {
+    let mut result = Ordering::Equal;
+    for o in orders {
+        match (result, o?) {
+            (_, Ordering::Equal) => {}
+            (Ordering::Equal, o) => result = o,
+            (r, o) if r == o => {}
+            _ => return None,
+        }
+    }
+    Some(result)
+}
+
+/// A lexicographic combination of (lazily computed) partial orderings.
+fn lex<const N: usize>(orders: [&dyn Fn() -> Option<Ordering>; N]) -> Option<Ordering> {
+    for o in orders {
+        match o()? {
+            Ordering::Equal => continue,
+            other => return Some(other),
+        }
+    }
+    Some(Ordering::Equal)
+}
