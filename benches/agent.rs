@@ -292,6 +292,20 @@ fn phases(
     })
 }
 
+/// Until the API server has had no request for 50 ms (at most 5 s).
+async fn settle(server: &TestApiServer) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut seen = server.counters().total();
+    while Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let now = server.counters().total();
+        if now == seen {
+            return;
+        }
+        seen = now;
+    }
+}
+
 async fn recovery(label: &str, config: SimConfig, rounds: usize) {
     let pods = config.pods();
     let restart = config.restart_delay;
@@ -315,6 +329,9 @@ async fn recovery(label: &str, config: SimConfig, rounds: usize) {
     let first_start = setup.elapsed();
     let mut times = Vec::new();
     for round in 0..rounds {
+        // Each failure meets a quiet system: the kubelets' last status writes of the previous
+        // restart (each worker start is one) are done, as they are long before a next failure.
+        settle(sim.server()).await;
         let t = Instant::now();
         sim.fail_worker(round % sim.len(), 1);
         let synced = last.synced;

@@ -354,6 +354,12 @@ impl TestApiServer {
             .map(|e| e.value.clone())
     }
 
+    /// [`Self::get`] without copying the object: the stored entry (its `value` and `json`).
+    pub fn get_shared(&self, resource: &str, ns: &str, name: &str) -> Option<Arc<store::Entry>> {
+        let res = self.resolve(resource).ok()?;
+        self.shared.store().get(res, ns, name)
+    }
+
     /// The objects of a resource (in one namespace, or all), sorted by namespace and name.
     pub fn list(&self, resource: &str, ns: Option<&str>) -> Vec<Value> {
         self.list_shared(resource, ns)

@@ -1055,7 +1055,15 @@ impl Store {
         let cur = self.get(res, ns, name);
         if ty != PatchType::Apply {
             let cur = cur.ok_or_else(|| ApiError::not_found(rt, name))?;
-            let patched = patch::apply_patch(ty, &cur.value, body)?;
+            // A merge patch of the status subresource keeps only the patched status (and reads
+            // the metadata for preconditions): patch a copy without the spec, often most of the
+            // object, which `update_inner` takes from the stored object anyway.
+            let patched =
+                if part == Part::Status && matches!(ty, PatchType::Merge | PatchType::Strategic) {
+                    patch::apply_patch(ty, &without_spec(&cur.value), body)?
+                } else {
+                    patch::apply_patch(ty, &cur.value, body)?
+                };
             return Ok((self.update_inner(res, cur, patched, part, wo, None)?, false));
         }
         let manager = wo
@@ -1214,6 +1222,19 @@ fn ns_mismatch() -> ApiError {
     ApiError::bad_request(
         "the namespace of the provided object does not match the namespace sent on the request",
     )
+}
+
+/// A copy of `object` without its `spec`.
+fn without_spec(object: &Value) -> Value {
+    match object {
+        Value::Object(m) => Value::Object(
+            m.iter()
+                .filter(|(k, _)| k.as_str() != "spec")
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        ),
+        other => other.clone(),
+    }
 }
 
 /// Sets `to[field]` to `from[field]`, or removes it when `from` has none.

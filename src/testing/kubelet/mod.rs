@@ -36,6 +36,7 @@
 mod agents;
 pub mod manifest;
 mod pod;
+mod status;
 
 use std::collections::{HashSet, VecDeque};
 use std::fmt;
@@ -351,22 +352,18 @@ impl Ctx {
         self.workdir.join(format!("{pod}.exit"))
     }
 
-    pub(crate) async fn write_status(&self, pod: &PodInfo, status: Value) {
-        if !self.config.pod_status {
-            return;
-        }
+    /// One status write (merge patch of the status subresource), retried twice; see
+    /// [`status::StatusWriter`] for how pods use it.
+    async fn write_status(&self, pod: &str, status: Value) {
         let api: Api<DynamicObject> =
             Api::namespaced_with(self.client.clone(), &self.config.namespace, &pod_resource());
         let patch = Patch::Merge(json!({ "status": status }));
         for attempt in 0..3 {
-            match api
-                .patch_status(&pod.name, &PatchParams::default(), &patch)
-                .await
-            {
+            match api.patch_status(pod, &PatchParams::default(), &patch).await {
                 Ok(_) => return,
                 Err(kube::Error::Api(s)) if s.code == 404 => return,
                 Err(e) if attempt == 2 => {
-                    self.log(format!("{}: cannot write the pod status: {e}", pod.name));
+                    self.log(format!("{pod}: cannot write the pod status: {e}"));
                 }
                 Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
             }
@@ -394,8 +391,8 @@ impl Ctx {
     pub(crate) fn worker_started(&self, slot: usize, pod: &str) {
         let epoch = self
             .server
-            .get("pods", &self.config.namespace, pod)
-            .and_then(|p| self.epoch_of(&p));
+            .get_shared("pods", &self.config.namespace, pod)
+            .and_then(|p| self.epoch_of(&p.value));
         self.with_slot(slot, |s| {
             s.worker_runs += 1;
             s.workers_this_agent_run += 1;

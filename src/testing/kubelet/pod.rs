@@ -9,6 +9,7 @@ use tokio::sync::mpsc;
 
 use super::agents::AgentRun;
 use super::manifest::{self, WORKER_CONTAINER, WORKER_CONTROL_ENV};
+use super::status::StatusWriter;
 use super::{AgentMode, AgentRunner, Ctx};
 use crate::admission::pod as podspec;
 use crate::agent::contract;
@@ -55,7 +56,8 @@ enum Exit {
 }
 
 pub(crate) async fn run(ctx: Arc<Ctx>, pod: PodInfo, mut cmds: mpsc::UnboundedReceiver<PodCmd>) {
-    let end = kubelet(&ctx, &pod, &mut cmds).await;
+    let mut status = StatusWriter::start(&ctx, &pod.name);
+    let end = kubelet(&ctx, &pod, &mut cmds, &mut status).await;
     ctx.pod_ended(&pod, end);
 }
 
@@ -96,6 +98,7 @@ async fn kubelet(
     ctx: &Arc<Ctx>,
     pod: &PodInfo,
     cmds: &mut mpsc::UnboundedReceiver<PodCmd>,
+    status: &mut StatusWriter,
 ) -> PodEnd {
     let Some(spec) = containers(ctx, &pod.spec) else {
         ctx.log(format!("{}: the pod has no agent container", pod.name));
@@ -112,19 +115,19 @@ async fn kubelet(
     let mut worker_running = false;
     loop {
         if *stop.borrow() {
-            ctx.write_status(pod, terminal(ctx, "Failed", restart_count, None))
+            status
+                .write(terminal(ctx, "Failed", restart_count, None))
                 .await;
             return PodEnd::Stopped;
         }
-        ctx.write_status(
-            pod,
-            running(ctx, &spec, restart_count, worker_running, false),
-        )
-        .await;
-        let Some(object) = ctx.server.get("pods", &ctx.config.namespace, &pod.name) else {
+        status.set(running(ctx, &spec, restart_count, worker_running, false));
+        let Some(object) = ctx
+            .server
+            .get_shared("pods", &ctx.config.namespace, &pod.name)
+        else {
             return PodEnd::Stopped;
         };
-        let mut agent = match start_agent(ctx, pod, &spec, &object) {
+        let mut agent = match start_agent(ctx, pod, &spec, &object.value) {
             Ok(a) => a,
             Err(e) => {
                 ctx.log(format!("{}: cannot start the agent: {e}", pod.name));
@@ -184,7 +187,7 @@ async fn kubelet(
                     if agent.probe(&spec.probe_path).await {
                         worker_running = true;
                         ctx.worker_started(pod.slot, &pod.name);
-                        ctx.write_status(pod, running(ctx, &spec, restart_count, true, false)).await;
+                        status.set(running(ctx, &spec, restart_count, true, false));
                     }
                 }
                 line = next_line(&mut stdout), if stdout.is_some() => {
@@ -195,7 +198,7 @@ async fn kubelet(
                         group = Some(pid);
                         ctx.worker_group(pid, true);
                         ctx.worker_started(pod.slot, &pod.name);
-                        ctx.write_status(pod, running(ctx, &spec, restart_count, true, false)).await;
+                        status.set(running(ctx, &spec, restart_count, true, false));
                     }
                 }
             }
@@ -205,7 +208,8 @@ async fn kubelet(
                 ctx.worker_stopped(pod.slot);
                 agent.stop(ctx.config.termination_grace).await;
                 kill_group(ctx, &mut group);
-                ctx.write_status(pod, terminal(ctx, "Failed", restart_count, None))
+                status
+                    .write(terminal(ctx, "Failed", restart_count, None))
                     .await;
                 return PodEnd::Stopped;
             }
@@ -215,7 +219,8 @@ async fn kubelet(
                 agent.kill();
                 agent.wait().await;
                 kill_group(ctx, &mut group);
-                ctx.write_status(pod, terminal(ctx, "Failed", restart_count, None))
+                status
+                    .write(terminal(ctx, "Failed", restart_count, None))
                     .await;
                 return PodEnd::Failed {
                     container: None,
@@ -240,7 +245,7 @@ async fn kubelet(
                 match mode {
                     AgentMode::Sidecar if restarts_all => {
                         worker_running = false;
-                        restart_in_place(ctx, pod, &spec, &mut agent, restart_count).await;
+                        restart_in_place(ctx, pod, &spec, &mut agent, restart_count, status).await;
                         restart_count += 1;
                     }
                     AgentMode::Sidecar if action.is_none() => {
@@ -249,18 +254,20 @@ async fn kubelet(
                     }
                     AgentMode::MainContainer if restarts_all || restarts_self => {
                         ctx.worker_stopped(pod.slot);
-                        restart_in_place(ctx, pod, &spec, &mut agent, restart_count).await;
+                        restart_in_place(ctx, pod, &spec, &mut agent, restart_count, status).await;
                         restart_count += 1;
                     }
                     AgentMode::MainContainer if code == 0 => {
                         ctx.worker_stopped(pod.slot);
-                        ctx.write_status(pod, terminal(ctx, "Succeeded", restart_count, Some(0)))
+                        status
+                            .write(terminal(ctx, "Succeeded", restart_count, Some(0)))
                             .await;
                         return PodEnd::Succeeded;
                     }
                     _ => {
                         ctx.worker_stopped(pod.slot);
-                        ctx.write_status(pod, terminal(ctx, "Failed", restart_count, Some(code)))
+                        status
+                            .write(terminal(ctx, "Failed", restart_count, Some(code)))
                             .await;
                         return PodEnd::Failed {
                             container: Some(container_name(&spec.agent)),
@@ -284,7 +291,7 @@ async fn kubelet(
                     action.as_deref(),
                     Some(podspec::RESTART_ALL_CONTAINERS | podspec::RESTART_POD)
                 ) {
-                    restart_in_place(ctx, pod, &spec, &mut agent, restart_count).await;
+                    restart_in_place(ctx, pod, &spec, &mut agent, restart_count, status).await;
                     restart_count += 1;
                     continue;
                 }
@@ -292,7 +299,8 @@ async fn kubelet(
                 // the sidecar is stopped, and the pod ends.
                 agent.stop(ctx.config.termination_grace).await;
                 let phase = if code == 0 { "Succeeded" } else { "Failed" };
-                ctx.write_status(pod, terminal(ctx, phase, restart_count, Some(code)))
+                status
+                    .write(terminal(ctx, phase, restart_count, Some(code)))
                     .await;
                 return if code == 0 {
                     PodEnd::Succeeded
@@ -334,10 +342,10 @@ async fn restart_in_place(
     spec: &Containers,
     agent: &mut AgentRun,
     restart_count: i64,
+    status: &mut StatusWriter,
 ) {
     ctx.worker_stopped(pod.slot);
-    ctx.write_status(pod, running(ctx, spec, restart_count, false, true))
-        .await;
+    status.set(running(ctx, spec, restart_count, false, true));
     agent.stop(ctx.config.termination_grace).await;
     tokio::time::sleep(ctx.config.restart_delay).await;
     ctx.restarted(pod.slot);
