@@ -13,7 +13,10 @@
 //!    in-process), minus the simulated container restart time: the protocol overhead (agent
 //!    start, API round-trips, reconciler, the probe period). Target < 1 s at 1,024 pods.
 //!
-//! `JOBSET_INPLACE_BENCH_RUNS` (default 20) start-up runs. The whole bench is bounded (< 2 min).
+//! `JOBSET_INPLACE_BENCH_RUNS` (default 20) start-up runs; `JOBSET_INPLACE_BENCH_SIZES` (default
+//! `16,256,1024`) the group sizes; `JOBSET_INPLACE_BENCH_ROUNDS` (default 2) group restarts per
+//! size above 16; `JOBSET_INPLACE_BENCH_STARTUP=0` skips the start-up part. With the defaults the
+//! whole bench is bounded (< 2 min).
 
 use std::process::Stdio;
 use std::sync::Arc;
@@ -262,34 +265,71 @@ async fn startup(server: &TestApiServer, runs: usize) {
     );
 }
 
-/// When the deprecated and then the synced field moved past `before` (the JobSet read from the
-/// store directly every millisecond, adding no API load).
+/// When the deprecated field moved past `before`, when every pod had registered an epoch above
+/// it, and when the synced field moved past `before` (the JobSet and pods read from the store
+/// directly, adding no API load).
 fn phases(
     server: Arc<TestApiServer>,
     namespace: &str,
+    pods: usize,
     before: Option<i32>,
     t: Instant,
-) -> tokio::task::JoinHandle<Option<(Duration, Duration)>> {
+) -> tokio::task::JoinHandle<Option<Phases>> {
     let namespace = namespace.to_owned();
     tokio::spawn(async move {
         let mut deprecated = None;
+        let mut registered = None;
         let deadline = t + Duration::from_secs(40);
+        let mut tick = 0u32;
         while Instant::now() < deadline {
+            tick = tick.wrapping_add(1);
             if let Some(js) = server.get_as::<JobSet>(&namespace, "js") {
                 let st = js.epoch_status(Dialect::Epoch);
                 if deprecated.is_none() && st.deprecated.is_some() && st.deprecated >= before {
-                    deprecated = Some(t.elapsed());
+                    deprecated = Some((t.elapsed(), st.deprecated));
                 }
-                if let Some(d) = deprecated
+                // Every 5 ms: how many pods registered above the deprecated epoch.
+                if let Some((_, Some(d))) = deprecated
+                    && registered.is_none()
+                    && tick.is_multiple_of(5)
+                {
+                    let above = server
+                        .list_shared("pods", Some(&namespace))
+                        .iter()
+                        .filter_map(|e| {
+                            e.value
+                                .pointer("/metadata/annotations")?
+                                .get(Dialect::Epoch.pod_annotation())?
+                                .as_str()
+                        })
+                        .filter_map(|a| jobset_inplace::protocol::parse_epoch(a).ok())
+                        .filter(|e| *e > d)
+                        .count();
+                    if above >= pods {
+                        registered = Some(t.elapsed());
+                    }
+                }
+                if let Some((d, _)) = deprecated
                     && st.synced > before
                 {
-                    return Some((d, t.elapsed()));
+                    return Some(Phases {
+                        deprecated: d,
+                        registered,
+                        synced: t.elapsed(),
+                    });
                 }
             }
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
         None
     })
+}
+
+struct Phases {
+    deprecated: Duration,
+    /// Every pod registered above the deprecated epoch (seen within 5 ms).
+    registered: Option<Duration>,
+    synced: Duration,
 }
 
 /// Until the API server has had no request for 50 ms (at most 5 s).
@@ -336,7 +376,13 @@ async fn recovery(label: &str, config: SimConfig, rounds: usize) {
         sim.fail_worker(round % sim.len(), 1);
         let synced = last.synced;
         let counted = sim.server().counters();
-        let phases = phases(sim.server_arc(), &sim.config().namespace, last.synced, t);
+        let phases = phases(
+            sim.server_arc(),
+            &sim.config().namespace,
+            sim.len(),
+            last.synced,
+            t,
+        );
         match sim
             .wait_for("the group restart", limit, |s| s.all_running_after(synced))
             .await
@@ -350,11 +396,13 @@ async fn recovery(label: &str, config: SimConfig, rounds: usize) {
                     .unwrap_or_else(Instant::now);
                 times.push(end.saturating_duration_since(t));
                 let requests = sim.server().counters().since(&counted).total();
-                if let Ok(Some((deprecated, synced))) = phases.await {
+                if let Ok(Some(p)) = phases.await {
                     println!(
-                        "{label:<34} {pods:>5} pods: round {round}: deprecated after {:7.1} ms, synced after {:7.1} ms, all running after {:7.1} ms; {requests} API requests ({:.1}/pod)",
-                        ms(deprecated),
-                        ms(synced),
+                        "{label:<34} {pods:>5} pods: round {round}: deprecated after {:7.1} ms, all registered after {}, synced after {:7.1} ms, all running after {:7.1} ms; {requests} API requests ({:.1}/pod)",
+                        ms(p.deprecated),
+                        p.registered
+                            .map_or("-".to_owned(), |r| format!("{:7.1} ms", ms(r))),
+                        ms(p.synced),
                         ms(end.saturating_duration_since(t)),
                         requests as f64 / pods as f64
                     );
@@ -431,6 +479,7 @@ fn main() {
             c
         };
         let sizes: String = env_or("JOBSET_INPLACE_BENCH_SIZES", "16,256,1024".to_owned());
+        let rounds = env_or("JOBSET_INPLACE_BENCH_ROUNDS", 2usize).max(1);
         let sizes: Vec<i64> = sizes
             .split(',')
             .filter_map(|s| s.trim().parse().ok())
@@ -445,9 +494,9 @@ fn main() {
                 // The checker lists every pod at each worker start: off at this size.
                 let mut c = sim(n);
                 c.check_invariant = false;
-                recovery("in-process agents", c.clone(), 2).await;
+                recovery("in-process agents", c.clone(), rounds).await;
                 c.pod_status = false;
-                recovery("in-process agents, no pod status", c, 2).await;
+                recovery("in-process agents, no pod status", c, rounds).await;
             }
         }
     });

@@ -140,31 +140,97 @@ pub struct Condition {
     pub extra: Map<String, Value>,
 }
 
-impl kube::Resource for JobSet {
-    type DynamicType = ();
-    type Scope = k8s_openapi::NamespaceResourceScope;
+/// `kube::Resource` for a JobSet type: the same group, version, kind and scope.
+macro_rules! jobset_resource {
+    ($ty:ty) => {
+        impl kube::Resource for $ty {
+            type DynamicType = ();
+            type Scope = k8s_openapi::NamespaceResourceScope;
 
-    fn kind(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed(KIND)
+            fn kind(_: &()) -> Cow<'_, str> {
+                Cow::Borrowed(KIND)
+            }
+            fn group(_: &()) -> Cow<'_, str> {
+                Cow::Borrowed(GROUP)
+            }
+            fn version(_: &()) -> Cow<'_, str> {
+                Cow::Borrowed(VERSION)
+            }
+            fn api_version(_: &()) -> Cow<'_, str> {
+                Cow::Borrowed(API_VERSION)
+            }
+            fn plural(_: &()) -> Cow<'_, str> {
+                Cow::Borrowed(PLURAL)
+            }
+            fn meta(&self) -> &ObjectMeta {
+                &self.metadata
+            }
+            fn meta_mut(&mut self) -> &mut ObjectMeta {
+                &mut self.metadata
+            }
+        }
+    };
+}
+
+jobset_resource!(JobSet);
+jobset_resource!(JobSetSummary);
+
+/// What an agent reads of its JobSet, and nothing more: metadata,
+/// `spec.failurePolicy.restartStrategy` and the status fields. Every other field, the pod
+/// templates above all, is skipped while parsing: a [`JobSet`] keeps them as JSON values behind
+/// flattened maps, which costs each agent far more per watch event, and every agent of a JobSet
+/// gets every event. Read-only: never written back, so what it drops is not lost.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+pub struct JobSetSummary {
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    spec: Option<SummarySpec>,
+    #[serde(default)]
+    status: Option<Map<String, Value>>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SummarySpec {
+    #[serde(default)]
+    failure_policy: Option<SummaryFailurePolicy>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SummaryFailurePolicy {
+    #[serde(default)]
+    restart_strategy: Option<String>,
+}
+
+impl JobSetSummary {
+    /// `spec.failurePolicy.restartStrategy == InPlaceRestart`.
+    pub fn is_in_place_restart(&self) -> bool {
+        self.spec
+            .as_ref()
+            .and_then(|s| s.failure_policy.as_ref())
+            .and_then(|f| f.restart_strategy.as_deref())
+            == Some(IN_PLACE_RESTART)
     }
-    fn group(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed(GROUP)
+
+    /// The JobSet carries the annotation that disables in-place restart.
+    pub fn is_in_place_restart_disabled(&self) -> bool {
+        disabled_by(&self.metadata)
     }
-    fn version(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed(VERSION)
+
+    /// The dialect's epoch fields of the status.
+    pub fn epoch_status(&self, dialect: Dialect) -> EpochStatus {
+        dialect.read_status(self.status.as_ref())
     }
-    fn api_version(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed(API_VERSION)
-    }
-    fn plural(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed(PLURAL)
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
+}
+
+/// `metadata` carries the annotation that disables in-place restart.
+fn disabled_by(metadata: &ObjectMeta) -> bool {
+    metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(DISABLE_ANNOTATION))
 }
 
 impl JobSet {
@@ -197,10 +263,7 @@ impl JobSet {
 
     /// The JobSet carries the annotation that disables in-place restart.
     pub fn is_in_place_restart_disabled(&self) -> bool {
-        self.metadata
-            .annotations
-            .as_ref()
-            .is_some_and(|a| a.contains_key(DISABLE_ANNOTATION))
+        disabled_by(&self.metadata)
     }
 
     /// `spec.failurePolicy.maxRestarts`, 0 when absent (the JobSet API default).
@@ -328,6 +391,36 @@ mod tests {
         assert_eq!((st.deprecated, st.synced), (Some(3), Some(4)));
         assert_eq!(js.epoch_status(Dialect::Attempt), EpochStatus::default());
         assert_eq!(js.pod_service_accounts(), vec![None]);
+    }
+
+    /// The agent's summary reads what the full JobSet reads, whatever the spec holds.
+    #[test]
+    fn the_summary_agrees_with_the_full_jobset() {
+        let mut disabled = sample();
+        disabled["metadata"]["annotations"][DISABLE_ANNOTATION] = json!("true");
+        let mut recreate = sample();
+        recreate["spec"]["failurePolicy"]["restartStrategy"] = json!("Recreate");
+        let mut bare = json!({"metadata": {"name": "js"}});
+        bare["status"] = json!({"restarts": 1});
+        for v in [sample(), disabled, recreate, bare] {
+            let full: JobSet = serde_json::from_value(v.clone()).expect("jobset");
+            let summary: JobSetSummary = serde_json::from_value(v).expect("summary");
+            assert_eq!(summary.is_in_place_restart(), full.is_in_place_restart());
+            assert_eq!(
+                summary.is_in_place_restart_disabled(),
+                full.is_in_place_restart_disabled()
+            );
+            for dialect in [Dialect::Epoch, Dialect::Attempt] {
+                assert_eq!(summary.epoch_status(dialect), full.epoch_status(dialect));
+            }
+            assert_eq!(summary.metadata, full.metadata);
+        }
+        // Pod templates the full type would reject do not stop an agent.
+        let odd = json!({"spec": {"replicatedJobs": "not a list",
+                                  "failurePolicy": {"restartStrategy": "InPlaceRestart"}}});
+        assert!(serde_json::from_value::<JobSet>(odd.clone()).is_err());
+        let summary: JobSetSummary = serde_json::from_value(odd).expect("summary");
+        assert!(summary.is_in_place_restart());
     }
 
     #[test]

@@ -18,7 +18,7 @@ use tracing::Instrument;
 
 use super::barrier::BarrierState;
 use super::config::{AgentConfig, Mode};
-use crate::jobset::JobSet;
+use crate::jobset::JobSetSummary;
 use crate::protocol::{self, AgentAction, AgentView, Dialect, Epoch};
 use crate::reconciler::index::WatchedPod;
 
@@ -192,7 +192,7 @@ enum Event {
 /// (the supervisor races it against signals and the worker) and called again.
 struct Protocol {
     pods: Api<WatchedPod>,
-    jobsets: Api<JobSet>,
+    jobsets: Api<JobSetSummary>,
     dialect: Dialect,
     pod_name: String,
     jobset_name: String,
@@ -204,12 +204,12 @@ struct Protocol {
     registered: bool,
     lifted: bool,
     /// The JobSet state to decide on next.
-    pending: Option<JobSet>,
+    pending: Option<JobSetSummary>,
     /// Re-read the JobSet before watching again (after a 410).
     reread: bool,
     /// Where the watch resumes.
     resource_version: Option<String>,
-    stream: Option<BoxStream<'static, kube::Result<WatchEvent<JobSet>>>>,
+    stream: Option<BoxStream<'static, kube::Result<WatchEvent<JobSetSummary>>>>,
     watch_opened: Instant,
     watch_events: u64,
     backoff: Backoff,
@@ -284,7 +284,7 @@ impl Protocol {
         }
     }
 
-    fn decide(&mut self, js: &JobSet) -> Option<Event> {
+    fn decide(&mut self, js: &JobSetSummary) -> Option<Event> {
         let epoch = self.epoch?;
         let view = AgentView {
             in_place_restart: js.is_in_place_restart(),

@@ -355,8 +355,10 @@ impl Ctx {
     /// One status write (merge patch of the status subresource), retried twice; see
     /// [`status::StatusWriter`] for how pods use it.
     async fn write_status(&self, pod: &str, status: Value) {
-        let api: Api<DynamicObject> =
-            Api::namespaced_with(self.client.clone(), &self.config.namespace, &pod_resource());
+        // The answer is read as a `WatchedPod`, which skips the spec: a kubelet writes thousands
+        // of statuses here and has no use for the pod it gets back.
+        let api: Api<crate::reconciler::index::WatchedPod> =
+            Api::namespaced(self.client.clone(), &self.config.namespace);
         let patch = Patch::Merge(json!({ "status": status }));
         for attempt in 0..3 {
             match api.patch_status(pod, &PatchParams::default(), &patch).await {
