@@ -8,12 +8,14 @@
 #   scripts/fuzz-smoke.sh                     # every target, 20 s each
 #   FUZZ_SECONDS=300 scripts/fuzz-smoke.sh review offline
 #
-# Environment: FUZZ_SECONDS (per target), AFL_OPT_LEVEL (the targets' opt-level, default 3; 1
-# builds faster), CARGO_AFL_VERSION (default 0.18.2).
+# Environment: FUZZ_SECONDS (per target), FUZZ_TIMEOUT_MS (a run over it is a hang; default
+# 1000), AFL_OPT_LEVEL (the targets' opt-level, default 3; 1 builds faster), CARGO_AFL_VERSION
+# (default 0.18.2).
 set -euo pipefail
 
 cd "$(dirname "$0")/../fuzz"
 seconds="${FUZZ_SECONDS:-20}"
+timeout_ms="${FUZZ_TIMEOUT_MS:-1000}"
 version="${CARGO_AFL_VERSION:-0.18.2}"
 if [ "$#" -gt 0 ]; then
     targets=("$@")
@@ -43,9 +45,9 @@ for target in "${targets[@]}"; do
     rm -rf "$out"
     mkdir -p out
     stamp "fuzzing $target for ${seconds}s"
-    # -V: stop after that many seconds; -t: a run over 1 s is a hang.
+    # -V: stop after that many seconds; -t: a run over that many ms is a hang.
     cargo afl fuzz -i "corpus/$target" -o "$out" -x "dict/$target.dict" -V "$seconds" \
-        -t 1000 "target/release/$target" >"out/$target.log" 2>&1 || {
+        -t "$timeout_ms" "target/release/$target" >"out/$target.log" 2>&1 || {
         stamp "afl-fuzz failed on $target:"
         tail -n 30 "out/$target.log"
         failed=1
