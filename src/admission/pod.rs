@@ -131,6 +131,20 @@ impl<'a> Container<'a> {
         names.iter().find_map(|n| self.env(n).map(|e| (*n, e)))
     }
 
+    /// The first of `names` (a variable and its alias) that the agent reads: as in
+    /// `agent::config`, one set to blank text counts as unset. (An entry from `valueFrom` is
+    /// returned, its value unknown here.) [`Self::env_any`] is what is written, blank or not.
+    pub fn env_read_by_agent(
+        &self,
+        names: &[&'static str],
+    ) -> Option<(&'static str, EnvEntry<'a>)> {
+        names.iter().find_map(|name| {
+            self.env(name)
+                .filter(|e| e.value.is_none_or(|v| !v.trim().is_empty()))
+                .map(|e| (*name, e))
+        })
+    }
+
     /// `env` is an array (entries can be appended to it).
     pub fn has_env_list(&self) -> bool {
         self.view.env.is_some()
@@ -160,9 +174,10 @@ impl<'a> Container<'a> {
     }
 
     /// The restart exit code the agent in this container will use, from its env (ours, then the
-    /// released agent's name), else `default`. `Err` carries an unparsable literal.
+    /// released agent's name; blank counts as unset, as for the agent), else `default`. `Err`
+    /// carries an unparsable literal.
     pub fn agent_exit_code(&self, default: u8) -> Result<ExitCodeSetting, String> {
-        match self.env_any(&[
+        match self.env_read_by_agent(&[
             contract::RESTART_EXIT_CODE,
             contract::RESTART_EXIT_CODE_ALIAS,
         ]) {

@@ -395,7 +395,7 @@ fn check_agent_rule(
 /// The startup probe of a sidecar agent is its barrier: it must ask the agent's barrier endpoint.
 fn check_barrier_probe(path: &str, c: &Container<'_>, out: &mut Validation) {
     let (port_source, port) =
-        match c.env_any(&[contract::BARRIER_PORT, contract::BARRIER_PORT_ALIAS]) {
+        match c.env_read_by_agent(&[contract::BARRIER_PORT, contract::BARRIER_PORT_ALIAS]) {
             None => (
                 "the agent's default".to_owned(),
                 Some(i64::from(contract::DEFAULT_BARRIER_PORT)),
@@ -416,12 +416,27 @@ fn check_barrier_probe(path: &str, c: &Container<'_>, out: &mut Validation) {
             },
         };
     let (path_source, barrier_path) =
-        match c.env_any(&[contract::BARRIER_PATH, contract::BARRIER_PATH_ALIAS]) {
+        match c.env_read_by_agent(&[contract::BARRIER_PATH, contract::BARRIER_PATH_ALIAS]) {
             None => (
                 "the agent's default".to_owned(),
                 Some(contract::DEFAULT_BARRIER_PATH),
             ),
-            Some((name, entry)) => (name.to_owned(), entry.value),
+            Some((name, entry)) => match entry.value.map(str::trim) {
+                None => (format!("{name} (valueFrom)"), None),
+                // As the agent reads it (agent::config): trimmed, a path from the root.
+                Some(v) if !v.starts_with('/') || v.contains(char::is_whitespace) => {
+                    violation(
+                        out,
+                        format!("{path}.env[{}].value", entry.index),
+                        format!(
+                            "{name}={v:?} is not a URL path starting with /: the agent would \
+                             not start"
+                        ),
+                    );
+                    return;
+                }
+                Some(v) => (name.to_owned(), Some(v)),
+            },
         };
     let Some(http_get) = c.startup_http_get() else {
         violation(
