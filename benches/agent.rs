@@ -22,7 +22,7 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use jobset_inplace::jobset::JobSet;
+use jobset_inplace::jobset::JobSetSummary;
 use jobset_inplace::protocol::{Dialect, JOBSET_NAME_LABEL};
 use jobset_inplace::testing::apiserver::TestApiServer;
 use jobset_inplace::testing::kubelet::{SimConfig, Simulation, barrier_port, http_get};
@@ -283,7 +283,7 @@ fn phases(
         let mut tick = 0u32;
         while Instant::now() < deadline {
             tick = tick.wrapping_add(1);
-            if let Some(js) = server.get_as::<JobSet>(&namespace, "js") {
+            if let Some(js) = server.get_as::<JobSetSummary>(&namespace, "js") {
                 let st = js.epoch_status(Dialect::Epoch);
                 if deprecated.is_none() && st.deprecated.is_some() && st.deprecated >= before {
                     deprecated = Some((t.elapsed(), st.deprecated));

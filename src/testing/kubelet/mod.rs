@@ -54,7 +54,7 @@ pub use agents::{barrier_port, http_get};
 use pod::{PodCmd, PodEnd, PodInfo};
 
 use super::apiserver::TestApiServer;
-use crate::jobset::JobSet;
+use crate::jobset::{JobSet, JobSetSummary};
 use crate::protocol::{Dialect, Epoch, JOBSET_NAME_LABEL};
 use crate::reconciler;
 
@@ -811,7 +811,7 @@ impl Simulation {
                 }
             })
             .collect();
-        let js: Option<JobSet> = ctx
+        let js: Option<JobSetSummary> = ctx
             .server
             .get_as(&ctx.config.namespace, &ctx.config.jobset_name);
         let status = js
