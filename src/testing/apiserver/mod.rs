@@ -129,9 +129,38 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// The locked store. Unlocks before it drops what the store let go of (objects that left the
+/// history), so freeing them does not hold up other requests.
+pub(crate) struct StoreGuard<'a>(Option<MutexGuard<'a, Store>>);
+
+impl std::ops::Deref for StoreGuard<'_> {
+    type Target = Store;
+    fn deref(&self) -> &Store {
+        self.0
+            .as_deref()
+            .expect("the guard holds the lock until dropped")
+    }
+}
+
+impl std::ops::DerefMut for StoreGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Store {
+        self.0
+            .as_deref_mut()
+            .expect("the guard holds the lock until dropped")
+    }
+}
+
+impl Drop for StoreGuard<'_> {
+    fn drop(&mut self) {
+        let evicted = self.0.as_mut().map(|s| s.take_evicted());
+        drop(self.0.take());
+        drop(evicted);
+    }
+}
+
 impl Shared {
-    pub(crate) fn store(&self) -> MutexGuard<'_, Store> {
-        lock(&self.store)
+    pub(crate) fn store(&self) -> StoreGuard<'_> {
+        StoreGuard(Some(lock(&self.store)))
     }
 
     pub(crate) fn faults(&self) -> MutexGuard<'_, faults::Faults> {
@@ -207,7 +236,12 @@ impl TestApiServer {
             bookmark_period: Mutex::new(opts.bookmark_interval),
             shutting_down: AtomicBool::new(false),
         });
-        let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
+        // A deep accept queue: a thousand simulated agents reconnect at once after a group
+        // restart, and tokio's default backlog (1,024) overflowed: dropped SYNs, retried by the
+        // kernel after 1 s and 3 s, stalled whole rounds. The kernel caps it at somaxconn.
+        let socket = tokio::net::TcpSocket::new_v4()?;
+        socket.bind(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))?;
+        let listener = socket.listen(65_535)?;
         let addr = listener.local_addr()?;
         let listener = listener.tap_io(|tcp| {
             // Small watch chunks must not wait for Nagle.

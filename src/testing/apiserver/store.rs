@@ -257,6 +257,9 @@ pub struct Store {
     objects: Vec<BTreeMap<Key, Arc<Entry>>>,
     rv: u64,
     history: VecDeque<Arc<Change>>,
+    /// Changes that left the history, to be dropped once the lock is released (see
+    /// [`Store::take_evicted`]): freeing an old object is most of a write's cost in the lock.
+    evicted: Vec<Arc<Change>>,
     /// Watches and consistent lists can resume from any resourceVersion at or after this one.
     oldest: u64,
     watchers: Vec<Watchers>,
@@ -438,6 +441,7 @@ impl Store {
             // resourceVersion "0" means "any" to clients, so real versions start above it.
             rv: 1,
             history: VecDeque::new(),
+            evicted: Vec::new(),
             oldest: 1,
             watchers: (0..n).map(|_| Watchers::default()).collect(),
             next_watcher: 0,
@@ -520,6 +524,12 @@ impl Store {
     // History and watchers
     // ---------------------------------------------------------------------------------------
 
+    /// The changes that left the history since the last call, for the caller to drop outside
+    /// the lock.
+    pub(crate) fn take_evicted(&mut self) -> Vec<Arc<Change>> {
+        std::mem::take(&mut self.evicted)
+    }
+
     fn next_rv(&mut self) -> u64 {
         self.rv += 1;
         self.rv
@@ -531,6 +541,7 @@ impl Store {
         while self.history.len() > self.opts.history_capacity {
             if let Some(old) = self.history.pop_front() {
                 self.oldest = self.oldest.max(old.rv);
+                self.evicted.push(old);
             }
         }
         let watchers = &mut self.watchers[change.res];
