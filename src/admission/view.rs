@@ -283,8 +283,34 @@ fn any_value<'de, A: MapAccess<'de>>(map: &mut A) -> Result<Option<Value>, A::Er
     map.next_value::<Value>().map(Some)
 }
 
-/// A view of a JSON object: `fields` numbers the keys it reads (from 1), `read` reads one.
+/// A view of a JSON object. Common form: `Name { "key" => field: reader, ... }`, each key read
+/// into its field by `lenient` or `any_value`. General form: `fields` numbers the keys it reads
+/// (from 1, 0 for the rest), `read` reads one.
 macro_rules! object_view {
+    ($name:ident { $($key:expr => $field:ident: $reader:ident),+ $(,)? }) => {
+        object_view!(
+            $name,
+            |key| {
+                let mut n = 0u8;
+                $(
+                    n += 1;
+                    if key == $key {
+                        return n;
+                    }
+                )+
+                0
+            },
+            |v, field, map| {
+                let mut n = 0u8;
+                $(
+                    n += 1;
+                    if field == n {
+                        v.$field = $reader(map)?;
+                    }
+                )+
+            }
+        );
+    };
     ($name:ident, |$key:ident| $fields:expr, |$view:ident, $field:ident, $map:ident| $read:expr) => {
         impl<'de> Shape<'de> for $name<'de> {
             fn from_map<A: MapAccess<'de>>(mut map: A) -> Result<Option<Self>, A::Error> {
@@ -314,20 +340,11 @@ pub(crate) struct Review<'a> {
     pub request: Option<RequestView<'a>>,
 }
 
-object_view!(
-    Review,
-    |key| match key {
-        "apiVersion" => 1,
-        "kind" => 2,
-        "request" => 3,
-        _ => 0,
-    },
-    |v, field, map| match field {
-        1 => v.api_version = lenient(map)?,
-        2 => v.kind = lenient(map)?,
-        _ => v.request = lenient(map)?,
-    }
-);
+object_view!(Review {
+    "apiVersion" => api_version: lenient,
+    "kind" => kind: lenient,
+    "request" => request: lenient,
+});
 
 /// `request` of an AdmissionReview.
 #[derive(Clone, Debug, Default)]
@@ -340,24 +357,13 @@ pub(crate) struct RequestView<'a> {
     pub old_object: Option<JobSet<'a>>,
 }
 
-object_view!(
-    RequestView,
-    |key| match key {
-        "uid" => 1,
-        "operation" => 2,
-        "kind" => 3,
-        "object" => 4,
-        "oldObject" => 5,
-        _ => 0,
-    },
-    |v, field, map| match field {
-        1 => v.uid = lenient(map)?,
-        2 => v.operation = lenient(map)?,
-        3 => v.kind = lenient(map)?,
-        4 => v.object = lenient(map)?,
-        _ => v.old_object = lenient(map)?,
-    }
-);
+object_view!(RequestView {
+    "uid" => uid: lenient,
+    "operation" => operation: lenient,
+    "kind" => kind: lenient,
+    "object" => object: lenient,
+    "oldObject" => old_object: lenient,
+});
 
 /// `request.kind`.
 #[derive(Clone, Debug, Default)]
@@ -366,18 +372,10 @@ pub(crate) struct GroupKind<'a> {
     pub kind: Option<Str<'a>>,
 }
 
-object_view!(
-    GroupKind,
-    |key| match key {
-        "group" => 1,
-        "kind" => 2,
-        _ => 0,
-    },
-    |v, field, map| match field {
-        1 => v.group = lenient(map)?,
-        _ => v.kind = lenient(map)?,
-    }
-);
+object_view!(GroupKind {
+    "group" => group: lenient,
+    "kind" => kind: lenient,
+});
 
 /// A JobSet: what validation and mutation read of it.
 #[derive(Clone, Debug, Default)]
@@ -386,18 +384,10 @@ pub(crate) struct JobSet<'a> {
     pub spec: Option<JobSetSpec<'a>>,
 }
 
-object_view!(
-    JobSet,
-    |key| match key {
-        "metadata" => 1,
-        "spec" => 2,
-        _ => 0,
-    },
-    |v, field, map| match field {
-        1 => v.metadata = lenient(map)?,
-        _ => v.spec = lenient(map)?,
-    }
-);
+object_view!(JobSet {
+    "metadata" => metadata: lenient,
+    "spec" => spec: lenient,
+});
 
 impl<'a> JobSet<'a> {
     /// The view of an in-memory JobSet (the default, all absent, for a non-object).
@@ -455,20 +445,11 @@ pub(crate) struct Meta<'a> {
     pub annotations: Option<Annotations<'a>>,
 }
 
-object_view!(
-    Meta,
-    |key| match key {
-        "name" => 1,
-        "generateName" => 2,
-        "annotations" => 3,
-        _ => 0,
-    },
-    |v, field, map| match field {
-        1 => v.name = lenient(map)?,
-        2 => v.generate_name = lenient(map)?,
-        _ => v.annotations = lenient(map)?,
-    }
-);
+object_view!(Meta {
+    "name" => name: lenient,
+    "generateName" => generate_name: lenient,
+    "annotations" => annotations: lenient,
+});
 
 /// The two annotations admission reads (their string values).
 #[derive(Clone, Debug, Default)]
@@ -479,18 +460,10 @@ pub(crate) struct Annotations<'a> {
     pub injected: Option<Str<'a>>,
 }
 
-object_view!(
-    Annotations,
-    |key| match key {
-        super::INJECT_ANNOTATION => 1,
-        super::INJECTED_ANNOTATION => 2,
-        _ => 0,
-    },
-    |v, field, map| match field {
-        1 => v.inject = lenient(map)?,
-        _ => v.injected = lenient(map)?,
-    }
-);
+object_view!(Annotations {
+    super::INJECT_ANNOTATION => inject: lenient,
+    super::INJECTED_ANNOTATION => injected: lenient,
+});
 
 /// `spec` of a JobSet.
 #[derive(Clone, Debug, Default)]
@@ -499,18 +472,10 @@ pub(crate) struct JobSetSpec<'a> {
     pub replicated_jobs: Option<List<ReplicatedJob<'a>>>,
 }
 
-object_view!(
-    JobSetSpec,
-    |key| match key {
-        "failurePolicy" => 1,
-        "replicatedJobs" => 2,
-        _ => 0,
-    },
-    |v, field, map| match field {
-        1 => v.failure_policy = lenient(map)?,
-        _ => v.replicated_jobs = lenient(map)?,
-    }
-);
+object_view!(JobSetSpec {
+    "failurePolicy" => failure_policy: lenient,
+    "replicatedJobs" => replicated_jobs: lenient,
+});
 
 /// `spec.failurePolicy`.
 #[derive(Clone, Debug, Default)]
@@ -519,18 +484,10 @@ pub(crate) struct FailurePolicy<'a> {
     pub max_restarts: Option<i64>,
 }
 
-object_view!(
-    FailurePolicy,
-    |key| match key {
-        "restartStrategy" => 1,
-        "maxRestarts" => 2,
-        _ => 0,
-    },
-    |v, field, map| match field {
-        1 => v.restart_strategy = lenient(map)?,
-        _ => v.max_restarts = lenient(map)?,
-    }
-);
+object_view!(FailurePolicy {
+    "restartStrategy" => restart_strategy: lenient,
+    "maxRestarts" => max_restarts: lenient,
+});
 
 /// One `spec.replicatedJobs[i]`.
 #[derive(Clone, Debug, Default)]
@@ -603,18 +560,10 @@ pub(crate) struct PodTemplate<'a> {
     pub spec: Option<PodSpec<'a>>,
 }
 
-object_view!(
-    PodTemplate,
-    |key| match key {
-        "metadata" => 1,
-        "spec" => 2,
-        _ => 0,
-    },
-    |v, field, map| match field {
-        1 => v.metadata = lenient(map)?,
-        _ => v.spec = lenient(map)?,
-    }
-);
+object_view!(PodTemplate {
+    "metadata" => metadata: lenient,
+    "spec" => spec: lenient,
+});
 
 /// A pod spec.
 #[derive(Clone, Debug, Default)]
@@ -626,22 +575,12 @@ pub(crate) struct PodSpec<'a> {
     pub containers: Option<List<ContainerView<'a>>>,
 }
 
-object_view!(
-    PodSpec,
-    |key| match key {
-        "serviceAccountName" => 1,
-        "serviceAccount" => 2,
-        "initContainers" => 3,
-        "containers" => 4,
-        _ => 0,
-    },
-    |v, field, map| match field {
-        1 => v.service_account_name = lenient(map)?,
-        2 => v.service_account = lenient(map)?,
-        3 => v.init_containers = lenient(map)?,
-        _ => v.containers = lenient(map)?,
-    }
-);
+object_view!(PodSpec {
+    "serviceAccountName" => service_account_name: lenient,
+    "serviceAccount" => service_account: lenient,
+    "initContainers" => init_containers: lenient,
+    "containers" => containers: lenient,
+});
 
 impl PodSpec<'_> {
     /// `serviceAccountName` or `serviceAccount` is a non-empty string.
@@ -666,26 +605,14 @@ pub(crate) struct ContainerView<'a> {
     pub ports: Option<List<Port<'a>>>,
 }
 
-object_view!(
-    ContainerView,
-    |key| match key {
-        "name" => 1,
-        "restartPolicy" => 2,
-        "restartPolicyRules" => 3,
-        "env" => 4,
-        "startupProbe" => 5,
-        "ports" => 6,
-        _ => 0,
-    },
-    |v, field, map| match field {
-        1 => v.name = lenient(map)?,
-        2 => v.restart_policy = lenient(map)?,
-        3 => v.restart_policy_rules = lenient(map)?,
-        4 => v.env = lenient(map)?,
-        5 => v.startup_probe = lenient(map)?,
-        _ => v.ports = lenient(map)?,
-    }
-);
+object_view!(ContainerView {
+    "name" => name: lenient,
+    "restartPolicy" => restart_policy: lenient,
+    "restartPolicyRules" => restart_policy_rules: lenient,
+    "env" => env: lenient,
+    "startupProbe" => startup_probe: lenient,
+    "ports" => ports: lenient,
+});
 
 /// One `restartPolicyRules` entry.
 #[derive(Clone, Debug, Default)]
@@ -695,18 +622,10 @@ pub(crate) struct RuleView<'a> {
     pub exit_codes: Option<ExitCodes<'a>>,
 }
 
-object_view!(
-    RuleView,
-    |key| match key {
-        "action" => 1,
-        "exitCodes" => 2,
-        _ => 0,
-    },
-    |v, field, map| match field {
-        1 => v.action = lenient(map)?,
-        _ => v.exit_codes = lenient(map)?,
-    }
-);
+object_view!(RuleView {
+    "action" => action: lenient,
+    "exitCodes" => exit_codes: lenient,
+});
 
 /// `exitCodes` of a restart rule.
 #[derive(Clone, Debug, Default)]
@@ -716,18 +635,10 @@ pub(crate) struct ExitCodes<'a> {
     pub values: Option<Ints>,
 }
 
-object_view!(
-    ExitCodes,
-    |key| match key {
-        "operator" => 1,
-        "values" => 2,
-        _ => 0,
-    },
-    |v, field, map| match field {
-        1 => v.operator = lenient(map)?,
-        _ => v.values = lenient(map)?,
-    }
-);
+object_view!(ExitCodes {
+    "operator" => operator: lenient,
+    "values" => values: lenient,
+});
 
 /// The env names the rules look up (the agent's contract): the only entries an [`EnvList`] keeps.
 pub(crate) fn is_env_name_read(name: &str) -> bool {
@@ -829,18 +740,10 @@ pub(crate) struct HttpGet<'a> {
     pub path: Option<Str<'a>>,
 }
 
-object_view!(
-    HttpGet,
-    |key| match key {
-        "port" => 1,
-        "path" => 2,
-        _ => 0,
-    },
-    |v, field, map| match field {
-        1 => v.port = any_value(map)?,
-        _ => v.path = lenient(map)?,
-    }
-);
+object_view!(HttpGet {
+    "port" => port: any_value,
+    "path" => path: lenient,
+});
 
 /// One `ports` entry of a container.
 #[derive(Clone, Debug, Default)]
@@ -849,18 +752,10 @@ pub(crate) struct Port<'a> {
     pub container_port: Option<i64>,
 }
 
-object_view!(
-    Port,
-    |key| match key {
-        "name" => 1,
-        "containerPort" => 2,
-        _ => 0,
-    },
-    |v, field, map| match field {
-        1 => v.name = lenient(map)?,
-        _ => v.container_port = lenient(map)?,
-    }
-);
+object_view!(Port {
+    "name" => name: lenient,
+    "containerPort" => container_port: lenient,
+});
 
 /// Decodes an AdmissionReview body. `Ok(None)` for JSON that is not an object; `Err` exactly when
 /// `serde_json::from_slice::<Value>(body)` fails, with its error.

@@ -130,37 +130,38 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// The locked store. Unlocks before it drops what the store let go of (objects that left the
-/// history), so freeing them does not hold up other requests.
-pub(crate) struct StoreGuard<'a>(Option<MutexGuard<'a, Store>>);
+/// history), so freeing them does not hold up other requests: fields drop in order, the lock
+/// first.
+pub(crate) struct StoreGuard<'a> {
+    store: MutexGuard<'a, Store>,
+    evicted: Vec<Arc<store::Change>>,
+}
 
 impl std::ops::Deref for StoreGuard<'_> {
     type Target = Store;
     fn deref(&self) -> &Store {
-        self.0
-            .as_deref()
-            .expect("the guard holds the lock until dropped")
+        &self.store
     }
 }
 
 impl std::ops::DerefMut for StoreGuard<'_> {
     fn deref_mut(&mut self) -> &mut Store {
-        self.0
-            .as_deref_mut()
-            .expect("the guard holds the lock until dropped")
+        &mut self.store
     }
 }
 
 impl Drop for StoreGuard<'_> {
     fn drop(&mut self) {
-        let evicted = self.0.as_mut().map(|s| s.take_evicted());
-        drop(self.0.take());
-        drop(evicted);
+        self.evicted = self.store.take_evicted();
     }
 }
 
 impl Shared {
     pub(crate) fn store(&self) -> StoreGuard<'_> {
-        StoreGuard(Some(lock(&self.store)))
+        StoreGuard {
+            store: lock(&self.store),
+            evicted: Vec::new(),
+        }
     }
 
     pub(crate) fn faults(&self) -> MutexGuard<'_, faults::Faults> {
