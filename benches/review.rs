@@ -14,13 +14,6 @@ use std::time::{Duration, Instant};
 
 use jobset_inplace::admission::{self, Endpoint, InjectionConfig};
 
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 /// Fastest and median microseconds per call of `f`, over `batches` batches of about 20 ms.
 fn measure(batches: usize, mut f: impl FnMut()) -> (f64, f64) {
     // Size a batch to ~20 ms.
@@ -68,7 +61,7 @@ fn mutated_body(body: &[u8], config: &InjectionConfig) -> Option<Vec<u8>> {
 }
 
 fn main() {
-    let batches: usize = env_or("JOBSET_INPLACE_BENCH_BATCHES", 30);
+    let batches: usize = support::env_or("JOBSET_INPLACE_BENCH_BATCHES", 30);
     let fixtures = support::fixture_requests();
     let Some(largest) = fixtures.iter().max_by_key(|f| f.body.len()) else {
         println!("no fixtures");

@@ -17,29 +17,10 @@ use std::time::{Duration, Instant};
 use jobset_inplace::admission::{self, Endpoint};
 use support::{Conn, TestServer};
 
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 /// The request body: the largest fixture request when it is at least 20 KB of JSON, else a
 /// synthetic JobSet of 20-50 KB.
 fn body() -> (String, Vec<u8>) {
-    let largest = support::fixture_requests()
-        .into_iter()
-        .filter(|f| f.config.is_none())
-        .max_by_key(|f| f.body.len());
-    match largest {
-        Some(fixture) if fixture.body.len() >= 20 * 1024 => {
-            (format!("fixture {}", fixture.name), fixture.body)
-        }
-        _ => (
-            "synthetic JobSet (4 replicatedJobs x 40 env vars)".to_owned(),
-            support::jobset_review("bench", 4, 40),
-        ),
-    }
+    support::largest_request(20 * 1024)
 }
 
 struct Stats {
@@ -200,9 +181,9 @@ fn row(phase: &str, path: &str, stats: &Stats) {
 }
 
 fn main() {
-    let seconds: f64 = env_or("JOBSET_INPLACE_BENCH_SECS", 5.0);
-    let connections: usize = env_or("JOBSET_INPLACE_BENCH_CONNECTIONS", 16);
-    let rate: f64 = env_or("JOBSET_INPLACE_BENCH_RATE", 1000.0);
+    let seconds: f64 = support::env_or("JOBSET_INPLACE_BENCH_SECS", 5.0);
+    let connections: usize = support::env_or("JOBSET_INPLACE_BENCH_CONNECTIONS", 16);
+    let rate: f64 = support::env_or("JOBSET_INPLACE_BENCH_RATE", 1000.0);
     let duration = Duration::from_secs_f64(seconds);
     // Server and client on separate runtimes (two worker threads each), as two processes
     // sharing this machine would be: a review running on a server worker never holds up the

@@ -34,18 +34,11 @@ use jobset_inplace::admission::{self, Endpoint};
 use jobset_inplace::certs;
 use support::{Conn, Replica};
 
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 /// The largest fixture request without a config of its own (the server runs the default one),
 /// else a synthetic JobSet; padded with spaces to `JOBSET_INPLACE_BENCH_BODY_BYTES` if set.
 fn body() -> (String, Vec<u8>) {
-    let (what, mut body) = largest();
-    let size: usize = env_or("JOBSET_INPLACE_BENCH_BODY_BYTES", 0);
+    let (what, mut body) = support::largest_request(0);
+    let size: usize = support::env_or("JOBSET_INPLACE_BENCH_BODY_BYTES", 0);
     if size > body.len() {
         // Whitespace before the closing brace: the same review, a bigger body.
         let close = body
@@ -57,20 +50,6 @@ fn body() -> (String, Vec<u8>) {
         return (format!("{what} padded to {size} bytes"), body);
     }
     (what, body)
-}
-
-fn largest() -> (String, Vec<u8>) {
-    support::fixture_requests()
-        .into_iter()
-        .filter(|f| f.config.is_none())
-        .max_by_key(|f| f.body.len())
-        .map(|f| (format!("fixture {}", f.name), f.body))
-        .unwrap_or_else(|| {
-            (
-                "synthetic JobSet (4 replicatedJobs x 40 env vars)".to_owned(),
-                support::jobset_review("memory", 4, 40),
-            )
-        })
 }
 
 struct Load {
@@ -199,9 +178,9 @@ fn mib(kib: u64) -> f64 {
 }
 
 fn main() {
-    let seconds: u64 = env_or("JOBSET_INPLACE_BENCH_SECS", 60);
-    let warmup: u64 = env_or("JOBSET_INPLACE_BENCH_WARMUP_SECS", 10).min(seconds);
-    let connections: usize = env_or("JOBSET_INPLACE_BENCH_CONNECTIONS", 16);
+    let seconds: u64 = support::env_or("JOBSET_INPLACE_BENCH_SECS", 60);
+    let warmup: u64 = support::env_or("JOBSET_INPLACE_BENCH_WARMUP_SECS", 10).min(seconds);
+    let connections: usize = support::env_or("JOBSET_INPLACE_BENCH_CONNECTIONS", 16);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -214,7 +193,7 @@ fn main() {
         let connector = support::connector_for(&ensured.ca_cert);
         let mut replica = Replica::start(&ensured.tls_cert, &ensured.tls_key, &[]).await;
         let (what, body) = body();
-        let padded = env_or("JOBSET_INPLACE_BENCH_BODY_BYTES", 0usize) > 0;
+        let padded = support::env_or("JOBSET_INPLACE_BENCH_BODY_BYTES", 0usize) > 0;
         let config = support::default_config();
         let expected = Arc::new(Expected {
             mutate: admission::review(Endpoint::Mutate, &body, &config).body,

@@ -1,7 +1,7 @@
-//! Shared by `tests/webhook_tls.rs` and `benches/webhook.rs`: a webhook started in-process on
-//! ephemeral loopback ports with certificates generated into a temporary directory, and a
-//! minimal HTTP/1.1 client over tokio-rustls (one connection, keep-alive, peer certificate
-//! visible) trusting only the generated CA.
+//! Shared by the webhook tests and benches: a webhook started in-process on ephemeral loopback
+//! ports with certificates generated into a temporary directory, a minimal HTTP/1.1 client over
+//! tokio-rustls (one connection, keep-alive, peer certificate visible) trusting only the
+//! generated CA, and the fixture requests.
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
@@ -602,4 +602,29 @@ impl Replica {
             .parse()
             .ok()
     }
+}
+
+/// A bench setting from the environment, else `default` (also when it does not parse).
+pub fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// The largest fixture request without a config of its own (a server runs the default one)
+/// when it has at least `min_bytes`, else a synthetic JobSet review; with what it is.
+pub fn largest_request(min_bytes: usize) -> (String, Vec<u8>) {
+    fixture_requests()
+        .into_iter()
+        .filter(|f| f.config.is_none())
+        .max_by_key(|f| f.body.len())
+        .filter(|f| f.body.len() >= min_bytes)
+        .map(|f| (format!("fixture {}", f.name), f.body))
+        .unwrap_or_else(|| {
+            (
+                "synthetic JobSet (4 replicatedJobs x 40 env vars)".to_owned(),
+                jobset_review("bench", 4, 40),
+            )
+        })
 }
