@@ -424,14 +424,13 @@ mod tests {
     }
 
     #[test]
-    fn reads_the_released_crd_examples() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../shared/reference/jobset-v0.12");
+    fn reads_the_v0_12_shaped_examples() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/jobset-v0.12");
         for name in [
-            "jobset-sidecar-container-mode.yaml",
-            "jobset-main-container-mode.yaml",
+            "jobset-sidecar-agent.yaml",
+            "jobset-main-container-agent.yaml",
         ] {
-            let text = std::fs::read_to_string(dir.join(name)).expect("reference example");
+            let text = std::fs::read_to_string(dir.join(name)).expect("example fixture");
             let v: Value = serde_yaml::from_str(&text).expect("yaml");
             let js: JobSet = serde_json::from_value(v.clone()).expect("jobset");
             assert_eq!(serde_json::to_value(&js).expect("serializes"), v, "{name}");

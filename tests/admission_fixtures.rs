@@ -186,14 +186,14 @@ fn every_fixture_case() {
     }
 }
 
-/// The released JobSet examples (image filled in) are accepted after mutation, and the mutation
+/// Our examples in the two shapes JobSet v0.12 documents (image filled in) are accepted after mutation, and the mutation
 /// adds nothing that contradicts their agent: its probe still asks where the agent listens.
 #[test]
 fn released_examples_are_accepted_and_keep_working() {
     let schema = common::jobset_schema();
     for (file, sidecar) in [
-        ("jobset-sidecar-container-mode.yaml", true),
-        ("jobset-main-container-mode.yaml", false),
+        ("jobset-sidecar-agent.yaml", true),
+        ("jobset-main-container-agent.yaml", false),
     ] {
         let text = std::fs::read_to_string(common::reference_dir().join(file)).expect("example");
         let text = text.replace(

@@ -910,11 +910,11 @@ fn jobset_objects() -> Vec<(String, Value)> {
         other["request"]["object"].clone(),
     ));
     for file in [
-        "jobset-main-container-mode.yaml",
-        "jobset-sidecar-container-mode.yaml",
+        "jobset-main-container-agent.yaml",
+        "jobset-sidecar-agent.yaml",
     ] {
         let path = common::reference_dir().join(file);
-        let text = std::fs::read_to_string(&path).expect("released example");
+        let text = std::fs::read_to_string(&path).expect("example fixture");
         for doc in serde_yaml::Deserializer::from_str(&text) {
             let v = <Value as serde::Deserialize>::deserialize(doc).expect("yaml");
             if v["kind"] == "JobSet" {

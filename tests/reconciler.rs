@@ -561,7 +561,7 @@ async fn crd_without_the_dialect_fields_stops_the_reconciler() {
     bounded(async {
         let server = TestApiServer::start().await;
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../shared/reference/jobset-v0.12/jobset.x-k8s.io_jobsets.yaml");
+            .join("fixtures/jobset-v0.12/jobset.x-k8s.io_jobsets.yaml");
         let crd: Value =
             serde_yaml::from_str(&std::fs::read_to_string(path).expect("crd")).expect("yaml");
         server

@@ -69,8 +69,8 @@ mod tests {
 
     fn released_crd() -> Value {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../shared/reference/jobset-v0.12/jobset.x-k8s.io_jobsets.yaml");
-        let text = std::fs::read_to_string(path).expect("reference CRD");
+            .join("fixtures/jobset-v0.12/jobset.x-k8s.io_jobsets.yaml");
+        let text = std::fs::read_to_string(path).expect("released CRD fixture");
         serde_yaml::from_str(&text).expect("yaml")
     }
 

@@ -1,5 +1,5 @@
-//! Shared by the integration tests: the admission fixtures and the released JobSet reference
-//! data in `../shared/reference/`.
+//! Shared by the integration tests: the admission fixtures and the JobSet v0.12 fixtures in
+//! `fixtures/jobset-v0.12/` (the released CRD's schema, and our examples in its documented shapes).
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
@@ -17,9 +17,9 @@ pub fn manifest_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// `../shared/reference/jobset-v0.12/`, beside the checkout.
+/// `fixtures/jobset-v0.12/`: see its ORIGIN.md.
 pub fn reference_dir() -> PathBuf {
-    manifest_dir().join("../shared/reference/jobset-v0.12")
+    manifest_dir().join("fixtures/jobset-v0.12")
 }
 
 pub fn read_yaml(path: &Path) -> Value {
