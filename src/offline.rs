@@ -50,8 +50,21 @@ pub struct CheckArgs {
     #[arg(long)]
     pub no_inject: bool,
 
+    /// `text`: a verdict line per JobSet, then its violations and warnings. `json`: one array
+    /// with an object per JobSet (file, document, object, allowed, violations with their field
+    /// paths, warnings), for CI systems that annotate pull requests.
+    #[arg(short = 'o', long, value_enum, default_value_t = OutputFormat::Text)]
+    pub output: OutputFormat,
+
     #[command(flatten)]
     pub injection: InjectionArgs,
+}
+
+/// How `check` reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum OutputFormat {
+    Text,
+    Json,
 }
 
 /// Flags of `jobset-inplace review`.
@@ -92,21 +105,23 @@ impl CheckArgs {
     pub async fn run(self, global: Global) -> crate::Result<ExitCode> {
         let config = InjectionConfig::load(&self.injection, global.protocol)
             .map_err(admission::Error::from)?;
-        let mut report = String::new();
-        let mut denied = false;
-        let mut jobsets = 0;
+        let mut checks = Vec::new();
         for path in &self.files {
             let input = read_source(path)?;
-            let checks = check_text(path, &input, &config, !self.no_inject)?;
-            jobsets += checks.len();
-            for check in checks {
-                denied |= !check.allowed;
-                report.push_str(&check.render());
+            checks.extend(check_text(path, &input, &config, !self.no_inject)?);
+        }
+        let denied = checks.iter().any(|c| !c.allowed);
+        let report = match self.output {
+            OutputFormat::Text if checks.is_empty() => "no JobSet found\n".to_owned(),
+            OutputFormat::Text => checks.iter().map(Check::render).collect(),
+            OutputFormat::Json => {
+                let items: Vec<Value> = checks.iter().map(Check::to_json).collect();
+                let mut text = serde_json::to_string_pretty(&items)
+                    .map_err(|e| Error::Write(e.to_string()))?;
+                text.push('\n');
+                text
             }
-        }
-        if jobsets == 0 {
-            report.push_str("no JobSet found\n");
-        }
+        };
         write_stdout(report.as_bytes())?;
         Ok(if denied {
             ExitCode::FAILURE
@@ -171,10 +186,13 @@ pub enum Format {
     Json,
 }
 
-/// One document of a manifest file: its original text (YAML) and its value.
+/// One document of a manifest file: its original text (YAML), the exact bytes that carry it in
+/// the file (its `---` marker line and any `...` line included, so that printing every `raw` in
+/// order gives the file back), and its value.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Document {
     pub text: String,
+    pub raw: String,
     pub value: Value,
 }
 
@@ -182,6 +200,12 @@ pub struct Document {
 /// objects, a top-level array holding several; anything else is a YAML stream split on `---`.
 /// Empty documents are dropped.
 pub fn parse_documents(path: &str, input: &str) -> Result<(Format, Vec<Document>), Error> {
+    let (format, docs) = parse_all_documents(path, input)?;
+    Ok((format, non_empty(docs)))
+}
+
+/// [`parse_documents`] with empty YAML documents kept, so that their bytes can be printed back.
+fn parse_all_documents(path: &str, input: &str) -> Result<(Format, Vec<Document>), Error> {
     let parse_err = |document: usize, reason: String| Error::Parse {
         path: path.to_owned(),
         document,
@@ -197,10 +221,12 @@ pub fn parse_documents(path: &str, input: &str) -> Result<(Format, Vec<Document>
             match value.map_err(|e| parse_err(i + 1, e.to_string()))? {
                 Value::Array(items) => docs.extend(items.into_iter().map(|value| Document {
                     text: String::new(),
+                    raw: String::new(),
                     value,
                 })),
                 value => docs.push(Document {
                     text: String::new(),
+                    raw: String::new(),
                     value,
                 }),
             }
@@ -208,40 +234,68 @@ pub fn parse_documents(path: &str, input: &str) -> Result<(Format, Vec<Document>
         return Ok((Format::Json, docs));
     }
     let mut docs = Vec::new();
-    for (i, text) in split_yaml(input).into_iter().enumerate() {
+    for (i, (raw, text)) in split_yaml_raw(input).into_iter().enumerate() {
         let value: Value =
             serde_yaml::from_str(&text).map_err(|e| parse_err(i + 1, e.to_string()))?;
-        if !value.is_null() {
-            docs.push(Document { text, value });
-        }
+        docs.push(Document { text, raw, value });
     }
     Ok((Format::Yaml, docs))
+}
+
+/// Documents that hold something (empty and comment-only documents are left out).
+fn non_empty(docs: Vec<Document>) -> Vec<Document> {
+    docs.into_iter().filter(|d| !d.value.is_null()).collect()
 }
 
 /// Splits a YAML stream on document markers (`---` at the start of a line), keeping each
 /// document's text as written so that documents we do not touch are printed back unchanged.
 pub fn split_yaml(input: &str) -> Vec<String> {
-    let mut docs = vec![String::new()];
+    split_yaml_raw(input)
+        .into_iter()
+        .map(|(_, text)| text)
+        .collect()
+}
+
+/// [`split_yaml`], each document with the exact bytes that carry it: the raw parts, in order,
+/// concatenate to the input.
+pub fn split_yaml_raw(input: &str) -> Vec<(String, String)> {
+    let mut docs = vec![(String::new(), String::new())];
     for line in input.split_inclusive('\n') {
         let bare = line.trim_end_matches(['\n', '\r']);
         let is_marker = bare == "---" || bare.starts_with("--- ") || bare.starts_with("---\t");
         if is_marker {
-            docs.push(String::new());
+            let mut text = String::new();
             let rest = bare[3..].trim_start();
-            if !rest.is_empty()
-                && !rest.starts_with('#')
-                && let Some(d) = docs.last_mut()
-            {
-                d.push_str(rest);
-                d.push('\n');
+            if !rest.is_empty() && !rest.starts_with('#') {
+                text.push_str(rest);
+                text.push('\n');
             }
-        } else if bare == "..." {
-            continue;
-        } else if let Some(doc) = docs.last_mut() {
-            doc.push_str(line);
+            docs.push((line.to_owned(), text));
+        } else if let Some((raw, text)) = docs.last_mut() {
+            raw.push_str(line);
+            if bare != "..." {
+                text.push_str(line);
+            }
         }
     }
     docs
+}
+
+/// The marker line a re-rendered document keeps: its own, unless content followed the marker
+/// (then that content is part of what was re-rendered).
+fn marker_line(raw: &str) -> &str {
+    let first = raw.split_inclusive('\n').next().unwrap_or("");
+    let bare = first.trim_end_matches(['\n', '\r']);
+    let is_marker = bare == "---" || bare.starts_with("--- ") || bare.starts_with("---\t");
+    if !is_marker {
+        return "";
+    }
+    let rest = bare[3..].trim_start();
+    if rest.is_empty() || rest.starts_with('#') {
+        first
+    } else {
+        "---\n"
+    }
 }
 
 /// `apiVersion: jobset.x-k8s.io/...`, `kind: JobSet`.
@@ -305,41 +359,46 @@ fn for_each_jobset(
     Ok(())
 }
 
-/// `inject`: the manifest file with every JobSet injected. Documents without a JobSet are printed
-/// as they were written; injected YAML documents are re-rendered (their comments are lost).
+/// `inject`: the manifest file with every JobSet injected. Documents without a JobSet, and
+/// JobSets the mutation leaves as they are, are printed byte for byte as they were written
+/// (a file with nothing to inject comes back unchanged); injected YAML documents are re-rendered
+/// under their own `---` line (their comments are lost). A JSON stream in which something changed
+/// is printed again as a whole.
 pub fn inject_text(path: &str, input: &str, config: &InjectionConfig) -> Result<String, Error> {
-    let (format, docs) = parse_documents(path, input)?;
-    let mut rendered = Vec::with_capacity(docs.len());
+    let (format, docs) = parse_all_documents(path, input)?;
+    let mut out = String::with_capacity(input.len());
+    let mut changed_any = false;
+    let mut json = String::new();
     for doc in docs {
         let mut value = doc.value.clone();
         for_each_jobset(&mut value, &mut |js| inject_object(js, config).map(drop))?;
         let changed = value != doc.value;
-        rendered.push(match format {
-            Format::Yaml if !changed => doc.text,
+        changed_any |= changed;
+        match format {
+            Format::Yaml if !changed => out.push_str(&doc.raw),
             Format::Yaml => {
-                serde_yaml::to_string(&value).map_err(|e| Error::Write(e.to_string()))?
+                // A document that follows always starts on a line of its own.
+                if !out.is_empty() && !out.ends_with('\n') {
+                    out.push('\n');
+                }
+                out.push_str(marker_line(&doc.raw));
+                out.push_str(
+                    &serde_yaml::to_string(&value).map_err(|e| Error::Write(e.to_string()))?,
+                );
             }
             Format::Json => {
-                let mut text = serde_json::to_string_pretty(&value)
-                    .map_err(|e| Error::Write(e.to_string()))?;
-                text.push('\n');
-                text
+                json.push_str(
+                    &serde_json::to_string_pretty(&value)
+                        .map_err(|e| Error::Write(e.to_string()))?,
+                );
+                json.push('\n');
             }
-        });
+        }
     }
     Ok(match format {
-        Format::Yaml => rendered
-            .iter()
-            .map(|d| {
-                if d.ends_with('\n') {
-                    d.clone()
-                } else {
-                    format!("{d}\n")
-                }
-            })
-            .collect::<Vec<_>>()
-            .join("---\n"),
-        Format::Json => rendered.concat(),
+        _ if !changed_any => input.to_owned(),
+        Format::Yaml => out,
+        Format::Json => json,
     })
 }
 
@@ -347,6 +406,8 @@ pub fn inject_text(path: &str, input: &str, config: &InjectionConfig) -> Result<
 #[derive(Clone, Debug, PartialEq)]
 pub struct Check {
     pub file: String,
+    /// The document of the file that holds the JobSet, from 1 (as parse errors count them).
+    pub document: usize,
     pub object: String,
     pub allowed: bool,
     pub violations: Vec<admission::Violation>,
@@ -370,6 +431,24 @@ impl Check {
         }
         s
     }
+
+    /// The machine-readable form of `--output json`.
+    pub fn to_json(&self) -> Value {
+        let violations: Vec<Value> = self
+            .violations
+            .iter()
+            .map(|v| serde_json::json!({"field": v.path, "message": v.message}))
+            .collect();
+        serde_json::json!({
+            "file": self.file,
+            "document": self.document,
+            "kind": crate::jobset::KIND,
+            "object": self.object,
+            "allowed": self.allowed,
+            "violations": violations,
+            "warnings": self.warnings,
+        })
+    }
 }
 
 /// `check`: validates every JobSet of a manifest file (injected first unless `inject` is false).
@@ -379,9 +458,9 @@ pub fn check_text(
     config: &InjectionConfig,
     inject: bool,
 ) -> Result<Vec<Check>, Error> {
-    let (_, docs) = parse_documents(path, input)?;
+    let (_, docs) = parse_all_documents(path, input)?;
     let mut checks = Vec::new();
-    for doc in docs {
+    for (index, doc) in docs.into_iter().enumerate() {
         let mut value = doc.value;
         for_each_jobset(&mut value, &mut |js| {
             let mut warnings = if inject {
@@ -393,6 +472,7 @@ pub fn check_text(
             warnings.extend(decision.warnings.iter().cloned());
             checks.push(Check {
                 file: path.to_owned(),
+                document: index + 1,
                 object: object_name(js),
                 allowed: decision.allowed,
                 violations: decision.violations(),
@@ -437,6 +517,45 @@ spec:
         assert_eq!(docs, vec!["a: 1\n", "b: 2 # keep\n", "", ""]);
         let docs = split_yaml("--- {a: 1}\n");
         assert_eq!(docs, vec!["", "{a: 1}\n"]);
+        for input in [
+            "a: 1\n---\nb: 2 # keep\n--- # c\n...\n---\n",
+            "--- {a: 1}",
+            "x: |\n  y",
+        ] {
+            let raw: String = split_yaml_raw(input)
+                .into_iter()
+                .map(|(raw, _)| raw)
+                .collect();
+            assert_eq!(raw, input);
+        }
+    }
+
+    #[test]
+    fn inject_prints_untouched_documents_byte_for_byte() {
+        let config = InjectionConfig::defaults(Dialect::Epoch);
+        // No newline at the end of a block scalar, odd markers, a comment-only document, a
+        // JobSet that is not an InPlaceRestart one: nothing to inject, so the file comes back.
+        let not_ours = "apiVersion: jobset.x-k8s.io/v1alpha2\nkind: JobSet\nmetadata: {name: r}\n\
+                        spec:\n  replicatedJobs: []\n";
+        for input in [
+            format!(
+                "--- # first\n{not_ours}...\n---\n# only a comment\n---\nkind: ConfigMap\ndata:\n  s: |\n    last line"
+            ),
+            format!("{not_ours}---\nscript: |\n  echo done"),
+            "{\"kind\": \"ConfigMap\",   \"data\": {}}".to_owned(),
+        ] {
+            assert_eq!(inject_text("m", &input, &config).expect("injects"), input);
+        }
+        // Beside an injected JobSet, the others keep their bytes, the last one its missing
+        // newline and its marker's comment.
+        let tail = "--- # tail\nkind: ConfigMap\ndata:\n  s: |\n    no newline";
+        let input = format!("{PLAIN}{tail}");
+        let out = inject_text("m", &input, &config).expect("injects");
+        assert!(out.ends_with(tail), "{out}");
+        assert_ne!(out, input);
+        let input = format!("{tail}\n---\n{PLAIN}");
+        let out = inject_text("m", &input, &config).expect("injects");
+        assert!(out.starts_with(&format!("{tail}\n---\n")), "{out}");
     }
 
     #[test]
@@ -488,6 +607,30 @@ spec:
             "{text}"
         );
         assert!(text.contains("initContainers"), "{text}");
+    }
+
+    #[test]
+    fn check_json_has_an_object_per_jobset_with_field_paths() {
+        let config = InjectionConfig::defaults(Dialect::Epoch);
+        let input = format!("kind: ConfigMap\n---\n{PLAIN}");
+        let checks = check_text("m.yaml", &input, &config, false).expect("checks");
+        let json = checks[0].to_json();
+        assert_eq!(json["file"], "m.yaml");
+        assert_eq!(json["document"], 2);
+        assert_eq!(json["object"], "js");
+        assert_eq!(json["allowed"], false);
+        let fields: Vec<&str> = json["violations"]
+            .as_array()
+            .expect("violations")
+            .iter()
+            .filter_map(|v| v["field"].as_str())
+            .collect();
+        assert!(
+            fields.contains(&"spec.replicatedJobs[0].template.spec.backoffLimit"),
+            "{fields:?}"
+        );
+        assert!(json["violations"][0]["message"].is_string());
+        assert!(json["warnings"].is_array());
     }
 
     #[test]

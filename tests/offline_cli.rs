@@ -170,3 +170,44 @@ fn bad_input_and_flags_are_one_line_errors() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--restart-exit-code"), "{err}");
 }
+
+/// `check --output json`: one object per JobSet with its field paths, exit code 1 when any is
+/// denied; a file with nothing to inject comes out of `inject` byte for byte.
+#[test]
+fn check_json_and_inject_passthrough() {
+    let case = common::admission_cases()
+        .into_iter()
+        .find(|c| c.name == "story1-plain")
+        .expect("fixture");
+    let jobset = serde_yaml::to_string(&case.request["request"]["object"]).expect("yaml");
+    let mut cmd = binary();
+    cmd.args(["check", "--no-inject", "--output", "json", "-f", "-"]);
+    let out = run_with_stdin(cmd, jobset.as_bytes());
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let items = report.as_array().expect("an array");
+    assert_eq!(items.len(), 1);
+    assert_eq!(items[0]["allowed"], false);
+    assert_eq!(items[0]["file"], "-");
+    assert!(
+        items[0]["violations"]
+            .as_array()
+            .is_some_and(|v| v.iter().any(|v| v["field"]
+                .as_str()
+                .is_some_and(|f| f.ends_with("initContainers"))))
+    );
+
+    // Not an InPlaceRestart JobSet, and no newline at the end of its last block scalar.
+    let other = common::read_yaml(
+        &common::manifest_dir().join("fixtures/admission/not-in-place-restart/request.yaml"),
+    );
+    let text = format!(
+        "# keep me\n{}---\nkind: ConfigMap\ndata:\n  run.sh: |\n    echo done",
+        serde_yaml::to_string(&other["request"]["object"]).expect("yaml")
+    );
+    let mut cmd = binary();
+    cmd.args(["inject", "-f", "-"]);
+    let out = run_with_stdin(cmd, text.as_bytes());
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), text);
+}

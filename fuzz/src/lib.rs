@@ -179,6 +179,15 @@ pub fn offline(data: &[u8]) {
         (Ok(_), Err(e)) => panic!("inject fails on what parses: {e}"),
         (Err(e), Ok(_)) => panic!("inject accepts what does not parse: {e}"),
     };
+    // A file with no JobSet in it comes back byte for byte.
+    if parsed.as_ref().is_ok_and(|(_, docs)| {
+        docs.iter().all(|d| {
+            d.value.get("kind").and_then(|k| k.as_str()) != Some("JobSet")
+                && d.value.get("kind").and_then(|k| k.as_str()) != Some("List")
+        })
+    }) {
+        assert_eq!(out, text, "inject changed a file without a JobSet");
+    }
     // A stream of objects (manifests) is printed so that it injects again to itself; other
     // documents (scalars in a JSON array, say) are not manifests.
     let objects = parsed.is_ok_and(|(_, docs)| docs.iter().all(|d| d.value.is_object()));
