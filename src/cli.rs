@@ -70,6 +70,11 @@ pub enum Command {
     Check(crate::offline::CheckArgs),
     /// Answer an AdmissionReview request exactly as the webhook would.
     Review(crate::offline::ReviewArgs),
+    /// Check the installation: webhook configurations and certificates, the JobSet CRD, the
+    /// reconciler's leader, a namespace's agent account. Exit 1 if any check fails.
+    Doctor(crate::inspect::DoctorArgs),
+    /// Show where a JobSet's group restart stands, pod by pod.
+    Status(crate::inspect::StatusArgs),
 }
 
 impl Cli {

@@ -16,6 +16,8 @@ pub enum Error {
     #[error(transparent)]
     Offline(#[from] crate::offline::Error),
     #[error(transparent)]
+    Inspect(#[from] crate::inspect::Error),
+    #[error(transparent)]
     Telemetry(#[from] crate::telemetry::Error),
     #[error("the {0} subcommand is not built yet")]
     NotBuilt(&'static str),

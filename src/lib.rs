@@ -8,6 +8,7 @@
 //! - [`agent`]: the sidecar in every worker pod;
 //! - [`certs`]: CA and serving certificates;
 //! - [`offline`]: `inject`, `check`, `review` without a cluster;
+//! - [`inspect`]: `doctor` and `status`, for operators;
 //! - [`protocol`]: the epoch protocol's dialects and pure decisions;
 //! - [`jobset`]: the JobSet model;
 //! - [`retry`]: retry timing shared by the agent and the reconciler (`Retry-After`);
@@ -19,6 +20,7 @@ pub mod agent;
 pub mod certs;
 pub mod cli;
 pub mod error;
+pub mod inspect;
 pub mod jobset;
 pub mod offline;
 pub mod protocol;

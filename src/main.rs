@@ -51,12 +51,21 @@ fn main() -> ExitCode {
             Command::Inject(args) => args.run(global).await,
             Command::Check(args) => args.run(global).await,
             Command::Review(args) => args.run(global).await,
+            Command::Doctor(args) => args.run(global).await,
+            Command::Status(args) => args.run(global).await,
         }
     });
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("jobset-inplace: {e}");
+            // The whole chain of causes, on one line.
+            let mut line = e.to_string();
+            let mut cause = std::error::Error::source(&e);
+            while let Some(c) = cause {
+                line.push_str(&format!(": {c}"));
+                cause = c.source();
+            }
+            eprintln!("jobset-inplace: {line}");
             ExitCode::FAILURE
         }
     }

@@ -288,7 +288,7 @@ pub fn serving_cert_problem(
 }
 
 /// Checks `chain` (leaf first) chains to one of `roots` and is valid for every name at `at`.
-fn verify_chain(
+pub fn verify_chain(
     roots: &[CertificateDer<'static>],
     chain: &[CertificateDer<'static>],
     names: &[String],

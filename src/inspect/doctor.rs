@@ -1,0 +1,746 @@
+//! `jobset-inplace doctor`: is the installation working? One finding per check, each from what
+//! the API server holds: the webhook configurations and their `caBundle` against the serving
+//! certificate, the days left on that certificate and on the CA, the JobSet CRD's status fields
+//! for the dialect, the reconciler's leader lease, and (with `-n`) a namespace's agent account.
+//!
+//! Every check is a pure function of the objects read (and the time); [`run_checks`] reads them.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
+use k8s_openapi::api::rbac::v1::RoleBinding;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::Api;
+use rustls::pki_types::CertificateDer;
+use serde::Serialize;
+
+use crate::certs;
+use crate::protocol::Dialect;
+use crate::reconciler::crd;
+
+/// How one check came out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Verdict {
+    Ok,
+    /// Works today, needs attention soon (a certificate near expiry).
+    Warn,
+    Fail,
+}
+
+/// One line of the report.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Finding {
+    pub check: String,
+    pub verdict: Verdict,
+    pub detail: String,
+}
+
+impl Finding {
+    fn new(check: impl Into<String>, verdict: Verdict, detail: impl Into<String>) -> Self {
+        Finding {
+            check: check.into(),
+            verdict,
+            detail: detail.into(),
+        }
+    }
+
+    /// `ok   webhook-configurations: ...`.
+    pub fn render(&self) -> String {
+        let tag = match self.verdict {
+            Verdict::Ok => "ok  ",
+            Verdict::Warn => "warn",
+            Verdict::Fail => "FAIL",
+        };
+        format!("{tag} {}: {}", self.check, self.detail)
+    }
+}
+
+/// What to look for, and where.
+#[derive(Clone, Debug)]
+pub struct Target {
+    pub dialect: Dialect,
+    /// Namespace of the webhook, the reconciler and their Secret and Lease.
+    pub system_namespace: String,
+    /// Name of both webhook configurations.
+    pub webhook_configuration: String,
+    /// The Secret whose `tls.crt` the webhook serves.
+    pub tls_secret: String,
+    pub lease_name: String,
+    /// A tenant namespace whose agent account to check.
+    pub namespace: Option<String>,
+    pub agent_service_account: String,
+    pub agent_role_binding: String,
+    /// A certificate with fewer days left is a warning.
+    pub warn_days: u64,
+}
+
+/// The caBundles of the webhook configurations, with the Service each webhook calls.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WebhookEntry {
+    /// `mutating/mutate.jobset-inplace.dev`.
+    pub name: String,
+    pub ca_bundle: Vec<u8>,
+    /// `service.namespace.svc` when the client config names a Service; the URL's host otherwise.
+    pub server_name: Option<String>,
+}
+
+fn entries_of_mutating(c: &MutatingWebhookConfiguration) -> Vec<WebhookEntry> {
+    c.webhooks
+        .iter()
+        .flatten()
+        .map(|w| entry("mutating", &w.name, &w.client_config))
+        .collect()
+}
+
+fn entries_of_validating(c: &ValidatingWebhookConfiguration) -> Vec<WebhookEntry> {
+    c.webhooks
+        .iter()
+        .flatten()
+        .map(|w| entry("validating", &w.name, &w.client_config))
+        .collect()
+}
+
+fn entry(
+    kind: &str,
+    name: &str,
+    config: &k8s_openapi::api::admissionregistration::v1::WebhookClientConfig,
+) -> WebhookEntry {
+    let server_name = match (&config.service, &config.url) {
+        (Some(s), _) => Some(format!("{}.{}.svc", s.name, s.namespace)),
+        (None, Some(url)) => url
+            .split("://")
+            .nth(1)
+            .and_then(|rest| rest.split(['/', ':']).next())
+            .map(str::to_owned),
+        (None, None) => None,
+    };
+    WebhookEntry {
+        name: format!("{kind}/{name}"),
+        ca_bundle: config
+            .ca_bundle
+            .as_ref()
+            .map(|b| b.0.clone())
+            .unwrap_or_default(),
+        server_name,
+    }
+}
+
+/// Both configurations exist and name at least one webhook.
+pub fn check_configurations(
+    mutating: Option<&MutatingWebhookConfiguration>,
+    validating: Option<&ValidatingWebhookConfiguration>,
+    name: &str,
+) -> Finding {
+    const CHECK: &str = "webhook-configurations";
+    let count = |n: usize, kind: &str| format!("{kind}WebhookConfiguration {name}: {n} webhook(s)");
+    match (mutating, validating) {
+        (Some(m), Some(v)) => {
+            let (m, v) = (entries_of_mutating(m).len(), entries_of_validating(v).len());
+            if m == 0 || v == 0 {
+                Finding::new(
+                    CHECK,
+                    Verdict::Fail,
+                    format!("{}; {}", count(m, "Mutating"), count(v, "Validating")),
+                )
+            } else {
+                Finding::new(
+                    CHECK,
+                    Verdict::Ok,
+                    format!("{}; {}", count(m, "Mutating"), count(v, "Validating")),
+                )
+            }
+        }
+        (m, v) => {
+            let missing: Vec<&str> = [
+                m.is_none().then_some("MutatingWebhookConfiguration"),
+                v.is_none().then_some("ValidatingWebhookConfiguration"),
+            ]
+            .into_iter()
+            .flatten()
+            .collect();
+            Finding::new(
+                CHECK,
+                Verdict::Fail,
+                format!(
+                    "{} {name} not found: install a variant from deploy/ (or dist/)",
+                    missing.join(" and ")
+                ),
+            )
+        }
+    }
+}
+
+fn days_left(not_after: SystemTime, now: SystemTime) -> i64 {
+    match not_after.duration_since(now) {
+        Ok(left) => i64::try_from(left.as_secs() / 86_400).unwrap_or(i64::MAX),
+        Err(past) => -i64::try_from(past.duration().as_secs().div_ceil(86_400)).unwrap_or(i64::MAX),
+    }
+}
+
+/// The not-after time of the first certificate of a PEM text.
+pub fn not_after(pem: &str) -> Result<SystemTime, String> {
+    let der = certs::parse_certs(pem.as_bytes(), std::path::Path::new("certificate"))
+        .map_err(|e| e.to_string())?;
+    let first = der.first().ok_or("no certificate")?;
+    let (_, cert) = x509_parser::parse_x509_certificate(first).map_err(|e| e.to_string())?;
+    let secs = cert.validity().not_after.timestamp();
+    let secs = u64::try_from(secs).map_err(|_| "not-after before 1970".to_owned())?;
+    Ok(UNIX_EPOCH + Duration::from_secs(secs))
+}
+
+/// Every webhook's `caBundle` verifies `serving_pem` for the name the API server calls it by,
+/// now.
+pub fn check_ca_bundle(
+    entries: &[WebhookEntry],
+    serving_pem: &str,
+    source: &str,
+    now: SystemTime,
+) -> Finding {
+    const CHECK: &str = "ca-bundle";
+    if entries.is_empty() {
+        return Finding::new(CHECK, Verdict::Fail, "no webhook to check");
+    }
+    let chain = match certs::parse_certs(serving_pem.as_bytes(), std::path::Path::new(source)) {
+        Ok(c) => c,
+        Err(e) => return Finding::new(CHECK, Verdict::Fail, e.to_string()),
+    };
+    let mut problems = Vec::new();
+    for e in entries {
+        if e.ca_bundle.is_empty() {
+            problems.push(format!("{}: caBundle is empty", e.name));
+            continue;
+        }
+        let roots: Vec<CertificateDer<'static>> =
+            match certs::parse_certs(&e.ca_bundle, std::path::Path::new("caBundle")) {
+                Ok(r) => r,
+                Err(err) => {
+                    problems.push(format!("{}: {err}", e.name));
+                    continue;
+                }
+            };
+        let Some(server) = &e.server_name else {
+            problems.push(format!("{}: neither a service nor a URL", e.name));
+            continue;
+        };
+        if let Err(err) = certs::verify_chain(&roots, &chain, std::slice::from_ref(server), now) {
+            problems.push(format!("{}: {err}", e.name));
+        }
+    }
+    if problems.is_empty() {
+        Finding::new(
+            CHECK,
+            Verdict::Ok,
+            format!(
+                "the caBundle of {} webhook(s) verifies the serving certificate ({source})",
+                entries.len()
+            ),
+        )
+    } else {
+        Finding::new(CHECK, Verdict::Fail, problems.join("; "))
+    }
+}
+
+/// Days left on a certificate; a warning under `warn_days`, a failure once expired.
+pub fn check_expiry(
+    check: &str,
+    what: &str,
+    pem: &str,
+    now: SystemTime,
+    warn_days: u64,
+) -> Finding {
+    match not_after(pem) {
+        Err(e) => Finding::new(check, Verdict::Fail, format!("cannot read the {what}: {e}")),
+        Ok(at) => {
+            let days = days_left(at, now);
+            let when = humantime_date(at);
+            if days < 0 || at <= now {
+                Finding::new(
+                    check,
+                    Verdict::Fail,
+                    format!("the {what} expired on {when}"),
+                )
+            } else if u64::try_from(days).unwrap_or(0) < warn_days {
+                Finding::new(
+                    check,
+                    Verdict::Warn,
+                    format!("the {what} expires in {days} day(s), on {when}: renew it"),
+                )
+            } else {
+                Finding::new(
+                    check,
+                    Verdict::Ok,
+                    format!("the {what} has {days} day(s) left (until {when})"),
+                )
+            }
+        }
+    }
+}
+
+/// `2027-11-26` (UTC) for a time; the days since 1970 turned into a civil date.
+fn humantime_date(at: SystemTime) -> String {
+    let days = at
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs() / 86_400)
+        .unwrap_or(0);
+    // Howard Hinnant's civil-from-days algorithm.
+    let z = i64::try_from(days).unwrap_or(0) + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}")
+}
+
+/// The CRD has the dialect's two status fields.
+pub fn check_crd(crd: Option<&CustomResourceDefinition>, dialect: Dialect) -> Finding {
+    const CHECK: &str = "jobset-crd";
+    let Some(crd_object) = crd else {
+        return Finding::new(
+            CHECK,
+            Verdict::Fail,
+            format!("{} not found: install JobSet first", crd::CRD_NAME),
+        );
+    };
+    let value = match serde_json::to_value(crd_object) {
+        Ok(v) => v,
+        Err(e) => return Finding::new(CHECK, Verdict::Fail, e.to_string()),
+    };
+    match crd::missing_status_fields(&value, dialect) {
+        Ok(()) => Finding::new(
+            CHECK,
+            Verdict::Ok,
+            format!(
+                "{} has status.{} and status.{} ({dialect} protocol)",
+                crd::CRD_NAME,
+                dialect.deprecated_field(),
+                dialect.synced_field()
+            ),
+        ),
+        Err(e) => Finding::new(CHECK, Verdict::Fail, e),
+    }
+}
+
+/// The lease has a holder that renewed it within its duration.
+pub fn check_lease(lease: Option<&Lease>, namespace: &str, name: &str, now: SystemTime) -> Finding {
+    const CHECK: &str = "reconciler-leader";
+    let Some(lease) = lease else {
+        return Finding::new(
+            CHECK,
+            Verdict::Fail,
+            format!("lease {namespace}/{name} not found: no reconciler has ever led"),
+        );
+    };
+    let spec = lease.spec.clone().unwrap_or_default();
+    let holder = spec.holder_identity.filter(|h| !h.is_empty());
+    let Some(holder) = holder else {
+        return Finding::new(
+            CHECK,
+            Verdict::Fail,
+            format!("lease {namespace}/{name} has no holder: no reconciler leads"),
+        );
+    };
+    let duration =
+        Duration::from_secs(u64::try_from(spec.lease_duration_seconds.unwrap_or(15)).unwrap_or(15));
+    let renewed = spec.renew_time.or(spec.acquire_time).map(|t| {
+        let ts = t.0.as_second();
+        UNIX_EPOCH + Duration::from_secs(u64::try_from(ts).unwrap_or(0))
+    });
+    match renewed {
+        None => Finding::new(
+            CHECK,
+            Verdict::Fail,
+            format!("lease {namespace}/{name} held by {holder} was never renewed"),
+        ),
+        Some(at) => {
+            let age = now.duration_since(at).unwrap_or_default();
+            if age > duration {
+                Finding::new(
+                    CHECK,
+                    Verdict::Fail,
+                    format!(
+                        "lease {namespace}/{name} held by {holder} was last renewed {}s ago, \
+                         past its {}s duration: the leader is gone or cannot reach the API",
+                        age.as_secs(),
+                        duration.as_secs()
+                    ),
+                )
+            } else {
+                Finding::new(
+                    CHECK,
+                    Verdict::Ok,
+                    format!(
+                        "{holder} leads (lease {namespace}/{name} renewed {}s ago)",
+                        age.as_secs()
+                    ),
+                )
+            }
+        }
+    }
+}
+
+/// The namespace has the agent's ServiceAccount and a RoleBinding that names it.
+pub fn check_agent_account(
+    namespace: &str,
+    account: &str,
+    service_account: Option<&ServiceAccount>,
+    binding: Option<&RoleBinding>,
+    binding_name: &str,
+) -> Finding {
+    const CHECK: &str = "agent-account";
+    if service_account.is_none() {
+        return Finding::new(
+            CHECK,
+            Verdict::Fail,
+            format!(
+                "ServiceAccount {namespace}/{account} not found: the reconciler provisions it \
+                 when an InPlaceRestart JobSet is created here (or label the namespace \
+                 jobset-inplace.dev/enabled=true); is the reconciler running?"
+            ),
+        );
+    }
+    let Some(binding) = binding else {
+        return Finding::new(
+            CHECK,
+            Verdict::Fail,
+            format!("RoleBinding {namespace}/{binding_name} not found"),
+        );
+    };
+    let names_agent = binding.subjects.iter().flatten().any(|s| {
+        s.kind == "ServiceAccount"
+            && s.name == account
+            && s.namespace.as_deref().is_none_or(|n| n == namespace)
+    });
+    if names_agent {
+        Finding::new(
+            CHECK,
+            Verdict::Ok,
+            format!(
+                "ServiceAccount {namespace}/{account} is bound to ClusterRole {}",
+                binding.role_ref.name
+            ),
+        )
+    } else {
+        Finding::new(
+            CHECK,
+            Verdict::Fail,
+            format!("RoleBinding {namespace}/{binding_name} does not name {account}"),
+        )
+    }
+}
+
+/// `None` for a 404, the error otherwise.
+async fn get_opt<K>(api: Api<K>, name: &str) -> Result<Option<K>, kube::Error>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    api.get_opt(name).await
+}
+
+fn read_failure(check: &str, what: &str, e: &kube::Error) -> Finding {
+    Finding::new(check, Verdict::Fail, format!("cannot read {what}: {e}"))
+}
+
+/// Runs every check against the cluster; each API call bounded by the client's timeouts.
+pub async fn run_checks(client: &kube::Client, target: &Target, now: SystemTime) -> Vec<Finding> {
+    let mut out = Vec::new();
+    let sys = &target.system_namespace;
+    let name = &target.webhook_configuration;
+    let mutating = get_opt(
+        Api::<MutatingWebhookConfiguration>::all(client.clone()),
+        name,
+    )
+    .await;
+    let validating = get_opt(
+        Api::<ValidatingWebhookConfiguration>::all(client.clone()),
+        name,
+    )
+    .await;
+    let mut entries = Vec::new();
+    match (&mutating, &validating) {
+        (Ok(m), Ok(v)) => {
+            out.push(check_configurations(m.as_ref(), v.as_ref(), name));
+            entries.extend(m.iter().flat_map(entries_of_mutating));
+            entries.extend(v.iter().flat_map(entries_of_validating));
+        }
+        (Err(e), _) | (_, Err(e)) => {
+            out.push(read_failure(
+                "webhook-configurations",
+                "the webhook configurations",
+                e,
+            ));
+        }
+    }
+
+    let secret = get_opt(
+        Api::<Secret>::namespaced(client.clone(), sys),
+        &target.tls_secret,
+    )
+    .await;
+    let key = |s: &Secret, k: &str| {
+        s.data
+            .as_ref()
+            .and_then(|d| d.get(k))
+            .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+    };
+    let source = format!("Secret {sys}/{}", target.tls_secret);
+    match &secret {
+        Ok(Some(s)) => match key(s, "tls.crt") {
+            Some(pem) => {
+                if !entries.is_empty() {
+                    out.push(check_ca_bundle(&entries, &pem, &source, now));
+                }
+                out.push(check_expiry(
+                    "serving-certificate",
+                    "serving certificate",
+                    &pem,
+                    now,
+                    target.warn_days,
+                ));
+            }
+            None => out.push(Finding::new(
+                "serving-certificate",
+                Verdict::Fail,
+                format!("{source} has no tls.crt"),
+            )),
+        },
+        Ok(None) => out.push(Finding::new(
+            "serving-certificate",
+            Verdict::Fail,
+            format!(
+                "{source} not found: the webhook has no certificate to serve (run \
+                 `jobset-inplace certs --secret`, or check cert-manager's Certificate)"
+            ),
+        )),
+        Err(e) => out.push(read_failure("serving-certificate", &source, e)),
+    }
+    // The CA the API server trusts: the first webhook's caBundle.
+    if let Some(first) = entries.iter().find(|e| !e.ca_bundle.is_empty()) {
+        out.push(check_expiry(
+            "ca-certificate",
+            &format!("CA in the caBundle of {}", first.name),
+            &String::from_utf8_lossy(&first.ca_bundle),
+            now,
+            target.warn_days,
+        ));
+    }
+
+    match get_opt(
+        Api::<CustomResourceDefinition>::all(client.clone()),
+        crd::CRD_NAME,
+    )
+    .await
+    {
+        Ok(c) => out.push(check_crd(c.as_ref(), target.dialect)),
+        Err(e) => out.push(read_failure("jobset-crd", "the JobSet CRD", &e)),
+    }
+
+    match get_opt(
+        Api::<Lease>::namespaced(client.clone(), sys),
+        &target.lease_name,
+    )
+    .await
+    {
+        Ok(l) => out.push(check_lease(l.as_ref(), sys, &target.lease_name, now)),
+        Err(e) => out.push(read_failure("reconciler-leader", "the leader lease", &e)),
+    }
+
+    if let Some(ns) = &target.namespace {
+        let sa = get_opt(
+            Api::<ServiceAccount>::namespaced(client.clone(), ns),
+            &target.agent_service_account,
+        )
+        .await;
+        let rb = get_opt(
+            Api::<RoleBinding>::namespaced(client.clone(), ns),
+            &target.agent_role_binding,
+        )
+        .await;
+        match (sa, rb) {
+            (Ok(sa), Ok(rb)) => out.push(check_agent_account(
+                ns,
+                &target.agent_service_account,
+                sa.as_ref(),
+                rb.as_ref(),
+                &target.agent_role_binding,
+            )),
+            (Err(e), _) | (_, Err(e)) => {
+                out.push(read_failure("agent-account", "the agent's account", &e));
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const DAY: Duration = Duration::from_secs(86_400);
+
+    fn pair(days: u64) -> (certs::PemPair, certs::PemPair) {
+        let ca = certs::generate_ca(Duration::from_secs(days * 2 * 86_400)).expect("ca");
+        let names = certs::service_names("jobset-inplace-webhook", "jobset-inplace-system");
+        let serving = certs::issue_serving(&ca, &names, DAY * u32::try_from(days).expect("days"))
+            .expect("serving");
+        (ca, serving)
+    }
+
+    fn entries(ca: &str) -> Vec<WebhookEntry> {
+        let m: MutatingWebhookConfiguration = serde_json::from_value(json!({
+            "metadata": {"name": "jobset-inplace"},
+            "webhooks": [{"name": "mutate.jobset-inplace.dev", "admissionReviewVersions": ["v1"],
+                "sideEffects": "None",
+                "clientConfig": {"caBundle": k8s_openapi::ByteString(ca.as_bytes().to_vec()),
+                    "service": {"name": "jobset-inplace-webhook",
+                                "namespace": "jobset-inplace-system"}}}]
+        }))
+        .expect("mutating");
+        entries_of_mutating(&m)
+    }
+
+    #[test]
+    fn ca_bundle_verifies_or_names_the_webhook() {
+        let (ca, serving) = pair(90);
+        let now = SystemTime::now();
+        let ok = check_ca_bundle(&entries(&ca.cert), &serving.cert, "s", now);
+        assert_eq!(ok.verdict, Verdict::Ok, "{}", ok.render());
+        let (other_ca, _) = pair(90);
+        let bad = check_ca_bundle(&entries(&other_ca.cert), &serving.cert, "s", now);
+        assert_eq!(bad.verdict, Verdict::Fail);
+        assert!(
+            bad.detail.contains("mutating/mutate.jobset-inplace.dev"),
+            "{}",
+            bad.detail
+        );
+        let empty = check_ca_bundle(&entries(""), &serving.cert, "s", now);
+        assert!(
+            empty.detail.contains("caBundle is empty"),
+            "{}",
+            empty.detail
+        );
+        // Past the certificate's end, the same bundle no longer verifies it.
+        let later = check_ca_bundle(&entries(&ca.cert), &serving.cert, "s", now + 91 * DAY);
+        assert_eq!(later.verdict, Verdict::Fail);
+    }
+
+    #[test]
+    fn expiry_warns_then_fails() {
+        let (_, serving) = pair(20);
+        let now = SystemTime::now();
+        let f = check_expiry("c", "serving certificate", &serving.cert, now, 30);
+        assert_eq!(f.verdict, Verdict::Warn, "{}", f.render());
+        assert!(
+            f.detail.contains("expires in 19 day(s)") || f.detail.contains("expires in 20 day(s)"),
+            "{}",
+            f.detail
+        );
+        let f = check_expiry("c", "serving certificate", &serving.cert, now, 14);
+        assert_eq!(f.verdict, Verdict::Ok, "{}", f.render());
+        let f = check_expiry(
+            "c",
+            "serving certificate",
+            &serving.cert,
+            now + 21 * DAY,
+            14,
+        );
+        assert_eq!(f.verdict, Verdict::Fail, "{}", f.render());
+        assert!(f.detail.contains("expired on"), "{}", f.detail);
+        let f = check_expiry("c", "serving certificate", "garbage", now, 14);
+        assert_eq!(f.verdict, Verdict::Fail);
+    }
+
+    #[test]
+    fn dates_are_civil() {
+        assert_eq!(humantime_date(UNIX_EPOCH), "1970-01-01");
+        assert_eq!(
+            humantime_date(UNIX_EPOCH + Duration::from_secs(951_782_400)),
+            "2000-02-29"
+        );
+        assert_eq!(
+            humantime_date(UNIX_EPOCH + Duration::from_secs(1_795_651_200)),
+            "2026-11-26"
+        );
+    }
+
+    #[test]
+    fn lease_needs_a_recent_renewal() {
+        let now = SystemTime::now();
+        let lease = |renewed_secs_ago: u64| -> Lease {
+            let at = now - Duration::from_secs(renewed_secs_ago);
+            let secs = at.duration_since(UNIX_EPOCH).expect("after 1970").as_secs();
+            serde_json::from_value(json!({
+                "metadata": {"name": "l", "namespace": "s"},
+                "spec": {"holderIdentity": "pod-a", "leaseDurationSeconds": 15,
+                         "renewTime": format!("{}", humantime_rfc3339(secs))}
+            }))
+            .expect("lease")
+        };
+        assert_eq!(
+            check_lease(Some(&lease(3)), "s", "l", now).verdict,
+            Verdict::Ok
+        );
+        let stale = check_lease(Some(&lease(60)), "s", "l", now);
+        assert_eq!(stale.verdict, Verdict::Fail);
+        assert!(
+            stale.detail.contains("past its 15s duration"),
+            "{}",
+            stale.detail
+        );
+        assert_eq!(check_lease(None, "s", "l", now).verdict, Verdict::Fail);
+    }
+
+    fn humantime_rfc3339(secs: u64) -> String {
+        let date = humantime_date(UNIX_EPOCH + Duration::from_secs(secs));
+        let rem = secs % 86_400;
+        format!(
+            "{date}T{:02}:{:02}:{:02}.000000Z",
+            rem / 3600,
+            rem / 60 % 60,
+            rem % 60
+        )
+    }
+
+    #[test]
+    fn configurations_and_accounts() {
+        let f = check_configurations(None, None, "jobset-inplace");
+        assert_eq!(f.verdict, Verdict::Fail);
+        assert!(
+            f.detail
+                .contains("MutatingWebhookConfiguration and ValidatingWebhookConfiguration")
+        );
+        let sa = ServiceAccount::default();
+        let rb: RoleBinding = serde_json::from_value(json!({
+            "metadata": {"name": "jobset-inplace-agent"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                        "name": "jobset-inplace-agent"},
+            "subjects": [{"kind": "ServiceAccount", "name": "jobset-inplace-agent", "namespace": "t"}]
+        }))
+        .expect("rb");
+        let f = check_agent_account(
+            "t",
+            "jobset-inplace-agent",
+            Some(&sa),
+            Some(&rb),
+            "jobset-inplace-agent",
+        );
+        assert_eq!(f.verdict, Verdict::Ok, "{}", f.render());
+        let f = check_agent_account("t", "other", Some(&sa), Some(&rb), "jobset-inplace-agent");
+        assert_eq!(f.verdict, Verdict::Fail);
+        let f = check_agent_account("t", "jobset-inplace-agent", None, None, "x");
+        assert!(
+            f.detail.contains("is the reconciler running"),
+            "{}",
+            f.detail
+        );
+    }
+}

@@ -1,0 +1,316 @@
+//! `doctor` and `status`, run as an operator runs them: the real binary, a kubeconfig that
+//! points at the in-repo test API server, objects as an installation leaves them.
+
+use std::future::Future;
+use std::process::Output;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use jobset_inplace::certs;
+use jobset_inplace::testing::apiserver::TestApiServer;
+use serde_json::{Value, json};
+
+async fn bounded<F: Future<Output = ()>>(f: F) {
+    tokio::time::timeout(Duration::from_secs(60), f)
+        .await
+        .expect("test took too long");
+}
+
+/// Runs the binary with a kubeconfig for `server` (plain HTTP, no credentials).
+async fn run(server: &TestApiServer, args: &[&str]) -> Output {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: t\n  cluster: {{server: {}}}\n\
+             users:\n- name: t\n  user: {{}}\ncontexts:\n- name: t\n  context: {{cluster: t, user: t}}\n\
+             current-context: t\n",
+            server.url()
+        ),
+    )
+    .expect("kubeconfig");
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_jobset-inplace"))
+        .args(args)
+        .env("KUBECONFIG", &kubeconfig)
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .kill_on_drop(true)
+        .output();
+    tokio::time::timeout(Duration::from_secs(30), out)
+        .await
+        .expect("the command returns")
+        .expect("runs")
+}
+
+fn jobset(name: &str, status: Value) -> Value {
+    json!({
+        "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+        "metadata": {"name": name, "namespace": "team"},
+        "spec": {"failurePolicy": {"restartStrategy": "InPlaceRestart", "maxRestarts": 3},
+                 "replicatedJobs": [{"name": "w", "replicas": 1,
+                    "template": {"spec": {"parallelism": 3, "completions": 3}}}]},
+        "status": status
+    })
+}
+
+/// A pod as the kubelet reports it: the agent sidecar started (barrier lifted) or not.
+fn pod(name: &str, jobset: &str, epoch: &str, started: bool) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "team",
+                     "labels": {"jobset.sigs.k8s.io/jobset-name": jobset},
+                     "annotations": {"jobset.sigs.k8s.io/epoch": epoch}},
+        "spec": {"nodeName": format!("node-{name}"),
+                 "initContainers": [{"name": "jobset-inplace-agent", "image": "a",
+                                     "restartPolicy": "Always"}],
+                 "containers": [{"name": "worker", "image": "w"}]},
+        "status": {"phase": "Running",
+                   "initContainerStatuses": [{"name": "jobset-inplace-agent", "started": started,
+                      "ready": started, "restartCount": 1, "image": "a", "imageID": ""}],
+                   "containerStatuses": [{"name": "worker", "ready": started, "restartCount": 1,
+                      "image": "w", "imageID": ""}]}
+    })
+}
+
+#[tokio::test]
+async fn status_lists_the_pods_the_group_waits_for_first() {
+    bounded(async {
+        let server = TestApiServer::start().await;
+        server
+            .create(
+                "jobsets",
+                jobset("train", json!({"deprecatedEpoch": 1, "syncedEpoch": 2})),
+            )
+            .expect("jobset");
+        server
+            .create("pods", pod("p-a", "train", "3", false))
+            .expect("pod");
+        server
+            .create("pods", pod("p-b", "train", "2", true))
+            .expect("pod");
+        server
+            .create("pods", pod("p-c", "train", "3", false))
+            .expect("pod");
+        // Another JobSet's pod is not listed.
+        server
+            .create("pods", pod("other", "else", "9", true))
+            .expect("pod");
+
+        let out = run(&server, &["status", "-n", "team", "train"]).await;
+        assert!(out.status.success(), "{out:?}");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(
+            lines[0].contains("deprecatedEpoch=1 syncedEpoch=2, 3 pods expected"),
+            "{text}"
+        );
+        assert!(
+            lines[1].contains("group restart to epoch 3: waiting for 3 pod(s)"),
+            "{text}"
+        );
+        assert!(lines[2].starts_with("POD"), "{text}");
+        assert!(
+            lines[3].starts_with("p-a") && lines[3].contains("not yet synced"),
+            "{text}"
+        );
+        assert!(
+            lines[4].starts_with("p-b") && lines[4].contains("must restart"),
+            "{text}"
+        );
+        assert!(!text.contains("other"), "{text}");
+
+        let out = run(&server, &["status", "-n", "team", "train", "-o", "json"]).await;
+        let report: Value = serde_json::from_slice(&out.stdout).expect("json");
+        assert_eq!(report["state"]["state"], "Restarting");
+        assert_eq!(report["pods"].as_array().map(Vec::len), Some(3));
+        assert_eq!(report["pods"][1]["barrierLifted"], true);
+
+        // The group syncs: every pod at 3, barriers lifted.
+        server
+            .create(
+                "jobsets",
+                jobset("done", json!({"deprecatedEpoch": 2, "syncedEpoch": 3})),
+            )
+            .expect("jobset");
+        for name in ["d-0", "d-1", "d-2"] {
+            server
+                .create("pods", pod(name, "done", "3", true))
+                .expect("pod");
+        }
+        let out = run(&server, &["status", "-n", "team", "done"]).await;
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("synced: every pod runs at epoch 3"), "{text}");
+
+        // A JobSet that does not exist: a one-line error, exit 1.
+        let out = run(&server, &["status", "-n", "team", "missing"]).await;
+        assert_eq!(out.status.code(), Some(1));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("cannot read JobSet team/missing"), "{err}");
+        server.shutdown().await;
+    })
+    .await;
+}
+
+fn rfc3339(at: SystemTime) -> String {
+    let ts = jiff_like(at.duration_since(UNIX_EPOCH).expect("after 1970").as_secs());
+    format!("{ts}.000000Z")
+}
+
+/// `YYYY-MM-DDTHH:MM:SS` for seconds since 1970 (UTC).
+fn jiff_like(secs: u64) -> String {
+    let days = i64::try_from(secs / 86_400).expect("fits");
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let rem = secs % 86_400;
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
+}
+
+/// An installation as the self-signed variant leaves it: a healthy one passes every check; each
+/// fault is named on its own line with exit code 1.
+#[tokio::test]
+async fn doctor_checks_an_installation() {
+    bounded(async {
+        let server = TestApiServer::start().await;
+        let sys = "jobset-inplace-system";
+        let ca = certs::generate_ca(Duration::from_secs(3650 * 86_400)).expect("ca");
+        let names = certs::service_names("jobset-inplace-webhook", sys);
+        let serving =
+            certs::issue_serving(&ca, &names, Duration::from_secs(365 * 86_400)).expect("serving");
+        let b64 = |s: &str| {
+            use base64::Engine;
+            base64::engine::general_purpose::STANDARD.encode(s)
+        };
+        let hook = |kind: &str, name: &str| {
+            json!({
+                "apiVersion": "admissionregistration.k8s.io/v1", "kind": kind,
+                "metadata": {"name": "jobset-inplace"},
+                "webhooks": [{"name": name, "admissionReviewVersions": ["v1"], "sideEffects": "None",
+                    "clientConfig": {"caBundle": b64(&ca.cert),
+                        "service": {"name": "jobset-inplace-webhook", "namespace": sys,
+                                    "path": "/mutate", "port": 443}}}]
+            })
+        };
+        server
+            .create(
+                "mutatingwebhookconfigurations",
+                hook("MutatingWebhookConfiguration", "mutate.jobset-inplace.dev"),
+            )
+            .expect("mutating");
+        server
+            .create(
+                "validatingwebhookconfigurations",
+                hook("ValidatingWebhookConfiguration", "validate.jobset-inplace.dev"),
+            )
+            .expect("validating");
+        server
+            .create(
+                "secrets",
+                json!({"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+                       "metadata": {"name": "jobset-inplace-webhook-tls", "namespace": sys},
+                       "data": {"tls.crt": b64(&serving.cert), "tls.key": b64(&serving.key),
+                                "ca.crt": b64(&ca.cert)}}),
+            )
+            .expect("secret");
+        let crd_path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("fixtures/jobset-v0.12/jobset.x-k8s.io_jobsets.yaml");
+        let crd: Value = serde_yaml::from_str(&std::fs::read_to_string(crd_path).expect("crd"))
+            .expect("yaml");
+        server
+            .create("customresourcedefinitions", crd)
+            .expect("crd");
+        let lease = |renewed: SystemTime| {
+            json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                   "metadata": {"name": "jobset-inplace-reconciler", "namespace": sys},
+                   "spec": {"holderIdentity": "reconciler-0", "leaseDurationSeconds": 15,
+                            "renewTime": rfc3339(renewed)}})
+        };
+        server.create("leases", lease(SystemTime::now())).expect("lease");
+        server
+            .create(
+                "serviceaccounts",
+                json!({"apiVersion": "v1", "kind": "ServiceAccount",
+                       "metadata": {"name": "jobset-inplace-agent", "namespace": "team"}}),
+            )
+            .expect("sa");
+        server
+            .create(
+                "rolebindings",
+                json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                       "metadata": {"name": "jobset-inplace-agent", "namespace": "team"},
+                       "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                   "name": "jobset-inplace-agent"},
+                       "subjects": [{"kind": "ServiceAccount", "name": "jobset-inplace-agent",
+                                     "namespace": "team"}]}),
+            )
+            .expect("rb");
+
+        // The released CRD has the attempt dialect's fields only.
+        let out = run(&server, &["--protocol", "attempt", "doctor", "-n", "team"]).await;
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+        for check in [
+            "webhook-configurations",
+            "ca-bundle",
+            "serving-certificate",
+            "ca-certificate",
+            "jobset-crd",
+            "reconciler-leader",
+            "agent-account",
+        ] {
+            assert!(
+                text.lines().any(|l| l.starts_with("ok") && l.contains(&format!("{check}:"))),
+                "{check}: {text}"
+            );
+        }
+        assert!(text.contains("has 364 day(s) left") || text.contains("has 365 day(s) left"), "{text}");
+
+        // Faults: the epoch dialect's fields are missing, the lease is stale, no account in
+        // another namespace; JSON says the same.
+        server
+            .put("leases", lease(SystemTime::now() - Duration::from_secs(120)))
+            .expect("stale lease");
+        let out = run(&server, &["doctor", "-n", "elsewhere", "-o", "json"]).await;
+        assert_eq!(out.status.code(), Some(1));
+        let report: Value = serde_json::from_slice(&out.stdout).expect("json");
+        assert_eq!(report["ok"], false);
+        let verdict = |check: &str| {
+            report["checks"]
+                .as_array()
+                .and_then(|c| c.iter().find(|f| f["check"] == check))
+                .map(|f| f["verdict"].clone())
+        };
+        assert_eq!(verdict("ca-bundle"), Some(json!("ok")));
+        assert_eq!(verdict("jobset-crd"), Some(json!("fail")));
+        assert_eq!(verdict("reconciler-leader"), Some(json!("fail")));
+        assert_eq!(verdict("agent-account"), Some(json!("fail")));
+
+        // A caBundle from another CA no longer verifies what the webhook serves.
+        let other = certs::generate_ca(Duration::from_secs(86_400)).expect("ca");
+        let mut m = server
+            .get("mutatingwebhookconfigurations", "", "jobset-inplace")
+            .expect("mutating");
+        m["webhooks"][0]["clientConfig"]["caBundle"] = json!(b64(&other.cert));
+        server.put("mutatingwebhookconfigurations", m).expect("put");
+        let out = run(&server, &["--protocol", "attempt", "doctor"]).await;
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(1), "{text}");
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with("FAIL ca-bundle") && l.contains("mutating/mutate.jobset-inplace.dev")),
+            "{text}"
+        );
+        server.shutdown().await;
+    })
+    .await;
+}
