@@ -14,6 +14,7 @@
 pub mod barrier;
 pub mod config;
 pub mod contract;
+pub mod reaper;
 pub mod run;
 
 use std::process::ExitCode;

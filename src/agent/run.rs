@@ -128,6 +128,10 @@ where
 {
     let mut proto = Protocol::new(client, &config, barrier);
     let mut worker: Option<Worker> = None;
+    // Main-container mode: adopt and reap what the worker leaves behind (see `reaper`).
+    let worker_pid = super::reaper::WorkerPid::default();
+    let _reaper = matches!(config.mode, Mode::MainContainer { .. })
+        .then(|| AbortOnDrop(tokio::spawn(super::reaper::run(worker_pid.clone()))));
     let mut signals_open = true;
     loop {
         tokio::select! {
@@ -141,12 +145,15 @@ where
                 }
                 Event::Lifted => {
                     if let Mode::MainContainer { command, shell, .. } = &config.mode {
+                        worker_pid.spawning();
                         match Worker::spawn(shell, command) {
                             Ok(w) => {
                                 tracing::info!(pid = w.pid, "worker started");
+                                worker_pid.set(w.pid);
                                 worker = Some(w);
                             }
                             Err(e) => {
+                                worker_pid.set(None);
                                 tracing::error!(shell = %shell, error = %e, "cannot start the worker");
                                 return Outcome::WorkerExited(WorkerExit::SpawnFailed);
                             }
@@ -172,6 +179,15 @@ where
                 None => signals_open = false,
             },
         }
+    }
+}
+
+/// Aborts a task when dropped, so that it ends with the agent's loop.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
