@@ -211,3 +211,26 @@ fn check_json_and_inject_passthrough() {
     assert!(out.status.success(), "{out:?}");
     assert_eq!(String::from_utf8_lossy(&out.stdout), text);
 }
+
+/// Lease timings the lease manager cannot work with are a start-up error, not a panic.
+#[test]
+fn reconciler_refuses_a_lease_grace_not_below_its_duration() {
+    let out = binary()
+        .args([
+            "reconciler",
+            "--lease-duration-seconds",
+            "5",
+            "--lease-grace-seconds",
+            "5",
+        ])
+        .env_remove("KUBECONFIG")
+        .output()
+        .expect("runs");
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--lease-grace-seconds (5) must be at least 1 and below"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+}

@@ -47,6 +47,20 @@ pub enum Error {
     LostLease { namespace: String, name: String },
     #[error(transparent)]
     Health(#[from] telemetry::Error),
+    #[error(
+        "--lease-grace-seconds ({grace}) must be at least 1 and below --lease-duration-seconds \
+         ({duration}): the holder renews that long before the lease expires"
+    )]
+    LeaseTiming { duration: u64, grace: u64 },
+}
+
+/// The lease's duration and renewal grace, checked: `1 <= grace < duration` (the lease manager
+/// cannot renew otherwise, and panics on it).
+pub fn lease_timing(duration: u64, grace: u64) -> Result<(Duration, Duration), Error> {
+    if grace == 0 || grace >= duration {
+        return Err(Error::LeaseTiming { duration, grace });
+    }
+    Ok((Duration::from_secs(duration), Duration::from_secs(grace)))
 }
 
 /// Flags of `jobset-inplace reconciler`.
@@ -160,6 +174,8 @@ impl Args {
             .clone()
             .or_else(|| env_nonempty("POD_NAMESPACE"))
             .unwrap_or_else(|| "default".to_owned());
+        let (lease_duration, lease_grace) =
+            lease_timing(self.lease_duration_seconds, self.lease_grace_seconds)?;
         let options = Options {
             settings: Settings {
                 dialect: global.dialect(),
@@ -177,8 +193,8 @@ impl Args {
             leader_election: self.leader_elect.then(|| LeaderElection {
                 lease_name: self.lease_name.clone(),
                 lease_namespace,
-                duration: Duration::from_secs(self.lease_duration_seconds.max(2)),
-                grace: Duration::from_secs(self.lease_grace_seconds.max(1)),
+                duration: lease_duration,
+                grace: lease_grace,
             }),
             check_crd: !self.skip_crd_check,
         };
@@ -230,6 +246,7 @@ pub async fn run(
     let (leader_tx, leader_rx) = watch::channel(options.leader_election.is_none());
     let mut lease_task = None;
     if let Some(le) = &options.leader_election {
+        lease_timing(le.duration.as_secs(), le.grace.as_secs())?;
         let lease_error = |e: kube_lease_manager::LeaseManagerError| Error::Lease {
             namespace: le.lease_namespace.clone(),
             name: le.lease_name.clone(),
@@ -316,4 +333,19 @@ pub async fn run(
         let _ = task.await;
     }
     outcome
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lease_grace_must_be_below_the_duration() {
+        assert!(lease_timing(15, 5).is_ok());
+        assert!(lease_timing(2, 1).is_ok());
+        for (duration, grace) in [(5, 5), (5, 6), (0, 0), (15, 0), (1, 1)] {
+            let err = lease_timing(duration, grace).expect_err("refused");
+            assert!(err.to_string().contains("--lease-grace-seconds"), "{err}");
+        }
+    }
 }
