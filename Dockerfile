@@ -5,7 +5,8 @@
 #   docker buildx build --platform linux/amd64,linux/arm64 \
 #     -t ghcr.io/jobset-inplace/jobset-inplace:0.1.0 .
 # The builder runs on the build machine's platform and cross-compiles for TARGETARCH (amd64 ->
-# x86_64-unknown-linux-musl, arm64 -> aarch64-unknown-linux-musl): no emulated compiler.
+# x86_64-unknown-linux-musl, arm64 -> aarch64-unknown-linux-musl): no emulated compiler. The
+# build machine must be amd64 (its musl-gcc and Debian's aarch64 cross gcc are the C compilers).
 # scripts/check-image.sh runs the builder stage's commands without Docker, for both
 # architectures, and checks the results (the arm64 one under qemu-user).
 
