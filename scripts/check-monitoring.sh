@@ -42,7 +42,7 @@ if ! command -v promtool >/dev/null && [[ $(id -u) -eq 0 ]] && command -v apt-ge
   fi
 fi
 promtool=$(command -v promtool || true)
-[[ -n "$promtool" ]] && "$promtool" --version 2>&1 | head -n 1
+[[ -n "$promtool" ]] && "$promtool" --version 2>&1 | sed -n 1p
 command -v kubectl >/dev/null || fail "kubectl is missing (its built-in kustomize renders deploy/)"
 # PyYAML, for taking the rules out of the PrometheusRule: python3's own, or a virtualenv's.
 python=python3

@@ -96,7 +96,7 @@ if [[ ! -x "$venv/bin/python" ]] || ! "$venv/bin/python" -c 'import kubernetes_v
   python3 -m venv "$venv"
   "$venv/bin/pip" install -q --disable-pip-version-check kubernetes-validate
 fi
-"$venv/bin/pip" show kubernetes-validate | head -n 2
+"$venv/bin/python" -c 'import kubernetes_validate as k; print("kubernetes-validate", k.__version__)'
 
 step "every image is $image"
 # Every container's image and every env value that names an image of ours (the webhook's
