@@ -1,18 +1,37 @@
 # syntax=docker/dockerfile:1
 #
 # jobset-inplace: one static binary (webhook, reconciler, agent, certs, inject, check, review) on
-# an empty base image. Build: docker build -t ghcr.io/jobset-inplace/jobset-inplace:0.1.0 .
-# scripts/check-image.sh runs the builder stage's commands without Docker and checks the result.
+# an empty base image, for linux/amd64 and linux/arm64. Build:
+#   docker buildx build --platform linux/amd64,linux/arm64 \
+#     -t ghcr.io/jobset-inplace/jobset-inplace:0.1.0 .
+# The builder runs on the build machine's platform and cross-compiles for TARGETARCH (amd64 ->
+# x86_64-unknown-linux-musl, arm64 -> aarch64-unknown-linux-musl): no emulated compiler. The
+# build machine must be amd64 (its musl-gcc and Debian's aarch64 cross gcc are the C compilers).
+# scripts/check-image.sh runs the builder stage's commands without Docker, for both
+# architectures, and checks the results (the arm64 one under qemu-user).
 
-FROM rust:1.95-bookworm AS builder
+FROM --platform=$BUILDPLATFORM rust:1.95-bookworm AS builder
+# Set by BuildKit from --platform; a plain `docker build` leaves it empty, which means amd64.
+ARG TARGETARCH
 
-# musl-gcc for the C and assembly parts of ring (TLS and certificate crypto).
+# C compilers for the C and assembly parts of ring (TLS and certificate crypto): musl-gcc for
+# x86_64, the Debian aarch64 cross gcc for aarch64 (Rust's musl targets bring their own musl
+# libc and start files, so the gcc only compiles ring and drives the link).
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends musl-tools \
+    && apt-get install -y --no-install-recommends musl-tools gcc-aarch64-linux-gnu libc6-dev-arm64-cross \
     && rm -rf /var/lib/apt/lists/*
-RUN rustup target add x86_64-unknown-linux-musl
+ENV CC_aarch64_unknown_linux_musl=aarch64-linux-gnu-gcc
+ENV CARGO_TARGET_AARCH64_UNKNOWN_LINUX_MUSL_LINKER=aarch64-linux-gnu-gcc
 
 WORKDIR /src
+
+# The Rust target of TARGETARCH, in .target for the steps below.
+RUN case "${TARGETARCH:-amd64}" in \
+        amd64) echo x86_64-unknown-linux-musl ;; \
+        arm64) echo aarch64-unknown-linux-musl ;; \
+        *) echo "unsupported TARGETARCH: $TARGETARCH" >&2; exit 1 ;; \
+    esac > .target \
+    && rustup target add "$(cat .target)"
 
 # Dependencies first, in their own layer: the manifests with stub sources, so that a change to
 # src/ does not rebuild them. The stub's own artifacts are removed so the real build redoes them
@@ -23,15 +42,18 @@ COPY benches ./benches
 RUN mkdir -p src \
     && echo 'fn main() {}' > src/main.rs \
     && touch src/lib.rs \
-    && cargo build --release --locked --target x86_64-unknown-linux-musl --bin jobset-inplace \
+    && cargo build --release --locked --target "$(cat .target)" --bin jobset-inplace \
     && rm -rf src \
-        target/x86_64-unknown-linux-musl/release/.fingerprint/jobset-inplace-* \
-        target/x86_64-unknown-linux-musl/release/deps/jobset_inplace-* \
-        target/x86_64-unknown-linux-musl/release/deps/libjobset_inplace-* \
-        target/x86_64-unknown-linux-musl/release/jobset-inplace
+        target/"$(cat .target)"/release/.fingerprint/jobset-inplace-* \
+        target/"$(cat .target)"/release/deps/jobset_inplace-* \
+        target/"$(cat .target)"/release/deps/libjobset_inplace-* \
+        target/"$(cat .target)"/release/jobset-inplace
 
 COPY src ./src
-RUN cargo build --release --locked --target x86_64-unknown-linux-musl --bin jobset-inplace
+# The binary lands in out/ whatever the architecture, so the final stage names one path.
+RUN cargo build --release --locked --target "$(cat .target)" --bin jobset-inplace \
+    && mkdir -p out \
+    && cp target/"$(cat .target)"/release/jobset-inplace out/jobset-inplace
 
 FROM scratch
 
@@ -40,7 +62,7 @@ LABEL org.opencontainers.image.title="jobset-inplace" \
       org.opencontainers.image.licenses="Apache-2.0"
 
 COPY --from=builder /etc/ssl/certs/ca-certificates.crt /etc/ssl/certs/ca-certificates.crt
-COPY --from=builder /src/target/x86_64-unknown-linux-musl/release/jobset-inplace /jobset-inplace
+COPY --from=builder /src/out/jobset-inplace /jobset-inplace
 
 # The numeric user the manifests run as (Pod Security `restricted`: runAsNonRoot).
 USER 65532:65532

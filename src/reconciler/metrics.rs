@@ -15,6 +15,13 @@ pub struct WriteLabels {
     pub result: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct JobSetLabels {
+    /// Not `namespace`: Prometheus gives that name to the scrape target's namespace.
+    pub jobset_namespace: String,
+    pub jobset: String,
+}
+
 /// Every metric of the reconciler.
 #[derive(Clone, Debug)]
 pub struct Metrics {
@@ -27,6 +34,9 @@ pub struct Metrics {
     pub jobsets_tracked: Gauge,
     pub failed_jobsets: Counter,
     pub is_leader: Gauge,
+    /// One series per InPlaceRestart JobSet this replica wrote a deprecated epoch for, removed
+    /// when the JobSet is deleted: bounded by the JobSets in the cluster.
+    pub deprecated_epoch: Family<JobSetLabels, Gauge>,
 }
 
 impl Metrics {
@@ -34,6 +44,7 @@ impl Metrics {
     pub fn register(registry: &mut Registry) -> Self {
         let m = Metrics {
             group_restarts: Counter::default(),
+            // 50 ms .. ~410 s.
             group_restart_duration: Histogram::new(exponential_buckets(0.05, 2.0, 14)),
             status_writes: Family::default(),
             reconcile_duration: Histogram::new(exponential_buckets(0.000_01, 4.0, 12)),
@@ -42,6 +53,7 @@ impl Metrics {
             jobsets_tracked: Gauge::default(),
             failed_jobsets: Counter::default(),
             is_leader: Gauge::default(),
+            deprecated_epoch: Family::default(),
         };
         let r = registry.sub_registry_with_prefix("jobset_inplace_reconciler");
         r.register(
@@ -81,7 +93,30 @@ impl Metrics {
             "1 while this replica holds the leader lease",
             m.is_leader.clone(),
         );
+        r.register(
+            "jobset_deprecated_epoch",
+            "The newest deprecated epoch this replica wrote for a JobSet: its group restarts",
+            m.deprecated_epoch.clone(),
+        );
         m
+    }
+
+    /// Records the deprecated epoch written for the JobSet `key` (namespace, name).
+    pub fn deprecated(&self, key: &(String, String), epoch: i64) {
+        self.deprecated_epoch
+            .get_or_create(&JobSetLabels {
+                jobset_namespace: key.0.clone(),
+                jobset: key.1.clone(),
+            })
+            .set(epoch);
+    }
+
+    /// Drops the series of a deleted JobSet.
+    pub fn forget(&self, key: &(String, String)) {
+        self.deprecated_epoch.remove(&JobSetLabels {
+            jobset_namespace: key.0.clone(),
+            jobset: key.1.clone(),
+        });
     }
 
     pub fn write(&self, field: &'static str, result: &'static str) {

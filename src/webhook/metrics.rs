@@ -9,6 +9,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
+use rustls::pki_types::CertificateDer;
 
 use crate::admission::{Endpoint, Outcome};
 
@@ -48,6 +49,149 @@ struct ResultLabels {
     result: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DenialLabels {
+    endpoint: &'static str,
+    rule: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CertificateLabels {
+    certificate: &'static str,
+}
+
+/// The `rule` label of `jobset_inplace_admission_denials_total`: the validation rules of
+/// `admission::validate` (one per `check_*` there), named after the field a violation points at
+/// once the list indices are dropped; [`RULE_OTHER`] for a field not listed here and
+/// [`RULE_REQUEST`] for a denial that names no field (a malformed request or object). A closed
+/// list: the label's values are bounded whatever is sent.
+pub const RULES: [(&str, &[&str]); 9] = [
+    ("backoff_limit", &["backoffLimit"]),
+    ("pod_replacement_policy", &["podReplacementPolicy"]),
+    ("completions", &["completions", "parallelism"]),
+    (
+        "agent_missing",
+        &["template.spec.initContainers", "template.spec.containers"],
+    ),
+    (
+        "agent_duplicate",
+        &[
+            "template.spec.initContainers[]",
+            "template.spec.containers[]",
+        ],
+    ),
+    (
+        "restart_policy",
+        &[
+            "template.spec.initContainers[].restartPolicy",
+            "template.spec.containers[].restartPolicy",
+        ],
+    ),
+    (
+        "restart_rules",
+        &[
+            "template.spec.initContainers[].restartPolicyRules",
+            "template.spec.containers[].restartPolicyRules",
+            "template.spec.initContainers[].restartPolicyRules[].action",
+            "template.spec.containers[].restartPolicyRules[].action",
+        ],
+    ),
+    (
+        "agent_env",
+        &[
+            "template.spec.initContainers[].env",
+            "template.spec.containers[].env",
+            "template.spec.initContainers[].env[].value",
+            "template.spec.containers[].env[].value",
+        ],
+    ),
+    (
+        "barrier_probe",
+        &[
+            "template.spec.initContainers[].startupProbe",
+            "template.spec.initContainers[].startupProbe.httpGet.port",
+            "template.spec.initContainers[].startupProbe.httpGet.path",
+            "template.spec.containers[].startupProbe",
+            "template.spec.containers[].startupProbe.httpGet.port",
+            "template.spec.containers[].startupProbe.httpGet.path",
+        ],
+    ),
+];
+/// A violation of a field [`RULES`] does not list.
+pub const RULE_OTHER: &str = "other";
+/// A denial without field causes (a malformed request or object).
+pub const RULE_REQUEST: &str = "request";
+
+/// The rule of a violation's field path (`Status` cause `field`), e.g.
+/// `spec.replicatedJobs[2].template.spec.backoffLimit` → `backoff_limit`.
+pub fn rule_of(field: &str) -> &'static str {
+    let mut normalized = String::with_capacity(field.len());
+    let mut in_index = false;
+    for c in field.chars() {
+        match c {
+            '[' => {
+                in_index = true;
+                normalized.push('[');
+            }
+            ']' => {
+                in_index = false;
+                normalized.push(']');
+            }
+            _ if in_index => {}
+            _ => normalized.push(c),
+        }
+    }
+    let Some(rest) = normalized.strip_prefix("spec.replicatedJobs[].template.spec.") else {
+        return RULE_OTHER;
+    };
+    RULES
+        .iter()
+        .find(|(_, fields)| fields.contains(&rest))
+        .map_or(RULE_OTHER, |(rule, _)| rule)
+}
+
+/// The rules a denial's response body names (each once), from
+/// `response.status.details.causes[].field`; [`RULE_REQUEST`] when it names none.
+fn denial_rules(body: &[u8]) -> Vec<&'static str> {
+    #[derive(serde::Deserialize)]
+    struct Review {
+        response: Option<Response>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Response {
+        status: Option<Status>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Status {
+        details: Option<Details>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Details {
+        #[serde(default)]
+        causes: Vec<Cause>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Cause {
+        field: Option<String>,
+    }
+    let causes = serde_json::from_slice::<Review>(body)
+        .ok()
+        .and_then(|r| r.response?.status?.details)
+        .map(|d| d.causes)
+        .unwrap_or_default();
+    let mut rules: Vec<&'static str> = causes
+        .iter()
+        .filter_map(|c| c.field.as_deref())
+        .map(rule_of)
+        .collect();
+    rules.sort_unstable();
+    rules.dedup();
+    if rules.is_empty() {
+        rules.push(RULE_REQUEST);
+    }
+    rules
+}
+
 const ENDPOINTS: [Endpoint; 2] = [Endpoint::Mutate, Endpoint::Validate];
 const OUTCOMES: [Outcome; 4] = [
     Outcome::Allowed,
@@ -79,6 +223,8 @@ fn outcome_index(outcome: Outcome) -> usize {
 ///   413 and 415 count as `error`);
 /// - `jobset_inplace_admission_duration_seconds{endpoint}`: time from the request's head to its
 ///   answer (reading the body included);
+/// - `jobset_inplace_admission_denials_total{endpoint,rule}`: denied requests by the rule they
+///   broke ([`RULES`], `other`, `request`); a request breaking two rules counts once for each;
 /// - `jobset_inplace_admission_responses_total{endpoint,code}`: HTTP status codes answered;
 /// - `jobset_inplace_admission_in_flight_requests`: requests being answered;
 /// - `jobset_inplace_tls_handshake_failures_total`: TLS handshakes that failed or timed out;
@@ -92,6 +238,10 @@ fn outcome_index(outcome: Outcome) -> usize {
 ///   (`success`, `failure`);
 /// - `jobset_inplace_tls_certificate_loaded_timestamp_seconds`: when the serving certificate in
 ///   use was loaded;
+/// - `jobset_inplace_tls_certificate_not_after_seconds{certificate}`: when the certificates in
+///   use expire, as Unix time: `serving` (the leaf) and `chain` (the earliest of every
+///   certificate served, the CA or intermediates included when the certificate file carries
+///   them; the same as `serving` when it holds the leaf alone);
 /// - `jobset_inplace_build_info{version}`: always 1.
 #[derive(Debug)]
 pub struct Metrics {
@@ -100,6 +250,7 @@ pub struct Metrics {
     requests: [[Counter; 4]; 2],
     duration: [Histogram; 2],
     responses: Family<ResponseLabels, Counter>,
+    denials: Family<DenialLabels, Counter>,
     in_flight: Gauge,
     handshake_failures: Counter,
     https_connections: Gauge,
@@ -108,6 +259,7 @@ pub struct Metrics {
     limit_reached: Family<ListenerLabels, Counter>,
     reloads: Family<ResultLabels, Counter>,
     cert_loaded: Gauge<f64, AtomicU64>,
+    cert_not_after: Family<CertificateLabels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -155,6 +307,25 @@ impl Metrics {
             "HTTP responses of /mutate and /validate, by status code",
             responses.clone(),
         );
+
+        let denials = Family::<DenialLabels, Counter>::default();
+        registry.register(
+            "admission_denials",
+            "AdmissionReview requests denied, by endpoint and the validation rule broken",
+            denials.clone(),
+        );
+        let rule_names = RULES
+            .iter()
+            .map(|(rule, _)| *rule)
+            .chain([RULE_OTHER, RULE_REQUEST]);
+        for rule in rule_names {
+            for endpoint in ENDPOINTS {
+                let _ = denials.get_or_create(&DenialLabels {
+                    endpoint: endpoint.as_str(),
+                    rule,
+                });
+            }
+        }
 
         let in_flight = Gauge::default();
         registry.register(
@@ -210,6 +381,14 @@ impl Metrics {
             cert_loaded.clone(),
         );
 
+        let cert_not_after = Family::<CertificateLabels, Gauge>::default();
+        registry.register_with_unit(
+            "tls_certificate_not_after",
+            "Unix time the certificates in use expire: the serving certificate, and the earliest of its chain",
+            Unit::Seconds,
+            cert_not_after.clone(),
+        );
+
         let build_info = Family::<Vec<(&'static str, &'static str)>, Gauge>::default();
         build_info
             .get_or_create(&vec![("version", env!("CARGO_PKG_VERSION"))])
@@ -221,6 +400,7 @@ impl Metrics {
             requests,
             duration,
             responses,
+            denials,
             in_flight,
             handshake_failures,
             https_connections,
@@ -229,6 +409,7 @@ impl Metrics {
             limit_reached,
             reloads,
             cert_loaded,
+            cert_not_after,
         }
     }
 
@@ -243,6 +424,18 @@ impl Metrics {
                 code,
             })
             .inc();
+    }
+
+    /// Counts a denied request once for each rule its answer `body` (an AdmissionReview) names.
+    pub fn denied(&self, endpoint: Endpoint, body: &[u8]) {
+        for rule in denial_rules(body) {
+            self.denials
+                .get_or_create(&DenialLabels {
+                    endpoint: endpoint.as_str(),
+                    rule,
+                })
+                .inc();
+        }
     }
 
     /// Counts a request in flight until the guard is dropped.
@@ -283,8 +476,8 @@ impl Metrics {
         self.handshake_failures.inc();
     }
 
-    /// Records a certificate (re)load.
-    pub fn certificate_loaded(&self, initial: bool) {
+    /// Records a certificate (re)load, and when the loaded `chain` (leaf first) expires.
+    pub fn certificate_loaded(&self, initial: bool, chain: &[CertificateDer<'_>]) {
         if !initial {
             self.reloads
                 .get_or_create(&ResultLabels { result: "success" })
@@ -294,6 +487,21 @@ impl Metrics {
             .duration_since(UNIX_EPOCH)
             .unwrap_or_default();
         self.cert_loaded.set(now.as_secs_f64());
+        let expiries: Vec<i64> = chain.iter().filter_map(|c| not_after(c)).collect();
+        if let Some(serving) = chain.first().and_then(|c| not_after(c)) {
+            self.cert_not_after
+                .get_or_create(&CertificateLabels {
+                    certificate: "serving",
+                })
+                .set(serving);
+        }
+        if let Some(earliest) = expiries.iter().min() {
+            self.cert_not_after
+                .get_or_create(&CertificateLabels {
+                    certificate: "chain",
+                })
+                .set(*earliest);
+        }
     }
 
     pub fn certificate_reload_failed(&self) {
@@ -312,8 +520,83 @@ impl Metrics {
 }
 
 fn new_duration_histogram() -> Histogram {
-    // 50 µs .. ~1.6 s.
-    Histogram::new(exponential_buckets(0.00005, 2.0, 16))
+    // 50 µs .. ~1.6 s doubling, then 2.5, 5 and 10 s: the API server gives up on a webhook call
+    // after its timeout (5 s in deploy/base/webhook-configurations.yaml, 10 s at most), and a
+    // request near it must land in a bucket of its own, not in +Inf.
+    Histogram::new(exponential_buckets(0.00005, 2.0, 16).chain([2.5, 5.0, 10.0]))
+}
+
+/// The `notAfter` of a DER X.509 certificate as Unix time; `None` when it cannot be read.
+///
+/// Certificate ::= SEQUENCE { tbsCertificate SEQUENCE { [0] version OPTIONAL, serialNumber,
+/// signature, issuer, validity SEQUENCE { notBefore Time, notAfter Time }, ... }, ... }
+pub fn not_after(der: &[u8]) -> Option<i64> {
+    let (cert, _) = der_element(der, 0x30)?;
+    let (mut tbs, _) = der_element(cert, 0x30)?;
+    if tbs.first() == Some(&0xa0) {
+        tbs = der_element(tbs, 0xa0)?.1;
+    }
+    // serialNumber, signature, issuer.
+    let tbs = der_element(tbs, 0x02)?.1;
+    let tbs = der_element(tbs, 0x30)?.1;
+    let tbs = der_element(tbs, 0x30)?.1;
+    let (validity, _) = der_element(tbs, 0x30)?;
+    let not_before_tag = *validity.first()?;
+    let (_, rest) = der_element(validity, not_before_tag)?;
+    let tag = *rest.first()?;
+    let (time, _) = der_element(rest, tag)?;
+    let text = std::str::from_utf8(time).ok()?;
+    let text = text.strip_suffix('Z')?;
+    // UTCTime YYMMDDHHMMSS (years 1950-2049), GeneralizedTime YYYYMMDDHHMMSS.
+    let (year, rest) = match tag {
+        0x17 => {
+            let yy: i64 = text.get(..2)?.parse().ok()?;
+            (if yy < 50 { 2000 + yy } else { 1900 + yy }, text.get(2..)?)
+        }
+        0x18 => (text.get(..4)?.parse().ok()?, text.get(4..)?),
+        _ => return None,
+    };
+    if rest.len() != 10 || !rest.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let field = |i: usize| rest.get(i..i + 2).and_then(|f| f.parse::<i64>().ok());
+    let (month, day) = (field(0)?, field(2)?);
+    let (hour, minute, second) = (field(4)?, field(6)?, field(8)?);
+    Some(days_from_civil(year, month, day) * 86_400 + hour * 3_600 + minute * 60 + second)
+}
+
+/// One DER element of `tag` at the start of `input`: its contents and what follows it.
+fn der_element(input: &[u8], tag: u8) -> Option<(&[u8], &[u8])> {
+    let (&first, rest) = input.split_first()?;
+    if first != tag {
+        return None;
+    }
+    let (&len0, mut rest) = rest.split_first()?;
+    let len = if len0 < 0x80 {
+        usize::from(len0)
+    } else {
+        let n = usize::from(len0 & 0x7f);
+        if n == 0 || n > 4 || rest.len() < n {
+            return None;
+        }
+        let (bytes, after) = rest.split_at(n);
+        rest = after;
+        bytes
+            .iter()
+            .fold(0usize, |acc, b| (acc << 8) | usize::from(*b))
+    };
+    (rest.len() >= len).then(|| rest.split_at(len))
+}
+
+/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
+fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
 }
 
 /// Decrements a gauge when dropped.
@@ -377,5 +660,137 @@ mod tests {
         for line in text.lines().filter(|l| !l.starts_with('#')) {
             assert!(line.starts_with("jobset_inplace_"), "{line}");
         }
+    }
+
+    #[test]
+    fn latency_buckets_cover_the_webhook_timeout() {
+        let metrics = Metrics::new();
+        metrics.observe(
+            Endpoint::Validate,
+            Outcome::Allowed,
+            200,
+            Duration::from_millis(4_900),
+        );
+        let text = metrics.encode();
+        for le in ["2.5", "5.0", "10.0"] {
+            assert!(
+                text.contains(&format!(
+                    "jobset_inplace_admission_duration_seconds_bucket{{le=\"{le}\",endpoint=\"validate\"}}"
+                )),
+                "{le}: {text}"
+            );
+        }
+        assert!(
+            text.contains(
+                r#"jobset_inplace_admission_duration_seconds_bucket{le="2.5",endpoint="validate"} 0"#
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                r#"jobset_inplace_admission_duration_seconds_bucket{le="5.0",endpoint="validate"} 1"#
+            ),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn rules_are_named_after_the_field_without_indices() {
+        let p = "spec.replicatedJobs[3].template.spec";
+        let pod = format!("{p}.template.spec");
+        for (field, rule) in [
+            (format!("{p}.backoffLimit"), "backoff_limit"),
+            (
+                format!("{p}.podReplacementPolicy"),
+                "pod_replacement_policy",
+            ),
+            (format!("{p}.parallelism"), "completions"),
+            (format!("{pod}.initContainers"), "agent_missing"),
+            (format!("{pod}.containers[4]"), "agent_duplicate"),
+            (
+                format!("{pod}.containers[0].restartPolicy"),
+                "restart_policy",
+            ),
+            (
+                format!("{pod}.initContainers[12].restartPolicyRules[1].action"),
+                "restart_rules",
+            ),
+            (format!("{pod}.initContainers[0].env[7].value"), "agent_env"),
+            (
+                format!("{pod}.initContainers[0].startupProbe.httpGet.port"),
+                "barrier_probe",
+            ),
+            (format!("{pod}.volumes[0]"), RULE_OTHER),
+            ("metadata.name".to_owned(), RULE_OTHER),
+            (String::new(), RULE_OTHER),
+        ] {
+            assert_eq!(rule_of(&field), rule, "{field}");
+        }
+    }
+
+    #[test]
+    fn denials_count_each_rule_once_and_bounded() {
+        let metrics = Metrics::new();
+        let p = "spec.replicatedJobs[0].template.spec";
+        let body = serde_json::json!({"response": {"allowed": false, "status": {"details": {"causes": [
+            {"field": format!("{p}.backoffLimit")},
+            {"field": format!("{p}.template.spec.initContainers")},
+            {"field": "spec.replicatedJobs[1].template.spec.backoffLimit"},
+            {"field": "something.made.up[0]"},
+        ]}}}});
+        metrics.denied(Endpoint::Validate, body.to_string().as_bytes());
+        metrics.denied(Endpoint::Validate, b"not json");
+        let text = metrics.encode();
+        for (rule, n) in [
+            ("backoff_limit", 1),
+            ("agent_missing", 1),
+            ("other", 1),
+            ("request", 1),
+            ("completions", 0),
+        ] {
+            let line = format!(
+                "jobset_inplace_admission_denials_total{{endpoint=\"validate\",rule=\"{rule}\"}} {n}"
+            );
+            assert!(text.contains(&line), "{line}\n{text}");
+        }
+        let series = text
+            .lines()
+            .filter(|l| l.starts_with("jobset_inplace_admission_denials_total{"))
+            .count();
+        assert_eq!(series, 2 * (RULES.len() + 2), "{text}");
+    }
+
+    #[test]
+    fn not_after_is_read_from_the_certificate() {
+        let ca = crate::certs::generate_ca(Duration::from_secs(400 * 86_400)).expect("ca");
+        let chain = crate::certs::parse_certs(ca.cert.as_bytes(), std::path::Path::new("ca.crt"))
+            .expect("parse");
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .expect("clock")
+            .as_secs() as i64;
+        let got = not_after(&chain[0]).expect("not after");
+        assert!(
+            (got - (now + 400 * 86_400)).abs() < 3_600,
+            "{got} vs {now} + 400 days"
+        );
+        assert_eq!(days_from_civil(1970, 1, 1), 0);
+        assert_eq!(days_from_civil(2000, 3, 1), 11_017);
+        assert_eq!(not_after(b"\x30\x03\x02\x01"), None);
+        let metrics = Metrics::new();
+        metrics.certificate_loaded(true, &chain);
+        let text = metrics.encode();
+        assert!(
+            text.contains(&format!(
+                "jobset_inplace_tls_certificate_not_after_seconds{{certificate=\"serving\"}} {got}"
+            )),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!(
+                "jobset_inplace_tls_certificate_not_after_seconds{{certificate=\"chain\"}} {got}"
+            )),
+            "{text}"
+        );
     }
 }

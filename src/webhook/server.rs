@@ -371,6 +371,9 @@ async fn admit(state: &AppState, endpoint: Endpoint, request: Request) -> Respon
         reply.http_status,
         started.elapsed(),
     );
+    if reply.outcome == Outcome::Denied {
+        webhook.metrics.denied(endpoint, &reply.body);
+    }
     tracing::debug!(
         endpoint = endpoint.as_str(),
         outcome = reply.outcome.as_str(),
@@ -468,7 +471,9 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), Error> {
     let resolver = Arc::new(ReloadingCert::load(&options.tls_cert, &options.tls_key)?);
-    webhook.metrics.certificate_loaded(true);
+    webhook
+        .metrics
+        .certificate_loaded(true, &resolver.current().cert);
     let acceptor = TlsAcceptor::from(Arc::new(server_config(resolver.clone())?));
 
     let (stop_tx, stop_rx) = watch::channel(false);

@@ -189,7 +189,7 @@ impl ReloadingCert {
             let result = tokio::task::spawn_blocking(move || this.reload_if_changed()).await;
             match result {
                 Ok(Ok(true)) => {
-                    metrics.certificate_loaded(false);
+                    metrics.certificate_loaded(false, &self.current().cert);
                     tracing::info!(
                         cert = %self.cert_path.display(),
                         key = %self.key_path.display(),

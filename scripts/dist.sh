@@ -1,0 +1,154 @@
+#!/usr/bin/env bash
+# Makes the release artifacts in dist/ (build output, not committed):
+#   install-<variant>.yaml   one per overlay in deploy/overlays/, for `kubectl apply -f`, rendered
+#                            with `kubectl kustomize`, every image pinned to IMAGE:<version>
+#   monitoring.yaml          the monitoring component (ServiceMonitors, PrometheusRule), to
+#                            apply next to an install manifest where the Prometheus Operator runs
+#   grafana-dashboard.json   deploy/grafana/jobset-inplace.json
+#   jobset-inplace-<version>-x86_64-unknown-linux-musl, ...-aarch64-unknown-linux-musl
+#                            the static binaries, exactly the container image's (built by
+#                            scripts/check-image.sh, which replays the Dockerfile for both
+#                            architectures and runs them, the aarch64 one under qemu-user)
+#   SHA256SUMS
+# and checks them: every image reference is the pinned one, every object of every manifest
+# validates against Kubernetes 1.35's schema (scripts/validate-manifests.py with the PyPI package
+# kubernetes-validate in a virtualenv; custom resources against their CRD or skipped with the
+# reason printed), and each binary is static and for its machine.
+#
+# <version> is the jobset-inplace package's version in Cargo.toml. Env: IMAGE (default
+# ghcr.io/jobset-inplace/jobset-inplace), KUBERNETES_VERSION (default 1.35).
+#
+# Usage: scripts/dist.sh [--reuse-image-build]
+#   --reuse-image-build: take the binaries scripts/check-image.sh has just built (as .ci/run
+#   does, right after running it) instead of running it again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo=$(pwd)
+reuse=0
+[[ "${1:-}" == "--reuse-image-build" ]] && reuse=1
+
+start=$(date +%s)
+step() { printf '\n== %s (%ss)\n' "$*" "$(($(date +%s) - start))"; }
+fail() {
+  echo "dist: FAILED: $*" >&2
+  exit 1
+}
+
+version=$(cargo metadata --no-deps --format-version 1 --offline 2>/dev/null |
+  python3 -c 'import json,sys; print(next(p["version"] for p in json.load(sys.stdin)["packages"] if p["name"] == "jobset-inplace"))') ||
+  fail "cannot read the jobset-inplace package's version with cargo metadata"
+image_name=${IMAGE:-ghcr.io/jobset-inplace/jobset-inplace}
+image="$image_name:$version"
+kubernetes=${KUBERNETES_VERSION:-1.35}
+dist="$repo/dist"
+work="$repo/target/dist"
+rm -rf "$dist" "$work"
+mkdir -p "$dist" "$work"
+echo "jobset-inplace $version, image $image"
+
+command -v kubectl >/dev/null || fail "kubectl is missing (its built-in kustomize renders deploy/)"
+
+# `kubectl kustomize` of a kustomization in target/dist/NAME/ that takes `what` (a resources or
+# components entry, a path relative to deploy/) and pins the image; the output goes to $2.
+render() {
+  local name=$1 out=$2 field=$3 path=$4
+  local dir="$work/$name"
+  mkdir -p "$dir"
+  cat >"$dir/kustomization.yaml" <<EOF
+apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+$field:
+- $(realpath --relative-to="$dir" "$repo/deploy/$path")
+images:
+- name: ghcr.io/jobset-inplace/jobset-inplace
+  newName: $image_name
+  newTag: "$version"
+EOF
+  kubectl kustomize "$dir" >"$dir/rendered.yaml"
+  {
+    echo "$header"
+    cat "$dir/rendered.yaml"
+  } >"$out"
+}
+
+step "install manifests"
+variants=()
+for overlay in deploy/overlays/*/; do
+  variant=$(basename "$overlay")
+  variants+=("$variant")
+  header="# jobset-inplace $version, $variant variant (deploy/overlays/$variant): kubectl apply -f install-$variant.yaml
+# Prerequisites and the steps before and after: deploy/README.md."
+  render "$variant" "$dist/install-$variant.yaml" resources "overlays/$variant"
+  echo "dist/install-$variant.yaml: $(grep -c '^kind:' "$dist/install-$variant.yaml") objects"
+done
+[[ ${#variants[@]} -gt 0 ]] || fail "no overlay in deploy/overlays/"
+
+step "monitoring.yaml and the dashboard"
+header="# jobset-inplace $version monitoring (deploy/components/monitoring): ServiceMonitors and a
+# PrometheusRule for the Prometheus Operator. Apply next to an install manifest."
+render monitoring "$dist/monitoring.yaml" components components/monitoring
+echo "dist/monitoring.yaml: $(grep -c '^kind:' "$dist/monitoring.yaml") objects"
+cp deploy/grafana/jobset-inplace.json "$dist/grafana-dashboard.json"
+
+step "tools: kubernetes-validate in target/tools-venv"
+venv="$repo/target/tools-venv"
+if [[ ! -x "$venv/bin/python" ]] || ! "$venv/bin/python" -c 'import kubernetes_validate' 2>/dev/null; then
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check kubernetes-validate
+fi
+"$venv/bin/python" -c 'import kubernetes_validate as k; print("kubernetes-validate", k.__version__)'
+
+step "every image is $image"
+# Every container's image and every env value that names an image of ours (the webhook's
+# JOBSET_INPLACE_AGENT_IMAGE, the agent it injects).
+"$venv/bin/python" - "$image" "$dist"/install-*.yaml <<'PY' || fail "image references"
+import collections, sys, yaml
+image, paths = sys.argv[1], sys.argv[2:]
+bad = 0
+for path in paths:
+    refs = collections.Counter()
+    agent = None
+    for o in yaml.safe_load_all(open(path)):
+        pod = ((o or {}).get("spec") or {}).get("template", {}).get("spec") or {}
+        for c in pod.get("initContainers", []) + pod.get("containers", []):
+            refs[c["image"]] += 1
+            for e in c.get("env", []):
+                if e["name"] == "JOBSET_INPLACE_AGENT_IMAGE":
+                    agent = e.get("value")
+                    refs[agent] += 1
+    print(f"{path.rsplit('/', 1)[-1]}: {dict(refs)}")
+    if set(refs) != {image} or agent != image:
+        print(f"  not all {image}, or no agent image", file=sys.stderr)
+        bad += 1
+sys.exit(1 if bad else 0)
+PY
+
+step "Kubernetes $kubernetes schema validation"
+"$venv/bin/python" scripts/validate-manifests.py --kubernetes "$kubernetes" \
+  --crd fixtures/jobset-v0.12/jobset.x-k8s.io_jobsets.yaml \
+  "$dist"/install-*.yaml "$dist/monitoring.yaml" || fail "schema validation"
+
+step "binaries"
+if [[ $reuse -eq 0 ]]; then
+  scripts/check-image.sh
+fi
+for pair in amd64:x86_64 arm64:aarch64; do
+  arch=${pair%%:*}
+  machine=${pair##*:}
+  bin="$repo/target/check-image/rootfs-$arch/jobset-inplace"
+  [[ -x "$bin" ]] || fail "$bin is missing: run scripts/check-image.sh (or drop --reuse-image-build)"
+  out="$dist/jobset-inplace-$version-$machine-unknown-linux-musl"
+  cp "$bin" "$out"
+  file "$out"
+  file "$out" | grep -Eq 'statically linked|static-pie linked' || fail "$out is not static"
+  case "$machine" in
+  x86_64) file "$out" | grep -q 'x86-64' || fail "$out is not for x86-64" ;;
+  aarch64) file "$out" | grep -q 'ARM aarch64' || fail "$out is not for aarch64" ;;
+  esac
+done
+
+step "SHA256SUMS"
+(cd "$dist" && sha256sum -- * >SHA256SUMS && cat SHA256SUMS)
+
+step "dist/ done: ${#variants[@]} install manifests (${variants[*]}), monitoring, dashboard, 2 binaries"
+ls -l "$dist"
