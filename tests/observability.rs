@@ -289,7 +289,7 @@ async fn webhook_metrics() -> String {
         .expect("tls.crt");
     let chain =
         jobset_inplace::certs::parse_certs(&cert, std::path::Path::new("tls.crt")).expect("parse");
-    let not_after = jobset_inplace::webhook::metrics::not_after(&chain[0]).expect("notAfter");
+    let not_after = jobset_inplace::certs::not_after(&chain[0]).expect("notAfter");
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .expect("clock")

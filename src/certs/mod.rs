@@ -257,6 +257,12 @@ pub fn parse_certs(pem: &[u8], path: &Path) -> Result<Vec<CertificateDer<'static
     Ok(certs)
 }
 
+/// The `notAfter` of a DER X.509 certificate as Unix time; `None` when it cannot be read.
+pub fn not_after(der: &[u8]) -> Option<i64> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
+    Some(cert.validity().not_after.timestamp())
+}
+
 /// Why `cert_pem` is not a serving certificate to keep: it must chain to `ca_cert_pem`, be valid
 /// for every name in `names` at `at` (so pass "now + margin"), and match `key_pem`.
 /// `None` when it is good.

@@ -187,8 +187,7 @@ pub fn not_after(pem: &str) -> Result<SystemTime, String> {
     let der = certs::parse_certs(pem.as_bytes(), std::path::Path::new("certificate"))
         .map_err(|e| e.to_string())?;
     let first = der.first().ok_or("no certificate")?;
-    let (_, cert) = x509_parser::parse_x509_certificate(first).map_err(|e| e.to_string())?;
-    let secs = cert.validity().not_after.timestamp();
+    let secs = certs::not_after(first).ok_or("not an X.509 certificate")?;
     let secs = u64::try_from(secs).map_err(|_| "not-after before 1970".to_owned())?;
     Ok(UNIX_EPOCH + Duration::from_secs(secs))
 }

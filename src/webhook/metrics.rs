@@ -12,6 +12,7 @@ use prometheus_client::registry::{Registry, Unit};
 use rustls::pki_types::CertificateDer;
 
 use crate::admission::{Endpoint, Outcome};
+use crate::certs::not_after;
 
 /// The content type of [`Metrics::encode`]'s output.
 pub const CONTENT_TYPE: &str = crate::telemetry::METRICS_CONTENT_TYPE;
@@ -526,79 +527,6 @@ fn new_duration_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.00005, 2.0, 16).chain([2.5, 5.0, 10.0]))
 }
 
-/// The `notAfter` of a DER X.509 certificate as Unix time; `None` when it cannot be read.
-///
-/// Certificate ::= SEQUENCE { tbsCertificate SEQUENCE { [0] version OPTIONAL, serialNumber,
-/// signature, issuer, validity SEQUENCE { notBefore Time, notAfter Time }, ... }, ... }
-pub fn not_after(der: &[u8]) -> Option<i64> {
-    let (cert, _) = der_element(der, 0x30)?;
-    let (mut tbs, _) = der_element(cert, 0x30)?;
-    if tbs.first() == Some(&0xa0) {
-        tbs = der_element(tbs, 0xa0)?.1;
-    }
-    // serialNumber, signature, issuer.
-    let tbs = der_element(tbs, 0x02)?.1;
-    let tbs = der_element(tbs, 0x30)?.1;
-    let tbs = der_element(tbs, 0x30)?.1;
-    let (validity, _) = der_element(tbs, 0x30)?;
-    let not_before_tag = *validity.first()?;
-    let (_, rest) = der_element(validity, not_before_tag)?;
-    let tag = *rest.first()?;
-    let (time, _) = der_element(rest, tag)?;
-    let text = std::str::from_utf8(time).ok()?;
-    let text = text.strip_suffix('Z')?;
-    // UTCTime YYMMDDHHMMSS (years 1950-2049), GeneralizedTime YYYYMMDDHHMMSS.
-    let (year, rest) = match tag {
-        0x17 => {
-            let yy: i64 = text.get(..2)?.parse().ok()?;
-            (if yy < 50 { 2000 + yy } else { 1900 + yy }, text.get(2..)?)
-        }
-        0x18 => (text.get(..4)?.parse().ok()?, text.get(4..)?),
-        _ => return None,
-    };
-    if rest.len() != 10 || !rest.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    let field = |i: usize| rest.get(i..i + 2).and_then(|f| f.parse::<i64>().ok());
-    let (month, day) = (field(0)?, field(2)?);
-    let (hour, minute, second) = (field(4)?, field(6)?, field(8)?);
-    Some(days_from_civil(year, month, day) * 86_400 + hour * 3_600 + minute * 60 + second)
-}
-
-/// One DER element of `tag` at the start of `input`: its contents and what follows it.
-fn der_element(input: &[u8], tag: u8) -> Option<(&[u8], &[u8])> {
-    let (&first, rest) = input.split_first()?;
-    if first != tag {
-        return None;
-    }
-    let (&len0, mut rest) = rest.split_first()?;
-    let len = if len0 < 0x80 {
-        usize::from(len0)
-    } else {
-        let n = usize::from(len0 & 0x7f);
-        if n == 0 || n > 4 || rest.len() < n {
-            return None;
-        }
-        let (bytes, after) = rest.split_at(n);
-        rest = after;
-        bytes
-            .iter()
-            .fold(0usize, |acc, b| (acc << 8) | usize::from(*b))
-    };
-    (rest.len() >= len).then(|| rest.split_at(len))
-}
-
-/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
-fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (month + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
-
 /// Decrements a gauge when dropped.
 #[derive(Debug)]
 pub struct InFlight(Gauge);
@@ -774,8 +702,6 @@ mod tests {
             (got - (now + 400 * 86_400)).abs() < 3_600,
             "{got} vs {now} + 400 days"
         );
-        assert_eq!(days_from_civil(1970, 1, 1), 0);
-        assert_eq!(days_from_civil(2000, 3, 1), 11_017);
         assert_eq!(not_after(b"\x30\x03\x02\x01"), None);
         let metrics = Metrics::new();
         metrics.certificate_loaded(true, &chain);
