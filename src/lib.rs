@@ -11,7 +11,6 @@
 //! - [`protocol`]: the epoch protocol's dialects and pure decisions;
 //! - [`jobset`]: the JobSet model;
 //! - [`retry`]: retry timing shared by the agent and the reconciler (`Retry-After`);
-//! - [`testing`]: the in-repo Kubernetes test API server and test helpers.
 #![forbid(unsafe_code)]
 
 pub mod admission;
@@ -24,8 +23,10 @@ pub mod offline;
 pub mod protocol;
 pub mod reconciler;
 pub mod retry;
+pub mod settings;
+pub mod shutdown;
 pub mod telemetry;
-pub mod testing;
 pub mod webhook;
+pub mod wire;
 
 pub use error::{Error, Result};

@@ -42,18 +42,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let result = runtime.block_on(async move {
-        match cli.command {
-            Command::Webhook(args) => args.run(global).await,
-            Command::Reconciler(args) => args.run(global).await,
-            Command::Agent(args) => args.run(global).await,
-            Command::Certs(args) => args.run(global).await,
-            Command::Inject(args) => args.run(global).await,
-            Command::Check(args) => args.run(global).await,
-            Command::Review(args) => args.run(global).await,
-        }
-    });
-    match result {
+    match runtime.block_on(cli.command.run(global)) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("jobset-inplace: {e}");

@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use crate::admission::config::InjectionArgs;
 use crate::admission::{self, Endpoint, InjectionConfig, Request};
-use crate::cli::Global;
+use crate::settings::Global;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -25,6 +25,8 @@ pub enum Error {
     Write(String),
     #[error("cannot apply the injection patch to {object}: {reason}")]
     Patch { object: String, reason: String },
+    #[error(transparent)]
+    Config(#[from] admission::Error),
 }
 
 /// Flags of `jobset-inplace inject`.
@@ -75,7 +77,7 @@ pub struct ReviewArgs {
 }
 
 impl InjectArgs {
-    pub async fn run(self, global: Global) -> crate::Result<ExitCode> {
+    pub async fn run(self, global: Global) -> Result<ExitCode, Error> {
         let config = InjectionConfig::load(&self.injection, global.protocol)
             .map_err(admission::Error::from)?;
         let mut out = String::new();
@@ -89,7 +91,7 @@ impl InjectArgs {
 }
 
 impl CheckArgs {
-    pub async fn run(self, global: Global) -> crate::Result<ExitCode> {
+    pub async fn run(self, global: Global) -> Result<ExitCode, Error> {
         let config = InjectionConfig::load(&self.injection, global.protocol)
             .map_err(admission::Error::from)?;
         let mut report = String::new();
@@ -117,7 +119,7 @@ impl CheckArgs {
 }
 
 impl ReviewArgs {
-    pub async fn run(self, global: Global) -> crate::Result<ExitCode> {
+    pub async fn run(self, global: Global) -> Result<ExitCode, Error> {
         let config = InjectionConfig::load(&self.injection, global.protocol)
             .map_err(admission::Error::from)?;
         let body = read_source_bytes(&self.file)?;

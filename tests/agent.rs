@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use jobset_inplace::agent::{self, AgentConfig, BarrierState, Mode, Outcome, WorkerExit};
 use jobset_inplace::protocol::{DISABLE_ANNOTATION, Dialect, JOBSET_NAME_LABEL};
-use jobset_inplace::testing::apiserver::{TestApiServer, Verb};
-use jobset_inplace::testing::kubelet::{barrier_port, http_get};
+use jobset_inplace_testkit::apiserver::{TestApiServer, Verb};
+use jobset_inplace_testkit::kubelet::{barrier_port, http_get};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::watch;

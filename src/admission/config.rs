@@ -24,8 +24,8 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::agent::contract;
 use crate::protocol::Dialect;
+use crate::wire::agent_env;
 
 /// The image injected when nothing else is configured.
 pub const DEFAULT_IMAGE: &str = concat!(
@@ -134,9 +134,9 @@ impl InjectionConfig {
             protocol,
             image: DEFAULT_IMAGE.to_owned(),
             image_pull_policy: "IfNotPresent".to_owned(),
-            restart_exit_code: contract::DEFAULT_RESTART_EXIT_CODE,
-            barrier_port: contract::DEFAULT_BARRIER_PORT,
-            barrier_path: contract::DEFAULT_BARRIER_PATH.to_owned(),
+            restart_exit_code: agent_env::DEFAULT_RESTART_EXIT_CODE,
+            barrier_port: agent_env::DEFAULT_BARRIER_PORT,
+            barrier_path: agent_env::DEFAULT_BARRIER_PATH.to_owned(),
             probe_period_seconds: 1,
             // A day of one-second probes: a group restart waits for the slowest pod to be
             // rescheduled, and the kubelet must not give up on the barrier before that.

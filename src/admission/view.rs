@@ -29,7 +29,7 @@ use std::marker::PhantomData;
 use serde::de::{self, Deserialize, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 
-use crate::agent::contract;
+use crate::wire::agent_env;
 
 /// A JSON string: borrowed from the input when it holds no escapes.
 pub(crate) type Str<'a> = Cow<'a, str>;
@@ -644,17 +644,17 @@ object_view!(ExitCodes {
 pub(crate) fn is_env_name_read(name: &str) -> bool {
     matches!(
         name,
-        contract::NAMESPACE
-            | contract::POD_NAME
-            | contract::JOBSET_NAME
-            | contract::RESTART_EXIT_CODE
-            | contract::RESTART_EXIT_CODE_ALIAS
-            | contract::PROTOCOL
-            | contract::BARRIER_PORT
-            | contract::BARRIER_PORT_ALIAS
-            | contract::BARRIER_PATH
-            | contract::BARRIER_PATH_ALIAS
-            | contract::WORKER_COMMAND
+        agent_env::NAMESPACE
+            | agent_env::POD_NAME
+            | agent_env::JOBSET_NAME
+            | agent_env::RESTART_EXIT_CODE
+            | agent_env::RESTART_EXIT_CODE_ALIAS
+            | agent_env::PROTOCOL
+            | agent_env::BARRIER_PORT
+            | agent_env::BARRIER_PORT_ALIAS
+            | agent_env::BARRIER_PATH
+            | agent_env::BARRIER_PATH_ALIAS
+            | agent_env::WORKER_COMMAND
     )
 }
 

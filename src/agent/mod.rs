@@ -2,8 +2,8 @@
 //! pod's epoch, holds the start barrier until the JobSet's synced epoch reaches it, and exits
 //! with the restart code when its epoch is deprecated, so that the pod restarts in place.
 //!
-//! - [`contract`]: the environment variables (shared with the webhook) and their defaults;
-//! - [`config`]: parsing them (pure);
+//! - [`config`]: parsing its environment (pure; the names and defaults are
+//!   [`crate::wire::agent_env`], shared with the webhook);
 //! - [`barrier`]: the barrier endpoint (the startup probe);
 //! - [`run`]: the protocol's I/O, and the worker of main-container mode.
 //!
@@ -13,7 +13,6 @@
 
 pub mod barrier;
 pub mod config;
-pub mod contract;
 pub mod run;
 
 use std::process::ExitCode;
@@ -23,7 +22,8 @@ use futures::Stream;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::cli::Global;
+use crate::settings::Global;
+use crate::wire::agent_env;
 
 pub use barrier::BarrierState;
 pub use config::{AgentConfig, Mode};
@@ -101,10 +101,10 @@ Exit codes: the restart code when the pod's epoch is deprecated; 128+N on signal
 configuration error; main-container mode: the worker's own code (127 if it cannot start).";
 
 impl Args {
-    pub async fn run(self, global: Global) -> crate::Result<ExitCode> {
+    pub async fn run(self, global: Global) -> Result<ExitCode, Error> {
         let config = match config::from_env(
             |name| std::env::var(name).ok(),
-            || std::fs::read_to_string(contract::SERVICE_ACCOUNT_NAMESPACE_FILE),
+            || std::fs::read_to_string(agent_env::SERVICE_ACCOUNT_NAMESPACE_FILE),
             global.dialect(),
         ) {
             Ok(config) => config,

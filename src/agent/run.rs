@@ -20,7 +20,7 @@ use super::barrier::BarrierState;
 use super::config::{AgentConfig, Mode};
 use crate::jobset::JobSetSummary;
 use crate::protocol::{self, AgentAction, AgentView, Dialect, Epoch};
-use crate::reconciler::index::WatchedPod;
+use crate::wire::WatchedPod;
 
 /// Seconds a watch request stays open before the server ends it and the agent resumes it.
 const WATCH_TIMEOUT_SECS: u32 = 240;

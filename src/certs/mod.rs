@@ -30,7 +30,7 @@ use rustls::client::WebPkiServerVerifier;
 use rustls::client::danger::ServerCertVerifier as _;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 
-use crate::cli::Global;
+use crate::settings::Global;
 
 /// The CA certificate (what the API server trusts: the webhook configuration's `caBundle`).
 pub const CA_CERT_FILE: &str = "ca.crt";
@@ -548,7 +548,7 @@ pub struct Args {
 }
 
 impl Args {
-    pub async fn run(self, _global: Global) -> crate::Result<ExitCode> {
+    pub async fn run(self, _global: Global) -> Result<ExitCode, Error> {
         let service = self.service.clone().ok_or(Error::Required {
             flag: "--service",
             env: "JOBSET_INPLACE_WEBHOOK_SERVICE",
@@ -800,14 +800,19 @@ mod tests {
         assert!(matches!(check_names(&[]), Err(Error::NoNames)));
     }
 
+    /// The `certs` subcommand's flags alone (`cli.rs` composes the full command line).
+    #[derive(Debug, clap::Parser)]
+    #[command(name = "certs")]
+    struct Certs {
+        #[command(flatten)]
+        args: Args,
+    }
+
     fn certs_args(args: &[&str]) -> Args {
         use clap::Parser as _;
-        let cli = crate::cli::Cli::try_parse_from(["jobset-inplace", "certs"].iter().chain(args))
-            .expect("parses");
-        match cli.command {
-            crate::cli::Command::Certs(args) => args,
-            other => panic!("not certs: {other:?}"),
-        }
+        Certs::try_parse_from(["certs"].iter().chain(args))
+            .expect("parses")
+            .args
     }
 
     #[tokio::test]

@@ -32,12 +32,13 @@ use serde_json::{Value, json};
 use tokio::sync::{Notify, mpsc, watch};
 use tokio::task::JoinSet;
 
-use super::index::{Index, JobSetState, Key, WatchedPod, reconcile_input};
+use super::index::{Index, JobSetState, Key, reconcile_input};
 use super::metrics::Metrics;
 use super::provision::{self, ProvisionSettings};
 use crate::jobset::{self, JobSet};
 use crate::protocol::{Decision, Dialect, Epoch, JOBSET_NAME_LABEL, reconcile_decide};
 use crate::retry::WatchBackoff;
+use crate::wire::WatchedPod;
 
 /// Condition reason of a JobSet failed by the reconciler.
 pub const REACHED_MAX_RESTARTS: &str = "ReachedMaxRestarts";

@@ -23,8 +23,8 @@ use kube_lease_manager::{LeaseManagerBuilder, LeaseParams};
 use prometheus_client::registry::Registry;
 use tokio::sync::watch;
 
-use crate::cli::Global;
 use crate::protocol::Dialect;
+use crate::settings::Global;
 use crate::telemetry;
 
 pub use controller::{Controller, Settings};
@@ -149,7 +149,7 @@ pub struct Options {
 }
 
 impl Args {
-    pub async fn run(self, global: Global) -> crate::Result<ExitCode> {
+    pub async fn run(self, global: Global) -> Result<ExitCode, Error> {
         let identity = self
             .identity
             .clone()
@@ -190,7 +190,7 @@ impl Args {
             client,
             options,
             Some(listener),
-            crate::cli::shutdown_signal(),
+            crate::shutdown::shutdown_signal(),
         )
         .await?;
         Ok(ExitCode::SUCCESS)

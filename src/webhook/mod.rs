@@ -31,7 +31,7 @@ pub use tls::ReloadingCert;
 
 use crate::admission::{self, InjectionConfig, config::InjectionArgs};
 use crate::certs;
-use crate::cli::{Global, parse_bytes, parse_duration};
+use crate::settings::{Global, parse_bytes, parse_duration};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -63,6 +63,8 @@ pub enum Error {
         #[source]
         source: certs::Error,
     },
+    #[error(transparent)]
+    Config(#[from] admission::Error),
 }
 
 /// The `--self-signed` certificate source: a Secret, the caBundle, a local directory.
@@ -286,7 +288,7 @@ impl Args {
         Ok((cert, key))
     }
 
-    pub async fn run(self, global: Global) -> crate::Result<ExitCode> {
+    pub async fn run(self, global: Global) -> Result<ExitCode, Error> {
         let config = InjectionConfig::load(&self.injection, global.protocol)
             .map_err(admission::Error::from)?;
         let (cert, key) = if self.self_signed {
@@ -314,7 +316,7 @@ impl Args {
             health,
             Webhook::new(config),
             options,
-            crate::cli::shutdown_signal(),
+            crate::shutdown::shutdown_signal(),
         )
         .await?;
         Ok(ExitCode::SUCCESS)
@@ -344,40 +346,27 @@ async fn bind(flag: &'static str, addr: SocketAddr) -> Result<TcpListener, Error
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cli::{Cli, Command};
-    use clap::Parser;
+    use clap::{CommandFactory, Parser};
 
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
-        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
-        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
-        assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
-        assert!(parse_duration("ten").is_err());
-        assert!(parse_duration("5d").is_err());
+    /// The `webhook` subcommand's flags alone (the full command line is composed in `cli.rs`,
+    /// whose tests parse it whole).
+    #[derive(Debug, Parser)]
+    #[command(name = "webhook")]
+    struct Webhook {
+        #[command(flatten)]
+        args: Args,
     }
 
     #[test]
-    fn sizes() {
-        assert_eq!(parse_bytes("65536"), Ok(65536));
-        assert_eq!(parse_bytes("512Ki"), Ok(512 << 10));
-        assert_eq!(parse_bytes("64Mi"), Ok(64 << 20));
-        assert_eq!(parse_bytes("64MiB"), Ok(64 << 20));
-        assert_eq!(parse_bytes("1Gi"), Ok(1 << 30));
-        assert!(parse_bytes("64M").is_err());
-        assert!(parse_bytes("Mi").is_err());
-        assert!(parse_bytes("-1").is_err());
+    fn body_budget_sizes() {
         assert!(parse_body_budget("7Mi").is_ok());
         assert!(parse_body_budget("6Mi").is_err());
     }
 
     fn webhook_args(args: &[&str]) -> Args {
-        let cli =
-            Cli::try_parse_from(["jobset-inplace", "webhook"].iter().chain(args)).expect("parses");
-        match cli.command {
-            Command::Webhook(args) => args,
-            other => panic!("not webhook: {other:?}"),
-        }
+        Webhook::try_parse_from(["webhook"].iter().chain(args))
+            .expect("parses")
+            .args
     }
 
     #[tokio::test]
@@ -428,9 +417,9 @@ mod tests {
             ["--max-body-bytes-in-flight", "1Mi"],
             ["--max-body-bytes-in-flight", "lots"],
         ] {
-            let err = Cli::try_parse_from(["jobset-inplace", "webhook"].iter().chain(&bad))
-                .expect_err("rejected");
-            let line = crate::cli::one_line_error(&err);
+            let err =
+                Webhook::try_parse_from(["webhook"].iter().chain(&bad)).expect_err("rejected");
+            let line = crate::settings::one_line_error(&err, &Webhook::command());
             assert!(line.contains(bad[0]), "{line}");
             assert!(line.contains("JOBSET_INPLACE_"), "{line}");
         }

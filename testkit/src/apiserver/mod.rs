@@ -7,7 +7,7 @@
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! use jobset_inplace::testing::apiserver::{TestApiServer, Verb};
+//! use crate::apiserver::{TestApiServer, Verb};
 //! use k8s_openapi::api::core::v1::Pod;
 //! use kube::api::{Api, ListParams};
 //!
