@@ -13,10 +13,17 @@
 //!
 //! [`serve`] runs it all on listeners the caller bound (tests and benchmarks bind
 //! `127.0.0.1:0`).
+//!
+//! - [`routes`]: the routes and their handlers (body limits, the review, metrics);
+//! - [`listener`]: the connection loops, TLS, limits and graceful shutdown;
+//! - [`conn`]: the connection states the listener watches to evict idle and stuck connections;
+//! - [`tls`]: the serving certificate, reloaded when its files change;
+//! - [`metrics`]: the Prometheus metrics.
 
 pub mod conn;
+pub mod listener;
 pub mod metrics;
-pub mod server;
+pub mod routes;
 pub mod tls;
 
 use std::net::SocketAddr;
@@ -26,7 +33,10 @@ use std::time::Duration;
 
 use tokio::net::TcpListener;
 
-pub use server::{BodyLimits, ServeOptions, Webhook, health_router, router, router_with, serve};
+pub use listener::{ServeOptions, serve, serve_routes};
+pub use routes::{
+    BodyLimits, Handlers, Webhook, admission_routes, health_router, router, router_with,
+};
 pub use tls::ReloadingCert;
 
 use crate::admission::{self, InjectionConfig, config::InjectionArgs};
@@ -148,7 +158,7 @@ pub struct Args {
 
     /// Most connections open at once, on each listener. Beyond it new connections wait, and idle
     /// ones (and handshakes or request heads stuck for a second) are closed to make room.
-    #[arg(long, env = "JOBSET_INPLACE_MAX_CONNECTIONS", default_value_t = server::DEFAULT_MAX_CONNECTIONS as u32, value_parser = clap::value_parser!(u32).range(1..), value_name = "N")]
+    #[arg(long, env = "JOBSET_INPLACE_MAX_CONNECTIONS", default_value_t = listener::DEFAULT_MAX_CONNECTIONS as u32, value_parser = clap::value_parser!(u32).range(1..), value_name = "N")]
     pub max_connections: u32,
 
     /// Most request-body bytes held in memory at once, across requests (`64Mi`, `512Ki`,

@@ -9,17 +9,44 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::Router;
+use axum::extract::{Request, State};
+use axum::http::{HeaderValue, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
 use clap::Parser as _;
 use jobset_inplace::admission::InjectionConfig;
 use jobset_inplace::certs;
 use jobset_inplace::cli::{Cli, Command};
-use jobset_inplace::webhook::{self, ServeOptions, Webhook};
+use jobset_inplace::webhook::{self, Handlers, ServeOptions, Webhook};
 use rustls::pki_types::{CertificateDer, ServerName};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio_rustls::TlsConnector;
+
+/// The webhook's admission routes and `GET|POST /ping`: a trivial route that reads its body
+/// (under the same limits and budget) and answers `{}`. Not in the product: a TLS liveness
+/// check for the tests and the benchmark's ceiling (the same connection handling without a
+/// review).
+pub fn routes_with_ping() -> Router<Handlers> {
+    webhook::admission_routes().route("/ping", get(ping).post(ping))
+}
+
+async fn ping(State(handlers): State<Handlers>, request: Request) -> axum::response::Response {
+    match handlers.read_body(request).await {
+        Ok(_) => (
+            [(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            )],
+            "{}",
+        )
+            .into_response(),
+        Err(answer) => answer,
+    }
+}
 
 pub fn install_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -82,10 +109,11 @@ impl TestServer {
         options.shutdown_grace = Duration::from_secs(5);
         adjust(&mut options);
         let (tx, rx) = oneshot::channel::<()>();
-        let task = tokio::spawn(webhook::serve(
+        let task = tokio::spawn(webhook::serve_routes(
             https,
             health,
             Webhook::new(config.clone()),
+            routes_with_ping(),
             options,
             async move {
                 let _ = rx.await;
