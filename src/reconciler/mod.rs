@@ -2,7 +2,8 @@
 //! moves the epoch status fields, fails JobSets past `maxRestarts`.
 //!
 //! - [`index`]: the in-memory index of JobSets and their pods (pure);
-//! - [`controller`]: watches, work queue, workers, status writes, events;
+//! - [`controller`]: watches, workers, status writes, events;
+//! - `queue`: the work queue between the watches and the workers;
 //! - [`crd`]: the start-up check that the installed JobSet CRD has the dialect's status fields;
 //! - [`provision`]: the agent's ServiceAccount and RoleBinding in every namespace that needs them;
 //! - [`metrics`]: the `jobset_inplace_reconciler_*` metrics.
@@ -12,6 +13,7 @@ pub mod crd;
 pub mod index;
 pub mod metrics;
 pub mod provision;
+mod queue;
 
 use std::future::Future;
 use std::net::SocketAddr;
