@@ -117,7 +117,7 @@ fn every_fixture_case() {
                 mutated, expected,
                 "{name}: mutated object differs from mutated.yaml"
             );
-            assert_eq!(reply.outcome, admission::Outcome::Patched, "{name}");
+            assert_eq!(reply.outcome, admission::ReviewOutcome::Patched, "{name}");
         } else {
             assert!(
                 !case.mutated_path().exists(),

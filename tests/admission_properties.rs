@@ -1553,7 +1553,7 @@ fn create(model: &Model, uid: &str, which: usize, dry_run: Option<bool>) -> Chec
                 .map_err(|e| TestCaseError::fail(format!("the patch does not apply: {e}")))?;
             preserved(&object, &mutated, "")?;
             schema_valid(&mutated, "the mutated JobSet")?;
-            prop_assert_eq!(reply.outcome, admission::Outcome::Patched);
+            prop_assert_eq!(reply.outcome, admission::ReviewOutcome::Patched);
         }
     }
     if model.mutates() {
@@ -1594,7 +1594,7 @@ fn create(model: &Model, uid: &str, which: usize, dry_run: Option<bool>) -> Chec
     prop_assert_eq!(&response["allowed"], &json!(expected.is_empty()));
     if !expected.is_empty() {
         prop_assert_eq!(&response["status"]["code"], &json!(422));
-        prop_assert_eq!(reply.outcome, admission::Outcome::Denied);
+        prop_assert_eq!(reply.outcome, admission::ReviewOutcome::Denied);
     }
     // The value path (the offline commands') agrees.
     prop_assert_eq!(
@@ -1748,7 +1748,7 @@ fn any_body(body: &[u8], which: usize) -> Check {
                     .map_err(|e| TestCaseError::fail(format!("status is not JSON: {e}")))?;
                 prop_assert_eq!(&status["kind"], "Status");
                 prop_assert_eq!(&status["code"], &json!(400));
-                prop_assert_eq!(reply.outcome, admission::Outcome::Error);
+                prop_assert_eq!(reply.outcome, admission::ReviewOutcome::Error);
             }
         }
     }

@@ -1,7 +1,7 @@
 //! AdmissionReview handling on bad input: every body gets a documented status and a well-formed
 //! answer, and nothing panics.
 
-use jobset_inplace::admission::{self, Endpoint, InjectionConfig, Outcome};
+use jobset_inplace::admission::{self, Endpoint, InjectionConfig, ReviewOutcome};
 use jobset_inplace_testkit::fixtures;
 use rstest::rstest;
 use serde_json::{Value, json};
@@ -44,7 +44,7 @@ fn malformed_reviews_are_answered(#[case] body: Vec<u8>, #[case] status: u16) {
     for endpoint in [Endpoint::Mutate, Endpoint::Validate] {
         let reply = admission::review(endpoint, &body, &config());
         assert_eq!(reply.http_status, status, "{endpoint:?}");
-        assert_eq!(reply.outcome, Outcome::Error);
+        assert_eq!(reply.outcome, ReviewOutcome::Error);
         let answer: Value = serde_json::from_slice(&reply.body).expect("well-formed JSON");
         if status == 400 {
             assert_eq!(answer["kind"], "Status");

@@ -17,8 +17,8 @@ use serde_json::{Value, json};
 
 use super::config::InjectionConfig;
 use super::pod::{self, Agent, AgentMode, Container};
+use super::sparse_view::{JobSetView, PodSpec, PodTemplate};
 use super::validate::{BACKOFF_LIMIT, POD_REPLACEMENT_POLICY};
-use super::view::{JobSet, PodSpec, PodTemplate};
 use super::{INJECTED_ANNOTATION, Mutation};
 use crate::protocol::JOBSET_NAME_LABEL;
 use crate::wire::agent_env;
@@ -78,7 +78,7 @@ pub(crate) fn write_json_str(s: &str, out: &mut Vec<u8>) {
 
 /// Computes the injection patch for a JobSet (CREATE).
 pub fn mutate(jobset: &Value, config: &InjectionConfig) -> Mutation {
-    let (ops, warnings) = mutate_view(&JobSet::from_value(jobset), config);
+    let (ops, warnings) = mutate_view(&JobSetView::from_value(jobset), config);
     Mutation {
         patch: json_patch::Patch(ops.iter().map(Op::to_patch_operation).collect()),
         warnings,
@@ -86,7 +86,10 @@ pub fn mutate(jobset: &Value, config: &InjectionConfig) -> Mutation {
 }
 
 /// [`mutate`] over the view of a JobSet: the operations and the warnings.
-pub(crate) fn mutate_view(jobset: &JobSet<'_>, config: &InjectionConfig) -> (Vec<Op>, Vec<String>) {
+pub(crate) fn mutate_view(
+    jobset: &JobSetView<'_>,
+    config: &InjectionConfig,
+) -> (Vec<Op>, Vec<String>) {
     let mut out = Vec::new();
     let mut warnings = Vec::new();
     if !jobset.in_place_restart() || jobset.inject_annotation() == Some("false") {

@@ -1,10 +1,10 @@
-//! Reading a pod template (its [view](super::view)): its containers, their restart rules, env and
+//! Reading a pod template (its [sparse view](super::sparse_view)): its containers, their restart rules, env and
 //! startup probe, and where the jobset-inplace agent is. Validation and mutation share these
 //! readers, so what one calls an agent the other does too.
 
 use serde_json::Value;
 
-use super::view::{ContainerView, HttpGet, PodSpec, RuleView, is_env_name_read};
+use super::sparse_view::{ContainerView, HttpGet, PodSpec, RuleView, is_env_name_read};
 use crate::wire::agent_env;
 
 /// `RestartAllContainers`: the container restart rule action that restarts the whole pod in place
@@ -323,16 +323,16 @@ pub(crate) fn agent<'a>(pod_spec: &'a PodSpec<'a>) -> Option<Agent<'a>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::admission::view::L;
+    use crate::admission::sparse_view::Lenient;
 
     /// The view of an in-memory pod spec (all absent for a non-object).
     fn pod_spec_view(value: &Value) -> PodSpec<'_> {
-        L::<PodSpec<'_>>::from_value(value).unwrap_or_default()
+        Lenient::<PodSpec<'_>>::from_value(value).unwrap_or_default()
     }
 
     /// The view of an in-memory container (all absent for a non-object).
     fn container_view(value: &Value) -> ContainerView<'_> {
-        L::<ContainerView<'_>>::from_value(value).unwrap_or_default()
+        Lenient::<ContainerView<'_>>::from_value(value).unwrap_or_default()
     }
     use serde_json::json;
 

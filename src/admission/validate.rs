@@ -15,7 +15,7 @@ use serde_json::Value;
 
 use super::config::InjectionConfig;
 use super::pod::{self, Agent, AgentMode, Container, ExitCodeSetting};
-use super::view::{JobSet, JobSpec, PodSpec};
+use super::sparse_view::{JobSetView, JobSpec, PodSpec};
 use super::{Validation, Violation};
 use crate::protocol::Dialect;
 use crate::wire::agent_env;
@@ -29,11 +29,11 @@ const SHORT_BARRIER_SECONDS: i64 = 600;
 
 /// Validates a JobSet (CREATE, or UPDATE without the old object).
 pub fn validate(jobset: &Value, config: &InjectionConfig) -> Validation {
-    validate_view(&JobSet::from_value(jobset), config)
+    validate_view(&JobSetView::from_value(jobset), config)
 }
 
 /// [`validate`] over the view of a JobSet.
-pub(crate) fn validate_view(jobset: &JobSet<'_>, config: &InjectionConfig) -> Validation {
+pub(crate) fn validate_view(jobset: &JobSetView<'_>, config: &InjectionConfig) -> Validation {
     let mut out = Validation::default();
     if !jobset.in_place_restart() {
         return out;
@@ -72,8 +72,8 @@ pub(crate) fn validate_view(jobset: &JobSet<'_>, config: &InjectionConfig) -> Va
 pub fn validate_update(jobset: &Value, old: &Value, config: &InjectionConfig) -> Validation {
     let (new_jobs, old_jobs) = (replicated_jobs(jobset), replicated_jobs(old));
     validate_update_view(
-        &JobSet::from_value(jobset),
-        &JobSet::from_value(old),
+        &JobSetView::from_value(jobset),
+        &JobSetView::from_value(old),
         config,
         |i| new_jobs.get(i).is_some() && new_jobs.get(i) == old_jobs.get(i),
     )
@@ -91,8 +91,8 @@ pub(crate) fn replicated_jobs(jobset: &Value) -> &[Value] {
 /// equal (as JSON values) in the new and the old object. Only asked about replicatedJobs with
 /// violations.
 pub(crate) fn validate_update_view(
-    jobset: &JobSet<'_>,
-    old: &JobSet<'_>,
+    jobset: &JobSetView<'_>,
+    old: &JobSetView<'_>,
     config: &InjectionConfig,
     mut unchanged: impl FnMut(usize) -> bool,
 ) -> Validation {

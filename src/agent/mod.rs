@@ -27,7 +27,7 @@ use crate::wire::agent_env;
 
 pub use barrier::BarrierState;
 pub use config::{AgentConfig, Mode};
-pub use run::{Outcome, Signal, WorkerExit, run_agent};
+pub use run::{AgentExit, Signal, WorkerExit, run_agent};
 
 /// Exit code of a fatal configuration error (a missing or malformed variable, a barrier port
 /// that cannot be bound, no Kubernetes client config). It is neither 0 (which would restart the

@@ -37,7 +37,7 @@ use super::metrics::Metrics;
 use super::provision::{self, ProvisionSettings};
 use super::queue::Queue;
 use crate::jobset::{self, JobSet};
-use crate::protocol::{Decision, Dialect, Epoch, JOBSET_NAME_LABEL, reconcile_decide};
+use crate::protocol::{Dialect, Epoch, JOBSET_NAME_LABEL, ReconcileDecision, reconcile_decide};
 use crate::retry::WatchBackoff;
 use crate::wire::WatchedPod;
 
@@ -538,7 +538,7 @@ fn write_error(key: &Key, source: kube::Error) -> ReconcileError {
 }
 
 /// Runs the pure decision on the index, in place.
-fn decide(shared: &Shared, key: &Key) -> Option<(JobSetState, Decision)> {
+fn decide(shared: &Shared, key: &Key) -> Option<(JobSetState, ReconcileDecision)> {
     let index = lock(&shared.index);
     // While the pod watch re-lists, some pods are listed anew and others are as they were: a
     // pod created since the last event seen may be missing while a pod that failed since still
@@ -570,7 +570,7 @@ fn decide(shared: &Shared, key: &Key) -> Option<(JobSetState, Decision)> {
 /// Reports each malformed annotation once, as a Warning event. Only those still there are
 /// remembered: a pod whose annotation is fixed (or that is gone) is forgotten, and reported
 /// again should it break again.
-fn report_malformed(shared: &Shared, key: &Key, state: &JobSetState, decision: &Decision) {
+fn report_malformed(shared: &Shared, key: &Key, state: &JobSetState, decision: &ReconcileDecision) {
     if decision.malformed.is_empty() && !lock(&shared.reported).contains_key(key) {
         return;
     }
@@ -659,7 +659,7 @@ async fn write_epochs(
     shared: &Arc<Shared>,
     key: &Key,
     state: &JobSetState,
-    decision: &Decision,
+    decision: &ReconcileDecision,
 ) -> Result<bool, ReconcileError> {
     let dialect = shared.settings.dialect;
     let Some(Value::Object(mut body)) = dialect.status_merge_patch(&decision.change) else {

@@ -10,7 +10,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
 
-use crate::admission::{Endpoint, Outcome};
+use crate::admission::{Endpoint, ReviewOutcome};
 
 /// The content type of [`Metrics::encode`]'s output.
 pub const CONTENT_TYPE: &str = crate::telemetry::METRICS_CONTENT_TYPE;
@@ -49,11 +49,11 @@ struct ResultLabels {
 }
 
 const ENDPOINTS: [Endpoint; 2] = [Endpoint::Mutate, Endpoint::Validate];
-const OUTCOMES: [Outcome; 4] = [
-    Outcome::Allowed,
-    Outcome::Denied,
-    Outcome::Patched,
-    Outcome::Error,
+const OUTCOMES: [ReviewOutcome; 4] = [
+    ReviewOutcome::Allowed,
+    ReviewOutcome::Denied,
+    ReviewOutcome::Patched,
+    ReviewOutcome::Error,
 ];
 
 fn endpoint_index(endpoint: Endpoint) -> usize {
@@ -63,12 +63,12 @@ fn endpoint_index(endpoint: Endpoint) -> usize {
     }
 }
 
-fn outcome_index(outcome: Outcome) -> usize {
+fn outcome_index(outcome: ReviewOutcome) -> usize {
     match outcome {
-        Outcome::Allowed => 0,
-        Outcome::Denied => 1,
-        Outcome::Patched => 2,
-        Outcome::Error => 3,
+        ReviewOutcome::Allowed => 0,
+        ReviewOutcome::Denied => 1,
+        ReviewOutcome::Patched => 2,
+        ReviewOutcome::Error => 3,
     }
 }
 
@@ -233,7 +233,13 @@ impl Metrics {
     }
 
     /// Records one answered `/mutate` or `/validate` request.
-    pub fn observe(&self, endpoint: Endpoint, outcome: Outcome, code: u16, elapsed: Duration) {
+    pub fn observe(
+        &self,
+        endpoint: Endpoint,
+        outcome: ReviewOutcome,
+        code: u16,
+        elapsed: Duration,
+    ) {
         let e = endpoint_index(endpoint);
         self.requests[e][outcome_index(outcome)].inc();
         self.duration[e].observe(elapsed.as_secs_f64());
@@ -335,13 +341,13 @@ mod tests {
         let metrics = Metrics::new();
         metrics.observe(
             Endpoint::Mutate,
-            Outcome::Patched,
+            ReviewOutcome::Patched,
             200,
             Duration::from_micros(300),
         );
         metrics.observe(
             Endpoint::Validate,
-            Outcome::Error,
+            ReviewOutcome::Error,
             415,
             Duration::from_micros(10),
         );

@@ -32,7 +32,7 @@ enum Kind {
         barrier: Option<SocketAddr>,
     },
     InProcess {
-        task: JoinHandle<agent::Outcome>,
+        task: JoinHandle<agent::AgentExit>,
         signals: mpsc::UnboundedSender<Signal>,
         barrier: watch::Receiver<BarrierState>,
         restart_exit_code: u8,
