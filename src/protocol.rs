@@ -1,4 +1,4 @@
-//! The epoch protocol (design.md §2): the two wire dialects and the pure decisions of the agent
+//! The epoch protocol (docs/protocol.md): the two wire dialects and the pure decisions of the agent
 //! and the reconciler.
 //!
 //! This is the only module that spells the dialect-dependent names (the pod annotation and the two

@@ -7,7 +7,7 @@
 //!   patched object is valid against the released JobSet CRD schema; mutating it again patches
 //!   nothing;
 //! - validation of the mutated object denies exactly where the user's explicit values conflict
-//!   with design.md §3: the generator draws each value from good and bad choices, and [`Model`]
+//!   with the admission rules (docs/architecture.md, "Admission"): the generator draws each value from good and bad choices, and [`Model`]
 //!   says which violation (field path) each bad choice makes; an UPDATE ratchets unchanged
 //!   replicatedJobs; DELETE, CONNECT and other kinds are allowed; dry-run changes nothing;
 //! - reviews with missing or odd fields, arbitrary JSON and arbitrary bytes: the decoder answers as
@@ -519,7 +519,7 @@ impl Model {
     }
 }
 
-/// The agent after the mutation completed its env (design.md §3: only what it lacks, derived
+/// The agent after the mutation completed its env (only what it lacks, derived
 /// from what it declares).
 fn completed(agent: &Container, sidecar: bool, config: &InjectionConfig) -> Container {
     let mut c = agent.clone();
@@ -987,7 +987,7 @@ fn probe(careful: bool) -> BoxedStrategy<Option<(Probe, Vec<(Option<&'static str
     .boxed()
 }
 
-/// An agent sidecar, mostly well formed, sometimes not (each defect is one of design.md §3's).
+/// An agent sidecar, mostly well formed, sometimes not (each defect breaks one admission rule).
 fn sidecar(careful: bool) -> BoxedStrategy<Container> {
     let bad = u32::from(!careful);
     let rules = prop_oneof![
@@ -1272,7 +1272,7 @@ fn job(careful: bool) -> BoxedStrategy<Job> {
         .boxed()
 }
 
-/// A JobSet; half of them drawn `careful` (no explicit value conflicts with design.md §3), so
+/// A JobSet; half of them drawn `careful` (no explicit value conflicts with the admission rules), so
 /// that both accepted and denied JobSets are common.
 fn model() -> BoxedStrategy<Model> {
     any::<bool>().prop_flat_map(model_of).boxed()

@@ -1,4 +1,4 @@
-//! Admission of InPlaceRestart JobSets (design.md §3): pure validation and mutation over raw JSON,
+//! Admission of InPlaceRestart JobSets (docs/architecture.md, "Admission"): pure validation and mutation over raw JSON,
 //! the injection config, and the AdmissionReview handling shared by the HTTPS server and the
 //! offline commands.
 //!

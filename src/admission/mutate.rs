@@ -1,4 +1,4 @@
-//! Mutation of InPlaceRestart JobSets (design.md §3): the agent sidecar, its env, the service
+//! Mutation of InPlaceRestart JobSets (docs/architecture.md, "Admission"): the agent sidecar, its env, the service
 //! account, the Job fields the protocol needs, as targeted JSON Patch operations. Fields this code
 //! does not model are never touched; mutating an already-mutated JobSet yields no operation.
 //!

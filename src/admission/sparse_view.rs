@@ -2,7 +2,7 @@
 //! request body (or from a [`Value`], for the offline commands): sparse (only the fields the rules
 //! read), borrowed (strings point into the body unless they hold escapes) and lenient (a field of
 //! an unexpected JSON type reads as absent, never as an error). Nothing here is ever serialized
-//! back: the output is built from targeted patch operations only (design.md §3).
+//! back: the output is built from targeted patch operations only (docs/architecture.md, "Admission").
 //!
 //! # Same answers as a `Value`
 //!

@@ -1,4 +1,4 @@
-//! Validation of InPlaceRestart JobSets (design.md §3): every rule, every violation with its
+//! Validation of InPlaceRestart JobSets (docs/architecture.md, "Admission"): every rule, every violation with its
 //! field path, all at once; warnings for what will work, but badly.
 //!
 //! The rules, per `spec.replicatedJobs[i]`:

@@ -1,4 +1,4 @@
-//! The `agent` subcommand (design.md §2): the process in every worker pod. It registers the
+//! The `agent` subcommand (docs/protocol.md; docs/architecture.md, "Agent"): the process in every worker pod. It registers the
 //! pod's epoch, holds the start barrier until the JobSet's synced epoch reaches it, and exits
 //! with the restart code when its epoch is deprecated, so that the pod restarts in place.
 //!

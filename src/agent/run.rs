@@ -1,4 +1,4 @@
-//! The agent's I/O (design.md §2): read the pod and its JobSet, register the epoch, watch the
+//! The agent's I/O (docs/protocol.md): read the pod and its JobSet, register the epoch, watch the
 //! JobSet, and act on each state with [`protocol::agent_decide`]; in main-container mode, run
 //! the worker as a child.
 //!

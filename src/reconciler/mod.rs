@@ -1,4 +1,4 @@
-//! The `reconciler` subcommand (design.md §2): watches InPlaceRestart JobSets and their pods,
+//! The `reconciler` subcommand (docs/protocol.md; docs/architecture.md, "Reconciler"): watches InPlaceRestart JobSets and their pods,
 //! moves the epoch status fields, fails JobSets past `maxRestarts`.
 //!
 //! - [`index`]: the in-memory index of JobSets and their pods (pure);

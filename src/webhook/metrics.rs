@@ -1,4 +1,4 @@
-//! The webhook's Prometheus metrics (design.md §4: names prefixed `jobset_inplace_`).
+//! The webhook's Prometheus metrics (docs/architecture.md, "Names": prefixed `jobset_inplace_`).
 
 use std::sync::atomic::AtomicU64;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

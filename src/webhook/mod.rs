@@ -1,4 +1,4 @@
-//! The `webhook` subcommand: the HTTPS admission server (design.md §3, §4).
+//! The `webhook` subcommand: the HTTPS admission server (docs/architecture.md, "Webhook" and "Admission").
 //!
 //! - `POST /mutate`, `POST /validate` over TLS on `--addr` (default `0.0.0.0:8443`), answering
 //!   exactly what [`admission::review`] answers; 415 for a content type other than

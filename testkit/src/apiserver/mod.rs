@@ -1,4 +1,4 @@
-//! An in-process Kubernetes API server for tests (design.md §5).
+//! An in-process Kubernetes API server for tests (docs/architecture.md, "Test kit").
 //!
 //! [`TestApiServer`] speaks the Kubernetes REST and watch protocol over plain HTTP on loopback,
 //! so the real `kube` client, `kube::runtime::watcher`, reflectors and `kube-lease-manager` run
