@@ -13,8 +13,14 @@ use crate::settings::Global;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("cannot read {path}: {reason}")]
-    Read { path: String, reason: String },
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot read {path}: not UTF-8 text")]
+    NotText { path: String },
     #[error("{path}: document {document}: {reason}")]
     Parse {
         path: String,
@@ -22,9 +28,17 @@ pub enum Error {
         reason: String,
     },
     #[error("cannot write the output: {0}")]
-    Write(String),
-    #[error("cannot apply the injection patch to {object}: {reason}")]
-    Patch { object: String, reason: String },
+    Write(#[source] std::io::Error),
+    #[error("cannot write the output: {0}")]
+    WriteYaml(#[source] serde_yaml::Error),
+    #[error("cannot write the output: {0}")]
+    WriteJson(#[source] serde_json::Error),
+    #[error("cannot apply the injection patch to {object}: {source}")]
+    Patch {
+        object: String,
+        #[source]
+        source: json_patch::PatchError,
+    },
     #[error(transparent)]
     Config(#[from] admission::Error),
 }
@@ -139,9 +153,9 @@ impl ReviewArgs {
 }
 
 fn read_source_bytes(path: &str) -> Result<Vec<u8>, Error> {
-    let read_err = |e: std::io::Error| Error::Read {
+    let read_err = |source: std::io::Error| Error::Read {
         path: path.to_owned(),
-        reason: e.to_string(),
+        source,
     };
     if path == "-" {
         let mut buf = Vec::new();
@@ -153,9 +167,8 @@ fn read_source_bytes(path: &str) -> Result<Vec<u8>, Error> {
 }
 
 fn read_source(path: &str) -> Result<String, Error> {
-    String::from_utf8(read_source_bytes(path)?).map_err(|_| Error::Read {
+    String::from_utf8(read_source_bytes(path)?).map_err(|_| Error::NotText {
         path: path.to_owned(),
-        reason: "not UTF-8 text".to_owned(),
     })
 }
 
@@ -163,7 +176,7 @@ fn write_stdout(bytes: &[u8]) -> Result<(), Error> {
     let mut out = std::io::stdout().lock();
     out.write_all(bytes)
         .and_then(|()| out.flush())
-        .map_err(|e| Error::Write(e.to_string()))
+        .map_err(Error::Write)
 }
 
 /// How a manifest file is written.
@@ -282,9 +295,9 @@ fn create_request(object: &Value) -> Request<'_> {
 /// warnings.
 fn inject_object(object: &mut Value, config: &InjectionConfig) -> Result<Vec<String>, Error> {
     let decision = admission::decide(Endpoint::Mutate, &create_request(object), config);
-    json_patch::patch(object, &decision.patch).map_err(|e| Error::Patch {
+    json_patch::patch(object, &decision.patch).map_err(|source| Error::Patch {
         object: object_name(object),
-        reason: e.to_string(),
+        source,
     })?;
     Ok(decision.warnings)
 }
@@ -318,12 +331,9 @@ pub fn inject_text(path: &str, input: &str, config: &InjectionConfig) -> Result<
         let changed = value != doc.value;
         rendered.push(match format {
             Format::Yaml if !changed => doc.text,
-            Format::Yaml => {
-                serde_yaml::to_string(&value).map_err(|e| Error::Write(e.to_string()))?
-            }
+            Format::Yaml => serde_yaml::to_string(&value).map_err(Error::WriteYaml)?,
             Format::Json => {
-                let mut text = serde_json::to_string_pretty(&value)
-                    .map_err(|e| Error::Write(e.to_string()))?;
+                let mut text = serde_json::to_string_pretty(&value).map_err(Error::WriteJson)?;
                 text.push('\n');
                 text
             }

@@ -37,10 +37,18 @@ pub const DEFAULT_SERVICE_ACCOUNT: &str = "jobset-inplace-agent";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read injection config {path}: {reason}")]
-    Read { path: String, reason: String },
-    #[error("invalid injection config {path}: {reason}")]
-    Parse { path: String, reason: String },
+    #[error("cannot read injection config {path}: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("invalid injection config {path}: {source}")]
+    Parse {
+        path: String,
+        #[source]
+        source: serde_yaml::Error,
+    },
     #[error("invalid injection setting {key}: {reason}")]
     Invalid { key: String, reason: String },
 }
@@ -160,9 +168,9 @@ impl InjectionConfig {
     pub fn load(args: &InjectionArgs, protocol: Option<Dialect>) -> Result<Self, ConfigError> {
         let mut config = Self::defaults(protocol.unwrap_or_default());
         if let Some(path) = &args.config {
-            let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read {
+            let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
                 path: path.display().to_string(),
-                reason: e.to_string(),
+                source,
             })?;
             config.apply_file(path, &text)?;
         }
@@ -179,9 +187,9 @@ impl InjectionConfig {
         let file: ConfigFile = if text.trim().is_empty() {
             ConfigFile::default()
         } else {
-            serde_yaml::from_str(text).map_err(|e| ConfigError::Parse {
+            serde_yaml::from_str(text).map_err(|source| ConfigError::Parse {
                 path: path.display().to_string(),
-                reason: e.to_string(),
+                source,
             })?
         };
         let invalid = |key: &str, reason: String| ConfigError::Invalid {

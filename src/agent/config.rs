@@ -92,15 +92,14 @@ pub fn from_env(
     let namespace = match get(agent_env::NAMESPACE) {
         Some(ns) => ns.trim().to_owned(),
         None => {
-            let text = namespace_file().map_err(|e| Error::Namespace {
+            let text = namespace_file().map_err(|source| Error::Namespace {
                 path: agent_env::SERVICE_ACCOUNT_NAMESPACE_FILE,
-                reason: e.to_string(),
+                source,
             })?;
             let ns = text.trim();
             if ns.is_empty() {
-                return Err(Error::Namespace {
+                return Err(Error::EmptyNamespace {
                     path: agent_env::SERVICE_ACCOUNT_NAMESPACE_FILE,
-                    reason: "the file is empty".to_owned(),
                 });
             }
             ns.to_owned()

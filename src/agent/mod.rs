@@ -46,19 +46,31 @@ pub enum Error {
         value: String,
         reason: String,
     },
-    #[error("NAMESPACE is not set and {path} cannot be read: {reason}")]
-    Namespace { path: &'static str, reason: String },
+    #[error("NAMESPACE is not set and {path} cannot be read: {source}")]
+    Namespace {
+        path: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("NAMESPACE is not set and {path} cannot be read: the file is empty")]
+    EmptyNamespace { path: &'static str },
     #[error(
         "WORKER_COMMAND cannot be combined with {name}: in main-container mode the agent runs \
          the worker itself and has no barrier endpoint"
     )]
     Conflict { name: &'static str },
-    #[error("cannot listen on the barrier port {port} (BARRIER_PORT): {reason}")]
-    Bind { port: u16, reason: String },
+    #[error("cannot listen on the barrier port {port} (BARRIER_PORT): {source}")]
+    Bind {
+        port: u16,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("cannot configure the kubernetes client (in-cluster config, or AGENT_API_URL): {0}")]
-    Client(String),
+    Client(#[source] kube::Error),
+    #[error("cannot configure the kubernetes client (in-cluster config, or AGENT_API_URL): {0}")]
+    ApiUrl(#[source] hyper::http::uri::InvalidUri),
     #[error("cannot listen for SIGTERM and SIGINT: {0}")]
-    Signals(String),
+    Signals(#[source] std::io::Error),
 }
 
 /// Runs the agent inside a worker pod, configured from its environment:
@@ -142,10 +154,7 @@ pub async fn bind_barrier(port: u16) -> Result<TcpListener, Error> {
         Ok(l) => Ok(l),
         Err(_) => TcpListener::bind(("0.0.0.0", port))
             .await
-            .map_err(|e| Error::Bind {
-                port,
-                reason: e.to_string(),
-            }),
+            .map_err(|source| Error::Bind { port, source }),
     }
 }
 
@@ -154,9 +163,7 @@ pub async fn bind_barrier(port: u16) -> Result<TcpListener, Error> {
 pub async fn client(config: &AgentConfig) -> Result<kube::Client, Error> {
     match &config.api_url {
         Some(url) => {
-            let uri: hyper::Uri = url
-                .parse()
-                .map_err(|e: hyper::http::uri::InvalidUri| Error::Client(e.to_string()))?;
+            let uri: hyper::Uri = url.parse().map_err(Error::ApiUrl)?;
             let plain = uri.scheme_str() == Some("http");
             let mut c = kube::Config::new(uri);
             c.default_namespace = config.namespace.clone();
@@ -164,19 +171,17 @@ pub async fn client(config: &AgentConfig) -> Result<kube::Client, Error> {
                 // No TLS over http://: skip loading the platform's roots.
                 c.root_cert = Some(Vec::new());
             }
-            kube::Client::try_from(c).map_err(|e| Error::Client(e.to_string()))
+            kube::Client::try_from(c).map_err(Error::Client)
         }
-        None => kube::Client::try_default()
-            .await
-            .map_err(|e| Error::Client(e.to_string())),
+        None => kube::Client::try_default().await.map_err(Error::Client),
     }
 }
 
 /// SIGTERM and SIGINT as a stream.
 fn unix_signals() -> Result<impl Stream<Item = Signal> + Unpin, Error> {
     use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).map_err(|e| Error::Signals(e.to_string()))?;
-    let mut int = signal(SignalKind::interrupt()).map_err(|e| Error::Signals(e.to_string()))?;
+    let mut term = signal(SignalKind::terminate()).map_err(Error::Signals)?;
+    let mut int = signal(SignalKind::interrupt()).map_err(Error::Signals)?;
     Ok(futures::stream::poll_fn(move |cx| {
         if let Poll::Ready(Some(())) = term.poll_recv(cx) {
             return Poll::Ready(Some(Signal::Term));

@@ -34,16 +34,19 @@ pub use controller::{Controller, Settings};
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("cannot reach the Kubernetes API: {0}")]
-    Client(String),
+    Client(#[source] kube::Error),
     #[error("cannot read the JobSet CRD jobsets.jobset.x-k8s.io: {0}")]
-    CrdRead(String),
+    CrdRead(#[source] kube::Error),
+    #[error("cannot read the JobSet CRD jobsets.jobset.x-k8s.io: {0}")]
+    CrdDecode(#[source] serde_json::Error),
     #[error("{0}")]
     CrdFields(String),
-    #[error("leader election on lease {namespace}/{name} failed: {reason}")]
+    #[error("leader election on lease {namespace}/{name} failed: {source}")]
     Lease {
         namespace: String,
         name: String,
-        reason: String,
+        #[source]
+        source: kube_lease_manager::LeaseManagerError,
     },
     #[error("lost the leader lease {namespace}/{name}; exiting so that a fresh process takes over")]
     LostLease { namespace: String, name: String },
@@ -184,9 +187,7 @@ impl Args {
             }),
             check_crd: !self.skip_crd_check,
         };
-        let client = kube::Client::try_default()
-            .await
-            .map_err(|e| Error::Client(e.to_string()))?;
+        let client = kube::Client::try_default().await.map_err(Error::Client)?;
         let listener = telemetry::bind(self.health_addr, "--health-addr").await?;
         run(
             client,
@@ -232,10 +233,10 @@ pub async fn run(
     let (leader_tx, leader_rx) = watch::channel(options.leader_election.is_none());
     let mut lease_task = None;
     if let Some(le) = &options.leader_election {
-        let lease_error = |e: kube_lease_manager::LeaseManagerError| Error::Lease {
+        let lease_error = |source: kube_lease_manager::LeaseManagerError| Error::Lease {
             namespace: le.lease_namespace.clone(),
             name: le.lease_name.clone(),
-            reason: e.to_string(),
+            source,
         };
         let manager = LeaseManagerBuilder::new(client.clone(), &le.lease_name)
             .with_namespace(&le.lease_namespace)

@@ -53,20 +53,25 @@ pub enum Error {
         missing: &'static str,
         env: &'static str,
     },
-    #[error("cannot read {path}: {reason}")]
-    Read { path: PathBuf, reason: String },
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("{path}: {reason}")]
     Tls { path: PathBuf, reason: String },
     #[error("cannot set up tls: {0}")]
-    TlsConfig(String),
-    #[error("cannot listen on {addr} ({flag}): {reason}")]
+    TlsConfig(#[source] rustls::Error),
+    #[error("cannot listen on {addr} ({flag}): {source}")]
     Bind {
         flag: &'static str,
         addr: SocketAddr,
-        reason: String,
+        #[source]
+        source: std::io::Error,
     },
     #[error("--self-signed: cannot reach the Kubernetes API: {0}")]
-    Cluster(String),
+    Cluster(#[source] kube::Error),
     #[error("--cert-dir {dir}: {source}")]
     CertDir {
         dir: PathBuf,
@@ -253,7 +258,7 @@ impl Args {
                     certs::ensure(&target, &certs::local_names())
                 })
                 .await
-                .unwrap_or_else(|e| Err(certs::Error::Generate(e.to_string())))
+                .unwrap_or_else(|e| Err(certs::Error::GenerateTask(e)))
                 .map_err(|source| Error::CertDir { dir, source })?;
                 let ca = ensured.ca_cert.display().to_string();
                 tracing::info!(
@@ -270,9 +275,7 @@ impl Args {
 
     /// `--self-signed`: bootstraps from the Secret, then keeps it renewed in the background.
     async fn self_signed_files(&self) -> Result<(PathBuf, PathBuf), Error> {
-        let client = kube::Client::try_default()
-            .await
-            .map_err(|e| Error::Cluster(e.to_string()))?;
+        let client = kube::Client::try_default().await.map_err(Error::Cluster)?;
         let bootstrap = std::sync::Arc::new(SelfSigned {
             client,
             namespace: self.namespace.clone(),
@@ -346,11 +349,9 @@ fn parse_body_budget(text: &str) -> Result<usize, String> {
 }
 
 async fn bind(flag: &'static str, addr: SocketAddr) -> Result<TcpListener, Error> {
-    TcpListener::bind(addr).await.map_err(|e| Error::Bind {
-        flag,
-        addr,
-        reason: e.to_string(),
-    })
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| Error::Bind { flag, addr, source })
 }
 
 #[cfg(test)]
