@@ -7,7 +7,7 @@
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! use crate::apiserver::{TestApiServer, Verb};
+//! use jobset_inplace_testkit::apiserver::{TestApiServer, Verb};
 //! use k8s_openapi::api::core::v1::Pod;
 //! use kube::api::{Api, ListParams};
 //!
