@@ -36,12 +36,15 @@ RUN case "${TARGETARCH:-amd64}" in \
 # Dependencies first, in their own layer: the manifests with stub sources, so that a change to
 # src/ does not rebuild them. The stub's own artifacts are removed so the real build redoes them
 # (COPY keeps the sources' old modification times, which cargo would take for up to date).
-# benches/ is there because Cargo.toml declares its targets (only the binary is built).
+# benches/ is there because Cargo.toml declares its targets (only the binary is built). The
+# workspace's other member, the test kit (a dev-dependency, never built here), needs only its
+# manifest and an empty library for cargo to load the workspace; that stub stays.
 COPY Cargo.toml Cargo.lock ./
+COPY testkit/Cargo.toml ./testkit/
 COPY benches ./benches
-RUN mkdir -p src \
+RUN mkdir -p src testkit/src \
     && echo 'fn main() {}' > src/main.rs \
-    && touch src/lib.rs \
+    && touch src/lib.rs testkit/src/lib.rs \
     && cargo build --release --locked --target "$(cat .target)" --bin jobset-inplace \
     && rm -rf src \
         target/"$(cat .target)"/release/.fingerprint/jobset-inplace-* \

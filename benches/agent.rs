@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 
 use jobset_inplace::jobset::JobSetSummary;
 use jobset_inplace::protocol::{Dialect, JOBSET_NAME_LABEL};
-use jobset_inplace::testing::apiserver::TestApiServer;
-use jobset_inplace::testing::kubelet::{SimConfig, Simulation, barrier_port, http_get};
+use jobset_inplace_testkit::apiserver::TestApiServer;
+use jobset_inplace_testkit::kubelet::{SimConfig, Simulation, barrier_port, http_get};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use serde_json::json;

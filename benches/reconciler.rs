@@ -19,7 +19,7 @@ use futures::StreamExt;
 use jobset_inplace::protocol::{
     Dialect, EpochStatus, JOBSET_NAME_LABEL, PodView, ReconcileInput, reconcile_decide,
 };
-use jobset_inplace::testing::apiserver::{TestApiServer, Verb};
+use jobset_inplace_testkit::apiserver::{TestApiServer, Verb};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 use kube::runtime::watcher;

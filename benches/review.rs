@@ -6,13 +6,11 @@
 //! divided by the batch size: on a shared machine the fastest batch is the least disturbed one.
 //! The median batch is printed beside it.
 
-#[path = "../tests/support/mod.rs"]
-mod support;
-
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use jobset_inplace::admission::{self, Endpoint, InjectionConfig};
+use jobset_inplace_testkit::{fixtures, webhook_harness};
 
 /// Fastest and median microseconds per call of `f`, over `batches` batches of about 20 ms.
 fn measure(batches: usize, mut f: impl FnMut()) -> (f64, f64) {
@@ -41,13 +39,13 @@ fn row(what: &str, (min, median): (f64, f64)) {
     println!("{what:<44} {min:>9.1} {median:>9.1}");
 }
 
-fn config_for(fixture: &support::Fixture) -> InjectionConfig {
+fn config_for(fixture: &fixtures::Fixture) -> InjectionConfig {
     match &fixture.config {
         Some(path) => {
             let path = path.to_string_lossy().into_owned();
-            support::config_from_flags(&["--config", &path])
+            webhook_harness::config_from_flags(&["--config", &path])
         }
-        None => support::default_config(),
+        None => webhook_harness::default_config(),
     }
 }
 
@@ -61,8 +59,8 @@ fn mutated_body(body: &[u8], config: &InjectionConfig) -> Option<Vec<u8>> {
 }
 
 fn main() {
-    let batches: usize = support::env_or("JOBSET_INPLACE_BENCH_BATCHES", 30);
-    let fixtures = support::fixture_requests();
+    let batches: usize = webhook_harness::env_or("JOBSET_INPLACE_BENCH_BATCHES", 30);
+    let fixtures = fixtures::fixture_requests();
     let Some(largest) = fixtures.iter().max_by_key(|f| f.body.len()) else {
         println!("no fixtures");
         return;

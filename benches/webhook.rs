@@ -8,19 +8,17 @@
 //! measured from writing each request; the fixed-rate phases also report it from each request's
 //! due time (no coordinated omission, but tokio's 1 ms timer granularity included). Targets: `/mutate` >= 70 % of `/ping`'s throughput; p99 < 5 ms at 1,000 req/s.
 
-#[path = "../tests/support/mod.rs"]
-mod support;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use jobset_inplace::admission::{self, Endpoint};
-use support::{Conn, TestServer};
+use jobset_inplace_testkit::webhook_harness::{Conn, TestServer};
+use jobset_inplace_testkit::{fixtures, webhook_harness};
 
 /// The request body: the largest fixture request when it is at least 20 KB of JSON, else a
 /// synthetic JobSet of 20-50 KB.
 fn body() -> (String, Vec<u8>) {
-    support::largest_request(20 * 1024)
+    fixtures::largest_request(20 * 1024)
 }
 
 struct Stats {
@@ -181,9 +179,9 @@ fn row(phase: &str, path: &str, stats: &Stats) {
 }
 
 fn main() {
-    let seconds: f64 = support::env_or("JOBSET_INPLACE_BENCH_SECS", 5.0);
-    let connections: usize = support::env_or("JOBSET_INPLACE_BENCH_CONNECTIONS", 16);
-    let rate: f64 = support::env_or("JOBSET_INPLACE_BENCH_RATE", 1000.0);
+    let seconds: f64 = webhook_harness::env_or("JOBSET_INPLACE_BENCH_SECS", 5.0);
+    let connections: usize = webhook_harness::env_or("JOBSET_INPLACE_BENCH_CONNECTIONS", 16);
+    let rate: f64 = webhook_harness::env_or("JOBSET_INPLACE_BENCH_RATE", 1000.0);
     let duration = Duration::from_secs_f64(seconds);
     // Server and client on separate runtimes (two worker threads each), as two processes
     // sharing this machine would be: a review running on a server worker never holds up the

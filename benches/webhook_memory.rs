@@ -23,22 +23,20 @@
 //! or 5 %, whichever is larger. `JOBSET_INPLACE_WEBHOOK_BIN` runs another build of the binary
 //! (the image's static musl one: `cargo build --release --target x86_64-unknown-linux-musl`).
 
-#[path = "../tests/support/mod.rs"]
-mod support;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use jobset_inplace::admission::{self, Endpoint};
 use jobset_inplace::certs;
-use support::{Conn, Replica};
+use jobset_inplace_testkit::webhook_harness::{Conn, Replica};
+use jobset_inplace_testkit::{fixtures, webhook_harness};
 
 /// The largest fixture request without a config of its own (the server runs the default one),
 /// else a synthetic JobSet; padded with spaces to `JOBSET_INPLACE_BENCH_BODY_BYTES` if set.
 fn body() -> (String, Vec<u8>) {
-    let (what, mut body) = support::largest_request(0);
-    let size: usize = support::env_or("JOBSET_INPLACE_BENCH_BODY_BYTES", 0);
+    let (what, mut body) = fixtures::largest_request(0);
+    let size: usize = webhook_harness::env_or("JOBSET_INPLACE_BENCH_BODY_BYTES", 0);
     if size > body.len() {
         // Whitespace before the closing brace: the same review, a bigger body.
         let close = body
@@ -69,7 +67,7 @@ struct Expected {
 }
 
 impl Expected {
-    fn check(&self, path: &str, response: &support::Response, load: &Load) {
+    fn check(&self, path: &str, response: &webhook_harness::Response, load: &Load) {
         let expected = if path == "/mutate" {
             &self.mutate
         } else {
@@ -178,23 +176,29 @@ fn mib(kib: u64) -> f64 {
 }
 
 fn main() {
-    let seconds: u64 = support::env_or("JOBSET_INPLACE_BENCH_SECS", 60);
-    let warmup: u64 = support::env_or("JOBSET_INPLACE_BENCH_WARMUP_SECS", 10).min(seconds);
-    let connections: usize = support::env_or("JOBSET_INPLACE_BENCH_CONNECTIONS", 16);
+    let seconds: u64 = webhook_harness::env_or("JOBSET_INPLACE_BENCH_SECS", 60);
+    let warmup: u64 = webhook_harness::env_or("JOBSET_INPLACE_BENCH_WARMUP_SECS", 10).min(seconds);
+    let connections: usize = webhook_harness::env_or("JOBSET_INPLACE_BENCH_CONNECTIONS", 16);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .expect("runtime");
     runtime.block_on(async move {
-        support::install_provider();
+        webhook_harness::install_provider();
         let dir = tempfile::tempdir().expect("tempdir");
         let ensured = certs::ensure(dir.path(), &certs::local_names()).expect("certs");
-        let connector = support::connector_for(&ensured.ca_cert);
-        let mut replica = Replica::start(&ensured.tls_cert, &ensured.tls_key, &[]).await;
+        let connector = webhook_harness::connector_for(&ensured.ca_cert);
+        let mut replica = Replica::start(
+            env!("CARGO_BIN_EXE_jobset-inplace"),
+            &ensured.tls_cert,
+            &ensured.tls_key,
+            &[],
+        )
+        .await;
         let (what, body) = body();
-        let padded = support::env_or("JOBSET_INPLACE_BENCH_BODY_BYTES", 0usize) > 0;
-        let config = support::default_config();
+        let padded = webhook_harness::env_or("JOBSET_INPLACE_BENCH_BODY_BYTES", 0usize) > 0;
+        let config = webhook_harness::default_config();
         let expected = Arc::new(Expected {
             mutate: admission::review(Endpoint::Mutate, &body, &config).body,
             validate: admission::review(Endpoint::Validate, &body, &config).body,

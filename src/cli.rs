@@ -1,11 +1,13 @@
 //! The command line: global flags and one subcommand per component. Every flag can also be set
-//! from an environment variable (shown in `--help`).
+//! from an environment variable (shown in `--help`). This module only composes: each component
+//! defines its own `Args`; the shared parsers and [`Global`] live in [`crate::settings`].
 
-use std::time::Duration;
+use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
 use crate::protocol::Dialect;
+use crate::settings::Global;
 use crate::telemetry::LogFormat;
 
 /// jobset-inplace makes JobSet's InPlaceRestart strategy usable: an admission webhook that
@@ -38,20 +40,6 @@ pub struct Cli {
     pub command: Command,
 }
 
-/// Settings every subcommand shares.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Global {
-    /// `--protocol` / `JOBSET_INPLACE_PROTOCOL`, when given.
-    pub protocol: Option<Dialect>,
-}
-
-impl Global {
-    /// The dialect in force for components without an injection config: the flag, else `epoch`.
-    pub fn dialect(&self) -> Dialect {
-        self.protocol.unwrap_or_default()
-    }
-}
-
 // Parsed once per process: the size of the largest variant does not matter.
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
@@ -77,6 +65,23 @@ pub enum Command {
     Status(crate::inspect::StatusArgs),
 }
 
+impl Command {
+    /// Runs the subcommand to its end: the exit code, or the error `main` prints.
+    pub async fn run(self, global: Global) -> crate::Result<ExitCode> {
+        Ok(match self {
+            Command::Webhook(args) => args.run(global).await?,
+            Command::Reconciler(args) => args.run(global).await?,
+            Command::Agent(args) => args.run(global).await?,
+            Command::Certs(args) => args.run(global).await?,
+            Command::Inject(args) => args.run(global).await?,
+            Command::Check(args) => args.run(global).await?,
+            Command::Review(args) => args.run(global).await?,
+            Command::Doctor(args) => args.run(global).await?,
+            Command::Status(args) => args.run(global).await?,
+        })
+    }
+}
+
 impl Cli {
     pub fn global(&self) -> Global {
         Global {
@@ -85,107 +90,11 @@ impl Cli {
     }
 }
 
-/// Renders a clap error (other than `--help`/`--version`) as ONE line that names the flag, the
-/// environment variable that can also set it, and the accepted values.
+/// Renders a clap error (other than `--help`/`--version`) of this command line as ONE line that
+/// names the flag, the environment variable that can also set it, and the accepted values.
 pub fn one_line_error(err: &clap::Error) -> String {
     use clap::CommandFactory;
-    use clap::error::{ContextKind, ContextValue};
-
-    let rendered = err.render().to_string();
-    let mut line = rendered
-        .lines()
-        .next()
-        .unwrap_or("invalid command line")
-        .trim_start_matches("error: ")
-        .to_owned();
-    if let Some(ContextValue::String(arg)) = err.get(ContextKind::InvalidArg) {
-        let long = arg
-            .split_whitespace()
-            .next()
-            .unwrap_or_default()
-            .trim_start_matches("--");
-        let root = Cli::command();
-        let env = std::iter::once(&root)
-            .chain(root.get_subcommands())
-            .flat_map(|c| c.get_arguments())
-            .find(|a| a.get_long() == Some(long))
-            .and_then(|a| a.get_env())
-            .map(|e| e.to_string_lossy().into_owned());
-        if let Some(env) = env {
-            line.push_str(&format!(" (or env {env})"));
-        }
-    }
-    if let Some(ContextValue::Strings(values)) = err.get(ContextKind::ValidValue) {
-        line.push_str(&format!("; expected one of: {}", values.join(", ")));
-    }
-    line
-}
-
-/// Parses `10s`, `500ms`, `2m`, `1h`, or a bare number of seconds.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let number: f64 = number
-        .parse()
-        .map_err(|_| format!("{text:?} is not a duration like 10s, 500ms, 2m"))?;
-    let seconds = match unit.trim() {
-        "" | "s" => number,
-        "ms" => number / 1000.0,
-        "m" => number * 60.0,
-        "h" => number * 3600.0,
-        other => return Err(format!("unknown unit {other:?} (expected ms, s, m or h)")),
-    };
-    Duration::try_from_secs_f64(seconds).map_err(|e| format!("{text:?}: {e}"))
-}
-
-/// Parses a size in bytes: `65536`, `512Ki`, `64Mi`, `1Gi` (an optional trailing `B`).
-pub fn parse_bytes(text: &str) -> Result<usize, String> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let number: usize = number
-        .parse()
-        .map_err(|_| format!("{text:?} is not a size like 64Mi, 512Ki, 65536"))?;
-    let shift = match unit.trim().trim_end_matches('B') {
-        "" => 0,
-        "Ki" => 10,
-        "Mi" => 20,
-        "Gi" => 30,
-        other => return Err(format!("unknown unit {other:?} (expected Ki, Mi or Gi)")),
-    };
-    number
-        .checked_mul(1 << shift)
-        .ok_or_else(|| format!("{text:?} is too large"))
-}
-
-/// Resolves on SIGTERM or SIGINT.
-pub async fn shutdown_signal() {
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot listen for SIGTERM");
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    let interrupt = async {
-        if let Err(e) = tokio::signal::ctrl_c().await {
-            tracing::warn!(error = %e, "cannot listen for SIGINT");
-            std::future::pending::<()>().await;
-        }
-    };
-    tokio::select! {
-        () = terminate => tracing::info!("SIGTERM received"),
-        () = interrupt => tracing::info!("SIGINT received"),
-    }
+    crate::settings::one_line_error(err, &Cli::command())
 }
 
 #[cfg(test)]

@@ -1,10 +1,10 @@
-//! The crate error: one variant per component, each wrapping that component's own error enum.
+//! The crate error: what a subcommand can end with, one variant per component, each wrapping that
+//! component's own error enum. Only the command line ([`crate::cli`]) and `main` read it: every
+//! component returns its own error, so no component imports this module.
 
 /// Any error a subcommand can end with.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error(transparent)]
-    Admission(#[from] crate::admission::Error),
     #[error(transparent)]
     Webhook(#[from] crate::webhook::Error),
     #[error(transparent)]
@@ -19,8 +19,6 @@ pub enum Error {
     Inspect(#[from] crate::inspect::Error),
     #[error(transparent)]
     Telemetry(#[from] crate::telemetry::Error),
-    #[error("the {0} subcommand is not built yet")]
-    NotBuilt(&'static str),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

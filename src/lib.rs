@@ -1,18 +1,23 @@
 //! jobset-inplace: fast in-place group restarts for JobSets.
 //!
-//! One crate, one binary (`jobset-inplace`) with these components:
+//! One binary (`jobset-inplace`), one subcommand per component. Imports run one way, from the
+//! top of this list to the bottom (docs/architecture.md, "Layers"):
+//!
+//! - [`cli`] composes the subcommands; [`error`] is the error any of them can end with;
+//! - [`webhook`]: the HTTPS admission server; [`offline`]: `inject`, `check`, `review` without a
+//!   cluster; [`inspect`]: `doctor` and `status` for operators (read-only);
 //! - [`admission`]: the pure validation and mutation of InPlaceRestart JobSets, and the
-//!   AdmissionReview handling shared by the HTTPS server and the offline commands;
-//! - [`webhook`]: the HTTPS admission server;
-//! - [`reconciler`]: the epoch reconciler;
-//! - [`agent`]: the sidecar in every worker pod;
-//! - [`certs`]: CA and serving certificates;
-//! - [`offline`]: `inject`, `check`, `review` without a cluster;
-//! - [`inspect`]: `doctor` and `status`, for operators;
-//! - [`protocol`]: the epoch protocol's dialects and pure decisions;
-//! - [`jobset`]: the JobSet model;
-//! - [`retry`]: retry timing shared by the agent and the reconciler (`Retry-After`);
-//! - [`testing`]: the in-repo Kubernetes test API server and test helpers.
+//!   AdmissionReview handling shared by the webhook and the offline commands;
+//! - [`reconciler`]: the epoch reconciler; [`agent`]: the sidecar in every worker pod;
+//!   [`certs`]: CA and serving certificates;
+//! - at the bottom, what they share: [`protocol`] (the epoch protocol's dialects and pure
+//!   decisions), [`wire`] (what crosses between components through Kubernetes objects and env),
+//!   [`jobset`] (the JobSet model), [`settings`] (global flags and parsers), [`shutdown`]
+//!   (signals), [`telemetry`] (logging, health and metrics endpoint) and [`retry`] (backoff and
+//!   `Retry-After`).
+//!
+//! The test API server, the simulated kubelet and the other test helpers are the
+//! `jobset-inplace-testkit` crate (`testkit/`), never built into the binary.
 #![forbid(unsafe_code)]
 
 pub mod admission;
@@ -26,8 +31,10 @@ pub mod offline;
 pub mod protocol;
 pub mod reconciler;
 pub mod retry;
+pub mod settings;
+pub mod shutdown;
 pub mod telemetry;
-pub mod testing;
 pub mod webhook;
+pub mod wire;
 
 pub use error::{Error, Result};

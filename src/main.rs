@@ -42,30 +42,10 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let result = runtime.block_on(async move {
-        match cli.command {
-            Command::Webhook(args) => args.run(global).await,
-            Command::Reconciler(args) => args.run(global).await,
-            Command::Agent(args) => args.run(global).await,
-            Command::Certs(args) => args.run(global).await,
-            Command::Inject(args) => args.run(global).await,
-            Command::Check(args) => args.run(global).await,
-            Command::Review(args) => args.run(global).await,
-            Command::Doctor(args) => args.run(global).await,
-            Command::Status(args) => args.run(global).await,
-        }
-    });
-    match result {
+    match runtime.block_on(cli.command.run(global)) {
         Ok(code) => code,
         Err(e) => {
-            // The whole chain of causes, on one line.
-            let mut line = e.to_string();
-            let mut cause = std::error::Error::source(&e);
-            while let Some(c) = cause {
-                line.push_str(&format!(": {c}"));
-                cause = c.source();
-            }
-            eprintln!("jobset-inplace: {line}");
+            eprintln!("jobset-inplace: {e}");
             ExitCode::FAILURE
         }
     }

@@ -9,12 +9,18 @@ use serde_json::Value;
 
 use crate::admission::config::InjectionArgs;
 use crate::admission::{self, Endpoint, InjectionConfig, Request};
-use crate::cli::Global;
+use crate::settings::Global;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("cannot read {path}: {reason}")]
-    Read { path: String, reason: String },
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot read {path}: not UTF-8 text")]
+    NotText { path: String },
     #[error("{path}: document {document}: {reason}")]
     Parse {
         path: String,
@@ -22,9 +28,19 @@ pub enum Error {
         reason: String,
     },
     #[error("cannot write the output: {0}")]
-    Write(String),
-    #[error("cannot apply the injection patch to {object}: {reason}")]
-    Patch { object: String, reason: String },
+    Write(#[source] std::io::Error),
+    #[error("cannot write the output: {0}")]
+    WriteYaml(#[source] serde_yaml::Error),
+    #[error("cannot write the output: {0}")]
+    WriteJson(#[source] serde_json::Error),
+    #[error("cannot apply the injection patch to {object}: {source}")]
+    Patch {
+        object: String,
+        #[source]
+        source: json_patch::PatchError,
+    },
+    #[error(transparent)]
+    Config(#[from] admission::Error),
 }
 
 /// Flags of `jobset-inplace inject`.
@@ -88,7 +104,7 @@ pub struct ReviewArgs {
 }
 
 impl InjectArgs {
-    pub async fn run(self, global: Global) -> crate::Result<ExitCode> {
+    pub async fn run(self, global: Global) -> Result<ExitCode, Error> {
         let config = InjectionConfig::load(&self.injection, global.protocol)
             .map_err(admission::Error::from)?;
         let mut out = String::new();
@@ -102,7 +118,7 @@ impl InjectArgs {
 }
 
 impl CheckArgs {
-    pub async fn run(self, global: Global) -> crate::Result<ExitCode> {
+    pub async fn run(self, global: Global) -> Result<ExitCode, Error> {
         let config = InjectionConfig::load(&self.injection, global.protocol)
             .map_err(admission::Error::from)?;
         let mut checks = Vec::new();
@@ -116,8 +132,7 @@ impl CheckArgs {
             OutputFormat::Text => checks.iter().map(Check::render).collect(),
             OutputFormat::Json => {
                 let items: Vec<Value> = checks.iter().map(Check::to_json).collect();
-                let mut text = serde_json::to_string_pretty(&items)
-                    .map_err(|e| Error::Write(e.to_string()))?;
+                let mut text = serde_json::to_string_pretty(&items).map_err(Error::WriteJson)?;
                 text.push('\n');
                 text
             }
@@ -132,7 +147,7 @@ impl CheckArgs {
 }
 
 impl ReviewArgs {
-    pub async fn run(self, global: Global) -> crate::Result<ExitCode> {
+    pub async fn run(self, global: Global) -> Result<ExitCode, Error> {
         let config = InjectionConfig::load(&self.injection, global.protocol)
             .map_err(admission::Error::from)?;
         let body = read_source_bytes(&self.file)?;
@@ -152,9 +167,9 @@ impl ReviewArgs {
 }
 
 fn read_source_bytes(path: &str) -> Result<Vec<u8>, Error> {
-    let read_err = |e: std::io::Error| Error::Read {
+    let read_err = |source: std::io::Error| Error::Read {
         path: path.to_owned(),
-        reason: e.to_string(),
+        source,
     };
     if path == "-" {
         let mut buf = Vec::new();
@@ -166,9 +181,8 @@ fn read_source_bytes(path: &str) -> Result<Vec<u8>, Error> {
 }
 
 fn read_source(path: &str) -> Result<String, Error> {
-    String::from_utf8(read_source_bytes(path)?).map_err(|_| Error::Read {
+    String::from_utf8(read_source_bytes(path)?).map_err(|_| Error::NotText {
         path: path.to_owned(),
-        reason: "not UTF-8 text".to_owned(),
     })
 }
 
@@ -176,7 +190,7 @@ fn write_stdout(bytes: &[u8]) -> Result<(), Error> {
     let mut out = std::io::stdout().lock();
     out.write_all(bytes)
         .and_then(|()| out.flush())
-        .map_err(|e| Error::Write(e.to_string()))
+        .map_err(Error::Write)
 }
 
 /// How a manifest file is written.
@@ -334,9 +348,9 @@ fn create_request(object: &Value) -> Request<'_> {
 /// warnings.
 fn inject_object(object: &mut Value, config: &InjectionConfig) -> Result<Vec<String>, Error> {
     let decision = admission::decide(Endpoint::Mutate, &create_request(object), config);
-    json_patch::patch(object, &decision.patch).map_err(|e| Error::Patch {
+    json_patch::patch(object, &decision.patch).map_err(|source| Error::Patch {
         object: object_name(object),
-        reason: e.to_string(),
+        source,
     })?;
     Ok(decision.warnings)
 }
@@ -382,15 +396,10 @@ pub fn inject_text(path: &str, input: &str, config: &InjectionConfig) -> Result<
                     out.push('\n');
                 }
                 out.push_str(marker_line(&doc.raw));
-                out.push_str(
-                    &serde_yaml::to_string(&value).map_err(|e| Error::Write(e.to_string()))?,
-                );
+                out.push_str(&serde_yaml::to_string(&value).map_err(Error::WriteYaml)?);
             }
             Format::Json => {
-                json.push_str(
-                    &serde_json::to_string_pretty(&value)
-                        .map_err(|e| Error::Write(e.to_string()))?,
-                );
+                json.push_str(&serde_json::to_string_pretty(&value).map_err(Error::WriteJson)?);
                 json.push('\n');
             }
         }

@@ -1,4 +1,4 @@
-//! The epoch protocol (design.md §2): the two wire dialects and the pure decisions of the agent
+//! The epoch protocol (docs/protocol.md): the two wire dialects and the pure decisions of the agent
 //! and the reconciler.
 //!
 //! This is the only module that spells the dialect-dependent names (the pod annotation and the two
@@ -212,11 +212,22 @@ pub struct AgentView {
     pub status: EpochStatus,
 }
 
+/// An agent's pod must restart in place: its epoch is at or below the deprecated one. The one
+/// fact that flows from the decision ([`agent_decide`]) through the agent's loop to its exit
+/// (`agent::AgentExit::Restart`, whose exit code is the restart code).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Restart {
+    /// The pod's epoch.
+    pub epoch: Epoch,
+    /// The JobSet's deprecated epoch, at or above it.
+    pub deprecated: Epoch,
+}
+
 /// What an agent does on a JobSet state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AgentAction {
     /// The pod's epoch is deprecated: exit with the restart code.
-    Restart { deprecated: Epoch },
+    Restart(Restart),
     /// Let the worker start (idempotent).
     LiftBarrier,
     /// Keep the barrier; wait for the next state.
@@ -231,7 +242,7 @@ pub fn agent_decide(epoch: Epoch, view: &AgentView) -> AgentAction {
     if let Some(deprecated) = view.status.deprecated
         && epoch <= deprecated
     {
-        return AgentAction::Restart { deprecated };
+        return AgentAction::Restart(Restart { epoch, deprecated });
     }
     if view.status.synced == Some(epoch) {
         AgentAction::LiftBarrier
@@ -328,7 +339,7 @@ pub struct MalformedEpoch {
 
 /// The reconciler's decision for one JobSet.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
-pub struct Decision {
+pub struct ReconcileDecision {
     /// Fields to write (only those that change).
     pub change: StatusChange,
     /// Set when the JobSet must be failed; no epoch field is written then.
@@ -351,9 +362,9 @@ pub struct Decision {
 
 /// Reconciler steps 1 to 5 for one JobSet that has the InPlaceRestart strategy and is neither
 /// finished nor suspended (the caller checks that).
-pub fn reconcile_decide(input: &ReconcileInput<'_>) -> Decision {
+pub fn reconcile_decide(input: &ReconcileInput<'_>) -> ReconcileDecision {
     let first = input.dialect.first_epoch();
-    let mut decision = Decision::default();
+    let mut decision = ReconcileDecision::default();
     let mut epochs: Vec<Epoch> = Vec::with_capacity(input.pods.len());
     let mut worst_restart: Option<(&str, i32)> = None;
 
@@ -562,7 +573,10 @@ mod tests {
         };
         assert_eq!(
             agent_decide(2, &view(true, false, Some(2), Some(2))),
-            AgentAction::Restart { deprecated: 2 }
+            AgentAction::Restart(Restart {
+                epoch: 2,
+                deprecated: 2
+            })
         );
         assert_eq!(
             agent_decide(2, &view(true, false, Some(1), Some(2))),

@@ -15,8 +15,12 @@ pub enum LogFormat {
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("invalid --log-level {level:?}: {reason}")]
-    LogLevel { level: String, reason: String },
+    #[error("invalid --log-level {level:?}: {source}")]
+    LogLevel {
+        level: String,
+        #[source]
+        source: tracing_subscriber::filter::ParseError,
+    },
     #[error(transparent)]
     Serve(#[from] ServeError),
 }
@@ -24,9 +28,9 @@ pub enum Error {
 /// Installs the global tracing subscriber, writing to stderr. `level` is an `EnvFilter`
 /// directive (`info`, `debug`, `jobset_inplace=debug,kube=info`, ...).
 pub fn init_logging(format: LogFormat, level: &str) -> Result<(), Error> {
-    let filter = EnvFilter::try_new(level).map_err(|e| Error::LogLevel {
+    let filter = EnvFilter::try_new(level).map_err(|source| Error::LogLevel {
         level: level.to_owned(),
-        reason: e.to_string(),
+        source,
     })?;
     use std::io::IsTerminal;
     let builder = tracing_subscriber::fmt()
@@ -44,11 +48,12 @@ pub fn init_logging(format: LogFormat, level: &str) -> Result<(), Error> {
 /// Errors of the health/metrics server.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
-    #[error("cannot listen on {flag} {addr}: {reason}")]
+    #[error("cannot listen on {flag} {addr}: {source}")]
     Bind {
         flag: &'static str,
         addr: std::net::SocketAddr,
-        reason: String,
+        #[source]
+        source: std::io::Error,
     },
 }
 
@@ -57,13 +62,9 @@ pub async fn bind(
     addr: std::net::SocketAddr,
     flag: &'static str,
 ) -> Result<tokio::net::TcpListener, Error> {
-    tokio::net::TcpListener::bind(addr).await.map_err(|e| {
-        Error::Serve(ServeError::Bind {
-            flag,
-            addr,
-            reason: e.to_string(),
-        })
-    })
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| Error::Serve(ServeError::Bind { flag, addr, source }))
 }
 
 /// What the plain-HTTP health server answers: readiness, and the metrics text.

@@ -8,18 +8,17 @@
 //! - the byte path (`review`) and the value path (`decide` on a `Value`, the offline commands')
 //!   answer the same bytes.
 
-mod common;
-
-use common::violation_fields;
 use jobset_inplace::admission::{self, Endpoint, InjectionConfig};
+use jobset_inplace_testkit::fixtures::violation_fields;
+use jobset_inplace_testkit::{fixtures, oracle};
 use serde_json::{Value, json};
 
 fn config() -> InjectionConfig {
     InjectionConfig::defaults(Default::default())
 }
 
-fn case(name: &str) -> common::Case {
-    common::admission_cases()
+fn case(name: &str) -> fixtures::Case {
+    fixtures::admission_cases()
         .into_iter()
         .find(|c| c.name == name)
         .unwrap_or_else(|| panic!("fixture {name}"))
@@ -222,7 +221,7 @@ fn lenient_edits() -> Vec<Edit> {
 
 #[test]
 fn the_byte_path_and_the_value_path_answer_the_same() {
-    let mut bodies: Vec<(String, Vec<u8>, InjectionConfig)> = common::admission_cases()
+    let mut bodies: Vec<(String, Vec<u8>, InjectionConfig)> = fixtures::admission_cases()
         .into_iter()
         .map(|c| (c.name, c.body, c.config))
         .collect();
@@ -242,13 +241,13 @@ fn the_byte_path_and_the_value_path_answer_the_same() {
     for (name, body, config) in &bodies {
         for endpoint in [Endpoint::Mutate, Endpoint::Validate] {
             let reply = admission::review(endpoint, body, config);
-            match common::review_through_value(endpoint, body, config) {
+            match oracle::review_through_value(endpoint, body, config) {
                 Some(expected) => assert_eq!(
                     String::from_utf8_lossy(&reply.body),
                     String::from_utf8_lossy(&expected),
                     "{name} {endpoint:?}"
                 ),
-                None => assert_ne!(reply.outcome, admission::Outcome::Patched, "{name}"),
+                None => assert_ne!(reply.outcome, admission::ReviewOutcome::Patched, "{name}"),
             }
         }
     }

@@ -6,11 +6,10 @@
 //! `UPDATE_FIXTURES=1 cargo test --test admission_fixtures` rewrites the `mutated.yaml` files;
 //! review their diff before committing.
 
-mod common;
-
 use base64::Engine;
-use common::warnings;
 use jobset_inplace::admission::{self, Endpoint};
+use jobset_inplace_testkit::fixtures;
+use jobset_inplace_testkit::fixtures::warnings;
 use serde_json::Value;
 
 /// The response of a review, checked for the framing every response must have.
@@ -86,9 +85,9 @@ fn with_object(request: &Value, object: &Value) -> Vec<u8> {
 
 #[test]
 fn every_fixture_case() {
-    let cases = common::admission_cases();
+    let cases = fixtures::admission_cases();
     assert!(cases.len() >= 20, "fixtures missing: {}", cases.len());
-    let schema = common::jobset_schema();
+    let schema = fixtures::jobset_schema();
     let update = std::env::var_os("UPDATE_FIXTURES").is_some();
     for case in &cases {
         let name = case.name.as_str();
@@ -113,12 +112,12 @@ fn every_fixture_case() {
                 let text = serde_yaml::to_string(&mutated).expect("yaml");
                 std::fs::write(&path, text).expect("write mutated.yaml");
             }
-            let expected = common::read_yaml(&path);
+            let expected = fixtures::read_yaml(&path);
             assert_eq!(
                 mutated, expected,
                 "{name}: mutated object differs from mutated.yaml"
             );
-            assert_eq!(reply.outcome, admission::Outcome::Patched, "{name}");
+            assert_eq!(reply.outcome, admission::ReviewOutcome::Patched, "{name}");
         } else {
             assert!(
                 !case.mutated_path().exists(),
@@ -128,7 +127,7 @@ fn every_fixture_case() {
 
         if is_jobset {
             // The API server would accept the result.
-            let errors = common::schema_errors(&schema, &mutated);
+            let errors = fixtures::schema_errors(&schema, &mutated);
             assert!(
                 errors.is_empty(),
                 "{name}: CRD schema rejects the result: {errors:#?}"
@@ -190,12 +189,12 @@ fn every_fixture_case() {
 /// adds nothing that contradicts their agent: its probe still asks where the agent listens.
 #[test]
 fn released_examples_are_accepted_and_keep_working() {
-    let schema = common::jobset_schema();
+    let schema = fixtures::jobset_schema();
     for (file, sidecar) in [
         ("jobset-sidecar-agent.yaml", true),
         ("jobset-main-container-agent.yaml", false),
     ] {
-        let text = std::fs::read_to_string(common::reference_dir().join(file)).expect("example");
+        let text = std::fs::read_to_string(fixtures::reference_dir().join(file)).expect("example");
         let text = text.replace(
             "<CHANGE ME>",
             "registry.example/in-place-restart-agent:v0.12",
@@ -212,7 +211,7 @@ fn released_examples_are_accepted_and_keep_working() {
             validation.violations
         );
         assert!(
-            common::schema_errors(&schema, &mutated).is_empty(),
+            fixtures::schema_errors(&schema, &mutated).is_empty(),
             "{file}"
         );
         // Their own service account is kept; no second agent is added.
@@ -263,13 +262,13 @@ fn released_examples_are_accepted_and_keep_working() {
 /// The schema check has teeth: a wrong type is rejected.
 #[test]
 fn the_crd_schema_rejects_a_broken_jobset() {
-    let schema = common::jobset_schema();
-    let case = common::admission_cases()
+    let schema = fixtures::jobset_schema();
+    let case = fixtures::admission_cases()
         .into_iter()
         .find(|c| c.name == "story1-plain")
         .expect("story1-plain");
     let mut object = case.request["request"]["object"].clone();
-    assert!(common::schema_errors(&schema, &object).is_empty());
+    assert!(fixtures::schema_errors(&schema, &object).is_empty());
     object["spec"]["replicatedJobs"][0]["replicas"] = Value::from("four");
-    assert!(!common::schema_errors(&schema, &object).is_empty());
+    assert!(!fixtures::schema_errors(&schema, &object).is_empty());
 }

@@ -7,11 +7,11 @@
 //!   patched object is valid against the released JobSet CRD schema; mutating it again patches
 //!   nothing;
 //! - validation of the mutated object denies exactly where the user's explicit values conflict
-//!   with design.md §3: the generator draws each value from good and bad choices, and [`Model`]
+//!   with the admission rules (docs/architecture.md, "Admission"): the generator draws each value from good and bad choices, and [`Model`]
 //!   says which violation (field path) each bad choice makes; an UPDATE ratchets unchanged
 //!   replicatedJobs; DELETE, CONNECT and other kinds are allowed; dry-run changes nothing;
 //! - reviews with missing or odd fields, arbitrary JSON and arbitrary bytes: the decoder answers as
-//!   reading a `Value` of the body does (`common::review_through_value`).
+//!   reading a `Value` of the body does (`oracle::review_through_value`).
 //!
 //! The whole file runs in well under a minute in a debug build; `PROPTEST_CASES=N` runs N cases
 //! of each property instead (e.g. `PROPTEST_CASES=5000 cargo test --release --test
@@ -19,14 +19,14 @@
 // Strategies are spelled as the tuples they generate.
 #![allow(clippy::type_complexity)]
 
-mod common;
-
 use std::sync::OnceLock;
 
 use base64::Engine as _;
-use common::{violation_fields, warnings};
 use jobset_inplace::admission::{self, Endpoint, InjectionConfig};
 use jobset_inplace::protocol::Dialect;
+use jobset_inplace_testkit::fixtures::{violation_fields, warnings};
+use jobset_inplace_testkit::generators::{INJECTION_CONFIGS, injection_config};
+use jobset_inplace_testkit::{fixtures, oracle};
 use proptest::prelude::*;
 use proptest::sample::{Index, select};
 use proptest::test_runner::TestCaseError;
@@ -66,22 +66,7 @@ fn cases(default: u32) -> ProptestConfig {
 
 fn schema() -> &'static jsonschema::Validator {
     static SCHEMA: OnceLock<jsonschema::Validator> = OnceLock::new();
-    SCHEMA.get_or_init(common::jobset_schema)
-}
-
-/// The injection configs the properties run under: the defaults of each dialect, and a
-/// non-default barrier (so the injected agent carries BARRIER_PORT/BARRIER_PATH).
-fn injection_config(which: usize) -> InjectionConfig {
-    match which {
-        0 => InjectionConfig::defaults(Dialect::Epoch),
-        1 => InjectionConfig::defaults(Dialect::Attempt),
-        _ => {
-            let mut c = InjectionConfig::defaults(Dialect::Epoch);
-            c.barrier_port = 9000;
-            c.barrier_path = "/ready".to_owned();
-            c
-        }
-    }
+    SCHEMA.get_or_init(fixtures::jobset_schema)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -534,7 +519,7 @@ impl Model {
     }
 }
 
-/// The agent after the mutation completed its env (design.md §3: only what it lacks, derived
+/// The agent after the mutation completed its env (only what it lacks, derived
 /// from what it declares).
 fn completed(agent: &Container, sidecar: bool, config: &InjectionConfig) -> Container {
     let mut c = agent.clone();
@@ -1002,7 +987,7 @@ fn probe(careful: bool) -> BoxedStrategy<Option<(Probe, Vec<(Option<&'static str
     .boxed()
 }
 
-/// An agent sidecar, mostly well formed, sometimes not (each defect is one of design.md §3's).
+/// An agent sidecar, mostly well formed, sometimes not (each defect breaks one admission rule).
 fn sidecar(careful: bool) -> BoxedStrategy<Container> {
     let bad = u32::from(!careful);
     let rules = prop_oneof![
@@ -1287,7 +1272,7 @@ fn job(careful: bool) -> BoxedStrategy<Job> {
         .boxed()
 }
 
-/// A JobSet; half of them drawn `careful` (no explicit value conflicts with design.md §3), so
+/// A JobSet; half of them drawn `careful` (no explicit value conflicts with the admission rules), so
 /// that both accepted and denied JobSets are common.
 fn model() -> BoxedStrategy<Model> {
     any::<bool>().prop_flat_map(model_of).boxed()
@@ -1511,7 +1496,7 @@ fn preserved(before: &Value, after: &Value, at: &str) -> Check {
 }
 
 fn schema_valid(object: &Value, what: &str) -> Check {
-    let errors = common::schema_errors(schema(), object);
+    let errors = fixtures::schema_errors(schema(), object);
     prop_assert!(
         errors.is_empty(),
         "{}: the CRD schema rejects it: {:#?}",
@@ -1568,7 +1553,7 @@ fn create(model: &Model, uid: &str, which: usize, dry_run: Option<bool>) -> Chec
                 .map_err(|e| TestCaseError::fail(format!("the patch does not apply: {e}")))?;
             preserved(&object, &mutated, "")?;
             schema_valid(&mutated, "the mutated JobSet")?;
-            prop_assert_eq!(reply.outcome, admission::Outcome::Patched);
+            prop_assert_eq!(reply.outcome, admission::ReviewOutcome::Patched);
         }
     }
     if model.mutates() {
@@ -1609,11 +1594,11 @@ fn create(model: &Model, uid: &str, which: usize, dry_run: Option<bool>) -> Chec
     prop_assert_eq!(&response["allowed"], &json!(expected.is_empty()));
     if !expected.is_empty() {
         prop_assert_eq!(&response["status"]["code"], &json!(422));
-        prop_assert_eq!(reply.outcome, admission::Outcome::Denied);
+        prop_assert_eq!(reply.outcome, admission::ReviewOutcome::Denied);
     }
     // The value path (the offline commands') agrees.
     prop_assert_eq!(
-        common::review_through_value(Endpoint::Validate, &body2, &config),
+        oracle::review_through_value(Endpoint::Validate, &body2, &config),
         Some(reply.body)
     );
     Ok(())
@@ -1686,7 +1671,7 @@ fn update(model: &Model, uid: &str, old: &Old, which: usize) -> Check {
         .count();
     prop_assert_eq!(left, ratcheted.len());
     prop_assert_eq!(
-        common::review_through_value(Endpoint::Validate, &body, &config),
+        oracle::review_through_value(Endpoint::Validate, &body, &config),
         Some(reply.body)
     );
     Ok(())
@@ -1728,7 +1713,7 @@ fn other_requests(model: &Model, uid: &str, operation: &str, kind: (&str, &str))
             }
         }
         prop_assert_eq!(
-            common::review_through_value(endpoint, &body, &config),
+            oracle::review_through_value(endpoint, &body, &config),
             Some(reply.body)
         );
     }
@@ -1750,7 +1735,7 @@ fn any_body(body: &[u8], which: usize) -> Check {
         match uid {
             Some(uid) => {
                 well_formed(&reply, uid)?;
-                if let Some(expected) = common::review_through_value(endpoint, body, &config) {
+                if let Some(expected) = oracle::review_through_value(endpoint, body, &config) {
                     prop_assert_eq!(
                         String::from_utf8_lossy(&reply.body),
                         String::from_utf8_lossy(&expected)
@@ -1763,7 +1748,7 @@ fn any_body(body: &[u8], which: usize) -> Check {
                     .map_err(|e| TestCaseError::fail(format!("status is not JSON: {e}")))?;
                 prop_assert_eq!(&status["kind"], "Status");
                 prop_assert_eq!(&status["code"], &json!(400));
-                prop_assert_eq!(reply.outcome, admission::Outcome::Error);
+                prop_assert_eq!(reply.outcome, admission::ReviewOutcome::Error);
             }
         }
     }
@@ -1908,7 +1893,7 @@ proptest! {
     fn create_mutates_safely_and_validates_exactly_the_explicit_conflicts(
         model in model(),
         uid in uid(),
-        which in 0usize..3,
+        which in 0..INJECTION_CONFIGS,
         dry_run in prop::option::of(any::<bool>()),
     ) {
         create(&model, &uid, which, dry_run)?;
@@ -1924,7 +1909,7 @@ proptest! {
             any::<Index>().prop_map(Old::JobChanged),
             Just(Old::WasRecreate),
         ],
-        which in 0usize..3,
+        which in 0..INJECTION_CONFIGS,
     ) {
         update(&model, &uid, &old, which)?;
     }
@@ -1959,7 +1944,7 @@ proptest! {
         uid in uid(),
         edits in prop::collection::vec((select(ODD_PLACES.to_vec()), odd_value()), 1..4),
         operation in select(vec!["CREATE", "UPDATE"]),
-        which in 0usize..3,
+        which in 0..INJECTION_CONFIGS,
     ) {
         let object = model.json();
         let mut request = review(
@@ -1972,7 +1957,7 @@ proptest! {
     }
 
     #[test]
-    fn arbitrary_json_bodies(body in json_value(5, true), which in 0usize..3) {
+    fn arbitrary_json_bodies(body in json_value(5, true), which in 0..INJECTION_CONFIGS) {
         any_body(&serde_json::to_vec(&body).expect("JSON"), which)?;
         // As an AdmissionReview's request, and as its object.
         let wrapped = review("u-1", "CREATE", ("jobset.x-k8s.io", "JobSet"), Some(&body), None, None);
@@ -1983,7 +1968,7 @@ proptest! {
     }
 
     #[test]
-    fn arbitrary_bytes(body in prop::collection::vec(any::<u8>(), 0..256), which in 0usize..3) {
+    fn arbitrary_bytes(body in prop::collection::vec(any::<u8>(), 0..256), which in 0..INJECTION_CONFIGS) {
         any_body(&body, which)?;
     }
 
@@ -1991,7 +1976,7 @@ proptest! {
     fn edited_bytes_of_a_review(
         model in model(),
         edits in prop::collection::vec(byte_edit(), 1..6),
-        which in 0usize..3,
+        which in 0..INJECTION_CONFIGS,
     ) {
         let object = model.json();
         let mut body = serde_json::to_vec(&review(

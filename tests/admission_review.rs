@@ -1,9 +1,8 @@
 //! AdmissionReview handling on bad input: every body gets a documented status and a well-formed
 //! answer, and nothing panics.
 
-mod common;
-
-use jobset_inplace::admission::{self, Endpoint, InjectionConfig, Outcome};
+use jobset_inplace::admission::{self, Endpoint, InjectionConfig, ReviewOutcome};
+use jobset_inplace_testkit::fixtures;
 use rstest::rstest;
 use serde_json::{Value, json};
 
@@ -12,7 +11,7 @@ fn config() -> InjectionConfig {
 }
 
 fn story1() -> Value {
-    common::admission_cases()
+    fixtures::admission_cases()
         .into_iter()
         .find(|c| c.name == "story1-plain")
         .map(|c| c.request)
@@ -45,7 +44,7 @@ fn malformed_reviews_are_answered(#[case] body: Vec<u8>, #[case] status: u16) {
     for endpoint in [Endpoint::Mutate, Endpoint::Validate] {
         let reply = admission::review(endpoint, &body, &config());
         assert_eq!(reply.http_status, status, "{endpoint:?}");
-        assert_eq!(reply.outcome, Outcome::Error);
+        assert_eq!(reply.outcome, ReviewOutcome::Error);
         let answer: Value = serde_json::from_slice(&reply.body).expect("well-formed JSON");
         if status == 400 {
             assert_eq!(answer["kind"], "Status");
@@ -84,7 +83,7 @@ fn patch_is_a_base64_string() {
 /// with the documented status.
 #[test]
 fn damaged_bodies_never_panic() {
-    let bodies: Vec<Vec<u8>> = common::admission_cases()
+    let bodies: Vec<Vec<u8>> = fixtures::admission_cases()
         .into_iter()
         .map(|c| c.body)
         .collect();

@@ -6,10 +6,11 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use jobset_inplace::agent::{self, AgentConfig, BarrierState, Mode, Outcome, WorkerExit};
+use jobset_inplace::agent::{self, AgentConfig, AgentExit, BarrierState, Mode, WorkerExit};
+use jobset_inplace::protocol::Restart;
 use jobset_inplace::protocol::{DISABLE_ANNOTATION, Dialect, JOBSET_NAME_LABEL};
-use jobset_inplace::testing::apiserver::{TestApiServer, Verb};
-use jobset_inplace::testing::kubelet::{barrier_port, http_get};
+use jobset_inplace_testkit::apiserver::{TestApiServer, Verb};
+use jobset_inplace_testkit::kubelet::{barrier_port, http_get};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::watch;
@@ -62,7 +63,7 @@ async fn until(what: &str, f: impl Fn() -> bool) {
 /// An agent run in-process.
 struct InProcess {
     barrier: watch::Receiver<BarrierState>,
-    task: tokio::task::JoinHandle<Outcome>,
+    task: tokio::task::JoinHandle<AgentExit>,
 }
 
 impl InProcess {
@@ -87,7 +88,7 @@ impl InProcess {
         self.barrier.borrow().lifted
     }
 
-    async fn outcome(mut self) -> Outcome {
+    async fn outcome(mut self) -> AgentExit {
         match tokio::time::timeout(LIMIT, &mut self.task).await {
             Ok(Ok(outcome)) => outcome,
             Ok(Err(e)) => panic!("agent task failed: {e}"),
@@ -589,10 +590,10 @@ async fn watch_cuts_and_expiry_are_survived() {
     set_status(&server, json!({"previousInPlaceRestartAttempt": 4}));
     assert_eq!(
         a.outcome().await,
-        Outcome::Restart {
+        AgentExit::Restart(Restart {
             epoch: 4,
             deprecated: 4
-        }
+        })
     );
 }
 
@@ -629,5 +630,8 @@ fn main_container_config_has_no_barrier() {
         grace_period: Duration::from_secs(1),
     };
     assert!(c.barrier().is_none());
-    assert_eq!(Outcome::WorkerExited(WorkerExit::Code(0)).exit_code(42), 0);
+    assert_eq!(
+        AgentExit::WorkerExited(WorkerExit::Code(0)).exit_code(42),
+        0
+    );
 }

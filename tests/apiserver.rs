@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
 use jobset_inplace::jobset::JobSet;
-use jobset_inplace::testing::apiserver::{Options, TestApiServer, Verb};
+use jobset_inplace_testkit::apiserver::{Options, TestApiServer, Verb};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, ObjectReference, Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::RoleBinding;

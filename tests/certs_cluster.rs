@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use base64::Engine;
 use jobset_inplace::certs::{self, cluster};
-use jobset_inplace::testing::apiserver::{TestApiServer, Verb};
+use jobset_inplace_testkit::apiserver::{TestApiServer, Verb};
 use serde_json::{Value, json};
 
 const NS: &str = "jobset-inplace-system";

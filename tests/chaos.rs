@@ -2,7 +2,7 @@
 //! simulated pod, the real reconciler in-process) while the test API server injects faults at
 //! random into every request of the agents and the reconciler: 500s, 409s on writes, 429s with
 //! `Retry-After`, writes whose answer is lost, latency spikes, and every watch cut after a random
-//! lifetime ([`jobset_inplace::testing::apiserver::chaos`]). The simulated kubelet and
+//! lifetime ([`jobset_inplace_testkit::apiserver::chaos`]). The simulated kubelet and
 //! controllers are exempt: they are the environment, not the system under test.
 //!
 //! Each test prints its seed first; `JOBSET_INPLACE_CHAOS_SEED=<n>` replays it (else the seed
@@ -26,8 +26,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use jobset_inplace::protocol::Dialect;
-use jobset_inplace::testing::apiserver::{Chaos, ChaosStats, TestApiServer};
-use jobset_inplace::testing::kubelet::{SimConfig, Simulation, Snapshot};
+use jobset_inplace_testkit::apiserver::{Chaos, ChaosStats, TestApiServer};
+use jobset_inplace_testkit::kubelet::{SimConfig, Simulation, Snapshot};
 
 const BIN: &str = env!("CARGO_BIN_EXE_jobset-inplace");
 /// Every group restart (and the first start) completes within this, under chaos, on a loaded

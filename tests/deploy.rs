@@ -15,8 +15,6 @@
 //! empty typed value is simply absent here; the expressions guard every such field with `has()`,
 //! which is correct for both.
 
-mod common;
-
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -28,6 +26,7 @@ use clap::{CommandFactory, Parser};
 use jobset_inplace::admission::InjectionConfig;
 use jobset_inplace::cli::{Cli, Command as Sub};
 use jobset_inplace::protocol::{Dialect, JOBSET_NAME_LABEL};
+use jobset_inplace_testkit::fixtures;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
@@ -38,7 +37,7 @@ const RENDER_LIMIT: Duration = Duration::from_secs(60);
 const OVERLAYS: [&str; 4] = ["epoch", "jobset-native", "cert-manager", "self-signed"];
 
 fn deploy_dir() -> PathBuf {
-    common::manifest_dir().join("deploy")
+    fixtures::manifest_dir().join("deploy")
 }
 
 /// The dialect each overlay is for.
@@ -898,12 +897,12 @@ fn webhook_matches(webhook: &Value, object: &Value) -> bool {
 /// JobSets (or what claims to be one) the match conditions must sort as the code does.
 fn jobset_objects() -> Vec<(String, Value)> {
     let mut out = Vec::new();
-    let story1 = common::read_yaml(
-        &common::manifest_dir().join("fixtures/admission/story1-plain/request.json"),
+    let story1 = fixtures::read_yaml(
+        &fixtures::manifest_dir().join("fixtures/admission/story1-plain/request.json"),
     );
     out.push(("story1".to_owned(), story1["request"]["object"].clone()));
-    let other = common::read_yaml(
-        &common::manifest_dir().join("fixtures/admission/not-in-place-restart/request.yaml"),
+    let other = fixtures::read_yaml(
+        &fixtures::manifest_dir().join("fixtures/admission/not-in-place-restart/request.yaml"),
     );
     out.push((
         "not-in-place-restart".to_owned(),
@@ -913,7 +912,7 @@ fn jobset_objects() -> Vec<(String, Value)> {
         "jobset-main-container-agent.yaml",
         "jobset-sidecar-agent.yaml",
     ] {
-        let path = common::reference_dir().join(file);
+        let path = fixtures::reference_dir().join(file);
         let text = std::fs::read_to_string(&path).expect("example fixture");
         for doc in serde_yaml::Deserializer::from_str(&text) {
             let v = <Value as serde::Deserialize>::deserialize(doc).expect("yaml");
@@ -1094,7 +1093,7 @@ async fn webhook_configurations_call_the_served_paths_with_the_right_policies() 
 
             // The path is served: the story-1 review answers 200 with its uid.
             let body = std::fs::read(
-                common::manifest_dir().join("fixtures/admission/story1-plain/request.json"),
+                fixtures::manifest_dir().join("fixtures/admission/story1-plain/request.json"),
             )
             .expect("fixture");
             let uid =
@@ -1599,7 +1598,7 @@ fn granted(rules: &[Value]) -> BTreeSet<(String, String, String)> {
 
 /// The requests the test API server counted, as (group, resource[/subresource], verb).
 fn observed(
-    server: &jobset_inplace::testing::apiserver::TestApiServer,
+    server: &jobset_inplace_testkit::apiserver::TestApiServer,
 ) -> BTreeSet<(String, String, String)> {
     let registry = server.registry();
     server
@@ -1685,7 +1684,7 @@ fn jobset_json(ns: &str, name: &str, max_restarts: i64) -> Value {
 async fn the_reconcilers_rbac_grants_every_request_it_makes_and_no_more() {
     use jobset_inplace::reconciler::provision::ProvisionSettings;
     use jobset_inplace::reconciler::{self, LeaderElection, Options, Settings, crd};
-    use jobset_inplace::testing::apiserver::{TestApiServer, Verb};
+    use jobset_inplace_testkit::apiserver::{TestApiServer, Verb};
     // The attempt dialect runs on the released CRD, so the start-up CRD check runs too.
     let Some(r) = overlay("jobset-native") else {
         return;
@@ -1698,7 +1697,7 @@ async fn the_reconcilers_rbac_grants_every_request_it_makes_and_no_more() {
     let dialect = Dialect::Attempt;
     let server = TestApiServer::start().await;
     let seen = tokio::time::timeout(Duration::from_secs(60), async {
-        let crd_object = common::read_yaml(&common::reference_dir().join("jobset.x-k8s.io_jobsets.yaml"));
+        let crd_object = fixtures::read_yaml(&fixtures::reference_dir().join("jobset.x-k8s.io_jobsets.yaml"));
         server.create("customresourcedefinitions", crd_object).expect("crd");
         server
             .create("namespaces", json!({"metadata": {"name": "team-b", "labels": {"jobset-inplace.dev/enabled": "true"}}}))
@@ -1778,7 +1777,8 @@ async fn the_reconcilers_rbac_grants_every_request_it_makes_and_no_more() {
     .await
     .expect("the scenario finished in time");
     // The CRD check passed on the released CRD in this dialect, as in the cluster.
-    let released = common::read_yaml(&common::reference_dir().join("jobset.x-k8s.io_jobsets.yaml"));
+    let released =
+        fixtures::read_yaml(&fixtures::reference_dir().join("jobset.x-k8s.io_jobsets.yaml"));
     assert_eq!(crd::missing_status_fields(&released, dialect), Ok(()));
 
     let named = BTreeMap::from([
@@ -1825,7 +1825,7 @@ async fn the_reconcilers_rbac_grants_every_request_it_makes_and_no_more() {
 #[tokio::test]
 async fn the_self_signed_webhooks_rbac_grants_what_it_uses() {
     use jobset_inplace::certs::{self, cluster};
-    use jobset_inplace::testing::apiserver::TestApiServer;
+    use jobset_inplace_testkit::apiserver::TestApiServer;
     for name in ["epoch", "jobset-native", "cert-manager"] {
         let Some(r) = overlay(name) else { return };
         let grants = grants_for(&r, "jobset-inplace-webhook");
@@ -1923,7 +1923,7 @@ async fn the_self_signed_webhooks_rbac_grants_what_it_uses() {
 // ---------------------------------------------------------------------------------------------
 
 fn released_crd_text() -> String {
-    std::fs::read_to_string(common::reference_dir().join("jobset.x-k8s.io_jobsets.yaml"))
+    std::fs::read_to_string(fixtures::reference_dir().join("jobset.x-k8s.io_jobsets.yaml"))
         .expect("released CRD")
 }
 
@@ -1957,7 +1957,8 @@ fn the_crd_component_gives_the_released_crd_the_epoch_fields() {
     assert_eq!(crds.len(), 1);
     let crd = crds[0];
     assert_eq!(check_object(crd), Vec::<String>::new(), "still a valid CRD");
-    let released = common::read_yaml(&common::reference_dir().join("jobset.x-k8s.io_jobsets.yaml"));
+    let released =
+        fixtures::read_yaml(&fixtures::reference_dir().join("jobset.x-k8s.io_jobsets.yaml"));
     assert!(missing_status_fields(&released, Dialect::Epoch).is_err());
     assert_eq!(
         missing_status_fields(crd, Dialect::Epoch),
@@ -1980,7 +1981,7 @@ fn the_crd_component_gives_the_released_crd_the_epoch_fields() {
 
     // The status schema (the whole object's is checked by tests/admission_fixtures.rs).
     let schema = v1alpha2_status_schema(crd);
-    let accepts = |status: Value| common::schema_errors(&schema, &status);
+    let accepts = |status: Value| fixtures::schema_errors(&schema, &status);
     assert_eq!(accepts(json!({})), Vec::<String>::new());
     assert_eq!(
         accepts(json!({"deprecatedEpoch": 0, "syncedEpoch": 1, "restarts": 1})),

@@ -1,6 +1,6 @@
 //! End to end: the real `jobset-inplace agent` binary in every simulated pod, the real
 //! reconciler in-process, the test API server between them, a simulated kubelet and Job/JobSet
-//! controllers ([`jobset_inplace::testing::kubelet`]). Every test is bounded by a timeout, every
+//! controllers ([`jobset_inplace_testkit::kubelet`]). Every test is bounded by a timeout, every
 //! child process is killed when its simulation is dropped, and the invariant checker (no worker
 //! runs while a registered pod is at an older epoch) runs all along.
 
@@ -8,7 +8,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use jobset_inplace::protocol::Dialect;
-use jobset_inplace::testing::kubelet::{AgentMode, SimConfig, Simulation, Snapshot};
+use jobset_inplace_testkit::kubelet::{AgentMode, SimConfig, Simulation, Snapshot};
 
 const BIN: &str = env!("CARGO_BIN_EXE_jobset-inplace");
 /// One wait; generous, for a loaded 2-core machine.

@@ -5,20 +5,15 @@
 //! The seeds derived from the admission fixtures are written by `UPDATE_FUZZ_CORPUS=1 cargo test
 //! --test fuzz_corpus`; the hand-written seeds and the fuzzer's minimized findings are committed
 //! as they are.
-// `common` and the targets both load tests/common/value_path.rs: the targets must build alone
-// in fuzz/, where there is no `common`.
-#![allow(clippy::duplicate_mod)]
-
-mod common;
-
 #[path = "../fuzz/src/lib.rs"]
 #[allow(dead_code)] // `replay` is for the binaries
 mod targets;
 
+use jobset_inplace_testkit::fixtures;
 use std::path::PathBuf;
 
 fn corpus_dir(target: &str) -> PathBuf {
-    common::manifest_dir().join("fuzz/corpus").join(target)
+    fixtures::manifest_dir().join("fuzz/corpus").join(target)
 }
 
 #[test]
@@ -49,7 +44,7 @@ fn every_corpus_input_passes_its_target() {
 /// `review/fixture-<case>.json`: each fixture's request body; `offline/fixture-<case>.yaml`: its
 /// object as a manifest (and the mutated one where there is one).
 fn write_fixture_seeds() {
-    for case in common::admission_cases() {
+    for case in fixtures::admission_cases() {
         let review = corpus_dir("review").join(format!("fixture-{}.json", case.name));
         std::fs::write(review, &case.body).expect("write a seed");
         let object = &case.request["request"]["object"];

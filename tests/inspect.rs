@@ -6,7 +6,7 @@ use std::process::Output;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use jobset_inplace::certs;
-use jobset_inplace::testing::apiserver::TestApiServer;
+use jobset_inplace_testkit::apiserver::TestApiServer;
 use serde_json::{Value, json};
 
 async fn bounded<F: Future<Output = ()>>(f: F) {

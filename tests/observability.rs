@@ -11,8 +11,6 @@
 //! full parser: enough for the expressions here, and its own test below covers the cases it
 //! must get right.
 
-mod support;
-
 use std::collections::BTreeSet;
 use std::future::Future;
 use std::path::PathBuf;
@@ -20,7 +18,8 @@ use std::time::Duration;
 
 use jobset_inplace::protocol::{Dialect, JOBSET_NAME_LABEL};
 use jobset_inplace::reconciler::{self, Options, Settings};
-use jobset_inplace::testing::apiserver::TestApiServer;
+use jobset_inplace_testkit::apiserver::TestApiServer;
+use jobset_inplace_testkit::webhook_harness as support;
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 

@@ -1,11 +1,10 @@
 //! The offline commands, run as a user runs them: the real binary, fixtures as input.
 
-mod common;
-
 use std::io::Write;
 use std::process::{Command, Output, Stdio};
 
 use jobset_inplace::admission::{self, Endpoint};
+use jobset_inplace_testkit::fixtures;
 
 fn binary() -> Command {
     Command::new(env!("CARGO_BIN_EXE_jobset-inplace"))
@@ -30,7 +29,7 @@ fn run_with_stdin(mut cmd: Command, stdin: &[u8]) -> Output {
 /// `review` prints exactly the bytes the server sends, for every fixture and both endpoints.
 #[test]
 fn review_is_byte_identical_to_the_server_path() {
-    for case in common::admission_cases() {
+    for case in fixtures::admission_cases() {
         for (flag, endpoint) in [
             ("--mutate", Endpoint::Mutate),
             ("--validate", Endpoint::Validate),
@@ -62,7 +61,7 @@ fn review_of_garbage_exits_non_zero_with_a_status() {
 /// as written, is denied with field paths and exit code 1.
 #[test]
 fn inject_and_check_a_plain_jobset() {
-    let case = common::admission_cases()
+    let case = fixtures::admission_cases()
         .into_iter()
         .find(|c| c.name == "story1-plain")
         .expect("fixture");
@@ -175,7 +174,7 @@ fn bad_input_and_flags_are_one_line_errors() {
 /// denied; a file with nothing to inject comes out of `inject` byte for byte.
 #[test]
 fn check_json_and_inject_passthrough() {
-    let case = common::admission_cases()
+    let case = fixtures::admission_cases()
         .into_iter()
         .find(|c| c.name == "story1-plain")
         .expect("fixture");
@@ -198,8 +197,8 @@ fn check_json_and_inject_passthrough() {
     );
 
     // Not an InPlaceRestart JobSet, and no newline at the end of its last block scalar.
-    let other = common::read_yaml(
-        &common::manifest_dir().join("fixtures/admission/not-in-place-restart/request.yaml"),
+    let other = fixtures::read_yaml(
+        &fixtures::manifest_dir().join("fixtures/admission/not-in-place-restart/request.yaml"),
     );
     let text = format!(
         "# keep me\n{}---\nkind: ConfigMap\ndata:\n  run.sh: |\n    echo done",

@@ -9,7 +9,7 @@ use jobset_inplace::protocol::{Dialect, JOBSET_NAME_LABEL};
 use jobset_inplace::reconciler::controller::StateSizes;
 use jobset_inplace::reconciler::metrics::Metrics;
 use jobset_inplace::reconciler::{self, Controller, LeaderElection, Options, Settings};
-use jobset_inplace::testing::apiserver::{Chaos, TestApiServer, Verb};
+use jobset_inplace_testkit::apiserver::{Chaos, TestApiServer, Verb};
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 

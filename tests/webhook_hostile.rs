@@ -4,17 +4,17 @@
 //! well-behaved client keeps asking it for reviews, and checks that the client is answered
 //! promptly and correctly, and that the abuser is cut off (timeout, refusal, an error status).
 
-mod support;
-
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use jobset_inplace::admission::{self, Endpoint, MAX_BODY_BYTES};
 use jobset_inplace::webhook::ServeOptions;
+use jobset_inplace_testkit::generators::jobset_review;
+use jobset_inplace_testkit::webhook_harness;
+use jobset_inplace_testkit::webhook_harness::{Conn, TestServer};
 use rustls::pki_types::ServerName;
 use serde_json::Value;
-use support::{Conn, TestServer, jobset_review};
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 use tokio::task::JoinSet;
@@ -33,7 +33,7 @@ async fn bounded<F: Future<Output = ()>>(body: F) {
 }
 
 async fn start(adjust: impl FnOnce(&mut ServeOptions)) -> TestServer {
-    TestServer::start_custom(support::default_config(), adjust).await
+    TestServer::start_custom(webhook_harness::default_config(), adjust).await
 }
 
 /// A well-behaved client: `count` reviews of a small JobSet, each on a new TLS connection (the
@@ -222,7 +222,7 @@ async fn slow_handshakes_heads_and_bodies_are_cut_while_others_are_answered() {
             let (what, (took, answer)) = done.expect("abuser task");
             match what {
                 "slow body" => {
-                    let response = support::parse_response(&answer).expect("an answer");
+                    let response = webhook_harness::parse_response(&answer).expect("an answer");
                     assert_eq!(response.status, 408, "slow body");
                 }
                 "silent" | "half handshake" | "slow head" => {
@@ -425,7 +425,7 @@ async fn post_chunked(
     path: &str,
     body: Arc<Vec<u8>>,
     chunk: usize,
-) -> support::Response {
+) -> webhook_harness::Response {
     let stream = tls(server).await;
     let (mut reader, mut writer) = tokio::io::split(stream);
     let head = format!(
@@ -465,8 +465,8 @@ async fn post_chunked(
     response
 }
 
-fn complete_response(raw: &[u8]) -> Option<support::Response> {
-    let response = support::parse_response(raw)?;
+fn complete_response(raw: &[u8]) -> Option<webhook_harness::Response> {
+    let response = webhook_harness::parse_response(raw)?;
     let declared = response.header("content-length")?.parse::<usize>().ok()?;
     (response.body.len() == declared).then_some(response)
 }
@@ -606,7 +606,7 @@ async fn a_full_body_budget_answers_429_and_recovers() {
     .await;
 }
 
-fn assert_status(response: &support::Response, code: u16) {
+fn assert_status(response: &webhook_harness::Response, code: u16) {
     assert_eq!(response.status, code);
     assert_eq!(response.header("content-type"), Some("application/json"));
     let status: Value = serde_json::from_slice(&response.body).expect("a JSON Status");
@@ -691,7 +691,7 @@ async fn http2_is_not_spoken() {
     bounded(async {
         let server = start(|_| {}).await;
         let connect_with_alpn = |alpn: Vec<Vec<u8>>| {
-            let mut config = support::client_config(&server.ca_cert());
+            let mut config = webhook_harness::client_config(&server.ca_cert());
             config.alpn_protocols = alpn;
             let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
             let addr = server.https;
@@ -897,7 +897,7 @@ async fn oversized_heads_get_431() {
             )
             .await
             .expect("closed by the server");
-            let response = support::parse_response(&answer).expect("an answer");
+            let response = webhook_harness::parse_response(&answer).expect("an answer");
             assert_eq!(response.status, 431, "{what}");
         }
         let latencies = probe(&server, 3, Duration::ZERO).await;

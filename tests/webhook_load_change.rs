@@ -16,8 +16,6 @@
 //! --nocapture` runs longer, repeating the certificate change and the rolling restart for as long
 //! as it runs.
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -27,8 +25,10 @@ use std::time::{Duration, Instant};
 
 use jobset_inplace::admission::{self, Endpoint};
 use jobset_inplace::certs;
+use jobset_inplace_testkit::generators::jobset_review;
+use jobset_inplace_testkit::webhook_harness;
+use jobset_inplace_testkit::webhook_harness::{Conn, Replica};
 use rustls::pki_types::CertificateDer;
-use support::{Conn, Replica, jobset_review};
 use tokio_rustls::TlsConnector;
 
 /// Concurrent clients.
@@ -266,7 +266,13 @@ impl Cluster {
             shutdown_delay,
         };
         for _ in 0..2 {
-            let replica = Replica::start(&cluster.cert, &cluster.key, &cluster.flags()).await;
+            let replica = Replica::start(
+                env!("CARGO_BIN_EXE_jobset-inplace"),
+                &cluster.cert,
+                &cluster.key,
+                &cluster.flags(),
+            )
+            .await;
             cluster.endpoints.add(replica.https);
             cluster.replicas.push(replica);
         }
@@ -282,7 +288,13 @@ impl Cluster {
         self.endpoints.remove(self.replicas[i].https);
         let status = self.replicas[i].wait(Duration::from_secs(15)).await;
         assert!(status.success(), "replica exits 0 on SIGTERM: {status}");
-        let new = Replica::start(&self.cert, &self.key, &self.flags()).await;
+        let new = Replica::start(
+            env!("CARGO_BIN_EXE_jobset-inplace"),
+            &self.cert,
+            &self.key,
+            &self.flags(),
+        )
+        .await;
         self.endpoints.add(new.https);
         self.replicas[i] = new;
         started.elapsed()
@@ -305,18 +317,18 @@ async fn zero_failed_admissions_through_certificate_changes_and_rolling_restarts
 }
 
 async fn run(duration: Duration, shutdown_delay: String) {
-    let drained = jobset_inplace::cli::parse_duration(&shutdown_delay)
+    let drained = jobset_inplace::settings::parse_duration(&shutdown_delay)
         .expect("JOBSET_INPLACE_LOAD_SHUTDOWN_DELAY is a duration")
         > Duration::ZERO;
-    support::install_provider();
+    webhook_harness::install_provider();
     let dir = tempfile::tempdir().expect("tempdir");
     let ensured = certs::ensure(dir.path(), &certs::local_names()).expect("certs");
-    let connector = support::connector_for(&ensured.ca_cert);
+    let connector = webhook_harness::connector_for(&ensured.ca_cert);
     let endpoints = Arc::new(Endpoints::default());
     let mut cluster = Cluster::start(dir.path(), endpoints.clone(), shutdown_delay.clone()).await;
 
     // The replicas run `webhook` without injection flags: the default config, as here.
-    let config = support::default_config();
+    let config = webhook_harness::default_config();
     let mut requests = Vec::new();
     for i in 0..8 {
         let body = jobset_review(&format!("load-{i}"), 1 + i % 3, 4);
@@ -433,10 +445,11 @@ async fn run(duration: Duration, shutdown_delay: String) {
 async fn the_shutdown_delay_serves_on_and_closes_each_connection_after_its_answer() {
     let test = async {
         let delay = Duration::from_millis(1000);
-        let mut server = support::TestServer::start_custom(support::default_config(), |o| {
-            o.shutdown_delay = delay;
-        })
-        .await;
+        let mut server =
+            webhook_harness::TestServer::start_custom(webhook_harness::default_config(), |o| {
+                o.shutdown_delay = delay;
+            })
+            .await;
         let mut kept = server.connect().await.expect("connect");
         let response = kept.post_json("/ping", b"{}").await.expect("ping");
         assert_eq!(response.header("connection"), None, "kept alive");

@@ -1,14 +1,14 @@
 //! The HTTPS admission server end to end: real TLS on loopback, certificates generated into a
 //! temporary directory, answers compared byte for byte with `admission::review` in-process.
 
-mod support;
-
 use std::future::Future;
 use std::time::Duration;
 
 use jobset_inplace::admission::{self, Endpoint, MAX_BODY_BYTES};
+use jobset_inplace_testkit::generators::jobset_review;
+use jobset_inplace_testkit::webhook_harness::{Conn, TestServer};
+use jobset_inplace_testkit::{fixtures, webhook_harness};
 use serde_json::Value;
-use support::{Conn, TestServer, jobset_review};
 
 const LIMIT: Duration = Duration::from_secs(60);
 
@@ -21,7 +21,7 @@ async fn bounded<F: Future<Output = ()>>(body: F) {
 
 fn reqwest_client(server: &TestServer) -> reqwest::Client {
     reqwest::Client::builder()
-        .use_preconfigured_tls(support::client_config(&server.ca_cert()))
+        .use_preconfigured_tls(webhook_harness::client_config(&server.ca_cert()))
         .timeout(Duration::from_secs(30))
         .build()
         .expect("client")
@@ -29,9 +29,9 @@ fn reqwest_client(server: &TestServer) -> reqwest::Client {
 
 /// The requests every case runs on: the fixtures, and inline ones that exist whatever the
 /// fixtures hold.
-fn cases() -> Vec<support::Fixture> {
-    let mut cases = support::fixture_requests();
-    cases.push(support::Fixture {
+fn cases() -> Vec<fixtures::Fixture> {
+    let mut cases = fixtures::fixture_requests();
+    cases.push(fixtures::Fixture {
         name: "inline-jobset".into(),
         body: jobset_review("inline-1", 2, 5),
         config: None,
@@ -39,7 +39,7 @@ fn cases() -> Vec<support::Fixture> {
     let mut delete: Value = serde_json::from_slice(&jobset_review("inline-2", 1, 1)).expect("json");
     delete["request"]["operation"] = "DELETE".into();
     delete["request"]["oldObject"] = delete["request"]["object"].take();
-    cases.push(support::Fixture {
+    cases.push(fixtures::Fixture {
         name: "inline-delete".into(),
         body: serde_json::to_vec(&delete).expect("json"),
         config: None,
@@ -98,7 +98,7 @@ async fn assert_served_as_reviewed(
 async fn every_case_is_answered_exactly_as_review_answers() {
     bounded(async {
         let cases = cases();
-        let fixtures = support::fixture_requests().len();
+        let fixtures = fixtures::fixture_requests().len();
         assert!(cases.len() > fixtures, "inline cases always run");
 
         // Cases without a config.yaml: one server with the webhook's default config.
@@ -119,7 +119,7 @@ async fn every_case_is_answered_exactly_as_review_answers() {
                 .expect("config")
                 .to_string_lossy()
                 .into_owned();
-            let config = support::config_from_flags(&["--config", &path]);
+            let config = webhook_harness::config_from_flags(&["--config", &path]);
             let server = TestServer::start_with(Duration::from_secs(5), config).await;
             let client = reqwest_client(&server);
             assert_served_as_reviewed(&server, &client, &case.name, &case.body).await;
@@ -225,7 +225,7 @@ async fn malformed_requests_get_the_right_status_and_a_json_body() {
     .await;
 }
 
-fn assert_status(response: &support::Response, code: u16) {
+fn assert_status(response: &webhook_harness::Response, code: u16) {
     assert_eq!(response.status, code);
     assert_eq!(response.header("content-type"), Some("application/json"));
     let status: Value = serde_json::from_slice(&response.body).expect("a JSON Status");
@@ -414,7 +414,7 @@ async fn shutdown_lets_the_request_in_flight_finish() {
 async fn slow_clients_are_cut_off() {
     bounded(async {
         let timeout = Duration::from_millis(300);
-        let server = TestServer::start_custom(support::default_config(), |options| {
+        let server = TestServer::start_custom(webhook_harness::default_config(), |options| {
             options.header_read_timeout = timeout;
         })
         .await;

@@ -18,16 +18,15 @@
 use std::collections::BTreeMap;
 
 use base64::Engine as _;
-use jobset_inplace::admission::{self, Endpoint, InjectionConfig, Outcome};
+use jobset_inplace::admission::{self, Endpoint, ReviewOutcome};
 use jobset_inplace::agent::config::{Mode, from_env};
 use jobset_inplace::offline;
 use jobset_inplace::protocol::{
     self, AgentAction, AgentView, Dialect, EpochStatus, PodView, ReconcileInput,
 };
+use jobset_inplace_testkit::generators::injection_config;
+use jobset_inplace_testkit::oracle;
 use serde_json::Value;
-
-#[path = "../../tests/common/value_path.rs"]
-mod value_path;
 
 /// A fuzz target: one input, any bytes; panics on a finding.
 pub type Target = fn(&[u8]);
@@ -40,21 +39,6 @@ pub const TARGETS: [(&str, Target); 4] = [
     ("epoch", epoch),
 ];
 
-/// The injection configs the targets run under; the first byte of an input picks one.
-fn injection_config(selector: u8) -> InjectionConfig {
-    match selector % 3 {
-        0 => InjectionConfig::defaults(Dialect::Epoch),
-        1 => InjectionConfig::defaults(Dialect::Attempt),
-        _ => {
-            let mut c = InjectionConfig::defaults(Dialect::Epoch);
-            c.barrier_port = 9000;
-            c.barrier_path = "/ready".to_owned();
-            c.restart_exit_code = 3;
-            c
-        }
-    }
-}
-
 // ---------------------------------------------------------------------------------------------
 // review
 
@@ -63,7 +47,7 @@ fn injection_config(selector: u8) -> InjectionConfig {
 /// value path), else 400 with a `Status`; a patch applies to the object, and the patched object
 /// is not patched again.
 pub fn review(data: &[u8]) {
-    let config = injection_config(data.len() as u8);
+    let config = injection_config(usize::from(data.len() as u8));
     let value: Option<Value> = serde_json::from_slice(data).ok();
     let uid = value
         .as_ref()
@@ -80,7 +64,7 @@ pub fn review(data: &[u8]) {
             assert_eq!(reply.http_status, 400, "no uid, yet {body}");
             assert_eq!(body["kind"], "Status");
             assert_eq!(body["code"], 400);
-            assert_eq!(reply.outcome, Outcome::Error);
+            assert_eq!(reply.outcome, ReviewOutcome::Error);
             continue;
         };
         assert_eq!(reply.http_status, 200, "{body}");
@@ -90,7 +74,7 @@ pub fn review(data: &[u8]) {
         assert_eq!(response["uid"], uid);
         let allowed = response["allowed"].as_bool();
         assert!(allowed.is_some(), "{response}");
-        if let Some(expected) = value_path::review_through_value(endpoint, data, &config) {
+        if let Some(expected) = oracle::review_through_value(endpoint, data, &config) {
             assert_eq!(
                 String::from_utf8_lossy(&reply.body),
                 String::from_utf8_lossy(&expected),
@@ -98,7 +82,7 @@ pub fn review(data: &[u8]) {
             );
         }
         let Some(patch) = response.get("patch") else {
-            assert!(reply.outcome != Outcome::Patched);
+            assert!(reply.outcome != ReviewOutcome::Patched);
             continue;
         };
         assert_eq!(endpoint, Endpoint::Mutate, "validation patches");
@@ -133,7 +117,7 @@ pub fn review(data: &[u8]) {
         let reply = admission::review(Endpoint::Mutate, &again, &config);
         assert_eq!(reply.http_status, 200);
         assert!(
-            reply.outcome != Outcome::Patched,
+            reply.outcome != ReviewOutcome::Patched,
             "the mutated object is patched again: {}",
             String::from_utf8_lossy(&reply.body)
         );
@@ -150,7 +134,7 @@ pub fn offline(data: &[u8]) {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
-    let config = injection_config(data.first().copied().unwrap_or(0));
+    let config = injection_config(usize::from(data.first().copied().unwrap_or(0)));
     let parsed = offline::parse_documents("m.yaml", text);
     if let Err(e) = &parsed {
         assert!(e.to_string().starts_with("m.yaml: document "), "{e}");
@@ -430,7 +414,9 @@ pub fn epoch(data: &[u8]) {
                 status,
             };
             match protocol::agent_decide(epoch, &view) {
-                AgentAction::Restart { deprecated } => assert!(epoch <= deprecated),
+                AgentAction::Restart(protocol::Restart { deprecated, .. }) => {
+                    assert!(epoch <= deprecated)
+                }
                 AgentAction::LiftBarrier => assert_eq!(status.synced, Some(epoch)),
                 AgentAction::Wait => {}
             }

@@ -24,8 +24,8 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::agent::contract;
 use crate::protocol::Dialect;
+use crate::wire::agent_env;
 
 /// The image injected when nothing else is configured.
 pub const DEFAULT_IMAGE: &str = concat!(
@@ -37,10 +37,18 @@ pub const DEFAULT_SERVICE_ACCOUNT: &str = "jobset-inplace-agent";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read injection config {path}: {reason}")]
-    Read { path: String, reason: String },
-    #[error("invalid injection config {path}: {reason}")]
-    Parse { path: String, reason: String },
+    #[error("cannot read injection config {path}: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("invalid injection config {path}: {source}")]
+    Parse {
+        path: String,
+        #[source]
+        source: serde_yaml::Error,
+    },
     #[error("invalid injection setting {key}: {reason}")]
     Invalid { key: String, reason: String },
 }
@@ -134,9 +142,9 @@ impl InjectionConfig {
             protocol,
             image: DEFAULT_IMAGE.to_owned(),
             image_pull_policy: "IfNotPresent".to_owned(),
-            restart_exit_code: contract::DEFAULT_RESTART_EXIT_CODE,
-            barrier_port: contract::DEFAULT_BARRIER_PORT,
-            barrier_path: contract::DEFAULT_BARRIER_PATH.to_owned(),
+            restart_exit_code: agent_env::DEFAULT_RESTART_EXIT_CODE,
+            barrier_port: agent_env::DEFAULT_BARRIER_PORT,
+            barrier_path: agent_env::DEFAULT_BARRIER_PATH.to_owned(),
             probe_period_seconds: 1,
             // A day of one-second probes: a group restart waits for the slowest pod to be
             // rescheduled, and the kubelet must not give up on the barrier before that.
@@ -160,9 +168,9 @@ impl InjectionConfig {
     pub fn load(args: &InjectionArgs, protocol: Option<Dialect>) -> Result<Self, ConfigError> {
         let mut config = Self::defaults(protocol.unwrap_or_default());
         if let Some(path) = &args.config {
-            let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read {
+            let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
                 path: path.display().to_string(),
-                reason: e.to_string(),
+                source,
             })?;
             config.apply_file(path, &text)?;
         }
@@ -179,9 +187,9 @@ impl InjectionConfig {
         let file: ConfigFile = if text.trim().is_empty() {
             ConfigFile::default()
         } else {
-            serde_yaml::from_str(text).map_err(|e| ConfigError::Parse {
+            serde_yaml::from_str(text).map_err(|source| ConfigError::Parse {
                 path: path.display().to_string(),
-                reason: e.to_string(),
+                source,
             })?
         };
         let invalid = |key: &str, reason: String| ConfigError::Invalid {

@@ -1,4 +1,4 @@
-//! Admission of InPlaceRestart JobSets (design.md §3): pure validation and mutation over raw JSON,
+//! Admission of InPlaceRestart JobSets (docs/architecture.md, "Admission"): pure validation and mutation over raw JSON,
 //! the injection config, and the AdmissionReview handling shared by the HTTPS server and the
 //! offline commands.
 //!
@@ -14,12 +14,12 @@ pub mod config;
 pub mod mutate;
 pub mod pod;
 pub mod review;
+pub(crate) mod sparse_view;
 pub mod validate;
-pub(crate) mod view;
 
 pub use config::InjectionConfig;
 pub use mutate::mutate;
-pub use review::{Decision, Request, decide, review};
+pub use review::{Request, Verdict, decide, review};
 pub use validate::{validate, validate_update};
 
 /// JobSet annotation that opts a JobSet out of the injection (value `"false"`).
@@ -52,20 +52,20 @@ impl Endpoint {
 
 /// How a review ended, for metrics.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Outcome {
+pub enum ReviewOutcome {
     Allowed,
     Denied,
     Patched,
     Error,
 }
 
-impl Outcome {
+impl ReviewOutcome {
     pub fn as_str(self) -> &'static str {
         match self {
-            Outcome::Allowed => "allowed",
-            Outcome::Denied => "denied",
-            Outcome::Patched => "patched",
-            Outcome::Error => "error",
+            ReviewOutcome::Allowed => "allowed",
+            ReviewOutcome::Denied => "denied",
+            ReviewOutcome::Patched => "patched",
+            ReviewOutcome::Error => "error",
         }
     }
 }
@@ -75,7 +75,7 @@ impl Outcome {
 pub struct Reply {
     pub http_status: u16,
     pub body: Vec<u8>,
-    pub outcome: Outcome,
+    pub outcome: ReviewOutcome,
 }
 
 /// One validation failure: the JSON field path and a message a user can act on.

@@ -1,4 +1,4 @@
-//! Mutation of InPlaceRestart JobSets (design.md §3): the agent sidecar, its env, the service
+//! Mutation of InPlaceRestart JobSets (docs/architecture.md, "Admission"): the agent sidecar, its env, the service
 //! account, the Job fields the protocol needs, as targeted JSON Patch operations. Fields this code
 //! does not model are never touched; mutating an already-mutated JobSet yields no operation.
 //!
@@ -17,11 +17,11 @@ use serde_json::{Value, json};
 
 use super::config::InjectionConfig;
 use super::pod::{self, Agent, AgentMode, Container};
+use super::sparse_view::{JobSetView, PodSpec, PodTemplate};
 use super::validate::{BACKOFF_LIMIT, POD_REPLACEMENT_POLICY};
-use super::view::{JobSet, PodSpec, PodTemplate};
 use super::{INJECTED_ANNOTATION, Mutation};
-use crate::agent::contract;
 use crate::protocol::JOBSET_NAME_LABEL;
+use crate::wire::agent_env;
 
 /// The value of the `jobset-inplace.dev/injected` annotation: the version that injected.
 pub const INJECTED_VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -78,7 +78,7 @@ pub(crate) fn write_json_str(s: &str, out: &mut Vec<u8>) {
 
 /// Computes the injection patch for a JobSet (CREATE).
 pub fn mutate(jobset: &Value, config: &InjectionConfig) -> Mutation {
-    let (ops, warnings) = mutate_view(&JobSet::from_value(jobset), config);
+    let (ops, warnings) = mutate_view(&JobSetView::from_value(jobset), config);
     Mutation {
         patch: json_patch::Patch(ops.iter().map(Op::to_patch_operation).collect()),
         warnings,
@@ -86,7 +86,10 @@ pub fn mutate(jobset: &Value, config: &InjectionConfig) -> Mutation {
 }
 
 /// [`mutate`] over the view of a JobSet: the operations and the warnings.
-pub(crate) fn mutate_view(jobset: &JobSet<'_>, config: &InjectionConfig) -> (Vec<Op>, Vec<String>) {
+pub(crate) fn mutate_view(
+    jobset: &JobSetView<'_>,
+    config: &InjectionConfig,
+) -> (Vec<Op>, Vec<String>) {
     let mut out = Vec::new();
     let mut warnings = Vec::new();
     if !jobset.in_place_restart() || jobset.inject_annotation() == Some("false") {
@@ -212,32 +215,32 @@ struct AgentContainer<'a> {
 impl<'a> AgentContainer<'a> {
     fn new(config: &'a InjectionConfig) -> Self {
         let mut env = vec![
-            field_env(contract::NAMESPACE, "metadata.namespace"),
-            field_env(contract::POD_NAME, "metadata.name"),
+            field_env(agent_env::NAMESPACE, "metadata.namespace"),
+            field_env(agent_env::POD_NAME, "metadata.name"),
             field_env(
-                contract::JOBSET_NAME,
+                agent_env::JOBSET_NAME,
                 format!("metadata.annotations['{JOBSET_NAME_LABEL}']"),
             ),
             literal_env(
-                contract::RESTART_EXIT_CODE,
+                agent_env::RESTART_EXIT_CODE,
                 config.restart_exit_code.to_string(),
             ),
-            literal_env(contract::PROTOCOL, config.protocol.as_str()),
+            literal_env(agent_env::PROTOCOL, config.protocol.as_str()),
         ];
-        if config.barrier_port != contract::DEFAULT_BARRIER_PORT {
+        if config.barrier_port != agent_env::DEFAULT_BARRIER_PORT {
             env.push(literal_env(
-                contract::BARRIER_PORT,
+                agent_env::BARRIER_PORT,
                 config.barrier_port.to_string(),
             ));
         }
-        if config.barrier_path != contract::DEFAULT_BARRIER_PATH {
+        if config.barrier_path != agent_env::DEFAULT_BARRIER_PATH {
             env.push(literal_env(
-                contract::BARRIER_PATH,
+                agent_env::BARRIER_PATH,
                 config.barrier_path.as_str(),
             ));
         }
         AgentContainer {
-            name: contract::CONTAINER_NAME,
+            name: agent_env::CONTAINER_NAME,
             image: &config.image,
             image_pull_policy: &config.image_pull_policy,
             args: ["agent"],
@@ -371,10 +374,10 @@ fn complete_agent(pod_ptr: &Ptr, agent: &Agent<'_>, config: &InjectionConfig, op
     let c = &agent.container;
     let mut missing = Vec::new();
     for (name, field) in [
-        (contract::NAMESPACE, Cow::Borrowed("metadata.namespace")),
-        (contract::POD_NAME, Cow::Borrowed("metadata.name")),
+        (agent_env::NAMESPACE, Cow::Borrowed("metadata.namespace")),
+        (agent_env::POD_NAME, Cow::Borrowed("metadata.name")),
         (
-            contract::JOBSET_NAME,
+            agent_env::JOBSET_NAME,
             Cow::Owned(format!("metadata.annotations['{JOBSET_NAME_LABEL}']")),
         ),
     ] {
@@ -383,8 +386,8 @@ fn complete_agent(pod_ptr: &Ptr, agent: &Agent<'_>, config: &InjectionConfig, op
         }
     }
     if c.env_any(&[
-        contract::RESTART_EXIT_CODE,
-        contract::RESTART_EXIT_CODE_ALIAS,
+        agent_env::RESTART_EXIT_CODE,
+        agent_env::RESTART_EXIT_CODE_ALIAS,
     ])
     .is_none()
     {
@@ -392,14 +395,14 @@ fn complete_agent(pod_ptr: &Ptr, agent: &Agent<'_>, config: &InjectionConfig, op
             .mode
             .restart_code(c.restart_rules(), config.restart_exit_code)
             .unwrap_or(config.restart_exit_code);
-        missing.push(literal_env(contract::RESTART_EXIT_CODE, code.to_string()));
+        missing.push(literal_env(agent_env::RESTART_EXIT_CODE, code.to_string()));
     }
-    if c.env(contract::PROTOCOL).is_none() {
-        missing.push(literal_env(contract::PROTOCOL, config.protocol.as_str()));
+    if c.env(agent_env::PROTOCOL).is_none() {
+        missing.push(literal_env(agent_env::PROTOCOL, config.protocol.as_str()));
     }
     if agent.mode == AgentMode::Sidecar {
         let probe = c.startup_http_get();
-        if c.env_any(&[contract::BARRIER_PORT, contract::BARRIER_PORT_ALIAS])
+        if c.env_any(&[agent_env::BARRIER_PORT, agent_env::BARRIER_PORT_ALIAS])
             .is_none()
         {
             let port = match probe.and_then(|g| g.port.as_ref()) {
@@ -407,20 +410,20 @@ fn complete_agent(pod_ptr: &Ptr, agent: &Agent<'_>, config: &InjectionConfig, op
                 None => Some(i64::from(config.barrier_port)),
             };
             if let Some(port) = port
-                && port != i64::from(contract::DEFAULT_BARRIER_PORT)
+                && port != i64::from(agent_env::DEFAULT_BARRIER_PORT)
             {
-                missing.push(literal_env(contract::BARRIER_PORT, port.to_string()));
+                missing.push(literal_env(agent_env::BARRIER_PORT, port.to_string()));
             }
         }
-        if c.env_any(&[contract::BARRIER_PATH, contract::BARRIER_PATH_ALIAS])
+        if c.env_any(&[agent_env::BARRIER_PATH, agent_env::BARRIER_PATH_ALIAS])
             .is_none()
         {
             let path = match probe {
                 Some(g) => g.path.as_deref().unwrap_or("/"),
                 None => config.barrier_path.as_str(),
             };
-            if path != contract::DEFAULT_BARRIER_PATH {
-                missing.push(literal_env(contract::BARRIER_PATH, path));
+            if path != agent_env::DEFAULT_BARRIER_PATH {
+                missing.push(literal_env(agent_env::BARRIER_PATH, path));
             }
         }
     }

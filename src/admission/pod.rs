@@ -1,11 +1,11 @@
-//! Reading a pod template (its [view](super::view)): its containers, their restart rules, env and
+//! Reading a pod template (its [sparse view](super::sparse_view)): its containers, their restart rules, env and
 //! startup probe, and where the jobset-inplace agent is. Validation and mutation share these
 //! readers, so what one calls an agent the other does too.
 
 use serde_json::Value;
 
-use super::view::{ContainerView, HttpGet, L, PodSpec, RuleView, is_env_name_read};
-use crate::agent::contract;
+use super::sparse_view::{ContainerView, HttpGet, PodSpec, RuleView, is_env_name_read};
+use crate::wire::agent_env;
 
 /// `RestartAllContainers`: the container restart rule action that restarts the whole pod in place
 /// (Kubernetes 1.35).
@@ -178,8 +178,8 @@ impl<'a> Container<'a> {
     /// carries an unparsable literal.
     pub fn agent_exit_code(&self, default: u8) -> Result<ExitCodeSetting, String> {
         match self.env_read_by_agent(&[
-            contract::RESTART_EXIT_CODE,
-            contract::RESTART_EXIT_CODE_ALIAS,
+            agent_env::RESTART_EXIT_CODE,
+            agent_env::RESTART_EXIT_CODE_ALIAS,
         ]) {
             None => Ok(ExitCodeSetting::Default(default)),
             Some((name, EnvEntry { value: None, .. })) => Ok(ExitCodeSetting::Unknown(name)),
@@ -292,12 +292,12 @@ pub(crate) struct Agent<'a> {
 pub(crate) fn is_sidecar_agent(c: &Container<'_>) -> bool {
     c.list == ContainerList::Init
         && (c.restart_rules().iter().any(RestartRule::restarts_pod)
-            || c.name() == contract::CONTAINER_NAME)
+            || c.name() == agent_env::CONTAINER_NAME)
 }
 
 /// A regular container running the worker under the agent (`WORKER_COMMAND` in its env).
 pub(crate) fn is_main_container_agent(c: &Container<'_>) -> bool {
-    c.list == ContainerList::Regular && c.env(contract::WORKER_COMMAND).is_some()
+    c.list == ContainerList::Regular && c.env(agent_env::WORKER_COMMAND).is_some()
 }
 
 /// Every agent of a pod spec: sidecar agents (see [`is_sidecar_agent`]; one lacking the sidecar
@@ -315,16 +315,6 @@ pub(crate) fn agents<'a>(pod_spec: &'a PodSpec<'a>) -> impl Iterator<Item = Agen
     })
 }
 
-/// The view of an in-memory pod spec (all absent for a non-object).
-pub(crate) fn pod_spec_view(value: &Value) -> PodSpec<'_> {
-    L::<PodSpec<'_>>::from_value(value).unwrap_or_default()
-}
-
-/// The view of an in-memory container (all absent for a non-object).
-pub(crate) fn container_view(value: &Value) -> ContainerView<'_> {
-    L::<ContainerView<'_>>::from_value(value).unwrap_or_default()
-}
-
 /// The first agent of a pod spec, if any.
 pub(crate) fn agent<'a>(pod_spec: &'a PodSpec<'a>) -> Option<Agent<'a>> {
     agents(pod_spec).next()
@@ -333,6 +323,17 @@ pub(crate) fn agent<'a>(pod_spec: &'a PodSpec<'a>) -> Option<Agent<'a>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::admission::sparse_view::Lenient;
+
+    /// The view of an in-memory pod spec (all absent for a non-object).
+    fn pod_spec_view(value: &Value) -> PodSpec<'_> {
+        Lenient::<PodSpec<'_>>::from_value(value).unwrap_or_default()
+    }
+
+    /// The view of an in-memory container (all absent for a non-object).
+    fn container_view(value: &Value) -> ContainerView<'_> {
+        Lenient::<ContainerView<'_>>::from_value(value).unwrap_or_default()
+    }
     use serde_json::json;
 
     fn pod_spec(value: &Value) -> PodSpec<'_> {

@@ -7,8 +7,8 @@ use base64::Engine;
 use serde_json::{Value, json};
 
 use super::config::InjectionConfig;
-use super::view::{self, JobSet, Str};
-use super::{Endpoint, Outcome, Reply, Violation, mutate, status_body, validate};
+use super::sparse_view::{self, JobSetView, Str};
+use super::{Endpoint, Reply, ReviewOutcome, Violation, mutate, status_body, validate};
 
 pub const API_VERSION: &str = "admission.k8s.io/v1";
 pub const KIND: &str = "AdmissionReview";
@@ -26,14 +26,14 @@ pub struct Request<'a> {
 
 /// The decision on one request.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Decision {
+pub struct Verdict {
     pub allowed: bool,
     /// JSON Patch operations (mutation only; empty when nothing changes).
     pub patch: json_patch::Patch,
     pub warnings: Vec<String>,
     /// Why the request is denied: a Kubernetes `Status` (without the list framing).
     pub status: Option<Value>,
-    pub outcome: Outcome,
+    pub outcome: ReviewOutcome,
 }
 
 /// A decision as [`decide_view`] makes it: the patch as operations with their JSON text, written
@@ -43,7 +43,7 @@ struct Answer {
     ops: Vec<mutate::Op>,
     warnings: Vec<String>,
     status: Option<Value>,
-    outcome: Outcome,
+    outcome: ReviewOutcome,
 }
 
 impl Answer {
@@ -53,7 +53,7 @@ impl Answer {
             ops: Vec::new(),
             warnings: Vec::new(),
             status: None,
-            outcome: Outcome::Allowed,
+            outcome: ReviewOutcome::Allowed,
         }
     }
 
@@ -69,14 +69,14 @@ impl Answer {
                 "reason": "BadRequest",
                 "code": 400
             })),
-            outcome: Outcome::Error,
+            outcome: ReviewOutcome::Error,
         }
     }
 }
 
-impl From<Answer> for Decision {
+impl From<Answer> for Verdict {
     fn from(a: Answer) -> Self {
-        Decision {
+        Verdict {
             allowed: a.allowed,
             patch: json_patch::Patch(a.ops.iter().map(mutate::Op::to_patch_operation).collect()),
             warnings: a.warnings,
@@ -86,7 +86,7 @@ impl From<Answer> for Decision {
     }
 }
 
-impl Decision {
+impl Verdict {
     /// The violations of a denial, read back from its `Status` causes.
     pub fn violations(&self) -> Vec<Violation> {
         self.status
@@ -120,11 +120,11 @@ impl Decision {
 }
 
 /// Decides one request for one endpoint. Pure.
-pub fn decide(endpoint: Endpoint, request: &Request<'_>, config: &InjectionConfig) -> Decision {
+pub fn decide(endpoint: Endpoint, request: &Request<'_>, config: &InjectionConfig) -> Verdict {
     let object = request.object.filter(|o| o.is_object());
     let old_object = request.old_object.filter(|o| o.is_object());
-    let view = object.map(JobSet::from_value);
-    let old_view = old_object.map(JobSet::from_value);
+    let view = object.map(JobSetView::from_value);
+    let old_view = old_object.map(JobSetView::from_value);
     let new_jobs = object.map_or(&[][..], validate::replicated_jobs);
     let old_jobs = old_object.map_or(&[][..], validate::replicated_jobs);
     decide_view(
@@ -149,8 +149,8 @@ fn decide_view(
     operation: &str,
     group: &str,
     kind: &str,
-    object: Option<&JobSet<'_>>,
-    old_object: Option<&JobSet<'_>>,
+    object: Option<&JobSetView<'_>>,
+    old_object: Option<&JobSetView<'_>>,
     unchanged: impl FnMut(usize) -> bool,
     config: &InjectionConfig,
 ) -> Answer {
@@ -182,7 +182,7 @@ fn decide_view(
             d.warnings = warnings;
             if !ops.is_empty() {
                 d.ops = ops;
-                d.outcome = Outcome::Patched;
+                d.outcome = ReviewOutcome::Patched;
             }
             d
         }
@@ -197,7 +197,7 @@ fn decide_view(
             d.warnings = v.warnings;
             if !v.violations.is_empty() {
                 d.allowed = false;
-                d.outcome = Outcome::Denied;
+                d.outcome = ReviewOutcome::Denied;
                 d.status = Some(invalid_status(object.name(), &v.violations));
             }
             d
@@ -239,18 +239,18 @@ fn invalid_status(name: &str, violations: &[Violation]) -> Value {
 /// with a `Status`; any other malformation gets HTTP 200 and a response that denies with the
 /// reason.
 ///
-/// The body is decoded once into the [views](super::view) the rules read, never into a `Value`;
+/// The body is decoded once into the [sparse views](super::sparse_view) the rules read, never into a `Value`;
 /// it answers exactly as reading a `Value` of the whole body did, for every body.
 pub fn review(endpoint: Endpoint, body: &[u8], config: &InjectionConfig) -> Reply {
     let bad_request = |message: String| Reply {
         http_status: 400,
         body: status_body(400, "BadRequest", &message),
-        outcome: Outcome::Error,
+        outcome: ReviewOutcome::Error,
     };
     if body.is_empty() {
         return bad_request("cannot read AdmissionReview: the request body is empty".to_owned());
     }
-    let review = match view::parse_review(body) {
+    let review = match sparse_view::parse_review(body) {
         Ok(review) => review.unwrap_or_default(),
         Err(e) => return bad_request(format!("cannot read AdmissionReview: invalid JSON: {e}")),
     };
@@ -316,13 +316,13 @@ pub fn review(endpoint: Endpoint, body: &[u8], config: &InjectionConfig) -> Repl
 /// JSON values), or as values of a second, complete reading of the body where the JSON text is not
 /// at hand (serde_json's raw-value objects).
 enum BodyJobs<'a> {
-    Raw(view::RawJobs<'a>),
+    Raw(sparse_view::RawJobs<'a>),
     Values(Vec<Value>, Vec<Value>),
 }
 
 impl<'a> BodyJobs<'a> {
     fn read(body: &'a [u8]) -> Self {
-        if let Some(raw) = view::raw_jobs(body) {
+        if let Some(raw) = sparse_view::raw_jobs(body) {
             return BodyJobs::Raw(raw);
         }
         let review: Value = serde_json::from_slice(body).unwrap_or_default();
@@ -357,7 +357,7 @@ impl<'a> BodyJobs<'a> {
 
 /// The AdmissionReview response for a decision, written directly (the bytes a `Value` of it
 /// would serialize to: compact, keys in this order).
-pub fn encode(uid: &str, decision: &Decision) -> Vec<u8> {
+pub fn encode(uid: &str, decision: &Verdict) -> Vec<u8> {
     let patch = if decision.patch.0.is_empty() {
         None
     } else {

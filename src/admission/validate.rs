@@ -1,4 +1,4 @@
-//! Validation of InPlaceRestart JobSets (design.md §3): every rule, every violation with its
+//! Validation of InPlaceRestart JobSets (docs/architecture.md, "Admission"): every rule, every violation with its
 //! field path, all at once; warnings for what will work, but badly.
 //!
 //! The rules, per `spec.replicatedJobs[i]`:
@@ -15,10 +15,10 @@ use serde_json::Value;
 
 use super::config::InjectionConfig;
 use super::pod::{self, Agent, AgentMode, Container, ExitCodeSetting};
-use super::view::{JobSet, JobSpec, PodSpec};
+use super::sparse_view::{JobSetView, JobSpec, PodSpec};
 use super::{Validation, Violation};
-use crate::agent::contract;
 use crate::protocol::Dialect;
+use crate::wire::agent_env;
 
 /// The `backoffLimit` an InPlaceRestart Job needs: the Job never fails on its own.
 pub const BACKOFF_LIMIT: i64 = 2_147_483_647;
@@ -29,11 +29,11 @@ const SHORT_BARRIER_SECONDS: i64 = 600;
 
 /// Validates a JobSet (CREATE, or UPDATE without the old object).
 pub fn validate(jobset: &Value, config: &InjectionConfig) -> Validation {
-    validate_view(&JobSet::from_value(jobset), config)
+    validate_view(&JobSetView::from_value(jobset), config)
 }
 
 /// [`validate`] over the view of a JobSet.
-pub(crate) fn validate_view(jobset: &JobSet<'_>, config: &InjectionConfig) -> Validation {
+pub(crate) fn validate_view(jobset: &JobSetView<'_>, config: &InjectionConfig) -> Validation {
     let mut out = Validation::default();
     if !jobset.in_place_restart() {
         return out;
@@ -72,8 +72,8 @@ pub(crate) fn validate_view(jobset: &JobSet<'_>, config: &InjectionConfig) -> Va
 pub fn validate_update(jobset: &Value, old: &Value, config: &InjectionConfig) -> Validation {
     let (new_jobs, old_jobs) = (replicated_jobs(jobset), replicated_jobs(old));
     validate_update_view(
-        &JobSet::from_value(jobset),
-        &JobSet::from_value(old),
+        &JobSetView::from_value(jobset),
+        &JobSetView::from_value(old),
         config,
         |i| new_jobs.get(i).is_some() && new_jobs.get(i) == old_jobs.get(i),
     )
@@ -91,8 +91,8 @@ pub(crate) fn replicated_jobs(jobset: &Value) -> &[Value] {
 /// equal (as JSON values) in the new and the old object. Only asked about replicatedJobs with
 /// violations.
 pub(crate) fn validate_update_view(
-    jobset: &JobSet<'_>,
-    old: &JobSet<'_>,
+    jobset: &JobSetView<'_>,
+    old: &JobSetView<'_>,
     config: &InjectionConfig,
     mut unchanged: impl FnMut(usize) -> bool,
 ) -> Validation {
@@ -242,9 +242,9 @@ fn check_agent(pod_prefix: &str, pod_spec: &PodSpec<'_>, dialect: Dialect, out: 
                  and a startup probe on its barrier) or a main-container agent ({} env); remove \
                  the {}: \"false\" annotation to have it injected",
                 pod::RESTART_ALL_CONTAINERS,
-                contract::POD_NAME,
-                contract::JOBSET_NAME,
-                contract::WORKER_COMMAND,
+                agent_env::POD_NAME,
+                agent_env::JOBSET_NAME,
+                agent_env::WORKER_COMMAND,
                 super::INJECT_ANNOTATION,
             ),
         );
@@ -263,7 +263,7 @@ fn check_agent(pod_prefix: &str, pod_spec: &PodSpec<'_>, dialect: Dialect, out: 
     let path = container_path(pod_prefix, &agent.container);
     let exit_code = match agent
         .container
-        .agent_exit_code(contract::DEFAULT_RESTART_EXIT_CODE)
+        .agent_exit_code(agent_env::DEFAULT_RESTART_EXIT_CODE)
     {
         Ok(setting) => Some(setting),
         Err(reason) => {
@@ -287,10 +287,10 @@ fn check_agent(pod_prefix: &str, pod_spec: &PodSpec<'_>, dialect: Dialect, out: 
         AgentMode::MainContainer => {
             check_agent_rule(&path, &agent, exit_code, out);
             for name in [
-                contract::BARRIER_PORT,
-                contract::BARRIER_PORT_ALIAS,
-                contract::BARRIER_PATH,
-                contract::BARRIER_PATH_ALIAS,
+                agent_env::BARRIER_PORT,
+                agent_env::BARRIER_PORT_ALIAS,
+                agent_env::BARRIER_PATH,
+                agent_env::BARRIER_PATH_ALIAS,
             ] {
                 if agent.container.env(name).is_some() {
                     violation(
@@ -299,7 +299,7 @@ fn check_agent(pod_prefix: &str, pod_spec: &PodSpec<'_>, dialect: Dialect, out: 
                         format!(
                             "{name} cannot be set with {}: in main-container mode the agent \
                              holds the worker itself and serves no barrier probe",
-                            contract::WORKER_COMMAND
+                            agent_env::WORKER_COMMAND
                         ),
                     );
                 }
@@ -312,9 +312,9 @@ fn check_agent(pod_prefix: &str, pod_spec: &PodSpec<'_>, dialect: Dialect, out: 
 fn check_agent_env(path: &str, agent: &Agent<'_>, dialect: Dialect, out: &mut Validation) {
     let c = &agent.container;
     for (name, source) in [
-        (contract::POD_NAME, "fieldRef metadata.name"),
+        (agent_env::POD_NAME, "fieldRef metadata.name"),
         (
-            contract::JOBSET_NAME,
+            agent_env::JOBSET_NAME,
             "fieldRef metadata.annotations['jobset.sigs.k8s.io/jobset-name']",
         ),
     ] {
@@ -326,7 +326,7 @@ fn check_agent_env(path: &str, agent: &Agent<'_>, dialect: Dialect, out: &mut Va
             );
         }
     }
-    if let Some(entry) = c.env(contract::PROTOCOL)
+    if let Some(entry) = c.env(agent_env::PROTOCOL)
         && let Some(value) = entry.value
     {
         match value.parse::<Dialect>() {
@@ -337,7 +337,7 @@ fn check_agent_env(path: &str, agent: &Agent<'_>, dialect: Dialect, out: &mut Va
                 format!(
                     "{}={d} but this cluster runs the {dialect} protocol: the agent would \
                      never see its epoch synced",
-                    contract::PROTOCOL
+                    agent_env::PROTOCOL
                 ),
             ),
             Err(e) => violation(
@@ -366,7 +366,7 @@ fn check_agent_rule(
             format!(
                 "the agent needs a restart rule {{action: {wanted}, exitCodes: {{operator: In, \
                  values: [{}]}}}} so that its exit restarts {} in place",
-                code.unwrap_or(contract::DEFAULT_RESTART_EXIT_CODE),
+                code.unwrap_or(agent_env::DEFAULT_RESTART_EXIT_CODE),
                 if agent.mode == AgentMode::Sidecar {
                     "the pod"
                 } else {
@@ -395,10 +395,10 @@ fn check_agent_rule(
 /// The startup probe of a sidecar agent is its barrier: it must ask the agent's barrier endpoint.
 fn check_barrier_probe(path: &str, c: &Container<'_>, out: &mut Validation) {
     let (port_source, port) =
-        match c.env_read_by_agent(&[contract::BARRIER_PORT, contract::BARRIER_PORT_ALIAS]) {
+        match c.env_read_by_agent(&[agent_env::BARRIER_PORT, agent_env::BARRIER_PORT_ALIAS]) {
             None => (
                 "the agent's default".to_owned(),
-                Some(i64::from(contract::DEFAULT_BARRIER_PORT)),
+                Some(i64::from(agent_env::DEFAULT_BARRIER_PORT)),
             ),
             Some((name, entry)) => match entry.value {
                 None => (format!("{name} (valueFrom)"), None),
@@ -416,10 +416,10 @@ fn check_barrier_probe(path: &str, c: &Container<'_>, out: &mut Validation) {
             },
         };
     let (path_source, barrier_path) =
-        match c.env_read_by_agent(&[contract::BARRIER_PATH, contract::BARRIER_PATH_ALIAS]) {
+        match c.env_read_by_agent(&[agent_env::BARRIER_PATH, agent_env::BARRIER_PATH_ALIAS]) {
             None => (
                 "the agent's default".to_owned(),
-                Some(contract::DEFAULT_BARRIER_PATH),
+                Some(agent_env::DEFAULT_BARRIER_PATH),
             ),
             Some((name, entry)) => match entry.value.map(str::trim) {
                 None => (format!("{name} (valueFrom)"), None),

@@ -5,8 +5,8 @@
 use std::time::{Duration, Instant};
 
 use super::Error;
-use super::contract;
 use crate::protocol::Dialect;
+use crate::wire::agent_env;
 
 /// Everything the agent needs to run.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -20,7 +20,7 @@ pub struct AgentConfig {
     pub mode: Mode,
     /// Timeout of each GET and PATCH.
     pub api_timeout: Duration,
-    /// The API server URL, when not the in-cluster one ([`contract::API_URL`]).
+    /// The API server URL, when not the in-cluster one ([`agent_env::API_URL`]).
     pub api_url: Option<String>,
     /// When the process started: the origin of the timings in the logs.
     pub started: Instant,
@@ -48,13 +48,13 @@ impl AgentConfig {
             namespace: namespace.to_owned(),
             pod_name: pod_name.to_owned(),
             jobset_name: jobset_name.to_owned(),
-            restart_exit_code: contract::DEFAULT_RESTART_EXIT_CODE,
+            restart_exit_code: agent_env::DEFAULT_RESTART_EXIT_CODE,
             dialect,
             mode: Mode::Sidecar {
-                port: contract::DEFAULT_BARRIER_PORT,
-                path: contract::DEFAULT_BARRIER_PATH.to_owned(),
+                port: agent_env::DEFAULT_BARRIER_PORT,
+                path: agent_env::DEFAULT_BARRIER_PATH.to_owned(),
             },
-            api_timeout: contract::DEFAULT_API_TIMEOUT,
+            api_timeout: agent_env::DEFAULT_API_TIMEOUT,
             api_url: None,
             started: Instant::now(),
         }
@@ -89,64 +89,63 @@ pub fn from_env(
     };
     let required = |name: &'static str| get(name).ok_or(Error::Missing { name });
 
-    let namespace = match get(contract::NAMESPACE) {
+    let namespace = match get(agent_env::NAMESPACE) {
         Some(ns) => ns.trim().to_owned(),
         None => {
-            let text = namespace_file().map_err(|e| Error::Namespace {
-                path: contract::SERVICE_ACCOUNT_NAMESPACE_FILE,
-                reason: e.to_string(),
+            let text = namespace_file().map_err(|source| Error::Namespace {
+                path: agent_env::SERVICE_ACCOUNT_NAMESPACE_FILE,
+                source,
             })?;
             let ns = text.trim();
             if ns.is_empty() {
-                return Err(Error::Namespace {
-                    path: contract::SERVICE_ACCOUNT_NAMESPACE_FILE,
-                    reason: "the file is empty".to_owned(),
+                return Err(Error::EmptyNamespace {
+                    path: agent_env::SERVICE_ACCOUNT_NAMESPACE_FILE,
                 });
             }
             ns.to_owned()
         }
     };
-    let pod_name = required(contract::POD_NAME)?.trim().to_owned();
-    let jobset_name = required(contract::JOBSET_NAME)?.trim().to_owned();
+    let pod_name = required(agent_env::POD_NAME)?.trim().to_owned();
+    let jobset_name = required(agent_env::JOBSET_NAME)?.trim().to_owned();
 
     let restart_exit_code = match either(
-        contract::RESTART_EXIT_CODE,
-        contract::RESTART_EXIT_CODE_ALIAS,
+        agent_env::RESTART_EXIT_CODE,
+        agent_env::RESTART_EXIT_CODE_ALIAS,
     ) {
-        None => contract::DEFAULT_RESTART_EXIT_CODE,
+        None => agent_env::DEFAULT_RESTART_EXIT_CODE,
         Some((name, v)) => match v.trim().parse::<u8>() {
             Ok(code) if code > 0 => code,
             _ => return Err(invalid(name, &v, "expected an exit code in 1-255")),
         },
     };
 
-    let port = either(contract::BARRIER_PORT, contract::BARRIER_PORT_ALIAS);
-    let path = either(contract::BARRIER_PATH, contract::BARRIER_PATH_ALIAS);
-    let mode = match get(contract::WORKER_COMMAND) {
+    let port = either(agent_env::BARRIER_PORT, agent_env::BARRIER_PORT_ALIAS);
+    let path = either(agent_env::BARRIER_PATH, agent_env::BARRIER_PATH_ALIAS);
+    let mode = match get(agent_env::WORKER_COMMAND) {
         Some(command) => {
             if let Some((name, _)) = port.or(path) {
                 return Err(Error::Conflict { name });
             }
-            let grace_period = match get(contract::WORKER_GRACE_PERIOD) {
-                None => contract::DEFAULT_WORKER_GRACE_PERIOD,
-                Some(v) => duration(contract::WORKER_GRACE_PERIOD, &v)?,
+            let grace_period = match get(agent_env::WORKER_GRACE_PERIOD) {
+                None => agent_env::DEFAULT_WORKER_GRACE_PERIOD,
+                Some(v) => duration(agent_env::WORKER_GRACE_PERIOD, &v)?,
             };
             Mode::MainContainer {
                 command,
-                shell: get(contract::SHELL).unwrap_or_else(|| contract::DEFAULT_SHELL.to_owned()),
+                shell: get(agent_env::SHELL).unwrap_or_else(|| agent_env::DEFAULT_SHELL.to_owned()),
                 grace_period,
             }
         }
         None => {
             let port = match port {
-                None => contract::DEFAULT_BARRIER_PORT,
+                None => agent_env::DEFAULT_BARRIER_PORT,
                 Some((name, v)) => match v.trim().parse::<u16>() {
                     Ok(p) if p > 0 => p,
                     _ => return Err(invalid(name, &v, "expected a port in 1-65535")),
                 },
             };
             let path = match path {
-                None => contract::DEFAULT_BARRIER_PATH.to_owned(),
+                None => agent_env::DEFAULT_BARRIER_PATH.to_owned(),
                 Some((name, v)) => {
                     let v = v.trim();
                     if !v.starts_with('/') || v.contains(char::is_whitespace) {
@@ -159,14 +158,14 @@ pub fn from_env(
         }
     };
 
-    let api_timeout = match get(contract::API_TIMEOUT) {
-        None => contract::DEFAULT_API_TIMEOUT,
-        Some(v) => match duration(contract::API_TIMEOUT, &v)? {
-            d if d.is_zero() => return Err(invalid(contract::API_TIMEOUT, &v, "must not be 0")),
+    let api_timeout = match get(agent_env::API_TIMEOUT) {
+        None => agent_env::DEFAULT_API_TIMEOUT,
+        Some(v) => match duration(agent_env::API_TIMEOUT, &v)? {
+            d if d.is_zero() => return Err(invalid(agent_env::API_TIMEOUT, &v, "must not be 0")),
             d => d,
         },
     };
-    let api_url = match get(contract::API_URL) {
+    let api_url = match get(agent_env::API_URL) {
         None => None,
         Some(v) => {
             let v = v.trim();
@@ -175,7 +174,7 @@ pub fn from_env(
             });
             if !ok {
                 return Err(invalid(
-                    contract::API_URL,
+                    agent_env::API_URL,
                     v,
                     "expected a URL like http://127.0.0.1:6443",
                 ));
@@ -206,7 +205,7 @@ fn invalid(name: &'static str, value: &str, reason: &str) -> Error {
 }
 
 fn duration(name: &'static str, value: &str) -> Result<Duration, Error> {
-    crate::cli::parse_duration(value).map_err(|reason| Error::Invalid {
+    crate::settings::parse_duration(value).map_err(|reason| Error::Invalid {
         name,
         value: value.chars().take(80).collect(),
         reason,

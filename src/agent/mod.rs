@@ -1,9 +1,9 @@
-//! The `agent` subcommand (design.md §2): the process in every worker pod. It registers the
+//! The `agent` subcommand (docs/protocol.md; docs/architecture.md, "Agent"): the process in every worker pod. It registers the
 //! pod's epoch, holds the start barrier until the JobSet's synced epoch reaches it, and exits
 //! with the restart code when its epoch is deprecated, so that the pod restarts in place.
 //!
-//! - [`contract`]: the environment variables (shared with the webhook) and their defaults;
-//! - [`config`]: parsing them (pure);
+//! - [`config`]: parsing its environment (pure; the names and defaults are
+//!   [`crate::wire::agent_env`], shared with the webhook);
 //! - [`barrier`]: the barrier endpoint (the startup probe);
 //! - [`run`]: the protocol's I/O, and the worker of main-container mode.
 //!
@@ -13,7 +13,6 @@
 
 pub mod barrier;
 pub mod config;
-pub mod contract;
 pub mod reaper;
 pub mod run;
 
@@ -24,11 +23,12 @@ use futures::Stream;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::cli::Global;
+use crate::settings::Global;
+use crate::wire::agent_env;
 
 pub use barrier::BarrierState;
 pub use config::{AgentConfig, Mode};
-pub use run::{Outcome, Signal, WorkerExit, run_agent};
+pub use run::{AgentExit, Signal, WorkerExit, run_agent};
 
 /// Exit code of a fatal configuration error (a missing or malformed variable, a barrier port
 /// that cannot be bound, no Kubernetes client config). It is neither 0 (which would restart the
@@ -47,19 +47,31 @@ pub enum Error {
         value: String,
         reason: String,
     },
-    #[error("NAMESPACE is not set and {path} cannot be read: {reason}")]
-    Namespace { path: &'static str, reason: String },
+    #[error("NAMESPACE is not set and {path} cannot be read: {source}")]
+    Namespace {
+        path: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("NAMESPACE is not set and {path} cannot be read: the file is empty")]
+    EmptyNamespace { path: &'static str },
     #[error(
         "WORKER_COMMAND cannot be combined with {name}: in main-container mode the agent runs \
          the worker itself and has no barrier endpoint"
     )]
     Conflict { name: &'static str },
-    #[error("cannot listen on the barrier port {port} (BARRIER_PORT): {reason}")]
-    Bind { port: u16, reason: String },
+    #[error("cannot listen on the barrier port {port} (BARRIER_PORT): {source}")]
+    Bind {
+        port: u16,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("cannot configure the kubernetes client (in-cluster config, or AGENT_API_URL): {0}")]
-    Client(String),
+    Client(#[source] kube::Error),
+    #[error("cannot configure the kubernetes client (in-cluster config, or AGENT_API_URL): {0}")]
+    ApiUrl(#[source] hyper::http::uri::InvalidUri),
     #[error("cannot listen for SIGTERM and SIGINT: {0}")]
-    Signals(String),
+    Signals(#[source] std::io::Error),
 }
 
 /// Runs the agent inside a worker pod, configured from its environment:
@@ -102,10 +114,10 @@ Exit codes: the restart code when the pod's epoch is deprecated; 128+N on signal
 configuration error; main-container mode: the worker's own code (127 if it cannot start).";
 
 impl Args {
-    pub async fn run(self, global: Global) -> crate::Result<ExitCode> {
+    pub async fn run(self, global: Global) -> Result<ExitCode, Error> {
         let config = match config::from_env(
             |name| std::env::var(name).ok(),
-            || std::fs::read_to_string(contract::SERVICE_ACCOUNT_NAMESPACE_FILE),
+            || std::fs::read_to_string(agent_env::SERVICE_ACCOUNT_NAMESPACE_FILE),
             global.dialect(),
         ) {
             Ok(config) => config,
@@ -143,10 +155,7 @@ pub async fn bind_barrier(port: u16) -> Result<TcpListener, Error> {
         Ok(l) => Ok(l),
         Err(_) => TcpListener::bind(("0.0.0.0", port))
             .await
-            .map_err(|e| Error::Bind {
-                port,
-                reason: e.to_string(),
-            }),
+            .map_err(|source| Error::Bind { port, source }),
     }
 }
 
@@ -155,9 +164,7 @@ pub async fn bind_barrier(port: u16) -> Result<TcpListener, Error> {
 pub async fn client(config: &AgentConfig) -> Result<kube::Client, Error> {
     match &config.api_url {
         Some(url) => {
-            let uri: hyper::Uri = url
-                .parse()
-                .map_err(|e: hyper::http::uri::InvalidUri| Error::Client(e.to_string()))?;
+            let uri: hyper::Uri = url.parse().map_err(Error::ApiUrl)?;
             let plain = uri.scheme_str() == Some("http");
             let mut c = kube::Config::new(uri);
             c.default_namespace = config.namespace.clone();
@@ -165,19 +172,17 @@ pub async fn client(config: &AgentConfig) -> Result<kube::Client, Error> {
                 // No TLS over http://: skip loading the platform's roots.
                 c.root_cert = Some(Vec::new());
             }
-            kube::Client::try_from(c).map_err(|e| Error::Client(e.to_string()))
+            kube::Client::try_from(c).map_err(Error::Client)
         }
-        None => kube::Client::try_default()
-            .await
-            .map_err(|e| Error::Client(e.to_string())),
+        None => kube::Client::try_default().await.map_err(Error::Client),
     }
 }
 
 /// SIGTERM and SIGINT as a stream.
 fn unix_signals() -> Result<impl Stream<Item = Signal> + Unpin, Error> {
     use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).map_err(|e| Error::Signals(e.to_string()))?;
-    let mut int = signal(SignalKind::interrupt()).map_err(|e| Error::Signals(e.to_string()))?;
+    let mut term = signal(SignalKind::terminate()).map_err(Error::Signals)?;
+    let mut int = signal(SignalKind::interrupt()).map_err(Error::Signals)?;
     Ok(futures::stream::poll_fn(move |cx| {
         if let Poll::Ready(Some(())) = term.poll_recv(cx) {
             return Poll::Ready(Some(Signal::Term));

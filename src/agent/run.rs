@@ -1,11 +1,11 @@
-//! The agent's I/O (design.md §2): read the pod and its JobSet, register the epoch, watch the
+//! The agent's I/O (docs/protocol.md): read the pod and its JobSet, register the epoch, watch the
 //! JobSet, and act on each state with [`protocol::agent_decide`]; in main-container mode, run
 //! the worker as a child.
 //!
 //! Every API error is retried with a jittered exponential backoff (50 ms to 5 s, or longer when
 //! a 429's `Retry-After` asks for it, [`crate::retry`]); nothing the API server does makes the
 //! agent exit. A watch that ends or breaks after it served (an event or a bookmark, or one
-//! second open) is resumed at once: only watches that fail straight away back off. The agent ends only with an [`Outcome`]: its pod's epoch
+//! second open) is resumed at once: only watches that fail straight away back off. The agent ends only with an [`AgentExit`]: its pod's epoch
 //! was deprecated, a signal arrived, or (main-container mode) the worker ended.
 
 use std::time::{Duration, Instant};
@@ -19,8 +19,8 @@ use tracing::Instrument;
 use super::barrier::BarrierState;
 use super::config::{AgentConfig, Mode};
 use crate::jobset::JobSetSummary;
-use crate::protocol::{self, AgentAction, AgentView, Dialect, Epoch};
-use crate::reconciler::index::WatchedPod;
+use crate::protocol::{self, AgentAction, AgentView, Dialect, Epoch, Restart};
+use crate::wire::WatchedPod;
 
 /// Seconds a watch request stays open before the server ends it and the agent resumes it.
 const WATCH_TIMEOUT_SECS: u32 = 240;
@@ -64,9 +64,10 @@ pub enum WorkerExit {
 
 /// Why the agent ends.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Outcome {
-    /// The pod's epoch is deprecated: exit with the restart code so the pod restarts in place.
-    Restart { epoch: Epoch, deprecated: Epoch },
+pub enum AgentExit {
+    /// The pod's epoch is deprecated: exit with the restart code so the pod restarts in place
+    /// (what [`protocol::agent_decide`] ordered).
+    Restart(Restart),
     /// SIGTERM or SIGINT (with no worker running).
     Signalled(Signal),
     /// Main-container mode: the worker ended.
@@ -76,18 +77,18 @@ pub enum Outcome {
 /// Exit code when the worker command cannot be started (a shell's "command not found").
 pub const SPAWN_FAILED_EXIT_CODE: u8 = 127;
 
-impl Outcome {
+impl AgentExit {
     /// The process exit code: the restart code only for a deprecated epoch, `128 + N` for
     /// signal N, the worker's own code in main-container mode. Never 0 except for a worker that
     /// succeeded.
     pub fn exit_code(&self, restart_exit_code: u8) -> u8 {
         let signalled = |n: i32| u8::try_from(128 + n.clamp(1, 127)).unwrap_or(255);
         match *self {
-            Outcome::Restart { .. } => restart_exit_code,
-            Outcome::Signalled(s) => signalled(s.number()),
-            Outcome::WorkerExited(WorkerExit::Code(c)) => u8::try_from(c & 0xff).unwrap_or(1),
-            Outcome::WorkerExited(WorkerExit::Signal(n)) => signalled(n),
-            Outcome::WorkerExited(WorkerExit::SpawnFailed) => SPAWN_FAILED_EXIT_CODE,
+            AgentExit::Restart(_) => restart_exit_code,
+            AgentExit::Signalled(s) => signalled(s.number()),
+            AgentExit::WorkerExited(WorkerExit::Code(c)) => u8::try_from(c & 0xff).unwrap_or(1),
+            AgentExit::WorkerExited(WorkerExit::Signal(n)) => signalled(n),
+            AgentExit::WorkerExited(WorkerExit::SpawnFailed) => SPAWN_FAILED_EXIT_CODE,
         }
     }
 }
@@ -102,7 +103,7 @@ pub async fn run_agent<S>(
     config: AgentConfig,
     barrier: watch::Sender<BarrierState>,
     signals: S,
-) -> Outcome
+) -> AgentExit
 where
     S: Stream<Item = Signal> + Unpin,
 {
@@ -122,7 +123,7 @@ async fn supervise<S>(
     config: AgentConfig,
     barrier: watch::Sender<BarrierState>,
     mut signals: S,
-) -> Outcome
+) -> AgentExit
 where
     S: Stream<Item = Signal> + Unpin,
 {
@@ -136,14 +137,17 @@ where
     loop {
         tokio::select! {
             event = proto.next() => match event {
-                Event::Restart { epoch, deprecated } => {
+                AgentAction::Restart(restart) => {
+                    let Restart { epoch, deprecated } = restart;
                     tracing::info!(epoch, deprecated, "restarting: epoch {epoch} <= deprecated {deprecated}");
                     if let (Some(w), Mode::MainContainer { grace_period, .. }) = (worker.take(), &config.mode) {
                         w.stop(*grace_period).await;
                     }
-                    return Outcome::Restart { epoch, deprecated };
+                    return AgentExit::Restart(restart);
                 }
-                Event::Lifted => {
+                // `next` returns the barrier's lifting once, and never `Wait`.
+                AgentAction::Wait => {}
+                AgentAction::LiftBarrier => {
                     if let Mode::MainContainer { command, shell, .. } = &config.mode {
                         worker_pid.spawning();
                         match Worker::spawn(shell, command) {
@@ -155,7 +159,7 @@ where
                             Err(e) => {
                                 worker_pid.set(None);
                                 tracing::error!(shell = %shell, error = %e, "cannot start the worker");
-                                return Outcome::WorkerExited(WorkerExit::SpawnFailed);
+                                return AgentExit::WorkerExited(WorkerExit::SpawnFailed);
                             }
                         }
                     }
@@ -163,7 +167,7 @@ where
             },
             exit = wait_worker(&mut worker), if worker.is_some() => {
                 tracing::info!(?exit, "worker ended");
-                return Outcome::WorkerExited(exit);
+                return AgentExit::WorkerExited(exit);
             }
             signal = signals.next(), if signals_open => match signal {
                 Some(s) => match &worker {
@@ -173,7 +177,7 @@ where
                     }
                     None => {
                         tracing::info!(signal = s.number(), "signal received; exiting");
-                        return Outcome::Signalled(s);
+                        return AgentExit::Signalled(s);
                     }
                 },
                 None => signals_open = false,
@@ -196,12 +200,6 @@ async fn wait_worker(worker: &mut Option<Worker>) -> WorkerExit {
         Some(w) => w.wait().await,
         None => std::future::pending().await,
     }
-}
-
-/// A protocol step that matters to the supervisor.
-enum Event {
-    Lifted,
-    Restart { epoch: Epoch, deprecated: Epoch },
 }
 
 /// The protocol as a resumable state machine: [`Protocol::next`] may be dropped at any await
@@ -263,7 +261,9 @@ impl Protocol {
         u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
-    async fn next(&mut self) -> Event {
+    /// The next action that changes something: the barrier lifting (once), or a restart. Never
+    /// [`AgentAction::Wait`]: waiting is what this does.
+    async fn next(&mut self) -> AgentAction {
         loop {
             let Some(epoch) = self.epoch else {
                 self.read_initial().await;
@@ -300,7 +300,7 @@ impl Protocol {
         }
     }
 
-    fn decide(&mut self, js: &JobSetSummary) -> Option<Event> {
+    fn decide(&mut self, js: &JobSetSummary) -> Option<AgentAction> {
         let epoch = self.epoch?;
         let view = AgentView {
             in_place_restart: js.is_in_place_restart(),
@@ -312,7 +312,7 @@ impl Protocol {
             s.deprecated = view.status.deprecated;
         });
         match protocol::agent_decide(epoch, &view) {
-            AgentAction::Restart { deprecated } => Some(Event::Restart { epoch, deprecated }),
+            restart @ AgentAction::Restart(_) => Some(restart),
             AgentAction::LiftBarrier if !self.lifted => {
                 self.lifted = true;
                 let bypassed = !view.in_place_restart || view.disabled;
@@ -330,7 +330,7 @@ impl Protocol {
                 } else {
                     tracing::info!(epoch, ms, "barrier lifted after {ms} ms");
                 }
-                Some(Event::Lifted)
+                Some(AgentAction::LiftBarrier)
             }
             AgentAction::LiftBarrier | AgentAction::Wait => None,
         }
@@ -676,25 +676,28 @@ mod tests {
 
     #[test]
     fn exit_codes_are_the_contract() {
-        let restart = Outcome::Restart {
+        let restart = AgentExit::Restart(Restart {
             epoch: 3,
             deprecated: 3,
-        };
+        });
         assert_eq!(restart.exit_code(42), 42);
-        assert_eq!(Outcome::Signalled(Signal::Term).exit_code(42), 143);
-        assert_eq!(Outcome::Signalled(Signal::Int).exit_code(42), 130);
+        assert_eq!(AgentExit::Signalled(Signal::Term).exit_code(42), 143);
+        assert_eq!(AgentExit::Signalled(Signal::Int).exit_code(42), 130);
         assert_eq!(
-            Outcome::WorkerExited(WorkerExit::Code(0)).exit_code(42),
+            AgentExit::WorkerExited(WorkerExit::Code(0)).exit_code(42),
             0,
             "a worker that succeeded succeeds the pod"
         );
-        assert_eq!(Outcome::WorkerExited(WorkerExit::Code(3)).exit_code(42), 3);
         assert_eq!(
-            Outcome::WorkerExited(WorkerExit::Signal(9)).exit_code(42),
+            AgentExit::WorkerExited(WorkerExit::Code(3)).exit_code(42),
+            3
+        );
+        assert_eq!(
+            AgentExit::WorkerExited(WorkerExit::Signal(9)).exit_code(42),
             137
         );
         assert_eq!(
-            Outcome::WorkerExited(WorkerExit::SpawnFailed).exit_code(42),
+            AgentExit::WorkerExited(WorkerExit::SpawnFailed).exit_code(42),
             127
         );
     }

@@ -30,10 +30,7 @@ const ATTEMPTS: usize = 4;
 pub type Bundle = BTreeMap<String, Vec<u8>>;
 
 fn kube_error(what: String) -> impl FnOnce(kube::Error) -> Error {
-    move |e| Error::Kubernetes {
-        what,
-        reason: e.to_string(),
-    }
+    move |source| Error::Kubernetes { what, source }
 }
 
 fn is_status(e: &kube::Error, code: u16) -> bool {
@@ -47,19 +44,16 @@ fn read_bundle(dir: &Path) -> Result<Bundle, Error> {
             let path = dir.join(f);
             std::fs::read(&path)
                 .map(|bytes| ((*f).to_owned(), bytes))
-                .map_err(|e| Error::Read {
-                    path,
-                    reason: e.to_string(),
-                })
+                .map_err(|source| Error::Read { path, source })
         })
         .collect()
 }
 
 fn write_bundle(dir: &Path, bundle: &Bundle) -> Result<(), Error> {
     if !dir.exists() {
-        std::fs::create_dir_all(dir).map_err(|e| Error::Write {
+        std::fs::create_dir_all(dir).map_err(|source| Error::Write {
             path: dir.to_owned(),
-            reason: e.to_string(),
+            source,
         })?;
     }
     for (name, bytes) in bundle {
@@ -122,9 +116,9 @@ pub async fn sync_secret(
         let existing = current.as_ref().and_then(secret_bundle);
         // Start from what the Secret holds (nothing when absent or incomplete).
         if staging.exists() {
-            std::fs::remove_dir_all(staging).map_err(|e| Error::Write {
+            std::fs::remove_dir_all(staging).map_err(|source| Error::Write {
                 path: staging.to_owned(),
-                reason: e.to_string(),
+                source,
             })?;
         }
         if let Some(bundle) = &existing {
@@ -134,7 +128,7 @@ pub async fn sync_secret(
         let dir = staging.to_owned();
         tokio::task::spawn_blocking(move || ensure(&dir, &owned_names))
             .await
-            .map_err(|e| Error::Generate(e.to_string()))??;
+            .map_err(Error::GenerateTask)??;
         let wanted = read_bundle(staging)?;
         if existing.as_ref() == Some(&wanted) {
             return Ok(wanted);
@@ -167,10 +161,7 @@ pub async fn sync_secret(
             Err(e) => return Err(kube_error(what)(e)),
         }
     }
-    Err(Error::Kubernetes {
-        what,
-        reason: "kept changing while being written; another replica keeps replacing it".into(),
-    })
+    Err(Error::Contended { what })
 }
 
 /// Sets `caBundle` of every webhook in the two configurations named `config` to `ca_pem`.
@@ -204,10 +195,7 @@ pub async fn patch_ca_bundle(
             .patch(
                 config,
                 &PatchParams::default(),
-                &Patch::Json::<()>(
-                    serde_json::from_value(json!(ops_m))
-                        .map_err(|e| Error::Generate(e.to_string()))?,
-                ),
+                &Patch::Json::<()>(serde_json::from_value(json!(ops_m)).map_err(Error::Patch)?),
             )
             .await
             .map_err(kube_error(what_m))?;
@@ -219,10 +207,7 @@ pub async fn patch_ca_bundle(
             .patch(
                 config,
                 &PatchParams::default(),
-                &Patch::Json::<()>(
-                    serde_json::from_value(json!(ops_v))
-                        .map_err(|e| Error::Generate(e.to_string()))?,
-                ),
+                &Patch::Json::<()>(serde_json::from_value(json!(ops_v)).map_err(Error::Patch)?),
             )
             .await
             .map_err(kube_error(what_v))?;

@@ -30,7 +30,7 @@ use rustls::client::WebPkiServerVerifier;
 use rustls::client::danger::ServerCertVerifier as _;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 
-use crate::cli::Global;
+use crate::settings::Global;
 
 /// The CA certificate (what the API server trusts: the webhook configuration's `caBundle`).
 pub const CA_CERT_FILE: &str = "ca.crt";
@@ -56,10 +56,18 @@ pub const CA_COMMON_NAME: &str = "jobset-inplace webhook CA";
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("cannot read {path}: {reason}")]
-    Read { path: PathBuf, reason: String },
-    #[error("cannot write {path}: {reason}")]
-    Write { path: PathBuf, reason: String },
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot write {path}: {source}")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("{path}: no PEM certificate in the file")]
     NoCertificate { path: PathBuf },
     #[error("{path}: not a usable certificate: {reason}")]
@@ -79,9 +87,20 @@ pub enum Error {
     #[error("no names given for the serving certificate")]
     NoNames,
     #[error("cannot generate a certificate: {0}")]
-    Generate(String),
-    #[error("{what}: {reason}")]
-    Kubernetes { what: String, reason: String },
+    Generate(#[source] rcgen::Error),
+    /// The blocking task that generates certificates panicked or was cancelled.
+    #[error("cannot generate a certificate: {0}")]
+    GenerateTask(#[source] tokio::task::JoinError),
+    #[error("{what}: {source}")]
+    Kubernetes {
+        what: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("{what}: kept changing while being written; another replica keeps replacing it")]
+    Contended { what: String },
+    #[error("cannot build the caBundle patch: {0}")]
+    Patch(#[source] serde_json::Error),
     #[error("{flag} (or env {env}) is required")]
     Required {
         flag: &'static str,
@@ -168,7 +187,7 @@ pub fn check_names(names: &[String]) -> Result<(), Error> {
 }
 
 fn generate_error(e: rcgen::Error) -> Error {
-    Error::Generate(e.to_string())
+    Error::Generate(e)
 }
 
 /// Sets `not_before` a little before `now` and `not_after` `validity` after it.
@@ -334,9 +353,9 @@ fn read_optional(path: &Path) -> Result<Option<String>, Error> {
     match fs::read_to_string(path) {
         Ok(text) => Ok(Some(text)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(Error::Read {
+        Err(source) => Err(Error::Read {
             path: path.to_owned(),
-            reason: e.to_string(),
+            source,
         }),
     }
 }
@@ -344,9 +363,9 @@ fn read_optional(path: &Path) -> Result<Option<String>, Error> {
 /// Writes `contents` to `path` atomically (a temporary file beside it, then a rename), with
 /// `mode` permissions.
 pub fn write_atomic(path: &Path, contents: &[u8], mode: u32) -> Result<(), Error> {
-    let write_error = |e: std::io::Error| Error::Write {
+    let write_error = |source: std::io::Error| Error::Write {
         path: path.to_owned(),
-        reason: e.to_string(),
+        source,
     };
     let file_name = path
         .file_name()
@@ -402,9 +421,9 @@ pub fn ensure(dir: &Path, names: &[String]) -> Result<Ensured, Error> {
             .recursive(true)
             .mode(0o700)
             .create(dir)
-            .map_err(|e| Error::Write {
+            .map_err(|source| Error::Write {
                 path: dir.to_owned(),
-                reason: e.to_string(),
+                source,
             })?;
     }
     let (ca_cert, ca_key, tls_cert, tls_key) = paths(dir);
@@ -554,7 +573,7 @@ pub struct Args {
 }
 
 impl Args {
-    pub async fn run(self, _global: Global) -> crate::Result<ExitCode> {
+    pub async fn run(self, _global: Global) -> Result<ExitCode, Error> {
         let service = self.service.clone().ok_or(Error::Required {
             flag: "--service",
             env: "JOBSET_INPLACE_WEBHOOK_SERVICE",
@@ -568,9 +587,9 @@ impl Args {
         if self.secret.is_some() || self.patch_webhooks {
             let client = kube::Client::try_default()
                 .await
-                .map_err(|e| Error::Kubernetes {
+                .map_err(|source| Error::Kubernetes {
                     what: "the Kubernetes API".into(),
-                    reason: e.to_string(),
+                    source,
                 })?;
             let config = self.patch_webhooks.then_some(self.webhook_config.as_str());
             match &self.secret {
@@ -586,10 +605,10 @@ impl Args {
                     let out = self.out.clone();
                     let ensured = tokio::task::spawn_blocking(move || ensure(&out, &names))
                         .await
-                        .map_err(|e| Error::Generate(e.to_string()))??;
-                    let ca = std::fs::read(&ensured.ca_cert).map_err(|e| Error::Read {
+                        .map_err(Error::GenerateTask)??;
+                    let ca = std::fs::read(&ensured.ca_cert).map_err(|source| Error::Read {
                         path: ensured.ca_cert.clone(),
-                        reason: e.to_string(),
+                        source,
                     })?;
                     if let Some(config) = config {
                         cluster::patch_ca_bundle(&client, config, &ca).await?;
@@ -604,7 +623,7 @@ impl Args {
         let out = self.out.clone();
         let ensured = tokio::task::spawn_blocking(move || ensure(&out, &names))
             .await
-            .map_err(|e| Error::Generate(e.to_string()))??;
+            .map_err(Error::GenerateTask)??;
         let describe = |action: &Action| match action {
             Action::Reused => "reused".to_owned(),
             Action::Generated => "generated".to_owned(),
@@ -806,14 +825,19 @@ mod tests {
         assert!(matches!(check_names(&[]), Err(Error::NoNames)));
     }
 
+    /// The `certs` subcommand's flags alone (`cli.rs` composes the full command line).
+    #[derive(Debug, clap::Parser)]
+    #[command(name = "certs")]
+    struct Certs {
+        #[command(flatten)]
+        args: Args,
+    }
+
     fn certs_args(args: &[&str]) -> Args {
         use clap::Parser as _;
-        let cli = crate::cli::Cli::try_parse_from(["jobset-inplace", "certs"].iter().chain(args))
-            .expect("parses");
-        match cli.command {
-            crate::cli::Command::Certs(args) => args,
-            other => panic!("not certs: {other:?}"),
-        }
+        Certs::try_parse_from(["certs"].iter().chain(args))
+            .expect("parses")
+            .args
     }
 
     #[tokio::test]

@@ -11,27 +11,27 @@ use std::io::Write;
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
 
-use crate::cli::{Global, parse_duration};
+use crate::settings::{Global, parse_duration};
 
 /// Each API request of these commands gives up after this long.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("cannot reach the Kubernetes API (kubeconfig or in-cluster config)")]
+    #[error("cannot reach the Kubernetes API (kubeconfig or in-cluster config): {0}")]
     Client(#[source] kube::Error),
-    #[error("cannot load a kubeconfig or the in-cluster config")]
+    #[error("cannot load a kubeconfig or the in-cluster config: {0}")]
     Config(#[source] kube::config::InferConfigError),
-    #[error("cannot read JobSet {namespace}/{name}")]
+    #[error("cannot read JobSet {namespace}/{name}: {source}")]
     Read {
         namespace: String,
         name: String,
         #[source]
         source: kube::Error,
     },
-    #[error("cannot write the output")]
+    #[error("cannot write the output: {0}")]
     Write(#[source] std::io::Error),
-    #[error("cannot render JSON")]
+    #[error("cannot render JSON: {0}")]
     Json(#[source] serde_json::Error),
 }
 
@@ -108,7 +108,7 @@ impl DoctorArgs {
         }
     }
 
-    pub async fn run(self, global: Global) -> crate::Result<ExitCode> {
+    pub async fn run(self, global: Global) -> Result<ExitCode, Error> {
         let client = client().await?;
         let findings = doctor::run_checks(&client, &self.target(global), SystemTime::now()).await;
         let failed = findings.iter().any(|f| f.verdict == doctor::Verdict::Fail);
@@ -167,7 +167,7 @@ impl StatusArgs {
         })
     }
 
-    pub async fn run(self, global: Global) -> crate::Result<ExitCode> {
+    pub async fn run(self, global: Global) -> Result<ExitCode, Error> {
         let client = client().await?;
         let read = || async {
             status::fetch(&client, &self.namespace, &self.jobset, global.dialect())
@@ -206,9 +206,7 @@ impl StatusArgs {
                     last = report;
                 }
                 Ok(_) => {}
-                Err(e) => {
-                    tracing::warn!(error = %e, source = ?std::error::Error::source(&e), "read failed; retrying");
-                }
+                Err(e) => tracing::warn!(error = %e, "read failed; retrying"),
             }
         }
     }

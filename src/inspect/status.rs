@@ -8,11 +8,11 @@ use k8s_openapi::api::core::v1::{Container, ContainerStatus, Pod};
 use kube::api::{Api, ListParams};
 use serde::Serialize;
 
-use crate::agent::contract;
 use crate::jobset::JobSet;
 use crate::protocol::{Dialect, Epoch, JOBSET_NAME_LABEL};
+use crate::wire::agent_env;
 
-/// The released JobSet agent's container name (ours is [`contract::CONTAINER_NAME`]).
+/// The released JobSet agent's container name (ours is [`agent_env::CONTAINER_NAME`]).
 const RELEASED_AGENT_CONTAINER: &str = "in-place-restart-agent";
 
 /// How one pod stands.
@@ -194,10 +194,10 @@ fn agent_container_name(pod: &Pod) -> Option<String> {
             .chain(spec.containers.iter())
     };
     let by_name =
-        all().find(|c| c.name == contract::CONTAINER_NAME || c.name == RELEASED_AGENT_CONTAINER);
+        all().find(|c| c.name == agent_env::CONTAINER_NAME || c.name == RELEASED_AGENT_CONTAINER);
     let has_env = |c: &&Container| {
         let names: Vec<&str> = c.env.iter().flatten().map(|e| e.name.as_str()).collect();
-        names.contains(&contract::JOBSET_NAME) && names.contains(&contract::POD_NAME)
+        names.contains(&agent_env::JOBSET_NAME) && names.contains(&agent_env::POD_NAME)
     };
     by_name
         .or_else(|| all().find(has_env))

@@ -1,5 +1,5 @@
-//! The reconciler's runtime: two watches feed the [`Index`], a work queue coalesces the JobSets
-//! whose input changed, workers run the pure decision ([`crate::protocol::reconcile_decide`]) and
+//! The reconciler's runtime: two watches feed the [`Index`], a work queue ([`super::queue`])
+//! coalesces the JobSets whose input changed, workers run the pure decision ([`crate::protocol::reconcile_decide`]) and
 //! write what changed as JSON merge patches on the `status` subresource.
 //!
 //! A watch that fails is paused with [`WatchBackoff`] (at most 5 s), not kube's default, whose
@@ -17,7 +17,7 @@
 //! bounded channel ([`EVENT_QUEUE`]) that drops new events when full (kube's event recorder
 //! keeps what it published for 6 minutes, to aggregate repeats into series).
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -32,12 +32,14 @@ use serde_json::{Value, json};
 use tokio::sync::{Notify, mpsc, watch};
 use tokio::task::JoinSet;
 
-use super::index::{Index, JobSetState, Key, WatchedPod, reconcile_input};
+use super::index::{Index, JobSetState, Key, reconcile_input};
 use super::metrics::Metrics;
 use super::provision::{self, ProvisionSettings};
+use super::queue::Queue;
 use crate::jobset::{self, JobSet};
-use crate::protocol::{Decision, Dialect, Epoch, JOBSET_NAME_LABEL, reconcile_decide};
+use crate::protocol::{Dialect, Epoch, JOBSET_NAME_LABEL, ReconcileDecision, reconcile_decide};
 use crate::retry::WatchBackoff;
+use crate::wire::WatchedPod;
 
 /// Condition reason of a JobSet failed by the reconciler.
 pub const REACHED_MAX_RESTARTS: &str = "ReachedMaxRestarts";
@@ -86,75 +88,6 @@ impl ReconcileError {
             ReconcileError::Write { source, .. } => crate::retry::retry_after(source),
             ReconcileError::Conflicts { .. } => None,
         }
-    }
-}
-
-/// A set of keys to work on: each key is queued at most once, and a key that changes while a
-/// worker holds it is queued again when the worker is done. Bounded without dropping anything:
-/// a trigger for a key already waiting is absorbed, so the queue holds at most one entry per
-/// key (and one more pass per key being evaluated); a key whose JobSet is gone leaves at its
-/// next evaluation, which finds nothing to do.
-#[derive(Default)]
-struct Queue {
-    state: Mutex<QueueState>,
-    notify: Notify,
-}
-
-#[derive(Default)]
-struct QueueState {
-    ready: VecDeque<Key>,
-    /// Waiting in `ready`, or popped and debouncing: a new trigger is absorbed.
-    queued: HashSet<Key>,
-    /// Being evaluated: a new trigger means one more pass.
-    busy: HashSet<Key>,
-    again: HashSet<Key>,
-}
-
-impl Queue {
-    fn lock(&self) -> MutexGuard<'_, QueueState> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn add(&self, key: Key) {
-        let mut s = self.lock();
-        if s.busy.contains(&key) {
-            s.again.insert(key);
-        } else if s.queued.insert(key.clone()) {
-            s.ready.push_back(key);
-            self.notify.notify_one();
-        }
-    }
-
-    async fn next(&self) -> Key {
-        loop {
-            let notified = self.notify.notified();
-            if let Some(key) = self.lock().ready.pop_front() {
-                return key;
-            }
-            notified.await;
-        }
-    }
-
-    /// The debounce is over: triggers from now on need another pass.
-    fn start(&self, key: &Key) {
-        let mut s = self.lock();
-        s.queued.remove(key);
-        s.busy.insert(key.clone());
-    }
-
-    fn done(&self, key: &Key) {
-        let again = {
-            let mut s = self.lock();
-            s.busy.remove(key);
-            s.again.remove(key)
-        };
-        if again {
-            self.add(key.clone());
-        }
-    }
-
-    fn len(&self) -> usize {
-        self.lock().queued.len()
     }
 }
 
@@ -606,7 +539,7 @@ fn write_error(key: &Key, source: kube::Error) -> ReconcileError {
 }
 
 /// Runs the pure decision on the index, in place.
-fn decide(shared: &Shared, key: &Key) -> Option<(JobSetState, Decision)> {
+fn decide(shared: &Shared, key: &Key) -> Option<(JobSetState, ReconcileDecision)> {
     let index = lock(&shared.index);
     // While the pod watch re-lists, some pods are listed anew and others are as they were: a
     // pod created since the last event seen may be missing while a pod that failed since still
@@ -638,7 +571,7 @@ fn decide(shared: &Shared, key: &Key) -> Option<(JobSetState, Decision)> {
 /// Reports each malformed annotation once, as a Warning event. Only those still there are
 /// remembered: a pod whose annotation is fixed (or that is gone) is forgotten, and reported
 /// again should it break again.
-fn report_malformed(shared: &Shared, key: &Key, state: &JobSetState, decision: &Decision) {
+fn report_malformed(shared: &Shared, key: &Key, state: &JobSetState, decision: &ReconcileDecision) {
     if decision.malformed.is_empty() && !lock(&shared.reported).contains_key(key) {
         return;
     }
@@ -727,7 +660,7 @@ async fn write_epochs(
     shared: &Arc<Shared>,
     key: &Key,
     state: &JobSetState,
-    decision: &Decision,
+    decision: &ReconcileDecision,
 ) -> Result<bool, ReconcileError> {
     let dialect = shared.settings.dialect;
     let Some(Value::Object(mut body)) = dialect.status_merge_patch(&decision.change) else {
@@ -927,55 +860,6 @@ async fn publish_events(shared: Arc<Shared>, mut rx: mpsc::Receiver<(ObjectRefer
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn key(n: &str) -> Key {
-        ("ns".into(), n.into())
-    }
-
-    #[tokio::test]
-    async fn queue_coalesces_and_requeues_busy_keys() {
-        let q = Queue::default();
-        q.add(key("a"));
-        q.add(key("a"));
-        q.add(key("b"));
-        assert_eq!(q.len(), 2);
-        let a = q.next().await;
-        assert_eq!(a, key("a"));
-        q.add(key("a")); // absorbed: still debouncing
-        q.start(&a);
-        q.add(key("a")); // busy: one more pass
-        assert_eq!(q.next().await, key("b"));
-        q.done(&a);
-        assert_eq!(q.next().await, key("a"));
-    }
-
-    #[tokio::test]
-    async fn queue_is_bounded_by_the_keys_however_many_triggers() {
-        let q = Queue::default();
-        for i in 0..10_000 {
-            q.add(key(&format!("k{}", i % 3)));
-        }
-        assert_eq!(q.len(), 3);
-        assert_eq!(q.lock().ready.len(), 3);
-        // A key being evaluated takes one more pass, however many triggers come meanwhile.
-        let k = q.next().await;
-        q.start(&k);
-        for _ in 0..1_000 {
-            q.add(k.clone());
-        }
-        assert_eq!(q.lock().again.len(), 1);
-        q.done(&k);
-        assert_eq!(q.len(), 3);
-        for _ in 0..3 {
-            let k = q.next().await;
-            q.start(&k);
-            q.done(&k);
-        }
-        let s = q.lock();
-        assert!(
-            s.ready.is_empty() && s.queued.is_empty() && s.busy.is_empty() && s.again.is_empty()
-        );
-    }
 
     #[test]
     fn retries_back_off_and_honour_retry_after() {

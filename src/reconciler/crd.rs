@@ -13,11 +13,8 @@ pub const CRD_NAME: &str = "jobsets.jobset.x-k8s.io";
 /// Reads the CRD and checks it.
 pub async fn check(client: &kube::Client, dialect: Dialect) -> Result<(), Error> {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let crd = api
-        .get(CRD_NAME)
-        .await
-        .map_err(|e| Error::CrdRead(e.to_string()))?;
-    let crd = serde_json::to_value(&crd).map_err(|e| Error::CrdRead(e.to_string()))?;
+    let crd = api.get(CRD_NAME).await.map_err(Error::CrdRead)?;
+    let crd = serde_json::to_value(&crd).map_err(Error::CrdDecode)?;
     missing_status_fields(&crd, dialect).map_err(Error::CrdFields)
 }
 

@@ -1,8 +1,9 @@
-//! The `reconciler` subcommand (design.md §2): watches InPlaceRestart JobSets and their pods,
+//! The `reconciler` subcommand (docs/protocol.md; docs/architecture.md, "Reconciler"): watches InPlaceRestart JobSets and their pods,
 //! moves the epoch status fields, fails JobSets past `maxRestarts`.
 //!
 //! - [`index`]: the in-memory index of JobSets and their pods (pure);
-//! - [`controller`]: watches, work queue, workers, status writes, events;
+//! - [`controller`]: watches, workers, status writes, events;
+//! - `queue`: the work queue between the watches and the workers;
 //! - [`crd`]: the start-up check that the installed JobSet CRD has the dialect's status fields;
 //! - [`provision`]: the agent's ServiceAccount and RoleBinding in every namespace that needs them;
 //! - [`metrics`]: the `jobset_inplace_reconciler_*` metrics.
@@ -12,6 +13,7 @@ pub mod crd;
 pub mod index;
 pub mod metrics;
 pub mod provision;
+mod queue;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -23,8 +25,8 @@ use kube_lease_manager::{LeaseManagerBuilder, LeaseParams};
 use prometheus_client::registry::Registry;
 use tokio::sync::watch;
 
-use crate::cli::Global;
 use crate::protocol::Dialect;
+use crate::settings::Global;
 use crate::telemetry;
 
 pub use controller::{Controller, Settings};
@@ -32,16 +34,19 @@ pub use controller::{Controller, Settings};
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("cannot reach the Kubernetes API: {0}")]
-    Client(String),
+    Client(#[source] kube::Error),
     #[error("cannot read the JobSet CRD jobsets.jobset.x-k8s.io: {0}")]
-    CrdRead(String),
+    CrdRead(#[source] kube::Error),
+    #[error("cannot read the JobSet CRD jobsets.jobset.x-k8s.io: {0}")]
+    CrdDecode(#[source] serde_json::Error),
     #[error("{0}")]
     CrdFields(String),
-    #[error("leader election on lease {namespace}/{name} failed: {reason}")]
+    #[error("leader election on lease {namespace}/{name} failed: {source}")]
     Lease {
         namespace: String,
         name: String,
-        reason: String,
+        #[source]
+        source: kube_lease_manager::LeaseManagerError,
     },
     #[error("lost the leader lease {namespace}/{name}; exiting so that a fresh process takes over")]
     LostLease { namespace: String, name: String },
@@ -163,7 +168,7 @@ pub struct Options {
 }
 
 impl Args {
-    pub async fn run(self, global: Global) -> crate::Result<ExitCode> {
+    pub async fn run(self, global: Global) -> Result<ExitCode, Error> {
         let identity = self
             .identity
             .clone()
@@ -198,15 +203,13 @@ impl Args {
             }),
             check_crd: !self.skip_crd_check,
         };
-        let client = kube::Client::try_default()
-            .await
-            .map_err(|e| Error::Client(e.to_string()))?;
+        let client = kube::Client::try_default().await.map_err(Error::Client)?;
         let listener = telemetry::bind(self.health_addr, "--health-addr").await?;
         run(
             client,
             options,
             Some(listener),
-            crate::cli::shutdown_signal(),
+            crate::shutdown::shutdown_signal(),
         )
         .await?;
         Ok(ExitCode::SUCCESS)
@@ -247,10 +250,10 @@ pub async fn run(
     let mut lease_task = None;
     if let Some(le) = &options.leader_election {
         lease_timing(le.duration.as_secs(), le.grace.as_secs())?;
-        let lease_error = |e: kube_lease_manager::LeaseManagerError| Error::Lease {
+        let lease_error = |source: kube_lease_manager::LeaseManagerError| Error::Lease {
             namespace: le.lease_namespace.clone(),
             name: le.lease_name.clone(),
-            reason: e.to_string(),
+            source,
         };
         let manager = LeaseManagerBuilder::new(client.clone(), &le.lease_name)
             .with_namespace(&le.lease_namespace)

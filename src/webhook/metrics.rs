@@ -1,4 +1,4 @@
-//! The webhook's Prometheus metrics (design.md §4: names prefixed `jobset_inplace_`).
+//! The webhook's Prometheus metrics (docs/architecture.md, "Names": prefixed `jobset_inplace_`).
 
 use std::sync::atomic::AtomicU64;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -11,7 +11,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
 use rustls::pki_types::CertificateDer;
 
-use crate::admission::{Endpoint, Outcome};
+use crate::admission::{Endpoint, ReviewOutcome};
 use crate::certs::not_after;
 
 /// The content type of [`Metrics::encode`]'s output.
@@ -194,11 +194,11 @@ fn denial_rules(body: &[u8]) -> Vec<&'static str> {
 }
 
 const ENDPOINTS: [Endpoint; 2] = [Endpoint::Mutate, Endpoint::Validate];
-const OUTCOMES: [Outcome; 4] = [
-    Outcome::Allowed,
-    Outcome::Denied,
-    Outcome::Patched,
-    Outcome::Error,
+const OUTCOMES: [ReviewOutcome; 4] = [
+    ReviewOutcome::Allowed,
+    ReviewOutcome::Denied,
+    ReviewOutcome::Patched,
+    ReviewOutcome::Error,
 ];
 
 fn endpoint_index(endpoint: Endpoint) -> usize {
@@ -208,12 +208,12 @@ fn endpoint_index(endpoint: Endpoint) -> usize {
     }
 }
 
-fn outcome_index(outcome: Outcome) -> usize {
+fn outcome_index(outcome: ReviewOutcome) -> usize {
     match outcome {
-        Outcome::Allowed => 0,
-        Outcome::Denied => 1,
-        Outcome::Patched => 2,
-        Outcome::Error => 3,
+        ReviewOutcome::Allowed => 0,
+        ReviewOutcome::Denied => 1,
+        ReviewOutcome::Patched => 2,
+        ReviewOutcome::Error => 3,
     }
 }
 
@@ -415,7 +415,13 @@ impl Metrics {
     }
 
     /// Records one answered `/mutate` or `/validate` request.
-    pub fn observe(&self, endpoint: Endpoint, outcome: Outcome, code: u16, elapsed: Duration) {
+    pub fn observe(
+        &self,
+        endpoint: Endpoint,
+        outcome: ReviewOutcome,
+        code: u16,
+        elapsed: Duration,
+    ) {
         let e = endpoint_index(endpoint);
         self.requests[e][outcome_index(outcome)].inc();
         self.duration[e].observe(elapsed.as_secs_f64());
@@ -546,13 +552,13 @@ mod tests {
         let metrics = Metrics::new();
         metrics.observe(
             Endpoint::Mutate,
-            Outcome::Patched,
+            ReviewOutcome::Patched,
             200,
             Duration::from_micros(300),
         );
         metrics.observe(
             Endpoint::Validate,
-            Outcome::Error,
+            ReviewOutcome::Error,
             415,
             Duration::from_micros(10),
         );
@@ -595,7 +601,7 @@ mod tests {
         let metrics = Metrics::new();
         metrics.observe(
             Endpoint::Validate,
-            Outcome::Allowed,
+            ReviewOutcome::Allowed,
             200,
             Duration::from_millis(4_900),
         );

@@ -1,4 +1,4 @@
-//! The `webhook` subcommand: the HTTPS admission server (design.md §3, §4).
+//! The `webhook` subcommand: the HTTPS admission server (docs/architecture.md, "Webhook" and "Admission").
 //!
 //! - `POST /mutate`, `POST /validate` over TLS on `--addr` (default `0.0.0.0:8443`), answering
 //!   exactly what [`admission::review`] answers; 415 for a content type other than
@@ -13,10 +13,17 @@
 //!
 //! [`serve`] runs it all on listeners the caller bound (tests and benchmarks bind
 //! `127.0.0.1:0`).
+//!
+//! - [`routes`]: the routes and their handlers (body limits, the review, metrics);
+//! - [`listener`]: the connection loops, TLS, limits and graceful shutdown;
+//! - [`conn`]: the connection states the listener watches to evict idle and stuck connections;
+//! - [`tls`]: the serving certificate, reloaded when its files change;
+//! - [`metrics`]: the Prometheus metrics.
 
 pub mod conn;
+pub mod listener;
 pub mod metrics;
-pub mod server;
+pub mod routes;
 pub mod tls;
 
 use std::net::SocketAddr;
@@ -26,12 +33,15 @@ use std::time::Duration;
 
 use tokio::net::TcpListener;
 
-pub use server::{BodyLimits, ServeOptions, Webhook, health_router, router, router_with, serve};
+pub use listener::{ServeOptions, serve, serve_routes};
+pub use routes::{
+    BodyLimits, Handlers, Webhook, admission_routes, health_router, router, router_with,
+};
 pub use tls::ReloadingCert;
 
 use crate::admission::{self, InjectionConfig, config::InjectionArgs};
 use crate::certs;
-use crate::cli::{Global, parse_bytes, parse_duration};
+use crate::settings::{Global, parse_bytes, parse_duration};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -43,26 +53,33 @@ pub enum Error {
         missing: &'static str,
         env: &'static str,
     },
-    #[error("cannot read {path}: {reason}")]
-    Read { path: PathBuf, reason: String },
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("{path}: {reason}")]
     Tls { path: PathBuf, reason: String },
     #[error("cannot set up tls: {0}")]
-    TlsConfig(String),
-    #[error("cannot listen on {addr} ({flag}): {reason}")]
+    TlsConfig(#[source] rustls::Error),
+    #[error("cannot listen on {addr} ({flag}): {source}")]
     Bind {
         flag: &'static str,
         addr: SocketAddr,
-        reason: String,
+        #[source]
+        source: std::io::Error,
     },
     #[error("--self-signed: cannot reach the Kubernetes API: {0}")]
-    Cluster(String),
+    Cluster(#[source] kube::Error),
     #[error("--cert-dir {dir}: {source}")]
     CertDir {
         dir: PathBuf,
         #[source]
         source: certs::Error,
     },
+    #[error(transparent)]
+    Config(#[from] admission::Error),
 }
 
 /// The `--self-signed` certificate source: a Secret, the caBundle, a local directory.
@@ -146,7 +163,7 @@ pub struct Args {
 
     /// Most connections open at once, on each listener. Beyond it new connections wait, and idle
     /// ones (and handshakes or request heads stuck for a second) are closed to make room.
-    #[arg(long, env = "JOBSET_INPLACE_MAX_CONNECTIONS", default_value_t = server::DEFAULT_MAX_CONNECTIONS as u32, value_parser = clap::value_parser!(u32).range(1..), value_name = "N")]
+    #[arg(long, env = "JOBSET_INPLACE_MAX_CONNECTIONS", default_value_t = listener::DEFAULT_MAX_CONNECTIONS as u32, value_parser = clap::value_parser!(u32).range(1..), value_name = "N")]
     pub max_connections: u32,
 
     /// Most request-body bytes held in memory at once, across requests (`64Mi`, `512Ki`,
@@ -241,7 +258,7 @@ impl Args {
                     certs::ensure(&target, &certs::local_names())
                 })
                 .await
-                .unwrap_or_else(|e| Err(certs::Error::Generate(e.to_string())))
+                .unwrap_or_else(|e| Err(certs::Error::GenerateTask(e)))
                 .map_err(|source| Error::CertDir { dir, source })?;
                 let ca = ensured.ca_cert.display().to_string();
                 tracing::info!(
@@ -258,9 +275,7 @@ impl Args {
 
     /// `--self-signed`: bootstraps from the Secret, then keeps it renewed in the background.
     async fn self_signed_files(&self) -> Result<(PathBuf, PathBuf), Error> {
-        let client = kube::Client::try_default()
-            .await
-            .map_err(|e| Error::Cluster(e.to_string()))?;
+        let client = kube::Client::try_default().await.map_err(Error::Cluster)?;
         let bootstrap = std::sync::Arc::new(SelfSigned {
             client,
             namespace: self.namespace.clone(),
@@ -286,7 +301,7 @@ impl Args {
         Ok((cert, key))
     }
 
-    pub async fn run(self, global: Global) -> crate::Result<ExitCode> {
+    pub async fn run(self, global: Global) -> Result<ExitCode, Error> {
         let config = InjectionConfig::load(&self.injection, global.protocol)
             .map_err(admission::Error::from)?;
         let (cert, key) = if self.self_signed {
@@ -314,7 +329,7 @@ impl Args {
             health,
             Webhook::new(config),
             options,
-            crate::cli::shutdown_signal(),
+            crate::shutdown::shutdown_signal(),
         )
         .await?;
         Ok(ExitCode::SUCCESS)
@@ -334,50 +349,35 @@ fn parse_body_budget(text: &str) -> Result<usize, String> {
 }
 
 async fn bind(flag: &'static str, addr: SocketAddr) -> Result<TcpListener, Error> {
-    TcpListener::bind(addr).await.map_err(|e| Error::Bind {
-        flag,
-        addr,
-        reason: e.to_string(),
-    })
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| Error::Bind { flag, addr, source })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cli::{Cli, Command};
-    use clap::Parser;
+    use clap::{CommandFactory, Parser};
 
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
-        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
-        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
-        assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
-        assert!(parse_duration("ten").is_err());
-        assert!(parse_duration("5d").is_err());
+    /// The `webhook` subcommand's flags alone (the full command line is composed in `cli.rs`,
+    /// whose tests parse it whole).
+    #[derive(Debug, Parser)]
+    #[command(name = "webhook")]
+    struct Webhook {
+        #[command(flatten)]
+        args: Args,
     }
 
     #[test]
-    fn sizes() {
-        assert_eq!(parse_bytes("65536"), Ok(65536));
-        assert_eq!(parse_bytes("512Ki"), Ok(512 << 10));
-        assert_eq!(parse_bytes("64Mi"), Ok(64 << 20));
-        assert_eq!(parse_bytes("64MiB"), Ok(64 << 20));
-        assert_eq!(parse_bytes("1Gi"), Ok(1 << 30));
-        assert!(parse_bytes("64M").is_err());
-        assert!(parse_bytes("Mi").is_err());
-        assert!(parse_bytes("-1").is_err());
+    fn body_budget_sizes() {
         assert!(parse_body_budget("7Mi").is_ok());
         assert!(parse_body_budget("6Mi").is_err());
     }
 
     fn webhook_args(args: &[&str]) -> Args {
-        let cli =
-            Cli::try_parse_from(["jobset-inplace", "webhook"].iter().chain(args)).expect("parses");
-        match cli.command {
-            Command::Webhook(args) => args,
-            other => panic!("not webhook: {other:?}"),
-        }
+        Webhook::try_parse_from(["webhook"].iter().chain(args))
+            .expect("parses")
+            .args
     }
 
     #[tokio::test]
@@ -428,9 +428,9 @@ mod tests {
             ["--max-body-bytes-in-flight", "1Mi"],
             ["--max-body-bytes-in-flight", "lots"],
         ] {
-            let err = Cli::try_parse_from(["jobset-inplace", "webhook"].iter().chain(&bad))
-                .expect_err("rejected");
-            let line = crate::cli::one_line_error(&err);
+            let err =
+                Webhook::try_parse_from(["webhook"].iter().chain(&bad)).expect_err("rejected");
+            let line = crate::settings::one_line_error(&err, &Webhook::command());
             assert!(line.contains(bad[0]), "{line}");
             assert!(line.contains("JOBSET_INPLACE_"), "{line}");
         }

@@ -53,7 +53,7 @@ pub fn server_config(resolver: Arc<dyn ResolvesServerCert>) -> Result<ServerConf
     let mut config =
         ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
             .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
-            .map_err(|e| Error::TlsConfig(e.to_string()))?
+            .map_err(Error::TlsConfig)?
             .with_no_client_auth()
             .with_cert_resolver(resolver);
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
@@ -85,9 +85,9 @@ impl fmt::Debug for ReloadingCert {
 }
 
 fn read(path: &Path) -> Result<Vec<u8>, Error> {
-    std::fs::read(path).map_err(|e| Error::Read {
+    std::fs::read(path).map_err(|source| Error::Read {
         path: path.to_owned(),
-        reason: e.to_string(),
+        source,
     })
 }
 

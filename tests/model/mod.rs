@@ -467,7 +467,7 @@ impl ProtocolModel {
         rec: &[RecPod],
         last_synced: Option<Epoch>,
         last_deprecated: Option<Epoch>,
-    ) -> protocol::Decision {
+    ) -> protocol::ReconcileDecision {
         let pods: Vec<PodView> = rec
             .iter()
             .enumerate()
@@ -615,7 +615,7 @@ impl ProtocolModel {
                     return None;
                 };
                 let next = match self.agent_decide(epoch, view) {
-                    AgentAction::Restart { .. } => {
+                    AgentAction::Restart(_) => {
                         if s.written_deprecated.is_none_or(|d| epoch > d) {
                             s.violations |= flag::EXIT_NOT_DEPRECATED;
                         }

@@ -2,7 +2,7 @@
 //! request body (or from a [`Value`], for the offline commands): sparse (only the fields the rules
 //! read), borrowed (strings point into the body unless they hold escapes) and lenient (a field of
 //! an unexpected JSON type reads as absent, never as an error). Nothing here is ever serialized
-//! back: the output is built from targeted patch operations only (design.md §3).
+//! back: the output is built from targeted patch operations only (docs/architecture.md, "Admission").
 //!
 //! # Same answers as a `Value`
 //!
@@ -29,7 +29,7 @@ use std::marker::PhantomData;
 use serde::de::{self, Deserialize, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 
-use crate::agent::contract;
+use crate::wire::agent_env;
 
 /// A JSON string: borrowed from the input when it holds no escapes.
 pub(crate) type Str<'a> = Cow<'a, str>;
@@ -62,23 +62,23 @@ pub(crate) trait Shape<'de>: Sized {
     }
 }
 
-/// Reads a `T` leniently: `L(None)` for a value of another JSON type. The `Deserialize` the views
+/// Reads a `T` leniently: `Lenient(None)` for a value of another JSON type. The `Deserialize` the views
 /// are read through.
-pub(crate) struct L<T>(pub Option<T>);
+pub(crate) struct Lenient<T>(pub Option<T>);
 
-impl<'de, T: Shape<'de>> Deserialize<'de> for L<T> {
+impl<'de, T: Shape<'de>> Deserialize<'de> for Lenient<T> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         deserializer
             .deserialize_any(ShapeVisitor::<T>(PhantomData))
-            .map(L)
+            .map(Lenient)
     }
 }
 
-impl<'de, T: Shape<'de>> L<T> {
+impl<'de, T: Shape<'de>> Lenient<T> {
     /// Reads a view from an in-memory value (the offline commands' path). Never fails: every
     /// visitor accepts every JSON type.
     pub fn from_value(value: &'de Value) -> Option<T> {
-        L::<T>::deserialize(value).ok().and_then(|l| l.0)
+        Lenient::<T>::deserialize(value).ok().and_then(|l| l.0)
     }
 }
 
@@ -129,7 +129,7 @@ pub(crate) struct Skip;
 impl Shape<'_> for Skip {}
 
 fn skip_seq<'de, A: SeqAccess<'de>>(mut seq: A) -> Result<(), A::Error> {
-    while seq.next_element::<L<Skip>>()?.is_some() {}
+    while seq.next_element::<Lenient<Skip>>()?.is_some() {}
     Ok(())
 }
 
@@ -146,7 +146,7 @@ pub(crate) fn walk_object<'de, T: Shape<'de>, A: MapAccess<'de>>(
         match key {
             Key::RawValue => return raw_value::<T, A>(map).map(Some),
             Key::Field(0) => {
-                map.next_value::<L<Skip>>()?;
+                map.next_value::<Lenient<Skip>>()?;
             }
             Key::Field(n) => value(n, map)?,
         }
@@ -252,7 +252,7 @@ impl<'de, T: Shape<'de> + Default> Shape<'de> for List<T> {
     fn from_seq<A: SeqAccess<'de>>(mut seq: A) -> Result<Option<Self>, A::Error> {
         // serde_json gives no size hint: start with room for a few.
         let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(4).min(64));
-        while let Some(L(item)) = seq.next_element::<L<T>>()? {
+        while let Some(Lenient(item)) = seq.next_element::<Lenient<T>>()? {
             items.push(item.unwrap_or_default());
         }
         Ok(Some(List(items)))
@@ -266,7 +266,7 @@ pub(crate) struct Ints(pub Vec<i64>);
 impl<'de> Shape<'de> for Ints {
     fn from_seq<A: SeqAccess<'de>>(mut seq: A) -> Result<Option<Self>, A::Error> {
         let mut items = Vec::new();
-        while let Some(L(item)) = seq.next_element::<L<i64>>()? {
+        while let Some(Lenient(item)) = seq.next_element::<Lenient<i64>>()? {
             items.extend(item);
         }
         Ok(Some(Ints(items)))
@@ -275,7 +275,7 @@ impl<'de> Shape<'de> for Ints {
 
 /// Reads the value of the current key leniently.
 fn lenient<'de, T: Shape<'de>, A: MapAccess<'de>>(map: &mut A) -> Result<Option<T>, A::Error> {
-    map.next_value::<L<T>>().map(|l| l.0)
+    map.next_value::<Lenient<T>>().map(|l| l.0)
 }
 
 /// Reads the value of the current key as a `Value` (present, whatever its type, `null` included).
@@ -353,8 +353,8 @@ pub(crate) struct RequestView<'a> {
     pub operation: Option<Str<'a>>,
     pub kind: Option<GroupKind<'a>>,
     /// Present when it is an object.
-    pub object: Option<JobSet<'a>>,
-    pub old_object: Option<JobSet<'a>>,
+    pub object: Option<JobSetView<'a>>,
+    pub old_object: Option<JobSetView<'a>>,
 }
 
 object_view!(RequestView {
@@ -379,20 +379,20 @@ object_view!(GroupKind {
 
 /// A JobSet: what validation and mutation read of it.
 #[derive(Clone, Debug, Default)]
-pub(crate) struct JobSet<'a> {
+pub(crate) struct JobSetView<'a> {
     pub metadata: Option<Meta<'a>>,
     pub spec: Option<JobSetSpec<'a>>,
 }
 
-object_view!(JobSet {
+object_view!(JobSetView {
     "metadata" => metadata: lenient,
     "spec" => spec: lenient,
 });
 
-impl<'a> JobSet<'a> {
+impl<'a> JobSetView<'a> {
     /// The view of an in-memory JobSet (the default, all absent, for a non-object).
     pub fn from_value(value: &'a Value) -> Self {
-        L::<JobSet<'a>>::from_value(value).unwrap_or_default()
+        Lenient::<JobSetView<'a>>::from_value(value).unwrap_or_default()
     }
 
     fn failure_policy(&self) -> Option<&FailurePolicy<'a>> {
@@ -644,17 +644,17 @@ object_view!(ExitCodes {
 pub(crate) fn is_env_name_read(name: &str) -> bool {
     matches!(
         name,
-        contract::NAMESPACE
-            | contract::POD_NAME
-            | contract::JOBSET_NAME
-            | contract::RESTART_EXIT_CODE
-            | contract::RESTART_EXIT_CODE_ALIAS
-            | contract::PROTOCOL
-            | contract::BARRIER_PORT
-            | contract::BARRIER_PORT_ALIAS
-            | contract::BARRIER_PATH
-            | contract::BARRIER_PATH_ALIAS
-            | contract::WORKER_COMMAND
+        agent_env::NAMESPACE
+            | agent_env::POD_NAME
+            | agent_env::JOBSET_NAME
+            | agent_env::RESTART_EXIT_CODE
+            | agent_env::RESTART_EXIT_CODE_ALIAS
+            | agent_env::PROTOCOL
+            | agent_env::BARRIER_PORT
+            | agent_env::BARRIER_PORT_ALIAS
+            | agent_env::BARRIER_PATH
+            | agent_env::BARRIER_PATH_ALIAS
+            | agent_env::WORKER_COMMAND
     )
 }
 
@@ -669,7 +669,7 @@ impl<'de> Shape<'de> for EnvList<'de> {
     fn from_seq<A: SeqAccess<'de>>(mut seq: A) -> Result<Option<Self>, A::Error> {
         let mut read = Vec::new();
         let mut index = 0;
-        while let Some(L(entry)) = seq.next_element::<L<EnvVar<'de>>>()? {
+        while let Some(Lenient(entry)) = seq.next_element::<Lenient<EnvVar<'de>>>()? {
             if let Some(entry) = entry
                 && entry.name.as_deref().is_some_and(is_env_name_read)
             {
@@ -702,7 +702,7 @@ object_view!(
         1 => v.name = lenient(map)?,
         2 => v.value = lenient(map)?,
         _ => {
-            map.next_value::<L<Skip>>()?;
+            map.next_value::<Lenient<Skip>>()?;
             v.value_from = true;
         }
     }
@@ -763,8 +763,8 @@ pub(crate) fn parse_review(body: &[u8]) -> Result<Option<Review<'_>>, serde_json
     match std::str::from_utf8(body) {
         // Valid UTF-8 text: serde_json's `str` reader checks the same as its slice reader, without
         // checking each string's UTF-8 again.
-        Ok(text) => serde_json::from_str::<L<Review<'_>>>(text).map(|l| l.0),
-        Err(_) => serde_json::from_slice::<L<Review<'_>>>(body).map(|l| l.0),
+        Ok(text) => serde_json::from_str::<Lenient<Review<'_>>>(text).map(|l| l.0),
+        Err(_) => serde_json::from_slice::<Lenient<Review<'_>>>(body).map(|l| l.0),
     }
 }
 
@@ -780,7 +780,9 @@ pub(crate) struct RawJobs<'a> {
 /// is not in the body (an enclosing object is a raw-value object: its JSON is in a string).
 pub(crate) fn raw_jobs(body: &[u8]) -> Option<RawJobs<'_>> {
     let text = std::str::from_utf8(body).ok()?;
-    let review = serde_json::from_str::<L<RawReview<'_>>>(text).ok()?.0?;
+    let review = serde_json::from_str::<Lenient<RawReview<'_>>>(text)
+        .ok()?
+        .0?;
     fn jobs(o: Option<RawJobSet<'_>>) -> Vec<&RawValue> {
         o.and_then(|o| o.spec)
             .and_then(|s| s.replicated_jobs)

@@ -216,7 +216,7 @@ impl ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::apiserver::resources::default_resources;
+    use crate::apiserver::resources::default_resources;
 
     #[test]
     fn statuses_look_like_upstream() {

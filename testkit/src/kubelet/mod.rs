@@ -3,7 +3,7 @@
 //! the agent's code in-process, for large simulations).
 //!
 //! [`Simulation::start`] takes a plain JobSet ([`manifest::plain_jobset`]), applies the webhook's
-//! injection ([`crate::admission::mutate`]), creates it and one pod per position, each with the
+//! injection ([`jobset_inplace::admission::mutate`]), creates it and one pod per position, each with the
 //! labels and annotations the JobSet and Job controllers set. Each pod has its own kubelet task
 //! ([`pod`]) that:
 //! - runs the agent container with the env its template gives (downward-API `fieldRef`s
@@ -27,7 +27,7 @@
 //!
 //! The kubelet's and controllers' own API requests (pod creation, pod status, the JobSet's
 //! `Failed` condition) carry the test API server's chaos exemption header
-//! ([`crate::testing::apiserver::EXEMPT_HEADER`]): under chaos mode, faults hit the agents and the
+//! ([`crate::apiserver::EXEMPT_HEADER`]): under chaos mode, faults hit the agents and the
 //! reconciler only. The real kubelet and controllers retry their writes until they succeed; the
 //! simulation's writes, if faulted, would only be lost or delayed and test the simulator.
 //!
@@ -36,6 +36,7 @@
 mod agents;
 pub mod manifest;
 mod pod;
+mod recognise;
 mod status;
 
 use std::collections::{HashSet, VecDeque};
@@ -54,9 +55,9 @@ pub use agents::{barrier_port, http_get};
 use pod::{PodCmd, PodEnd, PodInfo};
 
 use super::apiserver::TestApiServer;
-use crate::jobset::{JobSet, JobSetSummary};
-use crate::protocol::{Dialect, Epoch, JOBSET_NAME_LABEL};
-use crate::reconciler;
+use jobset_inplace::jobset::{JobSet, JobSetSummary};
+use jobset_inplace::protocol::{Dialect, Epoch, JOBSET_NAME_LABEL};
+use jobset_inplace::reconciler;
 
 /// Where the agent runs in the pod.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,7 +73,7 @@ pub enum AgentMode {
 pub enum AgentRunner {
     /// The real binary as a child process per pod (`env!("CARGO_BIN_EXE_jobset-inplace")`).
     Binary(PathBuf),
-    /// [`crate::agent::run_agent`] as a task of this process on one shared client, the barrier
+    /// [`jobset_inplace::agent::run_agent`] as a task of this process on one shared client, the barrier
     /// read from its state instead of HTTP (sidecar mode only; for hundreds of pods).
     InProcess,
 }
@@ -297,7 +298,7 @@ pub(crate) struct Ctx {
     config: SimConfig,
     server: Arc<TestApiServer>,
     /// The kubelet's and controllers' client: exempt from the test API server's chaos mode
-    /// ([`crate::testing::apiserver::chaos`]), as they play the environment, not the system
+    /// ([`crate::apiserver::chaos`]), as they play the environment, not the system
     /// under test.
     client: kube::Client,
     /// The shared client of in-process agents.
@@ -357,7 +358,7 @@ impl Ctx {
     async fn write_status(&self, pod: &str, status: Value) {
         // The answer is read as a `WatchedPod`, which skips the spec: a kubelet writes thousands
         // of statuses here and has no use for the pod it gets back.
-        let api: Api<crate::reconciler::index::WatchedPod> =
+        let api: Api<jobset_inplace::wire::WatchedPod> =
             Api::namespaced(self.client.clone(), &self.config.namespace);
         let patch = Patch::Merge(json!({ "status": status }));
         for attempt in 0..3 {
@@ -430,7 +431,7 @@ impl Ctx {
             .pointer("/metadata/annotations")?
             .get(self.config.dialect.pod_annotation())?
             .as_str()?;
-        crate::protocol::parse_epoch(raw).ok()
+        jobset_inplace::protocol::parse_epoch(raw).ok()
     }
 
     /// The pods of the JobSet that count: not failed, not terminating.

@@ -1,7 +1,7 @@
 //! The value path of admission, as a test oracle: read the body as a `Value` and decide on it
 //! with `admission::decide` (what the offline commands do). `admission::review` decodes bodies
 //! into sparse views instead and must answer exactly these bytes. Shared by the integration tests
-//! (`tests/common`) and the fuzz targets (`fuzz/src/lib.rs`).
+//! and the fuzz targets (`fuzz/src/lib.rs`).
 
 use jobset_inplace::admission::{self, Endpoint, InjectionConfig, Request};
 use serde_json::{Value, json};

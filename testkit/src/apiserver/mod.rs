@@ -1,4 +1,4 @@
-//! An in-process Kubernetes API server for tests (design.md §5).
+//! An in-process Kubernetes API server for tests (docs/architecture.md, "Test kit").
 //!
 //! [`TestApiServer`] speaks the Kubernetes REST and watch protocol over plain HTTP on loopback,
 //! so the real `kube` client, `kube::runtime::watcher`, reflectors and `kube-lease-manager` run
@@ -7,7 +7,7 @@
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! use jobset_inplace::testing::apiserver::{TestApiServer, Verb};
+//! use jobset_inplace_testkit::apiserver::{TestApiServer, Verb};
 //! use k8s_openapi::api::core::v1::Pod;
 //! use kube::api::{Api, ListParams};
 //!

@@ -9,10 +9,10 @@ use tokio::sync::mpsc;
 
 use super::agents::AgentRun;
 use super::manifest::{self, WORKER_CONTAINER, WORKER_CONTROL_ENV};
+use super::recognise::{self, RESTART_CONTAINER, restarts_pod, rule_action};
 use super::status::StatusWriter;
 use super::{AgentMode, AgentRunner, Ctx};
-use crate::admission::pod as podspec;
-use crate::agent::contract;
+use jobset_inplace::wire::agent_env;
 
 /// What a test (or the node) does to a pod.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,30 +68,19 @@ struct Containers {
 }
 
 fn containers(ctx: &Ctx, spec: &Value) -> Option<Containers> {
-    let view = podspec::pod_spec_view(spec);
-    let agent = podspec::agent(&view)?;
-    let probe_path = agent
-        .container
-        .startup_http_get()
-        .and_then(|g| g.path.as_deref())
-        .unwrap_or(contract::DEFAULT_BARRIER_PATH)
+    let agent = recognise::agent(spec)?;
+    let probe_path = recognise::startup_probe_path(agent)
+        .unwrap_or(agent_env::DEFAULT_BARRIER_PATH)
         .to_owned();
     let worker = match ctx.config.mode {
-        AgentMode::Sidecar => podspec::containers(&view, podspec::ContainerList::Regular)
-            .find(|c| c.name() == WORKER_CONTAINER)
-            .and_then(|c| container_value(spec, &c)),
+        AgentMode::Sidecar => recognise::regular_container(spec, WORKER_CONTAINER).cloned(),
         AgentMode::MainContainer => None,
     };
     Some(Containers {
-        agent: container_value(spec, &agent.container)?,
+        agent: agent.clone(),
         worker,
         probe_path,
     })
-}
-
-/// The JSON of a container the views found, by its list and index.
-fn container_value(spec: &Value, c: &podspec::Container<'_>) -> Option<Value> {
-    spec.get(c.list.key())?.get(c.index).cloned()
 }
 
 async fn kubelet(
@@ -161,8 +150,8 @@ async fn kubelet(
                     }
                     Some(PodCmd::WorkerExit(code)) => match mode {
                         AgentMode::Sidecar if worker_running => {
-                            let action = spec.worker.as_ref().and_then(|w| manifest::rule_action(w, code));
-                            if action.as_deref() == Some(podspec::RESTART_CONTAINER) {
+                            let action = spec.worker.as_ref().and_then(|w| rule_action(w, code));
+                            if action.as_deref() == Some(RESTART_CONTAINER) {
                                 // The worker alone restarts: what the protocol must never need.
                                 ctx.worker_stopped(pod.slot);
                                 ctx.worker_started(pod.slot, &pod.name);
@@ -231,17 +220,14 @@ async fn kubelet(
             Exit::Agent(code) => {
                 // The container is gone, and every process in it.
                 kill_group(ctx, &mut group);
-                let action = manifest::rule_action(&spec.agent, code);
+                let action = rule_action(&spec.agent, code);
                 ctx.log(format!(
                     "{}: agent container exited {code} (rule: {})",
                     pod.name,
                     action.as_deref().unwrap_or("none")
                 ));
-                let restarts_all = matches!(
-                    action.as_deref(),
-                    Some(podspec::RESTART_ALL_CONTAINERS | podspec::RESTART_POD)
-                );
-                let restarts_self = action.as_deref() == Some(podspec::RESTART_CONTAINER);
+                let restarts_all = action.as_deref().is_some_and(restarts_pod);
+                let restarts_self = action.as_deref() == Some(RESTART_CONTAINER);
                 match mode {
                     AgentMode::Sidecar if restarts_all => {
                         worker_running = false;
@@ -278,19 +264,13 @@ async fn kubelet(
                 }
             }
             Exit::Worker(code) => {
-                let action = spec
-                    .worker
-                    .as_ref()
-                    .and_then(|w| manifest::rule_action(w, code));
+                let action = spec.worker.as_ref().and_then(|w| rule_action(w, code));
                 ctx.log(format!(
                     "{}: worker exited {code} (rule: {})",
                     pod.name,
                     action.as_deref().unwrap_or("none")
                 ));
-                if matches!(
-                    action.as_deref(),
-                    Some(podspec::RESTART_ALL_CONTAINERS | podspec::RESTART_POD)
-                ) {
+                if action.as_deref().is_some_and(restarts_pod) {
                     restart_in_place(ctx, pod, &spec, &mut agent, restart_count, status).await;
                     restart_count += 1;
                     continue;
@@ -363,7 +343,7 @@ fn start_agent(
         env.push((name.to_owned(), value));
     };
     if let Some(port) = pod.port {
-        set(contract::BARRIER_PORT, port.to_string());
+        set(agent_env::BARRIER_PORT, port.to_string());
     }
     if ctx.config.mode == AgentMode::MainContainer {
         set(
@@ -373,7 +353,7 @@ fn start_agent(
     }
     match &ctx.config.agents {
         AgentRunner::Binary(binary) => {
-            set(contract::API_URL, ctx.server.url());
+            set(agent_env::API_URL, ctx.server.url());
             set(
                 "JOBSET_INPLACE_LOG_LEVEL",
                 ctx.config.agent_log_level.clone(),

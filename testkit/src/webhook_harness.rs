@@ -1,25 +1,52 @@
-//! Shared by the webhook tests and benches: a webhook started in-process on ephemeral loopback
-//! ports with certificates generated into a temporary directory, a minimal HTTP/1.1 client over
-//! tokio-rustls (one connection, keep-alive, peer certificate visible) trusting only the
-//! generated CA, and the fixture requests.
-#![allow(dead_code)]
+//! A harness for the webhook tests and benches: a webhook started in-process on ephemeral
+//! loopback ports with certificates generated into a temporary directory, the real binary as a
+//! child process ([`Replica`]), and a minimal HTTP/1.1 client over tokio-rustls (one connection,
+//! keep-alive, peer certificate visible) trusting only the generated CA. The fixture requests are
+//! [`crate::fixtures`].
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::Router;
+use axum::extract::{Request, State};
+use axum::http::{HeaderValue, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
 use clap::Parser as _;
 use jobset_inplace::admission::InjectionConfig;
 use jobset_inplace::certs;
 use jobset_inplace::cli::{Cli, Command};
-use jobset_inplace::webhook::{self, ServeOptions, Webhook};
+use jobset_inplace::webhook::{self, Handlers, ServeOptions, Webhook};
 use rustls::pki_types::{CertificateDer, ServerName};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio_rustls::TlsConnector;
+
+/// The webhook's admission routes and `GET|POST /ping`: a trivial route that reads its body
+/// (under the same limits and budget) and answers `{}`. Not in the product: a TLS liveness
+/// check for the tests and the benchmark's ceiling (the same connection handling without a
+/// review).
+pub fn routes_with_ping() -> Router<Handlers> {
+    webhook::admission_routes().route("/ping", get(ping).post(ping))
+}
+
+async fn ping(State(handlers): State<Handlers>, request: Request) -> axum::response::Response {
+    match handlers.read_body(request).await {
+        Ok(_) => (
+            [(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            )],
+            "{}",
+        )
+            .into_response(),
+        Err(answer) => answer,
+    }
+}
 
 pub fn install_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -82,10 +109,11 @@ impl TestServer {
         options.shutdown_grace = Duration::from_secs(5);
         adjust(&mut options);
         let (tx, rx) = oneshot::channel::<()>();
-        let task = tokio::spawn(webhook::serve(
+        let task = tokio::spawn(webhook::serve_routes(
             https,
             health,
             Webhook::new(config.clone()),
+            routes_with_ping(),
             options,
             async move {
                 let _ = rx.await;
@@ -342,146 +370,6 @@ impl Conn {
     }
 }
 
-/// One `fixtures/admission/<case>/`: its name, its request as JSON bytes, its `config.yaml`.
-pub struct Fixture {
-    pub name: String,
-    pub body: Vec<u8>,
-    pub config: Option<PathBuf>,
-}
-
-/// Every `fixtures/admission/<case>/request.{json,yaml,yml}` (YAML converted to JSON).
-pub fn fixture_requests() -> Vec<Fixture> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/admission");
-    let Ok(entries) = std::fs::read_dir(&root) else {
-        return Vec::new();
-    };
-    let mut cases: Vec<PathBuf> = entries
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.is_dir())
-        .collect();
-    cases.sort();
-    let mut requests = Vec::new();
-    for case in cases {
-        let name = case
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let json = case.join("request.json");
-        let yaml = ["request.yaml", "request.yml"]
-            .into_iter()
-            .map(|f| case.join(f))
-            .find(|p| p.exists());
-        let config = Some(case.join("config.yaml")).filter(|p| p.exists());
-        let body = if json.exists() {
-            std::fs::read(&json).expect("read request.json")
-        } else if let Some(yaml) = yaml {
-            let text = std::fs::read_to_string(&yaml).expect("read request.yaml");
-            let value: serde_json::Value =
-                serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", yaml.display()));
-            serde_json::to_vec(&value).expect("to json")
-        } else {
-            continue;
-        };
-        requests.push(Fixture { name, body, config });
-    }
-    requests
-}
-
-/// A JobSet AdmissionReview request (CREATE) with `replicated_jobs` replicated jobs, each with a
-/// rich pod template (`env_vars` env vars per container, volumes, affinity, tolerations).
-pub fn jobset_review(uid: &str, replicated_jobs: usize, env_vars: usize) -> Vec<u8> {
-    use serde_json::json;
-    let rjobs: Vec<serde_json::Value> = (0..replicated_jobs)
-        .map(|i| {
-            let env: Vec<serde_json::Value> = (0..env_vars)
-                .map(|e| json!({"name": format!("WORKER_SETTING_{i}_{e}"), "value": format!("value-{e}-of-a-reasonably-long-setting")}))
-                .collect();
-            json!({
-                "name": format!("workers-{i}"),
-                "replicas": 2,
-                "template": {
-                    "spec": {
-                        "parallelism": 4,
-                        "completions": 4,
-                        "backoffLimit": 2147483647,
-                        "podReplacementPolicy": "Failed",
-                        "template": {
-                            "metadata": {"labels": {"app": "trainer", "role": format!("workers-{i}")}},
-                            "spec": {
-                                "restartPolicy": "OnFailure",
-                                "containers": [{
-                                    "name": "trainer",
-                                    "image": "registry.example.com/ml/trainer:v1.2.3",
-                                    "command": ["python", "-m", "trainer", "--epochs", "100"],
-                                    "env": env,
-                                    "resources": {
-                                        "requests": {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": "8"},
-                                        "limits": {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": "8"}
-                                    },
-                                    "volumeMounts": [
-                                        {"name": "data", "mountPath": "/data", "readOnly": true},
-                                        {"name": "checkpoints", "mountPath": "/checkpoints"},
-                                        {"name": "shm", "mountPath": "/dev/shm"}
-                                    ],
-                                    "ports": [{"containerPort": 29500, "name": "dist"}]
-                                }],
-                                "volumes": [
-                                    {"name": "data", "persistentVolumeClaim": {"claimName": "dataset"}},
-                                    {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "checkpoints"}},
-                                    {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}}
-                                ],
-                                "affinity": {
-                                    "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [
-                                        {"key": "cloud.example.com/accelerator", "operator": "In", "values": ["h100", "a100"]},
-                                        {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["zone-a", "zone-b"]}
-                                    ]}]}},
-                                    "podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "podAffinityTerm": {
-                                        "labelSelector": {"matchLabels": {"app": "trainer"}},
-                                        "topologyKey": "kubernetes.io/hostname"
-                                    }}]}
-                                },
-                                "tolerations": [
-                                    {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
-                                    {"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}
-                                ]
-                            }
-                        }
-                    }
-                }
-            })
-        })
-        .collect();
-    let jobset = json!({
-        "apiVersion": "jobset.x-k8s.io/v1alpha2",
-        "kind": "JobSet",
-        "metadata": {"name": "trainer", "namespace": "ml", "labels": {"team": "research"}},
-        "spec": {
-            "failurePolicy": {"maxRestarts": 10, "restartStrategy": "InPlaceRestart"},
-            "replicatedJobs": rjobs
-        }
-    });
-    let review = json!({
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": uid,
-            "kind": {"group": "jobset.x-k8s.io", "version": "v1alpha2", "kind": "JobSet"},
-            "resource": {"group": "jobset.x-k8s.io", "version": "v1alpha2", "resource": "jobsets"},
-            "requestKind": {"group": "jobset.x-k8s.io", "version": "v1alpha2", "kind": "JobSet"},
-            "requestResource": {"group": "jobset.x-k8s.io", "version": "v1alpha2", "resource": "jobsets"},
-            "name": "trainer",
-            "namespace": "ml",
-            "operation": "CREATE",
-            "userInfo": {"username": "alice", "groups": ["system:authenticated"]},
-            "object": jobset,
-            "oldObject": null,
-            "dryRun": false,
-            "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"}
-        }
-    });
-    serde_json::to_vec(&review).expect("serialize")
-}
-
 /// `jobset-inplace webhook` as a child process on ephemeral loopback ports (learnt from its
 /// "webhook serving" log line), serving `--tls-cert`/`--tls-key`; killed when dropped.
 pub struct Replica {
@@ -494,12 +382,11 @@ pub struct Replica {
 
 impl Replica {
     /// Starts the binary with `--tls-cert cert --tls-key key` and `extra` flags, and waits until
-    /// `/readyz` answers 200. The binary is this build's, or `$JOBSET_INPLACE_WEBHOOK_BIN` (e.g.
-    /// the musl build the image ships).
-    pub async fn start(cert: &Path, key: &Path, extra: &[&str]) -> Replica {
+    /// `/readyz` answers 200. The binary is `bin` (a test's `CARGO_BIN_EXE_jobset-inplace`), or
+    /// `$JOBSET_INPLACE_WEBHOOK_BIN` when set (e.g. the musl build the image ships).
+    pub async fn start(bin: &str, cert: &Path, key: &Path, extra: &[&str]) -> Replica {
         use tokio::io::AsyncBufReadExt as _;
-        let bin = std::env::var_os("JOBSET_INPLACE_WEBHOOK_BIN")
-            .unwrap_or_else(|| env!("CARGO_BIN_EXE_jobset-inplace").into());
+        let bin = std::env::var_os("JOBSET_INPLACE_WEBHOOK_BIN").unwrap_or_else(|| bin.into());
         let mut child = tokio::process::Command::new(bin)
             .args(["--log-format", "json", "webhook"])
             .args(["--addr", "127.0.0.1:0", "--health-addr", "127.0.0.1:0"])
@@ -610,21 +497,4 @@ pub fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
-}
-
-/// The largest fixture request without a config of its own (a server runs the default one)
-/// when it has at least `min_bytes`, else a synthetic JobSet review; with what it is.
-pub fn largest_request(min_bytes: usize) -> (String, Vec<u8>) {
-    fixture_requests()
-        .into_iter()
-        .filter(|f| f.config.is_none())
-        .max_by_key(|f| f.body.len())
-        .filter(|f| f.body.len() >= min_bytes)
-        .map(|f| (format!("fixture {}", f.name), f.body))
-        .unwrap_or_else(|| {
-            (
-                "synthetic JobSet (4 replicatedJobs x 40 env vars)".to_owned(),
-                jobset_review("bench", 4, 40),
-            )
-        })
 }

@@ -1352,7 +1352,7 @@ fn merge_sorted<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::apiserver::resources::default_resources;
+    use crate::apiserver::resources::default_resources;
 
     struct T {
         s: Store,

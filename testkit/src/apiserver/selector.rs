@@ -364,7 +364,7 @@ fn find_op(s: &str, op: &str) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::apiserver::resources::default_resources;
+    use crate::apiserver::resources::default_resources;
     use serde_json::json;
 
     fn obj(labels: Value) -> Value {

@@ -151,10 +151,10 @@ pub fn default_resources() -> Vec<ResourceType> {
             .with_status()
             .with_fields(POD_FIELDS),
         ResourceType::namespaced(
-            crate::jobset::GROUP,
-            crate::jobset::VERSION,
-            crate::jobset::KIND,
-            crate::jobset::PLURAL,
+            jobset_inplace::jobset::GROUP,
+            jobset_inplace::jobset::VERSION,
+            jobset_inplace::jobset::KIND,
+            jobset_inplace::jobset::PLURAL,
         )
         .with_status(),
         ResourceType::namespaced("", "v1", "Event", "events")
@@ -311,7 +311,10 @@ mod tests {
             r.by_kube::<k8s_openapi::api::coordination::v1::Lease>(),
             r.resolve("leases")
         );
-        assert_eq!(r.by_kube::<crate::jobset::JobSet>(), r.resolve("jobsets"));
+        assert_eq!(
+            r.by_kube::<jobset_inplace::jobset::JobSet>(),
+            r.resolve("jobsets")
+        );
         assert_eq!(
             r.by_kube::<k8s_openapi::api::events::v1::Event>(),
             Some(new_events)

@@ -1,5 +1,5 @@
 //! One run of an agent container: the real `jobset-inplace agent` binary as a child process, or
-//! (for large simulations) [`crate::agent::run_agent`] as a task of this process.
+//! (for large simulations) [`jobset_inplace::agent::run_agent`] as a task of this process.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -13,8 +13,9 @@ use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
-use crate::agent::{self, BarrierState, Signal, contract};
-use crate::protocol::Dialect;
+use jobset_inplace::agent::{self, BarrierState, Signal};
+use jobset_inplace::protocol::Dialect;
+use jobset_inplace::wire::agent_env;
 
 /// A running (or ended) agent container.
 pub(crate) struct AgentRun {
@@ -31,7 +32,7 @@ enum Kind {
         barrier: Option<SocketAddr>,
     },
     InProcess {
-        task: JoinHandle<agent::Outcome>,
+        task: JoinHandle<agent::AgentExit>,
         signals: mpsc::UnboundedSender<Signal>,
         barrier: watch::Receiver<BarrierState>,
         restart_exit_code: u8,
@@ -102,7 +103,7 @@ impl AgentRun {
     ) -> Result<AgentRun, agent::Error> {
         let env: HashMap<&str, &str> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
         let dialect = env
-            .get(contract::PROTOCOL)
+            .get(agent_env::PROTOCOL)
             .and_then(|p| p.parse().ok())
             .unwrap_or(dialect);
         let config = agent::config::from_env(

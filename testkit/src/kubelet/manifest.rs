@@ -1,12 +1,12 @@
 //! The objects of a simulated JobSet: the plain JobSet a user writes, the injection applied to it
-//! (the real [`crate::admission::mutate`]), the pods the Job controller creates from it, and the
+//! (the real [`jobset_inplace::admission::mutate`]), the pods the Job controller creates from it, and the
 //! downward-API env the kubelet resolves for a container.
 
 use serde_json::{Map, Value, json};
 
 use super::{AgentMode, SimConfig, SimError};
-use crate::admission::{self, InjectionConfig};
-use crate::protocol::JOBSET_NAME_LABEL;
+use jobset_inplace::admission::{self, InjectionConfig};
+use jobset_inplace::protocol::JOBSET_NAME_LABEL;
 
 /// Label and annotation of the replicated job a pod belongs to.
 pub const REPLICATED_JOB_LABEL: &str = "jobset.sigs.k8s.io/replicatedjob-name";
@@ -68,7 +68,7 @@ pub fn plain_jobset(c: &SimConfig) -> Value {
                 "name": MAIN_AGENT_CONTAINER, "image": "worker-with-agent:sim", "args": ["agent"],
                 "restartPolicy": "Never",
                 "restartPolicyRules": [{"action": "Restart", "exitCodes": exit_codes("NotIn", &[0])}],
-                "env": [{"name": crate::agent::contract::WORKER_COMMAND, "value": WORKER_SCRIPT}]
+                "env": [{"name": jobset_inplace::wire::agent_env::WORKER_COMMAND, "value": WORKER_SCRIPT}]
             }]
         }),
     };
@@ -95,7 +95,7 @@ pub fn plain_jobset(c: &SimConfig) -> Value {
             json!([{"action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"]}]);
     }
     json!({
-        "apiVersion": crate::jobset::API_VERSION, "kind": crate::jobset::KIND,
+        "apiVersion": jobset_inplace::jobset::API_VERSION, "kind": jobset_inplace::jobset::KIND,
         "metadata": {"name": c.jobset_name, "namespace": c.namespace},
         "spec": {"failurePolicy": policy, "replicatedJobs": replicated}
     })
@@ -244,24 +244,10 @@ pub fn field_ref(pod: &Value, path: &str) -> Option<String> {
     pod.pointer(pointer)?.as_str().map(str::to_owned)
 }
 
-/// The action of the first of a container's `restartPolicyRules` that covers an exit code.
-pub fn rule_action(container: &Value, code: i32) -> Option<String> {
-    let view = admission::pod::container_view(container);
-    let c = admission::pod::Container {
-        list: admission::pod::ContainerList::Regular,
-        index: 0,
-        view: &view,
-    };
-    c.restart_rules()
-        .iter()
-        .find(|r| r.covers(i64::from(code)))
-        .map(|r| r.action().to_owned())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::Dialect;
+    use jobset_inplace::protocol::Dialect;
 
     #[test]
     fn field_refs() {
@@ -299,14 +285,11 @@ mod tests {
             let slots = slots(&js);
             assert_eq!(slots.len(), 2);
             let spec = &slots[0].template["spec"];
-            let view = admission::pod::pod_spec_view(spec);
-            let agent = admission::pod::agent(&view).expect("an agent");
-            assert!(
-                agent
-                    .container
-                    .env(crate::agent::contract::JOBSET_NAME)
-                    .is_some()
-            );
+            let agent = super::super::recognise::agent(spec).expect("an agent");
+            assert!(super::super::recognise::has_env(
+                agent,
+                jobset_inplace::wire::agent_env::JOBSET_NAME
+            ));
             let config = InjectionConfig::defaults(Dialect::Epoch);
             let validation = admission::validate(&js, &config);
             assert!(validation.violations.is_empty(), "{mode:?}: {validation:?}");

@@ -1,20 +1,18 @@
-//! Shared by the integration tests: the admission fixtures and the JobSet v0.12 fixtures in
-//! `fixtures/jobset-v0.12/` (the released CRD's schema, and our examples in its documented shapes).
-#![allow(dead_code)]
+//! The repository's fixtures as tests read them: the admission cases of `fixtures/admission/`
+//! (requests, expected answers, configs), the JobSet v0.12 fixtures of `fixtures/jobset-v0.12/`
+//! (the released CRD's schema, and our examples in its documented shapes), and readers of the
+//! parts of an AdmissionResponse the fixtures pin (warnings, violation fields).
 
 use std::path::{Path, PathBuf};
-
-// Shared with the fuzz targets (fuzz/src/lib.rs includes the same file).
-mod value_path;
-#[allow(unused_imports)]
-pub use value_path::review_through_value;
 
 use jobset_inplace::admission::InjectionConfig;
 use jobset_inplace::admission::config::InjectionArgs;
 use serde_json::Value;
 
+/// The product crate's directory: the repository root (the test kit is `testkit/` in it).
 pub fn manifest_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    let testkit = Path::new(env!("CARGO_MANIFEST_DIR"));
+    testkit.parent().unwrap_or(testkit).to_path_buf()
 }
 
 /// `fixtures/jobset-v0.12/`: see its ORIGIN.md.
@@ -128,4 +126,66 @@ pub fn violation_fields(response: &Value) -> Vec<String> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// One `fixtures/admission/<case>/`: its name, its request as JSON bytes, its `config.yaml`.
+pub struct Fixture {
+    pub name: String,
+    pub body: Vec<u8>,
+    pub config: Option<PathBuf>,
+}
+
+/// Every `fixtures/admission/<case>/request.{json,yaml,yml}` (YAML converted to JSON).
+pub fn fixture_requests() -> Vec<Fixture> {
+    let root = manifest_dir().join("fixtures/admission");
+    let Ok(entries) = std::fs::read_dir(&root) else {
+        return Vec::new();
+    };
+    let mut cases: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_dir())
+        .collect();
+    cases.sort();
+    let mut requests = Vec::new();
+    for case in cases {
+        let name = case
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let json = case.join("request.json");
+        let yaml = ["request.yaml", "request.yml"]
+            .into_iter()
+            .map(|f| case.join(f))
+            .find(|p| p.exists());
+        let config = Some(case.join("config.yaml")).filter(|p| p.exists());
+        let body = if json.exists() {
+            std::fs::read(&json).expect("read request.json")
+        } else if let Some(yaml) = yaml {
+            let text = std::fs::read_to_string(&yaml).expect("read request.yaml");
+            let value: serde_json::Value =
+                serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", yaml.display()));
+            serde_json::to_vec(&value).expect("to json")
+        } else {
+            continue;
+        };
+        requests.push(Fixture { name, body, config });
+    }
+    requests
+}
+
+/// The largest fixture request without a config of its own (a server runs the default one)
+/// when it has at least `min_bytes`, else a synthetic JobSet review; with what it is.
+pub fn largest_request(min_bytes: usize) -> (String, Vec<u8>) {
+    fixture_requests()
+        .into_iter()
+        .filter(|f| f.config.is_none())
+        .max_by_key(|f| f.body.len())
+        .filter(|f| f.body.len() >= min_bytes)
+        .map(|f| (format!("fixture {}", f.name), f.body))
+        .unwrap_or_else(|| {
+            (
+                "synthetic JobSet (4 replicatedJobs x 40 env vars)".to_owned(),
+                crate::generators::jobset_review("bench", 4, 40),
+            )
+        })
 }

@@ -755,7 +755,7 @@ fn discovery(reg: &Registry, route: &Route, headers: &HeaderMap) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::apiserver::resources::default_resources;
+    use crate::apiserver::resources::default_resources;
 
     #[test]
     fn paths() {
