@@ -469,6 +469,31 @@ async fn missing_jobset_is_retried() {
     assert!(!a.lifted());
 }
 
+/// The faults that do not end: the JobSet watch opens and then says nothing (no event, no
+/// bookmark), and the next watch request is never answered at all. The agent abandons each
+/// after its window and resumes, and still sees its epoch synced: the barrier lifts.
+#[tokio::test]
+async fn silent_watches_are_abandoned_and_resumed() {
+    let server = TestApiServer::start().await;
+    server
+        .create("jobsets", jobset("InPlaceRestart"))
+        .expect("jobset");
+    server.create("pods", pod("p0")).expect("pod");
+    // The first watch stays open and silent; the next one is accepted and never answered.
+    server.silence_next(2, Verb::Watch, "jobsets");
+    let mut config = AgentConfig::sidecar(NS, "p0", "js", Dialect::Epoch);
+    config.watch_idle_timeout = Duration::from_millis(500);
+    config.api_timeout = Duration::from_millis(500);
+    let a = InProcess::start_with(&server, config);
+    until("the registration", || {
+        annotation(&server, Dialect::Epoch, "p0").as_deref() == Some("1")
+    })
+    .await;
+    set_status(&server, json!({"syncedEpoch": 1}));
+    until("the barrier to lift", || a.lifted()).await;
+    assert!(server.counters().get(Verb::Watch, "jobsets") >= 3);
+}
+
 /// Server errors and conflicts on the annotation write are retried.
 #[tokio::test]
 async fn failed_and_conflicting_writes_are_retried() {

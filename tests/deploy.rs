@@ -1722,6 +1722,8 @@ async fn the_reconcilers_rbac_grants_every_request_it_makes_and_no_more() {
                     service_account: args.agent_service_account.clone(),
                     cluster_role: args.agent_cluster_role.clone(),
                 }),
+                request_timeout: args.request_timeout,
+                watch_timeout: args.watch_timeout,
             },
             leader_election: args.leader_elect.then(|| LeaderElection {
                 lease_name: args.lease_name.clone(),

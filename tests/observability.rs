@@ -347,6 +347,8 @@ async fn reconciler_metrics() -> String {
             debounce: Duration::from_millis(5),
             identity: "r1".to_owned(),
             provision: None,
+            request_timeout: reconciler::DEFAULT_REQUEST_TIMEOUT,
+            watch_timeout: reconciler::DEFAULT_WATCH_TIMEOUT,
         },
         leader_election: None,
         check_crd: false,

@@ -25,6 +25,8 @@ fn options(dialect: Dialect, identity: &str, leader: Option<LeaderElection>) -> 
             debounce: Duration::from_millis(5),
             identity: identity.to_owned(),
             provision: None,
+            request_timeout: reconciler::DEFAULT_REQUEST_TIMEOUT,
+            watch_timeout: reconciler::DEFAULT_WATCH_TIMEOUT,
         },
         leader_election: leader,
         check_crd: false,
@@ -442,6 +444,69 @@ async fn rides_through_faults() {
             .await;
         w.set_epoch(1, 3);
         w.until("synced", |w| w.synced() == Some(3)).await;
+    })
+    .await;
+}
+
+/// The faults that do not end: a status write and a status read that are never answered, and
+/// watches that stay open and silent. Each costs at most its timeout; the JobSet converges, and
+/// the timeouts are counted.
+#[tokio::test]
+async fn silent_requests_and_watches_are_abandoned() {
+    bounded(async {
+        let w = World::new(Dialect::Epoch, &[(1, 2)], 10).await;
+        let mut opts = options(Dialect::Epoch, "r1", None);
+        opts.settings.request_timeout = Duration::from_millis(300);
+        opts.settings.watch_timeout = Duration::from_secs(1);
+        let (stop, stopped) = oneshot::channel::<()>();
+        let client = w.server.client();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let run = tokio::spawn(reconciler::run(client, opts, Some(listener), async {
+            let _ = stopped.await;
+        }));
+        w.set_epoch(0, 1);
+        w.set_epoch(1, 1);
+        w.until("sync", |w| w.synced() == Some(1)).await;
+
+        // The next status write, and the read that checks whether it applied, go unanswered.
+        w.server.silence_next(1, Verb::Patch, "jobsets/status");
+        w.server.silence_next(1, Verb::Get, "jobsets/status");
+        w.set_epoch(0, 2);
+        w.until("deprecated despite a silent write", |w| {
+            w.deprecated() == Some(1)
+        })
+        .await;
+
+        // Every watch goes silent once: no event, no bookmark. Changes made after that are
+        // seen once the watches are abandoned and resumed.
+        w.server.silence_next(3, Verb::Watch, None);
+        w.server.cut_watches();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        w.set_epoch(1, 2);
+        w.until("synced after silent watches", |w| w.synced() == Some(2))
+            .await;
+
+        let metrics = reqwest::get(format!("http://{addr}/metrics"))
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("text");
+        assert!(
+            metrics.contains(
+                r#"jobset_inplace_reconciler_api_timeouts_total{call="status_write"} 1"#
+            ),
+            "{metrics}"
+        );
+        assert!(
+            metrics.contains(r#"jobset_inplace_reconciler_status_writes_total{field="deprecated",result="timeout"} 1"#),
+            "{metrics}"
+        );
+        let _ = stop.send(());
+        run.await.expect("joins").expect("stops cleanly");
     })
     .await;
 }

@@ -18,8 +18,10 @@ pub struct AgentConfig {
     pub restart_exit_code: u8,
     pub dialect: Dialect,
     pub mode: Mode,
-    /// Timeout of each GET and PATCH.
+    /// Timeout of each GET and PATCH, and of opening the watch.
     pub api_timeout: Duration,
+    /// A watch that delivers nothing for this long is abandoned and resumed.
+    pub watch_idle_timeout: Duration,
     /// The API server URL, when not the in-cluster one ([`agent_env::API_URL`]).
     pub api_url: Option<String>,
     /// When the process started: the origin of the timings in the logs.
@@ -55,6 +57,7 @@ impl AgentConfig {
                 path: agent_env::DEFAULT_BARRIER_PATH.to_owned(),
             },
             api_timeout: agent_env::DEFAULT_API_TIMEOUT,
+            watch_idle_timeout: agent_env::DEFAULT_WATCH_IDLE_TIMEOUT,
             api_url: None,
             started: Instant::now(),
         }
@@ -165,6 +168,15 @@ pub fn from_env(
             d => d,
         },
     };
+    let watch_idle_timeout = match get(agent_env::WATCH_IDLE_TIMEOUT) {
+        None => agent_env::DEFAULT_WATCH_IDLE_TIMEOUT,
+        Some(v) => match duration(agent_env::WATCH_IDLE_TIMEOUT, &v)? {
+            d if d.is_zero() => {
+                return Err(invalid(agent_env::WATCH_IDLE_TIMEOUT, &v, "must not be 0"));
+            }
+            d => d,
+        },
+    };
     let api_url = match get(agent_env::API_URL) {
         None => None,
         Some(v) => {
@@ -191,6 +203,7 @@ pub fn from_env(
         dialect,
         mode,
         api_timeout,
+        watch_idle_timeout,
         api_url,
         started,
     })
@@ -389,6 +402,13 @@ mod tests {
         assert_eq!(c.api_url.as_deref(), Some("http://127.0.0.1:1234"));
         let e = message(parse(&with(&[("AGENT_API_TIMEOUT", "0")])));
         assert!(e.starts_with("AGENT_API_TIMEOUT="), "{e}");
+        assert_eq!(c.watch_idle_timeout, Duration::from_secs(90));
+        let c = parse(&with(&[("AGENT_WATCH_IDLE_TIMEOUT", "2m")])).expect("parses");
+        assert_eq!(c.watch_idle_timeout, Duration::from_secs(120));
+        for bad in ["0", "soon"] {
+            let e = message(parse(&with(&[("AGENT_WATCH_IDLE_TIMEOUT", bad)])));
+            assert!(e.starts_with("AGENT_WATCH_IDLE_TIMEOUT="), "{e}");
+        }
         for bad in ["127.0.0.1:1234", "ftp://x", "http://"] {
             let e = message(parse(&with(&[("AGENT_API_URL", bad)])));
             assert!(e.starts_with("AGENT_API_URL="), "{e}");

@@ -84,8 +84,9 @@ pub enum Error {
 /// 8080), BARRIER_PATH (alias STARTUP_PROBE_PATH; default /barrier-is-lifted), WORKER_COMMAND
 /// (main-container mode: run it with $SHELL -c once the barrier lifts; excludes the barrier
 /// variables), AGENT_WORKER_GRACE_PERIOD (main-container mode: SIGTERM to SIGKILL, default 10s),
-/// AGENT_API_TIMEOUT (per GET/PATCH, default 10s), AGENT_API_URL (API server URL instead of the
-/// in-cluster config; for simulators and local runs).
+/// AGENT_API_TIMEOUT (per GET/PATCH and watch opening, default 10s), AGENT_WATCH_IDLE_TIMEOUT (a
+/// JobSet watch silent this long is resumed, default 90s), AGENT_API_URL (API server URL instead
+/// of the in-cluster config; for simulators and local runs).
 ///
 /// Exit codes: the restart code when the pod's epoch is deprecated; 128+N on signal N; 2 on a
 /// configuration error; in main-container mode the worker's own code (127 if it cannot start).
@@ -107,7 +108,9 @@ Environment (set by the webhook's injection; empty counts as unset):
   WORKER_COMMAND                 main-container mode: run it with $SHELL -c (default /bin/sh)
                                  once the barrier lifts; no barrier endpoint then
   AGENT_WORKER_GRACE_PERIOD      main-container mode: SIGTERM to SIGKILL of the worker (10s)
-  AGENT_API_TIMEOUT              timeout of each GET and PATCH (10s)
+  AGENT_API_TIMEOUT              timeout of each GET and PATCH, and of opening the watch (10s)
+  AGENT_WATCH_IDLE_TIMEOUT       a JobSet watch with no event or bookmark this long is dead:
+                                 abandoned and resumed (90s)
   AGENT_API_URL                  API server URL instead of the in-cluster config (simulators)
 
 Exit codes: the restart code when the pod's epoch is deprecated; 128+N on signal N; 2 on a

@@ -211,6 +211,7 @@ struct Protocol {
     pod_name: String,
     jobset_name: String,
     api_timeout: Duration,
+    watch_idle_timeout: Duration,
     started: Instant,
     barrier: watch::Sender<BarrierState>,
     /// The epoch to register, once the pod and JobSet were read.
@@ -242,6 +243,7 @@ impl Protocol {
             pod_name: config.pod_name.clone(),
             jobset_name: config.jobset_name.clone(),
             api_timeout: config.api_timeout,
+            watch_idle_timeout: config.watch_idle_timeout,
             started: config.started,
             barrier,
             epoch: None,
@@ -465,13 +467,13 @@ impl Protocol {
                     .resource_version
                     .clone()
                     .unwrap_or_else(|| "0".to_owned());
-                match self.jobsets.watch(&params, &from).await {
+                match with_timeout(self.api_timeout, self.jobsets.watch(&params, &from)).await {
                     Ok(stream) => {
                         self.watch_opened = Instant::now();
                         self.watch_events = 0;
                         self.stream.insert(stream.boxed())
                     }
-                    Err(e) if api_code(&e) == Some(410) => {
+                    Err(CallError::Api(e)) if api_code(&e) == Some(410) => {
                         tracing::info!(
                             "the watch's resourceVersion expired; re-reading the JobSet"
                         );
@@ -480,13 +482,21 @@ impl Protocol {
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, "cannot watch the JobSet; retrying");
-                        self.backoff.wait(crate::retry::retry_after(&e)).await;
+                        self.backoff.wait(e.retry_after()).await;
                         return;
                     }
                 }
             }
         };
-        match stream.next().await {
+        let Ok(next) = tokio::time::timeout(self.watch_idle_timeout, stream.next()).await else {
+            // Neither an event nor a bookmark for the whole window: the connection is dead
+            // without having said so (no FIN, no RST). Resume from the last resourceVersion.
+            tracing::warn!(idle = ?self.watch_idle_timeout, "the JobSet watch went silent; resuming");
+            self.stream = None;
+            self.backoff.reset();
+            return;
+        };
+        match next {
             Some(Ok(WatchEvent::Added(js) | WatchEvent::Modified(js))) => {
                 self.watch_events += 1;
                 self.backoff.reset();

@@ -66,6 +66,27 @@ pub struct Settings {
     pub identity: String,
     /// Provision the agent's service account and RoleBinding per namespace; off when `None`.
     pub provision: Option<ProvisionSettings>,
+    /// Longest wait for one API request (a status write, a read, an apply, an event): a
+    /// connection that goes silent costs a worker this long, then the JobSet is retried.
+    pub request_timeout: Duration,
+    /// How long the API server keeps each watch open; a watch that delivers nothing (no event,
+    /// no bookmark) for this long plus a few seconds is abandoned and resumed.
+    pub watch_timeout: Duration,
+}
+
+/// [`Settings::request_timeout`] unless configured.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// [`Settings::watch_timeout`] unless configured: the API server sends a bookmark about once a
+/// minute, so a healthy watch is never idle this long.
+pub const DEFAULT_WATCH_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A watcher's configuration with the server-side timeout of `settings` (at least 1 s): kube's
+/// watcher abandons a watch idle for that long plus a margin, and resumes it.
+fn watch_config(settings: &Settings) -> watcher::Config {
+    let secs = u32::try_from(settings.watch_timeout.as_secs()).unwrap_or(u32::MAX);
+    watcher::Config::default()
+        .timeout(secs.max(1))
+        .any_semantic()
 }
 
 /// Errors of one reconcile; the JobSet is retried with backoff.
@@ -79,6 +100,13 @@ pub enum ReconcileError {
     },
     #[error("JobSet {namespace}/{name} kept changing under {CONFLICT_RETRIES} status writes")]
     Conflicts { namespace: String, name: String },
+    #[error("the API server did not answer a {call} of JobSet {namespace}/{name} within {after:?}")]
+    Timeout {
+        namespace: String,
+        name: String,
+        call: &'static str,
+        after: Duration,
+    },
 }
 
 impl ReconcileError {
@@ -86,7 +114,7 @@ impl ReconcileError {
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
             ReconcileError::Write { source, .. } => crate::retry::retry_after(source),
-            ReconcileError::Conflicts { .. } => None,
+            ReconcileError::Conflicts { .. } | ReconcileError::Timeout { .. } => None,
         }
     }
 }
@@ -249,11 +277,8 @@ fn jobset_api(shared: &Shared) -> Api<JobSet> {
 }
 
 async fn watch_jobsets(shared: Arc<Shared>) {
-    let stream = watcher(
-        jobset_api(&shared),
-        watcher::Config::default().any_semantic(),
-    )
-    .backoff(WatchBackoff::new());
+    let stream =
+        watcher(jobset_api(&shared), watch_config(&shared.settings)).backoff(WatchBackoff::new());
     futures::pin_mut!(stream);
     while let Some(event) = stream.next().await {
         let mut changed = Vec::new();
@@ -297,9 +322,7 @@ async fn watch_pods(shared: Arc<Shared>) {
         Some(ns) => Api::namespaced(shared.client.clone(), ns),
         None => Api::all(shared.client.clone()),
     };
-    let config = watcher::Config::default()
-        .labels(JOBSET_NAME_LABEL)
-        .any_semantic();
+    let config = watch_config(&shared.settings).labels(JOBSET_NAME_LABEL);
     let stream = watcher(api, config).backoff(WatchBackoff::new());
     futures::pin_mut!(stream);
     while let Some(event) = stream.next().await {
@@ -335,9 +358,8 @@ async fn watch_pods(shared: Arc<Shared>) {
 /// Follows the namespaces labelled `jobset-inplace.dev/enabled=true`.
 async fn watch_namespaces(shared: Arc<Shared>) {
     let api: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(shared.client.clone());
-    let config = watcher::Config::default()
-        .labels(&format!("{}=true", provision::ENABLED_LABEL))
-        .any_semantic();
+    let config =
+        watch_config(&shared.settings).labels(&format!("{}=true", provision::ENABLED_LABEL));
     let stream = watcher(api, config).backoff(WatchBackoff::new());
     futures::pin_mut!(stream);
     let mut relist: Option<std::collections::BTreeSet<String>> = None;
@@ -401,13 +423,14 @@ async fn provision_loop(shared: Arc<Shared>) {
                 if applied.get(&namespace) == Some(&subjects) {
                     continue;
                 }
-                match provision::apply(&shared.client, &namespace, &subjects, &settings).await {
+                let apply = provision::apply(&shared.client, &namespace, &subjects, &settings);
+                match bounded(&shared, "provision_apply", apply).await {
                     Ok(()) => {
                         tracing::info!(namespace = %namespace, subjects = ?subjects, "agent service account and role binding applied");
                         applied.insert(namespace, subjects);
                     }
                     Err(e) => {
-                        tracing::warn!(namespace = %namespace, error = %e, "cannot provision the agent's service account; retrying");
+                        tracing::warn!(namespace = %namespace, error = ?e, "cannot provision the agent's service account; retrying");
                         failed = true;
                     }
                 }
@@ -514,10 +537,16 @@ async fn reconcile(shared: &Arc<Shared>, key: &Key) -> Result<(), ReconcileError
             return Ok(());
         }
         // 409: re-read the JobSet and decide again on what is there now.
-        let fresh = jobset_api_in(shared, &key.0)
-            .get_status(&key.1)
-            .await
-            .map_err(|source| write_error(key, source))?;
+        let fresh = bounded(
+            shared,
+            "status_read",
+            jobset_api_in(shared, &key.0).get_status(&key.1),
+        )
+        .await
+        .map_err(|e| match e {
+            Some(source) => write_error(key, source),
+            None => timeout_error(shared, key, "status_read"),
+        })?;
         lock(&shared.index).record_write(key, &fresh);
     }
     Err(ReconcileError::Conflicts {
@@ -535,6 +564,32 @@ fn write_error(key: &Key, source: kube::Error) -> ReconcileError {
         namespace: key.0.clone(),
         name: key.1.clone(),
         source,
+    }
+}
+
+/// One API call bounded by the request timeout; `Err(None)` when it timed out (counted in
+/// `api_timeouts_total{call}`).
+async fn bounded<T>(
+    shared: &Shared,
+    call: &'static str,
+    request: impl Future<Output = Result<T, kube::Error>>,
+) -> Result<T, Option<kube::Error>> {
+    match tokio::time::timeout(shared.settings.request_timeout, request).await {
+        Ok(result) => result.map_err(Some),
+        Err(_) => {
+            shared.metrics.api_timeout(call);
+            tracing::warn!(call, after = ?shared.settings.request_timeout, "an API request timed out");
+            Err(None)
+        }
+    }
+}
+
+fn timeout_error(shared: &Shared, key: &Key, call: &'static str) -> ReconcileError {
+    ReconcileError::Timeout {
+        namespace: key.0.clone(),
+        name: key.1.clone(),
+        call,
+        after: shared.settings.request_timeout,
     }
 }
 
@@ -628,30 +683,42 @@ async fn patch_status(
     applied: impl Fn(&JobSet) -> bool,
 ) -> Result<Option<JobSet>, ReconcileError> {
     let api = jobset_api_in(shared, &key.0);
-    match api
-        .patch_status(&key.1, &PatchParams::default(), &Patch::Merge(patch))
-        .await
+    let params = PatchParams::default();
+    match bounded(
+        shared,
+        "status_write",
+        api.patch_status(&key.1, &params, &Patch::Merge(patch)),
+    )
+    .await
     {
         Ok(js) => {
             shared.metrics.write(field, "ok");
             Ok(Some(js))
         }
-        Err(kube::Error::Api(status)) if status.code == 409 => {
+        Err(Some(kube::Error::Api(status))) if status.code == 409 => {
             shared.metrics.write(field, "conflict");
             Ok(None)
         }
-        Err(source) => {
-            let unknown = !matches!(&source, kube::Error::Api(s) if s.code < 500);
+        Err(failure) => {
+            let unknown = !matches!(&failure, Some(kube::Error::Api(s)) if s.code < 500);
             if unknown
-                && let Ok(fresh) = api.get_status(&key.1).await
+                && let Ok(fresh) = bounded(shared, "status_read", api.get_status(&key.1)).await
                 && applied(&fresh)
             {
-                tracing::info!(namespace = %key.0, jobset = %key.1, field, error = %source, "the status write failed, but a fresh read shows it applied");
+                tracing::info!(namespace = %key.0, jobset = %key.1, field, error = ?failure, "the status write failed, but a fresh read shows it applied");
                 shared.metrics.write(field, "ok");
                 return Ok(Some(fresh));
             }
-            shared.metrics.write(field, "error");
-            Err(write_error(key, source))
+            match failure {
+                Some(source) => {
+                    shared.metrics.write(field, "error");
+                    Err(write_error(key, source))
+                }
+                None => {
+                    shared.metrics.write(field, "timeout");
+                    Err(timeout_error(shared, key, "status_write"))
+                }
+            }
         }
     }
 }
@@ -851,8 +918,8 @@ async fn publish_events(shared: Arc<Shared>, mut rx: mpsc::Receiver<(ObjectRefer
         },
     );
     while let Some((reference, event)) = rx.recv().await {
-        if let Err(e) = recorder.publish(&event, &reference).await {
-            tracing::warn!(error = %e, reason = %event.reason, "cannot publish event");
+        if let Err(e) = bounded(&shared, "event", recorder.publish(&event, &reference)).await {
+            tracing::warn!(error = ?e, reason = %event.reason, "cannot publish event");
         }
     }
 }

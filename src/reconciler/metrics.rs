@@ -11,7 +11,7 @@ use prometheus_client::registry::Registry;
 pub struct WriteLabels {
     /// `deprecated`, `synced`, `failed`.
     pub field: &'static str,
-    /// `ok`, `conflict`, `error`.
+    /// `ok`, `conflict`, `error`, `timeout`.
     pub result: &'static str,
 }
 
@@ -37,6 +37,14 @@ pub struct Metrics {
     /// One series per InPlaceRestart JobSet this replica wrote a deprecated epoch for, removed
     /// when the JobSet is deleted: bounded by the JobSets in the cluster.
     pub deprecated_epoch: Family<JobSetLabels, Gauge>,
+    /// API requests that did not answer within the request timeout, by call.
+    pub api_timeouts: Family<CallLabels, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CallLabels {
+    /// `status_write`, `status_read`, `provision_apply`, `event`, `crd_read`.
+    pub call: &'static str,
 }
 
 impl Metrics {
@@ -54,6 +62,7 @@ impl Metrics {
             failed_jobsets: Counter::default(),
             is_leader: Gauge::default(),
             deprecated_epoch: Family::default(),
+            api_timeouts: Family::default(),
         };
         let r = registry.sub_registry_with_prefix("jobset_inplace_reconciler");
         r.register(
@@ -77,6 +86,11 @@ impl Metrics {
             m.reconcile_duration.clone(),
         );
         r.register("reconciles", "JobSets evaluated", m.reconciles.clone());
+        r.register(
+            "api_timeouts",
+            "API requests that did not answer within the request timeout, by call",
+            m.api_timeouts.clone(),
+        );
         r.register("pods_tracked", "Pods in the index", m.pods_tracked.clone());
         r.register(
             "jobsets_tracked",
@@ -117,6 +131,10 @@ impl Metrics {
             jobset_namespace: key.0.clone(),
             jobset: key.1.clone(),
         });
+    }
+
+    pub fn api_timeout(&self, call: &'static str) {
+        self.api_timeouts.get_or_create(&CallLabels { call }).inc();
     }
 
     pub fn write(&self, field: &'static str, result: &'static str) {

@@ -29,7 +29,7 @@ use crate::protocol::Dialect;
 use crate::settings::Global;
 use crate::telemetry;
 
-pub use controller::{Controller, Settings};
+pub use controller::{Controller, DEFAULT_REQUEST_TIMEOUT, DEFAULT_WATCH_TIMEOUT, Settings};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -57,6 +57,12 @@ pub enum Error {
          ({duration}): the holder renews that long before the lease expires"
     )]
     LeaseTiming { duration: u64, grace: u64 },
+    #[error("the API server did not answer the read of the JobSet CRD within {0:?}")]
+    CrdTimeout(Duration),
+    #[error("--request-timeout must be above 0")]
+    ZeroRequestTimeout,
+    #[error("cannot load a kubeconfig or the in-cluster config: {0}")]
+    Config(#[source] kube::config::InferConfigError),
 }
 
 /// The lease's duration and renewal grace, checked: `1 <= grace < duration` (the lease manager
@@ -110,6 +116,17 @@ pub struct Args {
     /// Seconds before expiry at which the holder renews.
     #[arg(long, env = "JOBSET_INPLACE_LEASE_GRACE_SECONDS", default_value_t = 5)]
     pub lease_grace_seconds: u64,
+
+    /// Longest wait for one API request of the reconciler (a status write or read, an apply, an
+    /// event, the CRD check): past it the request is abandoned and the JobSet retried.
+    #[arg(long, env = "JOBSET_INPLACE_REQUEST_TIMEOUT", value_parser = crate::settings::parse_duration, default_value = "10s")]
+    pub request_timeout: Duration,
+
+    /// How long the API server keeps each watch open (a watch silent for this long plus 5 s is
+    /// abandoned and resumed); also bounds every other request the client sends (lists, the
+    /// leader lease's reads and writes) at this plus 15 s.
+    #[arg(long, env = "JOBSET_INPLACE_WATCH_TIMEOUT", value_parser = crate::settings::parse_duration, default_value = "60s")]
+    pub watch_timeout: Duration,
 
     /// Leader identity (default: $POD_NAME, else the hostname).
     #[arg(long, env = "JOBSET_INPLACE_IDENTITY")]
@@ -179,6 +196,9 @@ impl Args {
             .clone()
             .or_else(|| env_nonempty("POD_NAMESPACE"))
             .unwrap_or_else(|| "default".to_owned());
+        if self.request_timeout.is_zero() {
+            return Err(Error::ZeroRequestTimeout);
+        }
         let (lease_duration, lease_grace) =
             lease_timing(self.lease_duration_seconds, self.lease_grace_seconds)?;
         let options = Options {
@@ -194,6 +214,8 @@ impl Args {
                         service_account: self.agent_service_account.clone(),
                         cluster_role: self.agent_cluster_role.clone(),
                     }),
+                request_timeout: self.request_timeout,
+                watch_timeout: self.watch_timeout,
             },
             leader_election: self.leader_elect.then(|| LeaderElection {
                 lease_name: self.lease_name.clone(),
@@ -203,7 +225,16 @@ impl Args {
             }),
             check_crd: !self.skip_crd_check,
         };
-        let client = kube::Client::try_default().await.map_err(Error::Client)?;
+        // No request of this client waits forever: watches are resumed after `watch_timeout`
+        // plus a margin by the watcher; everything else (lists, the lease) gives up at
+        // `watch_timeout` + 15 s, and the reconciler's own calls at `request_timeout`.
+        let mut config = kube::Config::infer().await.map_err(Error::Config)?;
+        config.connect_timeout = Some(self.request_timeout);
+        config.read_timeout = Some(self.watch_timeout + Duration::from_secs(15));
+        config.write_timeout = Some(self.request_timeout);
+        // The read timeout counts from each request, not from when its pooled connection idled.
+        config.reset_reader_on_write = true;
+        let client = kube::Client::try_from(config).map_err(Error::Client)?;
         let listener = telemetry::bind(self.health_addr, "--health-addr").await?;
         run(
             client,
@@ -239,7 +270,10 @@ pub async fn run(
 ) -> Result<(), Error> {
     let dialect: Dialect = options.settings.dialect;
     if options.check_crd {
-        crd::check(&client, dialect).await?;
+        let after = options.settings.request_timeout;
+        tokio::time::timeout(after, crd::check(&client, dialect))
+            .await
+            .map_err(|_| Error::CrdTimeout(after))??;
     }
     let mut registry = Registry::default();
     let metrics = metrics::Metrics::register(&mut registry);

@@ -50,6 +50,13 @@ pub const API_URL: &str = "AGENT_API_URL";
 /// The shell that runs [`WORKER_COMMAND`] (`/bin/sh` when unset).
 pub const SHELL: &str = "SHELL";
 
+/// Optional: how long the JobSet watch may deliver nothing (no event, no bookmark) before it
+/// is abandoned and resumed (a duration: `90s`).
+pub const WATCH_IDLE_TIMEOUT: &str = "AGENT_WATCH_IDLE_TIMEOUT";
+/// Built-in watch idle timeout: the API server sends a bookmark about once a minute on a
+/// healthy watch, so one that stays silent this long is dead.
+pub const DEFAULT_WATCH_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(90);
+
 /// Built-in per-request API timeout.
 pub const DEFAULT_API_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 /// Built-in worker grace period.

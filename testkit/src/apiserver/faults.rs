@@ -187,6 +187,10 @@ pub struct FaultRule {
 pub(crate) struct Faults {
     rules: Vec<FaultRule>,
     latency: Vec<(Matcher, Duration)>,
+    /// Requests that are accepted and never answered (a watch gets its 200 and then nothing,
+    /// not even a bookmark): the faults that do not end, as a peer that went silent without a
+    /// FIN or RST looks to a client. `(matcher, remaining uses)`.
+    silent: Vec<(Matcher, u32)>,
 }
 
 impl Faults {
@@ -211,9 +215,32 @@ impl Faults {
         Some(err)
     }
 
+    pub(crate) fn add_silent(&mut self, m: Matcher, n: u32) {
+        if n > 0 {
+            self.silent.push((m, n));
+        }
+    }
+
+    /// Whether this request is to go unanswered (consuming one use of the matching rule).
+    pub(crate) fn take_silent(&mut self, verb: Verb, resource: &str) -> bool {
+        let Some(i) = self
+            .silent
+            .iter()
+            .position(|(m, _)| m.matches(verb, resource))
+        else {
+            return false;
+        };
+        self.silent[i].1 -= 1;
+        if self.silent[i].1 == 0 {
+            self.silent.remove(i);
+        }
+        true
+    }
+
     pub(crate) fn clear(&mut self) {
         self.rules.clear();
         self.latency.clear();
+        self.silent.clear();
     }
 
     /// Sets (or, with zero, removes) the latency for requests matching `m`.
@@ -258,6 +285,19 @@ mod tests {
         assert_eq!(f.take(Verb::Patch, "pods").map(|e| e.code), Some(500));
         assert_eq!(f.take(Verb::Patch, "pods").map(|e| e.code), Some(500));
         assert_eq!(f.take(Verb::Patch, "pods").map(|e| e.code), None);
+    }
+
+    #[test]
+    fn silent_rules_are_consumed() {
+        let mut f = Faults::default();
+        f.add_silent(Matcher::new(Verb::Watch, Some("jobsets")), 2);
+        assert!(!f.take_silent(Verb::Watch, "pods"));
+        assert!(f.take_silent(Verb::Watch, "jobsets"));
+        assert!(f.take_silent(Verb::Watch, "jobsets"));
+        assert!(!f.take_silent(Verb::Watch, "jobsets"));
+        f.add_silent(Matcher::any(), 1);
+        f.clear();
+        assert!(!f.take_silent(Verb::Get, "pods"));
     }
 
     #[test]

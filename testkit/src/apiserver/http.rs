@@ -323,6 +323,16 @@ async fn resource(
     if let Some(e) = sh.faults().take(verb, &counted) {
         return Err(e);
     }
+    let silent = sh.faults().take_silent(verb, &counted);
+    if silent {
+        if verb == Verb::Watch {
+            // The watch is accepted, then nothing ever comes: no event, no bookmark, no end.
+            let never = futures::stream::pending::<Result<axum::body::Bytes, std::io::Error>>();
+            return Ok(json_response(200, Body::from_stream(never)));
+        }
+        // Accepted and never answered: the client's own timeout is all that ends it.
+        std::future::pending::<()>().await;
+    }
     let plan = chaos_plan(sh, parts, verb, &counted, &t, &params);
     if !plan.delay.is_zero() {
         tokio::time::sleep(plan.delay).await;

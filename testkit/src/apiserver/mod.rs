@@ -611,6 +611,26 @@ impl TestApiServer {
         });
     }
 
+    /// The next `n` requests with this verb on this resource (either may be `None` for any)
+    /// are accepted and never answered: a watch gets its `200` and then nothing, not even a
+    /// bookmark; any other request gets no response at all. Only the client's own timeouts end
+    /// them (or the client closing the connection). Later requests are served as usual.
+    pub fn silence_next<'a>(
+        &self,
+        n: u32,
+        verb: impl Into<Option<Verb>>,
+        resource: impl Into<Option<&'a str>>,
+    ) {
+        let resource = resource.into().map(|r| self.canonical(r));
+        self.shared.faults().add_silent(
+            Matcher {
+                verb: verb.into(),
+                resource,
+            },
+            n,
+        );
+    }
+
     /// Delays every request by `d` before it is handled (zero removes the delay).
     pub fn set_latency(&self, d: Duration) {
         self.shared.faults().set_latency(Matcher::any(), d);

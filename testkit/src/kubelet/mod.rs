@@ -718,6 +718,8 @@ impl Simulation {
                     debounce: ctx.config.reconciler_debounce,
                     identity: "sim".to_owned(),
                     provision: None,
+                    request_timeout: reconciler::DEFAULT_REQUEST_TIMEOUT,
+                    watch_timeout: reconciler::DEFAULT_WATCH_TIMEOUT,
                 },
                 leader_election: None,
                 check_crd: false,
