@@ -41,8 +41,11 @@ struct Running {
 
 impl Running {
     fn start(server: &TestApiServer, options: Options) -> Running {
+        Running::start_with(server.client(), options)
+    }
+
+    fn start_with(client: kube::Client, options: Options) -> Running {
         let (stop, stopped) = oneshot::channel::<()>();
-        let client = server.client();
         let task = tokio::spawn(reconciler::run(client, options, None, async {
             let _ = stopped.await;
         }));
@@ -617,6 +620,85 @@ async fn leader_change_picks_up_where_the_old_leader_left() {
         );
         assert_eq!(w.deprecated(), Some(1));
         b.stop().await.expect("b stops");
+    })
+    .await;
+}
+
+/// The leader's lease requests go unanswered (its renewals black-holed) while its status writes
+/// still land. It stops writing before the other replica can take the lease over, and exits:
+/// in the server's write log, no status write of the old leader comes after the new leader's
+/// first one.
+#[tokio::test]
+async fn a_leader_cut_off_from_its_lease_stops_before_the_next_one_writes() {
+    bounded(async {
+        let w = World::new(Dialect::Epoch, &[(1, 2)], 1_000).await;
+        let lease = || LeaderElection {
+            lease_name: "jobset-inplace-reconciler".into(),
+            lease_namespace: "jobset-inplace-system".into(),
+            duration: Duration::from_secs(4),
+            grace: Duration::from_secs(2),
+        };
+        let a = Running::start_with(
+            w.server.client_named("a"),
+            options(Dialect::Epoch, "a", Some(lease())),
+        );
+        w.set_epoch(0, 1);
+        w.set_epoch(1, 1);
+        w.until("sync by a", |w| w.synced() == Some(1)).await;
+        let _b = Running::start_with(
+            w.server.client_named("b"),
+            options(Dialect::Epoch, "b", Some(lease())),
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        w.server.silence_client("a", None, "leases");
+        // Keep the JobSet busy, so that whoever leads always has a status write to make.
+        let by = |client: &str| {
+            w.server
+                .writes()
+                .iter()
+                .any(|r| r.resource == "jobsets/status" && r.client.as_deref() == Some(client))
+        };
+        let deadline = tokio::time::Instant::now() + LIMIT;
+        let mut epoch = 1;
+        while !by("b") {
+            assert!(tokio::time::Instant::now() < deadline, "b never wrote");
+            epoch += 1;
+            w.set_epoch(0, epoch);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            w.set_epoch(1, epoch);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // A little longer, so that a late write of a's would show.
+        for _ in 0..5 {
+            epoch += 1;
+            w.set_epoch(0, epoch);
+            w.set_epoch(1, epoch);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let status: Vec<Option<String>> = w
+            .server
+            .writes()
+            .into_iter()
+            .filter(|r| r.resource == "jobsets/status")
+            .map(|r| r.client)
+            .collect();
+        let first_b = status
+            .iter()
+            .position(|c| c.as_deref() == Some("b"))
+            .expect("b wrote");
+        assert!(
+            status[first_b..].iter().all(|c| c.as_deref() != Some("a")),
+            "a wrote after b: {status:?}"
+        );
+        assert!(status[..first_b].iter().any(|c| c.as_deref() == Some("a")));
+        let err = tokio::time::timeout(LIMIT, a.task_result())
+            .await
+            .expect("a stops by itself")
+            .expect_err("a stops with an error");
+        assert!(
+            matches!(err, reconciler::Error::LeaseNotRenewed { .. }),
+            "{err}"
+        );
     })
     .await;
 }

@@ -10,6 +10,7 @@
 
 pub mod controller;
 pub mod crd;
+pub mod fence;
 pub mod index;
 pub mod metrics;
 pub mod provision;
@@ -50,6 +51,11 @@ pub enum Error {
     },
     #[error("lost the leader lease {namespace}/{name}; exiting so that a fresh process takes over")]
     LostLease { namespace: String, name: String },
+    #[error(
+        "could not renew the leader lease {namespace}/{name} in time; stopped writing before \
+         another replica could take it, and exiting so that a fresh process takes over"
+    )]
+    LeaseNotRenewed { namespace: String, name: String },
     #[error(transparent)]
     Health(#[from] telemetry::Error),
     #[error(
@@ -300,7 +306,19 @@ pub async fn run(
             .await
             .map_err(lease_error)?;
         let (rx, task) = manager.watch().await;
-        lease_task = Some((rx, task));
+        // The fence reads the lease on its own, so that a leader whose renewals go unanswered
+        // stops writing in time (see `fence`).
+        let (fence_tx, fence_rx) = watch::channel(fence::Fence::Unknown);
+        let fence_task = tokio::spawn(fence::watch(
+            kube::Api::namespaced(client.clone(), &le.lease_namespace),
+            le.lease_name.clone(),
+            options.settings.identity.clone(),
+            le.duration,
+            le.grace,
+            options.settings.request_timeout,
+            fence_tx,
+        ));
+        lease_task = Some((rx, task, fence_rx, fence_task));
     }
 
     let controller = Controller::start(client, options.settings.clone(), metrics, leader_rx);
@@ -322,14 +340,25 @@ pub async fn run(
             shutdown.await;
             Ok(())
         }
-        Some((mut rx, task)) => {
+        Some((mut rx, task, mut fence_rx, fence_task)) => {
             let le = options.leader_election.as_ref();
+            let (namespace, name) = (
+                le.map(|l| l.lease_namespace.clone()).unwrap_or_default(),
+                le.map(|l| l.lease_name.clone()).unwrap_or_default(),
+            );
             let lost = || Error::LostLease {
-                namespace: le.map(|l| l.lease_namespace.clone()).unwrap_or_default(),
-                name: le.map(|l| l.lease_name.clone()).unwrap_or_default(),
+                namespace: namespace.clone(),
+                name: name.clone(),
             };
+            let (margin, _) = fence::timing(le.map(|l| l.grace).unwrap_or_default());
+            let valid = le
+                .map(|l| l.duration)
+                .unwrap_or_default()
+                .saturating_sub(margin);
             tokio::pin!(shutdown);
             let mut was_leader = false;
+            // While leader: the moment this replica must stop writing unless a renewal is seen.
+            let mut deadline = tokio::time::Instant::now();
             let outcome = loop {
                 tokio::select! {
                     () = &mut shutdown => break Ok(()),
@@ -340,16 +369,37 @@ pub async fn run(
                         let is_leader = *rx.borrow_and_update();
                         if is_leader {
                             tracing::info!(identity = %options.settings.identity, "became the leader");
+                            if !was_leader {
+                                // Just acquired: valid for a full term from now.
+                                deadline = tokio::time::Instant::now() + valid;
+                            }
                         } else if was_leader {
                             break Err(lost());
                         }
                         was_leader = is_leader;
                         let _ = leader_tx.send(is_leader);
                     }
+                    Ok(()) = fence_rx.changed() => {
+                        match *fence_rx.borrow_and_update() {
+                            fence::Fence::HeldUntil(until) if was_leader => {
+                                deadline = until.into();
+                            }
+                            fence::Fence::NotHeld if was_leader => {
+                                tracing::error!(lease = %name, "the lease names another holder; stepping down");
+                                break Err(lost());
+                            }
+                            _ => {}
+                        }
+                    }
+                    () = tokio::time::sleep_until(deadline), if was_leader => {
+                        tracing::error!(lease = %name, "no renewal of the lease seen in time; stepping down before another replica can take it");
+                        break Err(Error::LeaseNotRenewed { namespace: namespace.clone(), name: name.clone() });
+                    }
                 }
             };
             // Stop writing first, then let the lease manager release the lease.
             let _ = leader_tx.send(false);
+            fence_task.abort();
             drop(rx);
             match tokio::time::timeout(Duration::from_secs(5), task).await {
                 Ok(Ok(Ok(manager))) => {

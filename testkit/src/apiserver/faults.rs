@@ -191,6 +191,9 @@ pub(crate) struct Faults {
     /// not even a bookmark): the faults that do not end, as a peer that went silent without a
     /// FIN or RST looks to a client. `(matcher, remaining uses)`.
     silent: Vec<(Matcher, u32)>,
+    /// Clients (by [`super::CLIENT_HEADER`]) whose matching requests go unanswered until the
+    /// faults are cleared: a server that stops answering one client while it answers others.
+    silent_clients: Vec<(String, Matcher)>,
 }
 
 impl Faults {
@@ -221,6 +224,19 @@ impl Faults {
         }
     }
 
+    pub(crate) fn silence_client(&mut self, client: &str, m: Matcher) {
+        self.silent_clients.push((client.to_owned(), m));
+    }
+
+    /// Whether this client's request is to go unanswered.
+    pub(crate) fn client_silenced(&self, client: Option<&str>, verb: Verb, resource: &str) -> bool {
+        client.is_some_and(|c| {
+            self.silent_clients
+                .iter()
+                .any(|(who, m)| who == c && m.matches(verb, resource))
+        })
+    }
+
     /// Whether this request is to go unanswered (consuming one use of the matching rule).
     pub(crate) fn take_silent(&mut self, verb: Verb, resource: &str) -> bool {
         let Some(i) = self
@@ -241,6 +257,7 @@ impl Faults {
         self.rules.clear();
         self.latency.clear();
         self.silent.clear();
+        self.silent_clients.clear();
     }
 
     /// Sets (or, with zero, removes) the latency for requests matching `m`.
@@ -298,6 +315,12 @@ mod tests {
         f.add_silent(Matcher::any(), 1);
         f.clear();
         assert!(!f.take_silent(Verb::Get, "pods"));
+        f.silence_client("r1", Matcher::new(None, Some("leases")));
+        assert!(f.client_silenced(Some("r1"), Verb::Update, "leases"));
+        assert!(f.client_silenced(Some("r1"), Verb::Get, "leases"));
+        assert!(!f.client_silenced(Some("r1"), Verb::Patch, "jobsets/status"));
+        assert!(!f.client_silenced(Some("r2"), Verb::Update, "leases"));
+        assert!(!f.client_silenced(None, Verb::Update, "leases"));
     }
 
     #[test]

@@ -323,7 +323,15 @@ async fn resource(
     if let Some(e) = sh.faults().take(verb, &counted) {
         return Err(e);
     }
-    let silent = sh.faults().take_silent(verb, &counted);
+    let client = parts
+        .headers
+        .get(super::CLIENT_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let silent = sh.faults().take_silent(verb, &counted)
+        || sh
+            .faults()
+            .client_silenced(client.as_deref(), verb, &counted);
     if silent {
         if verb == Verb::Watch {
             // The watch is accepted, then nothing ever comes: no event, no bookmark, no end.
@@ -352,6 +360,20 @@ async fn resource(
             "an error on the server (injected) has prevented the response from being sent; \
              the request was applied",
         ));
+    }
+    if result.is_ok()
+        && matches!(
+            verb,
+            Verb::Create | Verb::Update | Verb::Patch | Verb::Delete | Verb::DeleteCollection
+        )
+    {
+        sh.record_write(super::WriteRecord {
+            client,
+            verb,
+            resource: counted,
+            namespace: t.namespace.clone(),
+            name: t.name.clone(),
+        });
     }
     result
 }

@@ -123,6 +123,36 @@ pub(crate) struct Shared {
     counters: Mutex<Counters>,
     bookmark_period: Mutex<Duration>,
     shutting_down: AtomicBool,
+    writes: Mutex<Vec<WriteRecord>>,
+}
+
+/// The header that names a client ([`TestApiServer::client_named`]) in the write log and in
+/// per-client faults.
+pub const CLIENT_HEADER: &str = "x-jobset-inplace-test-client";
+
+/// One write the server applied, in the order applied.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WriteRecord {
+    /// The client's name ([`CLIENT_HEADER`]), if it gave one.
+    pub client: Option<String>,
+    pub verb: Verb,
+    /// As the counters name it (`jobsets/status`, `leases`, ...).
+    pub resource: String,
+    pub namespace: Option<String>,
+    pub name: Option<String>,
+}
+
+/// The write log keeps this many of the latest writes (a long benchmark writes millions).
+const WRITE_LOG_CAPACITY: usize = 100_000;
+
+impl Shared {
+    pub(crate) fn record_write(&self, record: WriteRecord) {
+        let mut writes = lock(&self.writes);
+        if writes.len() >= WRITE_LOG_CAPACITY {
+            writes.drain(..WRITE_LOG_CAPACITY / 2);
+        }
+        writes.push(record);
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -235,6 +265,7 @@ impl TestApiServer {
             chaos: Mutex::new(None),
             counters: Mutex::new(Counters::default()),
             bookmark_period: Mutex::new(opts.bookmark_interval),
+            writes: Mutex::new(Vec::new()),
             shutting_down: AtomicBool::new(false),
         });
         // A deep accept queue: a thousand simulated agents reconnect at once after a group
@@ -303,6 +334,53 @@ impl TestApiServer {
             Ok(c) => c,
             Err(e) => panic!("test API server: cannot build a kube client: {e}"),
         }
+    }
+
+    /// A `kube::Client` whose requests carry its `name` ([`CLIENT_HEADER`]): its writes are
+    /// logged under that name ([`TestApiServer::writes`]) and
+    /// [`TestApiServer::silence_client`] can stop answering it alone.
+    ///
+    /// # Panics
+    /// As [`TestApiServer::client`], and if `name` is not a valid header value.
+    pub fn client_named(&self, name: &str) -> kube::Client {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let mut config = self.config();
+        let value = match axum::http::HeaderValue::from_str(name) {
+            Ok(v) => v,
+            Err(e) => panic!("test API server: bad client name {name:?}: {e}"),
+        };
+        config
+            .headers
+            .push((axum::http::HeaderName::from_static(CLIENT_HEADER), value));
+        match kube::Client::try_from(config) {
+            Ok(c) => c,
+            Err(e) => panic!("test API server: cannot build a kube client: {e}"),
+        }
+    }
+
+    /// The writes applied so far, in order (creates, updates, patches, deletes of any
+    /// resource, with the client that sent it); the latest 50,000 to 100,000 of them.
+    pub fn writes(&self) -> Vec<WriteRecord> {
+        lock(&self.shared.writes).clone()
+    }
+
+    /// From now on, requests of the client `name` ([`TestApiServer::client_named`]) with this
+    /// verb on this resource (either may be `None` for any) are accepted and never answered,
+    /// until [`TestApiServer::clear_faults`]; other clients are served as usual.
+    pub fn silence_client<'a>(
+        &self,
+        name: &str,
+        verb: impl Into<Option<Verb>>,
+        resource: impl Into<Option<&'a str>>,
+    ) {
+        let resource = resource.into().map(|r| self.canonical(r));
+        self.shared.faults().silence_client(
+            name,
+            Matcher {
+                verb: verb.into(),
+                resource,
+            },
+        );
     }
 
     /// A `kube::Client` whose requests carry [`EXEMPT_HEADER`]: chaos mode leaves them alone
