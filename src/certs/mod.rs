@@ -282,6 +282,62 @@ pub fn not_after(der: &[u8]) -> Option<i64> {
     Some(cert.validity().not_after.timestamp())
 }
 
+/// Why the serving certificate `new` (DER, the leaf) must not replace `old`: it is not valid at
+/// `at` (expired, or not yet valid), or it does not cover every DNS name and IP address `old`
+/// covers (clients that reach the server by one of them would fail). `None` when it may.
+pub fn replacement_problem(old: &[u8], new: &[u8], at: SystemTime) -> Option<String> {
+    use x509_parser::extensions::GeneralName;
+    let (_, new_cert) = match x509_parser::parse_x509_certificate(new) {
+        Ok(c) => c,
+        Err(e) => return Some(format!("not an X.509 certificate: {e}")),
+    };
+    let secs = at
+        .duration_since(UNIX_EPOCH)
+        .ok()
+        .and_then(|d| i64::try_from(d.as_secs()).ok())
+        .unwrap_or(0);
+    let validity = new_cert.validity();
+    if secs < validity.not_before.timestamp() {
+        return Some(format!("not valid before {}", validity.not_before));
+    }
+    if secs > validity.not_after.timestamp() {
+        return Some(format!("expired on {}", validity.not_after));
+    }
+    let names = |cert: &x509_parser::certificate::X509Certificate<'_>| -> Vec<String> {
+        cert.subject_alternative_name()
+            .ok()
+            .flatten()
+            .map(|san| {
+                san.value
+                    .general_names
+                    .iter()
+                    .filter_map(|n| match n {
+                        GeneralName::DNSName(d) => Some(d.to_ascii_lowercase()),
+                        GeneralName::IPAddress(ip) => Some(format!("{ip:?}")),
+                        _ => None,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let Ok((_, old_cert)) = x509_parser::parse_x509_certificate(old) else {
+        return None;
+    };
+    let new_names = names(&new_cert);
+    let missing: Vec<String> = names(&old_cert)
+        .into_iter()
+        .filter(|n| !new_names.contains(n))
+        .collect();
+    if missing.is_empty() {
+        None
+    } else {
+        Some(format!(
+            "does not cover names the current certificate serves: {}",
+            missing.join(", ")
+        ))
+    }
+}
+
 /// Why `cert_pem` is not a serving certificate to keep: it must chain to `ca_cert_pem`, be valid
 /// for every name in `names` at `at` (so pass "now + margin"), and match `key_pem`.
 /// `None` when it is good.
@@ -702,6 +758,33 @@ mod tests {
             serving_cert_problem(&ca, &tls3, &key3, &local_names(), SystemTime::now()),
             None
         );
+    }
+
+    #[test]
+    fn replacements_must_be_valid_and_cover_the_served_names() {
+        let day = Duration::from_secs(86_400);
+        let ca = generate_ca(day * 30).expect("ca");
+        let der = |pair: &PemPair| {
+            parse_certs(pair.cert.as_bytes(), Path::new("tls.crt")).expect("parses")[0].to_vec()
+        };
+        let served = der(&issue_serving(&ca, &names(), day * 10).expect("served"));
+        let renewed = der(&issue_serving(&ca, &names(), day * 10).expect("renewed"));
+        let now = SystemTime::now();
+        assert_eq!(replacement_problem(&served, &renewed, now), None);
+        let expired = replacement_problem(&served, &renewed, now + day * 11).expect("expired");
+        assert!(expired.starts_with("expired on"), "{expired}");
+        let early = replacement_problem(&served, &renewed, now - day).expect("not yet");
+        assert!(early.starts_with("not valid before"), "{early}");
+        let other =
+            der(&issue_serving(&ca, &["elsewhere.example".to_owned()], day).expect("other"));
+        let wrong = replacement_problem(&served, &other, now).expect("wrong names");
+        assert!(wrong.contains("hook.ns.svc"), "{wrong}");
+        // More names than before is fine.
+        let mut more = names();
+        more.push("extra.example".to_owned());
+        let wider = der(&issue_serving(&ca, &more, day).expect("wider"));
+        assert_eq!(replacement_problem(&served, &wider, now), None);
+        assert!(replacement_problem(&served, b"garbage", now).is_some());
     }
 
     #[test]

@@ -124,6 +124,22 @@ impl ReloadingCert {
         }
     }
 
+    /// A new pair replaces the one in use only if it is valid now and covers every name the one
+    /// in use covers: an expired, not-yet-valid or wrong-name pair would fail every client.
+    fn check_replacement(&self, certified: CertifiedKey) -> Result<CertifiedKey, Error> {
+        let current = self.current();
+        let (Some(old), Some(new)) = (current.cert.first(), certified.cert.first()) else {
+            return Ok(certified);
+        };
+        match crate::certs::replacement_problem(old, new, std::time::SystemTime::now()) {
+            None => Ok(certified),
+            Some(reason) => Err(Error::Tls {
+                path: self.cert_path.clone(),
+                reason: format!("not used: {reason}"),
+            }),
+        }
+    }
+
     fn swap(&self, certified: CertifiedKey) {
         let certified = Arc::new(certified);
         match self.current.write() {
@@ -145,7 +161,8 @@ impl ReloadingCert {
         let result = match files {
             Ok(files) if seen.files.as_ref() == Some(&files) => return Ok(false),
             Ok((cert, key)) => {
-                let parsed = certified_key(&cert, &self.cert_path, &key, &self.key_path);
+                let parsed = certified_key(&cert, &self.cert_path, &key, &self.key_path)
+                    .and_then(|certified| self.check_replacement(certified));
                 seen.files = Some((cert, key));
                 parsed.map(|certified| self.swap(certified))
             }
@@ -255,6 +272,22 @@ mod tests {
         std::fs::write(&key, &good_key).expect("write");
         assert!(resolver.reload_if_changed().expect("restored"));
         assert_eq!(resolver.current().cert, first.cert);
+
+        // A valid pair for other names: refused, the old pair stays.
+        let ca = certs::generate_ca(certs::CA_VALIDITY).expect("ca");
+        let elsewhere =
+            certs::issue_serving(&ca, &["elsewhere.example".to_owned()], certs::CA_VALIDITY)
+                .expect("elsewhere");
+        std::fs::write(&cert, &elsewhere.cert).expect("write");
+        std::fs::write(&key, &elsewhere.key).expect("write");
+        let err = resolver.reload_if_changed().expect_err("wrong names");
+        assert!(
+            err.to_string().contains("not used: does not cover names"),
+            "{err}"
+        );
+        assert!(err.to_string().contains("localhost"), "{err}");
+        assert_eq!(resolver.current().cert, first.cert);
+        std::fs::write(&key, &good_key).expect("write");
 
         // A new pair from the same CA.
         std::fs::remove_file(&cert).expect("rm");
