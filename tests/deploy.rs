@@ -977,6 +977,69 @@ fn the_match_conditions_select_exactly_in_place_restart_jobsets() {
     }
 }
 
+/// The validating webhook fails closed, but only where that protects something: a CREATE and
+/// an UPDATE that changes the spec are sent to it; an UPDATE of metadata alone (labels, a
+/// finalizer removed by the garbage collector) and anything about an object being deleted are
+/// not, so that an outage of the webhook does not block them.
+#[test]
+fn validation_is_called_only_where_it_protects_something() {
+    let story1 = fixtures::read_yaml(
+        &fixtures::manifest_dir().join("fixtures/admission/story1-full/request.yaml"),
+    )["request"]["object"]
+        .clone();
+    let mut relabelled = story1.clone();
+    relabelled["metadata"]["labels"] = json!({"team": "b"});
+    let mut spec_changed = story1.clone();
+    spec_changed["spec"]["suspend"] = json!(true);
+    let mut deleting = story1.clone();
+    deleting["metadata"]["deletionTimestamp"] = json!("2026-11-26T08:00:00Z");
+    deleting["metadata"]["finalizers"] = json!(["example.com/keep"]);
+    let mut finalizer_removed = deleting.clone();
+    finalizer_removed["metadata"]["finalizers"] = json!([]);
+    let mut deleting_spec_changed = deleting.clone();
+    deleting_spec_changed["spec"]["suspend"] = json!(true);
+    let cases: [(&str, &str, &Value, &Value, bool); 5] = [
+        ("create", "CREATE", &story1, &Value::Null, true),
+        ("spec change", "UPDATE", &spec_changed, &story1, true),
+        ("labels only", "UPDATE", &relabelled, &story1, false),
+        (
+            "finalizer removal while deleting",
+            "UPDATE",
+            &finalizer_removed,
+            &deleting,
+            false,
+        ),
+        (
+            "spec change while deleting",
+            "UPDATE",
+            &deleting_spec_changed,
+            &deleting,
+            false,
+        ),
+    ];
+    for name in OVERLAYS {
+        let Some(r) = overlay(name) else { return };
+        let webhook = &r.get("ValidatingWebhookConfiguration", "jobset-inplace")["webhooks"][0];
+        let conditions = webhook["matchConditions"].as_array().expect("conditions");
+        for (what, operation, object, old, sent) in &cases {
+            let request = json!({"operation": operation, "namespace": "team-a",
+                                 "userInfo": {"username": "alice"}});
+            let matched = conditions.iter().all(|c| {
+                cel_bool(
+                    c["expression"].as_str().expect("expression"),
+                    &[
+                        ("object", object),
+                        ("oldObject", old),
+                        ("request", &request),
+                    ],
+                    &HashMap::new(),
+                )
+            });
+            assert_eq!(matched, *sent, "{name}: {what}");
+        }
+    }
+}
+
 #[tokio::test]
 async fn webhook_configurations_call_the_served_paths_with_the_right_policies() {
     use jobset_inplace::jobset::{GROUP, PLURAL, VERSION};
