@@ -317,6 +317,34 @@ impl JobSet {
             .sum()
     }
 
+    /// Why the epoch protocol cannot serve this JobSet, if it cannot: a replicatedJob whose Job
+    /// leaves `completions` unset or different from `parallelism` never has all its pods
+    /// running at once at a known count (the reconciler would wait for pods that never come, or
+    /// count pods that finished). JobSet's own controller refuses such a JobSet too, and the
+    /// webhook denies it; this catches one admitted before the webhook was installed, or while
+    /// it was down.
+    pub fn protocol_problem(&self) -> Option<String> {
+        self.replicated_jobs()
+            .iter()
+            .enumerate()
+            .find_map(|(i, rj)| {
+                let spec = rj.template.as_ref().and_then(|t| t.spec.as_ref());
+                let parallelism = spec.and_then(|s| s.parallelism).unwrap_or(1);
+                let name = &rj.name;
+                match spec.and_then(|s| s.completions) {
+                    None => Some(format!(
+                        "spec.replicatedJobs[{i}] ({name}): completions is unset; in-place restart \
+                     needs completions equal to parallelism ({parallelism})"
+                    )),
+                    Some(c) if c != parallelism => Some(format!(
+                        "spec.replicatedJobs[{i}] ({name}): completions ({c}) differs from \
+                     parallelism ({parallelism}); in-place restart needs them equal"
+                    )),
+                    Some(_) => None,
+                }
+            })
+    }
+
     /// The service account each replicatedJob's pod template names (`serviceAccountName`, else
     /// the deprecated `serviceAccount`), `None` where it names none.
     pub fn pod_service_accounts(&self) -> Vec<Option<String>> {
@@ -421,6 +449,36 @@ mod tests {
         assert!(serde_json::from_value::<JobSet>(odd.clone()).is_err());
         let summary: JobSetSummary = serde_json::from_value(odd).expect("summary");
         assert!(summary.is_in_place_restart());
+    }
+
+    #[test]
+    fn the_protocol_needs_completions_equal_to_parallelism() {
+        let js = |job: Value| -> JobSet {
+            serde_json::from_value(json!({"spec": {"replicatedJobs": [
+                {"name": "ok", "template": {"spec": {"parallelism": 2, "completions": 2}}},
+                {"name": "w", "template": {"spec": job}}
+            ]}}))
+            .expect("jobset")
+        };
+        assert_eq!(
+            js(json!({"parallelism": 3, "completions": 3})).protocol_problem(),
+            None
+        );
+        assert_eq!(js(json!({"completions": 1})).protocol_problem(), None);
+        let unset = js(json!({"parallelism": 3}))
+            .protocol_problem()
+            .expect("unset");
+        assert!(
+            unset.starts_with("spec.replicatedJobs[1] (w): completions is unset"),
+            "{unset}"
+        );
+        let fewer = js(json!({"parallelism": 3, "completions": 1}))
+            .protocol_problem()
+            .expect("differs");
+        assert!(
+            fewer.contains("completions (1) differs from parallelism (3)"),
+            "{fewer}"
+        );
     }
 
     #[test]

@@ -703,6 +703,43 @@ async fn a_leader_cut_off_from_its_lease_stops_before_the_next_one_writes() {
     .await;
 }
 
+/// A JobSet the protocol cannot serve (admitted before the webhook was installed): completions
+/// unset, or fewer than parallelism. No status write ever, and one Warning event that says why;
+/// once fixed, it is served.
+#[tokio::test]
+async fn jobsets_the_protocol_cannot_serve_get_no_write_and_an_event() {
+    bounded(async {
+        for completions in [Value::Null, json!(1)] {
+            let w = World::new(Dialect::Epoch, &[(1, 2)], 10).await;
+            let mut js = w.jobset();
+            js["spec"]["replicatedJobs"][0]["template"]["spec"]["completions"] =
+                completions.clone();
+            w.server.put("jobsets", js).expect("put");
+            let _r = Running::start(&w.server, options(Dialect::Epoch, "r1", None));
+            w.set_epoch(0, 1);
+            w.set_epoch(1, 1);
+            w.until("the event", |w| w.has_event("InPlaceRestartNotServable"))
+                .await;
+            w.quiet("an unservable JobSet").await;
+            assert_eq!(w.status_writes(), 0, "completions {completions}");
+            assert_eq!(w.synced(), None);
+            let events = w
+                .events()
+                .into_iter()
+                .filter(|e| e["reason"] == "InPlaceRestartNotServable")
+                .count();
+            assert_eq!(events, 1, "reported once");
+            // Fixed: served.
+            let mut js = w.jobset();
+            js["spec"]["replicatedJobs"][0]["template"]["spec"]["completions"] = json!(2);
+            w.server.put("jobsets", js).expect("put");
+            w.until("sync once servable", |w| w.synced() == Some(1))
+                .await;
+        }
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn crd_without_the_dialect_fields_stops_the_reconciler() {
     bounded(async {

@@ -133,6 +133,8 @@ struct Shared {
     restarts: Mutex<HashMap<Key, (Epoch, Instant)>>,
     /// Per JobSet, the malformed annotations already reported and still there: (pod, value).
     reported: Mutex<HashMap<Key, HashSet<(String, String)>>>,
+    /// Per JobSet the protocol cannot serve, the reason last reported (once per reason).
+    unservable: Mutex<HashMap<Key, String>>,
     /// Keys whose last evaluation failed: consecutive failures, and whether a retry is pending.
     retries: Mutex<HashMap<Key, Retry>>,
     events: mpsc::Sender<(ObjectReference, KubeEvent)>,
@@ -175,6 +177,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 fn forget(shared: &Shared, key: &Key) {
     lock(&shared.restarts).remove(key);
     lock(&shared.reported).remove(key);
+    lock(&shared.unservable).remove(key);
     lock(&shared.retries).remove(key);
     shared.metrics.forget(key);
 }
@@ -204,6 +207,7 @@ impl Controller {
             pods_synced: AtomicBool::new(false),
             restarts: Mutex::new(HashMap::new()),
             reported: Mutex::new(HashMap::new()),
+            unservable: Mutex::new(HashMap::new()),
             retries: Mutex::new(HashMap::new()),
             events: events_tx,
             enabled_namespaces: Mutex::new(std::collections::BTreeSet::new()),
@@ -525,6 +529,11 @@ async fn reconcile(shared: &Arc<Shared>, key: &Key) -> Result<(), ReconcileError
         let Some((state, decision)) = decide(shared, key) else {
             return Ok(());
         };
+        if let Some(reason) = &state.unservable {
+            report_unservable(shared, key, &state, reason);
+            return Ok(());
+        }
+        lock(&shared.unservable).remove(key);
         report_malformed(shared, key, &state, &decision);
         let written = if let Some(fail) = &decision.fail {
             write_failed(shared, key, &state, &fail.to_string()).await?
@@ -621,6 +630,26 @@ fn decide(shared: &Shared, key: &Key) -> Option<(JobSetState, ReconcileDecision)
         .observe(started.elapsed().as_secs_f64());
     shared.metrics.reconciles.inc();
     Some((state.clone(), decision))
+}
+
+/// Says once per reason, as a Warning event, that a JobSet cannot be served (and so gets no
+/// status write).
+fn report_unservable(shared: &Shared, key: &Key, state: &JobSetState, reason: &str) {
+    let first = lock(&shared.unservable)
+        .insert(key.clone(), reason.to_owned())
+        .as_deref()
+        != Some(reason);
+    if first {
+        tracing::warn!(namespace = %key.0, jobset = %key.1, reason, "the epoch protocol cannot serve this JobSet; writing nothing for it");
+        emit(
+            shared,
+            key,
+            state,
+            EventType::Warning,
+            "InPlaceRestartNotServable",
+            format!("{reason}; no epoch is written for this JobSet"),
+        );
+    }
 }
 
 /// Reports each malformed annotation once, as a Warning event. Only those still there are

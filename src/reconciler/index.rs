@@ -30,6 +30,8 @@ pub struct JobSetState {
     pub restarts_count_towards_max: i32,
     /// `status.conditions`, raw, to append a `Failed` condition to.
     pub conditions: serde_json::Value,
+    /// Why the protocol cannot serve it ([`JobSet::protocol_problem`]): nothing is written.
+    pub unservable: Option<String>,
 }
 
 impl JobSetState {
@@ -55,6 +57,7 @@ impl JobSetState {
                 .and_then(|s| s.conditions.as_ref())
                 .and_then(|c| serde_json::to_value(c).ok())
                 .unwrap_or_else(|| serde_json::Value::Array(Vec::new())),
+            unservable: js.protocol_problem(),
         }
     }
 
