@@ -1787,6 +1787,7 @@ async fn the_reconcilers_rbac_grants_every_request_it_makes_and_no_more() {
                 }),
                 request_timeout: args.request_timeout,
                 watch_timeout: args.watch_timeout,
+                write_epoch_status: args.write_epoch_status,
             },
             leader_election: args.leader_elect.then(|| LeaderElection {
                 lease_name: args.lease_name.clone(),

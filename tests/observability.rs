@@ -349,6 +349,7 @@ async fn reconciler_metrics() -> String {
             provision: None,
             request_timeout: reconciler::DEFAULT_REQUEST_TIMEOUT,
             watch_timeout: reconciler::DEFAULT_WATCH_TIMEOUT,
+            write_epoch_status: true,
         },
         leader_election: None,
         check_crd: false,

@@ -27,6 +27,7 @@ fn options(dialect: Dialect, identity: &str, leader: Option<LeaderElection>) -> 
             provision: None,
             request_timeout: reconciler::DEFAULT_REQUEST_TIMEOUT,
             watch_timeout: reconciler::DEFAULT_WATCH_TIMEOUT,
+            write_epoch_status: true,
         },
         leader_election: leader,
         check_crd: false,
@@ -736,6 +737,46 @@ async fn jobsets_the_protocol_cannot_serve_get_no_write_and_an_event() {
             w.until("sync once servable", |w| w.synced() == Some(1))
                 .await;
         }
+    })
+    .await;
+}
+
+/// With JobSet's own controller writing the epoch fields (`jobset-native`), the reconciler
+/// writes neither them nor anything else of the JobSet's status, and still reports the group
+/// restarts it observes.
+#[tokio::test]
+async fn leaving_the_epoch_fields_to_jobsets_controller_writes_nothing() {
+    bounded(async {
+        let w = World::new(Dialect::Attempt, &[(1, 2)], 10).await;
+        let mut opts = options(Dialect::Attempt, "r1", None);
+        opts.settings.write_epoch_status = false;
+        let _r = Running::start(&w.server, opts);
+        w.set_epoch(0, 0);
+        w.set_epoch(1, 0);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        // JobSet's controller syncs, then a pod moves and it deprecates, then syncs again.
+        let write = |status: Value| {
+            w.server
+                .patch("jobsets", NS, "js", &json!({"status": status}))
+                .expect("status");
+        };
+        write(json!({"currentInPlaceRestartAttempt": 0}));
+        w.set_epoch(0, 1);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        write(json!({"previousInPlaceRestartAttempt": 0}));
+        w.until("the restart is seen", |w| {
+            w.has_event("GroupRestartStarted")
+        })
+        .await;
+        w.set_epoch(1, 1);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        write(json!({"currentInPlaceRestartAttempt": 1}));
+        w.until("its completion is seen", |w| {
+            w.has_event("GroupRestartCompleted")
+        })
+        .await;
+        w.quiet("observe mode").await;
+        assert_eq!(w.status_writes(), 0, "no status write of ours");
     })
     .await;
 }

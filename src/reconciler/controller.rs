@@ -37,7 +37,10 @@ use super::metrics::Metrics;
 use super::provision::{self, ProvisionSettings};
 use super::queue::Queue;
 use crate::jobset::{self, JobSet};
-use crate::protocol::{Dialect, Epoch, JOBSET_NAME_LABEL, ReconcileDecision, reconcile_decide};
+use crate::protocol::{
+    Dialect, Epoch, EpochStatus, JOBSET_NAME_LABEL, ReconcileDecision, StatusChange,
+    reconcile_decide,
+};
 use crate::retry::WatchBackoff;
 use crate::wire::WatchedPod;
 
@@ -72,6 +75,11 @@ pub struct Settings {
     /// How long the API server keeps each watch open; a watch that delivers nothing (no event,
     /// no bookmark) for this long plus a few seconds is abandoned and resumed.
     pub watch_timeout: Duration,
+    /// Write the two epoch fields and the `Failed` condition (`true`), or leave them to JobSet's
+    /// own controller (`false`, for JobSet >= v0.11 in the `attempt` dialect, which writes the
+    /// same fields: two writers must never disagree) and only observe them: events, metrics and
+    /// provisioning go on.
+    pub write_epoch_status: bool,
 }
 
 /// [`Settings::request_timeout`] unless configured.
@@ -135,6 +143,8 @@ struct Shared {
     reported: Mutex<HashMap<Key, HashSet<(String, String)>>>,
     /// Per JobSet the protocol cannot serve, the reason last reported (once per reason).
     unservable: Mutex<HashMap<Key, String>>,
+    /// Observe mode: the epoch fields as last seen, per JobSet.
+    observed: Mutex<HashMap<Key, EpochStatus>>,
     /// Keys whose last evaluation failed: consecutive failures, and whether a retry is pending.
     retries: Mutex<HashMap<Key, Retry>>,
     events: mpsc::Sender<(ObjectReference, KubeEvent)>,
@@ -178,6 +188,7 @@ fn forget(shared: &Shared, key: &Key) {
     lock(&shared.restarts).remove(key);
     lock(&shared.reported).remove(key);
     lock(&shared.unservable).remove(key);
+    lock(&shared.observed).remove(key);
     lock(&shared.retries).remove(key);
     shared.metrics.forget(key);
 }
@@ -208,6 +219,7 @@ impl Controller {
             restarts: Mutex::new(HashMap::new()),
             reported: Mutex::new(HashMap::new()),
             unservable: Mutex::new(HashMap::new()),
+            observed: Mutex::new(HashMap::new()),
             retries: Mutex::new(HashMap::new()),
             events: events_tx,
             enabled_namespaces: Mutex::new(std::collections::BTreeSet::new()),
@@ -535,6 +547,10 @@ async fn reconcile(shared: &Arc<Shared>, key: &Key) -> Result<(), ReconcileError
         }
         lock(&shared.unservable).remove(key);
         report_malformed(shared, key, &state, &decision);
+        if !shared.settings.write_epoch_status {
+            observe(shared, key, &state, &decision);
+            return Ok(());
+        }
         let written = if let Some(fail) = &decision.fail {
             write_failed(shared, key, &state, &fail.to_string()).await?
         } else if !decision.change.is_empty() {
@@ -796,7 +812,43 @@ async fn write_epochs(
             "pods registered without seeing the synced epoch (another writer wiped the epoch fields): every pod restarts"
         );
     }
-    if let Some(deprecated) = decision.change.deprecated {
+    record_progress(shared, key, state, decision, decision.change);
+    Ok(true)
+}
+
+/// Observe mode: the epoch fields JobSet's own controller moved since last seen are recorded as
+/// if written here (metrics, events); nothing is written.
+fn observe(shared: &Arc<Shared>, key: &Key, state: &JobSetState, decision: &ReconcileDecision) {
+    let now = state.status;
+    let before = lock(&shared.observed).insert(key.clone(), now);
+    let Some(before) = before else {
+        // First sight: the current values are where things stand, not a move.
+        return;
+    };
+    let moved = |new: Option<Epoch>, old: Option<Epoch>| match (new, old) {
+        (Some(n), Some(o)) if n > o => Some(n),
+        (Some(n), None) => Some(n),
+        _ => None,
+    };
+    let change = StatusChange {
+        deprecated: moved(now.deprecated, before.deprecated),
+        synced: moved(now.synced, before.synced),
+    };
+    if !change.is_empty() {
+        record_progress(shared, key, state, decision, change);
+    }
+}
+
+/// What follows a move of the epoch fields (written by this replica, or, when it leaves them to
+/// JobSet's own controller, observed): the group restart metrics, events and log lines.
+fn record_progress(
+    shared: &Arc<Shared>,
+    key: &Key,
+    state: &JobSetState,
+    decision: &ReconcileDecision,
+    change: StatusChange,
+) {
+    if let Some(deprecated) = change.deprecated {
         shared.metrics.group_restarts.inc();
         shared.metrics.deprecated(key, i64::from(deprecated));
         lock(&shared.restarts).insert(key.clone(), (deprecated, Instant::now()));
@@ -813,7 +865,7 @@ async fn write_epochs(
             ),
         );
     }
-    if let Some(synced) = decision.change.synced {
+    if let Some(synced) = change.synced {
         let began = lock(&shared.restarts).remove(key);
         match began {
             Some((deprecated, at)) if deprecated < synced => {
@@ -852,7 +904,6 @@ async fn write_epochs(
             }
         }
     }
-    Ok(true)
 }
 
 async fn write_failed(

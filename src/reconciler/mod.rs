@@ -134,6 +134,13 @@ pub struct Args {
     #[arg(long, env = "JOBSET_INPLACE_WATCH_TIMEOUT", value_parser = crate::settings::parse_duration, default_value = "60s")]
     pub watch_timeout: Duration,
 
+    /// Write the JobSet's two epoch fields and its `Failed` condition. `false` leaves them to
+    /// JobSet's own controller (JobSet >= v0.11, `--protocol attempt`, which writes the same
+    /// fields): the reconciler then observes them for its events and metrics, and still
+    /// provisions the agent's accounts.
+    #[arg(long, env = "JOBSET_INPLACE_WRITE_EPOCH_STATUS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub write_epoch_status: bool,
+
     /// Leader identity (default: $POD_NAME, else the hostname).
     #[arg(long, env = "JOBSET_INPLACE_IDENTITY")]
     pub identity: Option<String>,
@@ -222,6 +229,7 @@ impl Args {
                     }),
                 request_timeout: self.request_timeout,
                 watch_timeout: self.watch_timeout,
+                write_epoch_status: self.write_epoch_status,
             },
             leader_election: self.leader_elect.then(|| LeaderElection {
                 lease_name: self.lease_name.clone(),
