@@ -1,0 +1,286 @@
+#!/usr/bin/env bash
+# A real Kubernetes control plane on loopback for tests/real_cluster.rs: etcd, kube-apiserver and
+# kube-controller-manager built from their upstream Go modules (pinned in
+# scripts/control-plane/go.mod), a throwaway PKI, service-account signing keys.
+#
+#   scripts/control-plane.sh build           build the binaries once (cached), print where
+#   scripts/control-plane.sh up DIR          build if needed, start everything, write DIR/kubeconfig
+#   scripts/control-plane.sh down DIR        stop what `up DIR` started, remove DIR
+#
+# The binaries are cached by version under
+# ${JOBSET_INPLACE_CONTROL_PLANE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/jobset-inplace/control-plane}/<versions>/
+# Everything listens on 127.0.0.1 (ports chosen free at start-up, written to DIR/ports). No
+# kubelet and no scheduler: pods exist but never run.
+#
+# Needs: go (>= the go.mod's version; the module proxy or a filled module cache), openssl, curl.
+set -euo pipefail
+
+here="$(cd "$(dirname "$0")" && pwd)"
+module="$here/control-plane"
+cache_root="${JOBSET_INPLACE_CONTROL_PLANE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/jobset-inplace/control-plane}"
+# How long `up` waits for each component to become ready.
+ready_timeout="${JOBSET_INPLACE_CONTROL_PLANE_TIMEOUT:-180}"
+
+die() {
+  echo "control-plane: $*" >&2
+  exit 1
+}
+
+usage() {
+  sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//' >&2
+  exit 2
+}
+
+need() {
+  command -v "$1" >/dev/null 2>&1 || die "$1 is required ($2)"
+}
+
+# The cache key: the pinned versions plus a hash of go.mod/go.sum (a change of any pin rebuilds).
+versions() {
+  local k8s etcd sum
+  k8s="$(cd "$module" && go list -m -f '{{.Version}}' k8s.io/kubernetes)"
+  etcd="$(cd "$module" && go list -m -f '{{.Version}}' go.etcd.io/etcd/server/v3)"
+  sum="$(cat "$module/go.mod" "$module/go.sum" | sha256sum | cut -c1-12)"
+  echo "kubernetes-${k8s}_etcd-${etcd}_go-$(go env GOVERSION)_${sum}"
+}
+
+# Prints the directory holding etcd, kube-apiserver and kube-controller-manager, building them
+# first when the cache does not have them. Progress goes to stderr.
+build() {
+  need go "Go toolchain, to build the control plane from its modules"
+  local key dir tmp start
+  key="$(versions)"
+  dir="$cache_root/$key"
+  if [[ -x "$dir/etcd" && -x "$dir/kube-apiserver" && -x "$dir/kube-controller-manager" ]]; then
+    echo "control-plane: cached binaries in $dir" >&2
+    echo "$dir"
+    return
+  fi
+  mkdir -p "$cache_root"
+  tmp="$(mktemp -d "$cache_root/.build.XXXXXX")"
+  start=$SECONDS
+  echo "control-plane: building $key (a cold build takes long on 2 cores) ..." >&2
+  # CGO off: static binaries, no C toolchain needed. -trimpath and -s -w keep them small.
+  if ! (cd "$module" && CGO_ENABLED=0 go build -mod=readonly -trimpath -ldflags='-s -w' -o "$tmp/" \
+      go.etcd.io/etcd/server/v3 \
+      k8s.io/kubernetes/cmd/kube-apiserver \
+      k8s.io/kubernetes/cmd/kube-controller-manager) >&2; then
+    rm -rf "$tmp"
+    die "go build failed (above)"
+  fi
+  # `go build` names the etcd main package after its directory, `server`.
+  mv "$tmp/server" "$tmp/etcd"
+  rm -rf "$dir"
+  mv "$tmp" "$dir"
+  echo "control-plane: built in $((SECONDS - start)) s into $dir" >&2
+  du -sh "$cache_root" | sed 's/^/control-plane: cache size: /' >&2
+  echo "$dir"
+}
+
+# A TCP port nothing listens on now (the check and the bind race, so each start checks again
+# through the component's own failure and the readiness wait).
+free_port() {
+  local port
+  for _ in $(seq 1 200); do
+    port=$((20000 + RANDOM % 40000))
+    if ! ss -Htln "sport = :$port" | grep -q .; then
+      echo "$port"
+      return
+    fi
+  done
+  die "no free port found"
+}
+
+# A certificate signed by the CA: name, subject, extensions.
+issue() {
+  local pki="$1" name="$2" subj="$3" ext="$4"
+  openssl req -new -newkey rsa:2048 -nodes -keyout "$pki/$name.key" -subj "$subj" \
+    -out "$pki/$name.csr" 2>/dev/null
+  openssl x509 -req -in "$pki/$name.csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key" -CAcreateserial \
+    -days 2 -sha256 -extfile <(printf '%s\n' "$ext") -out "$pki/$name.crt" 2>/dev/null
+  rm -f "$pki/$name.csr"
+}
+
+pki() {
+  local pki="$1"
+  mkdir -p "$pki"
+  openssl req -x509 -newkey rsa:2048 -nodes -keyout "$pki/ca.key" -out "$pki/ca.crt" -days 2 \
+    -subj "/CN=jobset-inplace-test-ca" \
+    -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" \
+    2>/dev/null
+  issue "$pki" apiserver "/CN=kube-apiserver" \
+    "basicConstraints=CA:FALSE
+keyUsage=critical,digitalSignature,keyEncipherment
+extendedKeyUsage=serverAuth
+subjectAltName=IP:127.0.0.1,IP:10.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
+  issue "$pki" admin "/O=system:masters/CN=jobset-inplace-test-admin" \
+    "basicConstraints=CA:FALSE
+keyUsage=critical,digitalSignature,keyEncipherment
+extendedKeyUsage=clientAuth"
+  # Service-account tokens: signed with sa.key, verified with sa.pub.
+  openssl genrsa -out "$pki/sa.key" 2048 2>/dev/null
+  openssl rsa -in "$pki/sa.key" -pubout -out "$pki/sa.pub" 2>/dev/null
+  chmod 600 "$pki"/*.key
+}
+
+kubeconfig() {
+  local pki="$1" port="$2"
+  cat <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: control-plane
+  cluster:
+    server: https://127.0.0.1:$port
+    certificate-authority-data: $(base64 -w0 "$pki/ca.crt")
+users:
+- name: admin
+  user:
+    client-certificate-data: $(base64 -w0 "$pki/admin.crt")
+    client-key-data: $(base64 -w0 "$pki/admin.key")
+contexts:
+- name: control-plane
+  context:
+    cluster: control-plane
+    user: admin
+current-context: control-plane
+EOF
+}
+
+# Starts NAME in the background in its own session, logging to DIR/NAME.log, PID in DIR/NAME.pid.
+start() {
+  local dir="$1" name="$2"
+  shift 2
+  setsid "$@" >"$dir/$name.log" 2>&1 </dev/null &
+  echo $! >"$dir/$name.pid"
+}
+
+alive() {
+  local pid
+  pid="$(cat "$1/$2.pid")"
+  kill -0 "$pid" 2>/dev/null
+}
+
+# Fails `up` with the component's log tail, after stopping what was started.
+fail() {
+  local dir="$1" name="$2" why="$3"
+  echo "control-plane: $name $why; last lines of $dir/$name.log:" >&2
+  tail -n 40 "$dir/$name.log" >&2 || true
+  stop_all "$dir"
+  die "$name $why (logs left in $dir)"
+}
+
+# Waits until `curl ARGS` succeeds or NAME dies or the timeout passes.
+wait_for() {
+  local dir="$1" name="$2"
+  shift 2
+  local deadline=$((SECONDS + ready_timeout))
+  until curl -sf --max-time 5 "$@" >/dev/null 2>&1; do
+    alive "$dir" "$name" || fail "$dir" "$name" "exited"
+    ((SECONDS < deadline)) || fail "$dir" "$name" "not ready within ${ready_timeout}s"
+    sleep 0.5
+  done
+}
+
+stop_all() {
+  local dir="$1" name pid
+  # Reverse start order: the controller manager, the API server, then etcd.
+  for name in kube-controller-manager kube-apiserver etcd; do
+    [[ -f "$dir/$name.pid" ]] || continue
+    pid="$(cat "$dir/$name.pid")"
+    if kill -0 "$pid" 2>/dev/null; then
+      kill -TERM "$pid" 2>/dev/null || true
+      for _ in $(seq 1 100); do
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.1
+      done
+      kill -KILL "$pid" 2>/dev/null || true
+    fi
+    rm -f "$dir/$name.pid"
+  done
+}
+
+up() {
+  local dir="$1"
+  need openssl "the throwaway PKI (apt-get install openssl)"
+  need curl "the readiness checks (apt-get install curl)"
+  need ss "finding free ports (apt-get install iproute2)"
+  [[ ! -e "$dir/kubeconfig" ]] || die "$dir already holds a control plane (run down first)"
+  local bin
+  bin="$(build)"
+  mkdir -p "$dir"
+  dir="$(cd "$dir" && pwd)"
+  touch "$dir/.jobset-inplace-control-plane"
+  local start=$SECONDS
+  pki "$dir/pki"
+
+  local etcd_port peer_port api_port
+  etcd_port="$(free_port)"
+  peer_port="$(free_port)"
+  api_port="$(free_port)"
+  printf 'etcd=%s\netcd-peer=%s\nkube-apiserver=%s\n' "$etcd_port" "$peer_port" "$api_port" >"$dir/ports"
+
+  # Test data only: no fsync.
+  start "$dir" etcd "$bin/etcd" \
+    --name default --data-dir "$dir/etcd-data" \
+    --listen-client-urls "http://127.0.0.1:$etcd_port" \
+    --advertise-client-urls "http://127.0.0.1:$etcd_port" \
+    --listen-peer-urls "http://127.0.0.1:$peer_port" \
+    --initial-advertise-peer-urls "http://127.0.0.1:$peer_port" \
+    --initial-cluster "default=http://127.0.0.1:$peer_port" \
+    --unsafe-no-fsync --log-level warn
+  wait_for "$dir" etcd "http://127.0.0.1:$etcd_port/health"
+
+  local pki="$dir/pki"
+  # The feature gates of README "Compatibility" for 1.35: the RestartAllContainers rule (alpha),
+  # which in 1.35 depends on NodeDeclaredFeatures (alpha) and ContainerRestartRules (beta, on by
+  # default; named so that a rename fails loudly).
+  start "$dir" kube-apiserver "$bin/kube-apiserver" \
+    --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$api_port" \
+    --etcd-servers "http://127.0.0.1:$etcd_port" \
+    --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
+    --client-ca-file "$pki/ca.crt" \
+    --service-account-issuer https://kubernetes.default.svc.cluster.local \
+    --service-account-key-file "$pki/sa.pub" \
+    --service-account-signing-key-file "$pki/sa.key" \
+    --service-cluster-ip-range 10.0.0.0/24 \
+    --authorization-mode Node,RBAC \
+    --enable-admission-plugins MutatingAdmissionWebhook,ValidatingAdmissionWebhook,ValidatingAdmissionPolicy \
+    --feature-gates RestartAllContainersOnContainerExits=true,NodeDeclaredFeatures=true,ContainerRestartRules=true \
+    --profiling=false --endpoint-reconciler-type none
+  wait_for "$dir" kube-apiserver --cacert "$pki/ca.crt" --cert "$pki/admin.crt" --key "$pki/admin.key" \
+    "https://127.0.0.1:$api_port/readyz"
+  kubeconfig "$pki" "$api_port" >"$dir/kubeconfig"
+  chmod 600 "$dir/kubeconfig"
+
+  # The job, garbage-collector, namespace (deletes test namespaces), service-account and
+  # admission-policy status (type checking) controllers; no scheduler, no kubelet. It talks to the
+  # API server as the admin; no serving port.
+  start "$dir" kube-controller-manager "$bin/kube-controller-manager" \
+    --kubeconfig "$dir/kubeconfig" \
+    --controllers job-controller,garbage-collector-controller,namespace-controller,serviceaccount-token-controller,serviceaccount-controller,validatingadmissionpolicy-status-controller \
+    --service-account-private-key-file "$pki/sa.key" --root-ca-file "$pki/ca.crt" \
+    --leader-elect=false --secure-port 0 --profiling=false
+  # Ready when the `default` service account of `default` exists (the serviceaccount controller
+  # made it).
+  wait_for "$dir" kube-controller-manager --cacert "$pki/ca.crt" --cert "$pki/admin.crt" \
+    --key "$pki/admin.key" "https://127.0.0.1:$api_port/api/v1/namespaces/default/serviceaccounts/default"
+
+  echo "control-plane: up in $((SECONDS - start)) s: kube-apiserver https://127.0.0.1:$api_port, etcd, kube-controller-manager" >&2
+  echo "control-plane: export KUBECONFIG=$dir/kubeconfig JOBSET_INPLACE_KUBECONFIG=$dir/kubeconfig" >&2
+}
+
+down() {
+  local dir="$1"
+  [[ -d "$dir" ]] || return 0
+  [[ -f "$dir/.jobset-inplace-control-plane" ]] || die "$dir was not made by $0 up; not removing it"
+  stop_all "$dir"
+  rm -rf "$dir"
+}
+
+case "${1:-}" in
+  build) build >/dev/null ;;
+  up) [[ $# -eq 2 ]] || usage; up "$2" ;;
+  down) [[ $# -eq 2 ]] || usage; down "$2" ;;
+  *) usage ;;
+esac
