@@ -36,12 +36,30 @@ need() {
 }
 
 # The cache key: the pinned versions plus a hash of go.mod/go.sum (a change of any pin rebuilds).
+k8s_version() {
+  (cd "$module" && go list -m -f '{{.Version}}' k8s.io/kubernetes)
+}
+
 versions() {
-  local k8s etcd sum
-  k8s="$(cd "$module" && go list -m -f '{{.Version}}' k8s.io/kubernetes)"
+  local etcd sum
   etcd="$(cd "$module" && go list -m -f '{{.Version}}' go.etcd.io/etcd/server/v3)"
-  sum="$(cat "$module/go.mod" "$module/go.sum" | sha256sum | cut -c1-12)"
-  echo "kubernetes-${k8s}_etcd-${etcd}_go-$(go env GOVERSION)_${sum}"
+  sum="$(cat "$module/go.mod" "$module/go.sum" "$0" | sha256sum | cut -c1-12)"
+  echo "kubernetes-$(k8s_version)_etcd-${etcd}_go-$(go env GOVERSION)_${sum}"
+}
+
+# What Kubernetes' own build stamps into its binaries (hack/lib/version.sh), so that /version
+# answers v1.35.x rather than v0.0.0-master.
+version_ldflags() {
+  local v="$1" major minor pkg flags=""
+  major="${v#v}"
+  major="${major%%.*}"
+  minor="${v#v*.}"
+  minor="${minor%%.*}"
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    flags+=" -X $pkg.gitVersion=$v -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor"
+    flags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
+  done
+  echo "$flags"
 }
 
 # Prints the directory holding etcd, kube-apiserver and kube-controller-manager, building them
@@ -53,6 +71,7 @@ build() {
   dir="$cache_root/$key"
   if [[ -x "$dir/etcd" && -x "$dir/kube-apiserver" && -x "$dir/kube-controller-manager" ]]; then
     echo "control-plane: cached binaries in $dir" >&2
+    du -sh "$cache_root" | sed 's/^/control-plane: cache size: /' >&2
     echo "$dir"
     return
   fi
@@ -61,7 +80,8 @@ build() {
   start=$SECONDS
   echo "control-plane: building $key (a cold build takes long on 2 cores) ..." >&2
   # CGO off: static binaries, no C toolchain needed. -trimpath and -s -w keep them small.
-  if ! (cd "$module" && CGO_ENABLED=0 go build -mod=readonly -trimpath -ldflags='-s -w' -o "$tmp/" \
+  if ! (cd "$module" && CGO_ENABLED=0 go build -mod=readonly -trimpath \
+      -ldflags="-s -w $(version_ldflags "$(k8s_version)")" -o "$tmp/" \
       go.etcd.io/etcd/server/v3 \
       k8s.io/kubernetes/cmd/kube-apiserver \
       k8s.io/kubernetes/cmd/kube-controller-manager) >&2; then
@@ -73,7 +93,11 @@ build() {
   rm -rf "$dir"
   mv "$tmp" "$dir"
   echo "control-plane: built in $((SECONDS - start)) s into $dir" >&2
-  du -sh "$cache_root" | sed 's/^/control-plane: cache size: /' >&2
+  # Keep disk lean: binaries of other versions go.
+  find "$cache_root" -mindepth 1 -maxdepth 1 -type d ! -name "$key" ! -name '.build.*' \
+    -exec rm -rf {} +
+  du -sh "$cache_root" "$(go env GOCACHE)" "$(go env GOMODCACHE)" 2>/dev/null |
+    sed 's/^/control-plane: disk: /' >&2
   echo "$dir"
 }
 
