@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # A real Kubernetes control plane on loopback for tests/real_cluster.rs: etcd, kube-apiserver and
 # kube-controller-manager built from their upstream Go modules (pinned in
-# scripts/control-plane/go.mod), a throwaway PKI, service-account signing keys.
+# scripts/control-plane/go.mod), JobSet's controller manager with its webhooks (pinned in
+# scripts/control-plane/jobset/go.mod) and the JobSet CRD, a throwaway PKI, service-account
+# signing keys.
 #
 #   scripts/control-plane.sh build           build the binaries once (cached), print where
 #   scripts/control-plane.sh up DIR          build if needed, start everything, write DIR/kubeconfig
@@ -12,11 +14,14 @@
 # Everything listens on 127.0.0.1 (ports chosen free at start-up, written to DIR/ports). No
 # kubelet and no scheduler: pods exist but never run.
 #
-# Needs: go (>= the go.mod's version; the module proxy or a filled module cache), openssl, curl.
-set -euo pipefail
+# Needs: go (>= the go.mods' versions; the module proxy or a filled module cache), openssl, curl,
+# kubectl.
+set -Eeuo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
 module="$here/control-plane"
+jobset_module="$module/jobset"
+repo="$(cd "$here/.." && pwd)"
 cache_root="${JOBSET_INPLACE_CONTROL_PLANE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/jobset-inplace/control-plane}"
 # How long `up` waits for each component to become ready.
 ready_timeout="${JOBSET_INPLACE_CONTROL_PLANE_TIMEOUT:-180}"
@@ -41,10 +46,12 @@ k8s_version() {
 }
 
 versions() {
-  local etcd sum
+  local etcd jobset sum
   etcd="$(cd "$module" && go list -m -f '{{.Version}}' go.etcd.io/etcd/server/v3)"
-  sum="$(cat "$module/go.mod" "$module/go.sum" "$0" | sha256sum | cut -c1-12)"
-  echo "kubernetes-$(k8s_version)_etcd-${etcd}_go-$(go env GOVERSION)_${sum}"
+  jobset="$(cd "$jobset_module" && go list -m -f '{{.Version}}' sigs.k8s.io/jobset)"
+  sum="$(cat "$module/go.mod" "$module/go.sum" "$jobset_module/go.mod" "$jobset_module/go.sum" "$0" |
+    sha256sum | cut -c1-12)"
+  echo "kubernetes-$(k8s_version)_etcd-${etcd}_jobset-${jobset}_go-$(go env GOVERSION)_${sum}"
 }
 
 # What Kubernetes' own build stamps into its binaries (hack/lib/version.sh), so that /version
@@ -69,7 +76,8 @@ build() {
   local key dir tmp start
   key="$(versions)"
   dir="$cache_root/$key"
-  if [[ -x "$dir/etcd" && -x "$dir/kube-apiserver" && -x "$dir/kube-controller-manager" ]]; then
+  if [[ -x "$dir/etcd" && -x "$dir/kube-apiserver" && -x "$dir/kube-controller-manager" &&
+    -x "$dir/jobset" ]]; then
     echo "control-plane: cached binaries in $dir" >&2
     du -sh "$cache_root" | sed 's/^/control-plane: cache size: /' >&2
     echo "$dir"
@@ -87,6 +95,11 @@ build() {
       k8s.io/kubernetes/cmd/kube-controller-manager) >&2; then
     rm -rf "$tmp"
     die "go build failed (above)"
+  fi
+  if ! (cd "$jobset_module" && CGO_ENABLED=0 go build -mod=readonly -trimpath -ldflags='-s -w' \
+      -o "$tmp/" sigs.k8s.io/jobset) >&2; then
+    rm -rf "$tmp"
+    die "go build of JobSet failed (above)"
   fi
   # `go build` names the etcd main package after its directory, `server`.
   mv "$tmp/server" "$tmp/etcd"
@@ -141,6 +154,12 @@ subjectAltName=IP:127.0.0.1,IP:10.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kuberne
     "basicConstraints=CA:FALSE
 keyUsage=critical,digitalSignature,keyEncipherment
 extendedKeyUsage=clientAuth"
+  # JobSet's webhook server, called by the API server at 127.0.0.1.
+  issue "$pki" jobset-webhook "/CN=jobset-webhook" \
+    "basicConstraints=CA:FALSE
+keyUsage=critical,digitalSignature,keyEncipherment
+extendedKeyUsage=serverAuth
+subjectAltName=IP:127.0.0.1"
   # Service-account tokens: signed with sa.key, verified with sa.pub.
   openssl genrsa -out "$pki/sa.key" 2048 2>/dev/null
   openssl rsa -in "$pki/sa.key" -pubout -out "$pki/sa.pub" 2>/dev/null
@@ -209,7 +228,7 @@ wait_for() {
 stop_all() {
   local dir="$1" name pid
   # Reverse start order: the controller manager, the API server, then etcd.
-  for name in kube-controller-manager kube-apiserver etcd; do
+  for name in jobset kube-controller-manager kube-apiserver etcd; do
     [[ -f "$dir/$name.pid" ]] || continue
     pid="$(cat "$dir/$name.pid")"
     if kill -0 "$pid" 2>/dev/null; then
@@ -224,17 +243,93 @@ stop_all() {
   done
 }
 
+# JobSet: its CRD (the released one of fixtures/, as tests/real_cluster.rs installs it), its
+# controller manager (as the admin; InPlaceRestart feature gate on, leader election off, no
+# metrics), and its webhook configurations from its module's config/ pointed at 127.0.0.1.
+start_jobset() {
+  local dir="$1" bin="$2" pki="$1/pki" webhook_port health_port src ca
+  local kubectl=(kubectl --kubeconfig "$dir/kubeconfig")
+  "${kubectl[@]}" apply --server-side --field-manager control-plane.sh \
+    -f "$repo/fixtures/jobset-v0.12/jobset.x-k8s.io_jobsets.yaml" >/dev/null
+  # (`kubectl wait` fails, rather than waits, while the new CRD has no conditions yet.)
+  local deadline=$((SECONDS + 60))
+  until "${kubectl[@]}" get crd jobsets.jobset.x-k8s.io \
+      -o 'jsonpath={.status.conditions[?(@.type=="Established")].status}' | grep -q True; do
+    ((SECONDS < deadline)) || fail "$dir" kube-apiserver "did not establish the JobSet CRD"
+    sleep 0.5
+  done
+  webhook_port="$(free_port)"
+  health_port="$(free_port)"
+  printf 'jobset-webhook=%s\njobset-health=%s\n' "$webhook_port" "$health_port" >>"$dir/ports"
+  mkdir -p "$dir/jobset/certs"
+  cp "$pki/jobset-webhook.crt" "$dir/jobset/certs/tls.crt"
+  cp "$pki/jobset-webhook.key" "$dir/jobset/certs/tls.key"
+  cat >"$dir/jobset/config.yaml" <<EOF
+apiVersion: config.jobset.x-k8s.io/v1alpha1
+kind: Configuration
+leaderElection:
+  leaderElect: false
+internalCertManagement:
+  enable: false
+webhook:
+  host: 127.0.0.1
+  port: $webhook_port
+  certDir: $dir/jobset/certs
+metrics:
+  bindAddress: "0"
+health:
+  healthProbeBindAddress: 127.0.0.1:$health_port
+featureGates:
+  InPlaceRestart: true
+EOF
+  start "$dir" jobset env KUBECONFIG="$dir/kubeconfig" "$bin/jobset" --config "$dir/jobset/config.yaml"
+  wait_for "$dir" jobset "http://127.0.0.1:$health_port/readyz"
+
+  # The webhook configurations as JobSet's config/components/webhook makes them, but for the
+  # Service: the client config is the loopback URL and our CA.
+  src="$(cd "$jobset_module" && go list -m -f '{{.Dir}}' sigs.k8s.io/jobset)/config/components/webhook"
+  mkdir -p "$dir/jobset/webhook/patches"
+  cp "$src/manifests.yaml" "$dir/jobset/webhook/"
+  cp "$src"/patches/*.yaml "$dir/jobset/webhook/patches/"
+  chmod -R u+w "$dir/jobset/webhook"
+  cat >"$dir/jobset/webhook/kustomization.yaml" <<EOF
+resources:
+- manifests.yaml
+namePrefix: jobset-
+patches:
+- path: patches/mutating-patch.yaml
+  target: {kind: MutatingWebhookConfiguration, name: mutating-webhook-configuration}
+- path: patches/validating-patch.yaml
+  target: {kind: ValidatingWebhookConfiguration, name: validating-webhook-configuration}
+EOF
+  ca="$(base64 -w0 "$pki/ca.crt")"
+  kubectl kustomize "$dir/jobset/webhook" |
+    awk -v base="https://127.0.0.1:$webhook_port" -v ca="$ca" '
+      /^ *service:$/ { indent = substr($0, 1, index($0, "s") - 1); service = 1; next }
+      service && /^ *(name|namespace|port):/ { next }
+      service && /^ *path:/ { print indent "url: " base $2; print indent "caBundle: " ca; service = 0; next }
+      { print }' >"$dir/jobset/webhook/rendered.yaml"
+  grep -q "url: https://127.0.0.1" "$dir/jobset/webhook/rendered.yaml" ||
+    fail "$dir" jobset "webhook configurations not rendered"
+  "${kubectl[@]}" apply --server-side --field-manager control-plane.sh \
+    -f "$dir/jobset/webhook/rendered.yaml" >/dev/null
+}
+
 up() {
   local dir="$1"
   need openssl "the throwaway PKI (apt-get install openssl)"
   need curl "the readiness checks (apt-get install curl)"
   need ss "finding free ports (apt-get install iproute2)"
+  need kubectl "installing the JobSet CRD and webhook configurations"
   [[ ! -e "$dir/kubeconfig" ]] || die "$dir already holds a control plane (run down first)"
   local bin
   bin="$(build)"
   mkdir -p "$dir"
   dir="$(cd "$dir" && pwd)"
   touch "$dir/.jobset-inplace-control-plane"
+  # Whatever fails from here on, nothing that was started keeps running.
+  # shellcheck disable=SC2064 # $dir now, not at the time of the trap
+  trap "echo 'control-plane: up failed; stopping what it started' >&2; stop_all '$dir'" ERR
   local start=$SECONDS
   pki "$dir/pki"
 
@@ -277,12 +372,13 @@ up() {
   kubeconfig "$pki" "$api_port" >"$dir/kubeconfig"
   chmod 600 "$dir/kubeconfig"
 
-  # The job, garbage-collector, namespace (deletes test namespaces), service-account and
+  # The job, garbage-collector, namespace (deletes test namespaces), pod-garbage-collector (ends
+  # deleted pods that no kubelet will: their job-tracking finalizers), service-account and
   # admission-policy status (type checking) controllers; no scheduler, no kubelet. It talks to the
   # API server as the admin; no serving port.
   start "$dir" kube-controller-manager "$bin/kube-controller-manager" \
     --kubeconfig "$dir/kubeconfig" \
-    --controllers job-controller,garbage-collector-controller,namespace-controller,serviceaccount-token-controller,serviceaccount-controller,validatingadmissionpolicy-status-controller \
+    --controllers job-controller,garbage-collector-controller,namespace-controller,pod-garbage-collector-controller,serviceaccount-token-controller,serviceaccount-controller,validatingadmissionpolicy-status-controller \
     --service-account-private-key-file "$pki/sa.key" --root-ca-file "$pki/ca.crt" \
     --leader-elect=false --secure-port 0 --profiling=false
   # Ready when the `default` service account of `default` exists (the serviceaccount controller
@@ -290,7 +386,10 @@ up() {
   wait_for "$dir" kube-controller-manager --cacert "$pki/ca.crt" --cert "$pki/admin.crt" \
     --key "$pki/admin.key" "https://127.0.0.1:$api_port/api/v1/namespaces/default/serviceaccounts/default"
 
-  echo "control-plane: up in $((SECONDS - start)) s: kube-apiserver https://127.0.0.1:$api_port, etcd, kube-controller-manager" >&2
+  start_jobset "$dir" "$bin"
+  trap - ERR
+
+  echo "control-plane: up in $((SECONDS - start)) s: kube-apiserver https://127.0.0.1:$api_port, etcd, kube-controller-manager, jobset" >&2
   echo "control-plane: export KUBECONFIG=$dir/kubeconfig JOBSET_INPLACE_KUBECONFIG=$dir/kubeconfig" >&2
 }
 

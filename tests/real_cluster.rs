@@ -151,8 +151,19 @@ async fn kubectl(kubeconfig: Option<&Path>, args: &[&str]) -> Result<String, Str
     }
 }
 
-/// Polls `check` every 200 ms until it returns `Some`, or panics with `what` after `limit`.
-async fn eventually<T, F, Fut>(what: &str, limit: Duration, mut check: F) -> T
+/// Polls `check` every 200 ms until it returns `Ok`, or panics with `what` after `limit`.
+async fn eventually<T, F, Fut>(what: &str, limit: Duration, check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    try_eventually(limit, check)
+        .await
+        .unwrap_or_else(|e| panic!("{what}: not within {limit:?}: {e}"))
+}
+
+/// Polls `check` every 200 ms until it returns `Ok`; its last error after `limit`.
+async fn try_eventually<T, F, Fut>(limit: Duration, mut check: F) -> Result<T, String>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, String>>,
@@ -160,8 +171,8 @@ where
     let deadline = Instant::now() + limit;
     loop {
         match check().await {
-            Ok(v) => return v,
-            Err(e) if Instant::now() >= deadline => panic!("{what}: not within {limit:?}: {e}"),
+            Ok(v) => return Ok(v),
+            Err(e) if Instant::now() >= deadline => return Err(e),
             Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
         }
     }
@@ -860,6 +871,23 @@ fn jobset(case: &str, name: &str, namespace: &str) -> DynamicObject {
     serde_json::from_value(object).expect("JobSet")
 }
 
+/// A fixture's JobSet with what JobSet's own webhook (v0.12, InPlaceRestart gate on) requires of
+/// an InPlaceRestart JobSet, and our webhook injects: `backoffLimit` MaxInt32 and
+/// `podReplacementPolicy: Failed` in every replicated job. JobSet denies one without them, so a
+/// denial or failure of ours is only told apart on such a JobSet (the API server answers with the
+/// first validating webhook's denial to arrive).
+fn jobset_valid_for_jobset(case: &str, name: &str, namespace: &str) -> DynamicObject {
+    let mut object = serde_json::to_value(jobset(case, name, namespace)).expect("json");
+    for rj in object["spec"]["replicatedJobs"]
+        .as_array_mut()
+        .expect("replicatedJobs")
+    {
+        rj["template"]["spec"]["backoffLimit"] = json!(2147483647);
+        rj["template"]["spec"]["podReplacementPolicy"] = json!("Failed");
+    }
+    serde_json::from_value(object).expect("JobSet")
+}
+
 /// Every value of `want` is in `got` (objects compared key by key, the rest exactly): what the
 /// API server added (defaults) does not count, what it dropped (pruning) does.
 fn missing(want: &Value, got: &Value, path: &str, out: &mut Vec<String>) {
@@ -939,17 +967,23 @@ async fn the_webhook_injects_denies_and_fails_as_configured() {
         missing(&want["spec"], &stored.data["spec"], "spec", &mut lost);
         assert!(lost.is_empty(), "the stored JobSet lost what the webhook injected: {lost:#?}");
 
-        // A broken one is denied with every violation's field path.
+        // A broken one is denied with every violation's field path (but the two JobSet's own
+        // webhook denies too: see jobset_valid_for_jobset).
         let expected = fixture_yaml("violations-all", "expected.yaml");
         let mut want_fields: Vec<String> = expected["validate"]["violations"]
             .as_array()
             .expect("violations")
             .iter()
             .map(|v| v.as_str().expect("path").to_owned())
+            .filter(|p| !p.ends_with(".backoffLimit") && !p.ends_with(".podReplacementPolicy"))
             .collect();
-        let (code, _, message, mut fields) =
-            api_error(jobsets.create(&pp, &jobset("violations-all", "broken", &ns.name)).await)
-                .expect("a broken JobSet is denied");
+        assert!(want_fields.len() >= 5, "{want_fields:?}");
+        let (code, _, message, mut fields) = api_error(
+            jobsets
+                .create(&pp, &jobset_valid_for_jobset("violations-all", "broken", &ns.name))
+                .await,
+        )
+        .expect("a broken JobSet is denied");
         assert_eq!(code, 422, "{message}");
         assert!(
             message.contains("admission webhook \"validate.jobset-inplace.dev\" denied the request"),
@@ -959,7 +993,8 @@ async fn the_webhook_injects_denies_and_fails_as_configured() {
         fields.sort();
         assert_eq!(fields, want_fields, "{message}");
 
-        // An UPDATE that breaks the stored JobSet is denied too.
+        // An UPDATE that breaks the stored JobSet is denied too (by both webhooks: JobSet's holds
+        // replicatedJobs immutable, so either answer may come first).
         let (code, _, message, _) = api_error(
             jobsets
                 .patch(
@@ -970,14 +1005,21 @@ async fn the_webhook_injects_denies_and_fails_as_configured() {
                 .await,
         )
         .expect("a breaking update is denied");
-        assert!(message.contains("validate.jobset-inplace.dev"), "{code} {message}");
+        assert!(
+            message.contains("validate.jobset-inplace.dev") || message.contains("vjobset.kb.io"),
+            "{code} {message}"
+        );
 
         // The webhook gone: an InPlaceRestart JobSet fails closed (the validating webhook's
         // failurePolicy: Fail), any other JobSet never reaches it.
         webhook.stop().await;
         // The mutating webhook's failure is ignored; the validating one's is the answer.
         let (code, _, message, _) =
-            api_error(jobsets.create(&pp, &jobset("story1-plain", "closed", &ns.name)).await)
+            api_error(
+                jobsets
+                    .create(&pp, &jobset_valid_for_jobset("story1-plain", "closed", &ns.name))
+                    .await,
+            )
                 .expect("fails closed without the webhook");
         assert!(
             message.contains("failed calling webhook \"validate.jobset-inplace.dev\""),
@@ -1002,7 +1044,7 @@ async fn the_webhook_injects_denies_and_fails_as_configured() {
         .expect("delete the validating configuration");
         let stored = eventually("mutation ignored", Duration::from_secs(30), || async {
             jobsets
-                .create(&pp, &jobset("story1-plain", "ignored", &ns.name))
+                .create(&pp, &jobset_valid_for_jobset("story1-plain", "ignored", &ns.name))
                 .await
                 .map_err(|e| e.to_string())
         })
@@ -1032,7 +1074,7 @@ const LEASE: &str = "jobset-inplace-reconciler";
 /// dropped.
 struct Reconciler {
     child: tokio::process::Child,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
 
 impl Reconciler {
@@ -1067,9 +1109,12 @@ impl Reconciler {
         )
         .expect("write");
         let health = free_port();
+        let log = std::fs::File::create(dir.path().join("log")).expect("log");
         let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_jobset-inplace"))
             .env_clear()
             .env("KUBECONFIG", &kubeconfig)
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
             .args([
                 "reconciler",
                 "--health-addr",
@@ -1087,7 +1132,14 @@ impl Reconciler {
             .kill_on_drop(true)
             .spawn()
             .expect("start the reconciler");
-        Reconciler { child, _dir: dir }
+        Reconciler { child, dir }
+    }
+
+    /// The last lines of its log (for a failure message).
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(self.dir.path().join("log")).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
     }
 
     async fn kill(mut self) {
@@ -1143,6 +1195,10 @@ async fn the_reconciler_moves_epochs_and_hands_over_its_lease() {
             js["spec"]["replicatedJobs"][0]["replicas"] = json!(1);
             js["spec"]["replicatedJobs"][0]["template"]["spec"]["parallelism"] = json!(2);
             js["spec"]["replicatedJobs"][0]["template"]["spec"]["completions"] = json!(2);
+            // What the webhook (not running here) would inject and JobSet's webhook requires.
+            js["spec"]["replicatedJobs"][0]["template"]["spec"]["backoffLimit"] = json!(2147483647);
+            js["spec"]["replicatedJobs"][0]["template"]["spec"]["podReplacementPolicy"] =
+                json!("Failed");
             jobsets
                 .create(
                     &PostParams::default(),
@@ -1249,6 +1305,169 @@ async fn the_reconciler_moves_epochs_and_hands_over_its_lease() {
             )
             .await;
             second.kill().await;
+            drop(ns);
+        },
+    )
+    .await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// e. The whole path with JobSet's and the Job controller: webhook, reconciler, agents' writes
+// ---------------------------------------------------------------------------------------------
+
+/// Whether JobSet's controller runs in this cluster (scripts/control-plane.sh starts it and
+/// registers its webhook configurations, named `jobset-...`).
+async fn jobset_controller_runs(cluster: &Cluster) -> bool {
+    use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+    Api::<MutatingWebhookConfiguration>::all(cluster.client.clone())
+        .get_opt("jobset-mutating-webhook-configuration")
+        .await
+        .expect("webhook configurations")
+        .is_some()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jobset_runs_through_the_real_controllers_with_the_agent_injected() {
+    with_cluster(
+        "a_jobset_runs_through_the_real_controllers_with_the_agent_injected",
+        |cluster| async move {
+            if !jobset_controller_runs(&cluster).await {
+                panic!("JobSet's controller is not running (scripts/control-plane.sh starts it)");
+            }
+            let installed = install(&cluster, "epoch").await;
+            let configurations: Vec<Value> = installed
+                .into_iter()
+                .filter(|o| {
+                    o["kind"] == "MutatingWebhookConfiguration"
+                        || o["kind"] == "ValidatingWebhookConfiguration"
+                })
+                .collect();
+            let webhook = Webhook::start().await;
+            apply(&cluster, &pointed_at(&configurations, &webhook))
+                .await
+                .expect("webhook configurations");
+            let reconciler = Reconciler::start(&cluster, "real-cluster-e").await;
+            let ns = TestNamespace::create(&cluster, "rc-jobset").await;
+            let gvk = GroupVersionKind::gvk("jobset.x-k8s.io", "v1alpha2", "JobSet");
+            let jobsets: Api<DynamicObject> = Api::namespaced_with(
+                cluster.client.clone(),
+                &ns.name,
+                &ApiResource::from_gvk(&gvk),
+            );
+            let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), &ns.name);
+
+            // A plain InPlaceRestart JobSet of 2 pods (no exclusive placement: nothing schedules).
+            let mut js = fixture_object("story1-plain");
+            js["metadata"] = json!({"name": "train", "namespace": ns.name});
+            js["spec"]["replicatedJobs"][0]["replicas"] = json!(1);
+            js["spec"]["replicatedJobs"][0]["template"]["spec"]["parallelism"] = json!(2);
+            js["spec"]["replicatedJobs"][0]["template"]["spec"]["completions"] = json!(2);
+            let js: DynamicObject = serde_json::from_value(js).expect("JobSet");
+            // Our webhook's configurations may take a moment to be in force.
+            eventually(
+                "the JobSet created injected",
+                Duration::from_secs(30),
+                || async {
+                    let created = jobsets
+                        .create(
+                            &PostParams {
+                                dry_run: true,
+                                ..Default::default()
+                            },
+                            &js,
+                        )
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    serde_json::to_string(&created.data)
+                        .unwrap_or_default()
+                        .contains(INJECTED_ANNOTATION)
+                        .then_some(())
+                        .ok_or_else(|| "not injected yet".to_owned())
+                },
+            )
+            .await;
+            jobsets
+                .create(&PostParams::default(), &js)
+                .await
+                .expect("create the JobSet");
+
+            // JobSet's controller makes the Job, the Job controller the pods (once the reconciler
+            // has provisioned the agent's ServiceAccount they name). The API server keeps the
+            // injected agent and both restart rules: the 1.35 feature gates are on.
+            let accounts: Api<ServiceAccount> = Api::namespaced(cluster.client.clone(), &ns.name);
+            let made = try_eventually(Duration::from_secs(120), || async {
+                let list = pods
+                    .list(&ListParams::default().labels("jobset.sigs.k8s.io/jobset-name=train"))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let provisioned = accounts
+                    .get_opt(AGENT_SERVICE_ACCOUNT)
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .is_some();
+                (list.items.len() == 2)
+                    .then_some(list.items)
+                    .ok_or_else(|| {
+                        format!("not yet; agent ServiceAccount provisioned: {provisioned}")
+                    })
+            })
+            .await
+            .unwrap_or_else(|e| {
+                panic!(
+                    "2 pods of the JobSet: {e}\nreconciler:\n{}",
+                    reconciler.log_tail()
+                )
+            });
+            for p in &made {
+                let name = p.metadata.name.clone().unwrap_or_default();
+                let spec = serde_json::to_value(p.spec.as_ref().expect("spec")).expect("json");
+                assert_eq!(spec["serviceAccountName"], AGENT_SERVICE_ACCOUNT, "{name}");
+                let agent = &spec["initContainers"][0];
+                assert_eq!(agent["name"], "jobset-inplace-agent", "{name}: {spec}");
+                assert_eq!(agent["restartPolicy"], "Always", "{name}");
+                assert_eq!(
+                    agent["restartPolicyRules"][0]["action"], "RestartAllContainers",
+                    "{name}: the agent's rule survives the API server: {agent}"
+                );
+                assert_eq!(
+                    spec["containers"][0]["restartPolicyRules"][0]["action"],
+                    "RestartAllContainers",
+                    "{name}: the worker's rule survives the API server"
+                );
+            }
+
+            // Each pod's agent registers epoch 1 with a token bound to its pod, as the agent does;
+            // the reconciler syncs 1 (and keeps it against JobSet's own status writes).
+            for p in &made {
+                let name = p.metadata.name.clone().unwrap_or_default();
+                let token = agent_token(&cluster, &ns.name, Some(p)).await;
+                let agent = token_client(&cluster, &token).await;
+                let own: Api<Pod> = Api::namespaced(agent, &ns.name);
+                eventually(
+                    &format!("{name} registers"),
+                    Duration::from_secs(30),
+                    || async {
+                        own.patch(&name, &PatchParams::default(), &epoch_patch("1"))
+                            .await
+                            .map(|_| ())
+                            .map_err(|e| e.to_string())
+                    },
+                )
+                .await;
+            }
+            try_eventually(Duration::from_secs(60), || async {
+                let got = epochs(&jobsets, "train").await?;
+                (got.1 == Some(1)).then_some(()).ok_or(format!("{got:?}"))
+            })
+            .await
+            .unwrap_or_else(|e| panic!("synced 1: {e}\nreconciler:\n{}", reconciler.log_tail()));
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            let got = epochs(&jobsets, "train").await.expect("epochs");
+            assert_eq!(got.1, Some(1), "synced stays 1 beside JobSet's controller");
+
+            reconciler.kill().await;
+            webhook.stop().await;
+            delete_webhook_configurations(&cluster).await;
             drop(ns);
         },
     )
