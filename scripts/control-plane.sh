@@ -114,12 +114,16 @@ build() {
   echo "$dir"
 }
 
-# A TCP port nothing listens on now (the check and the bind race, so each start checks again
-# through the component's own failure and the readiness wait).
+# A TCP port nothing listens on now, below the kernel's ephemeral range (where outgoing
+# connections would take it between this check and the component's bind).
 free_port() {
-  local port
+  local port low=32768
+  if [[ -r /proc/sys/net/ipv4/ip_local_port_range ]]; then
+    read -r low _ </proc/sys/net/ipv4/ip_local_port_range
+  fi
+  ((low > 11000)) || die "the ephemeral port range starts at $low; no room below it"
   for _ in $(seq 1 200); do
-    port=$((20000 + RANDOM % 40000))
+    port=$((10000 + RANDOM % (low - 10000)))
     if ! ss -Htln "sport = :$port" | grep -q .; then
       echo "$port"
       return

@@ -872,8 +872,8 @@ fn jobset(case: &str, name: &str, namespace: &str) -> DynamicObject {
 }
 
 /// A fixture's JobSet with what JobSet's own webhook (v0.12, InPlaceRestart gate on) requires of
-/// an InPlaceRestart JobSet, and our webhook injects: `backoffLimit` MaxInt32 and
-/// `podReplacementPolicy: Failed` in every replicated job. JobSet denies one without them, so a
+/// an InPlaceRestart JobSet, as ours does: `backoffLimit` MaxInt32, `podReplacementPolicy: Failed`
+/// and `completions` equal to `parallelism` in every replicated job. JobSet denies one without, so a
 /// denial or failure of ours is only told apart on such a JobSet (the API server answers with the
 /// first validating webhook's denial to arrive).
 fn jobset_valid_for_jobset(case: &str, name: &str, namespace: &str) -> DynamicObject {
@@ -884,6 +884,8 @@ fn jobset_valid_for_jobset(case: &str, name: &str, namespace: &str) -> DynamicOb
     {
         rj["template"]["spec"]["backoffLimit"] = json!(2147483647);
         rj["template"]["spec"]["podReplacementPolicy"] = json!("Failed");
+        let parallelism = rj["template"]["spec"]["parallelism"].clone();
+        rj["template"]["spec"]["completions"] = parallelism;
     }
     serde_json::from_value(object).expect("JobSet")
 }
@@ -967,7 +969,7 @@ async fn the_webhook_injects_denies_and_fails_as_configured() {
         missing(&want["spec"], &stored.data["spec"], "spec", &mut lost);
         assert!(lost.is_empty(), "the stored JobSet lost what the webhook injected: {lost:#?}");
 
-        // A broken one is denied with every violation's field path (but the two JobSet's own
+        // A broken one is denied with every violation's field path (but those JobSet's own
         // webhook denies too: see jobset_valid_for_jobset).
         let expected = fixture_yaml("violations-all", "expected.yaml");
         let mut want_fields: Vec<String> = expected["validate"]["violations"]
@@ -975,7 +977,11 @@ async fn the_webhook_injects_denies_and_fails_as_configured() {
             .expect("violations")
             .iter()
             .map(|v| v.as_str().expect("path").to_owned())
-            .filter(|p| !p.ends_with(".backoffLimit") && !p.ends_with(".podReplacementPolicy"))
+            .filter(|p| {
+                !p.ends_with(".backoffLimit")
+                    && !p.ends_with(".podReplacementPolicy")
+                    && !p.ends_with(".completions")
+            })
             .collect();
         assert!(want_fields.len() >= 5, "{want_fields:?}");
         let (code, _, message, mut fields) = api_error(
@@ -1113,6 +1119,7 @@ impl Reconciler {
         let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_jobset-inplace"))
             .env_clear()
             .env("KUBECONFIG", &kubeconfig)
+            .env("JOBSET_INPLACE_LOG_LEVEL", "info,kube_lease_manager=debug")
             .stdout(log.try_clone().expect("log"))
             .stderr(log)
             .args([
@@ -1135,11 +1142,14 @@ impl Reconciler {
         Reconciler { child, dir }
     }
 
-    /// The last lines of its log (for a failure message).
+    /// Its log without the lease renewals (for a failure message).
     fn log_tail(&self) -> String {
         let text = std::fs::read_to_string(self.dir.path().join("log")).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(30)..].join("\n")
+        let lines: Vec<&str> = text
+            .lines()
+            .filter(|l| !l.contains("DEBUG kube_lease_manager"))
+            .collect();
+        lines[lines.len().saturating_sub(60)..].join("\n")
     }
 
     async fn kill(mut self) {
