@@ -258,7 +258,8 @@ start_jobset() {
   # (`kubectl wait` fails, rather than waits, while the new CRD has no conditions yet.)
   local deadline=$((SECONDS + 60))
   until "${kubectl[@]}" get crd jobsets.jobset.x-k8s.io \
-      -o 'jsonpath={.status.conditions[?(@.type=="Established")].status}' | grep -q True; do
+      -o 'jsonpath={.status.conditions[?(@.type=="Established")].status}' 2>/dev/null |
+      grep -q True; do
     ((SECONDS < deadline)) || fail "$dir" kube-apiserver "did not establish the JobSet CRD"
     sleep 0.5
   done
