@@ -40,7 +40,11 @@ need() {
   command -v "$1" >/dev/null 2>&1 || die "$1 is required ($2)"
 }
 
-# The cache key: the pinned versions plus a hash of go.mod/go.sum (a change of any pin rebuilds).
+# How the binaries are built (part of the cache key: change it, and they are built again).
+build_flags="CGO_ENABLED=0 -trimpath -ldflags=-s -w + version_ldflags"
+
+# The cache key: the pinned versions plus a hash of the go.mods/go.sums and the build flags (a
+# change of any pin rebuilds).
 k8s_version() {
   (cd "$module" && go list -m -f '{{.Version}}' k8s.io/kubernetes)
 }
@@ -49,8 +53,8 @@ versions() {
   local etcd jobset sum
   etcd="$(cd "$module" && go list -m -f '{{.Version}}' go.etcd.io/etcd/server/v3)"
   jobset="$(cd "$jobset_module" && go list -m -f '{{.Version}}' sigs.k8s.io/jobset)"
-  sum="$(cat "$module/go.mod" "$module/go.sum" "$jobset_module/go.mod" "$jobset_module/go.sum" "$0" |
-    sha256sum | cut -c1-12)"
+  sum="$( (cat "$module/go.mod" "$module/go.sum" "$jobset_module/go.mod" "$jobset_module/go.sum"
+    echo "$build_flags") | sha256sum | cut -c1-12)"
   echo "kubernetes-$(k8s_version)_etcd-${etcd}_jobset-${jobset}_go-$(go env GOVERSION)_${sum}"
 }
 
