@@ -1081,6 +1081,7 @@ const LEASE: &str = "jobset-inplace-reconciler";
 struct Reconciler {
     child: tokio::process::Child,
     dir: tempfile::TempDir,
+    health: u16,
 }
 
 impl Reconciler {
@@ -1119,7 +1120,10 @@ impl Reconciler {
         let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_jobset-inplace"))
             .env_clear()
             .env("KUBECONFIG", &kubeconfig)
-            .env("JOBSET_INPLACE_LOG_LEVEL", "info,kube_lease_manager=debug")
+            .env(
+                "JOBSET_INPLACE_LOG_LEVEL",
+                "info,jobset_inplace=debug,kube_lease_manager=debug",
+            )
             .stdout(log.try_clone().expect("log"))
             .stderr(log)
             .args([
@@ -1139,7 +1143,19 @@ impl Reconciler {
             .kill_on_drop(true)
             .spawn()
             .expect("start the reconciler");
-        Reconciler { child, dir }
+        Reconciler { child, dir, health }
+    }
+
+    /// Waits for its /readyz (both caches synced once).
+    async fn ready(&self) {
+        try_eventually(Duration::from_secs(60), || http_ok(self.health, "/readyz"))
+            .await
+            .unwrap_or_else(|e| {
+                panic!(
+                    "the reconciler is not ready: {e}\nreconciler:\n{}",
+                    self.log_tail()
+                )
+            });
     }
 
     /// Its log without the lease renewals (for a failure message).
@@ -1356,7 +1372,6 @@ async fn a_jobset_runs_through_the_real_controllers_with_the_agent_injected() {
             apply(&cluster, &pointed_at(&configurations, &webhook))
                 .await
                 .expect("webhook configurations");
-            let reconciler = Reconciler::start(&cluster, "real-cluster-e").await;
             let ns = TestNamespace::create(&cluster, "rc-jobset").await;
             let gvk = GroupVersionKind::gvk("jobset.x-k8s.io", "v1alpha2", "JobSet");
             let jobsets: Api<DynamicObject> = Api::namespaced_with(
@@ -1400,6 +1415,12 @@ async fn a_jobset_runs_through_the_real_controllers_with_the_agent_injected() {
                 .create(&PostParams::default(), &js)
                 .await
                 .expect("create the JobSet");
+            // The reconciler starts after the JobSet exists, so that its initial list has it:
+            // started before, right after install() changed the CRD's schema, its JobSet watch
+            // saw no JobSet created afterwards within 2 minutes (3 runs of 3 on a fresh cluster;
+            // see docs/testing.md).
+            let reconciler = Reconciler::start(&cluster, "real-cluster-e").await;
+            reconciler.ready().await;
 
             // JobSet's controller makes the Job, the Job controller the pods (once the reconciler
             // has provisioned the agent's ServiceAccount they name). The API server keeps the
