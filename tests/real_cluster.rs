@@ -1415,10 +1415,11 @@ async fn a_jobset_runs_through_the_real_controllers_with_the_agent_injected() {
                 .create(&PostParams::default(), &js)
                 .await
                 .expect("create the JobSet");
-            // The reconciler starts after the JobSet exists, so that its initial list has it:
-            // started before, right after install() changed the CRD's schema, its JobSet watch
-            // saw no JobSet created afterwards within 2 minutes (3 runs of 3 on a fresh cluster;
-            // see docs/testing.md).
+            // The reconciler starts after the JobSet exists, so that its initial list has it.
+            // Started before (right after install() changed the CRD's schema, on a fresh
+            // cluster), it was ready and the leader but never saw the JobSet created next, 2
+            // minutes long, in 3 runs of 3; not explained yet (kubectl's watch saw such a
+            // JobSet): see docs/testing.md.
             let reconciler = Reconciler::start(&cluster, "real-cluster-e").await;
             reconciler.ready().await;
 
