@@ -1,0 +1,418 @@
+#!/usr/bin/env bash
+# A real Kubernetes control plane on loopback for tests/real_cluster.rs: etcd, kube-apiserver and
+# kube-controller-manager built from their upstream Go modules (pinned in
+# scripts/control-plane/go.mod), JobSet's controller manager with its webhooks (pinned in
+# scripts/control-plane/jobset/go.mod) and the JobSet CRD, a throwaway PKI, service-account
+# signing keys.
+#
+#   scripts/control-plane.sh build           build the binaries once (cached), print where
+#   scripts/control-plane.sh up DIR          build if needed, start everything, write DIR/kubeconfig
+#   scripts/control-plane.sh down DIR        stop what `up DIR` started, remove DIR
+#
+# The binaries are cached by version under
+# ${JOBSET_INPLACE_CONTROL_PLANE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/jobset-inplace/control-plane}/<versions>/
+# Everything listens on 127.0.0.1 (ports chosen free at start-up, written to DIR/ports). No
+# kubelet and no scheduler: pods exist but never run.
+#
+# Needs: go (>= the go.mods' versions; the module proxy or a filled module cache), openssl, curl,
+# kubectl.
+set -Eeuo pipefail
+
+here="$(cd "$(dirname "$0")" && pwd)"
+module="$here/control-plane"
+jobset_module="$module/jobset"
+repo="$(cd "$here/.." && pwd)"
+cache_root="${JOBSET_INPLACE_CONTROL_PLANE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/jobset-inplace/control-plane}"
+# How long `up` waits for each component to become ready.
+ready_timeout="${JOBSET_INPLACE_CONTROL_PLANE_TIMEOUT:-180}"
+
+die() {
+  echo "control-plane: $*" >&2
+  exit 1
+}
+
+usage() {
+  sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//' >&2
+  exit 2
+}
+
+need() {
+  command -v "$1" >/dev/null 2>&1 || die "$1 is required ($2)"
+}
+
+# How the binaries are built (part of the cache key: change it, and they are built again).
+build_flags="CGO_ENABLED=0 -trimpath -ldflags=-s -w + version_ldflags"
+
+# The cache key: the pinned versions plus a hash of the go.mods/go.sums and the build flags (a
+# change of any pin rebuilds).
+k8s_version() {
+  (cd "$module" && go list -m -f '{{.Version}}' k8s.io/kubernetes)
+}
+
+versions() {
+  local etcd jobset sum
+  etcd="$(cd "$module" && go list -m -f '{{.Version}}' go.etcd.io/etcd/server/v3)"
+  jobset="$(cd "$jobset_module" && go list -m -f '{{.Version}}' sigs.k8s.io/jobset)"
+  sum="$( (cat "$module/go.mod" "$module/go.sum" "$jobset_module/go.mod" "$jobset_module/go.sum"
+    echo "$build_flags") | sha256sum | cut -c1-12)"
+  echo "kubernetes-$(k8s_version)_etcd-${etcd}_jobset-${jobset}_go-$(go env GOVERSION)_${sum}"
+}
+
+# What Kubernetes' own build stamps into its binaries (hack/lib/version.sh), so that /version
+# answers v1.35.x rather than v0.0.0-master.
+version_ldflags() {
+  local v="$1" major minor pkg flags=""
+  major="${v#v}"
+  major="${major%%.*}"
+  minor="${v#v*.}"
+  minor="${minor%%.*}"
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    flags+=" -X $pkg.gitVersion=$v -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor"
+    flags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
+  done
+  echo "$flags"
+}
+
+# Prints the directory holding etcd, kube-apiserver and kube-controller-manager, building them
+# first when the cache does not have them. Progress goes to stderr.
+build() {
+  need go "Go toolchain, to build the control plane from its modules"
+  local key dir tmp start
+  key="$(versions)"
+  dir="$cache_root/$key"
+  if [[ -x "$dir/etcd" && -x "$dir/kube-apiserver" && -x "$dir/kube-controller-manager" &&
+    -x "$dir/jobset" ]]; then
+    echo "control-plane: cached binaries in $dir" >&2
+    du -sh "$cache_root" | sed 's/^/control-plane: cache size: /' >&2
+    echo "$dir"
+    return
+  fi
+  mkdir -p "$cache_root"
+  tmp="$(mktemp -d "$cache_root/.build.XXXXXX")"
+  start=$SECONDS
+  echo "control-plane: building $key (a cold build takes long on 2 cores) ..." >&2
+  # CGO off: static binaries, no C toolchain needed. -trimpath and -s -w keep them small.
+  if ! (cd "$module" && CGO_ENABLED=0 go build -mod=readonly -trimpath \
+      -ldflags="-s -w $(version_ldflags "$(k8s_version)")" -o "$tmp/" \
+      go.etcd.io/etcd/server/v3 \
+      k8s.io/kubernetes/cmd/kube-apiserver \
+      k8s.io/kubernetes/cmd/kube-controller-manager) >&2; then
+    rm -rf "$tmp"
+    die "go build failed (above)"
+  fi
+  if ! (cd "$jobset_module" && CGO_ENABLED=0 go build -mod=readonly -trimpath -ldflags='-s -w' \
+      -o "$tmp/" sigs.k8s.io/jobset) >&2; then
+    rm -rf "$tmp"
+    die "go build of JobSet failed (above)"
+  fi
+  # `go build` names the etcd main package after its directory, `server`.
+  mv "$tmp/server" "$tmp/etcd"
+  rm -rf "$dir"
+  mv "$tmp" "$dir"
+  echo "control-plane: built in $((SECONDS - start)) s into $dir" >&2
+  # Keep disk lean: binaries of other versions go.
+  find "$cache_root" -mindepth 1 -maxdepth 1 -type d ! -name "$key" ! -name '.build.*' \
+    -exec rm -rf {} +
+  du -sh "$cache_root" "$(go env GOCACHE)" "$(go env GOMODCACHE)" 2>/dev/null |
+    sed 's/^/control-plane: disk: /' >&2
+  echo "$dir"
+}
+
+# A TCP port nothing listens on now, below the kernel's ephemeral range (where outgoing
+# connections would take it between this check and the component's bind).
+free_port() {
+  local port low=32768
+  if [[ -r /proc/sys/net/ipv4/ip_local_port_range ]]; then
+    read -r low _ </proc/sys/net/ipv4/ip_local_port_range
+  fi
+  ((low > 11000)) || die "the ephemeral port range starts at $low; no room below it"
+  for _ in $(seq 1 200); do
+    port=$((10000 + RANDOM % (low - 10000)))
+    if ! ss -Htln "sport = :$port" | grep -q .; then
+      echo "$port"
+      return
+    fi
+  done
+  die "no free port found"
+}
+
+# A certificate signed by the CA: name, subject, extensions.
+issue() {
+  local pki="$1" name="$2" subj="$3" ext="$4"
+  openssl req -new -newkey rsa:2048 -nodes -keyout "$pki/$name.key" -subj "$subj" \
+    -out "$pki/$name.csr" 2>/dev/null
+  openssl x509 -req -in "$pki/$name.csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key" -CAcreateserial \
+    -days 2 -sha256 -extfile <(printf '%s\n' "$ext") -out "$pki/$name.crt" 2>/dev/null
+  rm -f "$pki/$name.csr"
+}
+
+pki() {
+  local pki="$1"
+  mkdir -p "$pki"
+  openssl req -x509 -newkey rsa:2048 -nodes -keyout "$pki/ca.key" -out "$pki/ca.crt" -days 2 \
+    -subj "/CN=jobset-inplace-test-ca" \
+    -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" \
+    2>/dev/null
+  issue "$pki" apiserver "/CN=kube-apiserver" \
+    "basicConstraints=CA:FALSE
+keyUsage=critical,digitalSignature,keyEncipherment
+extendedKeyUsage=serverAuth
+subjectAltName=IP:127.0.0.1,IP:10.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
+  issue "$pki" admin "/O=system:masters/CN=jobset-inplace-test-admin" \
+    "basicConstraints=CA:FALSE
+keyUsage=critical,digitalSignature,keyEncipherment
+extendedKeyUsage=clientAuth"
+  # JobSet's webhook server, called by the API server at 127.0.0.1.
+  issue "$pki" jobset-webhook "/CN=jobset-webhook" \
+    "basicConstraints=CA:FALSE
+keyUsage=critical,digitalSignature,keyEncipherment
+extendedKeyUsage=serverAuth
+subjectAltName=IP:127.0.0.1"
+  # Service-account tokens: signed with sa.key, verified with sa.pub.
+  openssl genrsa -out "$pki/sa.key" 2048 2>/dev/null
+  openssl rsa -in "$pki/sa.key" -pubout -out "$pki/sa.pub" 2>/dev/null
+  chmod 600 "$pki"/*.key
+}
+
+kubeconfig() {
+  local pki="$1" port="$2"
+  cat <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: control-plane
+  cluster:
+    server: https://127.0.0.1:$port
+    certificate-authority-data: $(base64 -w0 "$pki/ca.crt")
+users:
+- name: admin
+  user:
+    client-certificate-data: $(base64 -w0 "$pki/admin.crt")
+    client-key-data: $(base64 -w0 "$pki/admin.key")
+contexts:
+- name: control-plane
+  context:
+    cluster: control-plane
+    user: admin
+current-context: control-plane
+EOF
+}
+
+# Starts NAME in the background in its own session, logging to DIR/NAME.log, PID in DIR/NAME.pid.
+start() {
+  local dir="$1" name="$2"
+  shift 2
+  setsid "$@" >"$dir/$name.log" 2>&1 </dev/null &
+  echo $! >"$dir/$name.pid"
+}
+
+alive() {
+  local pid
+  pid="$(cat "$1/$2.pid")"
+  kill -0 "$pid" 2>/dev/null
+}
+
+# Fails `up` with the component's log tail, after stopping what was started.
+fail() {
+  local dir="$1" name="$2" why="$3"
+  echo "control-plane: $name $why; last lines of $dir/$name.log:" >&2
+  tail -n 40 "$dir/$name.log" >&2 || true
+  stop_all "$dir"
+  die "$name $why (logs left in $dir)"
+}
+
+# Waits until `curl ARGS` succeeds or NAME dies or the timeout passes.
+wait_for() {
+  local dir="$1" name="$2"
+  shift 2
+  local deadline=$((SECONDS + ready_timeout))
+  until curl -sf --max-time 5 "$@" >/dev/null 2>&1; do
+    alive "$dir" "$name" || fail "$dir" "$name" "exited"
+    ((SECONDS < deadline)) || fail "$dir" "$name" "not ready within ${ready_timeout}s"
+    sleep 0.5
+  done
+}
+
+stop_all() {
+  local dir="$1" name pid
+  # Reverse start order: the controller manager, the API server, then etcd.
+  for name in jobset kube-controller-manager kube-apiserver etcd; do
+    [[ -f "$dir/$name.pid" ]] || continue
+    pid="$(cat "$dir/$name.pid")"
+    if kill -0 "$pid" 2>/dev/null; then
+      kill -TERM "$pid" 2>/dev/null || true
+      for _ in $(seq 1 100); do
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.1
+      done
+      kill -KILL "$pid" 2>/dev/null || true
+    fi
+    rm -f "$dir/$name.pid"
+  done
+}
+
+# JobSet: its CRD (the released one of fixtures/, as tests/real_cluster.rs installs it), its
+# controller manager (as the admin; InPlaceRestart feature gate on, leader election off, no
+# metrics), and its webhook configurations from its module's config/ pointed at 127.0.0.1.
+start_jobset() {
+  local dir="$1" bin="$2" pki="$1/pki" webhook_port health_port src ca
+  local kubectl=(kubectl --kubeconfig "$dir/kubeconfig")
+  "${kubectl[@]}" apply --server-side --field-manager control-plane.sh \
+    -f "$repo/fixtures/jobset-v0.12/jobset.x-k8s.io_jobsets.yaml" >/dev/null
+  # (`kubectl wait` fails, rather than waits, while the new CRD has no conditions yet.)
+  local deadline=$((SECONDS + 60))
+  until "${kubectl[@]}" get crd jobsets.jobset.x-k8s.io \
+      -o 'jsonpath={.status.conditions[?(@.type=="Established")].status}' 2>/dev/null |
+      grep -q True; do
+    ((SECONDS < deadline)) || fail "$dir" kube-apiserver "did not establish the JobSet CRD"
+    sleep 0.5
+  done
+  webhook_port="$(free_port)"
+  health_port="$(free_port)"
+  printf 'jobset-webhook=%s\njobset-health=%s\n' "$webhook_port" "$health_port" >>"$dir/ports"
+  mkdir -p "$dir/jobset/certs"
+  cp "$pki/jobset-webhook.crt" "$dir/jobset/certs/tls.crt"
+  cp "$pki/jobset-webhook.key" "$dir/jobset/certs/tls.key"
+  cat >"$dir/jobset/config.yaml" <<EOF
+apiVersion: config.jobset.x-k8s.io/v1alpha1
+kind: Configuration
+leaderElection:
+  leaderElect: false
+internalCertManagement:
+  enable: false
+webhook:
+  host: 127.0.0.1
+  port: $webhook_port
+  certDir: $dir/jobset/certs
+metrics:
+  bindAddress: "0"
+health:
+  healthProbeBindAddress: 127.0.0.1:$health_port
+featureGates:
+  InPlaceRestart: true
+EOF
+  start "$dir" jobset env KUBECONFIG="$dir/kubeconfig" "$bin/jobset" --config "$dir/jobset/config.yaml"
+  wait_for "$dir" jobset "http://127.0.0.1:$health_port/readyz"
+
+  # The webhook configurations as JobSet's config/components/webhook makes them, but for the
+  # Service: the client config is the loopback URL and our CA.
+  src="$(cd "$jobset_module" && go list -m -f '{{.Dir}}' sigs.k8s.io/jobset)/config/components/webhook"
+  mkdir -p "$dir/jobset/webhook/patches"
+  cp "$src/manifests.yaml" "$dir/jobset/webhook/"
+  cp "$src"/patches/*.yaml "$dir/jobset/webhook/patches/"
+  chmod -R u+w "$dir/jobset/webhook"
+  cat >"$dir/jobset/webhook/kustomization.yaml" <<EOF
+resources:
+- manifests.yaml
+namePrefix: jobset-
+patches:
+- path: patches/mutating-patch.yaml
+  target: {kind: MutatingWebhookConfiguration, name: mutating-webhook-configuration}
+- path: patches/validating-patch.yaml
+  target: {kind: ValidatingWebhookConfiguration, name: validating-webhook-configuration}
+EOF
+  ca="$(base64 -w0 "$pki/ca.crt")"
+  kubectl kustomize "$dir/jobset/webhook" |
+    awk -v base="https://127.0.0.1:$webhook_port" -v ca="$ca" '
+      /^ *service:$/ { indent = substr($0, 1, index($0, "s") - 1); service = 1; next }
+      service && /^ *(name|namespace|port):/ { next }
+      service && /^ *path:/ { print indent "url: " base $2; print indent "caBundle: " ca; service = 0; next }
+      { print }' >"$dir/jobset/webhook/rendered.yaml"
+  grep -q "url: https://127.0.0.1" "$dir/jobset/webhook/rendered.yaml" ||
+    fail "$dir" jobset "webhook configurations not rendered"
+  "${kubectl[@]}" apply --server-side --field-manager control-plane.sh \
+    -f "$dir/jobset/webhook/rendered.yaml" >/dev/null
+}
+
+up() {
+  local dir="$1"
+  need openssl "the throwaway PKI (apt-get install openssl)"
+  need curl "the readiness checks (apt-get install curl)"
+  need ss "finding free ports (apt-get install iproute2)"
+  need kubectl "installing the JobSet CRD and webhook configurations"
+  [[ ! -e "$dir/kubeconfig" ]] || die "$dir already holds a control plane (run down first)"
+  local bin
+  bin="$(build)"
+  mkdir -p "$dir"
+  dir="$(cd "$dir" && pwd)"
+  touch "$dir/.jobset-inplace-control-plane"
+  # Whatever fails from here on, nothing that was started keeps running.
+  # shellcheck disable=SC2064 # $dir now, not at the time of the trap
+  trap "echo 'control-plane: up failed; stopping what it started' >&2; stop_all '$dir'" ERR
+  local start=$SECONDS
+  pki "$dir/pki"
+
+  local etcd_port peer_port api_port
+  etcd_port="$(free_port)"
+  peer_port="$(free_port)"
+  api_port="$(free_port)"
+  printf 'etcd=%s\netcd-peer=%s\nkube-apiserver=%s\n' "$etcd_port" "$peer_port" "$api_port" >"$dir/ports"
+
+  # Test data only: no fsync.
+  start "$dir" etcd "$bin/etcd" \
+    --name default --data-dir "$dir/etcd-data" \
+    --listen-client-urls "http://127.0.0.1:$etcd_port" \
+    --advertise-client-urls "http://127.0.0.1:$etcd_port" \
+    --listen-peer-urls "http://127.0.0.1:$peer_port" \
+    --initial-advertise-peer-urls "http://127.0.0.1:$peer_port" \
+    --initial-cluster "default=http://127.0.0.1:$peer_port" \
+    --unsafe-no-fsync --log-level warn
+  wait_for "$dir" etcd "http://127.0.0.1:$etcd_port/health"
+
+  local pki="$dir/pki"
+  # The feature gates of README "Compatibility" for 1.35: the RestartAllContainers rule (alpha),
+  # which in 1.35 depends on NodeDeclaredFeatures (alpha) and ContainerRestartRules (beta, on by
+  # default; named so that a rename fails loudly).
+  start "$dir" kube-apiserver "$bin/kube-apiserver" \
+    --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$api_port" \
+    --etcd-servers "http://127.0.0.1:$etcd_port" \
+    --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
+    --client-ca-file "$pki/ca.crt" \
+    --service-account-issuer https://kubernetes.default.svc.cluster.local \
+    --service-account-key-file "$pki/sa.pub" \
+    --service-account-signing-key-file "$pki/sa.key" \
+    --service-cluster-ip-range 10.0.0.0/24 \
+    --authorization-mode Node,RBAC \
+    --enable-admission-plugins MutatingAdmissionWebhook,ValidatingAdmissionWebhook,ValidatingAdmissionPolicy \
+    --feature-gates RestartAllContainersOnContainerExits=true,NodeDeclaredFeatures=true,ContainerRestartRules=true \
+    --profiling=false --endpoint-reconciler-type none
+  wait_for "$dir" kube-apiserver --cacert "$pki/ca.crt" --cert "$pki/admin.crt" --key "$pki/admin.key" \
+    "https://127.0.0.1:$api_port/readyz"
+  kubeconfig "$pki" "$api_port" >"$dir/kubeconfig"
+  chmod 600 "$dir/kubeconfig"
+
+  # The job, garbage-collector, namespace (deletes test namespaces), pod-garbage-collector (ends
+  # deleted pods that no kubelet will: their job-tracking finalizers), service-account and
+  # admission-policy status (type checking) controllers; no scheduler, no kubelet. It talks to the
+  # API server as the admin; no serving port.
+  start "$dir" kube-controller-manager "$bin/kube-controller-manager" \
+    --kubeconfig "$dir/kubeconfig" \
+    --controllers job-controller,garbage-collector-controller,namespace-controller,pod-garbage-collector-controller,serviceaccount-token-controller,serviceaccount-controller,validatingadmissionpolicy-status-controller \
+    --service-account-private-key-file "$pki/sa.key" --root-ca-file "$pki/ca.crt" \
+    --leader-elect=false --secure-port 0 --profiling=false
+  # Ready when the `default` service account of `default` exists (the serviceaccount controller
+  # made it).
+  wait_for "$dir" kube-controller-manager --cacert "$pki/ca.crt" --cert "$pki/admin.crt" \
+    --key "$pki/admin.key" "https://127.0.0.1:$api_port/api/v1/namespaces/default/serviceaccounts/default"
+
+  start_jobset "$dir" "$bin"
+  trap - ERR
+
+  echo "control-plane: up in $((SECONDS - start)) s: kube-apiserver https://127.0.0.1:$api_port, etcd, kube-controller-manager, jobset" >&2
+  echo "control-plane: export KUBECONFIG=$dir/kubeconfig JOBSET_INPLACE_KUBECONFIG=$dir/kubeconfig" >&2
+}
+
+down() {
+  local dir="$1"
+  [[ -d "$dir" ]] || return 0
+  [[ -f "$dir/.jobset-inplace-control-plane" ]] || die "$dir was not made by $0 up; not removing it"
+  stop_all "$dir"
+  rm -rf "$dir"
+}
+
+case "${1:-}" in
+  build) build >/dev/null ;;
+  up) [[ $# -eq 2 ]] || usage; up "$2" ;;
+  down) [[ $# -eq 2 ]] || usage; down "$2" ;;
+  *) usage ;;
+esac

@@ -1,0 +1,1507 @@
+//! Against a real control plane: etcd, kube-apiserver 1.35 and kube-controller-manager built from
+//! their upstream Go modules and started on loopback by `scripts/control-plane.sh up DIR`. Point
+//! `JOBSET_INPLACE_KUBECONFIG` at `DIR/kubeconfig` (an admin, `system:masters`). Without it every
+//! test here says SKIPPED loudly and passes, unless `JOBSET_INPLACE_REAL_CLUSTER=required` (CI sets
+//! it once the control plane is up), which makes them fail instead.
+//!
+//! - every deploy overlay, with the released JobSet CRD the way deploy/README.md combines them,
+//!   is accepted by server-side apply, and the API server type-checks the admission policies
+//!   without a warning;
+//! - the agent's rights through the real RBAC and the real ValidatingAdmissionPolicy, with a
+//!   TokenRequest token bound to a pod;
+//! - the webhook binary on loopback behind the overlay's own webhook configurations (only the
+//!   client config pointed at it): injection stored, a broken JobSet denied with every field path,
+//!   and with the webhook gone mutation ignored and validation failing closed.
+//!
+//! The tests share one cluster and take turns (a lock); each works in namespaces of its own and
+//! deletes them. Everything here drives the API server as a client would: kubectl for manifests,
+//! kube for objects, the `jobset-inplace` binary for the webhook. Cluster-scoped objects of the
+//! overlays stay installed (applying them again is idempotent).
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
+use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::core::{ApiResource, GroupVersionKind};
+use kube::{Client, Config};
+use serde_json::{Value, json};
+
+const KUBECONFIG_ENV: &str = "JOBSET_INPLACE_KUBECONFIG";
+const REQUIRED_ENV: &str = "JOBSET_INPLACE_REAL_CLUSTER";
+/// Each test's whole budget (a cold API server answers its first requests slowly).
+const LIMIT: Duration = Duration::from_secs(300);
+/// One kubectl run.
+const KUBECTL_LIMIT: Duration = Duration::from_secs(120);
+const FIELD_MANAGER: &str = "jobset-inplace-real-cluster-test";
+const EPOCH_ANNOTATION: &str = "jobset.sigs.k8s.io/epoch";
+const INJECTED_ANNOTATION: &str = "jobset-inplace.dev/injected";
+const AGENT_SERVICE_ACCOUNT: &str = "jobset-inplace-agent";
+const WEBHOOK_CONFIGURATION: &str = "jobset-inplace";
+
+/// The tests take turns on the one cluster: they install overlays and webhook configurations
+/// that are cluster-wide.
+static CLUSTER_LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+// ---------------------------------------------------------------------------------------------
+// The cluster
+// ---------------------------------------------------------------------------------------------
+
+struct Cluster {
+    kubeconfig: PathBuf,
+    client: Client,
+    server: String,
+    /// The API server's CA, base64 as in a kubeconfig.
+    ca_data: String,
+}
+
+/// The cluster of `JOBSET_INPLACE_KUBECONFIG`, or `None` (and a loud SKIPPED) without one.
+async fn cluster(test: &str) -> Option<Cluster> {
+    let Some(path) = std::env::var_os(KUBECONFIG_ENV).filter(|p| !p.is_empty()) else {
+        if std::env::var(REQUIRED_ENV).as_deref() == Ok("required") {
+            panic!("{test}: {REQUIRED_ENV}=required but {KUBECONFIG_ENV} is not set");
+        }
+        eprintln!(
+            "\n!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n\
+             !! SKIPPED {test}: no real control plane (run scripts/control-plane.sh up DIR\n\
+             !! and set {KUBECONFIG_ENV}=DIR/kubeconfig)\n\
+             !!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n"
+        );
+        return None;
+    };
+    let kubeconfig = PathBuf::from(path);
+    let kc = Kubeconfig::read_from(&kubeconfig)
+        .unwrap_or_else(|e| panic!("{}: {e}", kubeconfig.display()));
+    let named = kc.clusters.first().expect("a cluster in the kubeconfig");
+    let inner = named.cluster.as_ref().expect("cluster");
+    let server = inner.server.clone().expect("server");
+    let ca_data = inner
+        .certificate_authority_data
+        .clone()
+        .expect("certificate-authority-data");
+    let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .expect("kubeconfig");
+    let client = Client::try_from(config).expect("client");
+    Some(Cluster {
+        kubeconfig,
+        client,
+        server,
+        ca_data,
+    })
+}
+
+/// Runs a test body against the cluster, alone and under a time limit.
+async fn with_cluster<F, Fut>(test: &str, body: F)
+where
+    F: FnOnce(Cluster) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let Some(cluster) = cluster(test).await else {
+        return;
+    };
+    let _turn = CLUSTER_LOCK.lock().await;
+    tokio::time::timeout(LIMIT, body(cluster))
+        .await
+        .unwrap_or_else(|_| panic!("{test} did not finish within {LIMIT:?}"));
+}
+
+/// A client authenticating with a bearer token (nothing else) to the same API server.
+async fn token_client(cluster: &Cluster, token: &str) -> Client {
+    let yaml = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {}\n    \
+         certificate-authority-data: {}\nusers:\n- name: u\n  user:\n    token: {token}\n\
+         contexts:\n- name: c\n  context:\n    cluster: c\n    user: u\ncurrent-context: c\n",
+        cluster.server, cluster.ca_data
+    );
+    let kc = Kubeconfig::from_yaml(&yaml).expect("token kubeconfig");
+    let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .expect("token config");
+    Client::try_from(config).expect("token client")
+}
+
+/// Runs kubectl (with the cluster's kubeconfig when given); stdout, or the reason it failed.
+async fn kubectl(kubeconfig: Option<&Path>, args: &[&str]) -> Result<String, String> {
+    let mut cmd = tokio::process::Command::new("kubectl");
+    if let Some(k) = kubeconfig {
+        cmd.arg("--kubeconfig").arg(k);
+    }
+    cmd.args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let out = tokio::time::timeout(KUBECTL_LIMIT, cmd.output())
+        .await
+        .map_err(|_| format!("kubectl {args:?} did not finish within {KUBECTL_LIMIT:?}"))?
+        .map_err(|e| format!("cannot run kubectl: {e}"))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(format!(
+            "kubectl {args:?} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}
+
+/// Polls `check` every 200 ms until it returns `Ok`, or panics with `what` after `limit`.
+async fn eventually<T, F, Fut>(what: &str, limit: Duration, check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    try_eventually(limit, check)
+        .await
+        .unwrap_or_else(|e| panic!("{what}: not within {limit:?}: {e}"))
+}
+
+/// Polls `check` every 200 ms until it returns `Ok`; its last error after `limit`.
+async fn try_eventually<T, F, Fut>(limit: Duration, mut check: F) -> Result<T, String>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    let deadline = Instant::now() + limit;
+    loop {
+        match check().await {
+            Ok(v) => return Ok(v),
+            Err(e) if Instant::now() >= deadline => return Err(e),
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
+
+/// A namespace of the test's own, deleted when dropped (also when the test panics).
+struct TestNamespace {
+    kubeconfig: PathBuf,
+    name: String,
+}
+
+impl TestNamespace {
+    async fn create(cluster: &Cluster, prefix: &str) -> Self {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or_default();
+        let name = format!("{prefix}-{}-{nanos}", std::process::id());
+        let ns: Namespace =
+            serde_json::from_value(json!({"metadata": {"name": name}})).expect("namespace");
+        Api::<Namespace>::all(cluster.client.clone())
+            .create(&PostParams::default(), &ns)
+            .await
+            .unwrap_or_else(|e| panic!("create namespace {name}: {e}"));
+        TestNamespace {
+            kubeconfig: cluster.kubeconfig.clone(),
+            name,
+        }
+    }
+}
+
+impl Drop for TestNamespace {
+    fn drop(&mut self) {
+        // Synchronous on purpose: runs during a panic too. The namespace controller finishes it.
+        let _ = std::process::Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args([
+                "delete",
+                "namespace",
+                &self.name,
+                "--wait=false",
+                "--ignore-not-found",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+/// The API error of a result: (HTTP code, reason, message, the causes' fields).
+fn api_error<T: std::fmt::Debug>(
+    result: Result<T, kube::Error>,
+) -> Result<(u16, String, String, Vec<String>), String> {
+    match result {
+        Err(kube::Error::Api(status)) => {
+            let fields = status
+                .details
+                .as_ref()
+                .map(|d| d.causes.iter().map(|c| c.field.clone()).collect())
+                .unwrap_or_default();
+            Ok((
+                status.code,
+                status.reason.clone(),
+                status.message.clone(),
+                fields,
+            ))
+        }
+        Err(e) => Err(format!("not an API error: {e}")),
+        Ok(v) => Err(format!("allowed: {v:?}")),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Manifests
+// ---------------------------------------------------------------------------------------------
+
+fn manifest_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn overlays() -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(manifest_dir().join("deploy/overlays"))
+        .expect("deploy/overlays")
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().join("kustomization.yaml").is_file())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// Whether an overlay is of the epoch dialect: it lists the CRD component, so the deploy/README.md
+/// recipe combines it with the JobSet manifest and that component.
+fn epoch_dialect(overlay: &str) -> bool {
+    std::fs::read_to_string(
+        manifest_dir()
+            .join("deploy/overlays")
+            .join(overlay)
+            .join("kustomization.yaml"),
+    )
+    .expect("kustomization.yaml")
+    .contains("components/epoch-status-fields")
+}
+
+/// `to` relative to the directory `from` (kustomize takes no absolute paths).
+fn relative(from: &Path, to: &Path) -> PathBuf {
+    let from: Vec<_> = from.components().collect();
+    let to: Vec<_> = to.components().collect();
+    let common = from.iter().zip(&to).take_while(|(a, b)| a == b).count();
+    let mut out = PathBuf::new();
+    for _ in common..from.len() {
+        out.push("..");
+    }
+    for c in &to[common..] {
+        out.push(c);
+    }
+    out
+}
+
+/// What deploy/README.md installs for an overlay: the released JobSet CRD and the overlay (plus
+/// the CRD component for the epoch dialect), rendered by `kubectl kustomize`.
+async fn render_install(overlay: &str) -> Vec<Value> {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
+    let deploy = std::fs::canonicalize(manifest_dir().join("deploy")).expect("deploy/");
+    let here = std::fs::canonicalize(dir.path()).expect("tempdir");
+    let deploy = relative(&here, &deploy).display().to_string();
+    let crd = std::fs::read_to_string(
+        manifest_dir().join("fixtures/jobset-v0.12/jobset.x-k8s.io_jobsets.yaml"),
+    )
+    .expect("released CRD");
+    std::fs::write(dir.path().join("jobset-manifests.yaml"), crd).expect("write");
+    let mut kustomization = format!(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n\
+         - jobset-manifests.yaml\n- {deploy}/overlays/{overlay}\n"
+    );
+    if epoch_dialect(overlay) {
+        kustomization.push_str(&format!(
+            "components:\n- {deploy}/components/epoch-status-fields\n"
+        ));
+    }
+    std::fs::write(dir.path().join("kustomization.yaml"), kustomization).expect("write");
+    let text = kubectl(None, &["kustomize", &dir.path().display().to_string()])
+        .await
+        .unwrap_or_else(|e| panic!("{overlay}: {e}"));
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|doc| <Value as serde::Deserialize>::deserialize(doc).expect("yaml"))
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+/// cert-manager's own kinds: their CRDs are cert-manager's, not installed here.
+fn is_cert_manager(object: &Value) -> bool {
+    object["apiVersion"]
+        .as_str()
+        .is_some_and(|v| v.starts_with("cert-manager.io/"))
+}
+
+/// Server-side applies objects with kubectl; the names kubectl reports.
+async fn apply(cluster: &Cluster, objects: &[Value]) -> Result<Vec<String>, String> {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
+    let file = dir.path().join("objects.json");
+    let list = json!({"apiVersion": "v1", "kind": "List", "items": objects});
+    std::fs::write(&file, serde_json::to_vec(&list).expect("json")).expect("write");
+    let out = kubectl(
+        Some(&cluster.kubeconfig),
+        &[
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "--field-manager",
+            FIELD_MANAGER,
+            "-o",
+            "name",
+            "-f",
+            &file.display().to_string(),
+        ],
+    )
+    .await?;
+    Ok(out.lines().map(str::to_owned).collect())
+}
+
+/// Installs an overlay as deploy/README.md says (cert-manager's own objects left out) and waits
+/// for the JobSet CRD to be established. Returns what was applied.
+async fn install(cluster: &Cluster, overlay: &str) -> Vec<Value> {
+    let objects: Vec<Value> = render_install(overlay)
+        .await
+        .into_iter()
+        .filter(|o| !is_cert_manager(o))
+        .collect();
+    let applied = apply(cluster, &objects)
+        .await
+        .unwrap_or_else(|e| panic!("{overlay}: {e}"));
+    assert_eq!(
+        applied.len(),
+        objects.len(),
+        "{overlay}: every object applied: {applied:?}"
+    );
+    kubectl(
+        Some(&cluster.kubeconfig),
+        &[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/jobsets.jobset.x-k8s.io",
+        ],
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{overlay}: {e}"));
+    objects
+}
+
+async fn delete_webhook_configurations(cluster: &Cluster) {
+    kubectl(
+        Some(&cluster.kubeconfig),
+        &[
+            "delete",
+            "mutatingwebhookconfiguration,validatingwebhookconfiguration",
+            WEBHOOK_CONFIGURATION,
+            "--ignore-not-found",
+        ],
+    )
+    .await
+    .expect("delete webhook configurations");
+}
+
+// ---------------------------------------------------------------------------------------------
+// a. The overlays on a real API server
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_overlay_is_accepted_and_its_policies_type_check() {
+    with_cluster("every_overlay_is_accepted_and_its_policies_type_check", |cluster| async move {
+        let policies: Api<ValidatingAdmissionPolicy> = Api::all(cluster.client.clone());
+        let names = overlays();
+        assert!(names.len() >= 4, "overlays: {names:?}");
+        for overlay in &names {
+            let rendered = render_install(overlay).await;
+            let skipped: Vec<String> = rendered
+                .iter()
+                .filter(|o| is_cert_manager(o))
+                .map(|o| {
+                    format!(
+                        "{}/{}",
+                        o["kind"].as_str().unwrap_or("?"),
+                        o["metadata"]["name"].as_str().unwrap_or("?")
+                    )
+                })
+                .collect();
+            if !skipped.is_empty() {
+                eprintln!(
+                    "{overlay}: NOT applied (cert-manager's CRDs are not installed here): {skipped:?}"
+                );
+            }
+            let objects = install(&cluster, overlay).await;
+            eprintln!("{overlay}: {} objects applied server-side", objects.len());
+
+            // The API server type-checks each policy against the schemas of what it matches and
+            // records the result in its status (the status controller of
+            // kube-controller-manager): no warnings.
+            let vaps: Vec<String> = objects
+                .iter()
+                .filter(|o| o["kind"] == "ValidatingAdmissionPolicy")
+                .map(|o| o["metadata"]["name"].as_str().expect("name").to_owned())
+                .collect();
+            assert!(!vaps.is_empty(), "{overlay}: a ValidatingAdmissionPolicy");
+            for name in &vaps {
+                let policy = eventually(
+                    &format!("{overlay}: policy {name} type-checked"),
+                    Duration::from_secs(90),
+                    || async {
+                        let p = policies.get(name).await.map_err(|e| e.to_string())?;
+                        let generation = p.metadata.generation;
+                        let status = p.status.clone().ok_or("no status yet")?;
+                        if status.observed_generation == generation && status.type_checking.is_some() {
+                            Ok(p)
+                        } else {
+                            Err(format!("status {status:?} at generation {generation:?}"))
+                        }
+                    },
+                )
+                .await;
+                let status = policy.status.expect("status");
+                let warnings = status
+                    .type_checking
+                    .and_then(|t| t.expression_warnings)
+                    .unwrap_or_default();
+                assert!(
+                    warnings.is_empty(),
+                    "{overlay}: policy {name}: type-check warnings: {warnings:#?}"
+                );
+                let conditions = status.conditions.unwrap_or_default();
+                assert!(
+                    conditions.iter().all(|c| c.status != "False"),
+                    "{overlay}: policy {name}: {conditions:?}"
+                );
+            }
+        }
+        // Leave no webhook configuration pointing at a Service without endpoints.
+        delete_webhook_configurations(&cluster).await;
+    })
+    .await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// b. The agent's rights: real RBAC, real admission policy, a token bound to a pod
+// ---------------------------------------------------------------------------------------------
+
+fn pod(name: &str, epoch: &str) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {
+            "name": name,
+            "labels": {"app": "worker"},
+            "annotations": {EPOCH_ANNOTATION: epoch, "team": "a"}
+        },
+        "spec": {
+            "serviceAccountName": AGENT_SERVICE_ACCOUNT,
+            "containers": [{"name": "worker", "image": "registry.example/worker:1"}]
+        }
+    }))
+    .expect("pod")
+}
+
+/// The agent's ServiceAccount and RoleBinding in a namespace, as the reconciler provisions them
+/// (src/reconciler/provision.rs), and two pods.
+async fn agent_namespace(cluster: &Cluster, prefix: &str) -> (TestNamespace, Api<Pod>) {
+    let ns = TestNamespace::create(cluster, prefix).await;
+    let labels = json!({"app.kubernetes.io/managed-by": "jobset-inplace", "app.kubernetes.io/name": "jobset-inplace-agent"});
+    let objects = vec![
+        json!({"apiVersion": "v1", "kind": "ServiceAccount",
+               "metadata": {"name": AGENT_SERVICE_ACCOUNT, "namespace": ns.name, "labels": labels}}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+               "metadata": {"name": "jobset-inplace-agent", "namespace": ns.name, "labels": labels},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "jobset-inplace-agent"},
+               "subjects": [{"kind": "ServiceAccount", "name": AGENT_SERVICE_ACCOUNT, "namespace": ns.name}]}),
+    ];
+    apply(cluster, &objects).await.expect("agent objects");
+    let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), &ns.name);
+    for name in ["mine", "other"] {
+        // The ServiceAccount admission plugin may not see the new account for a moment.
+        eventually(
+            &format!("create pod {name}"),
+            Duration::from_secs(30),
+            || async {
+                pods.create(&PostParams::default(), &pod(name, "1"))
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            },
+        )
+        .await;
+    }
+    (ns, pods)
+}
+
+/// A token of the agent's ServiceAccount, bound to `pod` when given.
+async fn agent_token(cluster: &Cluster, namespace: &str, pod: Option<&Pod>) -> String {
+    let accounts: Api<ServiceAccount> = Api::namespaced(cluster.client.clone(), namespace);
+    let request = TokenRequest {
+        spec: TokenRequestSpec {
+            audiences: vec![],
+            expiration_seconds: Some(600),
+            bound_object_ref: pod.map(|p| BoundObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                name: p.metadata.name.clone(),
+                uid: p.metadata.uid.clone(),
+            }),
+        },
+        ..Default::default()
+    };
+    accounts
+        .create_token_request(AGENT_SERVICE_ACCOUNT, &PostParams::default(), &request)
+        .await
+        .expect("TokenRequest")
+        .status
+        .expect("token")
+        .token
+}
+
+fn merge(patch: Value) -> Patch<Value> {
+    Patch::Merge(patch)
+}
+
+fn epoch_patch(value: &str) -> Patch<Value> {
+    merge(json!({"metadata": {"annotations": {EPOCH_ANNOTATION: value}}}))
+}
+
+const POLICY: &str = "ValidatingAdmissionPolicy 'jobset-inplace-agent'";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_may_move_only_its_own_pods_epoch_forward() {
+    with_cluster(
+        "the_agent_may_move_only_its_own_pods_epoch_forward",
+        |cluster| async move {
+            install(&cluster, "epoch").await;
+            delete_webhook_configurations(&cluster).await;
+            let (ns, admin_pods) = agent_namespace(&cluster, "rc-agent").await;
+            let mine = admin_pods.get("mine").await.expect("mine");
+            let token = agent_token(&cluster, &ns.name, Some(&mine)).await;
+            let agent = token_client(&cluster, &token).await;
+            let pods: Api<Pod> = Api::namespaced(agent.clone(), &ns.name);
+            let pp = PatchParams::default();
+
+            // Allowed: read its pod, raise its epoch (the policy and RBAC caches may lag the binding
+            // by a moment, so the first write is retried).
+            pods.get("mine").await.expect("the agent reads its pod");
+            eventually(
+                "the agent raises its epoch",
+                Duration::from_secs(30),
+                || async {
+                    pods.patch("mine", &pp, &epoch_patch("2"))
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| e.to_string())
+                },
+            )
+            .await;
+            let now = admin_pods.get("mine").await.expect("mine");
+            assert_eq!(
+                now.metadata.annotations.expect("annotations")[EPOCH_ANNOTATION],
+                "2"
+            );
+            pods.patch("mine", &pp, &epoch_patch("2"))
+                .await
+                .expect("the same epoch again");
+            pods.patch("mine", &pp, &epoch_patch("10"))
+                .await
+                .expect("a jump forward");
+
+            // Denied by the admission policy (the agent's RBAC allows `patch pods`).
+            let by_policy: Vec<(&str, &str, Patch<Value>, u16, &str)> = vec![
+                (
+                    "backwards",
+                    "mine",
+                    epoch_patch("9"),
+                    422,
+                    "never decreases",
+                ),
+                (
+                    "not a number",
+                    "mine",
+                    epoch_patch("eleven"),
+                    422,
+                    "never decreases",
+                ),
+                (
+                    "removed",
+                    "mine",
+                    merge(json!({"metadata": {"annotations": {EPOCH_ANNOTATION: null}}})),
+                    422,
+                    "never decreases",
+                ),
+                (
+                    "another annotation",
+                    "mine",
+                    merge(json!({"metadata": {"annotations": {"team": "b"}}})),
+                    403,
+                    "no pod annotation but its epoch",
+                ),
+                (
+                    "a new annotation",
+                    "mine",
+                    merge(json!({"metadata": {"annotations": {"x": "y"}}})),
+                    403,
+                    "no pod annotation but its epoch",
+                ),
+                (
+                    "a label",
+                    "mine",
+                    merge(json!({"metadata": {"labels": {"app": "other"}}})),
+                    403,
+                    "labels",
+                ),
+                (
+                    "a finalizer",
+                    "mine",
+                    merge(json!({"metadata": {"finalizers": ["example.com/x"]}})),
+                    403,
+                    "finalizers",
+                ),
+                (
+                    "the spec",
+                    "mine",
+                    merge(json!({"spec": {"activeDeadlineSeconds": 100}})),
+                    403,
+                    "spec",
+                ),
+                (
+                    "another pod",
+                    "other",
+                    epoch_patch("11"),
+                    403,
+                    "only update the pod its token is bound to",
+                ),
+            ];
+            for (what, name, patch, code, message) in by_policy {
+                let (got_code, _, got_message, _) = api_error(pods.patch(name, &pp, &patch).await)
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+                assert_eq!(got_code, code, "{what}: {got_message}");
+                assert!(
+                    got_message.contains(POLICY) && got_message.contains(message),
+                    "{what}: denied by the policy with `{message}`: {got_message}"
+                );
+            }
+
+            // Denied by RBAC: other verbs, subresources, other namespaces.
+            let forbidden =
+                |what: &str, result: Result<(u16, String, String, Vec<String>), String>| {
+                    let (code, _, message, _) = result.unwrap_or_else(|e| panic!("{what}: {e}"));
+                    assert_eq!(code, 403, "{what}: {message}");
+                    assert!(
+                        message.contains("is forbidden: User \"system:serviceaccount:"),
+                        "{what}: RBAC: {message}"
+                    );
+                };
+            forbidden(
+                "list pods",
+                api_error(pods.list(&ListParams::default()).await),
+            );
+            forbidden(
+                "delete its pod",
+                api_error(pods.delete("mine", &DeleteParams::default()).await),
+            );
+            forbidden(
+                "patch pods/status",
+                api_error(
+                    pods.patch_status("mine", &pp, &merge(json!({"status": {"message": "x"}})))
+                        .await,
+                ),
+            );
+            let (elsewhere, _) = agent_namespace(&cluster, "rc-agent-elsewhere").await;
+            let there: Api<Pod> = Api::namespaced(agent.clone(), &elsewhere.name);
+            forbidden(
+                "a pod of another namespace",
+                api_error(there.patch("mine", &pp, &epoch_patch("12")).await),
+            );
+            drop(elsewhere);
+
+            // A token of the same account bound to no pod: not its pod.
+            let unbound =
+                token_client(&cluster, &agent_token(&cluster, &ns.name, None).await).await;
+            let unbound: Api<Pod> = Api::namespaced(unbound, &ns.name);
+            let (code, _, message, _) =
+                api_error(unbound.patch("mine", &pp, &epoch_patch("13")).await)
+                    .expect("an unbound token");
+            assert_eq!(code, 403, "{message}");
+            assert!(
+                message.contains("only update the pod its token is bound to"),
+                "{message}"
+            );
+
+            // The policy is about the agent only: the admin changes labels freely.
+            admin_pods
+                .patch(
+                    "mine",
+                    &pp,
+                    &merge(json!({"metadata": {"labels": {"app": "other"}}})),
+                )
+                .await
+                .expect("the admin is not the agent");
+            let after = admin_pods.get("mine").await.expect("mine");
+            assert_eq!(
+                after.metadata.annotations.expect("annotations")[EPOCH_ANNOTATION],
+                "10"
+            );
+        },
+    )
+    .await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// c. Admission: the webhook binary behind the overlay's own webhook configurations
+// ---------------------------------------------------------------------------------------------
+
+/// `jobset-inplace webhook` on loopback with a certificate it generates; killed when dropped.
+struct Webhook {
+    child: tokio::process::Child,
+    port: u16,
+    ca_pem: Vec<u8>,
+    _dir: tempfile::TempDir,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// GET `path` on loopback HTTP; whether the answer was 200.
+async fn http_ok(port: u16, path: &str) -> Result<(), String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .map_err(|e| e.to_string())?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut answer = Vec::new();
+    s.read_to_end(&mut answer)
+        .await
+        .map_err(|e| e.to_string())?;
+    let answer = String::from_utf8_lossy(&answer);
+    if answer.starts_with("HTTP/1.1 200") || answer.starts_with("HTTP/1.0 200") {
+        Ok(())
+    } else {
+        Err(answer.lines().next().unwrap_or("").to_owned())
+    }
+}
+
+impl Webhook {
+    async fn start() -> Self {
+        let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
+        let port = free_port();
+        let health = free_port();
+        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_jobset-inplace"))
+            .env_clear()
+            .args([
+                "webhook",
+                "--addr",
+                &format!("127.0.0.1:{port}"),
+                "--health-addr",
+                &format!("127.0.0.1:{health}"),
+                "--cert-dir",
+                &dir.path().display().to_string(),
+            ])
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start the webhook");
+        eventually("the webhook is ready", Duration::from_secs(30), || {
+            http_ok(health, "/readyz")
+        })
+        .await;
+        let ca_pem = std::fs::read(dir.path().join("ca.crt")).expect("the webhook's ca.crt");
+        Webhook {
+            child,
+            port,
+            ca_pem,
+            _dir: dir,
+        }
+    }
+
+    async fn stop(mut self) {
+        self.child.kill().await.expect("stop the webhook");
+    }
+}
+
+/// The overlay's webhook configurations with only `clientConfig` pointed at `webhook`.
+fn pointed_at(configurations: &[Value], webhook: &Webhook) -> Vec<Value> {
+    use base64::Engine as _;
+    let ca = base64::engine::general_purpose::STANDARD.encode(&webhook.ca_pem);
+    configurations
+        .iter()
+        .map(|c| {
+            let mut c = c.clone();
+            for hook in c["webhooks"].as_array_mut().expect("webhooks") {
+                let path = hook["clientConfig"]["service"]["path"]
+                    .as_str()
+                    .expect("path")
+                    .to_owned();
+                hook["clientConfig"] = json!({
+                    "url": format!("https://127.0.0.1:{}{path}", webhook.port),
+                    "caBundle": ca
+                });
+            }
+            c
+        })
+        .collect()
+}
+
+/// The object of a fixture's AdmissionReview (`request.json` or `request.yaml`).
+fn fixture_object(case: &str) -> Value {
+    let dir = manifest_dir().join("fixtures/admission").join(case);
+    let review: Value = match std::fs::read(dir.join("request.json")) {
+        Ok(bytes) => serde_json::from_slice(&bytes).expect("json"),
+        Err(_) => fixture_yaml(case, "request.yaml"),
+    };
+    review["request"]["object"].clone()
+}
+
+fn fixture_yaml(case: &str, file: &str) -> Value {
+    let path = manifest_dir()
+        .join("fixtures/admission")
+        .join(case)
+        .join(file);
+    serde_yaml::from_str(&std::fs::read_to_string(&path).expect("fixture")).expect("yaml")
+}
+
+/// A fixture's JobSet, renamed, in `namespace`.
+fn jobset(case: &str, name: &str, namespace: &str) -> DynamicObject {
+    let mut object = fixture_object(case);
+    object["metadata"]["name"] = json!(name);
+    object["metadata"]["namespace"] = json!(namespace);
+    serde_json::from_value(object).expect("JobSet")
+}
+
+/// A fixture's JobSet with what JobSet's own webhook (v0.12, InPlaceRestart gate on) requires of
+/// an InPlaceRestart JobSet, as ours does: `backoffLimit` MaxInt32, `podReplacementPolicy: Failed`
+/// and `completions` equal to `parallelism` in every replicated job. JobSet denies one without, so a
+/// denial or failure of ours is only told apart on such a JobSet (the API server answers with the
+/// first validating webhook's denial to arrive).
+fn jobset_valid_for_jobset(case: &str, name: &str, namespace: &str) -> DynamicObject {
+    let mut object = serde_json::to_value(jobset(case, name, namespace)).expect("json");
+    for rj in object["spec"]["replicatedJobs"]
+        .as_array_mut()
+        .expect("replicatedJobs")
+    {
+        rj["template"]["spec"]["backoffLimit"] = json!(2147483647);
+        rj["template"]["spec"]["podReplacementPolicy"] = json!("Failed");
+        let parallelism = rj["template"]["spec"]["parallelism"].clone();
+        rj["template"]["spec"]["completions"] = parallelism;
+    }
+    serde_json::from_value(object).expect("JobSet")
+}
+
+/// Every value of `want` is in `got` (objects compared key by key, the rest exactly): what the
+/// API server added (defaults) does not count, what it dropped (pruning) does.
+fn missing(want: &Value, got: &Value, path: &str, out: &mut Vec<String>) {
+    match (want, got) {
+        (Value::Object(w), Value::Object(g)) => {
+            for (k, v) in w {
+                match g.get(k) {
+                    Some(gv) => missing(v, gv, &format!("{path}.{k}"), out),
+                    None => out.push(format!("{path}.{k} missing")),
+                }
+            }
+        }
+        (Value::Array(w), Value::Array(g)) if w.len() == g.len() => {
+            for (i, (wv, gv)) in w.iter().zip(g).enumerate() {
+                missing(wv, gv, &format!("{path}[{i}]"), out);
+            }
+        }
+        _ if want == got => {}
+        // A quantity written as a number comes back as a string.
+        (Value::Number(n), Value::String(s)) if n.to_string() == *s => {}
+        _ => out.push(format!("{path}: want {want}, got {got}")),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_webhook_injects_denies_and_fails_as_configured() {
+    with_cluster("the_webhook_injects_denies_and_fails_as_configured", |cluster| async move {
+        let installed = install(&cluster, "epoch").await;
+        let configurations: Vec<Value> = installed
+            .into_iter()
+            .filter(|o| {
+                o["kind"] == "MutatingWebhookConfiguration"
+                    || o["kind"] == "ValidatingWebhookConfiguration"
+            })
+            .collect();
+        assert_eq!(configurations.len(), 2);
+        let ns = TestNamespace::create(&cluster, "rc-webhook").await;
+        let gvk = GroupVersionKind::gvk("jobset.x-k8s.io", "v1alpha2", "JobSet");
+        let jobsets: Api<DynamicObject> =
+            Api::namespaced_with(cluster.client.clone(), &ns.name, &ApiResource::from_gvk(&gvk));
+        let pp = PostParams::default();
+        let dry_run = PostParams {
+            dry_run: true,
+            ..Default::default()
+        };
+
+        let webhook = Webhook::start().await;
+        apply(&cluster, &pointed_at(&configurations, &webhook))
+            .await
+            .expect("webhook configurations");
+        // The API server picks the configurations up within moments: wait for a dry run to come
+        // back injected.
+        eventually("the configurations in force", Duration::from_secs(30), || async {
+            let js = jobsets
+                .create(&dry_run, &jobset("story1-plain", "probe", &ns.name))
+                .await
+                .map_err(|e| e.to_string())?;
+            let annotations = js.data["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["metadata"]["annotations"].clone();
+            if serde_json::to_string(&js.data).unwrap_or_default().contains(INJECTED_ANNOTATION) {
+                Ok(())
+            } else {
+                Err(format!("not injected yet: {annotations}"))
+            }
+        })
+        .await;
+
+        // A plain InPlaceRestart JobSet is stored injected: everything the webhook's answer for
+        // this fixture holds (fixtures/admission/story1-plain/mutated.yaml) survives the CRD's
+        // pruning and defaulting.
+        jobsets
+            .create(&pp, &jobset("story1-plain", "plain", &ns.name))
+            .await
+            .expect("a plain InPlaceRestart JobSet is admitted");
+        let stored = jobsets.get("plain").await.expect("stored");
+        let want = fixture_yaml("story1-plain", "mutated.yaml");
+        let mut lost = Vec::new();
+        missing(&want["spec"], &stored.data["spec"], "spec", &mut lost);
+        assert!(lost.is_empty(), "the stored JobSet lost what the webhook injected: {lost:#?}");
+
+        // A broken one is denied with every violation's field path (but those JobSet's own
+        // webhook denies too: see jobset_valid_for_jobset).
+        let expected = fixture_yaml("violations-all", "expected.yaml");
+        let mut want_fields: Vec<String> = expected["validate"]["violations"]
+            .as_array()
+            .expect("violations")
+            .iter()
+            .map(|v| v.as_str().expect("path").to_owned())
+            .filter(|p| {
+                !p.ends_with(".backoffLimit")
+                    && !p.ends_with(".podReplacementPolicy")
+                    && !p.ends_with(".completions")
+            })
+            .collect();
+        assert!(want_fields.len() >= 5, "{want_fields:?}");
+        let (code, _, message, mut fields) = api_error(
+            jobsets
+                .create(&pp, &jobset_valid_for_jobset("violations-all", "broken", &ns.name))
+                .await,
+        )
+        .expect("a broken JobSet is denied");
+        assert_eq!(code, 422, "{message}");
+        assert!(
+            message.contains("admission webhook \"validate.jobset-inplace.dev\" denied the request"),
+            "{message}"
+        );
+        want_fields.sort();
+        fields.sort();
+        assert_eq!(fields, want_fields, "{message}");
+
+        // An UPDATE that breaks the stored JobSet is denied too (by both webhooks: JobSet's holds
+        // replicatedJobs immutable, so either answer may come first).
+        let (code, _, message, _) = api_error(
+            jobsets
+                .patch(
+                    "plain",
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"metadata": {"labels": {"x": "y"}}, "spec": {"replicatedJobs": [{"name": "workers", "replicas": 4, "template": {"spec": {"completions": 16, "parallelism": 16, "backoffLimit": 0, "template": {"spec": {"restartPolicy": "Never", "containers": [{"name": "worker", "image": "x"}]}}}}}]}})),
+                )
+                .await,
+        )
+        .expect("a breaking update is denied");
+        assert!(
+            message.contains("validate.jobset-inplace.dev") || message.contains("vjobset.kb.io"),
+            "{code} {message}"
+        );
+
+        // The webhook gone: an InPlaceRestart JobSet fails closed (the validating webhook's
+        // failurePolicy: Fail), any other JobSet never reaches it.
+        webhook.stop().await;
+        // The mutating webhook's failure is ignored; the validating one's is the answer.
+        let (code, _, message, _) =
+            api_error(
+                jobsets
+                    .create(&pp, &jobset_valid_for_jobset("story1-plain", "closed", &ns.name))
+                    .await,
+            )
+                .expect("fails closed without the webhook");
+        assert!(
+            message.contains("failed calling webhook \"validate.jobset-inplace.dev\""),
+            "{code} {message}"
+        );
+        assert!(
+            jobsets.get_opt("closed").await.expect("get").is_none(),
+            "nothing stored"
+        );
+        jobsets
+            .create(&pp, &jobset("not-in-place-restart", "other-strategy", &ns.name))
+            .await
+            .expect("a JobSet without InPlaceRestart never reaches the webhook");
+
+        // Without the validating configuration, the mutating one's failurePolicy: Ignore lets
+        // the JobSet through uninjected.
+        kubectl(
+            Some(&cluster.kubeconfig),
+            &["delete", "validatingwebhookconfiguration", WEBHOOK_CONFIGURATION],
+        )
+        .await
+        .expect("delete the validating configuration");
+        let stored = eventually("mutation ignored", Duration::from_secs(30), || async {
+            jobsets
+                .create(&pp, &jobset_valid_for_jobset("story1-plain", "ignored", &ns.name))
+                .await
+                .map_err(|e| e.to_string())
+        })
+        .await;
+        assert!(
+            !serde_json::to_string(&stored.data)
+                .expect("json")
+                .contains(INJECTED_ANNOTATION),
+            "stored uninjected"
+        );
+
+        delete_webhook_configurations(&cluster).await;
+        drop(ns);
+    })
+    .await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// d. The reconciler with its deployed RBAC: watches, status patches, leader election, provisioning
+// ---------------------------------------------------------------------------------------------
+
+const SYSTEM_NAMESPACE: &str = "jobset-inplace-system";
+const RECONCILER_ACCOUNT: &str = "jobset-inplace-reconciler";
+const LEASE: &str = "jobset-inplace-reconciler";
+
+/// `jobset-inplace reconciler` as the overlay's ServiceAccount (a token, no pod), killed when
+/// dropped.
+struct Reconciler {
+    child: tokio::process::Child,
+    dir: tempfile::TempDir,
+    health: u16,
+}
+
+impl Reconciler {
+    async fn start(cluster: &Cluster, identity: &str) -> Self {
+        let accounts: Api<ServiceAccount> =
+            Api::namespaced(cluster.client.clone(), SYSTEM_NAMESPACE);
+        let request = TokenRequest {
+            spec: TokenRequestSpec {
+                audiences: vec![],
+                expiration_seconds: Some(3600),
+                bound_object_ref: None,
+            },
+            ..Default::default()
+        };
+        let token = accounts
+            .create_token_request(RECONCILER_ACCOUNT, &PostParams::default(), &request)
+            .await
+            .expect("the reconciler's token")
+            .status
+            .expect("token")
+            .token;
+        let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
+        let kubeconfig = dir.path().join("kubeconfig");
+        std::fs::write(
+            &kubeconfig,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {}\n    \
+                 certificate-authority-data: {}\nusers:\n- name: u\n  user:\n    token: {token}\n\
+                 contexts:\n- name: c\n  context:\n    cluster: c\n    user: u\ncurrent-context: c\n",
+                cluster.server, cluster.ca_data
+            ),
+        )
+        .expect("write");
+        let health = free_port();
+        let log = std::fs::File::create(dir.path().join("log")).expect("log");
+        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_jobset-inplace"))
+            .env_clear()
+            .env("KUBECONFIG", &kubeconfig)
+            .env(
+                "JOBSET_INPLACE_LOG_LEVEL",
+                "info,jobset_inplace=debug,kube_lease_manager=debug",
+            )
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .args([
+                "reconciler",
+                "--health-addr",
+                &format!("127.0.0.1:{health}"),
+                "--lease-namespace",
+                SYSTEM_NAMESPACE,
+                "--identity",
+                identity,
+                "--lease-duration-seconds",
+                "6",
+                "--lease-grace-seconds",
+                "2",
+            ])
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start the reconciler");
+        Reconciler { child, dir, health }
+    }
+
+    /// Waits for its /readyz (both caches synced once).
+    async fn ready(&self) {
+        try_eventually(Duration::from_secs(60), || http_ok(self.health, "/readyz"))
+            .await
+            .unwrap_or_else(|e| {
+                panic!(
+                    "the reconciler is not ready: {e}\nreconciler:\n{}",
+                    self.log_tail()
+                )
+            });
+    }
+
+    /// Its log without the lease renewals (for a failure message).
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(self.dir.path().join("log")).unwrap_or_default();
+        let lines: Vec<&str> = text
+            .lines()
+            .filter(|l| !l.contains("DEBUG kube_lease_manager"))
+            .collect();
+        lines[lines.len().saturating_sub(60)..].join("\n")
+    }
+
+    async fn kill(mut self) {
+        self.child.kill().await.expect("kill the reconciler");
+    }
+}
+
+async fn lease_holder(cluster: &Cluster) -> Result<String, String> {
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(cluster.client.clone(), SYSTEM_NAMESPACE);
+    leases
+        .get(LEASE)
+        .await
+        .map_err(|e| e.to_string())?
+        .spec
+        .and_then(|s| s.holder_identity)
+        .ok_or_else(|| "no holder".to_owned())
+}
+
+/// The JobSet's epoch status fields: (deprecatedEpoch, syncedEpoch).
+async fn epochs(
+    jobsets: &Api<DynamicObject>,
+    name: &str,
+) -> Result<(Option<i64>, Option<i64>), String> {
+    let js = jobsets.get(name).await.map_err(|e| e.to_string())?;
+    let status = &js.data["status"];
+    Ok((
+        status["deprecatedEpoch"].as_i64(),
+        status["syncedEpoch"].as_i64(),
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reconciler_moves_epochs_and_hands_over_its_lease() {
+    with_cluster(
+        "the_reconciler_moves_epochs_and_hands_over_its_lease",
+        |cluster| async move {
+            install(&cluster, "epoch").await;
+            delete_webhook_configurations(&cluster).await;
+            let ns = TestNamespace::create(&cluster, "rc-reconciler").await;
+            let gvk = GroupVersionKind::gvk("jobset.x-k8s.io", "v1alpha2", "JobSet");
+            let jobsets: Api<DynamicObject> = Api::namespaced_with(
+                cluster.client.clone(),
+                &ns.name,
+                &ApiResource::from_gvk(&gvk),
+            );
+            let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), &ns.name);
+            let pp = PatchParams::default();
+
+            // One replicated job of 2 pods.
+            let mut js = fixture_object("story1-plain");
+            js["metadata"] = json!({"name": "sync", "namespace": ns.name});
+            js["spec"]["replicatedJobs"][0]["replicas"] = json!(1);
+            js["spec"]["replicatedJobs"][0]["template"]["spec"]["parallelism"] = json!(2);
+            js["spec"]["replicatedJobs"][0]["template"]["spec"]["completions"] = json!(2);
+            // What the webhook (not running here) would inject and JobSet's webhook requires.
+            js["spec"]["replicatedJobs"][0]["template"]["spec"]["backoffLimit"] = json!(2147483647);
+            js["spec"]["replicatedJobs"][0]["template"]["spec"]["podReplacementPolicy"] =
+                json!("Failed");
+            jobsets
+                .create(
+                    &PostParams::default(),
+                    &serde_json::from_value(js).expect("JobSet"),
+                )
+                .await
+                .expect("create the JobSet");
+
+            let first = Reconciler::start(&cluster, "real-cluster-a").await;
+            eventually("a holds the lease", Duration::from_secs(60), || async {
+                let holder = lease_holder(&cluster).await?;
+                (holder == "real-cluster-a").then_some(()).ok_or(holder)
+            })
+            .await;
+            // Provisioning: the agent's ServiceAccount and RoleBinding in the JobSet's namespace.
+            let accounts: Api<ServiceAccount> = Api::namespaced(cluster.client.clone(), &ns.name);
+            eventually(
+                "the agent's ServiceAccount provisioned",
+                Duration::from_secs(30),
+                || async {
+                    accounts
+                        .get(AGENT_SERVICE_ACCOUNT)
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| e.to_string())
+                },
+            )
+            .await;
+            let bindings: Api<k8s_openapi::api::rbac::v1::RoleBinding> =
+                Api::namespaced(cluster.client.clone(), &ns.name);
+            eventually(
+                "the agent's RoleBinding provisioned",
+                Duration::from_secs(30),
+                || async {
+                    bindings
+                        .get("jobset-inplace-agent")
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| e.to_string())
+                },
+            )
+            .await;
+
+            // Two pods register epoch 1: synced 1.
+            for name in ["w-0", "w-1"] {
+                let mut p = pod(name, "1");
+                p.metadata
+                    .labels
+                    .get_or_insert_default()
+                    .insert("jobset.sigs.k8s.io/jobset-name".into(), "sync".into());
+                eventually(
+                    &format!("create pod {name}"),
+                    Duration::from_secs(30),
+                    || async {
+                        pods.create(&PostParams::default(), &p)
+                            .await
+                            .map(|_| ())
+                            .map_err(|e| e.to_string())
+                    },
+                )
+                .await;
+            }
+            let want = |d: Option<i64>, s: Option<i64>| {
+                let jobsets = jobsets.clone();
+                move || {
+                    let jobsets = jobsets.clone();
+                    async move {
+                        let got = epochs(&jobsets, "sync").await?;
+                        (got == (d, s)).then_some(()).ok_or(format!("{got:?}"))
+                    }
+                }
+            };
+            eventually("synced 1", Duration::from_secs(30), want(None, Some(1))).await;
+            // One pod restarts and registers 2: deprecated 1 (everyone at 1 must restart).
+            pods.patch("w-0", &pp, &epoch_patch("2"))
+                .await
+                .expect("w-0 at 2");
+            eventually(
+                "deprecated 1",
+                Duration::from_secs(30),
+                want(Some(1), Some(1)),
+            )
+            .await;
+
+            // The leader dies without releasing; the other takes over when the lease expires.
+            let second = Reconciler::start(&cluster, "real-cluster-b").await;
+            first.kill().await;
+            eventually(
+                "b takes the lease over",
+                Duration::from_secs(60),
+                || async {
+                    let holder = lease_holder(&cluster).await?;
+                    (holder == "real-cluster-b").then_some(()).ok_or(holder)
+                },
+            )
+            .await;
+            pods.patch("w-1", &pp, &epoch_patch("2"))
+                .await
+                .expect("w-1 at 2");
+            eventually(
+                "synced 2 by the new leader",
+                Duration::from_secs(30),
+                want(Some(1), Some(2)),
+            )
+            .await;
+            second.kill().await;
+            drop(ns);
+        },
+    )
+    .await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// e. The whole path with JobSet's and the Job controller: webhook, reconciler, agents' writes
+// ---------------------------------------------------------------------------------------------
+
+/// Whether JobSet's controller runs in this cluster (scripts/control-plane.sh starts it and
+/// registers its webhook configurations, named `jobset-...`).
+async fn jobset_controller_runs(cluster: &Cluster) -> bool {
+    use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+    Api::<MutatingWebhookConfiguration>::all(cluster.client.clone())
+        .get_opt("jobset-mutating-webhook-configuration")
+        .await
+        .expect("webhook configurations")
+        .is_some()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jobset_runs_through_the_real_controllers_with_the_agent_injected() {
+    with_cluster(
+        "a_jobset_runs_through_the_real_controllers_with_the_agent_injected",
+        |cluster| async move {
+            if !jobset_controller_runs(&cluster).await {
+                panic!("JobSet's controller is not running (scripts/control-plane.sh starts it)");
+            }
+            let installed = install(&cluster, "epoch").await;
+            let configurations: Vec<Value> = installed
+                .into_iter()
+                .filter(|o| {
+                    o["kind"] == "MutatingWebhookConfiguration"
+                        || o["kind"] == "ValidatingWebhookConfiguration"
+                })
+                .collect();
+            let webhook = Webhook::start().await;
+            apply(&cluster, &pointed_at(&configurations, &webhook))
+                .await
+                .expect("webhook configurations");
+            let ns = TestNamespace::create(&cluster, "rc-jobset").await;
+            let gvk = GroupVersionKind::gvk("jobset.x-k8s.io", "v1alpha2", "JobSet");
+            let jobsets: Api<DynamicObject> = Api::namespaced_with(
+                cluster.client.clone(),
+                &ns.name,
+                &ApiResource::from_gvk(&gvk),
+            );
+            let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), &ns.name);
+
+            // A plain InPlaceRestart JobSet of 2 pods (no exclusive placement: nothing schedules).
+            let mut js = fixture_object("story1-plain");
+            js["metadata"] = json!({"name": "train", "namespace": ns.name});
+            js["spec"]["replicatedJobs"][0]["replicas"] = json!(1);
+            js["spec"]["replicatedJobs"][0]["template"]["spec"]["parallelism"] = json!(2);
+            js["spec"]["replicatedJobs"][0]["template"]["spec"]["completions"] = json!(2);
+            let js: DynamicObject = serde_json::from_value(js).expect("JobSet");
+            // Our webhook's configurations may take a moment to be in force.
+            eventually(
+                "the JobSet created injected",
+                Duration::from_secs(30),
+                || async {
+                    let created = jobsets
+                        .create(
+                            &PostParams {
+                                dry_run: true,
+                                ..Default::default()
+                            },
+                            &js,
+                        )
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    serde_json::to_string(&created.data)
+                        .unwrap_or_default()
+                        .contains(INJECTED_ANNOTATION)
+                        .then_some(())
+                        .ok_or_else(|| "not injected yet".to_owned())
+                },
+            )
+            .await;
+            jobsets
+                .create(&PostParams::default(), &js)
+                .await
+                .expect("create the JobSet");
+            // The reconciler starts after the JobSet exists, so that its initial list has it.
+            // Started before (right after install() changed the CRD's schema, on a fresh
+            // cluster), it was ready and the leader but never saw the JobSet created next, 2
+            // minutes long, in 3 runs of 3; not explained yet (kubectl's watch saw such a
+            // JobSet): see docs/testing.md.
+            let reconciler = Reconciler::start(&cluster, "real-cluster-e").await;
+            reconciler.ready().await;
+
+            // JobSet's controller makes the Job, the Job controller the pods (once the reconciler
+            // has provisioned the agent's ServiceAccount they name). The API server keeps the
+            // injected agent and both restart rules: the 1.35 feature gates are on.
+            let accounts: Api<ServiceAccount> = Api::namespaced(cluster.client.clone(), &ns.name);
+            let made = try_eventually(Duration::from_secs(120), || async {
+                let list = pods
+                    .list(&ListParams::default().labels("jobset.sigs.k8s.io/jobset-name=train"))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let provisioned = accounts
+                    .get_opt(AGENT_SERVICE_ACCOUNT)
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .is_some();
+                (list.items.len() == 2)
+                    .then_some(list.items)
+                    .ok_or_else(|| {
+                        format!("not yet; agent ServiceAccount provisioned: {provisioned}")
+                    })
+            })
+            .await
+            .unwrap_or_else(|e| {
+                panic!(
+                    "2 pods of the JobSet: {e}\nreconciler:\n{}",
+                    reconciler.log_tail()
+                )
+            });
+            for p in &made {
+                let name = p.metadata.name.clone().unwrap_or_default();
+                let spec = serde_json::to_value(p.spec.as_ref().expect("spec")).expect("json");
+                assert_eq!(spec["serviceAccountName"], AGENT_SERVICE_ACCOUNT, "{name}");
+                let agent = &spec["initContainers"][0];
+                assert_eq!(agent["name"], "jobset-inplace-agent", "{name}: {spec}");
+                assert_eq!(agent["restartPolicy"], "Always", "{name}");
+                assert_eq!(
+                    agent["restartPolicyRules"][0]["action"], "RestartAllContainers",
+                    "{name}: the agent's rule survives the API server: {agent}"
+                );
+                assert_eq!(
+                    spec["containers"][0]["restartPolicyRules"][0]["action"],
+                    "RestartAllContainers",
+                    "{name}: the worker's rule survives the API server"
+                );
+            }
+
+            // Each pod's agent registers epoch 1 with a token bound to its pod, as the agent does;
+            // the reconciler syncs 1 (and keeps it against JobSet's own status writes).
+            for p in &made {
+                let name = p.metadata.name.clone().unwrap_or_default();
+                let token = agent_token(&cluster, &ns.name, Some(p)).await;
+                let agent = token_client(&cluster, &token).await;
+                let own: Api<Pod> = Api::namespaced(agent, &ns.name);
+                eventually(
+                    &format!("{name} registers"),
+                    Duration::from_secs(30),
+                    || async {
+                        own.patch(&name, &PatchParams::default(), &epoch_patch("1"))
+                            .await
+                            .map(|_| ())
+                            .map_err(|e| e.to_string())
+                    },
+                )
+                .await;
+            }
+            try_eventually(Duration::from_secs(60), || async {
+                let got = epochs(&jobsets, "train").await?;
+                (got.1 == Some(1)).then_some(()).ok_or(format!("{got:?}"))
+            })
+            .await
+            .unwrap_or_else(|e| panic!("synced 1: {e}\nreconciler:\n{}", reconciler.log_tail()));
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            let got = epochs(&jobsets, "train").await.expect("epochs");
+            assert_eq!(got.1, Some(1), "synced stays 1 beside JobSet's controller");
+
+            reconciler.kill().await;
+            webhook.stop().await;
+            delete_webhook_configurations(&cluster).await;
+            drop(ns);
+        },
+    )
+    .await;
+}
