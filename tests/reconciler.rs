@@ -871,6 +871,42 @@ async fn readiness_and_metrics_on_the_health_port() {
     .await;
 }
 
+/// A reconciler restarted in the same pod (same identity) finds the lease it held before, with
+/// an old renewal: it takes it over and keeps leading; that old renewal does not make it step
+/// down (found against the real API server).
+#[tokio::test]
+async fn a_restarted_leader_with_the_same_identity_keeps_leading() {
+    bounded(async {
+        let w = World::new(Dialect::Epoch, &[(1, 2)], 10).await;
+        let old = k8s_openapi::jiff::Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_secs(60);
+        w.server
+            .create(
+                "leases",
+                json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                       "metadata": {"name": "jobset-inplace-reconciler", "namespace": "jobset-inplace-system"},
+                       "spec": {"holderIdentity": "a", "leaseDurationSeconds": 2,
+                                "acquireTime": old.to_string(), "renewTime": old.to_string()}}),
+            )
+            .expect("lease");
+        let lease = LeaderElection {
+            lease_name: "jobset-inplace-reconciler".into(),
+            lease_namespace: "jobset-inplace-system".into(),
+            duration: Duration::from_secs(2),
+            grace: Duration::from_secs(1),
+        };
+        let r = Running::start(&w.server, options(Dialect::Epoch, "a", Some(lease)));
+        w.set_epoch(0, 1);
+        w.set_epoch(1, 1);
+        w.until("sync", |w| w.synced() == Some(1)).await;
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(!r.task.is_finished(), "the leader stepped down");
+        w.set_epoch(0, 2);
+        w.until("still leading", |w| w.deprecated() == Some(1)).await;
+        r.stop().await.expect("stops cleanly");
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn losing_the_lease_stops_with_an_error() {
     bounded(async {

@@ -389,8 +389,11 @@ pub async fn run(
                     }
                     Ok(()) = fence_rx.changed() => {
                         match *fence_rx.borrow_and_update() {
+                            // Renewals only move forward: a read of an older one (a lease this
+                            // identity held before a restart, a read that raced the acquisition)
+                            // never shortens what is known.
                             fence::Fence::HeldUntil(until) if was_leader => {
-                                deadline = until.into();
+                                deadline = deadline.max(until.into());
                             }
                             fence::Fence::NotHeld if was_leader => {
                                 tracing::error!(lease = %name, "the lease names another holder; stepping down");
