@@ -139,6 +139,16 @@ fn add_cases(add: &dyn Fn(&str, Make<'_>)) {
         quoting["template"]["spec"]["template"]["spec"]["containers"][0]["name"] = json!(long);
         filled(MAX_BODY, &quoting, jobs)
     });
+    // serde_json's raw-value token: the object stands for the JSON its string holds.
+    add("raw-value zeros", &|| {
+        let mut review = story1();
+        review["request"]["object"]["spec"]["replicatedJobs"] =
+            json!({"$serde_json::private::RawValue": "__raw__"});
+        let frame = serde_json::to_string(&review).expect("json");
+        let n = (MAX_BODY - frame.len()) / 2;
+        let raw = format!("[{}0]", "0,".repeat(n - 1));
+        frame.replace("__raw__", &raw).into_bytes()
+    });
     add("huge name", &|| {
         let huge = "n".repeat(MAX_BODY - 4096);
         body(|o| {

@@ -233,17 +233,17 @@ pub(crate) fn mutate_view(
 /// quoted: the webhook knows it only as an upper bound, the request's size.)
 fn too_large(patch_bytes: usize, jobs: usize) -> String {
     let which = if patch_bytes > MAX_PATCH_BYTES {
-        format!("a patch of at most {MAX_PATCH_BYTES} bytes")
+        "the patch limit"
     } else {
-        format!(
-            "an injected JobSet of at most {MAX_INJECTED_BYTES} bytes, under etcd's default \
-             1.5 MiB request limit"
-        )
+        "the injected JobSet's limit"
     };
     format!(
         "the injected JobSet would be too large to answer or store: the injection into its \
-         first {jobs} replicatedJobs already adds {patch_bytes} bytes (limit: {which}); use \
-         fewer replicatedJobs (each gets its own agent container) or inject the agent yourself"
+         first {jobs} replicatedJobs already adds {patch_bytes} bytes, past {which} (a patch of \
+         at most {MAX_PATCH_BYTES} bytes, so that the answer stays under 1 MiB; an injected \
+         JobSet of at most {MAX_INJECTED_BYTES} bytes, under etcd's default 1.5 MiB request \
+         limit); use fewer replicatedJobs (each gets its own agent container) or inject the \
+         agent yourself"
     )
 }
 

@@ -363,19 +363,28 @@ impl Visitor<'_> for KeySeed {
 /// must be a string (else the error `Value` gives), which is parsed as JSON (its error wrapped as
 /// `Value` wraps it), and the object stands for that JSON. The map is left after that first entry,
 /// where serde_json expects its end.
+///
+/// The JSON is read straight into the view, never into a `Value` (a 3 MiB string of `0,0,...`
+/// would be 1.5 million of them): through serde_json's reader for `io::Read`, which hands every
+/// string over as transient (`visit_str`), so the view owns what it keeps and may outlive the
+/// text; it checks what `from_str` checks, and reports the same errors at the same positions.
 fn raw_value<'de, T: Shape<'de>, A: MapAccess<'de>>(map: &mut A) -> Result<Option<T>, A::Error> {
     let text = map.next_value_seed(RawText)?;
-    let value: Value = serde_json::from_str(&text).map_err(de::Error::custom)?;
-    let kind = match &value {
-        Value::Null => Kind::Null,
-        Value::Bool(_) => Kind::Bool,
-        Value::Number(_) => Kind::Number,
-        Value::String(_) => Kind::String,
-        Value::Array(_) => Kind::Array,
-        Value::Object(_) => Kind::Object,
+    let kind = match text
+        .trim_start_matches([' ', '\t', '\n', '\r'])
+        .as_bytes()
+        .first()
+    {
+        Some(b'n') => Kind::Null,
+        Some(b't' | b'f') => Kind::Bool,
+        Some(b'"') => Kind::String,
+        Some(b'[') => Kind::Array,
+        Some(b'{') => Kind::Object,
+        _ => Kind::Number,
     };
-    let view = value
-        .deserialize_any(ShapeVisitor::<T>(PhantomData))
+    let mut reader = serde_json::Deserializer::from_reader(text.as_bytes());
+    let view = de::Deserializer::deserialize_any(&mut reader, ShapeVisitor::<T>(PhantomData))
+        .and_then(|view| reader.end().map(|()| view))
         .map_err(de::Error::custom)?;
     if view.is_none() {
         RAW_KIND.with(|k| k.set(Some(kind)));
