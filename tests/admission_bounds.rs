@@ -283,16 +283,40 @@ fn every_hostile_body_is_answered_within_bounds() {
 fn reports_are_the_first_ones_and_a_count() {
     let config = InjectionConfig::defaults(Default::default());
     let small = json!({"name": "w", "template": {"spec": {"template": {"spec": {"containers": [{"name": "w"}]}}}}});
-    let body = body(|o| jobs(o, vec![small; 100]));
-    let reply = admission::review(Endpoint::Validate, &body, &config);
+    let many = body(|o| jobs(o, vec![small; 100]));
+    let reply = admission::review(Endpoint::Validate, &many, &config);
     let answer: Value = serde_json::from_slice(&reply.body).expect("JSON");
     let status = &answer["response"]["status"];
     let causes = status["details"]["causes"].as_array().expect("causes");
     assert_eq!(causes.len(), admission::validate::MAX_VIOLATIONS);
     let message = status["message"].as_str().expect("message");
     assert!(message.contains("more violations"), "{message}");
+    // The warning every replicatedJob gets is said once, naming the first of them.
     let warnings = fixtures::warnings(&answer["response"]);
-    assert_eq!(warnings.len(), admission::validate::MAX_WARNINGS + 1);
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0].starts_with("spec.replicatedJobs[0, 1, 2, 3, 4, 5, 6, 7 and 92 more]"),
+        "{warnings:?}"
+    );
+    // Warnings that differ (one per container name) are cut at the cap and counted.
+    let containers: Vec<Value> = (0..100).map(|i| json!({"name": format!("w{i}")})).collect();
+    let named = body(|o: &mut Value| {
+        let pod = &mut o["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"];
+        pod["containers"] = Value::Array(containers);
+        pod["serviceAccountName"] = json!("sa");
+        pod["initContainers"] = json!([{"name": "a", "restartPolicy": "Always",
+            "restartPolicyRules": [{"action": "RestartAllContainers", "exitCodes": {"operator": "NotIn", "values": [0]}}],
+            "startupProbe": {"httpGet": {"path": "/barrier-is-lifted", "port": 8080}, "periodSeconds": 1, "failureThreshold": 86400},
+            "env": [{"name": "POD_NAME", "value": "p"}, {"name": "JOBSET_NAME", "value": "js"}]}]);
+    });
+    let reply = admission::review(Endpoint::Validate, &named, &config);
+    let answer: Value = serde_json::from_slice(&reply.body).expect("JSON");
+    let warnings = fixtures::warnings(&answer["response"]);
+    assert_eq!(
+        warnings.len(),
+        admission::validate::MAX_WARNINGS + 1,
+        "{warnings:?}"
+    );
     assert!(warnings.last().is_some_and(|w| w.contains("more warnings")));
 }
 

@@ -96,6 +96,8 @@ pub struct Validation {
     pub more_violations: usize,
     /// Warnings past the first [`validate::MAX_WARNINGS`].
     pub more_warnings: usize,
+    /// Warnings that say the same of several replicatedJobs, said once (while validating).
+    pub(crate) groups: Vec<validate::WarningGroup>,
 }
 
 /// The result of mutating one JobSet: targeted JSON Patch operations (empty when nothing changes)

@@ -121,7 +121,7 @@ fn validate_ratcheted(
         let found = (out.violations.len(), out.more_violations) != before;
         if found && ratchet(i) {
             for v in out.violations.drain(before.0..) {
-                warning(
+                ungrouped_warning(
                     &mut ratcheted,
                     format!(
                         "{}: {} (left as it was: this part of the JobSet is unchanged by the \
@@ -134,8 +134,9 @@ fn validate_ratcheted(
             out.more_violations = before.1;
         }
     }
+    finish_groups(&mut out);
     for w in ratcheted.warnings {
-        warning(&mut out, w);
+        ungrouped_warning(&mut out, w);
     }
     out.more_warnings += ratcheted.more_warnings;
     out
@@ -201,12 +202,78 @@ fn violation(out: &mut Validation, path: String, message: impl Into<String>) {
     });
 }
 
+/// How many replicatedJobs a grouped warning names (the first ones; the rest are counted).
+const MAX_GROUPED_JOBS: usize = 8;
+
+/// A warning said of several replicatedJobs: where it is in the warnings, its text after
+/// `spec.replicatedJobs[N]`, the first indices it applies to and how many in all.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct WarningGroup {
+    at: usize,
+    tail: String,
+    first: Vec<usize>,
+    count: usize,
+}
+
+/// `spec.replicatedJobs[N]rest` → (N, rest).
+fn split_job_index(message: &str) -> Option<(usize, &str)> {
+    let rest = message.strip_prefix("spec.replicatedJobs[")?;
+    let end = rest.find(']')?;
+    Some((rest[..end].parse().ok()?, &rest[end + 1..]))
+}
+
+/// Adds a warning; one that says of a replicatedJob what a kept one says of another is folded
+/// into it (`spec.replicatedJobs[0, 1, 2 and 5 more]...`).
 fn warning(out: &mut Validation, message: String) {
+    let Some((index, tail)) = split_job_index(&message) else {
+        return ungrouped_warning(out, message);
+    };
+    let tail = clip(tail.to_owned());
+    if let Some(group) = out.groups.iter_mut().find(|g| g.tail == tail) {
+        if group.first.len() < MAX_GROUPED_JOBS {
+            group.first.push(index);
+        }
+        group.count += 1;
+        return;
+    }
+    if out.warnings.len() >= MAX_WARNINGS {
+        out.more_warnings += 1;
+        return;
+    }
+    out.groups.push(WarningGroup {
+        at: out.warnings.len(),
+        tail,
+        first: vec![index],
+        count: 1,
+    });
+    // Written by `finish_groups`.
+    out.warnings.push(String::new());
+}
+
+fn ungrouped_warning(out: &mut Validation, message: String) {
     if out.warnings.len() >= MAX_WARNINGS {
         out.more_warnings += 1;
         return;
     }
     out.warnings.push(clip(message));
+}
+
+/// Writes the grouped warnings.
+fn finish_groups(out: &mut Validation) {
+    for group in std::mem::take(&mut out.groups) {
+        let mut jobs = group
+            .first
+            .iter()
+            .map(usize::to_string)
+            .collect::<Vec<_>>()
+            .join(", ");
+        if group.count > group.first.len() {
+            jobs.push_str(&format!(" and {} more", group.count - group.first.len()));
+        }
+        if let Some(w) = out.warnings.get_mut(group.at) {
+            *w = format!("spec.replicatedJobs[{jobs}]{}", group.tail);
+        }
+    }
 }
 
 /// A field the rules need that is present with another JSON type: the webhook cannot read it,
@@ -903,6 +970,35 @@ mod tests {
         assert_eq!(v.warnings.len(), 1);
         assert!(
             v.warnings[0].contains("containers[0] (w)"),
+            "{:?}",
+            v.warnings
+        );
+    }
+
+    /// Issue 11: a warning said of many replicatedJobs is said once, naming the first of them.
+    #[test]
+    fn identical_warnings_are_said_once_with_their_replicated_jobs() {
+        let mut js =
+            jobset(json!({"initContainers": [agent(json!({}))], "containers": [worker()]}));
+        let job = js["spec"]["replicatedJobs"][0].clone();
+        js["spec"]["replicatedJobs"] = Value::Array(vec![job; 12]);
+        let v = validate(&js, &config());
+        assert!(v.violations.is_empty(), "{:?}", v.violations);
+        assert_eq!(v.warnings.len(), 1, "{:?}", v.warnings);
+        assert!(
+            v.warnings[0].starts_with(
+                "spec.replicatedJobs[0, 1, 2, 3, 4, 5, 6, 7 and 4 more].template.spec.template.spec.serviceAccountName is not set"
+            ),
+            "{:?}",
+            v.warnings
+        );
+        // One replicatedJob: as it was.
+        if let Some(jobs) = js["spec"]["replicatedJobs"].as_array_mut() {
+            jobs.truncate(1);
+        }
+        let v = validate(&js, &config());
+        assert!(
+            v.warnings[0].starts_with("spec.replicatedJobs[0].template"),
             "{:?}",
             v.warnings
         );
