@@ -39,6 +39,8 @@ pub enum Error {
         #[source]
         source: json_patch::PatchError,
     },
+    #[error("cannot inject {object}: {message}")]
+    Denied { object: String, message: String },
     #[error(transparent)]
     Config(#[from] admission::Error),
 }
@@ -348,6 +350,12 @@ fn create_request(object: &Value) -> Request<'_> {
 /// warnings.
 fn inject_object(object: &mut Value, config: &InjectionConfig) -> Result<Vec<String>, Error> {
     let decision = admission::decide(Endpoint::Mutate, &create_request(object), config);
+    if !decision.allowed {
+        return Err(Error::Denied {
+            object: object_name(object),
+            message: decision.message().unwrap_or("denied").to_owned(),
+        });
+    }
     json_patch::patch(object, &decision.patch).map_err(|source| Error::Patch {
         object: object_name(object),
         source,
@@ -600,6 +608,35 @@ spec:
                 .pointer("/items/0/spec/replicatedJobs/0/template/spec/backoffLimit")
                 .is_some()
         );
+    }
+
+    /// Issue 11: what cannot be read is not "ok".
+    #[test]
+    fn check_denies_what_it_cannot_read() {
+        let config = InjectionConfig::defaults(Dialect::Epoch);
+        for (edit, path, expected) in [
+            (
+                PLAIN.replace("            containers:\n            - name: worker\n              image: train:1\n", "            containers: worker\n"),
+                "spec.replicatedJobs[0].template.spec.template.spec.containers",
+                "must be an array, is a string",
+            ),
+            (
+                "apiVersion: jobset.x-k8s.io/v1alpha2\nkind: JobSet\nmetadata: {name: js}\nspec:\n  failurePolicy: {maxRestarts: 3, restartStrategy: InPlaceRestart}\n  replicatedJobs: {w: {}}\n".to_owned(),
+                "spec.replicatedJobs",
+                "must be an array, is an object",
+            ),
+        ] {
+            let checks = check_text("m.yaml", &edit, &config, true).expect("checks");
+            assert!(!checks[0].allowed, "{}", checks[0].render());
+            assert!(
+                checks[0]
+                    .violations
+                    .iter()
+                    .any(|v| v.path == path && v.message.contains(expected)),
+                "{}",
+                checks[0].render()
+            );
+        }
     }
 
     #[test]

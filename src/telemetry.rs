@@ -131,16 +131,170 @@ pub fn health_router(health: Health) -> axum::Router {
         .with_state(health)
 }
 
-/// Serves [`health_router`] on `listener` until `shutdown` resolves.
+/// Limits of the plain-HTTP health listener: it answers probes and scrapes, so a connection
+/// that is slow to ask, or too many at once, cannot hold it (issue 11).
+#[derive(Clone, Copy, Debug)]
+pub struct HealthLimits {
+    /// Most connections served at once; more wait in the listen backlog.
+    pub max_connections: usize,
+    /// Largest request head (431 beyond it).
+    pub max_header_bytes: usize,
+    /// Longest wait for a request head (from the connection, or from the last answer).
+    pub header_read_timeout: std::time::Duration,
+    /// Longest a connection is kept, whatever it does (a scraper reconnects).
+    pub max_connection_age: std::time::Duration,
+}
+
+impl Default for HealthLimits {
+    fn default() -> Self {
+        HealthLimits {
+            max_connections: 64,
+            max_header_bytes: 16 * 1024,
+            header_read_timeout: std::time::Duration::from_secs(5),
+            max_connection_age: std::time::Duration::from_secs(60),
+        }
+    }
+}
+
+/// Serves [`health_router`] on `listener` until `shutdown` resolves, within [`HealthLimits`]'s
+/// defaults.
 pub async fn serve_health(
     listener: tokio::net::TcpListener,
     health: Health,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) {
-    if let Err(e) = axum::serve(listener, health_router(health))
-        .with_graceful_shutdown(shutdown)
+    serve_health_with(listener, health, HealthLimits::default(), shutdown).await;
+}
+
+/// [`serve_health`] within `limits`.
+pub async fn serve_health_with(
+    listener: tokio::net::TcpListener,
+    health: Health,
+    limits: HealthLimits,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    use tower::ServiceExt as _;
+
+    let router = health_router(health);
+    let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
+    let mut connections = tokio::task::JoinSet::new();
+    tokio::pin!(shutdown);
+    loop {
+        let permit = tokio::select! {
+            () = &mut shutdown => break,
+            permit = slots.clone().acquire_owned() => match permit {
+                Ok(permit) => permit,
+                Err(_) => break,
+            },
+        };
+        let tcp = tokio::select! {
+            () = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok((tcp, _)) => tcp,
+                Err(e) => {
+                    tracing::warn!(error = %e, "health server: accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let router = router.clone();
+        connections.spawn(async move {
+            let _permit = permit;
+            let service =
+                hyper::service::service_fn(move |request| router.clone().oneshot(request));
+            let connection = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(limits.header_read_timeout)
+                .max_header_size(limits.max_header_bytes)
+                .keep_alive(true)
+                .serve_connection(TokioIo::new(tcp), service);
+            // Cut at its age limit, or when the peer misbehaves: nothing to report.
+            let _ = tokio::time::timeout(limits.max_connection_age, connection).await;
+        });
+        while connections.try_join_next().is_some() {}
+    }
+    connections.abort_all();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    async fn get(addr: std::net::SocketAddr, head: &[u8]) -> String {
+        let mut tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        tcp.write_all(head).await.expect("write");
+        let mut out = Vec::new();
+        let _ = tcp.read_to_end(&mut out).await;
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    /// Issue 11: the health listener has the webhook's kind of limits: slow and idle
+    /// connections are cut, a full house makes newcomers wait only until then, and an oversized
+    /// head gets 431.
+    #[tokio::test]
+    async fn the_health_listener_bounds_its_connections() {
+        tokio::time::timeout(Duration::from_secs(30), async {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind");
+            let addr = listener.local_addr().expect("addr");
+            let limits = HealthLimits {
+                max_connections: 4,
+                max_header_bytes: 4096,
+                header_read_timeout: Duration::from_millis(500),
+                max_connection_age: Duration::from_secs(5),
+            };
+            let health = Health::new(|| true, String::new);
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            let server = tokio::spawn(serve_health_with(listener, health, limits, async {
+                let _ = stopped.await;
+            }));
+            let ok = get(
+                addr,
+                b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+            )
+            .await;
+            assert!(ok.starts_with("HTTP/1.1 200"), "{ok}");
+            // Every slot taken by a slow loris: a probe waits for the header timeout, no more.
+            let mut lorises = Vec::new();
+            for _ in 0..8 {
+                let mut tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+                tcp.write_all(b"GET /healthz HTTP/1.1\r\nx-slow: ")
+                    .await
+                    .expect("write");
+                lorises.push(tcp);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let started = Instant::now();
+            let ok = get(
+                addr,
+                b"GET /readyz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+            )
+            .await;
+            assert!(ok.starts_with("HTTP/1.1 200"), "{ok}");
+            assert!(
+                started.elapsed() < Duration::from_secs(3),
+                "{:?}",
+                started.elapsed()
+            );
+            for mut tcp in lorises {
+                let mut rest = Vec::new();
+                let _ = tcp.read_to_end(&mut rest).await;
+            }
+            // An oversized head.
+            let mut head = b"GET /metrics HTTP/1.1\r\nx-big: ".to_vec();
+            head.extend(std::iter::repeat_n(b'a', 8192));
+            head.extend_from_slice(b"\r\n\r\n");
+            let big = get(addr, &head).await;
+            assert!(big.starts_with("HTTP/1.1 431"), "{big}");
+            let _ = stop.send(());
+            server.await.expect("server");
+        })
         .await
-    {
-        tracing::warn!(error = %e, "health server stopped");
+        .expect("finished in time");
     }
 }

@@ -125,7 +125,9 @@ fn every_fixture_case() {
             );
         }
 
-        if is_jobset {
+        // A JobSet the CRD schema rejects as written (the hostile and unreadable cases) is
+        // rejected by the API server whatever the webhook does; every other result must pass it.
+        if is_jobset && !name.starts_with("hostile-") && !name.starts_with("unreadable-") {
             // The API server would accept the result.
             let errors = fixtures::schema_errors(&schema, &mutated);
             assert!(

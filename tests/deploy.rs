@@ -315,6 +315,7 @@ fn check_object(object: &Value) -> Vec<String> {
         "Service" => round_trip::<core::Service>(object),
         "Deployment" => round_trip::<apps::Deployment>(object),
         "PodDisruptionBudget" => round_trip::<policy::PodDisruptionBudget>(object),
+        "NetworkPolicy" => round_trip::<k8s_openapi::api::networking::v1::NetworkPolicy>(object),
         "ClusterRole" => round_trip::<rbac::ClusterRole>(object),
         "ClusterRoleBinding" => round_trip::<rbac::ClusterRoleBinding>(object),
         "Role" => round_trip::<rbac::Role>(object),
@@ -1224,6 +1225,13 @@ fn evaluate_policy(policy: &Value, request: &Value, object: &Value, old: &Value)
     if !matched {
         return Verdict::NotMatched;
     }
+    evaluate_matched(policy, request, object, old)
+}
+
+/// A policy's match conditions, variables and validations on a request its match constraints
+/// select.
+fn evaluate_matched(policy: &Value, request: &Value, object: &Value, old: &Value) -> Verdict {
+    let spec = &policy["spec"];
     let bindings = [("object", object), ("oldObject", old), ("request", request)];
     let mut variables = HashMap::new();
     for condition in spec["matchConditions"].as_array().into_iter().flatten() {
@@ -1321,6 +1329,16 @@ fn check_agent_policy(what: &str, policy: &Value, dialect: Dialect) {
             at(Some("2")),
         ),
         ("a malformed epoch replaced", at(Some("x")), at(Some("3"))),
+        (
+            "the largest int32 epoch",
+            at(Some("2147483646")),
+            at(Some("2147483647")),
+        ),
+        (
+            "an out-of-range epoch replaced",
+            at(Some("9999999999")),
+            at(Some("1")),
+        ),
         (
             "resourceVersion and managedFields move with any update",
             at(Some("1")),
@@ -1490,7 +1508,18 @@ fn check_agent_policy(what: &str, policy: &Value, dialect: Dialect) {
         &at(Some("3")),
         &at(Some("2")),
     );
-    for bad in ["", "-1", "+1", "1.0", "one", " 1", "12345678901"] {
+    // Issue 11: the agent and reconciler read int32; a larger value would be retried forever.
+    for bad in [
+        "",
+        "-1",
+        "+1",
+        "1.0",
+        "one",
+        " 1",
+        "12345678901",
+        "2147483648",
+        "9999999999",
+    ] {
         denied(
             &format!("epoch {bad:?}"),
             "never decreases",
@@ -1784,6 +1813,7 @@ async fn the_reconcilers_rbac_grants_every_request_it_makes_and_no_more() {
                 provision: args.provision_service_accounts.then(|| ProvisionSettings {
                     service_account: args.agent_service_account.clone(),
                     cluster_role: args.agent_cluster_role.clone(),
+                    own_namespace: NAMESPACE.to_owned(),
                 }),
                 request_timeout: args.request_timeout,
                 watch_timeout: args.watch_timeout,
@@ -2191,4 +2221,247 @@ fn cert_manager_issues_the_secret_the_webhook_mounts() {
             json!(from)
         );
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Issue 11: the self-signed webhook's rights narrowed to the caBundle; the NetworkPolicy
+// component.
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn the_self_signed_webhook_may_change_only_the_ca_bundle() {
+    let Some(r) = overlay("self-signed") else {
+        return;
+    };
+    let policy = r.get(
+        "ValidatingAdmissionPolicy",
+        "jobset-inplace-webhook-ca-bundle",
+    );
+    assert_eq!(check_object(policy), Vec::<String>::new());
+    let binding = r.get(
+        "ValidatingAdmissionPolicyBinding",
+        "jobset-inplace-webhook-ca-bundle",
+    );
+    assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]));
+    let rules = &policy["spec"]["matchConstraints"]["resourceRules"][0];
+    assert_eq!(
+        strings(&rules["resources"]),
+        [
+            "mutatingwebhookconfigurations",
+            "validatingwebhookconfigurations"
+        ]
+    );
+    let webhook = "system:serviceaccount:jobset-inplace-system:jobset-inplace-webhook";
+    let request = |user: &str, operation: &str| json!({"operation": operation, "userInfo": {"username": user}});
+    for kind in [
+        "MutatingWebhookConfiguration",
+        "ValidatingWebhookConfiguration",
+    ] {
+        let config = r.get(kind, "jobset-inplace");
+        let with_ca = |ca: &str| {
+            let mut c = config.clone();
+            for w in c["webhooks"].as_array_mut().expect("webhooks") {
+                w["clientConfig"]["caBundle"] = json!(ca);
+            }
+            c
+        };
+        let old = with_ca("b2xk");
+        let verdict = |user: &str, operation: &str, new: &Value| {
+            evaluate_matched(policy, &request(user, operation), new, &old)
+        };
+        // Allowed: setting the caBundle, first time or renewed; nothing at all.
+        let mut first = old.clone();
+        for w in first["webhooks"].as_array_mut().expect("webhooks") {
+            w["clientConfig"]
+                .as_object_mut()
+                .map(|c| c.remove("caBundle"));
+        }
+        assert_eq!(
+            evaluate_matched(policy, &request(webhook, "UPDATE"), &old, &first),
+            Verdict::Allowed,
+            "{kind}: first caBundle"
+        );
+        assert_eq!(
+            verdict(webhook, "UPDATE", &with_ca("bmV3")),
+            Verdict::Allowed,
+            "{kind}"
+        );
+        assert_eq!(verdict(webhook, "UPDATE", &old), Verdict::Allowed, "{kind}");
+        // Denied: anything else a stolen token could try.
+        type Edit = Box<dyn Fn(&mut Value)>;
+        let edits: Vec<(&str, Edit)> = vec![
+            (
+                "a URL instead of the service",
+                Box::new(|c| {
+                    c["webhooks"][0]["clientConfig"]["url"] = json!("https://evil.example/");
+                }),
+            ),
+            (
+                "another service",
+                Box::new(|c| {
+                    c["webhooks"][0]["clientConfig"]["service"]["name"] = json!("evil");
+                }),
+            ),
+            (
+                "another path",
+                Box::new(|c| {
+                    c["webhooks"][0]["clientConfig"]["service"]["path"] = json!("/allow-all");
+                }),
+            ),
+            (
+                "failurePolicy changed",
+                Box::new(|c| {
+                    let flipped = if c["webhooks"][0]["failurePolicy"] == "Ignore" {
+                        "Fail"
+                    } else {
+                        "Ignore"
+                    };
+                    c["webhooks"][0]["failurePolicy"] = json!(flipped);
+                }),
+            ),
+            (
+                "no rules",
+                Box::new(|c| c["webhooks"][0]["rules"] = json!([])),
+            ),
+            (
+                "a namespaceSelector",
+                Box::new(|c| {
+                    c["webhooks"][0]["namespaceSelector"] = json!({"matchLabels": {"none": "x"}});
+                }),
+            ),
+            (
+                "an objectSelector",
+                Box::new(|c| {
+                    c["webhooks"][0]["objectSelector"] = json!({"matchLabels": {"none": "x"}});
+                }),
+            ),
+            (
+                "a match condition",
+                Box::new(|c| {
+                    c["webhooks"][0]["matchConditions"] =
+                        json!([{"name": "never", "expression": "false"}]);
+                }),
+            ),
+            (
+                "a shorter timeout",
+                Box::new(|c| c["webhooks"][0]["timeoutSeconds"] = json!(1)),
+            ),
+            (
+                "a webhook removed",
+                Box::new(|c| {
+                    if let Some(w) = c["webhooks"].as_array_mut() {
+                        w.truncate(0);
+                    }
+                }),
+            ),
+            (
+                "a webhook renamed",
+                Box::new(|c| c["webhooks"][0]["name"] = json!("x.example")),
+            ),
+            (
+                "a label",
+                Box::new(|c| c["metadata"]["labels"]["x"] = json!("y")),
+            ),
+            (
+                "an annotation",
+                Box::new(|c| c["metadata"]["annotations"] = json!({"x": "y"})),
+            ),
+        ];
+        for (what, edit) in &edits {
+            let mut new = with_ca("bmV3");
+            edit(&mut new);
+            assert!(
+                matches!(verdict(webhook, "UPDATE", &new), Verdict::Denied(_)),
+                "{kind}: {what} must be denied"
+            );
+        }
+        assert!(
+            matches!(verdict(webhook, "DELETE", &old), Verdict::Denied(_)),
+            "{kind}: delete"
+        );
+        // Other users are not this policy's business.
+        let mut other = with_ca("bmV3");
+        other["webhooks"][0]["timeoutSeconds"] = json!(1);
+        assert_eq!(
+            verdict(
+                "system:serviceaccount:jobset-inplace-system:other",
+                "UPDATE",
+                &other
+            ),
+            Verdict::NotMatched,
+            "{kind}"
+        );
+    }
+}
+
+#[test]
+fn the_network_policy_component_admits_only_the_api_server_and_monitoring() {
+    if !have_kubectl() {
+        return;
+    }
+    let kustomization = "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n\
+        resources:\n- {deploy}/overlays/epoch\n\
+        components:\n- {deploy}/components/network-policy\n";
+    let objects = render_kustomization(kustomization, &[]);
+    let r = Rendered {
+        name: "epoch + network-policy".to_owned(),
+        objects,
+    };
+    let policies = r.of_kind("NetworkPolicy");
+    assert_eq!(policies.len(), 2);
+    for policy in &policies {
+        assert_eq!(check_object(policy), Vec::<String>::new());
+        assert_eq!(policy["metadata"]["namespace"], NAMESPACE);
+        assert_eq!(policy["spec"]["policyTypes"], json!(["Ingress"]));
+        // It selects a Deployment's pods, and names ports those pods have.
+        let selector = &policy["spec"]["podSelector"]["matchLabels"];
+        let deployment = r
+            .of_kind("Deployment")
+            .into_iter()
+            .find(|d| {
+                selector
+                    .as_object()
+                    .into_iter()
+                    .flatten()
+                    .all(|(k, v)| d["spec"]["template"]["metadata"]["labels"][k] == *v)
+            })
+            .expect("a Deployment it selects");
+        let ports: Vec<String> = deployment["spec"]["template"]["spec"]["containers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|c| c["ports"].as_array().cloned().unwrap_or_default())
+            .filter_map(|p| p["name"].as_str().map(str::to_owned))
+            .collect();
+        for rule in policy["spec"]["ingress"].as_array().expect("ingress") {
+            let from = &rule["from"];
+            let allowed: Vec<String> = rule["ports"]
+                .as_array()
+                .expect("ports")
+                .iter()
+                .map(|p| p["port"].as_str().expect("a named port").to_owned())
+                .collect();
+            for port in &allowed {
+                assert!(ports.contains(port), "{port} is a container port");
+            }
+            if allowed == ["https"] {
+                // The API server only: an address block, never every pod or namespace.
+                assert!(from[0].get("ipBlock").is_some(), "{rule}");
+                assert_eq!(from.as_array().map(Vec::len), Some(1));
+            } else {
+                assert_eq!(allowed, ["health"], "{rule}");
+                assert_eq!(
+                    from,
+                    &json!([{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}])
+                );
+            }
+        }
+    }
+    let webhook = r.get("NetworkPolicy", "jobset-inplace-webhook");
+    assert_eq!(webhook["spec"]["ingress"].as_array().map(Vec::len), Some(2));
+    let reconciler = r.get("NetworkPolicy", "jobset-inplace-reconciler");
+    assert_eq!(
+        reconciler["spec"]["ingress"].as_array().map(Vec::len),
+        Some(1)
+    );
 }

@@ -953,6 +953,9 @@ async fn provisions_the_agent_service_account_and_binding() {
         recreate["metadata"]["namespace"] = json!("not-in-place");
         recreate["spec"]["failurePolicy"]["restartStrategy"] = json!("Recreate");
         w.server.create("jobsets", recreate).expect("recreate jobset");
+        let mut system = jobset("sys", &[(1, 1)], 10);
+        system["metadata"]["namespace"] = json!("kube-system");
+        w.server.create("jobsets", system).expect("kube-system jobset");
         w.server
             .create(
                 "namespaces",
@@ -973,13 +976,17 @@ async fn provisions_the_agent_service_account_and_binding() {
                 .filter_map(|s| s["name"].as_str().map(str::to_owned))
                 .collect()
         };
-        w.until("team-a provisioned", |_| subjects(NS) == ["jobset-inplace-agent", "trainer"]).await;
+        // Issue 11: the account the JobSet names is not bound (only the agent's account is held
+        // to its own pod's epoch annotation); nothing is written in the cluster's namespaces.
+        w.until("team-a provisioned", |_| subjects(NS) == ["jobset-inplace-agent"]).await;
         w.until("labelled namespace provisioned", |_| subjects("ahead") == ["jobset-inplace-agent"]).await;
         for ns in [NS, "ahead"] {
             assert!(w.server.get("serviceaccounts", ns, "jobset-inplace-agent").is_some(), "{ns}");
             assert_eq!(binding(ns).expect("binding")["roleRef"]["name"], "jobset-inplace-agent");
         }
         assert!(binding("not-in-place").is_none(), "no InPlaceRestart JobSet there");
+        assert!(binding("kube-system").is_none(), "kube-system is never provisioned");
+        assert!(w.server.get("serviceaccounts", "kube-system", "jobset-inplace-agent").is_none());
 
         // Another field manager's label survives; a pod change causes no re-apply; a fresh
         // reconciler applies the same objects again without changing them.

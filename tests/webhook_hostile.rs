@@ -906,3 +906,62 @@ async fn oversized_heads_get_431() {
     })
     .await;
 }
+
+/// Issue 11: at the connection limit, connections that send their body slowly are closed to make
+/// room like stuck heads are, so a well-behaved client is answered well within the API server's
+/// 5 s `timeoutSeconds` (before, 512 connections trickling 7 MB bodies at 1 byte/s made one wait
+/// 7.1 s). The body read timeout is far away: only eviction can make room.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_the_connection_limit_slow_bodies_make_room() {
+    bounded(async {
+        const SLOTS: usize = 16;
+        let server = start(|o| {
+            o.max_connections = SLOTS;
+            o.idle_timeout = Duration::from_secs(60);
+            o.header_read_timeout = Duration::from_secs(20);
+            o.body.read_timeout = Duration::from_secs(30);
+        })
+        .await;
+        let head = format!(
+            "POST /validate HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n\
+             content-length: {MAX_BODY_BYTES}\r\n\r\n{{"
+        );
+        // Twice as many slow bodies as slots: each sends its head at once, then a byte of body
+        // every 100 ms, for as long as the server lets it.
+        let mut abusers = JoinSet::new();
+        for _ in 0..2 * SLOTS {
+            let mut conn = server.connect().await.expect("connect");
+            conn.send(head.as_bytes()).await.expect("head");
+            abusers.spawn(async move {
+                let started = Instant::now();
+                while started.elapsed() < Duration::from_secs(40) {
+                    if conn.send(b" ").await.is_err() {
+                        return started.elapsed();
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                started.elapsed()
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        // A new client is answered within the API server's timeout while they trickle.
+        let latencies = probe(&server, 3, Duration::from_millis(10)).await;
+        assert_prompt(
+            &latencies,
+            Duration::from_secs(4),
+            "limit reached, slow bodies",
+        );
+        assert!(
+            metric(
+                &server,
+                "jobset_inplace_connections_closed_by_server_total",
+                "reason=\"evicted\""
+            )
+            .await
+                >= 1.0
+        );
+        abusers.abort_all();
+        server.stop().await;
+    })
+    .await;
+}

@@ -86,11 +86,18 @@ pub struct Violation {
     pub message: String,
 }
 
-/// The result of validating one JobSet.
+/// The result of validating one JobSet. At most [`validate::MAX_VIOLATIONS`] violations and
+/// [`validate::MAX_WARNINGS`] warnings are kept (the first ones); the rest are counted.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Validation {
     pub violations: Vec<Violation>,
     pub warnings: Vec<String>,
+    /// Violations found past the first [`validate::MAX_VIOLATIONS`].
+    pub more_violations: usize,
+    /// Warnings past the first [`validate::MAX_WARNINGS`].
+    pub more_warnings: usize,
+    /// Warnings that say the same of several replicatedJobs, said once (while validating).
+    pub(crate) groups: Vec<validate::WarningGroup>,
 }
 
 /// The result of mutating one JobSet: targeted JSON Patch operations (empty when nothing changes)
@@ -99,6 +106,8 @@ pub struct Validation {
 pub struct Mutation {
     pub patch: json_patch::Patch,
     pub warnings: Vec<String>,
+    /// Set when the injected JobSet would be too large: why (the webhook denies it).
+    pub too_large: Option<String>,
 }
 
 /// Largest AdmissionReview body accepted; larger bodies get HTTP 413 from the server.

@@ -76,33 +76,81 @@ pub(crate) fn write_json_str(s: &str, out: &mut Vec<u8>) {
     let _ = serde_json::to_writer(&mut *out, s);
 }
 
-/// Computes the injection patch for a JobSet (CREATE).
+/// The largest JSON Patch the webhook answers with: base64 makes it 4/3 larger, and the whole
+/// AdmissionReview response stays under 1 MiB (with [`super::validate::MAX_WARNINGS`] warnings).
+pub const MAX_PATCH_BYTES: usize = 720 * 1024;
+/// The largest JobSet, as written plus what the injection adds, the webhook lets through to be
+/// stored: etcd's default request limit (`--max-request-bytes`, 1.5 MiB), less 64 KiB for what
+/// the API server adds to a stored object (`managedFields`, `status`, the request framing).
+pub const MAX_INJECTED_BYTES: usize = 1536 * 1024 - 64 * 1024;
+
+/// Computes the injection patch for a JobSet (CREATE). A JobSet whose injected form would be
+/// too large (see [`MAX_PATCH_BYTES`], [`MAX_INJECTED_BYTES`]) gets no patch and `too_large`.
 pub fn mutate(jobset: &Value, config: &InjectionConfig) -> Mutation {
-    let (ops, warnings) = mutate_view(&JobSetView::from_value(jobset), config);
-    Mutation {
-        patch: json_patch::Patch(ops.iter().map(Op::to_patch_operation).collect()),
-        warnings,
+    let size = serde_json::to_vec(jobset).map_or(0, |v| v.len());
+    match mutate_view(&JobSetView::from_value(jobset), config, size) {
+        Ok((ops, warnings)) => Mutation {
+            patch: json_patch::Patch(ops.iter().map(Op::to_patch_operation).collect()),
+            warnings,
+            too_large: None,
+        },
+        Err(message) => Mutation {
+            too_large: Some(message),
+            ..Mutation::default()
+        },
     }
 }
 
-/// [`mutate`] over the view of a JobSet: the operations and the warnings.
+/// Bytes an operation adds to the JSON Patch document (with its framing).
+fn op_bytes(op: &Op) -> usize {
+    op.path.len() + op.value.len() + 32
+}
+
+/// [`mutate`] over the view of a JobSet written in `size` bytes (an upper bound): the operations
+/// and the warnings, or why the injected JobSet would be too large. Stops building operations as
+/// soon as the patch passes a limit.
 pub(crate) fn mutate_view(
     jobset: &JobSetView<'_>,
     config: &InjectionConfig,
-) -> (Vec<Op>, Vec<String>) {
+    size: usize,
+) -> Result<(Vec<Op>, Vec<String>), String> {
     let mut out = Vec::new();
     let mut warnings = Vec::new();
     if !jobset.in_place_restart() || jobset.inject_annotation() == Some("false") {
-        return (out, warnings);
+        return Ok((out, warnings));
+    }
+    if jobset.truncated {
+        return Err(format!(
+            "the JobSet has more than {} list elements in all: too large to be injected",
+            super::sparse_view::MAX_LIST_ELEMENTS
+        ));
     }
     let mut agent_json = None;
+    let mut patch_bytes = 0;
+    let mut counted = 0;
     for (i, rj) in jobset.replicated_jobs().iter().enumerate() {
+        patch_bytes += out[counted..].iter().map(op_bytes).sum::<usize>();
+        counted = out.len();
+        if patch_bytes > MAX_PATCH_BYTES || size + patch_bytes > MAX_INJECTED_BYTES {
+            return Err(too_large(patch_bytes, i));
+        }
         let Some(job_spec) = &rj.job_spec else {
             continue;
         };
         let job_ptr = ptr(&["spec", "replicatedJobs"])
             .idx(i)
             .keys(&["template", "spec"]);
+        let unreadable = !rj.wrong.is_empty()
+            || !job_spec.wrong.is_empty()
+            || job_spec.template.as_ref().is_some_and(|t| {
+                !t.wrong.is_empty()
+                    || t.spec.as_ref().is_some_and(|p| !p.wrong.is_empty())
+                    || t.metadata.as_ref().is_some_and(|m| !m.wrong.is_empty())
+            });
+        if unreadable {
+            // Validation denies it, naming what it cannot read; nothing is added to it.
+            continue;
+        }
         let ops_before = out.len();
         if job_spec.backoff_limit.is_none() {
             out.push(add(job_ptr.key("backoffLimit"), BACKOFF_LIMIT.to_string()));
@@ -119,25 +167,84 @@ pub(crate) fn mutate_view(
             let template_ptr = job_ptr.key("template");
             let pod_ptr = template_ptr.key("spec");
             rewrite_restart_pod(&pod_ptr, pod_spec, &mut out, &mut warnings, i);
+            // The webhook chooses the service account: its token goes to the agent only.
+            let choose_account = !pod_spec.names_service_account();
             match pod::agent(pod_spec) {
                 None => {
-                    let agent = agent_json.get_or_insert_with(|| agent_container_json(config));
+                    let agent = agent_json.get_or_insert_with(|| {
+                        (
+                            agent_container_json(config, false),
+                            agent_container_json(config, true),
+                        )
+                    });
+                    let agent = if choose_account { &agent.1 } else { &agent.0 };
                     inject_agent(&pod_ptr, pod_spec, agent, &mut out);
                 }
-                Some(agent) => complete_agent(&pod_ptr, &agent, config, &mut out),
+                Some(agent) => {
+                    complete_agent(&pod_ptr, &agent, config, &mut out);
+                    if choose_account {
+                        let mounts = container_ptr(&pod_ptr, &agent.container).key("volumeMounts");
+                        if agent.container.view.volume_mounts.is_some() {
+                            out.push(add(mounts.key("-"), to_json(&token_mount())));
+                        } else {
+                            out.push(add(mounts, to_json(&[token_mount()])));
+                        }
+                    }
+                }
             }
-            if !pod_spec.names_service_account() {
+            if choose_account {
                 out.push(add(
                     pod_ptr.key("serviceAccountName"),
                     to_json(&config.service_account),
                 ));
+                if pod_spec.automount_token.is_none() {
+                    out.push(add(
+                        pod_ptr.key("automountServiceAccountToken"),
+                        "false".to_owned(),
+                    ));
+                }
+                if pod_spec.volumes.is_some() {
+                    out.push(add(
+                        pod_ptr.keys(&["volumes", "-"]),
+                        to_json(&token_volume()),
+                    ));
+                } else {
+                    out.push(add(pod_ptr.key("volumes"), to_json(&[token_volume()])));
+                }
             }
             if out.len() > ops_before {
                 annotate_injected(&template_ptr, template, &mut out);
             }
         }
     }
-    (out, warnings)
+    patch_bytes += out[counted..].iter().map(op_bytes).sum::<usize>();
+    if patch_bytes > MAX_PATCH_BYTES || size + patch_bytes > MAX_INJECTED_BYTES {
+        return Err(too_large(patch_bytes, jobset.replicated_jobs().len()));
+    }
+    if warnings.len() > super::validate::MAX_WARNINGS {
+        let more = warnings.len() - super::validate::MAX_WARNINGS;
+        warnings.truncate(super::validate::MAX_WARNINGS);
+        warnings.push(format!("and {more} more warnings like these"));
+    }
+    Ok((out, warnings))
+}
+
+/// Why an injection is refused: the limits, and how far it got. (The JobSet's own size is not
+/// quoted: the webhook knows it only as an upper bound, the request's size.)
+fn too_large(patch_bytes: usize, jobs: usize) -> String {
+    let which = if patch_bytes > MAX_PATCH_BYTES {
+        "the patch limit"
+    } else {
+        "the injected JobSet's limit"
+    };
+    format!(
+        "the injected JobSet would be too large to answer or store: the injection into its \
+         first {jobs} replicatedJobs already adds {patch_bytes} bytes, past {which} (a patch of \
+         at most {MAX_PATCH_BYTES} bytes, so that the answer stays under 1 MiB; an injected \
+         JobSet of at most {MAX_INJECTED_BYTES} bytes, under etcd's default 1.5 MiB request \
+         limit); use fewer replicatedJobs (each gets its own agent container) or inject the \
+         agent yourself"
+    )
 }
 
 /// Rewrites KEP-467's `RestartPod` to Kubernetes 1.35's `RestartAllContainers`.
@@ -160,10 +267,14 @@ fn rewrite_restart_pod(
                         .0,
                     value: to_json(&pod::RESTART_ALL_CONTAINERS),
                 });
+                if warnings.len() > super::validate::MAX_WARNINGS {
+                    warnings.push(String::new());
+                    continue;
+                }
                 warnings.push(format!(
                     "spec.replicatedJobs[{replicated_job}]: container {} restart rule {}: {} \
                      rewritten to {}, its name since Kubernetes 1.35",
-                    c.name(),
+                    super::validate::clip(c.name().to_owned()),
                     index,
                     pod::RESTART_POD,
                     pod::RESTART_ALL_CONTAINERS
@@ -184,14 +295,45 @@ fn inject_agent(pod_ptr: &Ptr, pod_spec: &PodSpec<'_>, agent: &str, ops: &mut Ve
     }
 }
 
-/// The injected agent sidecar.
+/// The injected agent sidecar (as injected into a pod template that names its own service
+/// account).
 pub fn agent_container(config: &InjectionConfig) -> Value {
-    serde_json::to_value(AgentContainer::new(config)).unwrap_or_default()
+    serde_json::to_value(AgentContainer::new(config, false)).unwrap_or_default()
 }
 
-/// The JSON text of [`agent_container`], written without building a `Value`.
-fn agent_container_json(config: &InjectionConfig) -> String {
-    serde_json::to_string(&AgentContainer::new(config)).unwrap_or_default()
+/// The JSON text of the agent sidecar, written without building a `Value`; `token`: it mounts
+/// the service account token the pod does not automount ([`token_volume`]).
+fn agent_container_json(config: &InjectionConfig, token: bool) -> String {
+    serde_json::to_string(&AgentContainer::new(config, token)).unwrap_or_default()
+}
+
+/// The volume that holds the agent's service account token, CA and namespace when the webhook
+/// chose the account: what the kubelet would mount into every container, mounted into the agent
+/// only (the pod gets `automountServiceAccountToken: false`).
+pub const TOKEN_VOLUME: &str = "jobset-inplace-agent-token";
+/// Where Kubernetes mounts a service account token, and where in-cluster clients read it.
+pub const TOKEN_MOUNT_PATH: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+/// The token's lifetime as the kubelet's own projected token (3607 s; the kubelet renews it).
+pub const TOKEN_EXPIRATION_SECONDS: i64 = 3607;
+
+/// The projected volume of the agent's token, CA bundle and namespace.
+pub fn token_volume() -> Value {
+    json!({
+        "name": TOKEN_VOLUME,
+        "projected": {
+            "defaultMode": 420,
+            "sources": [
+                {"serviceAccountToken": {"expirationSeconds": TOKEN_EXPIRATION_SECONDS, "path": "token"}},
+                {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+                {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}]}}
+            ]
+        }
+    })
+}
+
+/// The agent's mount of [`token_volume`].
+pub fn token_mount() -> Value {
+    json!({"name": TOKEN_VOLUME, "mountPath": TOKEN_MOUNT_PATH, "readOnly": true})
 }
 
 /// The injected agent sidecar as it is serialized (fields in this order).
@@ -210,10 +352,12 @@ struct AgentContainer<'a> {
     termination_message_policy: &'static str,
     #[serde(skip_serializing_if = "ResourcesSpec::is_empty")]
     resources: ResourcesSpec<'a>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    volume_mounts: Option<[Value; 1]>,
 }
 
 impl<'a> AgentContainer<'a> {
-    fn new(config: &'a InjectionConfig) -> Self {
+    fn new(config: &'a InjectionConfig, token: bool) -> Self {
         let mut env = vec![
             field_env(agent_env::NAMESPACE, "metadata.namespace"),
             field_env(agent_env::POD_NAME, "metadata.name"),
@@ -275,6 +419,7 @@ impl<'a> AgentContainer<'a> {
                 requests: &config.resources.requests,
                 limits: &config.resources.limits,
             },
+            volume_mounts: token.then(|| [token_mount()]),
         }
     }
 }
@@ -633,6 +778,58 @@ mod tests {
             mutate(&injected, &config).patch.0.is_empty(),
             "nothing to inject"
         );
+    }
+
+    /// Issue 11: the agent's token is mounted in the agent only, when the webhook chose the
+    /// account; a template naming its own account keeps its own behaviour.
+    #[test]
+    fn the_chosen_account_s_token_goes_to_the_agent_only() {
+        let config = InjectionConfig::defaults(Dialect::Epoch);
+        let out = apply(
+            &jobset(
+                json!({"containers": [{"name": "w"}], "volumes": [{"name": "data", "emptyDir": {}}]}),
+            ),
+            &config,
+        );
+        let pod = &out["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"];
+        assert_eq!(pod["serviceAccountName"], config.service_account.as_str());
+        assert_eq!(pod["automountServiceAccountToken"], false);
+        assert_eq!(pod["volumes"][0]["name"], "data");
+        assert_eq!(pod["volumes"][1], token_volume());
+        let sources = &pod["volumes"][1]["projected"]["sources"];
+        assert_eq!(sources[0]["serviceAccountToken"]["expirationSeconds"], 3607);
+        assert_eq!(sources[0]["serviceAccountToken"]["path"], "token");
+        assert_eq!(sources[1]["configMap"]["name"], "kube-root-ca.crt");
+        assert_eq!(sources[2]["downwardAPI"]["items"][0]["path"], "namespace");
+        let agent = &pod["initContainers"][0];
+        assert_eq!(agent["volumeMounts"], json!([token_mount()]));
+        assert_eq!(agent["volumeMounts"][0]["mountPath"], TOKEN_MOUNT_PATH);
+        assert_eq!(agent["volumeMounts"][0]["readOnly"], true);
+        assert!(pod["containers"][0].get("volumeMounts").is_none());
+        // Idempotent.
+        assert!(mutate(&out, &config).patch.0.is_empty());
+
+        // An existing agent without an account gets the mount appended.
+        let side = json!({"name": "a", "restartPolicy": "Always",
+            "restartPolicyRules": [{"action": "RestartAllContainers", "exitCodes": {"operator": "NotIn", "values": [0]}}],
+            "volumeMounts": [{"name": "x", "mountPath": "/x"}]});
+        let out = apply(
+            &jobset(json!({"initContainers": [side], "containers": [{"name": "w"}]})),
+            &config,
+        );
+        let pod = &out["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"];
+        assert_eq!(pod["initContainers"][0]["volumeMounts"][1], token_mount());
+        assert_eq!(pod["volumes"], json!([token_volume()]));
+
+        // Its own account: nothing about tokens is touched.
+        let out = apply(
+            &jobset(json!({"serviceAccountName": "mine", "containers": [{"name": "w"}]})),
+            &config,
+        );
+        let pod = &out["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"];
+        assert!(pod.get("automountServiceAccountToken").is_none());
+        assert!(pod.get("volumes").is_none());
+        assert!(pod["initContainers"][0].get("volumeMounts").is_none());
     }
 
     #[test]

@@ -127,6 +127,7 @@ pub fn decide(endpoint: Endpoint, request: &Request<'_>, config: &InjectionConfi
     let old_view = old_object.map(JobSetView::from_value);
     let new_jobs = object.map_or(&[][..], validate::replicated_jobs);
     let old_jobs = old_object.map_or(&[][..], validate::replicated_jobs);
+    let size = object.map_or(0, |o| serde_json::to_vec(o).map_or(0, |v| v.len()));
     decide_view(
         endpoint,
         request.operation,
@@ -136,13 +137,14 @@ pub fn decide(endpoint: Endpoint, request: &Request<'_>, config: &InjectionConfi
         old_view.as_ref(),
         |i| new_jobs.get(i).is_some() && new_jobs.get(i) == old_jobs.get(i),
         config,
+        size,
     )
     .into()
 }
 
 /// [`decide`] over the views of the object and the old object (present when they are objects);
 /// `unchanged(i)`: `spec.replicatedJobs[i]` is in both and equal (asked by the UPDATE ratchet
-/// only).
+/// only); `size`: the object's size in bytes as written (an upper bound).
 #[allow(clippy::too_many_arguments)]
 fn decide_view(
     endpoint: Endpoint,
@@ -153,6 +155,7 @@ fn decide_view(
     old_object: Option<&JobSetView<'_>>,
     unchanged: impl FnMut(usize) -> bool,
     config: &InjectionConfig,
+    size: usize,
 ) -> Answer {
     let is_jobset = group == crate::jobset::GROUP && kind == crate::jobset::KIND;
     match operation {
@@ -177,7 +180,24 @@ fn decide_view(
             if operation != "CREATE" {
                 return Answer::allow();
             }
-            let (ops, warnings) = mutate::mutate_view(object, config);
+            let (ops, warnings) = match mutate::mutate_view(object, config, size) {
+                Ok(injection) => injection,
+                Err(message) => {
+                    return Answer {
+                        allowed: false,
+                        ops: Vec::new(),
+                        warnings: Vec::new(),
+                        status: Some(json!({
+                            "metadata": {},
+                            "status": "Failure",
+                            "message": message,
+                            "reason": "RequestEntityTooLarge",
+                            "code": 413
+                        })),
+                        outcome: ReviewOutcome::Denied,
+                    };
+                }
+            };
             let mut d = Answer::allow();
             d.warnings = warnings;
             if !ops.is_empty() {
@@ -195,10 +215,18 @@ fn decide_view(
             };
             let mut d = Answer::allow();
             d.warnings = v.warnings;
-            if !v.violations.is_empty() {
+            if v.more_warnings > 0 {
+                d.warnings
+                    .push(format!("and {} more warnings like these", v.more_warnings));
+            }
+            if !v.violations.is_empty() || v.more_violations > 0 {
                 d.allowed = false;
                 d.outcome = ReviewOutcome::Denied;
-                d.status = Some(invalid_status(object.name(), &v.violations));
+                d.status = Some(invalid_status(
+                    object.name(),
+                    &v.violations,
+                    v.more_violations,
+                ));
             }
             d
         }
@@ -206,12 +234,18 @@ fn decide_view(
 }
 
 /// A `422 Invalid` Status listing every violation, in the API server's own wording.
-fn invalid_status(name: &str, violations: &[Violation]) -> Value {
-    let list = violations
+fn invalid_status(name: &str, violations: &[Violation], more: usize) -> Value {
+    let mut list = violations
         .iter()
         .map(|v| format!("{}: {}", v.path, v.message))
         .collect::<Vec<_>>()
         .join(", ");
+    if more > 0 {
+        list.push_str(&format!(", and {more} more violations"));
+    }
+    // A name is at most 253 characters once the API server has checked it; not yet, here.
+    let name = validate::clip(name.to_owned());
+    let name = name.as_str();
     let causes: Vec<Value> = violations
         .iter()
         .map(|v| json!({"reason": "FieldValueInvalid", "message": v.message, "field": v.path}))
@@ -284,6 +318,7 @@ pub fn review(endpoint: Endpoint, body: &[u8], config: &InjectionConfig) -> Repl
                     .unchanged(i)
             },
             config,
+            body.len(),
         )
     };
     let patch = (!answer.ops.is_empty()).then(|| {

@@ -41,6 +41,8 @@ const RAW_VALUE_TOKEN: &str = "$serde_json::private::RawValue";
 /// A view of one JSON value of the JSON type it expects. A value of another type is `None` (the
 /// field reads as absent) after being consumed and checked like any other.
 pub(crate) trait Shape<'de>: Sized {
+    /// The JSON type this view reads, for messages ("an object").
+    const EXPECTED: &'static str = "a value";
     fn from_i64(_: i64) -> Option<Self> {
         None
     }
@@ -133,6 +135,175 @@ fn skip_seq<'de, A: SeqAccess<'de>>(mut seq: A) -> Result<(), A::Error> {
     Ok(())
 }
 
+/// The JSON type of a value that did not read as what a view expected.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Null,
+    Bool,
+    Number,
+    String,
+    Array,
+    Object,
+}
+
+impl Kind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Null => "null",
+            Kind::Bool => "a boolean",
+            Kind::Number => "a number",
+            Kind::String => "a string",
+            Kind::Array => "an array",
+            Kind::Object => "an object",
+        }
+    }
+}
+
+/// A field of a view that is present but of another JSON type than the one the rules need: its
+/// key, the type expected, the type found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct WrongType {
+    pub key: &'static str,
+    pub expected: &'static str,
+    pub found: Kind,
+}
+
+/// The fields of one object that could not be read (empty for almost every object).
+pub(crate) type Wrong = Vec<WrongType>;
+
+/// How many list elements a list keeps the position and type of when they are not what the
+/// list holds (the first ones: they are reported, the rest counted).
+const MAX_BAD_ELEMENTS: usize = 4;
+
+/// Every list of one decoding keeps at most this many elements in all (a JobSet the rules can
+/// judge has a few dozen); past it the elements are checked and dropped, and the decoding is
+/// marked truncated ([`Budget`]). Bounds the memory of a body of many small elements.
+pub(crate) const MAX_LIST_ELEMENTS: usize = 10_000;
+
+thread_local! {
+    /// The JSON type of the last raw-value object's content that did not read as its view: what
+    /// [`Checked`] reports for it, as a `Value` of the same body would show it.
+    static RAW_KIND: std::cell::Cell<Option<Kind>> = const { std::cell::Cell::new(None) };
+    static ELEMENTS_LEFT: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+    static TRUNCATED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs one decoding under the element budget: returns its result and whether elements were
+/// dropped. Decodings nest (the outer budget is restored).
+pub(crate) fn with_budget<R>(f: impl FnOnce() -> R) -> (R, bool) {
+    let outer = ELEMENTS_LEFT.with(|c| c.replace(Some(MAX_LIST_ELEMENTS)));
+    let outer_truncated = TRUNCATED.with(|c| c.replace(false));
+    let out = f();
+    ELEMENTS_LEFT.with(|c| c.set(outer));
+    let truncated = TRUNCATED.with(|c| c.replace(outer_truncated));
+    (out, truncated)
+}
+
+/// Takes one element from the budget; `false` when it is spent (the element is dropped).
+fn take_element() -> bool {
+    ELEMENTS_LEFT.with(|c| match c.get() {
+        None => true,
+        Some(0) => {
+            TRUNCATED.with(|t| t.set(true));
+            false
+        }
+        Some(n) => {
+            c.set(Some(n - 1));
+            true
+        }
+    })
+}
+
+/// Reads a `T`, telling an absent value (`null`) from one of another JSON type.
+pub(crate) struct Checked<T>(pub Result<Option<T>, Kind>);
+
+impl<'de, T: Shape<'de>> Deserialize<'de> for Checked<T> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(CheckedVisitor::<T>(PhantomData))
+    }
+}
+
+struct CheckedVisitor<T>(PhantomData<T>);
+
+fn found<T>(value: Option<T>, kind: Kind) -> Checked<T> {
+    Checked(value.map(Some).ok_or(kind))
+}
+
+impl<'de, T: Shape<'de>> Visitor<'de> for CheckedVisitor<T> {
+    type Value = Checked<T>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any valid JSON value")
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<Checked<T>, E> {
+        Ok(Checked(Err(Kind::Bool)))
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<Checked<T>, E> {
+        Ok(found(T::from_i64(v), Kind::Number))
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<Checked<T>, E> {
+        Ok(found(T::from_u64(v), Kind::Number))
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Checked<T>, E> {
+        Ok(Checked(Err(Kind::Number)))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Checked<T>, E> {
+        Ok(found(T::from_str(v), Kind::String))
+    }
+    fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Checked<T>, E> {
+        Ok(found(T::from_borrowed_str(v), Kind::String))
+    }
+    fn visit_unit<E>(self) -> Result<Checked<T>, E> {
+        Ok(Checked(Ok(None)))
+    }
+    fn visit_none<E>(self) -> Result<Checked<T>, E> {
+        Ok(Checked(Ok(None)))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Checked<T>, A::Error> {
+        Ok(found(T::from_seq(seq)?, Kind::Array))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Checked<T>, A::Error> {
+        RAW_KIND.with(|k| k.set(None));
+        let value = T::from_map(map)?;
+        let kind = RAW_KIND.with(|k| k.take()).unwrap_or(Kind::Object);
+        if value.is_none() && kind == Kind::Null {
+            // A raw value holding `null`: absent, as `null` itself.
+            return Ok(Checked(Ok(None)));
+        }
+        Ok(found(value, kind))
+    }
+}
+
+/// Reads the value of the current key, recording it in `wrong` when it is present but not a `T`.
+fn checked<'de, T: Shape<'de>, A: MapAccess<'de>>(
+    map: &mut A,
+    wrong: &mut Wrong,
+    key: &'static str,
+) -> Result<Option<T>, A::Error> {
+    let Checked(value) = map.next_value::<Checked<T>>()?;
+    // The last occurrence of a key wins, as in a `Value`.
+    wrong.retain(|w| w.key != key);
+    Ok(value.unwrap_or_else(|found| {
+        wrong.push(WrongType {
+            key,
+            expected: T::EXPECTED,
+            found,
+        });
+        None
+    }))
+}
+
+/// An array, checked and dropped: only its presence is kept.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct AnArray;
+
+impl<'de> Shape<'de> for AnArray {
+    const EXPECTED: &'static str = "an array";
+    fn from_seq<A: SeqAccess<'de>>(seq: A) -> Result<Option<Self>, A::Error> {
+        skip_seq(seq).map(|()| Some(AnArray))
+    }
+}
+
 /// Walks a JSON object: `field` numbers the keys the caller reads (0: not read), `value` reads the
 /// value of such a key from the map; every other value is skipped. `Some(raw)` when the object is
 /// a raw value (see [`raw_value`]): the caller's view of it, read from the JSON it holds.
@@ -192,12 +363,33 @@ impl Visitor<'_> for KeySeed {
 /// must be a string (else the error `Value` gives), which is parsed as JSON (its error wrapped as
 /// `Value` wraps it), and the object stands for that JSON. The map is left after that first entry,
 /// where serde_json expects its end.
+///
+/// The JSON is read straight into the view, never into a `Value` (a 3 MiB string of `0,0,...`
+/// would be 1.5 million of them): through serde_json's reader for `io::Read`, which hands every
+/// string over as transient (`visit_str`), so the view owns what it keeps and may outlive the
+/// text; it checks what `from_str` checks, and reports the same errors at the same positions.
 fn raw_value<'de, T: Shape<'de>, A: MapAccess<'de>>(map: &mut A) -> Result<Option<T>, A::Error> {
     let text = map.next_value_seed(RawText)?;
-    let value: Value = serde_json::from_str(&text).map_err(de::Error::custom)?;
-    value
-        .deserialize_any(ShapeVisitor::<T>(PhantomData))
-        .map_err(de::Error::custom)
+    let kind = match text
+        .trim_start_matches([' ', '\t', '\n', '\r'])
+        .as_bytes()
+        .first()
+    {
+        Some(b'n') => Kind::Null,
+        Some(b't' | b'f') => Kind::Bool,
+        Some(b'"') => Kind::String,
+        Some(b'[') => Kind::Array,
+        Some(b'{') => Kind::Object,
+        _ => Kind::Number,
+    };
+    let mut reader = serde_json::Deserializer::from_reader(text.as_bytes());
+    let view = de::Deserializer::deserialize_any(&mut reader, ShapeVisitor::<T>(PhantomData))
+        .and_then(|view| reader.end().map(|()| view))
+        .map_err(de::Error::custom)?;
+    if view.is_none() {
+        RAW_KIND.with(|k| k.set(Some(kind)));
+    }
+    Ok(view)
 }
 
 /// The string value of a raw-value object (serde_json's `BoxedFromString`).
@@ -225,6 +417,7 @@ impl Visitor<'_> for RawText {
 }
 
 impl<'de> Shape<'de> for Str<'de> {
+    const EXPECTED: &'static str = "a string";
     fn from_str(s: &str) -> Option<Self> {
         Some(Cow::Owned(s.to_owned()))
     }
@@ -235,6 +428,7 @@ impl<'de> Shape<'de> for Str<'de> {
 
 /// `Value::as_i64`: an integer in range; never a float.
 impl Shape<'_> for i64 {
+    const EXPECTED: &'static str = "an integer";
     fn from_i64(v: i64) -> Option<Self> {
         Some(v)
     }
@@ -244,32 +438,95 @@ impl Shape<'_> for i64 {
 }
 
 /// An array, every element kept at its index (an element of another JSON type reads as
-/// `T::default()`, whose fields are all absent).
+/// `T::default()`, whose fields are all absent, and is recorded in `.1`).
 #[derive(Clone, Debug, Default, PartialEq)]
-pub(crate) struct List<T>(pub Vec<T>);
+pub(crate) struct List<T>(pub Vec<T>, pub BadElements);
 
-impl<'de, T: Shape<'de> + Default> Shape<'de> for List<T> {
-    fn from_seq<A: SeqAccess<'de>>(mut seq: A) -> Result<Option<Self>, A::Error> {
-        // serde_json gives no size hint: start with room for a few.
-        let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(4).min(64));
-        while let Some(Lenient(item)) = seq.next_element::<Lenient<T>>()? {
-            items.push(item.unwrap_or_default());
+/// The elements of a list that are not of the type it holds: the first few with their index and
+/// type, and how many in all.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct BadElements {
+    pub first: Vec<(usize, Kind)>,
+    pub count: usize,
+    /// A bit per element kept: set for those that are not of the list's type.
+    mask: Vec<u64>,
+}
+
+impl BadElements {
+    fn record(&mut self, index: usize, kind: Kind) {
+        if self.first.len() < MAX_BAD_ELEMENTS {
+            self.first.push((index, kind));
         }
-        Ok(Some(List(items)))
+        self.count += 1;
+        if index < MAX_LIST_ELEMENTS {
+            let word = index / 64;
+            if self.mask.len() <= word {
+                self.mask.resize(word + 1, 0);
+            }
+            self.mask[word] |= 1 << (index % 64);
+        }
+    }
+
+    /// The element at `index` is not of the list's type (it reads as all absent).
+    pub fn contains(&self, index: usize) -> bool {
+        self.mask
+            .get(index / 64)
+            .is_some_and(|w| w & (1 << (index % 64)) != 0)
     }
 }
 
-/// An array of integers: elements that are not `i64` are left out (`filter_map(Value::as_i64)`).
+impl<'de, T: Shape<'de> + Default> Shape<'de> for List<T> {
+    const EXPECTED: &'static str = "an array";
+    fn from_seq<A: SeqAccess<'de>>(mut seq: A) -> Result<Option<Self>, A::Error> {
+        // serde_json gives no size hint: start with room for a few.
+        let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(4).min(64));
+        let mut bad = BadElements::default();
+        let mut index = 0;
+        while let Some(Checked(item)) = seq.next_element::<Checked<T>>()? {
+            let item = match item {
+                Ok(Some(item)) => Some(item),
+                Ok(None) => {
+                    bad.record(index, Kind::Null);
+                    None
+                }
+                Err(kind) => {
+                    bad.record(index, kind);
+                    None
+                }
+            };
+            index += 1;
+            if take_element() {
+                items.push(item.unwrap_or_default());
+            }
+        }
+        Ok(Some(List(items, bad)))
+    }
+}
+
+/// An array of integers: elements that are not `i64` are left out (`filter_map(Value::as_i64)`),
+/// and recorded in `.1`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Ints(pub Vec<i64>);
+pub(crate) struct Ints(pub Vec<i64>, pub BadElements);
 
 impl<'de> Shape<'de> for Ints {
+    const EXPECTED: &'static str = "an array of integers";
     fn from_seq<A: SeqAccess<'de>>(mut seq: A) -> Result<Option<Self>, A::Error> {
         let mut items = Vec::new();
-        while let Some(Lenient(item)) = seq.next_element::<Lenient<i64>>()? {
-            items.extend(item);
+        let mut bad = BadElements::default();
+        let mut index = 0;
+        while let Some(Checked(item)) = seq.next_element::<Checked<i64>>()? {
+            match item {
+                Ok(Some(v)) => {
+                    if take_element() {
+                        items.push(v);
+                    }
+                }
+                Ok(None) => bad.record(index, Kind::Null),
+                Err(kind) => bad.record(index, kind),
+            }
+            index += 1;
         }
-        Ok(Some(Ints(items)))
+        Ok(Some(Ints(items, bad)))
     }
 }
 
@@ -278,8 +535,21 @@ fn lenient<'de, T: Shape<'de>, A: MapAccess<'de>>(map: &mut A) -> Result<Option<
     map.next_value::<Lenient<T>>().map(|l| l.0)
 }
 
+/// [`lenient`] as the common form of `object_view!` calls it.
+fn lenient_in<'de, T: Shape<'de>, A: MapAccess<'de>>(
+    map: &mut A,
+    _: &mut Wrong,
+    _: &'static str,
+) -> Result<Option<T>, A::Error> {
+    lenient(map)
+}
+
 /// Reads the value of the current key as a `Value` (present, whatever its type, `null` included).
-fn any_value<'de, A: MapAccess<'de>>(map: &mut A) -> Result<Option<Value>, A::Error> {
+fn any_value<'de, A: MapAccess<'de>>(
+    map: &mut A,
+    _: &mut Wrong,
+    _: &'static str,
+) -> Result<Option<Value>, A::Error> {
     map.next_value::<Value>().map(Some)
 }
 
@@ -305,7 +575,7 @@ macro_rules! object_view {
                 $(
                     n += 1;
                     if field == n {
-                        v.$field = $reader(map)?;
+                        v.$field = $reader(map, &mut v.wrong, $key)?;
                     }
                 )+
             }
@@ -313,6 +583,7 @@ macro_rules! object_view {
     };
     ($name:ident, |$key:ident| $fields:expr, |$view:ident, $field:ident, $map:ident| $read:expr) => {
         impl<'de> Shape<'de> for $name<'de> {
+            const EXPECTED: &'static str = "an object";
             fn from_map<A: MapAccess<'de>>(mut map: A) -> Result<Option<Self>, A::Error> {
                 let mut $view = $name::default();
                 let raw = walk_object::<Self, A>(
@@ -335,20 +606,24 @@ macro_rules! object_view {
 /// An AdmissionReview request body.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Review<'a> {
+    /// Fields present with another JSON type than the rules need.
+    pub wrong: Wrong,
     pub api_version: Option<Str<'a>>,
     pub kind: Option<Str<'a>>,
     pub request: Option<RequestView<'a>>,
 }
 
 object_view!(Review {
-    "apiVersion" => api_version: lenient,
-    "kind" => kind: lenient,
-    "request" => request: lenient,
+    "apiVersion" => api_version: lenient_in,
+    "kind" => kind: lenient_in,
+    "request" => request: lenient_in,
 });
 
 /// `request` of an AdmissionReview.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct RequestView<'a> {
+    /// Fields present with another JSON type than the rules need.
+    pub wrong: Wrong,
     pub uid: Option<Str<'a>>,
     pub operation: Option<Str<'a>>,
     pub kind: Option<GroupKind<'a>>,
@@ -358,41 +633,50 @@ pub(crate) struct RequestView<'a> {
 }
 
 object_view!(RequestView {
-    "uid" => uid: lenient,
-    "operation" => operation: lenient,
-    "kind" => kind: lenient,
-    "object" => object: lenient,
-    "oldObject" => old_object: lenient,
+    "uid" => uid: lenient_in,
+    "operation" => operation: lenient_in,
+    "kind" => kind: lenient_in,
+    "object" => object: lenient_in,
+    "oldObject" => old_object: lenient_in,
 });
 
 /// `request.kind`.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct GroupKind<'a> {
+    /// Fields present with another JSON type than the rules need.
+    pub wrong: Wrong,
     pub group: Option<Str<'a>>,
     pub kind: Option<Str<'a>>,
 }
 
 object_view!(GroupKind {
-    "group" => group: lenient,
-    "kind" => kind: lenient,
+    "group" => group: lenient_in,
+    "kind" => kind: lenient_in,
 });
 
 /// A JobSet: what validation and mutation read of it.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct JobSetView<'a> {
+    /// Lists of the body were cut at [`MAX_LIST_ELEMENTS`]: the view is not the whole object.
+    pub truncated: bool,
+    /// Fields present with another JSON type than the rules need.
+    pub wrong: Wrong,
     pub metadata: Option<Meta<'a>>,
     pub spec: Option<JobSetSpec<'a>>,
 }
 
 object_view!(JobSetView {
-    "metadata" => metadata: lenient,
-    "spec" => spec: lenient,
+    "metadata" => metadata: lenient_in,
+    "spec" => spec: lenient_in,
 });
 
 impl<'a> JobSetView<'a> {
     /// The view of an in-memory JobSet (the default, all absent, for a non-object).
     pub fn from_value(value: &'a Value) -> Self {
-        Lenient::<JobSetView<'a>>::from_value(value).unwrap_or_default()
+        let (view, truncated) = with_budget(|| Lenient::<JobSetView<'a>>::from_value(value));
+        let mut view = view.unwrap_or_default();
+        view.truncated = truncated;
+        view
     }
 
     fn failure_policy(&self) -> Option<&FailurePolicy<'a>> {
@@ -439,6 +723,8 @@ impl<'a> JobSetView<'a> {
 /// `metadata` of a JobSet or of a pod template.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Meta<'a> {
+    /// Fields present with another JSON type than the rules need.
+    pub wrong: Wrong,
     pub name: Option<Str<'a>>,
     pub generate_name: Option<Str<'a>>,
     /// Present when it is an object.
@@ -446,14 +732,16 @@ pub(crate) struct Meta<'a> {
 }
 
 object_view!(Meta {
-    "name" => name: lenient,
-    "generateName" => generate_name: lenient,
-    "annotations" => annotations: lenient,
+    "name" => name: checked,
+    "generateName" => generate_name: lenient_in,
+    "annotations" => annotations: checked,
 });
 
 /// The two annotations admission reads (their string values).
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Annotations<'a> {
+    /// Fields present with another JSON type than the rules need.
+    pub wrong: Wrong,
     /// `jobset-inplace.dev/inject`
     pub inject: Option<Str<'a>>,
     /// `jobset-inplace.dev/injected`
@@ -461,32 +749,36 @@ pub(crate) struct Annotations<'a> {
 }
 
 object_view!(Annotations {
-    super::INJECT_ANNOTATION => inject: lenient,
-    super::INJECTED_ANNOTATION => injected: lenient,
+    super::INJECT_ANNOTATION => inject: lenient_in,
+    super::INJECTED_ANNOTATION => injected: lenient_in,
 });
 
 /// `spec` of a JobSet.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct JobSetSpec<'a> {
+    /// Fields present with another JSON type than the rules need.
+    pub wrong: Wrong,
     pub failure_policy: Option<FailurePolicy<'a>>,
     pub replicated_jobs: Option<List<ReplicatedJob<'a>>>,
 }
 
 object_view!(JobSetSpec {
-    "failurePolicy" => failure_policy: lenient,
-    "replicatedJobs" => replicated_jobs: lenient,
+    "failurePolicy" => failure_policy: lenient_in,
+    "replicatedJobs" => replicated_jobs: checked,
 });
 
 /// `spec.failurePolicy`.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct FailurePolicy<'a> {
+    /// Fields present with another JSON type than the rules need.
+    pub wrong: Wrong,
     pub restart_strategy: Option<Str<'a>>,
     pub max_restarts: Option<i64>,
 }
 
 object_view!(FailurePolicy {
-    "restartStrategy" => restart_strategy: lenient,
-    "maxRestarts" => max_restarts: lenient,
+    "restartStrategy" => restart_strategy: lenient_in,
+    "maxRestarts" => max_restarts: lenient_in,
 });
 
 /// One `spec.replicatedJobs[i]`.
@@ -494,6 +786,8 @@ object_view!(FailurePolicy {
 pub(crate) struct ReplicatedJob<'a> {
     /// `template.spec`, when `template` and it are objects.
     pub job_spec: Option<JobSpec<'a>>,
+    /// `template` or `template.spec` present but not an object.
+    pub wrong: Wrong,
 }
 
 object_view!(
@@ -502,13 +796,24 @@ object_view!(
         "template" => 1,
         _ => 0,
     },
-    |v, _field, map| v.job_spec = lenient::<JobTemplate<'de>, A>(map)?.and_then(|t| t.spec)
+    |v, _field, map| {
+        let template = checked::<JobTemplate<'de>, A>(map, &mut v.wrong, "template")?;
+        v.job_spec = None;
+        if let Some(t) = template {
+            v.wrong.extend(t.wrong.into_iter().map(|w| WrongType {
+                key: "template.spec",
+                ..w
+            }));
+            v.job_spec = t.spec;
+        }
+    }
 );
 
 /// `template` of a replicatedJob (the Job template).
 #[derive(Clone, Debug, Default)]
 pub(crate) struct JobTemplate<'a> {
     pub spec: Option<JobSpec<'a>>,
+    pub wrong: Wrong,
 }
 
 object_view!(
@@ -517,7 +822,7 @@ object_view!(
         "spec" => 1,
         _ => 0,
     },
-    |v, _field, map| v.spec = lenient(map)?
+    |v, _field, map| v.spec = checked(map, &mut v.wrong, "spec")?
 );
 
 /// `template.spec` of a replicatedJob (the Job spec).
@@ -530,6 +835,7 @@ pub(crate) struct JobSpec<'a> {
     pub parallelism: Option<i64>,
     /// Present when it is an object.
     pub template: Option<PodTemplate<'a>>,
+    pub wrong: Wrong,
 }
 
 object_view!(
@@ -543,17 +849,19 @@ object_view!(
         _ => 0,
     },
     |v, field, map| match field {
-        1 => v.backoff_limit = any_value(map)?,
-        2 => v.pod_replacement_policy = any_value(map)?,
-        3 => v.completions = lenient(map)?,
-        4 => v.parallelism = lenient(map)?,
-        _ => v.template = lenient(map)?,
+        1 => v.backoff_limit = any_value(map, &mut v.wrong, "backoffLimit")?,
+        2 => v.pod_replacement_policy = any_value(map, &mut v.wrong, "podReplacementPolicy")?,
+        3 => v.completions = checked(map, &mut v.wrong, "completions")?,
+        4 => v.parallelism = checked(map, &mut v.wrong, "parallelism")?,
+        _ => v.template = checked(map, &mut v.wrong, "template")?,
     }
 );
 
 /// The pod template of a Job.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct PodTemplate<'a> {
+    /// Fields present with another JSON type than the rules need.
+    pub wrong: Wrong,
     /// Present when it is an object.
     pub metadata: Option<Meta<'a>>,
     /// Present when it is an object.
@@ -561,25 +869,33 @@ pub(crate) struct PodTemplate<'a> {
 }
 
 object_view!(PodTemplate {
-    "metadata" => metadata: lenient,
-    "spec" => spec: lenient,
+    "metadata" => metadata: checked,
+    "spec" => spec: checked,
 });
 
 /// A pod spec.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct PodSpec<'a> {
+    /// Fields present with another JSON type than the rules need.
+    pub wrong: Wrong,
     pub service_account_name: Option<Str<'a>>,
     pub service_account: Option<Str<'a>>,
     /// Present when it is an array.
     pub init_containers: Option<List<ContainerView<'a>>>,
     pub containers: Option<List<ContainerView<'a>>>,
+    /// `automountServiceAccountToken`, whatever its type.
+    pub automount_token: Option<Value>,
+    /// `volumes` is an array.
+    pub volumes: Option<AnArray>,
 }
 
 object_view!(PodSpec {
-    "serviceAccountName" => service_account_name: lenient,
-    "serviceAccount" => service_account: lenient,
-    "initContainers" => init_containers: lenient,
-    "containers" => containers: lenient,
+    "serviceAccountName" => service_account_name: checked,
+    "serviceAccount" => service_account: checked,
+    "initContainers" => init_containers: checked,
+    "containers" => containers: checked,
+    "automountServiceAccountToken" => automount_token: any_value,
+    "volumes" => volumes: checked,
 });
 
 impl PodSpec<'_> {
@@ -594,6 +910,8 @@ impl PodSpec<'_> {
 /// A container of a pod spec.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct ContainerView<'a> {
+    /// Fields present with another JSON type than the rules need.
+    pub wrong: Wrong,
     pub name: Option<Str<'a>>,
     pub restart_policy: Option<Str<'a>>,
     /// Present when it is an array.
@@ -603,41 +921,48 @@ pub(crate) struct ContainerView<'a> {
     /// Present when it is an object.
     pub startup_probe: Option<Probe<'a>>,
     pub ports: Option<List<Port<'a>>>,
+    /// `volumeMounts` is an array.
+    pub volume_mounts: Option<AnArray>,
 }
 
 object_view!(ContainerView {
-    "name" => name: lenient,
-    "restartPolicy" => restart_policy: lenient,
-    "restartPolicyRules" => restart_policy_rules: lenient,
-    "env" => env: lenient,
-    "startupProbe" => startup_probe: lenient,
-    "ports" => ports: lenient,
+    "name" => name: checked,
+    "restartPolicy" => restart_policy: checked,
+    "restartPolicyRules" => restart_policy_rules: checked,
+    "env" => env: checked,
+    "startupProbe" => startup_probe: checked,
+    "ports" => ports: checked,
+    "volumeMounts" => volume_mounts: checked,
 });
 
 /// One `restartPolicyRules` entry.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct RuleView<'a> {
+    /// Fields present with another JSON type than the rules need.
+    pub wrong: Wrong,
     pub action: Option<Str<'a>>,
     /// Present when it is an object.
     pub exit_codes: Option<ExitCodes<'a>>,
 }
 
 object_view!(RuleView {
-    "action" => action: lenient,
-    "exitCodes" => exit_codes: lenient,
+    "action" => action: checked,
+    "exitCodes" => exit_codes: checked,
 });
 
 /// `exitCodes` of a restart rule.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct ExitCodes<'a> {
+    /// Fields present with another JSON type than the rules need.
+    pub wrong: Wrong,
     pub operator: Option<Str<'a>>,
     /// Present when it is an array; its integers.
     pub values: Option<Ints>,
 }
 
 object_view!(ExitCodes {
-    "operator" => operator: lenient,
-    "values" => values: lenient,
+    "operator" => operator: checked,
+    "values" => values: checked,
 });
 
 /// The env names the rules look up (the agent's contract): the only entries an [`EnvList`] keeps.
@@ -663,21 +988,32 @@ pub(crate) fn is_env_name_read(name: &str) -> bool {
 #[derive(Clone, Debug, Default)]
 pub(crate) struct EnvList<'a> {
     pub read: Vec<(usize, EnvVar<'a>)>,
+    /// Entries that are not objects, or whose `name` or `value` is not a string.
+    pub bad: BadElements,
 }
 
 impl<'de> Shape<'de> for EnvList<'de> {
+    const EXPECTED: &'static str = "an array";
     fn from_seq<A: SeqAccess<'de>>(mut seq: A) -> Result<Option<Self>, A::Error> {
         let mut read = Vec::new();
+        let mut bad = BadElements::default();
         let mut index = 0;
-        while let Some(Lenient(entry)) = seq.next_element::<Lenient<EnvVar<'de>>>()? {
-            if let Some(entry) = entry
-                && entry.name.as_deref().is_some_and(is_env_name_read)
-            {
-                read.push((index, entry));
+        while let Some(Checked(entry)) = seq.next_element::<Checked<EnvVar<'de>>>()? {
+            match entry {
+                Ok(Some(entry)) => {
+                    if let Some(w) = entry.wrong.first() {
+                        bad.record(index, w.found);
+                    }
+                    if entry.name.as_deref().is_some_and(is_env_name_read) && take_element() {
+                        read.push((index, entry));
+                    }
+                }
+                Ok(None) => bad.record(index, Kind::Null),
+                Err(kind) => bad.record(index, kind),
             }
             index += 1;
         }
-        Ok(Some(EnvList { read }))
+        Ok(Some(EnvList { read, bad }))
     }
 }
 
@@ -688,6 +1024,7 @@ pub(crate) struct EnvVar<'a> {
     pub value: Option<Str<'a>>,
     /// `valueFrom` is present (whatever its type).
     pub value_from: bool,
+    pub wrong: Wrong,
 }
 
 object_view!(
@@ -699,8 +1036,8 @@ object_view!(
         _ => 0,
     },
     |v, field, map| match field {
-        1 => v.name = lenient(map)?,
-        2 => v.value = lenient(map)?,
+        1 => v.name = checked(map, &mut v.wrong, "name")?,
+        2 => v.value = checked(map, &mut v.wrong, "value")?,
         _ => {
             map.next_value::<Lenient<Skip>>()?;
             v.value_from = true;
@@ -715,6 +1052,7 @@ pub(crate) struct Probe<'a> {
     pub http_get: Option<HttpGet<'a>>,
     pub period_seconds: Option<i64>,
     pub failure_threshold: Option<i64>,
+    pub wrong: Wrong,
 }
 
 object_view!(
@@ -726,15 +1064,17 @@ object_view!(
         _ => 0,
     },
     |v, field, map| match field {
-        1 => v.http_get = Some(lenient(map)?.unwrap_or_default()),
-        2 => v.period_seconds = lenient(map)?,
-        _ => v.failure_threshold = lenient(map)?,
+        1 => v.http_get = Some(checked(map, &mut v.wrong, "httpGet")?.unwrap_or_default()),
+        2 => v.period_seconds = checked(map, &mut v.wrong, "periodSeconds")?,
+        _ => v.failure_threshold = checked(map, &mut v.wrong, "failureThreshold")?,
     }
 );
 
 /// `startupProbe.httpGet`.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct HttpGet<'a> {
+    /// Fields present with another JSON type than the rules need.
+    pub wrong: Wrong,
     /// Present whatever its type: a number, or a port name.
     pub port: Option<Value>,
     pub path: Option<Str<'a>>,
@@ -742,30 +1082,42 @@ pub(crate) struct HttpGet<'a> {
 
 object_view!(HttpGet {
     "port" => port: any_value,
-    "path" => path: lenient,
+    "path" => path: checked,
 });
 
 /// One `ports` entry of a container.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Port<'a> {
+    /// Fields present with another JSON type than the rules need.
+    pub wrong: Wrong,
     pub name: Option<Str<'a>>,
     pub container_port: Option<i64>,
 }
 
 object_view!(Port {
-    "name" => name: lenient,
-    "containerPort" => container_port: lenient,
+    "name" => name: checked,
+    "containerPort" => container_port: checked,
 });
 
 /// Decodes an AdmissionReview body. `Ok(None)` for JSON that is not an object; `Err` exactly when
 /// `serde_json::from_slice::<Value>(body)` fails, with its error.
 pub(crate) fn parse_review(body: &[u8]) -> Result<Option<Review<'_>>, serde_json::Error> {
-    match std::str::from_utf8(body) {
+    let (review, truncated) = with_budget(|| match std::str::from_utf8(body) {
         // Valid UTF-8 text: serde_json's `str` reader checks the same as its slice reader, without
         // checking each string's UTF-8 again.
         Ok(text) => serde_json::from_str::<Lenient<Review<'_>>>(text).map(|l| l.0),
         Err(_) => serde_json::from_slice::<Lenient<Review<'_>>>(body).map(|l| l.0),
+    });
+    let mut review = review?;
+    if truncated && let Some(request) = review.as_mut().and_then(|r| r.request.as_mut()) {
+        for object in [&mut request.object, &mut request.old_object]
+            .into_iter()
+            .flatten()
+        {
+            object.truncated = true;
+        }
     }
+    Ok(review)
 }
 
 /// `spec.replicatedJobs` of `request.object` and `request.oldObject` as written in a body (each
@@ -780,9 +1132,8 @@ pub(crate) struct RawJobs<'a> {
 /// is not in the body (an enclosing object is a raw-value object: its JSON is in a string).
 pub(crate) fn raw_jobs(body: &[u8]) -> Option<RawJobs<'_>> {
     let text = std::str::from_utf8(body).ok()?;
-    let review = serde_json::from_str::<Lenient<RawReview<'_>>>(text)
-        .ok()?
-        .0?;
+    let (review, _) = with_budget(|| serde_json::from_str::<Lenient<RawReview<'_>>>(text));
+    let review = review.ok()?.0?;
     fn jobs(o: Option<RawJobSet<'_>>) -> Vec<&RawValue> {
         o.and_then(|o| o.spec)
             .and_then(|s| s.replicated_jobs)
@@ -867,7 +1218,9 @@ impl<'de> Shape<'de> for RawList<'de> {
     fn from_seq<A: SeqAccess<'de>>(mut seq: A) -> Result<Option<Self>, A::Error> {
         let mut items = Vec::new();
         while let Some(item) = seq.next_element::<&'de RawValue>()? {
-            items.push(item);
+            if take_element() {
+                items.push(item);
+            }
         }
         Ok(Some(RawList(items)))
     }

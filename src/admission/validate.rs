@@ -15,7 +15,7 @@ use serde_json::Value;
 
 use super::config::InjectionConfig;
 use super::pod::{self, Agent, AgentMode, Container, ExitCodeSetting};
-use super::sparse_view::{JobSetView, JobSpec, PodSpec};
+use super::sparse_view::{BadElements, JobSetView, JobSpec, PodSpec, WrongType};
 use super::{Validation, Violation};
 use crate::protocol::Dialect;
 use crate::wire::agent_env;
@@ -27,6 +27,15 @@ pub const POD_REPLACEMENT_POLICY: &str = "Failed";
 /// Below this many seconds of startup probing, a pod may be killed while waiting at the barrier.
 const SHORT_BARRIER_SECONDS: i64 = 600;
 
+/// At most this many violations are reported (the first ones, in the order of the rules); the
+/// rest are counted. Bounds the answer to any request (docs/security.md).
+pub const MAX_VIOLATIONS: usize = 20;
+/// At most this many warnings are reported; the rest are counted.
+pub const MAX_WARNINGS: usize = 20;
+/// A violation message or warning longer than this is cut (at a character boundary) and ends
+/// with "…": messages quote values from the request.
+pub const MAX_MESSAGE_BYTES: usize = 512;
+
 /// Validates a JobSet (CREATE, or UPDATE without the old object).
 pub fn validate(jobset: &Value, config: &InjectionConfig) -> Validation {
     validate_view(&JobSetView::from_value(jobset), config)
@@ -34,35 +43,102 @@ pub fn validate(jobset: &Value, config: &InjectionConfig) -> Validation {
 
 /// [`validate`] over the view of a JobSet.
 pub(crate) fn validate_view(jobset: &JobSetView<'_>, config: &InjectionConfig) -> Validation {
+    validate_ratcheted(jobset, config, |_| false)
+}
+
+/// Validates, reporting the violations of a replicatedJob for which `ratchet(i)` holds as
+/// warnings (asked only about replicatedJobs with violations).
+fn validate_ratcheted(
+    jobset: &JobSetView<'_>,
+    config: &InjectionConfig,
+    mut ratchet: impl FnMut(usize) -> bool,
+) -> Validation {
     let mut out = Validation::default();
     if !jobset.in_place_restart() {
         return out;
     }
+    if jobset.truncated {
+        violation(
+            &mut out,
+            "spec".to_owned(),
+            format!(
+                "has more than {} list elements (replicatedJobs, containers, rules, ports, env \
+                 entries the agent reads, exit codes) in all: too large to be judged",
+                super::sparse_view::MAX_LIST_ELEMENTS
+            ),
+        );
+        return out;
+    }
     if jobset.max_restarts().unwrap_or(0) == 0 {
-        out.warnings.push(
+        warning(
+            &mut out,
             "spec.failurePolicy.maxRestarts is 0: the first failure fails the JobSet and no pod \
              is ever restarted in place"
                 .to_owned(),
         );
     }
+    let spec = jobset.spec.as_ref();
+    if let Some(spec) = spec {
+        unreadable_fields("spec", &spec.wrong, &mut out);
+    }
+    if let Some(list) = spec.and_then(|s| s.replicated_jobs.as_ref()) {
+        unreadable_elements("spec.replicatedJobs", &list.1, &mut out);
+    }
+    let mut ratcheted = Validation::default();
     let no_job_spec = JobSpec::default();
     let no_pod_spec = PodSpec::default();
+    let bad_jobs = spec.and_then(|s| s.replicated_jobs.as_ref()).map(|l| &l.1);
     for (i, rj) in jobset.replicated_jobs().iter().enumerate() {
-        let prefix = format!("spec.replicatedJobs[{i}].template.spec");
+        if bad_jobs.is_some_and(|b| b.contains(i)) {
+            // Reported above: nothing of it can be read.
+            continue;
+        }
+        let before = (out.violations.len(), out.more_violations);
+        let job_prefix = format!("spec.replicatedJobs[{i}]");
+        unreadable_fields(&job_prefix, &rj.wrong, &mut out);
+        let prefix = format!("{job_prefix}.template.spec");
         let job_spec = rj.job_spec.as_ref().unwrap_or(&no_job_spec);
+        unreadable_fields(&prefix, &job_spec.wrong, &mut out);
         check_backoff_limit(&prefix, job_spec, &mut out);
         check_pod_replacement_policy(&prefix, job_spec, &mut out);
         check_completions(&prefix, job_spec, &mut out);
         let pod_prefix = format!("{prefix}.template.spec");
+        if let Some(t) = &job_spec.template {
+            unreadable_fields(&format!("{prefix}.template"), &t.wrong, &mut out);
+            if let Some(m) = &t.metadata {
+                unreadable_fields(&format!("{prefix}.template.metadata"), &m.wrong, &mut out);
+            }
+        }
         let pod_spec = job_spec
             .template
             .as_ref()
             .and_then(|t| t.spec.as_ref())
             .unwrap_or(&no_pod_spec);
+        check_readable_pod(&pod_prefix, pod_spec, &mut out);
         check_restart_rules(&pod_prefix, pod_spec, &mut out);
         check_agent(&pod_prefix, pod_spec, config.protocol, &mut out);
         check_service_account(&pod_prefix, pod_spec, &mut out);
+        let found = (out.violations.len(), out.more_violations) != before;
+        if found && ratchet(i) {
+            for v in out.violations.drain(before.0..) {
+                ungrouped_warning(
+                    &mut ratcheted,
+                    format!(
+                        "{}: {} (left as it was: this part of the JobSet is unchanged by the \
+                         update)",
+                        v.path, v.message
+                    ),
+                );
+            }
+            ratcheted.more_warnings += out.more_violations - before.1;
+            out.more_violations = before.1;
+        }
     }
+    finish_groups(&mut out);
+    for w in ratcheted.warnings {
+        ungrouped_warning(&mut out, w);
+    }
+    out.more_warnings += ratcheted.more_warnings;
     out
 }
 
@@ -94,36 +170,205 @@ pub(crate) fn validate_update_view(
     jobset: &JobSetView<'_>,
     old: &JobSetView<'_>,
     config: &InjectionConfig,
-    mut unchanged: impl FnMut(usize) -> bool,
+    unchanged: impl FnMut(usize) -> bool,
 ) -> Validation {
-    let mut out = validate_view(jobset, config);
     if !old.in_place_restart() {
-        return out;
+        return validate_view(jobset, config);
     }
-    let (kept, ratcheted): (Vec<_>, Vec<_>) = std::mem::take(&mut out.violations)
-        .into_iter()
-        .partition(|v| replicated_job_index(&v.path).is_none_or(|i| !unchanged(i)));
-    out.violations = kept;
-    out.warnings.extend(ratcheted.into_iter().map(|v| {
-        format!(
-            "{}: {} (left as it was: this part of the JobSet is unchanged by the update)",
-            v.path, v.message
-        )
-    }));
-    out
+    validate_ratcheted(jobset, config, unchanged)
 }
 
-/// `spec.replicatedJobs[N]...` → N.
-fn replicated_job_index(path: &str) -> Option<usize> {
-    let rest = path.strip_prefix("spec.replicatedJobs[")?;
-    rest[..rest.find(']')?].parse().ok()
+/// `s` cut to at most [`MAX_MESSAGE_BYTES`] (at a character boundary, ending with "…").
+pub(crate) fn clip(mut s: String) -> String {
+    if s.len() > MAX_MESSAGE_BYTES {
+        let mut end = MAX_MESSAGE_BYTES - '…'.len_utf8();
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+        s.push('…');
+    }
+    s
 }
 
 fn violation(out: &mut Validation, path: String, message: impl Into<String>) {
+    if out.violations.len() >= MAX_VIOLATIONS {
+        out.more_violations += 1;
+        return;
+    }
     out.violations.push(Violation {
-        path,
-        message: message.into(),
+        path: clip(path),
+        message: clip(message.into()),
     });
+}
+
+/// How many replicatedJobs a grouped warning names (the first ones; the rest are counted).
+const MAX_GROUPED_JOBS: usize = 8;
+
+/// A warning said of several replicatedJobs: where it is in the warnings, its text after
+/// `spec.replicatedJobs[N]`, the first indices it applies to and how many in all.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct WarningGroup {
+    at: usize,
+    tail: String,
+    first: Vec<usize>,
+    count: usize,
+}
+
+/// `spec.replicatedJobs[N]rest` → (N, rest).
+fn split_job_index(message: &str) -> Option<(usize, &str)> {
+    let rest = message.strip_prefix("spec.replicatedJobs[")?;
+    let end = rest.find(']')?;
+    Some((rest[..end].parse().ok()?, &rest[end + 1..]))
+}
+
+/// Adds a warning; one that says of a replicatedJob what a kept one says of another is folded
+/// into it (`spec.replicatedJobs[0, 1, 2 and 5 more]...`).
+fn warning(out: &mut Validation, message: String) {
+    let Some((index, tail)) = split_job_index(&message) else {
+        return ungrouped_warning(out, message);
+    };
+    let tail = clip(tail.to_owned());
+    if let Some(group) = out.groups.iter_mut().find(|g| g.tail == tail) {
+        if group.first.len() < MAX_GROUPED_JOBS {
+            group.first.push(index);
+        }
+        group.count += 1;
+        return;
+    }
+    if out.warnings.len() >= MAX_WARNINGS {
+        out.more_warnings += 1;
+        return;
+    }
+    out.groups.push(WarningGroup {
+        at: out.warnings.len(),
+        tail,
+        first: vec![index],
+        count: 1,
+    });
+    // Written by `finish_groups`.
+    out.warnings.push(String::new());
+}
+
+fn ungrouped_warning(out: &mut Validation, message: String) {
+    if out.warnings.len() >= MAX_WARNINGS {
+        out.more_warnings += 1;
+        return;
+    }
+    out.warnings.push(clip(message));
+}
+
+/// Writes the grouped warnings.
+fn finish_groups(out: &mut Validation) {
+    for group in std::mem::take(&mut out.groups) {
+        let mut jobs = group
+            .first
+            .iter()
+            .map(usize::to_string)
+            .collect::<Vec<_>>()
+            .join(", ");
+        if group.count > group.first.len() {
+            jobs.push_str(&format!(" and {} more", group.count - group.first.len()));
+        }
+        if let Some(w) = out.warnings.get_mut(group.at) {
+            *w = format!("spec.replicatedJobs[{jobs}]{}", group.tail);
+        }
+    }
+}
+
+/// A field the rules need that is present with another JSON type: the webhook cannot read it,
+/// so it cannot say the JobSet is safe.
+fn unreadable_fields(prefix: &str, wrong: &[WrongType], out: &mut Validation) {
+    for w in wrong {
+        violation(
+            out,
+            format!("{prefix}.{}", w.key),
+            format!(
+                "must be {}, is {}: the webhook cannot read it, so it cannot judge the JobSet",
+                w.expected,
+                w.found.as_str()
+            ),
+        );
+    }
+}
+
+/// Elements of a list the rules need that are not of the list's type.
+fn unreadable_elements(path: &str, bad: &BadElements, out: &mut Validation) {
+    for (index, kind) in &bad.first {
+        violation(
+            out,
+            format!("{path}[{index}]"),
+            format!(
+                "must be an object, is {}: the webhook cannot read it, so it cannot judge the \
+                 JobSet",
+                kind.as_str()
+            ),
+        );
+    }
+    // Counted, not described: the elements past the first few.
+    out.more_violations += bad.count - bad.first.len();
+}
+
+/// Every part of a pod spec the rules read, readable.
+fn check_readable_pod(pod_prefix: &str, pod_spec: &PodSpec<'_>, out: &mut Validation) {
+    unreadable_fields(pod_prefix, &pod_spec.wrong, out);
+    for (key, list) in [
+        ("initContainers", &pod_spec.init_containers),
+        ("containers", &pod_spec.containers),
+    ] {
+        if let Some(list) = list {
+            unreadable_elements(&format!("{pod_prefix}.{key}"), &list.1, out);
+        }
+    }
+    for c in pod::all_containers(pod_spec) {
+        let path = container_path(pod_prefix, &c);
+        let v = c.view;
+        unreadable_fields(&path, &v.wrong, out);
+        if let Some(rules) = &v.restart_policy_rules {
+            unreadable_elements(&format!("{path}.restartPolicyRules"), &rules.1, out);
+            for (i, rule) in rules.0.iter().enumerate() {
+                let rule_path = format!("{path}.restartPolicyRules[{i}]");
+                unreadable_fields(&rule_path, &rule.wrong, out);
+                if let Some(codes) = &rule.exit_codes {
+                    unreadable_fields(&format!("{rule_path}.exitCodes"), &codes.wrong, out);
+                    if let Some(values) = &codes.values {
+                        for (index, kind) in &values.1.first {
+                            violation(
+                                out,
+                                format!("{rule_path}.exitCodes.values[{index}]"),
+                                format!("must be an integer, is {}", kind.as_str()),
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        if let Some(env) = &v.env {
+            for (index, kind) in &env.bad.first {
+                violation(
+                    out,
+                    format!("{path}.env[{index}]"),
+                    format!(
+                        "must be an object with a string name and value, has {}: the webhook \
+                         cannot read it",
+                        kind.as_str()
+                    ),
+                );
+            }
+        }
+        if let Some(probe) = &v.startup_probe {
+            unreadable_fields(&format!("{path}.startupProbe"), &probe.wrong, out);
+            if let Some(get) = &probe.http_get {
+                unreadable_fields(&format!("{path}.startupProbe.httpGet"), &get.wrong, out);
+            }
+        }
+        if let Some(ports) = &v.ports {
+            unreadable_elements(&format!("{path}.ports"), &ports.1, out);
+            for (i, port) in ports.0.iter().enumerate() {
+                unreadable_fields(&format!("{path}.ports[{i}]"), &port.wrong, out);
+            }
+        }
+    }
 }
 
 fn check_backoff_limit(prefix: &str, job_spec: &JobSpec<'_>, out: &mut Validation) {
@@ -218,10 +463,13 @@ fn check_restart_rules(pod_prefix: &str, pod_spec: &PodSpec<'_>, out: &mut Valid
 
 fn check_service_account(pod_prefix: &str, pod_spec: &PodSpec<'_>, out: &mut Validation) {
     if !pod_spec.names_service_account() {
-        out.warnings.push(format!(
-            "{pod_prefix}.serviceAccountName is not set: the agent runs as the namespace's \
+        warning(
+            out,
+            format!(
+                "{pod_prefix}.serviceAccountName is not set: the agent runs as the namespace's \
              default service account, which needs get/list/watch on jobsets and patch on pods"
-        ));
+            ),
+        );
     }
 }
 
@@ -483,10 +731,13 @@ fn check_barrier_probe(path: &str, c: &Container<'_>, out: &mut Validation) {
     let threshold = probe.and_then(|p| p.failure_threshold).unwrap_or(3);
     let seconds = period.saturating_mul(threshold);
     if seconds < SHORT_BARRIER_SECONDS {
-        out.warnings.push(format!(
-            "{path}.startupProbe: the kubelet gives up on the barrier after {seconds} s and \
+        warning(
+            out,
+            format!(
+                "{path}.startupProbe: the kubelet gives up on the barrier after {seconds} s and \
              restarts the pod; a group restart that waits for a rescheduled pod takes longer"
-        ));
+            ),
+        );
     }
 }
 
@@ -502,14 +753,17 @@ fn check_worker_rules(
             continue;
         }
         if !c.restart_rules().iter().any(pod::RestartRule::restarts_pod) {
-            out.warnings.push(format!(
-                "{} ({}): a crash of this container fails its pod, which is replaced before the \
+            warning(
+                out,
+                format!(
+                    "{} ({}): a crash of this container fails its pod, which is replaced before the \
                  group restarts; add restartPolicyRules [{{action: {}, exitCodes: {{operator: \
                  NotIn, values: [0]}}}}] to restart the pod in place at once",
-                container_path(pod_prefix, &c),
-                c.name(),
-                pod::RESTART_ALL_CONTAINERS
-            ));
+                    container_path(pod_prefix, &c),
+                    c.name(),
+                    pod::RESTART_ALL_CONTAINERS
+                ),
+            );
         }
     }
 }
@@ -716,6 +970,35 @@ mod tests {
         assert_eq!(v.warnings.len(), 1);
         assert!(
             v.warnings[0].contains("containers[0] (w)"),
+            "{:?}",
+            v.warnings
+        );
+    }
+
+    /// Issue 11: a warning said of many replicatedJobs is said once, naming the first of them.
+    #[test]
+    fn identical_warnings_are_said_once_with_their_replicated_jobs() {
+        let mut js =
+            jobset(json!({"initContainers": [agent(json!({}))], "containers": [worker()]}));
+        let job = js["spec"]["replicatedJobs"][0].clone();
+        js["spec"]["replicatedJobs"] = Value::Array(vec![job; 12]);
+        let v = validate(&js, &config());
+        assert!(v.violations.is_empty(), "{:?}", v.violations);
+        assert_eq!(v.warnings.len(), 1, "{:?}", v.warnings);
+        assert!(
+            v.warnings[0].starts_with(
+                "spec.replicatedJobs[0, 1, 2, 3, 4, 5, 6, 7 and 4 more].template.spec.template.spec.serviceAccountName is not set"
+            ),
+            "{:?}",
+            v.warnings
+        );
+        // One replicatedJob: as it was.
+        if let Some(jobs) = js["spec"]["replicatedJobs"].as_array_mut() {
+            jobs.truncate(1);
+        }
+        let v = validate(&js, &config());
+        assert!(
+            v.warnings[0].starts_with("spec.replicatedJobs[0].template"),
             "{:?}",
             v.warnings
         );

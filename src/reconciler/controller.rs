@@ -431,7 +431,7 @@ async fn provision_loop(shared: Arc<Shared>) {
         if shared.jobsets_synced.load(Ordering::Acquire) {
             let named = lock(&shared.index).service_accounts_by_namespace();
             let enabled = lock(&shared.enabled_namespaces).clone();
-            let desired = provision::desired_subjects(&named, &enabled, &settings.service_account);
+            let desired = provision::desired_subjects(&named, &enabled, &settings);
             // Namespaces that need nothing any more are forgotten (what was applied stays).
             applied.retain(|ns, _| desired.contains_key(ns));
             let mut failed = false;

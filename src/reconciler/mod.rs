@@ -226,6 +226,11 @@ impl Args {
                     .then(|| provision::ProvisionSettings {
                         service_account: self.agent_service_account.clone(),
                         cluster_role: self.agent_cluster_role.clone(),
+                        own_namespace: self
+                            .lease_namespace
+                            .clone()
+                            .or_else(|| env_nonempty("POD_NAMESPACE"))
+                            .unwrap_or_else(|| "jobset-inplace-system".to_owned()),
                     }),
                 request_timeout: self.request_timeout,
                 watch_timeout: self.watch_timeout,

@@ -1,8 +1,16 @@
 //! Service-account provisioning: every namespace with an InPlaceRestart JobSet (and every
 //! namespace labelled `jobset-inplace.dev/enabled=true`, ahead of time) gets the agent's
-//! ServiceAccount and a RoleBinding of the agent ClusterRole to it and to every service account
-//! an InPlaceRestart JobSet's pod template names instead. Written with server-side apply under
-//! one field manager, so it is idempotent and leaves fields others own alone.
+//! ServiceAccount and a RoleBinding of the agent ClusterRole to it, and to it only. Written with
+//! server-side apply under one field manager, so it is idempotent and leaves fields others own
+//! alone; the subjects list is the applier's, so a subject bound by an earlier version (a service
+//! account a JobSet named) is removed by the next apply.
+//!
+//! Only the agent's account is bound because only it is held by the agent
+//! ValidatingAdmissionPolicy to its own pod's epoch annotation (deploy/base/agent-policy.yaml):
+//! binding an account a JobSet author names would hand `patch pods` in the namespace to every
+//! pod that runs as it (issue 11; docs/security.md). A pod template that names its own account
+//! keeps it, and its owner grants it what its agent needs. The cluster's own namespaces and the
+//! project's namespace are never provisioned ([`is_protected`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -25,6 +33,16 @@ pub struct ProvisionSettings {
     pub service_account: String,
     /// The ClusterRole bound to it.
     pub cluster_role: String,
+    /// The project's own namespace (the reconciler's): never provisioned.
+    pub own_namespace: String,
+}
+
+/// The namespaces provisioning never writes to: the cluster's own, and the project's.
+pub const SYSTEM_NAMESPACES: [&str; 3] = ["kube-system", "kube-public", "kube-node-lease"];
+
+/// `namespace` is one provisioning leaves alone.
+pub fn is_protected(namespace: &str, settings: &ProvisionSettings) -> bool {
+    SYSTEM_NAMESPACES.contains(&namespace) || namespace == settings.own_namespace
 }
 
 impl Default for ProvisionSettings {
@@ -32,27 +50,31 @@ impl Default for ProvisionSettings {
         ProvisionSettings {
             service_account: crate::admission::config::DEFAULT_SERVICE_ACCOUNT.to_owned(),
             cluster_role: "jobset-inplace-agent".to_owned(),
+            own_namespace: "jobset-inplace-system".to_owned(),
         }
     }
 }
 
-/// The RoleBinding subjects each namespace needs: the agent's service account, plus every
-/// service account named by its InPlaceRestart JobSets. Pure.
+/// The RoleBinding subjects each namespace needs: the agent's service account, in every
+/// namespace with an InPlaceRestart JobSet (`named`: its namespaces, with the accounts their pod
+/// templates name, which are not bound) or labelled ahead of time (`enabled`), but the protected
+/// ones. Pure.
 pub fn desired_subjects(
     named: &BTreeMap<String, BTreeSet<Option<String>>>,
     enabled: &BTreeSet<String>,
-    agent: &str,
+    settings: &ProvisionSettings,
 ) -> BTreeMap<String, BTreeSet<String>> {
-    let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for ns in enabled {
-        out.entry(ns.clone()).or_default().insert(agent.to_owned());
-    }
-    for (ns, accounts) in named {
-        let subjects = out.entry(ns.clone()).or_default();
-        subjects.insert(agent.to_owned());
-        subjects.extend(accounts.iter().flatten().cloned());
-    }
-    out
+    enabled
+        .iter()
+        .chain(named.keys())
+        .filter(|ns| !is_protected(ns, settings))
+        .map(|ns| {
+            (
+                ns.clone(),
+                BTreeSet::from([settings.service_account.clone()]),
+            )
+        })
+        .collect()
 }
 
 fn labels() -> Value {
@@ -114,24 +136,36 @@ pub async fn apply(
 mod tests {
     use super::*;
 
+    /// Issue 11: a JobSet author cannot have the agent role bound to an account they name, nor
+    /// have anything written in the cluster's or the project's namespaces.
     #[test]
-    fn subjects_cover_the_agent_and_named_accounts() {
+    fn only_the_agent_is_bound_and_never_in_protected_namespaces() {
+        let settings = ProvisionSettings::default();
         let named = BTreeMap::from([
             (
                 "a".to_owned(),
                 BTreeSet::from([None, Some("trainer".to_owned())]),
             ),
-            ("b".to_owned(), BTreeSet::from([None])),
+            ("b".to_owned(), BTreeSet::from([Some("default".to_owned())])),
+            ("kube-system".to_owned(), BTreeSet::from([None])),
+            ("jobset-inplace-system".to_owned(), BTreeSet::from([None])),
         ]);
-        let enabled = BTreeSet::from(["c".to_owned(), "a".to_owned()]);
-        let out = desired_subjects(&named, &enabled, "agent");
-        assert_eq!(out.len(), 3);
+        let enabled = BTreeSet::from([
+            "c".to_owned(),
+            "a".to_owned(),
+            "kube-public".to_owned(),
+            "kube-node-lease".to_owned(),
+        ]);
+        let out = desired_subjects(&named, &enabled, &settings);
+        let agent = BTreeSet::from(["jobset-inplace-agent".to_owned()]);
         assert_eq!(
-            out["a"],
-            BTreeSet::from(["agent".to_owned(), "trainer".to_owned()])
+            out,
+            BTreeMap::from([
+                ("a".to_owned(), agent.clone()),
+                ("b".to_owned(), agent.clone()),
+                ("c".to_owned(), agent),
+            ])
         );
-        assert_eq!(out["b"], BTreeSet::from(["agent".to_owned()]));
-        assert_eq!(out["c"], BTreeSet::from(["agent".to_owned()]));
     }
 
     #[test]

@@ -30,13 +30,21 @@ use tower::ServiceExt as _;
 /// send a head within milliseconds of connecting; a slow-loris one is still at it.
 pub const EVICTABLE_AFTER: Duration = Duration::from_secs(1);
 
+/// Under the connection limit, a connection reading a request body is closed to make room once it
+/// has been at it for [`EVICTABLE_AFTER`] and has sent less than this many bytes per second on
+/// average: the API server sends a body at once; a client that trickles one holds a slot and a
+/// share of the body budget for nothing (issue 11).
+pub const MIN_BODY_BYTES_PER_SEC: u64 = 64 * 1024;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Phase {
     /// The TLS handshake.
     Handshake,
     /// Reading a request head (or waiting for the first one).
     Head,
-    /// A request is being answered (its body read, reviewed, answered).
+    /// Reading a request's body.
+    Body,
+    /// A request is being answered (its body read: reviewed, answered).
     Request,
     /// Between requests, on a keep-alive connection.
     Idle,
@@ -74,17 +82,18 @@ pub struct Timeouts {
 /// The phase of one connection and when it began.
 #[derive(Debug)]
 pub struct Activity {
-    state: Mutex<(Phase, Instant)>,
+    /// The phase, when it began, and the bytes read since.
+    state: Mutex<(Phase, Instant, u64)>,
 }
 
 impl Activity {
     pub fn new(phase: Phase) -> Arc<Self> {
         Arc::new(Activity {
-            state: Mutex::new((phase, Instant::now())),
+            state: Mutex::new((phase, Instant::now(), 0)),
         })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, (Phase, Instant)> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, (Phase, Instant, u64)> {
         match self.state.lock() {
             Ok(guard) => guard,
             Err(poisoned) => poisoned.into_inner(),
@@ -92,19 +101,21 @@ impl Activity {
     }
 
     pub fn get(&self) -> (Phase, Instant) {
-        *self.lock()
+        let (phase, since, _) = *self.lock();
+        (phase, since)
     }
 
     pub fn set(&self, phase: Phase) {
-        *self.lock() = (phase, Instant::now());
+        *self.lock() = (phase, Instant::now(), 0);
     }
 
-    /// Bytes arrived: an idle connection starts a request head.
-    fn bytes_read(&self) {
+    /// `n` bytes arrived: an idle connection starts a request head.
+    fn bytes_read(&self, n: usize) {
         let mut state = self.lock();
         if state.0 == Phase::Idle {
-            *state = (Phase::Head, Instant::now());
+            *state = (Phase::Head, Instant::now(), 0);
         }
+        state.2 = state.2.saturating_add(n as u64);
     }
 
     /// When to look at the connection next: its phase's deadline, but no later than one header
@@ -129,22 +140,27 @@ impl Activity {
             Phase::Handshake => Some((since + timeouts.handshake, Cut::HeaderTimeout)),
             Phase::Head => Some((since + timeouts.header_read, Cut::HeaderTimeout)),
             Phase::Idle => Some((since + timeouts.idle, Cut::IdleTimeout)),
-            Phase::Request => None,
+            Phase::Body | Phase::Request => None,
         }
     }
 
-    /// Whether the connection may be closed to make room for a new one: idle, or stuck in its
-    /// handshake or a request head for [`EVICTABLE_AFTER`].
+    /// Whether the connection may be closed to make room for a new one: idle, stuck in its
+    /// handshake or a request head for [`EVICTABLE_AFTER`], or reading a body slower than
+    /// [`MIN_BODY_BYTES_PER_SEC`] for as long.
     pub fn evictable(&self) -> bool {
         self.evictable_at(Instant::now())
     }
 
     fn evictable_at(&self, now: Instant) -> bool {
-        let (phase, since) = self.get();
+        let (phase, since, bytes) = *self.lock();
+        let age = now.saturating_duration_since(since);
         match phase {
             Phase::Idle => true,
-            Phase::Handshake | Phase::Head => {
-                now.saturating_duration_since(since) >= EVICTABLE_AFTER
+            Phase::Handshake | Phase::Head => age >= EVICTABLE_AFTER,
+            Phase::Body => {
+                age >= EVICTABLE_AFTER
+                    && u128::from(bytes) * 1000
+                        < u128::from(MIN_BODY_BYTES_PER_SEC) * age.as_millis()
             }
             Phase::Request => false,
         }
@@ -172,8 +188,9 @@ impl<I: AsyncRead + Unpin> AsyncRead for Watched<I> {
     ) -> Poll<std::io::Result<()>> {
         let before = buf.filled().len();
         let result = Pin::new(&mut self.inner).poll_read(cx, buf);
-        if matches!(result, Poll::Ready(Ok(()))) && buf.filled().len() > before {
-            self.activity.bytes_read();
+        let read = buf.filled().len() - before;
+        if matches!(result, Poll::Ready(Ok(()))) && read > 0 {
+            self.activity.bytes_read(read);
         }
         result
     }
@@ -228,6 +245,18 @@ impl Tracked {
     }
 }
 
+/// In a request's extensions: the handler that reads the body says when it has all of it
+/// ([`BodyProgress::done`]), and the connection is no longer judged by its body rate.
+#[derive(Clone, Debug)]
+pub struct BodyProgress(Arc<Activity>);
+
+impl BodyProgress {
+    /// The body is read: the request is being answered.
+    pub fn done(&self) {
+        self.0.set(Phase::Request);
+    }
+}
+
 /// Marks the request phase; idle again when dropped (answered, or abandoned with the
 /// connection).
 struct InRequest(Arc<Activity>);
@@ -243,8 +272,11 @@ impl hyper::service::Service<hyper::Request<Incoming>> for Tracked {
     type Error = Infallible;
     type Future = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
 
-    fn call(&self, request: hyper::Request<Incoming>) -> Self::Future {
-        self.activity.set(Phase::Request);
+    fn call(&self, mut request: hyper::Request<Incoming>) -> Self::Future {
+        self.activity.set(Phase::Body);
+        request
+            .extensions_mut()
+            .insert(BodyProgress(self.activity.clone()));
         let in_request = InRequest(self.activity.clone());
         let router = self.router.clone();
         let draining = self.draining.clone();
@@ -303,6 +335,12 @@ mod tests {
             !activity.evictable_at(head + Duration::from_secs(3600)),
             "never while answering"
         );
+        activity.set(Phase::Request);
+        let answering = activity.get().1;
+        assert!(
+            !activity.evictable_at(answering + Duration::from_secs(3600)),
+            "never while answering"
+        );
 
         activity.set(Phase::Idle);
         let idle_since = activity.get().1;
@@ -312,7 +350,7 @@ mod tests {
             Some((idle_since + Duration::from_secs(3), Cut::IdleTimeout))
         );
         // A byte of a new request: a head, with the header timeout from then.
-        activity.bytes_read();
+        activity.bytes_read(1);
         let (phase, since) = activity.get();
         assert_eq!(phase, Phase::Head);
         assert!(since >= idle_since);
@@ -322,8 +360,38 @@ mod tests {
         );
         // Further bytes of the same head do not move its deadline.
         std::thread::sleep(Duration::from_millis(5));
-        activity.bytes_read();
+        activity.bytes_read(1);
         assert_eq!(activity.get(), (Phase::Head, since));
+    }
+
+    /// Issue 11: a body sent slowly holds its slot only until the limit is reached.
+    #[test]
+    fn a_slow_body_is_evictable_a_fast_one_and_an_answer_are_not() {
+        let activity = Activity::new(Phase::Body);
+        let start = activity.get().1;
+        assert!(!activity.evictable_at(start), "a fresh body");
+        activity.bytes_read(1);
+        assert!(
+            activity.evictable_at(start + EVICTABLE_AFTER),
+            "a byte in a second"
+        );
+        activity.set(Phase::Body);
+        let start = activity.get().1;
+        activity.bytes_read(MIN_BODY_BYTES_PER_SEC as usize * 2);
+        assert!(
+            !activity.evictable_at(start + EVICTABLE_AFTER),
+            "a body arriving at speed"
+        );
+        assert!(
+            activity.evictable_at(start + 3 * EVICTABLE_AFTER),
+            "then stalled"
+        );
+        assert_eq!(activity.deadline(&timeouts()), None, "its own read timeout");
+        // Read whole: answered, never evicted however long the review takes.
+        BodyProgress(activity.clone()).done();
+        let (phase, since) = activity.get();
+        assert_eq!(phase, Phase::Request);
+        assert!(!activity.evictable_at(since + Duration::from_secs(3600)));
     }
 
     #[test]
@@ -336,7 +404,7 @@ mod tests {
         assert_eq!(wake, looked + t.header_read);
         assert_eq!(activity.expired(&t, wake), None);
         // A head began after the last look: its deadline is no earlier than the wake-up.
-        activity.bytes_read();
+        activity.bytes_read(1);
         let (_, head) = activity.get();
         assert!(head + t.header_read >= wake);
         assert_eq!(activity.next_check(&t, wake), head + t.header_read);

@@ -121,7 +121,7 @@ impl Handlers {
     /// the returned body is dropped). `Err` is the answer to send (413, 408, 429 or 400).
     pub async fn read_body(&self, request: Request) -> Result<ReadBody, Response> {
         let (parts, body) = request.into_parts();
-        read_body(
+        let read = read_body(
             &parts.headers,
             body,
             admission::MAX_BODY_BYTES,
@@ -129,7 +129,9 @@ impl Handlers {
             self.body_read_timeout,
         )
         .await
-        .map_err(|reply| json_response(reply.http_status, reply.body))
+        .map_err(|reply| json_response(reply.http_status, reply.body));
+        body_done(&parts);
+        read
     }
 }
 
@@ -340,6 +342,14 @@ async fn read_body(
     })
 }
 
+/// The body of the request is read (or given up on): the connection is answering now, no longer
+/// judged by the rate it sends at.
+fn body_done(parts: &axum::http::request::Parts) {
+    if let Some(progress) = parts.extensions.get::<super::conn::BodyProgress>() {
+        progress.done();
+    }
+}
+
 async fn answer(state: &Handlers, endpoint: Endpoint, request: Request) -> Reply {
     let (parts, body) = request.into_parts();
     if !is_json_content_type(&parts.headers) {
@@ -354,15 +364,16 @@ async fn answer(state: &Handlers, endpoint: Endpoint, request: Request) -> Reply
             &format!("the content type must be application/json, not {got}"),
         );
     }
-    let body = match read_body(
+    let read = read_body(
         &parts.headers,
         body,
         admission::MAX_BODY_BYTES,
         &state.body_budget,
         state.body_read_timeout,
     )
-    .await
-    {
+    .await;
+    body_done(&parts);
+    let body = match read {
         Ok(body) => body,
         Err(reply) => return reply,
     };
