@@ -3,7 +3,7 @@
 
 use std::future::Future;
 use std::process::Output;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use jobset_inplace::certs;
 use jobset_inplace_testkit::apiserver::TestApiServer;
@@ -151,29 +151,9 @@ async fn status_lists_the_pods_the_group_waits_for_first() {
 }
 
 fn rfc3339(at: SystemTime) -> String {
-    let ts = jiff_like(at.duration_since(UNIX_EPOCH).expect("after 1970").as_secs());
-    format!("{ts}.000000Z")
-}
-
-/// `YYYY-MM-DDTHH:MM:SS` for seconds since 1970 (UTC).
-fn jiff_like(secs: u64) -> String {
-    let days = i64::try_from(secs / 86_400).expect("fits");
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    let rem = secs % 86_400;
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}",
-        rem / 3600,
-        rem / 60 % 60,
-        rem % 60
-    )
+    k8s_openapi::jiff::Timestamp::try_from(at)
+        .expect("representable")
+        .to_string()
 }
 
 /// An installation as the self-signed variant leaves it: a healthy one passes every check; each

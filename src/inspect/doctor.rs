@@ -280,23 +280,12 @@ pub fn check_expiry(
     }
 }
 
-/// `2027-11-26` (UTC) for a time; the days since 1970 turned into a civil date.
+/// `2027-11-26` (UTC) for a time.
 fn humantime_date(at: SystemTime) -> String {
-    let days = at
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs() / 86_400)
-        .unwrap_or(0);
-    // Howard Hinnant's civil-from-days algorithm.
-    let z = i64::try_from(days).unwrap_or(0) + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!("{year:04}-{month:02}-{day:02}")
+    match k8s_openapi::jiff::Timestamp::try_from(at) {
+        Ok(ts) => ts.strftime("%Y-%m-%d").to_string(),
+        Err(_) => "an unrepresentable date".to_owned(),
+    }
 }
 
 /// The CRD has the dialect's two status fields.
@@ -699,14 +688,10 @@ mod tests {
     }
 
     fn humantime_rfc3339(secs: u64) -> String {
-        let date = humantime_date(UNIX_EPOCH + Duration::from_secs(secs));
-        let rem = secs % 86_400;
-        format!(
-            "{date}T{:02}:{:02}:{:02}.000000Z",
-            rem / 3600,
-            rem / 60 % 60,
-            rem % 60
-        )
+        let at = UNIX_EPOCH + Duration::from_secs(secs);
+        k8s_openapi::jiff::Timestamp::try_from(at)
+            .expect("representable")
+            .to_string()
     }
 
     #[test]
