@@ -1863,6 +1863,11 @@ async fn the_reconcilers_rbac_grants_every_request_it_makes_and_no_more() {
         })
         .await;
         until("events", || !server.list("events.events.k8s.io", Some("team-a")).is_empty()).await;
+        // team-b no longer asks for the agent's account: its binding goes.
+        server
+            .patch("namespaces", "", "team-b", &json!({"metadata": {"labels": {"jobset-inplace.dev/enabled": null}}}))
+            .expect("unlabel");
+        until("binding removed", || server.get("rolebindings", "team-b", "jobset-inplace-agent").is_none()).await;
         let _ = stop.send(());
         match tokio::time::timeout(Duration::from_secs(20), task).await {
             Ok(Ok(result)) => result.expect("the reconciler ran"),

@@ -1009,6 +1009,28 @@ async fn provisions_the_agent_service_account_and_binding() {
         assert_eq!(rv("serviceaccounts"), sa_rv, "idempotent");
         assert_eq!(rv("rolebindings"), rb_rv, "idempotent");
         assert_eq!(binding(NS).expect("binding")["metadata"]["labels"]["team"], "a");
+
+        // A JobSet created later in a new namespace is provisioned at once (not at the next
+        // resync).
+        let mut later = jobset("later", &[(1, 1)], 10);
+        later["metadata"]["namespace"] = json!("team-b");
+        w.server.create("jobsets", later).expect("later jobset");
+        w.until("team-b provisioned", |_| subjects("team-b") == ["jobset-inplace-agent"]).await;
+
+        // No JobSet needs team-b's binding any more, but its pod still runs: kept. Once the pod
+        // is gone too: removed (the ServiceAccount stays, without rights).
+        let mut p = pod("later", "later-0");
+        p["metadata"]["namespace"] = json!("team-b");
+        w.server.create("pods", p).expect("pod");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        w.server.delete("jobsets", "team-b", "later").expect("delete jobset");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(binding("team-b").is_some(), "kept while a pod of the JobSet is there");
+        w.server.delete("pods", "team-b", "later-0").expect("delete pod");
+        w.until("team-b's binding removed", |_| binding("team-b").is_none()).await;
+        assert!(w.server.get("serviceaccounts", "team-b", "jobset-inplace-agent").is_some());
+        // Those still needed stay.
+        assert!(binding(NS).is_some() && binding("ahead").is_some());
         r.stop().await.expect("stops");
     })
     .await;

@@ -324,6 +324,10 @@ async fn watch_jobsets(shared: Arc<Shared>) {
                 .jobsets_tracked
                 .set(index.jobset_count() as i64);
         }
+        if !changed.is_empty() || !gone.is_empty() {
+            // A new namespace may need the agent's account, or an old one no longer.
+            shared.provision_wake.notify_one();
+        }
         for key in &gone {
             forget(&shared, key);
         }
@@ -354,6 +358,8 @@ async fn watch_pods(shared: Arc<Shared>) {
                     if let (Some(ns), Some(name)) = (&pod.metadata.namespace, &pod.metadata.name) {
                         changed.extend(index.delete_pod(ns, name));
                     }
+                    // The last pod of a namespace may free its role binding.
+                    shared.provision_wake.notify_one();
                 }
                 Ok(Event::InitDone) => {
                     changed.extend(index.pods_relisted());
@@ -409,13 +415,17 @@ async fn watch_namespaces(shared: Arc<Shared>) {
 }
 
 /// Keeps every namespace's agent ServiceAccount and RoleBinding as the JobSets need them. Runs
-/// on the leader, once the JobSet cache is complete (a partial view would drop subjects). What is
-/// no longer needed is left in place: a binding removed under a running pod would strand it.
+/// on the leader, once the JobSet cache is complete (a partial view would drop subjects). A
+/// binding no longer needed is removed once no pod of a JobSet is left in its namespace (one
+/// removed under a running pod would strand its agent); the ServiceAccount stays.
 async fn provision_loop(shared: Arc<Shared>) {
     let Some(settings) = shared.settings.provision.clone() else {
         return;
     };
     let mut applied: HashMap<String, std::collections::BTreeSet<String>> = HashMap::new();
+    // The namespaces holding a binding of ours, as listed at each full pass (`None` until a
+    // list succeeded) and kept up to date by what this loop applies and removes.
+    let mut provisioned: Option<std::collections::BTreeSet<String>> = None;
     let mut leader = shared.leader.clone();
     let mut last_full_pass = Instant::now();
     loop {
@@ -426,14 +436,51 @@ async fn provision_loop(shared: Arc<Shared>) {
         // it), so a deleted ServiceAccount or RoleBinding comes back.
         if last_full_pass.elapsed() > PROVISION_RESYNC {
             applied.clear();
+            provisioned = None;
             last_full_pass = Instant::now();
+        }
+        if provisioned.is_none() {
+            match bounded(
+                &shared,
+                "provision_list",
+                provision::list_provisioned(&shared.client),
+            )
+            .await
+            {
+                Ok(namespaces) => provisioned = Some(namespaces),
+                Err(e) => {
+                    tracing::warn!(error = ?e, "cannot list the agent's role bindings; retrying")
+                }
+            }
         }
         if shared.jobsets_synced.load(Ordering::Acquire) {
             let named = lock(&shared.index).service_accounts_by_namespace();
             let enabled = lock(&shared.enabled_namespaces).clone();
             let desired = provision::desired_subjects(&named, &enabled, &settings);
-            // Namespaces that need nothing any more are forgotten (what was applied stays).
             applied.retain(|ns, _| desired.contains_key(ns));
+            // Bindings no JobSet needs any longer go, once no pod of a JobSet is left in their
+            // namespace (judged on a complete pod cache only).
+            if shared.pods_synced.load(Ordering::Acquire)
+                && let Some(known) = provisioned.as_mut()
+            {
+                let with_pods = lock(&shared.index).namespaces_with_pods();
+                let stale: Vec<String> = provision::stale(known, &desired, &with_pods)
+                    .into_iter()
+                    .map(str::to_owned)
+                    .collect();
+                for namespace in stale {
+                    let remove = provision::remove(&shared.client, &namespace);
+                    match bounded(&shared, "provision_remove", remove).await {
+                        Ok(()) => {
+                            tracing::info!(namespace = %namespace, "agent role binding removed: no JobSet needs it");
+                            known.remove(&namespace);
+                        }
+                        Err(e) => {
+                            tracing::warn!(namespace = %namespace, error = ?e, "cannot remove the agent's role binding; retrying")
+                        }
+                    }
+                }
+            }
             let mut failed = false;
             for (namespace, subjects) in desired {
                 if applied.get(&namespace) == Some(&subjects) {
@@ -443,6 +490,9 @@ async fn provision_loop(shared: Arc<Shared>) {
                 match bounded(&shared, "provision_apply", apply).await {
                     Ok(()) => {
                         tracing::info!(namespace = %namespace, subjects = ?subjects, "agent service account and role binding applied");
+                        if let Some(p) = provisioned.as_mut() {
+                            p.insert(namespace.clone());
+                        }
                         applied.insert(namespace, subjects);
                     }
                     Err(e) => {

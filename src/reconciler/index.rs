@@ -344,6 +344,11 @@ impl Index {
 
     /// Per namespace, the service accounts named by its InPlaceRestart JobSets (`None`: a pod
     /// template that names none).
+    /// The namespaces with at least one pod of a JobSet in the index.
+    pub fn namespaces_with_pods(&self) -> std::collections::HashSet<String> {
+        self.pod_owner.keys().map(|(ns, _)| ns.clone()).collect()
+    }
+
     pub fn service_accounts_by_namespace(
         &self,
     ) -> std::collections::BTreeMap<String, std::collections::BTreeSet<Option<String>>> {

@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::RoleBinding;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use serde_json::{Value, json};
 
 /// Label that asks for the agent's service account ahead of any JobSet.
@@ -132,9 +132,64 @@ pub async fn apply(
     Ok(())
 }
 
+/// The label selector of the RoleBindings this reconciler applies.
+const MANAGED: &str =
+    "app.kubernetes.io/managed-by=jobset-inplace,app.kubernetes.io/name=jobset-inplace-agent";
+
+/// The namespaces that hold a RoleBinding this reconciler applied (by its labels and name).
+pub async fn list_provisioned(client: &kube::Client) -> Result<BTreeSet<String>, kube::Error> {
+    let bindings = Api::<RoleBinding>::all(client.clone())
+        .list(&ListParams::default().labels(MANAGED))
+        .await?;
+    Ok(bindings
+        .items
+        .into_iter()
+        .filter(|b| b.metadata.name.as_deref() == Some(ROLE_BINDING))
+        .filter_map(|b| b.metadata.namespace)
+        .collect())
+}
+
+/// The namespaces whose RoleBinding no JobSet needs any longer: provisioned, not desired, and
+/// with no pod of a JobSet left (a pod still running may be an agent that needs its rights; it
+/// goes with its JobSet, and the binding after it). Pure.
+pub fn stale<'a>(
+    provisioned: &'a BTreeSet<String>,
+    desired: &BTreeMap<String, BTreeSet<String>>,
+    with_pods: &std::collections::HashSet<String>,
+) -> Vec<&'a str> {
+    provisioned
+        .iter()
+        .filter(|ns| !desired.contains_key(*ns) && !with_pods.contains(*ns))
+        .map(String::as_str)
+        .collect()
+}
+
+/// Removes the agent's RoleBinding of one namespace (already gone is fine). The ServiceAccount
+/// stays: without the binding it has no rights, and a pod that names it still starts.
+pub async fn remove(client: &kube::Client, namespace: &str) -> Result<(), kube::Error> {
+    match Api::<RoleBinding>::namespaced(client.clone(), namespace)
+        .delete(ROLE_BINDING, &DeleteParams::default())
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stale_bindings_are_those_no_jobset_and_no_pod_needs() {
+        let provisioned: BTreeSet<String> =
+            ["a", "b", "c"].into_iter().map(str::to_owned).collect();
+        let desired = BTreeMap::from([("a".to_owned(), BTreeSet::new())]);
+        let with_pods = std::collections::HashSet::from(["b".to_owned()]);
+        assert_eq!(stale(&provisioned, &desired, &with_pods), ["c"]);
+        assert!(stale(&BTreeSet::new(), &desired, &with_pods).is_empty());
+    }
 
     /// Issue 11: a JobSet author cannot have the agent role bound to an account they name, nor
     /// have anything written in the cluster's or the project's namespaces.
