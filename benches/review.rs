@@ -61,7 +61,17 @@ fn mutated_body(body: &[u8], config: &InjectionConfig) -> Option<Vec<u8>> {
 fn main() {
     let batches: usize = webhook_harness::env_or("JOBSET_INPLACE_BENCH_BATCHES", 30);
     let fixtures = fixtures::fixture_requests();
-    let Some(largest) = fixtures.iter().max_by_key(|f| f.body.len()) else {
+    // The largest request a user sends, not the hostile inputs kept to test bounded work
+    // (`hostile-*`, answered with a short denial); JOBSET_INPLACE_BENCH_FIXTURE names another.
+    let wanted = std::env::var("JOBSET_INPLACE_BENCH_FIXTURE").ok();
+    let Some(largest) = fixtures
+        .iter()
+        .filter(|f| match &wanted {
+            Some(name) => &f.name == name,
+            None => !f.name.starts_with("hostile-"),
+        })
+        .max_by_key(|f| f.body.len())
+    else {
         println!("no fixtures");
         return;
     };
