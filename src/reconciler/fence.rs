@@ -44,10 +44,12 @@ pub fn write_deadline(
     }
 }
 
-/// The margin and the period of the reads for a lease renewed `grace` before it expires: half
-/// the grace, and a quarter of it (at least 100 ms).
+/// The margin and the period of the reads for a lease renewed `grace` before it expires: a
+/// quarter of the grace, and an eighth of it (at least 50 ms). A renewal is due `grace` before
+/// expiry and seen within a period of it, so a healthy leader keeps 5/8 of the grace in hand
+/// (3 s of the default 5) before its deadline, however busy its machine.
 pub fn timing(grace: Duration) -> (Duration, Duration) {
-    (grace / 2, (grace / 4).max(Duration::from_millis(100)))
+    (grace / 4, (grace / 8).max(Duration::from_millis(50)))
 }
 
 /// What a read lease says about `identity`.
@@ -131,11 +133,8 @@ mod tests {
             write_deadline(wall + s(5), wall, now, s(15), s(2)),
             now + s(13)
         );
-        assert_eq!(
-            timing(s(5)),
-            (Duration::from_millis(2500), Duration::from_millis(1250))
-        );
-        assert_eq!(timing(Duration::ZERO).1, Duration::from_millis(100));
+        assert_eq!(timing(s(4)), (s(1), Duration::from_millis(500)));
+        assert_eq!(timing(Duration::ZERO).1, Duration::from_millis(50));
     }
 
     #[test]
