@@ -1,4 +1,4 @@
-//! Bounded work per request (issue 11, docs/security.md): for every AdmissionReview body up to the
+//! Bounded work per request (docs/security.md): for every AdmissionReview body up to the
 //! API server's 3 MiB, one review answers at most 1 MiB, allocates at most 64 MiB at its peak and
 //! takes at most 1 s (release build). The worst inputs known are built here, at 3 MiB, and the
 //! smaller ones kept as fixtures (`fixtures/admission/hostile-*`).
@@ -101,7 +101,7 @@ fn cases(only: Option<&str>) -> Vec<(String, Vec<u8>)> {
 type Make<'a> = &'a dyn Fn() -> Vec<u8>;
 
 fn add_cases(add: &dyn Fn(&str, Make<'_>)) {
-    // Issue 11's first input, at the size limit: `replicatedJobs: [0, 0, ...]`.
+    // The first hostile input found, at the size limit: `replicatedJobs: [0, 0, ...]`.
     add("zeros", &|| filled(MAX_BODY, &json!(0), jobs));
     add("empty objects", &|| filled(MAX_BODY, &json!({}), jobs));
     // 8,500 small well-formed replicatedJobs (1.9 MB), then as many as 3 MiB holds.

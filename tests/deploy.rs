@@ -156,27 +156,17 @@ fn kustomization_dir() -> tempfile::TempDir {
     tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir")
 }
 
-/// `to` relative to the directory `from` (kustomize takes no absolute paths).
-fn relative(from: &Path, to: &Path) -> PathBuf {
-    let from: Vec<_> = from.components().collect();
-    let to: Vec<_> = to.components().collect();
-    let common = from.iter().zip(&to).take_while(|(a, b)| a == b).count();
-    let mut out = PathBuf::new();
-    for _ in common..from.len() {
-        out.push("..");
-    }
-    for c in &to[common..] {
-        out.push(c);
-    }
-    out
-}
-
 /// A kustomization that lists `deploy/<path>` entries: `{deploy}` in `template` is replaced by
 /// the path of `deploy/` relative to where it is written.
 fn write_kustomization(dir: &Path, template: &str, files: &[(&str, &str)]) {
     let deploy = std::fs::canonicalize(deploy_dir()).expect("deploy/");
     let here = std::fs::canonicalize(dir).expect("dir");
-    let text = template.replace("{deploy}", &relative(&here, &deploy).display().to_string());
+    let text = template.replace(
+        "{deploy}",
+        &fixtures::relative_path(&here, &deploy)
+            .display()
+            .to_string(),
+    );
     std::fs::write(dir.join("kustomization.yaml"), text).expect("write");
     for (name, text) in files {
         std::fs::write(dir.join(name), text).expect("write");
@@ -1508,7 +1498,7 @@ fn check_agent_policy(what: &str, policy: &Value, dialect: Dialect) {
         &at(Some("3")),
         &at(Some("2")),
     );
-    // Issue 11: the agent and reconciler read int32; a larger value would be retried forever.
+    // The agent and reconciler read int32; a larger value would be retried forever.
     for bad in [
         "",
         "-1",
@@ -2229,7 +2219,7 @@ fn cert_manager_issues_the_secret_the_webhook_mounts() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Issue 11: the self-signed webhook's rights narrowed to the caBundle; the NetworkPolicy
+// The self-signed webhook's rights narrowed to the caBundle; the NetworkPolicy
 // component.
 // ---------------------------------------------------------------------------------------------
 

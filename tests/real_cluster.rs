@@ -278,28 +278,15 @@ fn epoch_dialect(overlay: &str) -> bool {
     .contains("components/epoch-status-fields")
 }
 
-/// `to` relative to the directory `from` (kustomize takes no absolute paths).
-fn relative(from: &Path, to: &Path) -> PathBuf {
-    let from: Vec<_> = from.components().collect();
-    let to: Vec<_> = to.components().collect();
-    let common = from.iter().zip(&to).take_while(|(a, b)| a == b).count();
-    let mut out = PathBuf::new();
-    for _ in common..from.len() {
-        out.push("..");
-    }
-    for c in &to[common..] {
-        out.push(c);
-    }
-    out
-}
-
 /// What deploy/README.md installs for an overlay: the released JobSet CRD and the overlay (plus
 /// the CRD component for the epoch dialect), rendered by `kubectl kustomize`.
 async fn render_install(overlay: &str) -> Vec<Value> {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
     let deploy = std::fs::canonicalize(manifest_dir().join("deploy")).expect("deploy/");
     let here = std::fs::canonicalize(dir.path()).expect("tempdir");
-    let deploy = relative(&here, &deploy).display().to_string();
+    let deploy = jobset_inplace_testkit::fixtures::relative_path(&here, &deploy)
+        .display()
+        .to_string();
     let crd = std::fs::read_to_string(
         manifest_dir().join("fixtures/jobset-v0.12/jobset.x-k8s.io_jobsets.yaml"),
     )

@@ -976,7 +976,7 @@ async fn provisions_the_agent_service_account_and_binding() {
                 .filter_map(|s| s["name"].as_str().map(str::to_owned))
                 .collect()
         };
-        // Issue 11: the account the JobSet names is not bound (only the agent's account is held
+        // The account the JobSet names is not bound (only the agent's account is held
         // to its own pod's epoch annotation); nothing is written in the cluster's namespaces.
         w.until("team-a provisioned", |_| subjects(NS) == ["jobset-inplace-agent"]).await;
         w.until("labelled namespace provisioned", |_| subjects("ahead") == ["jobset-inplace-agent"]).await;

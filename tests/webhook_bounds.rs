@@ -1,4 +1,4 @@
-//! Bounded work per request over TLS (issue 11): the webhook binary, as deployed (its own
+//! Bounded work per request over TLS (docs/security.md): the webhook binary, as deployed (its own
 //! process), answers four hostile 3 MiB reviews at once, again and again, with answers of at most
 //! 1 MiB each, and its peak resident set (`VmHWM`) stays under 200 MiB (before: four 1.9 MB
 //! requests took it to 271 MiB, over the deployed 256Mi limit). `tests/admission_bounds.rs`
@@ -39,17 +39,6 @@ fn filled(item: &Value, containers: bool) -> Vec<u8> {
     let n = (MAX_BODY - frame.len()) / (item.len() + 1);
     let items = vec![item.as_str(); n].join(",");
     frame.replace("\"__items__\"", &items).into_bytes()
-}
-
-fn hwm_kib(pid: i32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmHWM:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        })
-        .unwrap_or(0)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -100,7 +89,7 @@ async fn four_hostile_reviews_at_once_stay_bounded_over_tls() {
                 assert_eq!(answer["response"]["allowed"], false, "{name} {path}: {answer}");
             }
         }
-        let peak = hwm_kib(replica.pid());
+        let peak = replica.peak_rss_kib().unwrap_or(0);
         eprintln!(
             "webhook under four hostile 3 MiB reviews at once, 3 rounds: RSS at start {:.1} MiB, peak {:.1} MiB",
             start_kib as f64 / 1024.0,

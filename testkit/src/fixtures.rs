@@ -15,6 +15,21 @@ pub fn manifest_dir() -> PathBuf {
     testkit.parent().unwrap_or(testkit).to_path_buf()
 }
 
+/// `to` relative to the directory `from` (kustomize takes no absolute paths); both absolute.
+pub fn relative_path(from: &Path, to: &Path) -> PathBuf {
+    let from: Vec<_> = from.components().collect();
+    let to: Vec<_> = to.components().collect();
+    let common = from.iter().zip(&to).take_while(|(a, b)| a == b).count();
+    let mut out = PathBuf::new();
+    for _ in common..from.len() {
+        out.push("..");
+    }
+    for c in &to[common..] {
+        out.push(c);
+    }
+    out
+}
+
 /// `fixtures/jobset-v0.12/`: see its ORIGIN.md.
 pub fn reference_dir() -> PathBuf {
     manifest_dir().join("fixtures/jobset-v0.12")

@@ -479,16 +479,26 @@ impl Replica {
 
     /// VmRSS of the process, in KiB (Linux).
     pub fn rss_kib(&self) -> Option<u64> {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).ok()?;
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))?
-            .trim()
-            .trim_end_matches("kB")
-            .trim()
-            .parse()
-            .ok()
+        proc_status_kib(self.pid(), "VmRSS")
     }
+
+    /// VmHWM (peak resident set) of the process, in KiB (Linux).
+    pub fn peak_rss_kib(&self) -> Option<u64> {
+        proc_status_kib(self.pid(), "VmHWM")
+    }
+}
+
+/// A `kB` field of `/proc/<pid>/status` (`VmRSS`, `VmHWM`, ...).
+fn proc_status_kib(pid: i32, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()
 }
 
 /// A bench setting from the environment, else `default` (also when it does not parse).
