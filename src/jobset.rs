@@ -14,7 +14,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::protocol::{DISABLE_ANNOTATION, Dialect, EpochStatus, IN_PLACE_RESTART};
+use crate::protocol::{AgentView, DISABLE_ANNOTATION, Dialect, EpochStatus, IN_PLACE_RESTART};
 
 pub const GROUP: &str = "jobset.x-k8s.io";
 pub const VERSION: &str = "v1alpha2";
@@ -222,6 +222,15 @@ impl JobSetSummary {
     /// The dialect's epoch fields of the status.
     pub fn epoch_status(&self, dialect: Dialect) -> EpochStatus {
         dialect.read_status(self.status.as_ref())
+    }
+
+    /// What an agent decides on ([`crate::protocol::agent_decide`]).
+    pub fn agent_view(&self, dialect: Dialect) -> AgentView {
+        AgentView {
+            in_place_restart: self.is_in_place_restart(),
+            disabled: self.is_in_place_restart_disabled(),
+            status: self.epoch_status(dialect),
+        }
     }
 }
 

@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 use jobset_inplace::agent::{self, AgentConfig, AgentExit, BarrierState, Mode, WorkerExit};
 use jobset_inplace::protocol::Restart;
 use jobset_inplace::protocol::{DISABLE_ANNOTATION, Dialect, JOBSET_NAME_LABEL};
-use jobset_inplace_testkit::apiserver::{TestApiServer, Verb};
+use jobset_inplace::wire::epochs::{self, Epochs};
+use jobset_inplace_testkit::apiserver::{Options, TestApiServer, Verb, default_resources};
 use jobset_inplace_testkit::kubelet::{barrier_port, http_get};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -46,10 +47,48 @@ fn annotation(server: &TestApiServer, dialect: Dialect, pod: &str) -> Option<Str
         .map(str::to_owned)
 }
 
+/// Moves the JobSet's status, and publishes its epochs as the reconciler would.
 fn set_status(server: &TestApiServer, status: Value) {
     server
         .patch("jobsets", NS, "js", &json!({ "status": status }))
         .expect("jobset status");
+    publish(server);
+}
+
+/// Creates the JobSet and, as the reconciler does once it sees it, its JobSetEpoch object.
+fn create_jobset(server: &TestApiServer, js: Value) {
+    server.create("jobsets", js).expect("jobset");
+    publish(server);
+}
+
+/// What the reconciler's publication writes: the JobSet's epochs (whichever dialect its status
+/// uses) in its JobSetEpoch object.
+fn publish(server: &TestApiServer) {
+    let js = server.get("jobsets", NS, "js").expect("the jobset");
+    let status = js["status"].as_object();
+    let attempt = Dialect::Attempt.read_status(status);
+    let at = if attempt == Default::default() {
+        Dialect::Epoch.read_status(status)
+    } else {
+        attempt
+    };
+    let bypass = js["spec"]["failurePolicy"]["restartStrategy"] != "InPlaceRestart"
+        || js["metadata"]["annotations"][DISABLE_ANNOTATION].is_string();
+    let uid = js["metadata"]["uid"].as_str().unwrap_or_default();
+    let content = Epochs {
+        deprecated: at.deprecated,
+        synced: at.synced,
+        bypass,
+        watch_job_set: false,
+    };
+    let body = epochs::apply_body(NS, "js", uid, &content);
+    if server.get("jobsetepochs", NS, "js").is_some() {
+        server
+            .patch("jobsetepochs", NS, "js", &json!({"epochs": body["epochs"]}))
+            .expect("jobsetepoch");
+    } else {
+        server.create("jobsetepochs", body).expect("jobsetepoch");
+    }
 }
 
 async fn until(what: &str, f: impl Fn() -> bool) {
@@ -190,9 +229,7 @@ async fn config_errors_exit_2_with_one_line_naming_the_variable() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn binary_registers_lifts_restarts_and_exits_on_signals() {
     let server = TestApiServer::start().await;
-    server
-        .create("jobsets", jobset("InPlaceRestart"))
-        .expect("jobset");
+    create_jobset(&server, jobset("InPlaceRestart"));
     server.create("pods", pod("p0")).expect("pod");
     let port = barrier_port().expect("a free port");
     let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
@@ -268,7 +305,7 @@ async fn binary_main_container_mode_runs_and_stops_the_worker() {
     let server = TestApiServer::start().await;
     let mut js = jobset("InPlaceRestart");
     js["status"] = json!({"currentInPlaceRestartAttempt": 0});
-    server.create("jobsets", js).expect("jobset");
+    create_jobset(&server, js);
     server.create("pods", pod("p0")).expect("pod");
     let env = |command: &str| {
         vec![
@@ -361,7 +398,7 @@ async fn binary_as_pid_1_reaps_the_workers_orphans() {
     let server = TestApiServer::start().await;
     let mut js = jobset("InPlaceRestart");
     js["status"] = json!({"currentInPlaceRestartAttempt": 0});
-    server.create("jobsets", js).expect("jobset");
+    create_jobset(&server, js);
     server.create("pods", pod("p0")).expect("pod");
     // The subshell starts a short sleep in the background and exits at once: the sleep is
     // orphaned, and exits 0.3 s later.
@@ -436,7 +473,7 @@ async fn bypass_lifts_at_once() {
         if disabled {
             js["metadata"]["annotations"] = json!({DISABLE_ANNOTATION: "true"});
         }
-        server.create("jobsets", js).expect("jobset");
+        create_jobset(&server, js);
         server.create("pods", pod("p0")).expect("pod");
         let a = InProcess::start(&server, Dialect::Epoch, "p0");
         until("the barrier to lift", || a.lifted()).await;
@@ -448,20 +485,24 @@ async fn bypass_lifts_at_once() {
     }
 }
 
-/// The JobSet does not exist yet: the agent keeps retrying, then registers.
+/// Nothing is published yet (the JobSet is not created, or the reconciler has not seen it): the
+/// agent waits on its open watch, registers nothing, and registers as soon as the epochs appear.
 #[tokio::test]
-async fn missing_jobset_is_retried() {
+async fn unpublished_epochs_are_waited_for() {
     let server = TestApiServer::start().await;
     server.create("pods", pod("p0")).expect("pod");
     let a = InProcess::start(&server, Dialect::Epoch, "p0");
-    until("a few reads", || {
-        server.counters().get(Verb::Get, "jobsets") >= 3
-    })
-    .await;
+    until("the watch", || server.watch_count() > 0).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(annotation(&server, Dialect::Epoch, "p0"), None);
+    assert_eq!(
+        server.counters().get(Verb::Watch, "jobsetepochs"),
+        1,
+        "one open watch, no polling"
+    );
     let mut js = jobset("InPlaceRestart");
     js["status"] = json!({"syncedEpoch": 4});
-    server.create("jobsets", js).expect("jobset");
+    create_jobset(&server, js);
     until("the registration", || {
         annotation(&server, Dialect::Epoch, "p0").as_deref() == Some("5")
     })
@@ -475,12 +516,10 @@ async fn missing_jobset_is_retried() {
 #[tokio::test]
 async fn silent_watches_are_abandoned_and_resumed() {
     let server = TestApiServer::start().await;
-    server
-        .create("jobsets", jobset("InPlaceRestart"))
-        .expect("jobset");
+    create_jobset(&server, jobset("InPlaceRestart"));
     server.create("pods", pod("p0")).expect("pod");
     // The first watch stays open and silent; the next one is accepted and never answered.
-    server.silence_next(2, Verb::Watch, "jobsets");
+    server.silence_next(2, Verb::Watch, "jobsetepochs");
     let mut config = AgentConfig::sidecar(NS, "p0", "js", Dialect::Epoch);
     config.watch_idle_timeout = Duration::from_millis(500);
     config.api_timeout = Duration::from_millis(500);
@@ -491,16 +530,14 @@ async fn silent_watches_are_abandoned_and_resumed() {
     .await;
     set_status(&server, json!({"syncedEpoch": 1}));
     until("the barrier to lift", || a.lifted()).await;
-    assert!(server.counters().get(Verb::Watch, "jobsets") >= 3);
+    assert!(server.counters().get(Verb::Watch, "jobsetepochs") >= 3);
 }
 
 /// Server errors and conflicts on the annotation write are retried.
 #[tokio::test]
 async fn failed_and_conflicting_writes_are_retried() {
     let server = TestApiServer::start().await;
-    server
-        .create("jobsets", jobset("InPlaceRestart"))
-        .expect("jobset");
+    create_jobset(&server, jobset("InPlaceRestart"));
     server.create("pods", pod("p0")).expect("pod");
     server.fail_next(2, Verb::Patch, "pods", 500);
     server.fail_next(1, Verb::Patch, "pods", 409);
@@ -517,9 +554,7 @@ async fn failed_and_conflicting_writes_are_retried() {
 #[tokio::test]
 async fn throttled_requests_wait_for_retry_after() {
     let server = TestApiServer::start().await;
-    server
-        .create("jobsets", jobset("InPlaceRestart"))
-        .expect("jobset");
+    create_jobset(&server, jobset("InPlaceRestart"));
     server.create("pods", pod("p0")).expect("pod");
     server.throttle_next(1, Verb::Patch, "pods", 1);
     let mut config = server.config();
@@ -556,9 +591,7 @@ async fn throttled_requests_wait_for_retry_after() {
 async fn served_watches_that_are_cut_resume_at_once() {
     let server = TestApiServer::start().await;
     server.set_bookmark_interval(Duration::from_millis(10));
-    server
-        .create("jobsets", jobset("InPlaceRestart"))
-        .expect("jobset");
+    create_jobset(&server, jobset("InPlaceRestart"));
     server.create("pods", pod("p0")).expect("pod");
     let a = InProcess::start(&server, Dialect::Epoch, "p0");
     until("the registration", || a.barrier.borrow().registered).await;
@@ -585,7 +618,7 @@ async fn watch_cuts_and_expiry_are_survived() {
     let server = TestApiServer::start().await;
     let mut js = jobset("InPlaceRestart");
     js["status"] = json!({"previousInPlaceRestartAttempt": 0, "currentInPlaceRestartAttempt": 1});
-    server.create("jobsets", js).expect("jobset");
+    create_jobset(&server, js);
     let mut p = pod("p0");
     p["metadata"]["annotations"]["jobset.sigs.k8s.io/in-place-restart-attempt"] = json!("3");
     server.create("pods", p).expect("pod");
@@ -599,18 +632,23 @@ async fn watch_cuts_and_expiry_are_survived() {
     set_status(&server, json!({"currentInPlaceRestartAttempt": 2}));
     until("a resumed watch", || server.watch_count() > 0).await;
     // The next watches fail while the history is forgotten: the resume from the old version
-    // then gets 410, and the agent re-reads the JobSet.
-    let reads = server.counters().get(Verb::Get, "jobsets");
-    server.fail_next(3, Verb::Watch, "jobsets", 500);
+    // then gets 410, and the agent watches again from the current state (no read).
+    server.fail_next(3, Verb::Watch, "jobsetepochs", 500);
     server.cut_watches();
     set_status(&server, json!({"currentInPlaceRestartAttempt": 3}));
     server.compact_all();
     set_status(&server, json!({"currentInPlaceRestartAttempt": 4}));
     until("the barrier to lift", || a.lifted()).await;
+    let counters = server.counters();
     assert_eq!(
-        server.counters().get(Verb::Get, "jobsets"),
-        reads + 1,
-        "one re-read"
+        counters.get(Verb::Get, "jobsets"),
+        0,
+        "never reads the JobSet"
+    );
+    assert_eq!(
+        counters.get(Verb::Get, "jobsetepochs"),
+        0,
+        "the watch gives the state"
     );
     set_status(&server, json!({"previousInPlaceRestartAttempt": 4}));
     assert_eq!(
@@ -622,13 +660,148 @@ async fn watch_cuts_and_expiry_are_survived() {
     );
 }
 
+/// Where the JobSetEpoch kind is not served (an install without its CRD), the agent watches its
+/// JobSet instead, and the protocol works the same.
+#[tokio::test]
+async fn falls_back_to_the_jobset_where_the_kind_is_not_served() {
+    let resources = default_resources()
+        .into_iter()
+        .filter(|r| r.plural != "jobsetepochs")
+        .collect();
+    let server = TestApiServer::start_with(Options {
+        resources,
+        ..Options::default()
+    })
+    .await;
+    server
+        .create("jobsets", jobset("InPlaceRestart"))
+        .expect("jobset");
+    server.create("pods", pod("p0")).expect("pod");
+    let a = InProcess::start(&server, Dialect::Epoch, "p0");
+    until("the registration", || {
+        annotation(&server, Dialect::Epoch, "p0").as_deref() == Some("1")
+    })
+    .await;
+    let status = |s: Value| {
+        server
+            .patch("jobsets", NS, "js", &json!({ "status": s }))
+            .expect("status");
+    };
+    status(json!({"syncedEpoch": 1}));
+    until("the barrier to lift", || a.lifted()).await;
+    status(json!({"deprecatedEpoch": 1}));
+    assert_eq!(
+        a.outcome().await,
+        AgentExit::Restart(Restart {
+            epoch: 1,
+            deprecated: 1
+        })
+    );
+    assert!(server.counters().get(Verb::Watch, "jobsets") >= 1);
+}
+
+/// Where JobSet's own controller decides the epochs (the reconciler only observes them), the
+/// published object says so and the agent watches the JobSet instead.
+#[tokio::test]
+async fn delegated_epochs_are_read_from_the_jobset() {
+    let server = TestApiServer::start().await;
+    server
+        .create("jobsets", jobset("InPlaceRestart"))
+        .expect("jobset");
+    let uid = server.get("jobsets", NS, "js").expect("jobset")["metadata"]["uid"].clone();
+    let delegated = Epochs {
+        watch_job_set: true,
+        ..Epochs::default()
+    };
+    server
+        .create(
+            "jobsetepochs",
+            epochs::apply_body(NS, "js", uid.as_str().unwrap_or_default(), &delegated),
+        )
+        .expect("jobsetepoch");
+    server.create("pods", pod("p0")).expect("pod");
+    let a = InProcess::start(&server, Dialect::Epoch, "p0");
+    until("the registration", || {
+        annotation(&server, Dialect::Epoch, "p0").as_deref() == Some("1")
+    })
+    .await;
+    // Only the JobSet's status moves; the object stays as it is.
+    server
+        .patch("jobsets", NS, "js", &json!({"status": {"syncedEpoch": 1}}))
+        .expect("status");
+    until("the barrier to lift", || a.lifted()).await;
+    assert!(server.counters().get(Verb::Watch, "jobsets") >= 1);
+}
+
+/// What one group restart costs one pod's agents, while another controller rewrites the JobSet's
+/// status twenty times (as JobSet's own controller does while its Jobs' ready counts move) and
+/// the JobSet is large: the old agent hears of the deprecation, the new one reads its pod, watches
+/// the epochs, registers, and hears of the synced epoch. Three requests and at most three small
+/// events, nothing about the JobSet itself.
+#[tokio::test]
+async fn a_group_restart_costs_an_agent_three_requests_and_three_small_events() {
+    let server = TestApiServer::start().await;
+    let mut js = jobset("InPlaceRestart");
+    // A large JobSet: 20 KB of environment in its pod template.
+    let env: Vec<Value> = (0..200)
+        .map(|i| json!({"name": format!("VAR_{i:03}"), "value": "x".repeat(80)}))
+        .collect();
+    js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]["env"] =
+        Value::Array(env);
+    create_jobset(&server, js);
+    server.create("pods", pod("p0")).expect("pod");
+    let first = InProcess::start(&server, Dialect::Epoch, "p0");
+    until("the registration", || first.barrier.borrow().registered).await;
+    set_status(&server, json!({"syncedEpoch": 1}));
+    until("the barrier to lift", || first.lifted()).await;
+
+    server.reset_counters();
+    let other_writer = |n: usize| {
+        for i in 0..n {
+            server
+                .patch(
+                    "jobsets",
+                    NS,
+                    "js",
+                    &json!({"status": {"replicatedJobsStatus": [{"name": "w", "ready": i, "active": 2}]}}),
+                )
+                .expect("status");
+        }
+    };
+    other_writer(5);
+    set_status(&server, json!({"deprecatedEpoch": 1}));
+    assert!(matches!(first.outcome().await, AgentExit::Restart(_)));
+    other_writer(5);
+    let second = InProcess::start(&server, Dialect::Epoch, "p0");
+    until("the registration of epoch 2", || {
+        annotation(&server, Dialect::Epoch, "p0").as_deref() == Some("2")
+    })
+    .await;
+    other_writer(10);
+    set_status(&server, json!({"syncedEpoch": 2}));
+    until("the barrier to lift", || second.lifted()).await;
+
+    let counters = server.counters();
+    assert_eq!(counters.get(Verb::Get, "pods"), 1, "{counters:?}");
+    assert_eq!(counters.get(Verb::Watch, "jobsetepochs"), 1, "{counters:?}");
+    assert_eq!(counters.get(Verb::Patch, "pods"), 1, "{counters:?}");
+    assert_eq!(counters.total(), 3, "{counters:?}");
+    let delivered = server.deliveries();
+    let epochs = delivered.get("jobsetepochs").copied().unwrap_or_default();
+    assert!(epochs.events <= 3, "{delivered:?}");
+    assert!(epochs.bytes <= 4096, "{delivered:?}");
+    assert_eq!(
+        delivered.get("jobsets"),
+        None,
+        "nothing of the JobSet: {delivered:?}"
+    );
+}
+
 /// Many in-process agents on one JobSet: every one registers once and lifts on the synced epoch.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_agents_register_and_lift() {
     let server = Arc::new(TestApiServer::start().await);
-    server
-        .create("jobsets", jobset("InPlaceRestart"))
-        .expect("jobset");
+    create_jobset(&server, jobset("InPlaceRestart"));
     let agents: Vec<InProcess> = (0..50)
         .map(|i| {
             let name = format!("p{i}");

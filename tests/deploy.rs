@@ -1603,6 +1603,7 @@ fn the_agent_role_is_what_the_agent_needs() {
         assert_eq!(
             role["rules"],
             json!([
+                {"apiGroups": ["jobset-inplace.dev"], "resources": ["jobsetepochs"], "verbs": ["watch"]},
                 {"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"], "verbs": ["get", "list", "watch"]},
                 {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch"]}
             ]),
@@ -1781,6 +1782,8 @@ async fn the_reconcilers_rbac_grants_every_request_it_makes_and_no_more() {
     let seen = tokio::time::timeout(Duration::from_secs(60), async {
         let crd_object = fixtures::read_yaml(&fixtures::reference_dir().join("jobset.x-k8s.io_jobsets.yaml"));
         server.create("customresourcedefinitions", crd_object).expect("crd");
+        let epochs_crd = fixtures::read_yaml(&deploy_dir().join("base/jobsetepoch-crd.yaml"));
+        server.create("customresourcedefinitions", epochs_crd).expect("crd");
         server
             .create("namespaces", json!({"metadata": {"name": "team-b", "labels": {"jobset-inplace.dev/enabled": "true"}}}))
             .expect("namespace");
@@ -1808,6 +1811,7 @@ async fn the_reconcilers_rbac_grants_every_request_it_makes_and_no_more() {
                 request_timeout: args.request_timeout,
                 watch_timeout: args.watch_timeout,
                 write_epoch_status: args.write_epoch_status,
+                publish_epochs: true,
             },
             leader_election: args.leader_elect.then(|| LeaderElection {
                 lease_name: args.lease_name.clone(),
@@ -1896,6 +1900,10 @@ async fn the_reconcilers_rbac_grants_every_request_it_makes_and_no_more() {
         ),
         (
             ("rbac.authorization.k8s.io", "rolebindings", "create"),
+            "server-side apply of a new object is authorized as create",
+        ),
+        (
+            ("jobset-inplace.dev", "jobsetepochs", "create"),
             "server-side apply of a new object is authorized as create",
         ),
         (
@@ -2043,7 +2051,10 @@ fn the_crd_component_gives_the_released_crd_the_epoch_fields() {
     );
     let crds: Vec<&Value> = objects
         .iter()
-        .filter(|o| o["kind"] == "CustomResourceDefinition")
+        .filter(|o| {
+            o["kind"] == "CustomResourceDefinition"
+                && o["metadata"]["name"] == jobset_inplace::reconciler::crd::CRD_NAME
+        })
         .collect();
     assert_eq!(crds.len(), 1);
     let crd = crds[0];
@@ -2063,10 +2074,11 @@ fn the_crd_component_gives_the_released_crd_the_epoch_fields() {
     );
     // Nothing else changes: the rest is the overlay as it renders alone.
     if let Some(alone) = overlay("epoch") {
-        let rest: Vec<&Value> = objects
-            .iter()
-            .filter(|o| o["kind"] != "CustomResourceDefinition")
-            .collect();
+        let not_jobsets = |o: &&Value| {
+            o["kind"] != "CustomResourceDefinition"
+                || o["metadata"]["name"] != jobset_inplace::reconciler::crd::CRD_NAME
+        };
+        let rest: Vec<&Value> = objects.iter().filter(not_jobsets).collect();
         assert_eq!(rest, alone.objects.iter().collect::<Vec<_>>());
     }
 
@@ -2118,7 +2130,16 @@ fn the_crd_component_gives_the_released_crd_the_epoch_fields() {
 #[test]
 fn the_epoch_overlay_alone_patches_no_crd() {
     let Some(r) = overlay("epoch") else { return };
-    assert!(r.of_kind("CustomResourceDefinition").is_empty());
+    let names: Vec<&Value> = r
+        .of_kind("CustomResourceDefinition")
+        .into_iter()
+        .map(|c| &c["metadata"]["name"])
+        .collect();
+    assert_eq!(
+        names,
+        [&json!(jobset_inplace::wire::epochs::CRD_NAME)],
+        "only its own JobSetEpoch CRD; the JobSet CRD is not ours to ship"
+    );
 }
 
 #[test]

@@ -31,7 +31,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use jobset_inplace::protocol::Dialect;
-use model::{Action, Config, ProtocolModel, Variant, trace};
+use model::{Action, AgentsRead, Config, ProtocolModel, Variant, trace};
 use stateright::{Checker, Expectation, HasDiscoveries, Model};
 
 /// What one run found.
@@ -146,6 +146,13 @@ fn config(dialect: Dialect, pods: u8, failures: u8, wipes: u8) -> Config {
     config
 }
 
+/// The same, with agents that watch their JobSet (their fallback where the JobSetEpoch kind is
+/// not served).
+fn watching_the_jobset(mut config: Config) -> Config {
+    config.agents_read = AgentsRead::JobSet;
+    config
+}
+
 // CI: each a few seconds to a minute in a debug build.
 
 #[test]
@@ -166,6 +173,34 @@ fn attempt_dialect_two_pods_one_failure_one_wipe() {
 #[test]
 fn epoch_dialect_three_pods_one_failure() {
     check(config(Dialect::Epoch, 3, 1, 0));
+}
+
+// Agents that watch their JobSet (their fallback where the JobSetEpoch kind is not served).
+
+#[test]
+fn agents_watching_the_jobset_epoch_dialect_two_pods_two_failures() {
+    check(watching_the_jobset(config(Dialect::Epoch, 2, 2, 0)));
+}
+
+#[test]
+fn agents_watching_the_jobset_attempt_dialect_two_pods_one_failure_one_wipe() {
+    check(watching_the_jobset(config(Dialect::Attempt, 2, 1, 1)));
+}
+
+#[test]
+#[ignore = "seconds in release: cargo test --release --test model_check -- --ignored"]
+fn agents_watching_the_jobset_epoch_dialect_three_pods_two_failures() {
+    check(watching_the_jobset(config(Dialect::Epoch, 3, 2, 0)));
+}
+
+/// Where agents read the published epochs, a wipe of the JobSet's status never reaches them: even
+/// the reconciler without its memory of the last synced write (which the wipe scenario needed
+/// where agents watch the JobSet) keeps every property.
+#[test]
+fn published_epochs_shield_agents_from_wipes() {
+    let mut config = config(Dialect::Epoch, 2, 1, 1);
+    config.variant = Variant::ReconcilerWithoutMemory;
+    check(config);
 }
 
 // The full bound: 2 and 3 pods, up to 2 failures, a wipe.
@@ -207,6 +242,11 @@ fn epoch_dialect_three_pods_two_failures_one_wipe() {
 fn broken(variant: Variant, failures: u8, wipes: u8) -> Run {
     let mut config = config(Dialect::Epoch, 2, failures, wipes);
     config.variant = variant;
+    if variant == Variant::ReconcilerWithoutMemory {
+        // Found, and only possible, where a wipe reaches the agents: where they watch the
+        // JobSet (the published epochs are never wiped).
+        config = watching_the_jobset(config);
+    }
     run(config, HasDiscoveries::AnyFailures)
 }
 
@@ -296,7 +336,7 @@ fn regression_wipe_then_lost_node_restarts_every_pod() {
         Action::AgentDecides(0),
         Action::KubeletStartsWorker(2),
     ];
-    let mut old = config(Dialect::Epoch, 2, 1, 1);
+    let mut old = watching_the_jobset(config(Dialect::Epoch, 2, 1, 1));
     old.variant = Variant::ReconcilerWithoutMemory;
     let old = ProtocolModel::new(old);
     let states = trace::replay(&old, &trace);
@@ -310,7 +350,7 @@ fn regression_wipe_then_lost_node_restarts_every_pod() {
         "the old reconciler lets the replacement run beside the pod that never restarted"
     );
     // The fixed reconciler deprecates the last synced epoch instead: the pod that ran exits.
-    let fixed = ProtocolModel::new(config(Dialect::Epoch, 2, 1, 1));
+    let fixed = ProtocolModel::new(watching_the_jobset(config(Dialect::Epoch, 2, 1, 1)));
     let states = trace::replay(&fixed, &trace[..25]);
     let decided = states.last().expect("states");
     assert_eq!(
@@ -370,7 +410,8 @@ fn without_the_admission_policy_a_late_registration_moves_an_epoch_back() {
 
 /// Any configuration, from the environment: `MODEL_DIALECT` (epoch|attempt), `MODEL_PODS`,
 /// `MODEL_FAILURES`, `MODEL_NODE_LOSS` (0|1), `MODEL_WIPES`, `MODEL_RECONCILER_RESTARTS`,
-/// `MODEL_LATE_REGISTRATIONS` (0|1); `MODEL_ALL_TRACES=1` prints every counterexample.
+/// `MODEL_LATE_REGISTRATIONS` (0|1), `MODEL_AGENTS_WATCH_JOBSET` (0|1);
+/// `MODEL_ALL_TRACES=1` prints every counterexample.
 /// `MODEL_PODS=3 MODEL_FAILURES=2 cargo test --release --test model_check -- --ignored explore --nocapture`
 #[test]
 #[ignore = "configured from the environment"]
@@ -386,6 +427,9 @@ fn explore() {
         _ => Dialect::Epoch,
     };
     let mut config = Config::new(dialect, var("MODEL_PODS", 2), var("MODEL_FAILURES", 2));
+    if var("MODEL_AGENTS_WATCH_JOBSET", 0) == 1 {
+        config.agents_read = AgentsRead::JobSet;
+    }
     config.node_loss = var("MODEL_NODE_LOSS", 1) == 1;
     config.wipes = var("MODEL_WIPES", config.wipes);
     config.reconciler_restarts = var("MODEL_RECONCILER_RESTARTS", config.reconciler_restarts);

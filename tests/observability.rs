@@ -350,6 +350,7 @@ async fn reconciler_metrics() -> String {
             request_timeout: reconciler::DEFAULT_REQUEST_TIMEOUT,
             watch_timeout: reconciler::DEFAULT_WATCH_TIMEOUT,
             write_epoch_status: true,
+            publish_epochs: true,
         },
         leader_election: None,
         check_crd: false,

@@ -22,10 +22,13 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use jobset_inplace::wire::epochs::JobSetEpoch;
 use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
-use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{
+    Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams, WatchParams,
+};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::core::{ApiResource, GroupVersionKind};
 use kube::{Client, Config};
@@ -690,6 +693,42 @@ async fn the_agent_may_move_only_its_own_pods_epoch_forward() {
                     pods.patch_status("mine", &pp, &merge(json!({"status": {"message": "x"}})))
                         .await,
                 ),
+            );
+            // The JobSet's epochs: watched, never written, not even read one by one.
+            let epochs: Api<JobSetEpoch> = Api::namespaced(agent.clone(), &ns.name);
+            let params = WatchParams::default().fields("metadata.name=js");
+            let watching = epochs
+                .watch(&params, "")
+                .await
+                .expect("the agent watches its JobSet's epochs");
+            drop(watching);
+            let forged = jobset_inplace::wire::epochs::apply_body(
+                &ns.name,
+                "js",
+                "uid",
+                &jobset_inplace::wire::epochs::Epochs {
+                    deprecated: None,
+                    synced: Some(3),
+                    bypass: false,
+                    watch_job_set: false,
+                },
+            );
+            forbidden(
+                "write a JobSetEpoch",
+                api_error(
+                    epochs
+                        .patch(
+                            "js",
+                            &PatchParams::apply("forger").force(),
+                            &Patch::Apply(&forged),
+                        )
+                        .await,
+                ),
+            );
+            forbidden("get a JobSetEpoch", api_error(epochs.get("js").await));
+            forbidden(
+                "list JobSetEpochs",
+                api_error(epochs.list(&ListParams::default()).await),
             );
             let (elsewhere, _) = agent_namespace(&cluster, "rc-agent-elsewhere").await;
             let there: Api<Pod> = Api::namespaced(agent.clone(), &elsewhere.name);

@@ -28,6 +28,7 @@ fn options(dialect: Dialect, identity: &str, leader: Option<LeaderElection>) -> 
             request_timeout: reconciler::DEFAULT_REQUEST_TIMEOUT,
             watch_timeout: reconciler::DEFAULT_WATCH_TIMEOUT,
             write_epoch_status: true,
+            publish_epochs: true,
         },
         leader_election: leader,
         check_crd: false,

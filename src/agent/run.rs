@@ -1,6 +1,7 @@
-//! The agent's I/O (docs/protocol.md): read the pod and its JobSet, register the epoch, watch the
-//! JobSet, and act on each state with [`protocol::agent_decide`]; in main-container mode, run
-//! the worker as a child.
+//! The agent's I/O (docs/protocol.md): read the pod, watch its JobSet's epochs (the JobSet's
+//! `JobSetEpoch` object, or the JobSet itself where that kind is not served), register the epoch,
+//! and act on each state with [`protocol::agent_decide`]; in main-container mode, run the worker
+//! as a child.
 //!
 //! Every API error is retried with a jittered exponential backoff (50 ms to 5 s, or longer when
 //! a 429's `Retry-After` asks for it, [`crate::retry`]); nothing the API server does makes the
@@ -11,7 +12,7 @@
 use std::time::{Duration, Instant};
 
 use futures::stream::BoxStream;
-use futures::{Stream, StreamExt};
+use futures::{FutureExt, Stream, StreamExt};
 use kube::api::{Api, Patch, PatchParams, WatchEvent, WatchParams};
 use tokio::sync::watch;
 use tracing::Instrument;
@@ -21,6 +22,7 @@ use super::config::{AgentConfig, Mode};
 use crate::jobset::JobSetSummary;
 use crate::protocol::{self, AgentAction, AgentView, Dialect, Epoch, Restart};
 use crate::wire::WatchedPod;
+use crate::wire::epochs::JobSetEpoch;
 
 /// Seconds a watch request stays open before the server ends it and the agent resumes it.
 const WATCH_TIMEOUT_SECS: u32 = 240;
@@ -202,11 +204,63 @@ async fn wait_worker(worker: &mut Option<Worker>) -> WorkerExit {
     }
 }
 
+/// Where the agent reads its JobSet's epochs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Source {
+    /// The JobSet's `JobSetEpoch` object ([`crate::wire::epochs`]): written only when an epoch
+    /// moves, a few hundred bytes.
+    Epochs,
+    /// The JobSet itself, where the JobSetEpoch kind is not served (an install without its
+    /// CRD): every write of the JobSet reaches the agent.
+    JobSet,
+}
+
+impl Source {
+    fn name(self) -> &'static str {
+        match self {
+            Source::Epochs => "JobSetEpoch",
+            Source::JobSet => "JobSet",
+        }
+    }
+}
+
+/// One thing a watch delivered, whichever [`Source`] it watches.
+enum Seen {
+    /// The object as it is now (added or modified), and its resourceVersion.
+    State(AgentView, Option<String>),
+    Deleted(Option<String>),
+    Bookmark(String),
+    Failed(Box<kube::core::Status>),
+    /// The JobSet's epochs are decided by another controller: watch the JobSet instead.
+    Delegated,
+}
+
+fn seen<K: kube::Resource>(event: WatchEvent<K>, view: impl Fn(&K) -> AgentView) -> Seen {
+    match event {
+        WatchEvent::Added(o) | WatchEvent::Modified(o) => {
+            Seen::State(view(&o), o.meta().resource_version.clone())
+        }
+        WatchEvent::Deleted(o) => Seen::Deleted(o.meta().resource_version.clone()),
+        WatchEvent::Bookmark(b) => Seen::Bookmark(b.metadata.resource_version),
+        WatchEvent::Error(status) => Seen::Failed(status),
+    }
+}
+
+type WatchStream = BoxStream<'static, kube::Result<Seen>>;
+
 /// The protocol as a resumable state machine: [`Protocol::next`] may be dropped at any await
 /// (the supervisor races it against signals and the worker) and called again.
+///
+/// Its requests per agent start: one GET of the pod (its epoch annotation), one watch of the
+/// JobSet's epochs opened without a resourceVersion (its first event is the current state, read
+/// from a consistent snapshot), and one PATCH of the pod (the registration). The watch then
+/// delivers only epoch changes; it is resumed from its last resourceVersion when the server ends
+/// it, and from the current state after a `410 Gone`.
 struct Protocol {
     pods: Api<WatchedPod>,
     jobsets: Api<JobSetSummary>,
+    epochs: Api<JobSetEpoch>,
+    source: Source,
     dialect: Dialect,
     pod_name: String,
     jobset_name: String,
@@ -214,17 +268,19 @@ struct Protocol {
     watch_idle_timeout: Duration,
     started: Instant,
     barrier: watch::Sender<BarrierState>,
-    /// The epoch to register, once the pod and JobSet were read.
+    /// The pod's own epoch annotation, once read (`Some(None)`: it has none).
+    own: Option<Option<Epoch>>,
+    /// The epoch to register, once the pod and the epochs were read.
     epoch: Option<Epoch>,
     registered: bool,
     lifted: bool,
-    /// The JobSet state to decide on next.
-    pending: Option<JobSetSummary>,
-    /// Re-read the JobSet before watching again (after a 410).
-    reread: bool,
-    /// Where the watch resumes.
+    /// The latest state the watch delivered.
+    latest: Option<AgentView>,
+    /// A state not decided on yet.
+    pending: bool,
+    /// Where the watch resumes; `None`: from the current state (its first event).
     resource_version: Option<String>,
-    stream: Option<BoxStream<'static, kube::Result<WatchEvent<JobSetSummary>>>>,
+    stream: Option<WatchStream>,
     watch_opened: Instant,
     watch_events: u64,
     backoff: Backoff,
@@ -238,7 +294,9 @@ impl Protocol {
     ) -> Self {
         Protocol {
             pods: Api::namespaced(client.clone(), &config.namespace),
-            jobsets: Api::namespaced(client, &config.namespace),
+            jobsets: Api::namespaced(client.clone(), &config.namespace),
+            epochs: Api::namespaced(client, &config.namespace),
+            source: Source::Epochs,
             dialect: config.dialect,
             pod_name: config.pod_name.clone(),
             jobset_name: config.jobset_name.clone(),
@@ -246,11 +304,12 @@ impl Protocol {
             watch_idle_timeout: config.watch_idle_timeout,
             started: config.started,
             barrier,
+            own: None,
             epoch: None,
             registered: false,
             lifted: false,
-            pending: None,
-            reread: false,
+            latest: None,
+            pending: false,
             resource_version: None,
             stream: None,
             watch_opened: Instant::now(),
@@ -267,16 +326,30 @@ impl Protocol {
     /// [`AgentAction::Wait`]: waiting is what this does.
     async fn next(&mut self) -> AgentAction {
         loop {
+            let Some(own) = self.own else {
+                self.read_pod().await;
+                continue;
+            };
             let Some(epoch) = self.epoch else {
-                self.read_initial().await;
+                // The first state comes from the watch (opened without a resourceVersion).
+                let Some(view) = self.latest else {
+                    self.watch_step().await;
+                    continue;
+                };
+                let epoch = protocol::agent_epoch(self.dialect, own, view.status.synced);
+                self.epoch = Some(epoch);
+                self.barrier.send_modify(|s| s.epoch = Some(epoch));
+                tracing::debug!(
+                    epoch,
+                    own,
+                    synced = view.status.synced,
+                    source = self.source.name(),
+                    ms = self.elapsed_ms(),
+                    "read the pod and its JobSet's epochs"
+                );
                 // A JobSet without in-place restart lifts at once, before the registration.
-                let bypass = self
-                    .pending
-                    .as_ref()
-                    .filter(|js| !js.is_in_place_restart() || js.is_in_place_restart_disabled())
-                    .cloned();
-                if let Some(js) = bypass
-                    && let Some(event) = self.decide(&js)
+                if (!view.in_place_restart || view.disabled)
+                    && let Some(event) = self.decide(&view)
                 {
                     return event;
                 }
@@ -288,32 +361,26 @@ impl Protocol {
                 self.register(epoch).await;
                 continue;
             }
-            if let Some(js) = self.pending.take() {
-                if let Some(event) = self.decide(&js) {
+            if self.pending
+                && let Some(view) = self.latest
+            {
+                self.pending = false;
+                if let Some(event) = self.decide(&view) {
                     return event;
                 }
-                continue;
-            }
-            if self.reread {
-                self.reread_jobset().await;
                 continue;
             }
             self.watch_step().await;
         }
     }
 
-    fn decide(&mut self, js: &JobSetSummary) -> Option<AgentAction> {
+    fn decide(&mut self, view: &AgentView) -> Option<AgentAction> {
         let epoch = self.epoch?;
-        let view = AgentView {
-            in_place_restart: js.is_in_place_restart(),
-            disabled: js.is_in_place_restart_disabled(),
-            status: js.epoch_status(self.dialect),
-        };
         self.barrier.send_modify(|s| {
             s.synced = view.status.synced;
             s.deprecated = view.status.deprecated;
         });
-        match protocol::agent_decide(epoch, &view) {
+        match protocol::agent_decide(epoch, view) {
             restart @ AgentAction::Restart(_) => Some(restart),
             AgentAction::LiftBarrier if !self.lifted => {
                 self.lifted = true;
@@ -338,57 +405,24 @@ impl Protocol {
         }
     }
 
-    /// Step 1 and 2: reads the pod and the JobSet (concurrently), computes the epoch.
-    async fn read_initial(&mut self) {
-        loop {
-            let (pod, js) = tokio::join!(
-                with_timeout(self.api_timeout, self.pods.get(&self.pod_name)),
-                with_timeout(self.api_timeout, self.jobsets.get(&self.jobset_name)),
-            );
-            match (pod, js) {
-                (Ok(pod), Ok(js)) => {
-                    let annotations = pod.metadata.annotations.iter().flatten();
-                    let own = match self.dialect.read_pod_epoch(annotations) {
-                        Ok(own) => own,
-                        Err(e) => {
-                            tracing::warn!(error = %e, "the pod's epoch annotation is malformed; ignoring it");
-                            None
-                        }
-                    };
-                    let synced = js.epoch_status(self.dialect).synced;
-                    let epoch = protocol::agent_epoch(self.dialect, own, synced);
-                    self.backoff.reset();
-                    self.epoch = Some(epoch);
-                    self.resource_version = js.metadata.resource_version.clone();
-                    self.pending = Some(js);
-                    self.barrier.send_modify(|s| s.epoch = Some(epoch));
-                    tracing::debug!(
-                        epoch,
-                        own,
-                        synced,
-                        ms = self.elapsed_ms(),
-                        "read the pod and its JobSet"
-                    );
-                    return;
-                }
-                (pod, js) => {
-                    let mut server = None;
-                    if let Err(e) = &pod {
-                        tracing::warn!(error = %e, "cannot read the pod; retrying");
-                        server = e.retry_after();
+    /// Step 1: reads the pod's own epoch annotation.
+    async fn read_pod(&mut self) {
+        match with_timeout(self.api_timeout, self.pods.get(&self.pod_name)).await {
+            Ok(pod) => {
+                let annotations = pod.metadata.annotations.iter().flatten();
+                let own = match self.dialect.read_pod_epoch(annotations) {
+                    Ok(own) => own,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "the pod's epoch annotation is malformed; ignoring it");
+                        None
                     }
-                    match &js {
-                        Err(e) if is_not_found(e) => {
-                            tracing::warn!("the JobSet does not exist (yet); retrying")
-                        }
-                        Err(e) => tracing::warn!(error = %e, "cannot read the JobSet; retrying"),
-                        Ok(_) => {}
-                    }
-                    if let Err(e) = &js {
-                        server = server.max(e.retry_after());
-                    }
-                    self.backoff.wait(server).await;
-                }
+                };
+                self.backoff.reset();
+                self.own = Some(own);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the pod; retrying");
+                self.backoff.wait(e.retry_after()).await;
             }
         }
     }
@@ -414,8 +448,8 @@ impl Protocol {
                     // killed, landed after this agent read the pod. Read again and register above
                     // it (found by the model check, tests/model_check.rs).
                     tracing::warn!(epoch, error = %e, "the epoch was refused; reading the pod again");
+                    self.own = None;
                     self.epoch = None;
-                    self.pending = None;
                     self.backoff.wait(None).await;
                     return;
                 }
@@ -423,26 +457,6 @@ impl Protocol {
                     tracing::warn!(epoch, error = %e, "cannot register the epoch on the pod; retrying");
                     self.backoff.wait(e.retry_after()).await;
                 }
-            }
-        }
-    }
-
-    /// After a 410: a fresh read gives the current state and a resourceVersion to watch from.
-    async fn reread_jobset(&mut self) {
-        match with_timeout(self.api_timeout, self.jobsets.get(&self.jobset_name)).await {
-            Ok(js) => {
-                self.reread = false;
-                self.backoff.reset();
-                self.resource_version = js.metadata.resource_version.clone();
-                self.pending = Some(js);
-            }
-            Err(e) => {
-                if is_not_found(&e) {
-                    tracing::warn!("the JobSet does not exist; retrying");
-                } else {
-                    tracing::warn!(error = %e, "cannot read the JobSet; retrying");
-                }
-                self.backoff.wait(e.retry_after()).await;
             }
         }
     }
@@ -455,74 +469,133 @@ impl Protocol {
         self.watch_events > 0 || self.watch_opened.elapsed() >= WATCH_SERVED
     }
 
-    /// Step 4: one event of the JobSet watch (opening or resuming it as needed).
+    /// Opens the watch of the epochs' source, from `resource_version` or, without one, from the
+    /// current state. The future owns what it needs (it is awaited while `self` is borrowed
+    /// mutably elsewhere, and must not hold `&self`).
+    fn open(&self) -> futures::future::BoxFuture<'static, Result<WatchStream, CallError>> {
+        let params = WatchParams::default()
+            .fields(&format!("metadata.name={}", self.jobset_name))
+            .timeout(WATCH_TIMEOUT_SECS);
+        let from = self.resource_version.clone().unwrap_or_default();
+        let limit = self.api_timeout;
+        match self.source {
+            Source::Epochs => {
+                let api = self.epochs.clone();
+                async move {
+                    let stream = with_timeout(limit, api.watch(&params, &from)).await?;
+                    Ok(stream
+                        .map(|r| {
+                            r.map(|e| match e {
+                                WatchEvent::Added(o) | WatchEvent::Modified(o) if o.delegates() => {
+                                    Seen::Delegated
+                                }
+                                e => seen(e, JobSetEpoch::agent_view),
+                            })
+                        })
+                        .boxed())
+                }
+                .boxed()
+            }
+            Source::JobSet => {
+                let api = self.jobsets.clone();
+                let dialect = self.dialect;
+                async move {
+                    let stream = with_timeout(limit, api.watch(&params, &from)).await?;
+                    Ok(stream
+                        .map(move |r| r.map(|e| seen(e, |js| js.agent_view(dialect))))
+                        .boxed())
+                }
+                .boxed()
+            }
+        }
+    }
+
+    /// Step 2 and 4: one event of the watch of the epochs (opening or resuming it as needed).
     async fn watch_step(&mut self) {
+        let source = self.source.name();
         let stream = match &mut self.stream {
             Some(stream) => stream,
-            None => {
-                let params = WatchParams::default()
-                    .fields(&format!("metadata.name={}", self.jobset_name))
-                    .timeout(WATCH_TIMEOUT_SECS);
-                let from = self
-                    .resource_version
-                    .clone()
-                    .unwrap_or_else(|| "0".to_owned());
-                match with_timeout(self.api_timeout, self.jobsets.watch(&params, &from)).await {
-                    Ok(stream) => {
-                        self.watch_opened = Instant::now();
-                        self.watch_events = 0;
-                        self.stream.insert(stream.boxed())
-                    }
-                    Err(CallError::Api(e)) if api_code(&e) == Some(410) => {
-                        tracing::info!(
-                            "the watch's resourceVersion expired; re-reading the JobSet"
-                        );
-                        self.reread = true;
-                        return;
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "cannot watch the JobSet; retrying");
-                        self.backoff.wait(e.retry_after()).await;
-                        return;
-                    }
+            None => match self.open().await {
+                Ok(stream) => {
+                    self.watch_opened = Instant::now();
+                    self.watch_events = 0;
+                    self.stream.insert(stream)
                 }
-            }
+                Err(CallError::Api(e)) if api_code(&e) == Some(410) => {
+                    tracing::info!(
+                        source,
+                        "the watch's resourceVersion expired; watching from the current state"
+                    );
+                    self.resource_version = None;
+                    return;
+                }
+                Err(CallError::Api(e))
+                    if api_code(&e) == Some(404) && self.source == Source::Epochs =>
+                {
+                    tracing::warn!(
+                        "the JobSetEpoch kind is not served (its CRD is not installed): \
+                         watching the JobSet instead"
+                    );
+                    self.source = Source::JobSet;
+                    self.resource_version = None;
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(source, error = %e, "cannot watch the JobSet's epochs; retrying");
+                    self.backoff.wait(e.retry_after()).await;
+                    return;
+                }
+            },
         };
         let Ok(next) = tokio::time::timeout(self.watch_idle_timeout, stream.next()).await else {
             // Neither an event nor a bookmark for the whole window: the connection is dead
             // without having said so (no FIN, no RST). Resume from the last resourceVersion.
-            tracing::warn!(idle = ?self.watch_idle_timeout, "the JobSet watch went silent; resuming");
+            tracing::warn!(source, idle = ?self.watch_idle_timeout, "the watch went silent; resuming");
             self.stream = None;
             self.backoff.reset();
             return;
         };
         match next {
-            Some(Ok(WatchEvent::Added(js) | WatchEvent::Modified(js))) => {
+            Some(Ok(Seen::State(view, rv))) => {
                 self.watch_events += 1;
                 self.backoff.reset();
-                if let Some(rv) = &js.metadata.resource_version {
-                    self.resource_version = Some(rv.clone());
+                if rv.is_some() {
+                    self.resource_version = rv;
                 }
-                self.pending = Some(js);
+                self.latest = Some(view);
+                self.pending = true;
             }
-            Some(Ok(WatchEvent::Deleted(js))) => {
+            Some(Ok(Seen::Delegated)) => {
+                tracing::info!(
+                    "the JobSet's epochs are decided by another controller: watching the JobSet"
+                );
+                self.source = Source::JobSet;
+                self.stream = None;
+                self.resource_version = None;
+                self.latest = None;
+                self.pending = false;
+            }
+            Some(Ok(Seen::Deleted(rv))) => {
                 self.watch_events += 1;
-                if let Some(rv) = &js.metadata.resource_version {
-                    self.resource_version = Some(rv.clone());
+                if rv.is_some() {
+                    self.resource_version = rv;
                 }
-                tracing::warn!("the JobSet was deleted; waiting (the pod goes with it)");
+                tracing::warn!(source, "the watched object was deleted; waiting");
             }
-            Some(Ok(WatchEvent::Bookmark(b))) => {
+            Some(Ok(Seen::Bookmark(rv))) => {
                 self.watch_events += 1;
-                self.resource_version = Some(b.metadata.resource_version);
+                self.resource_version = Some(rv);
             }
-            Some(Ok(WatchEvent::Error(status))) => {
+            Some(Ok(Seen::Failed(status))) => {
                 self.stream = None;
                 if status.code == 410 {
-                    tracing::info!("the watch's resourceVersion expired; re-reading the JobSet");
-                    self.reread = true;
+                    tracing::info!(
+                        source,
+                        "the watch's resourceVersion expired; watching from the current state"
+                    );
+                    self.resource_version = None;
                 } else {
-                    tracing::warn!(code = status.code, message = %status.message, "the JobSet watch failed; resuming");
+                    tracing::warn!(source, code = status.code, message = %status.message, "the watch failed; resuming");
                     let server = crate::retry::status_retry_after(&status);
                     self.backoff.wait(server).await;
                 }
@@ -530,16 +603,16 @@ impl Protocol {
             Some(Err(e)) => {
                 self.stream = None;
                 if self.watch_served() {
-                    tracing::info!(error = %e, "the JobSet watch broke; resuming");
+                    tracing::info!(source, error = %e, "the watch broke; resuming");
                     self.backoff.reset();
                 } else {
-                    tracing::warn!(error = %e, "the JobSet watch broke at once; resuming");
+                    tracing::warn!(source, error = %e, "the watch broke at once; resuming");
                     self.backoff.wait(crate::retry::retry_after(&e)).await;
                 }
             }
             None => {
                 self.stream = None;
-                tracing::debug!(resource_version = ?self.resource_version, "the JobSet watch ended; resuming");
+                tracing::debug!(source, resource_version = ?self.resource_version, "the watch ended; resuming");
                 // A server that closes watches at once must not make the agent spin.
                 if self.watch_served() {
                     self.backoff.reset();
@@ -579,10 +652,6 @@ impl CallError {
             CallError::Timeout(_) => None,
         }
     }
-}
-
-fn is_not_found(e: &CallError) -> bool {
-    matches!(e, CallError::Api(e) if api_code(e) == Some(404))
 }
 
 fn api_code(e: &kube::Error) -> Option<u16> {

@@ -35,6 +35,7 @@ use tokio::task::JoinSet;
 use super::index::{Index, JobSetState, Key, reconcile_input};
 use super::metrics::Metrics;
 use super::provision::{self, ProvisionSettings};
+use super::publish::{self, Published};
 use super::queue::Queue;
 use crate::jobset::{self, JobSet};
 use crate::protocol::{
@@ -43,6 +44,7 @@ use crate::protocol::{
 };
 use crate::retry::WatchBackoff;
 use crate::wire::WatchedPod;
+use crate::wire::epochs::{self, JobSetEpoch};
 
 /// Condition reason of a JobSet failed by the reconciler.
 pub const REACHED_MAX_RESTARTS: &str = "ReachedMaxRestarts";
@@ -80,6 +82,10 @@ pub struct Settings {
     /// same fields: two writers must never disagree) and only observe them: events, metrics and
     /// provisioning go on.
     pub write_epoch_status: bool,
+    /// Publish each InPlaceRestart JobSet's epochs in its `JobSetEpoch` object, which its agents
+    /// watch ([`crate::wire::epochs`]); off where the kind is not served (agents then watch the
+    /// JobSet).
+    pub publish_epochs: bool,
 }
 
 /// [`Settings::request_timeout`] unless configured.
@@ -106,6 +112,12 @@ pub enum ReconcileError {
         name: String,
         source: kube::Error,
     },
+    #[error("cannot publish the epochs of JobSet {namespace}/{name}: {source}")]
+    Publish {
+        namespace: String,
+        name: String,
+        source: kube::Error,
+    },
     #[error("JobSet {namespace}/{name} kept changing under {CONFLICT_RETRIES} status writes")]
     Conflicts { namespace: String, name: String },
     #[error("the API server did not answer a {call} of JobSet {namespace}/{name} within {after:?}")]
@@ -121,7 +133,9 @@ impl ReconcileError {
     /// The delay the API server asked for, if it throttled the write.
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
-            ReconcileError::Write { source, .. } => crate::retry::retry_after(source),
+            ReconcileError::Write { source, .. } | ReconcileError::Publish { source, .. } => {
+                crate::retry::retry_after(source)
+            }
             ReconcileError::Conflicts { .. } | ReconcileError::Timeout { .. } => None,
         }
     }
@@ -152,6 +166,8 @@ struct Shared {
     enabled_namespaces: Mutex<std::collections::BTreeSet<String>>,
     /// Wakes the provisioner when JobSets or labelled namespaces change.
     provision_wake: Notify,
+    /// The JobSetEpoch objects as published.
+    published: Published,
 }
 
 /// The retry state of a key.
@@ -177,6 +193,8 @@ pub struct StateSizes {
     pub restarts: usize,
     /// JobSets with malformed annotations reported.
     pub reported: usize,
+    /// JobSetEpoch objects known.
+    pub published: usize,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -190,6 +208,7 @@ fn forget(shared: &Shared, key: &Key) {
     lock(&shared.unservable).remove(key);
     lock(&shared.observed).remove(key);
     lock(&shared.retries).remove(key);
+    shared.published.forget(key);
     shared.metrics.forget(key);
 }
 
@@ -224,12 +243,16 @@ impl Controller {
             events: events_tx,
             enabled_namespaces: Mutex::new(std::collections::BTreeSet::new()),
             provision_wake: Notify::new(),
+            published: Published::default(),
             client,
             settings,
         });
         let mut tasks = JoinSet::new();
         tasks.spawn(watch_jobsets(shared.clone()));
         tasks.spawn(watch_pods(shared.clone()));
+        if shared.settings.publish_epochs {
+            tasks.spawn(watch_published(shared.clone()));
+        }
         tasks.spawn(publish_events(shared.clone(), events_rx));
         tasks.spawn(follow_leadership(shared.clone()));
         if shared.settings.provision.is_some() {
@@ -275,6 +298,7 @@ impl Controller {
             retries: lock(&self.shared.retries).len(),
             restarts: lock(&self.shared.restarts).len(),
             reported: lock(&self.shared.reported).len(),
+            published: self.shared.published.len(),
         }
     }
 
@@ -375,6 +399,30 @@ async fn watch_pods(shared: Arc<Shared>) {
             shared.queue.add(key);
         }
     }
+}
+
+/// Follows the published JobSetEpoch objects ([`publish::watch`]).
+async fn watch_published(shared: Arc<Shared>) {
+    let api: Api<JobSetEpoch> = match &shared.settings.namespace {
+        Some(ns) => Api::namespaced(shared.client.clone(), ns),
+        None => Api::all(shared.client.clone()),
+    };
+    let config = watch_config(&shared.settings);
+    let synced = || {
+        // JobSets evaluated before the list could not publish: evaluate them again.
+        let keys = lock(&shared.index).in_place_restart_keys();
+        for key in keys {
+            shared.queue.add(key);
+        }
+    };
+    publish::watch(
+        api,
+        config,
+        &shared.published,
+        |key| shared.queue.add(key),
+        synced,
+    )
+    .await;
 }
 
 /// Follows the namespaces labelled `jobset-inplace.dev/enabled=true`.
@@ -585,8 +633,91 @@ fn retry_later(shared: &Arc<Shared>, key: Key, server: Option<Duration>) {
     });
 }
 
-/// Evaluates one JobSet and writes what changed.
+/// Evaluates one JobSet, writes what changed, then publishes its epochs for its agents.
 async fn reconcile(shared: &Arc<Shared>, key: &Key) -> Result<(), ReconcileError> {
+    reconcile_status(shared, key).await?;
+    publish_epochs(shared, key).await
+}
+
+/// Writes a JobSet's `JobSetEpoch` object when its status's epochs moved past it (or it has
+/// none): for every InPlaceRestart JobSet, and for a JobSet that no longer is one but has an
+/// object (its agents must then stop waiting). Only once the watch of the objects has listed
+/// them all, so that nothing is moved backwards. The epochs this replica decides are published
+/// before they are written to the status ([`write_epochs`]); this catches up with everything
+/// else (a new JobSet, a status written before, or by JobSet's own controller in observe mode,
+/// where the object tells agents to watch the JobSet instead).
+async fn publish_epochs(shared: &Arc<Shared>, key: &Key) -> Result<(), ReconcileError> {
+    if !shared.settings.publish_epochs || !shared.published.is_synced() {
+        return Ok(());
+    }
+    let (uid, status, bypass, in_place_restart) = {
+        let index = lock(&shared.index);
+        let Some(state) = index.jobset(key) else {
+            return Ok(());
+        };
+        (
+            state.uid.clone(),
+            state.status,
+            state.bypass,
+            state.in_place_restart,
+        )
+    };
+    if uid.is_empty() || (!in_place_restart && !shared.published.contains(key)) {
+        return Ok(());
+    }
+    publish_status(shared, key, &uid, status, bypass).await
+}
+
+/// Publishes `status` in a JobSet's `JobSetEpoch` ([`epochs::publish`]: monotone), if that
+/// changes it.
+async fn publish_status(
+    shared: &Arc<Shared>,
+    key: &Key,
+    uid: &str,
+    status: EpochStatus,
+    bypass: bool,
+) -> Result<(), ReconcileError> {
+    let source = epochs::Source {
+        uid,
+        status,
+        bypass,
+        delegate: !shared.settings.write_epoch_status,
+    };
+    let Some(content) = shared.published.next(key, &source) else {
+        return Ok(());
+    };
+    let api: Api<JobSetEpoch> = Api::namespaced(shared.client.clone(), &key.0);
+    let applied = publish::apply(&api, &shared.published, key, uid, &content);
+    match bounded(shared, "epochs_write", applied).await {
+        Ok(()) => {
+            shared.metrics.publication("ok");
+            Ok(())
+        }
+        Err(Some(source)) => {
+            shared.metrics.publication("error");
+            Err(ReconcileError::Publish {
+                namespace: key.0.clone(),
+                name: key.1.clone(),
+                source,
+            })
+        }
+        Err(None) => {
+            shared.metrics.publication("timeout");
+            Err(timeout_error(shared, key, "epochs_write"))
+        }
+    }
+}
+
+/// Evaluates one JobSet's status and writes what changed.
+async fn reconcile_status(shared: &Arc<Shared>, key: &Key) -> Result<(), ReconcileError> {
+    if shared.settings.publish_epochs
+        && shared.settings.write_epoch_status
+        && !shared.published.is_synced()
+    {
+        // Decisions are published before they are written, and nothing can be published before
+        // the objects are listed: wait (the list's end queues every InPlaceRestart JobSet).
+        return Ok(());
+    }
     for _ in 0..CONFLICT_RETRIES {
         let Some((state, decision)) = decide(shared, key) else {
             return Ok(());
@@ -836,6 +967,18 @@ async fn write_epochs(
     };
     let patch = status_patch(&state.resource_version, status);
     let change = decision.change;
+    if shared.settings.publish_epochs {
+        // Agents read the published epochs, not the status: publish the decision first, so
+        // that what they read never lags the status (a new pod reading a synced epoch older
+        // than the status's could register an epoch synced without it: found by the model
+        // check, tests/model_check.rs). A decision whose status write then conflicts is
+        // published all the same; it was made on the pods, which the conflict is not about.
+        let decided = EpochStatus {
+            deprecated: change.deprecated.or(state.status.deprecated),
+            synced: change.synced.or(state.status.synced),
+        };
+        publish_status(shared, key, &state.uid, decided, state.bypass).await?;
+    }
     let applied = |js: &JobSet| {
         let now = js.epoch_status(dialect);
         change.deprecated.is_none_or(|d| now.deprecated == Some(d))

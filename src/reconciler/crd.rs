@@ -18,6 +18,12 @@ pub async fn check(client: &kube::Client, dialect: Dialect) -> Result<(), Error>
     missing_status_fields(&crd, dialect).map_err(Error::CrdFields)
 }
 
+/// Whether a CRD is installed (`Ok(false)` when the API server answers 404).
+pub async fn exists(client: &kube::Client, name: &str) -> Result<bool, Error> {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    Ok(api.get_opt(name).await.map_err(Error::CrdRead)?.is_some())
+}
+
 /// `Ok` when the `v1alpha2` schema's `status` has both epoch fields of the dialect (or keeps
 /// unknown fields); otherwise a message naming what is missing and what to install.
 pub fn missing_status_fields(crd: &Value, dialect: Dialect) -> Result<(), String> {

@@ -21,6 +21,9 @@ pub struct JobSetState {
     pub active: bool,
     /// `spec.failurePolicy.restartStrategy == InPlaceRestart` (finished or not).
     pub in_place_restart: bool,
+    /// Not InPlaceRestart, or in-place restart disabled by its annotation: its agents must not
+    /// wait for an epoch.
+    pub bypass: bool,
     /// The service accounts its pod templates name (`None`: none named).
     pub service_accounts: Vec<Option<String>>,
     pub expected_pods: i64,
@@ -45,6 +48,7 @@ impl JobSetState {
                 && !js.is_suspended()
                 && !js.is_in_place_restart_disabled(),
             in_place_restart: js.is_in_place_restart(),
+            bypass: !js.is_in_place_restart() || js.is_in_place_restart_disabled(),
             service_accounts: js.pod_service_accounts(),
             expected_pods: js.expected_pods(),
             max_restarts: js.max_restarts(),
@@ -365,6 +369,18 @@ impl Index {
     }
 
     /// Every active JobSet's key (for a full resync when leadership is gained).
+    /// The InPlaceRestart JobSets, active or not: those with epochs to publish.
+    pub fn in_place_restart_keys(&self) -> Vec<Key> {
+        let mut keys: Vec<Key> = self
+            .jobsets
+            .iter()
+            .filter(|(_, s)| s.in_place_restart)
+            .map(|(k, _)| k.clone())
+            .collect();
+        keys.sort();
+        keys
+    }
+
     pub fn active_keys(&self) -> Vec<Key> {
         let mut keys: Vec<Key> = self
             .jobsets

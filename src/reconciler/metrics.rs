@@ -39,11 +39,19 @@ pub struct Metrics {
     pub deprecated_epoch: Family<JobSetLabels, Gauge>,
     /// API requests that did not answer within the request timeout, by call.
     pub api_timeouts: Family<CallLabels, Counter>,
+    /// Writes of JobSetEpoch objects, by result.
+    pub epoch_publications: Family<ResultLabels, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    /// `ok`, `error`, `timeout`.
+    pub result: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CallLabels {
-    /// `status_write`, `status_read`, `provision_apply`, `event`, `crd_read`.
+    /// `status_write`, `status_read`, `epochs_write`, `provision_apply`, `event`, `crd_read`.
     pub call: &'static str,
 }
 
@@ -63,6 +71,7 @@ impl Metrics {
             is_leader: Gauge::default(),
             deprecated_epoch: Family::default(),
             api_timeouts: Family::default(),
+            epoch_publications: Family::default(),
         };
         let r = registry.sub_registry_with_prefix("jobset_inplace_reconciler");
         r.register(
@@ -90,6 +99,11 @@ impl Metrics {
             "api_timeouts",
             "API requests that did not answer within the request timeout, by call",
             m.api_timeouts.clone(),
+        );
+        r.register(
+            "epoch_publications",
+            "Writes of JobSetEpoch objects (the epochs agents watch), by result",
+            m.epoch_publications.clone(),
         );
         r.register("pods_tracked", "Pods in the index", m.pods_tracked.clone());
         r.register(
@@ -135,6 +149,12 @@ impl Metrics {
 
     pub fn api_timeout(&self, call: &'static str) {
         self.api_timeouts.get_or_create(&CallLabels { call }).inc();
+    }
+
+    pub fn publication(&self, result: &'static str) {
+        self.epoch_publications
+            .get_or_create(&ResultLabels { result })
+            .inc();
     }
 
     pub fn write(&self, field: &'static str, result: &'static str) {

@@ -14,6 +14,7 @@ pub mod fence;
 pub mod index;
 pub mod metrics;
 pub mod provision;
+pub mod publish;
 mod queue;
 
 use std::future::Future;
@@ -29,6 +30,7 @@ use tokio::sync::watch;
 use crate::protocol::Dialect;
 use crate::settings::Global;
 use crate::telemetry;
+use crate::wire::epochs;
 
 pub use controller::{Controller, DEFAULT_REQUEST_TIMEOUT, DEFAULT_WATCH_TIMEOUT, Settings};
 
@@ -235,6 +237,8 @@ impl Args {
                 request_timeout: self.request_timeout,
                 watch_timeout: self.watch_timeout,
                 write_epoch_status: self.write_epoch_status,
+                // Unless the JobSetEpoch CRD is missing (checked in `run`).
+                publish_epochs: true,
             },
             leader_election: self.leader_elect.then(|| LeaderElection {
                 lease_name: self.lease_name.clone(),
@@ -283,7 +287,7 @@ fn hostname() -> String {
 /// `health` is the listener of /healthz, /readyz and /metrics, if any.
 pub async fn run(
     client: kube::Client,
-    options: Options,
+    mut options: Options,
     health: Option<tokio::net::TcpListener>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), Error> {
@@ -293,6 +297,19 @@ pub async fn run(
         tokio::time::timeout(after, crd::check(&client, dialect))
             .await
             .map_err(|_| Error::CrdTimeout(after))??;
+        if options.settings.publish_epochs {
+            let served = tokio::time::timeout(after, crd::exists(&client, epochs::CRD_NAME))
+                .await
+                .map_err(|_| Error::CrdTimeout(after))??;
+            if !served {
+                tracing::warn!(
+                    crd = epochs::CRD_NAME,
+                    "the JobSetEpoch CRD is not installed: not publishing epochs; agents watch \
+                     their JobSet instead, which costs the API server far more at scale"
+                );
+                options.settings.publish_epochs = false;
+            }
+        }
     }
     let mut registry = Registry::default();
     let metrics = metrics::Metrics::register(&mut registry);

@@ -4,12 +4,14 @@
 //! depend on it and none on another. See docs/architecture.md ("Layers").
 //!
 //! - [`agent_env`]: the agent container's name, env variables and built-in defaults;
-//! - [`pod`]: [`WatchedPod`], a pod reduced to what the epoch protocol reads.
+//! - [`pod`]: [`WatchedPod`], a pod reduced to what the epoch protocol reads;
+//! - [`epochs`]: [`epochs::JobSetEpoch`], the per-JobSet copy of the two epochs its agents watch.
 //!
 //! The JobSet side of the contract (the full model and the agent's summary) is [`crate::jobset`];
 //! the annotations, labels and status fields are [`crate::protocol`].
 
 pub mod agent_env;
+pub mod epochs;
 pub mod pod;
 
 pub use pod::WatchedPod;

@@ -24,11 +24,15 @@
 //!   not a resourceVersion: a reconciler write always changes the status and the fields only grow
 //!   between wipes, so equal values mean no write happened in between, or one that a re-read
 //!   would have seen.
-//! - **Agents read, register, then watch.** An agent reads its pod and its JobSet, computes its
-//!   epoch, registers it (a merge patch on its pod) and then acts on the JobSet states its watch
-//!   delivers: each delivery captures the current status, and the decision on it may come later
-//!   (a delayed event), so an agent can act on a state that is already stale; a newer delivery may
-//!   replace one not yet acted upon (a re-read after a cut watch).
+//! - **Agents read, register, then watch.** An agent reads its pod and its JobSet's epochs,
+//!   computes its epoch, registers it (a merge patch on its pod) and then acts on the states its
+//!   watch delivers: each delivery captures the current state, and the decision on it may come
+//!   later (a delayed event), so an agent can act on a state that is already stale; a newer
+//!   delivery may replace one not yet acted upon (a re-read after a cut watch).
+//! - **Where agents read the epochs** ([`AgentsRead`]): the JobSet's JobSetEpoch object (the
+//!   shipped path), which the reconciler publishes from its (lagging) view of the status at any
+//!   time after it sees it, through the shipped [`jobset_inplace::wire::epochs::publish`]; it is
+//!   never wiped. Or, the agents' fallback, the JobSet's status itself.
 //! - **Restarts.** A worker or agent crash, and an agent's exit with the restart code, restart all
 //!   of the pod's containers in place (the `RestartAllContainers` rule matches every non-zero
 //!   exit): the worker stops, a new agent process starts, the annotation survives. A lost node
@@ -45,6 +49,10 @@ use std::fmt;
 use jobset_inplace::protocol::{
     self, AgentAction, AgentView, Dialect, Epoch, EpochStatus, PodView, ReconcileInput,
 };
+use jobset_inplace::wire::epochs::{self, Epochs};
+
+/// The JobSet's UID, as the owner of its JobSetEpoch object.
+const JOBSET_UID: &str = "jobset";
 use stateright::{Model, Property};
 
 pub mod trace;
@@ -72,9 +80,20 @@ pub enum Variant {
     ReconcilerDecidesMidRelist,
 }
 
+/// What agents read their JobSet's epochs from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AgentsRead {
+    /// The JobSet's JobSetEpoch object, which the reconciler publishes from its view of the
+    /// status ([`jobset_inplace::wire::epochs::publish`]): the shipped path.
+    Published,
+    /// The JobSet's status itself: the agents' fallback where the JobSetEpoch kind is not served.
+    JobSet,
+}
+
 /// What to explore.
 #[derive(Clone, Debug)]
 pub struct Config {
+    pub agents_read: AgentsRead,
     pub dialect: Dialect,
     /// Pods of the JobSet (`replicas * parallelism`).
     pub pods: u8,
@@ -97,6 +116,7 @@ pub struct Config {
 impl Config {
     pub fn new(dialect: Dialect, pods: u8, failures: u8) -> Self {
         Config {
+            agents_read: AgentsRead::Published,
             dialect,
             pods,
             failures,
@@ -124,7 +144,11 @@ impl fmt::Display for Config {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{} dialect, {} pods, {} failures{}, {} wipes, {} reconciler restarts{}{}{}",
+            "{}{} dialect, {} pods, {} failures{}, {} wipes, {} reconciler restarts{}{}{}",
+            match self.agents_read {
+                AgentsRead::Published => "",
+                AgentsRead::JobSet => "agents watch the JobSet, ",
+            },
             self.dialect,
             self.pods,
             self.failures,
@@ -341,6 +365,8 @@ pub mod flag {
     pub const EPOCH_UNBOUNDED: u16 = 1 << 4;
     /// A step that is not a fault did not move the progress order strictly up.
     pub const NO_PROGRESS: u16 = 1 << 5;
+    /// The published epochs moved backwards, or to a value the reconciler never wrote.
+    pub const PUBLISHED_WRONG: u16 = 1 << 6;
 }
 
 /// The whole system.
@@ -348,6 +374,9 @@ pub mod flag {
 pub struct State {
     /// The JobSet's epoch fields on the API server.
     pub status: Status,
+    /// The JobSet's JobSetEpoch object on the API server (`None`: not created yet); never
+    /// wiped (`wipes` stays 0).
+    pub published: Option<Status>,
     /// Every pod object, in creation order (failed ones stay, as with
     /// `podReplacementPolicy: Failed`).
     pub pods: Vec<Pod>,
@@ -368,6 +397,10 @@ pub struct State {
     /// Highest deprecated and synced values the reconciler ever wrote.
     pub written_deprecated: Option<Epoch>,
     pub written_synced: Option<Epoch>,
+    /// Highest deprecated and synced values agents could act on: written to the status, or
+    /// published (which the reconciler does before the status write).
+    pub released_deprecated: Option<Epoch>,
+    pub released_synced: Option<Epoch>,
     /// Fault budgets left.
     pub failures_left: u8,
     pub wipes_left: u8,
@@ -383,7 +416,7 @@ pub enum Action {
     AgentReads(usize),
     /// It patches its pod's annotation.
     AgentRegisters(usize),
-    /// Its JobSet watch delivers the current state.
+    /// Its watch (of the JobSetEpoch object, or of the JobSet) delivers the current state.
     AgentWatchDelivers(usize),
     /// It acts on the last state delivered (`agent_decide`).
     AgentDecides(usize),
@@ -397,6 +430,9 @@ pub enum Action {
     JobControllerReplaces(usize),
     /// The reconciler's JobSet watch (or a re-list) brings its view up to date.
     ReconcilerSeesJobSet,
+    /// It publishes its view of the status in the JobSetEpoch object
+    /// ([`jobset_inplace::wire::epochs::publish`]).
+    ReconcilerPublishes,
     /// Its pod watch delivers the oldest pending event.
     ReconcilerPodWatchDelivers,
     /// Its pod watch is cut and re-lists: the cache becomes the current state of every pod
@@ -443,6 +479,53 @@ pub struct ProtocolModel {
 impl ProtocolModel {
     pub fn new(config: Config) -> Self {
         ProtocolModel { config }
+    }
+
+    /// Publishes `source` ([`epochs::publish`], the shipped rule); whether anything changed.
+    fn publish(&self, s: &mut State, source: Status) -> bool {
+        let current = s.published.map(|p| {
+            (
+                Some(JOBSET_UID),
+                Epochs {
+                    deprecated: p.deprecated,
+                    synced: p.synced,
+                    bypass: false,
+                    watch_job_set: false,
+                },
+            )
+        });
+        let source = epochs::Source {
+            uid: JOBSET_UID,
+            status: source.epochs(),
+            bypass: false,
+            delegate: false,
+        };
+        let Some(next) = epochs::publish(current, &source) else {
+            return false;
+        };
+        let below = |n: Option<Epoch>, b: Option<Epoch>| b.is_some() && n < b;
+        if s.published
+            .is_some_and(|b| below(next.deprecated, b.deprecated) || below(next.synced, b.synced))
+            || next.deprecated > s.released_deprecated
+            || next.synced > s.released_synced
+        {
+            s.violations |= flag::PUBLISHED_WRONG;
+        }
+        s.published = Some(Status {
+            wipes: 0,
+            deprecated: next.deprecated,
+            synced: next.synced,
+        });
+        true
+    }
+
+    /// What an agent reading now would see: the published object, or the JobSet's status;
+    /// `None` while nothing is published (the agent waits on its watch).
+    fn agents_see(&self, s: &State) -> Option<Status> {
+        match self.config.agents_read {
+            AgentsRead::Published => s.published,
+            AgentsRead::JobSet => Some(s.status),
+        }
     }
 
     fn agent_decide(&self, epoch: Epoch, view: Status) -> AgentAction {
@@ -527,7 +610,7 @@ impl ProtocolModel {
                 } => Some(epoch),
                 _ => p.worker,
             });
-        let generation = lifted.chain(state.written_synced).max();
+        let generation = lifted.chain(state.released_synced).max();
         state.generations.push(generation);
         state.failures_left -= 1;
     }
@@ -556,15 +639,13 @@ impl ProtocolModel {
         let mut s = state.clone();
         match action {
             Action::AgentReads(i) => {
+                let read = self.agents_see(&s)?;
                 let p = s.pods.get_mut(i)?;
                 if p.failed || p.agent != Agent::Starting {
                     return None;
                 }
-                let epoch = protocol::agent_epoch(cfg.dialect, p.annotation, s.status.synced);
-                p.agent = Agent::Registering {
-                    epoch,
-                    read: s.status,
-                };
+                let epoch = protocol::agent_epoch(cfg.dialect, p.annotation, read.synced);
+                p.agent = Agent::Registering { epoch, read };
             }
             Action::AgentRegisters(i) => {
                 let p = s.pods.get_mut(i)?;
@@ -592,7 +673,7 @@ impl ProtocolModel {
                 };
             }
             Action::AgentWatchDelivers(i) => {
-                let status = s.status;
+                let status = self.agents_see(&s)?;
                 let p = s.pods.get_mut(i)?;
                 let Agent::Watching { view, decided, .. } = &mut p.agent else {
                     return None;
@@ -616,7 +697,7 @@ impl ProtocolModel {
                 };
                 let next = match self.agent_decide(epoch, view) {
                     AgentAction::Restart(_) => {
-                        if s.written_deprecated.is_none_or(|d| epoch > d) {
+                        if s.released_deprecated.is_none_or(|d| epoch > d) {
                             s.violations |= flag::EXIT_NOT_DEPRECATED;
                         }
                         Agent::Exited
@@ -689,6 +770,15 @@ impl ProtocolModel {
                 }
                 s.rec_status = Some(s.status);
             }
+            Action::ReconcilerPublishes => {
+                if cfg.agents_read != AgentsRead::Published {
+                    return None;
+                }
+                let view = s.rec_status?;
+                if !self.publish(&mut s, view) {
+                    return None;
+                }
+            }
             Action::ReconcilerPodWatchDelivers => {
                 if s.rec_queue.is_empty() {
                     return None;
@@ -730,6 +820,19 @@ impl ProtocolModel {
                 if change.is_empty() {
                     return None;
                 }
+                if cfg.agents_read == AgentsRead::Published {
+                    // The decision is published first, then written to the status (guarded):
+                    // the published epochs never lag the status (a new pod reading them never
+                    // reads a synced epoch older than the status's).
+                    let decided = Status {
+                        wipes: 0,
+                        deprecated: change.deprecated.or(view.deprecated),
+                        synced: change.synced.or(view.synced),
+                    };
+                    s.released_deprecated = s.released_deprecated.max(decided.deprecated);
+                    s.released_synced = s.released_synced.max(decided.synced);
+                    self.publish(&mut s, decided);
+                }
                 if view != s.status {
                     // 409: re-read the JobSet; decide again on the next step.
                     s.rec_status = Some(s.status);
@@ -744,6 +847,7 @@ impl ProtocolModel {
                         }
                         next.deprecated = Some(d);
                         s.written_deprecated = s.written_deprecated.max(Some(d));
+                        s.released_deprecated = s.released_deprecated.max(Some(d));
                         s.rec_last_deprecated = s.rec_last_deprecated.max(Some(d));
                     }
                     if let Some(e) = change.synced {
@@ -755,6 +859,7 @@ impl ProtocolModel {
                         }
                         next.synced = Some(e);
                         s.written_synced = s.written_synced.max(Some(e));
+                        s.released_synced = s.released_synced.max(Some(e));
                         s.rec_last_synced = Some(e);
                         for (i, r) in s.rec_pods.iter_mut().enumerate() {
                             r.counted = decision.synced_pods.contains(&pod_name(i));
@@ -884,6 +989,10 @@ impl ProtocolModel {
             product(
                 [
                     before.status.progress(after.status),
+                    match (before.published, after.published) {
+                        (Some(a), Some(b)) => a.progress(b),
+                        (a, b) => Some(a.is_some().cmp(&b.is_some())),
+                    },
                     Some(before.pods.len().cmp(&after.pods.len())),
                 ]
                 .into_iter()
@@ -947,6 +1056,7 @@ impl ProtocolModel {
             }
         }
         out.push(Action::ReconcilerSeesJobSet);
+        out.push(Action::ReconcilerPublishes);
         out.push(Action::ReconcilerPodWatchDelivers);
         out.push(Action::ReconcilerRelistsPods);
         if self.config.variant == Variant::ReconcilerDecidesMidRelist {
@@ -1046,6 +1156,7 @@ impl Model for ProtocolModel {
         let n = usize::from(self.config.pods);
         vec![State {
             status: Status::default(),
+            published: None,
             pods: vec![Pod::new(); n],
             rec_status: None,
             rec_pods: vec![RecPod::default(); n],
@@ -1055,6 +1166,8 @@ impl Model for ProtocolModel {
             generations: Vec::new(),
             written_deprecated: None,
             written_synced: None,
+            released_deprecated: None,
+            released_synced: None,
             failures_left: self.config.failures,
             wipes_left: self.config.wipes,
             rec_restarts_left: self.config.reconciler_restarts,
@@ -1094,6 +1207,10 @@ impl Model for ProtocolModel {
             Property::always(
                 "safety 3: a write never goes below an earlier write",
                 |_, s: &State| s.violations & flag::WRITE_BELOW_EARLIER == 0,
+            ),
+            Property::always(
+                "safety 3: the published epochs only move forward, to written values",
+                |_, s: &State| s.violations & flag::PUBLISHED_WRONG == 0,
             ),
             Property::always("bound: epochs stay bounded", |_, s: &State| {
                 s.violations & flag::EPOCH_UNBOUNDED == 0

@@ -65,8 +65,9 @@ fn status(s: &Option<Status>) -> String {
 /// A multi-line picture of one state.
 pub fn state(s: &State) -> String {
     let mut out = format!(
-        "  JobSet {}; reconciler sees {} and pods [{}] (* counted when it wrote S={})",
+        "  JobSet {}; published {}; reconciler sees {} and pods [{}] (* counted when it wrote S={})",
         s.status,
+        status(&s.published),
         status(&s.rec_status),
         s.rec_pods.iter().map(seen).collect::<Vec<_>>().join(", "),
         show(s.rec_last_synced),

@@ -633,6 +633,7 @@ fn watch(
         api_version: rt.api_version(),
         kind: rt.kind.to_string(),
         finished: false,
+        bookmark_sent: std::cell::Cell::new(false),
     };
     Ok(json_response(200, session.into_body()))
 }

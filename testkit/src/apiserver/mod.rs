@@ -27,7 +27,7 @@
 //! ```
 //!
 //! What it does (see the submodules for details):
-//! - resources: pods (with `status`), jobsets (with `status`), events (core/v1 and
+//! - resources: pods (with `status`), jobsets (with `status`), jobsetepochs, events (core/v1 and
 //!   events.k8s.io/v1), leases, serviceaccounts, rolebindings, namespaces and
 //!   customresourcedefinitions by default ([`resources::default_resources`]); more can be
 //!   registered through [`Options::resources`]; cluster-wide list/watch of namespaced ones;
@@ -78,6 +78,7 @@ use tokio::task::JoinHandle;
 pub use chaos::{Chaos, ChaosStats, EXEMPT_HEADER};
 pub use error::ApiError;
 pub use faults::{Counters, FaultRule, Matcher, Verb};
+
 pub use patch::PatchType;
 pub use resources::{Registry, ResourceType, default_resources};
 pub use store::{Store, StoreOptions};
@@ -121,9 +122,60 @@ pub(crate) struct Shared {
     faults: Mutex<faults::Faults>,
     chaos: Mutex<Option<chaos::ChaosState>>,
     counters: Mutex<Counters>,
+    /// What watches delivered, per resource ([`ResId`] order).
+    delivered: Vec<DeliveryCounter>,
     bookmark_period: Mutex<Duration>,
     shutting_down: AtomicBool,
     writes: Mutex<Vec<WriteRecord>>,
+}
+
+/// What the watches of one resource delivered ([`TestApiServer::deliveries`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Delivered {
+    pub events: u64,
+    pub bookmarks: u64,
+    pub bytes: u64,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct DeliveryCounter {
+    events: std::sync::atomic::AtomicU64,
+    bookmarks: std::sync::atomic::AtomicU64,
+    bytes: std::sync::atomic::AtomicU64,
+}
+
+impl DeliveryCounter {
+    pub(crate) fn count(&self, bytes: usize, bookmark: bool) {
+        let n = if bookmark {
+            &self.bookmarks
+        } else {
+            &self.events
+        };
+        n.fetch_add(1, Ordering::Relaxed);
+        self.bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+
+    fn reset(&self) {
+        self.events.store(0, Ordering::Relaxed);
+        self.bookmarks.store(0, Ordering::Relaxed);
+        self.bytes.store(0, Ordering::Relaxed);
+    }
+
+    fn snapshot(&self) -> Delivered {
+        Delivered {
+            events: self.events.load(Ordering::Relaxed),
+            bookmarks: self.bookmarks.load(Ordering::Relaxed),
+            bytes: self.bytes.load(Ordering::Relaxed),
+        }
+    }
+}
+
+impl Shared {
+    pub(crate) fn delivered(&self, res: resources::ResId, bytes: usize, bookmark: bool) {
+        if let Some(d) = self.delivered.get(res) {
+            d.count(bytes, bookmark);
+        }
+    }
 }
 
 /// The header that names a client ([`TestApiServer::client_named`]) in the write log and in
@@ -258,7 +310,11 @@ impl TestApiServer {
                 graceful_pod_deletion: opts.graceful_pod_deletion,
             },
         );
+        let delivered = (0..registry.types().len())
+            .map(|_| DeliveryCounter::default())
+            .collect();
         let shared = Arc::new(Shared {
+            delivered,
             registry,
             store: Mutex::new(store),
             faults: Mutex::new(faults::Faults::default()),
@@ -626,6 +682,22 @@ impl TestApiServer {
 
     pub fn reset_counters(&self) {
         *lock(&self.shared.counters) = Counters::default();
+        for d in &self.shared.delivered {
+            d.reset();
+        }
+    }
+
+    /// What watches have delivered so far, per resource (name as in [`Counters`]): events
+    /// (`ADDED`, `MODIFIED`, `DELETED`, `ERROR`), bookmarks, and the bytes of both. Reset with
+    /// [`TestApiServer::reset_counters`].
+    pub fn deliveries(&self) -> std::collections::BTreeMap<String, Delivered> {
+        self.shared
+            .delivered
+            .iter()
+            .enumerate()
+            .map(|(res, d)| (self.shared.registry.name(res).to_owned(), d.snapshot()))
+            .filter(|(_, d)| *d != Delivered::default())
+            .collect()
     }
 
     /// The canonical counter name of a resource name given by a test (`jobsets.jobset.x-k8s.io`

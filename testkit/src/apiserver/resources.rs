@@ -143,7 +143,7 @@ const EVENT_FIELDS: &[&str] = &[
     "type",
 ];
 
-/// The resources served by default: pods, jobsets, events (core/v1 and events.k8s.io/v1),
+/// The resources served by default: pods, jobsets, jobsetepochs, events (core/v1 and events.k8s.io/v1),
 /// leases, serviceaccounts, rolebindings, namespaces and customresourcedefinitions.
 pub fn default_resources() -> Vec<ResourceType> {
     vec![
@@ -157,6 +157,12 @@ pub fn default_resources() -> Vec<ResourceType> {
             jobset_inplace::jobset::PLURAL,
         )
         .with_status(),
+        ResourceType::namespaced(
+            jobset_inplace::wire::epochs::GROUP,
+            jobset_inplace::wire::epochs::VERSION,
+            jobset_inplace::wire::epochs::KIND,
+            jobset_inplace::wire::epochs::PLURAL,
+        ),
         ResourceType::namespaced("", "v1", "Event", "events")
             .with_create_on_update()
             .with_fields(CORE_EVENT_FIELDS),

@@ -444,9 +444,14 @@ mod tests {
         assert_eq!(f("metadata.name!=n").name(), None);
         assert!(FieldSelector::parse("spec.foo=bar", pods).is_err());
         assert!(FieldSelector::parse("metadata.name", pods).is_err());
-        let leases = &rts[4];
+        let by_plural = |plural: &str| {
+            rts.iter()
+                .find(|r| r.plural == plural)
+                .expect("a default resource")
+        };
+        let leases = by_plural("leases");
         assert!(FieldSelector::parse("spec.nodeName=x", leases).is_err());
-        let namespaces = &rts[7];
+        let namespaces = by_plural("namespaces");
         assert!(FieldSelector::parse("metadata.namespace=x", namespaces).is_err());
         let esc = FieldSelector::parse(r"metadata.name=a\,b", pods).expect("escaped");
         assert_eq!(esc.0[0].value, "a,b");

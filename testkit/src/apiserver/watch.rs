@@ -50,6 +50,8 @@ pub(crate) struct Session {
     pub api_version: String,
     pub kind: String,
     pub finished: bool,
+    /// The chunk just produced is a bookmark (for [`Shared::delivered`]).
+    pub bookmark_sent: std::cell::Cell<bool>,
 }
 
 impl Drop for Session {
@@ -93,6 +95,7 @@ impl Session {
         }
         let obj: Value =
             json!({"kind": self.kind, "apiVersion": self.api_version, "metadata": metadata});
+        self.bookmark_sent.set(true);
         let mut line =
             serde_json::to_vec(&json!({"type": "BOOKMARK", "object": obj})).unwrap_or_default();
         line.push(b'\n');
@@ -160,6 +163,10 @@ impl Session {
     pub(crate) fn into_body(self) -> Body {
         Body::from_stream(futures::stream::unfold(self, |mut s| async move {
             let chunk = s.next_chunk().await?;
+            if let Ok(bytes) = &chunk {
+                let bookmark = s.bookmark_sent.replace(false);
+                s.shared.delivered(s.res, bytes.len(), bookmark);
+            }
             Some((chunk, s))
         }))
     }

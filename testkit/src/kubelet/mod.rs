@@ -721,6 +721,7 @@ impl Simulation {
                     request_timeout: reconciler::DEFAULT_REQUEST_TIMEOUT,
                     watch_timeout: reconciler::DEFAULT_WATCH_TIMEOUT,
                     write_epoch_status: true,
+                    publish_epochs: true,
                 },
                 leader_election: None,
                 check_crd: false,

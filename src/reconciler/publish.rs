@@ -1,0 +1,224 @@
+//! Publishing each JobSet's epochs for its agents ([`crate::wire::epochs`]): a watch of the
+//! published objects, so that the leader only ever moves them forward and re-creates one that was
+//! deleted, and the server-side apply that writes one.
+//!
+//! The JobSet's status stays the source of truth. A decision is published before its status
+//! write (`controller::write_epochs`); after each evaluation the object catches up with the
+//! status (a new JobSet, a status written before). Both go through
+//! [`crate::wire::epochs::publish`] (monotone, pure).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use futures::StreamExt;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event, watcher};
+
+use super::index::Key;
+use crate::retry::WatchBackoff;
+use crate::wire::epochs::{self, Epochs, JobSetEpoch};
+
+/// What is published, as the watch of the objects (and this process's own writes) show it.
+#[derive(Debug, Default)]
+pub struct Published {
+    /// Per JobSet: the owner UID and the content of its object.
+    objects: Mutex<HashMap<Key, (Option<String>, Epochs)>>,
+    /// The watch has listed every object once: before that, a missing entry does not mean that
+    /// there is no object, and nothing is written (it could move one backwards).
+    synced: AtomicBool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn key_of(obj: &JobSetEpoch) -> Option<Key> {
+    Some((obj.metadata.namespace.clone()?, obj.metadata.name.clone()?))
+}
+
+impl Published {
+    pub fn is_synced(&self) -> bool {
+        self.synced.load(Ordering::Acquire)
+    }
+
+    /// Whether a JobSet has an object.
+    pub fn contains(&self, key: &Key) -> bool {
+        lock(&self.objects).contains_key(key)
+    }
+
+    /// The content to write for a JobSet ([`epochs::publish`]), or `None` when what is published
+    /// is already right.
+    pub fn next(&self, key: &Key, source: &epochs::Source<'_>) -> Option<Epochs> {
+        let objects = lock(&self.objects);
+        let current = objects
+            .get(key)
+            .map(|(owner, content)| (owner.as_deref(), *content));
+        epochs::publish(current, source)
+    }
+
+    /// Records an object as read or written; returns its key when its content differs from what
+    /// was known (the JobSet is then evaluated again, which repairs an object someone else
+    /// changed).
+    fn record(&self, obj: &JobSetEpoch) -> Option<Key> {
+        let key = key_of(obj)?;
+        let now = (
+            obj.owner_uid().map(str::to_owned),
+            obj.epochs.unwrap_or_default(),
+        );
+        let before = lock(&self.objects).insert(key.clone(), now.clone());
+        (before != Some(now)).then_some(key)
+    }
+
+    fn remove(&self, key: &Key) {
+        lock(&self.objects).remove(key);
+    }
+
+    /// Forgets a deleted JobSet's entry (its object goes with it).
+    pub fn forget(&self, key: &Key) {
+        self.remove(key);
+    }
+
+    /// Entries held, for [`super::controller::StateSizes`].
+    pub fn len(&self) -> usize {
+        lock(&self.objects).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        lock(&self.objects).is_empty()
+    }
+}
+
+/// Follows the published objects; `changed` is told about each JobSet whose object changed or
+/// went away, so that it is evaluated (and its object repaired) again, and `synced` when the
+/// objects have been listed (each time: the JobSets evaluated before could not publish).
+pub async fn watch(
+    api: Api<JobSetEpoch>,
+    config: watcher::Config,
+    published: &Published,
+    changed: impl Fn(Key),
+    synced: impl Fn(),
+) {
+    let stream = watcher(api, config).backoff(WatchBackoff::new());
+    futures::pin_mut!(stream);
+    let mut relist: Option<Vec<Key>> = None;
+    while let Some(event) = stream.next().await {
+        match event {
+            Ok(Event::Init) => relist = Some(Vec::new()),
+            Ok(Event::InitApply(obj)) => {
+                if let (Some(seen), Some(key)) = (relist.as_mut(), key_of(&obj)) {
+                    seen.push(key);
+                }
+                if let Some(key) = published.record(&obj) {
+                    changed(key);
+                }
+            }
+            Ok(Event::InitDone) => {
+                if let Some(seen) = relist.take() {
+                    let seen: std::collections::HashSet<Key> = seen.into_iter().collect();
+                    let gone: Vec<Key> = lock(&published.objects)
+                        .keys()
+                        .filter(|k| !seen.contains(*k))
+                        .cloned()
+                        .collect();
+                    for key in gone {
+                        published.remove(&key);
+                        changed(key);
+                    }
+                }
+                published.synced.store(true, Ordering::Release);
+                synced();
+            }
+            Ok(Event::Apply(obj)) => {
+                if let Some(key) = published.record(&obj) {
+                    changed(key);
+                }
+            }
+            Ok(Event::Delete(obj)) => {
+                if let Some(key) = key_of(&obj) {
+                    published.remove(&key);
+                    changed(key);
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "JobSetEpoch watch failed; retrying"),
+        }
+    }
+}
+
+/// Writes a JobSet's object (server-side apply, forced: the reconciler owns every field it
+/// sets) and records the result.
+pub async fn apply(
+    api: &Api<JobSetEpoch>,
+    published: &Published,
+    key: &Key,
+    uid: &str,
+    content: &Epochs,
+) -> Result<(), kube::Error> {
+    let body = epochs::apply_body(&key.0, &key.1, uid, content);
+    let params = PatchParams::apply(epochs::FIELD_MANAGER).force();
+    let written = api.patch(&key.1, &params, &Patch::Apply(&body)).await?;
+    published.record(&written);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::EpochStatus;
+    use serde_json::json;
+
+    fn object(name: &str, uid: &str, d: i32, s: i32) -> JobSetEpoch {
+        serde_json::from_value(epochs::apply_body(
+            "ns",
+            name,
+            uid,
+            &Epochs {
+                deprecated: Some(d),
+                synced: Some(s),
+                bypass: false,
+                watch_job_set: false,
+            },
+        ))
+        .expect("parses")
+    }
+
+    #[test]
+    fn records_report_changes_only() {
+        let p = Published::default();
+        let obj = object("js", "u", 1, 2);
+        assert_eq!(p.record(&obj), Some(("ns".into(), "js".into())));
+        assert_eq!(p.record(&obj), None, "the same content again is no change");
+        assert!(p.contains(&("ns".into(), "js".into())));
+        let source = epochs::Source {
+            uid: "u",
+            status: EpochStatus {
+                deprecated: Some(1),
+                synced: Some(2),
+            },
+            bypass: false,
+            delegate: false,
+        };
+        assert_eq!(p.next(&("ns".into(), "js".into()), &source), None);
+        let source = epochs::Source {
+            status: EpochStatus {
+                deprecated: Some(2),
+                synced: Some(2),
+            },
+            ..source
+        };
+        assert_eq!(
+            p.next(&("ns".into(), "js".into()), &source),
+            Some(Epochs {
+                deprecated: Some(2),
+                synced: Some(2),
+                bypass: false,
+                watch_job_set: false,
+            })
+        );
+        p.forget(&("ns".into(), "js".into()));
+        assert!(p.is_empty());
+        let unnamed: JobSetEpoch = serde_json::from_value(json!({"metadata": {}})).expect("parses");
+        assert_eq!(p.record(&unnamed), None);
+    }
+}
