@@ -254,6 +254,11 @@ async fn doctor_checks_an_installation() {
             );
         }
         assert!(text.contains("has 364 day(s) left") || text.contains("has 365 day(s) left"), "{text}");
+        // Without the JobSetEpoch CRD it works, at a cost it names: a warning, not a failure.
+        assert!(
+            text.lines().any(|l| l.starts_with("warn jobsetepoch-crd") && l.contains("whole JobSet")),
+            "{text}"
+        );
 
         // Faults: the epoch dialect's fields are missing, the lease is stale, no account in
         // another namespace; JSON says the same.

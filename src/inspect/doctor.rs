@@ -21,6 +21,7 @@ use serde::Serialize;
 use crate::certs;
 use crate::protocol::Dialect;
 use crate::reconciler::crd;
+use crate::wire::epochs;
 
 /// How one check came out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -317,6 +318,31 @@ pub fn check_crd(crd: Option<&CustomResourceDefinition>, dialect: Dialect) -> Fi
     }
 }
 
+/// The JobSetEpoch CRD is installed: agents watch its small objects rather than their JobSet.
+pub fn check_epochs_crd(crd: Option<&CustomResourceDefinition>) -> Finding {
+    const CHECK: &str = "jobsetepoch-crd";
+    match crd {
+        Some(_) => Finding::new(
+            CHECK,
+            Verdict::Ok,
+            format!(
+                "{} is installed: agents watch their JobSet's epochs in it",
+                epochs::CRD_NAME
+            ),
+        ),
+        None => Finding::new(
+            CHECK,
+            Verdict::Warn,
+            format!(
+                "{} is not installed: agents watch their whole JobSet instead, and every write \
+                 to it reaches every agent; apply the install manifest (it carries the CRD) and \
+                 restart the reconciler",
+                epochs::CRD_NAME
+            ),
+        ),
+    }
+}
+
 /// The lease has a holder that renewed it within its duration.
 pub fn check_lease(lease: Option<&Lease>, namespace: &str, name: &str, now: SystemTime) -> Finding {
     const CHECK: &str = "reconciler-leader";
@@ -529,6 +555,15 @@ pub async fn run_checks(client: &kube::Client, target: &Target, now: SystemTime)
     {
         Ok(c) => out.push(check_crd(c.as_ref(), target.dialect)),
         Err(e) => out.push(read_failure("jobset-crd", "the JobSet CRD", &e)),
+    }
+    match get_opt(
+        Api::<CustomResourceDefinition>::all(client.clone()),
+        epochs::CRD_NAME,
+    )
+    .await
+    {
+        Ok(c) => out.push(check_epochs_crd(c.as_ref())),
+        Err(e) => out.push(read_failure("jobsetepoch-crd", "the JobSetEpoch CRD", &e)),
     }
 
     match get_opt(
