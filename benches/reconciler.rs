@@ -11,8 +11,6 @@
 //! time per group restart, and the in-memory evaluation of the pods (`reconcile_decide`, timed
 //! in this process, beside a baseline of one pass over the same pods).
 
-use std::io::Write;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -20,6 +18,7 @@ use jobset_inplace::protocol::{
     Dialect, EpochStatus, JOBSET_NAME_LABEL, PodView, ReconcileInput, reconcile_decide,
 };
 use jobset_inplace_testkit::apiserver::{TestApiServer, Verb};
+use jobset_inplace_testkit::process::{ReconcilerProcess, cpu_ticks, proc_status_kib};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 use kube::runtime::watcher;
@@ -32,33 +31,6 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
-}
-
-struct Reconciler(Child);
-
-impl Drop for Reconciler {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn proc_field(pid: u32, file: &str, key: &str) -> Option<u64> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/{file}")).ok()?;
-    text.lines()
-        .find(|l| l.starts_with(key))?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()
-}
-
-/// utime + stime of a process, in clock ticks (100 Hz on Linux).
-fn cpu_ticks(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = stat.rsplit_once(')')?.1;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
 }
 
 async fn wait_for(what: &str, limit: Duration, mut f: impl FnMut() -> bool) -> Duration {
@@ -170,41 +142,15 @@ async fn main() {
         .expect("pods");
 
     // The reconciler, as deployed: the real binary, a kubeconfig, its own process.
-    let dir = tempfile::tempdir().expect("tempdir");
-    let kubeconfig = dir.path().join("kubeconfig");
-    let mut f = std::fs::File::create(&kubeconfig).expect("kubeconfig");
-    write!(
-        f,
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: {}\n\
-         users:\n- name: test\n  user: {{}}\ncontexts:\n- name: test\n  context:\n    cluster: test\n    user: test\n\
-         current-context: test\n",
-        server.url()
+    let reconciler = ReconcilerProcess::spawn(
+        std::path::Path::new(env!("CARGO_BIN_EXE_jobset-inplace")),
+        &server,
+        dialect,
+        &[],
     )
-    .expect("write");
-    let health = std::net::TcpListener::bind("127.0.0.1:0").expect("port");
-    let health_addr = health.local_addr().expect("addr");
-    drop(health);
-    let child = Command::new(env!("CARGO_BIN_EXE_jobset-inplace"))
-        .args([
-            "--protocol",
-            dialect.as_str(),
-            "--log-level",
-            "warn",
-            "reconciler",
-        ])
-        .args([
-            "--leader-elect",
-            "false",
-            "--skip-crd-check",
-            "--health-addr",
-        ])
-        .arg(health_addr.to_string())
-        .env("KUBECONFIG", &kubeconfig)
-        .stdin(Stdio::null())
-        .spawn()
-        .expect("starts the reconciler");
-    let reconciler = Reconciler(child);
-    let pid = reconciler.0.id();
+    .expect("starts the reconciler");
+    let pid = reconciler.pid();
+    let health_addr = reconciler.health;
     let status = |field: &str| {
         server
             .get("jobsets", NS, "js")
@@ -257,7 +203,7 @@ async fn main() {
     let baseline = median(baseline);
     println!("baseline: a kube watch sees a pod write after {baseline:.2} ms (median of 20)");
 
-    let before_rss = proc_field(pid, "status", "VmHWM:").unwrap_or(0);
+    let before_rss = proc_status_kib(pid, "VmHWM").unwrap_or(0);
     let mut deprecate = Vec::new();
     let mut sync = Vec::new();
     let mut cpu = Vec::new();
@@ -294,7 +240,7 @@ async fn main() {
         lists.push(used.verb(Verb::List));
         cpu.push((cpu_ticks(pid).unwrap_or(0).saturating_sub(ticks)) as f64 * 10.0);
     }
-    let rss = proc_field(pid, "status", "VmHWM:").unwrap_or(0);
+    let rss = proc_status_kib(pid, "VmHWM").unwrap_or(0);
     let metrics = reqwest::get(format!("http://{health_addr}/metrics"))
         .await
         .ok();

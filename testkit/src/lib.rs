@@ -22,4 +22,5 @@ pub mod fixtures;
 pub mod generators;
 pub mod kubelet;
 pub mod oracle;
+pub mod process;
 pub mod webhook_harness;

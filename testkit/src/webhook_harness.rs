@@ -479,26 +479,17 @@ impl Replica {
 
     /// VmRSS of the process, in KiB (Linux).
     pub fn rss_kib(&self) -> Option<u64> {
-        proc_status_kib(self.pid(), "VmRSS")
+        u32::try_from(self.pid())
+            .ok()
+            .and_then(|pid| crate::process::proc_status_kib(pid, "VmRSS"))
     }
 
     /// VmHWM (peak resident set) of the process, in KiB (Linux).
     pub fn peak_rss_kib(&self) -> Option<u64> {
-        proc_status_kib(self.pid(), "VmHWM")
+        u32::try_from(self.pid())
+            .ok()
+            .and_then(|pid| crate::process::proc_status_kib(pid, "VmHWM"))
     }
-}
-
-/// A `kB` field of `/proc/<pid>/status` (`VmRSS`, `VmHWM`, ...).
-fn proc_status_kib(pid: i32, field: &str) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))?
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .ok()
 }
 
 /// A bench setting from the environment, else `default` (also when it does not parse).
