@@ -54,6 +54,9 @@ pub const RENEW_BEFORE: Duration = Duration::from_secs(30 * 24 * 60 * 60);
 /// ahead).
 const BACKDATE: Duration = Duration::from_secs(60 * 60);
 
+/// Longest wait for one Kubernetes API request of `certs`.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Common name of a CA generated here.
 pub const CA_COMMON_NAME: &str = "jobset-inplace webhook CA";
 
@@ -100,6 +103,8 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    #[error("{what}: no answer within {after:?}")]
+    Timeout { what: String, after: Duration },
     #[error("{what}: kept changing while being written; another replica keeps replacing it")]
     Contended { what: String },
     #[error("cannot build the caBundle patch: {0}")]
@@ -644,7 +649,8 @@ pub struct Args {
     pub namespace: Option<String>,
 
     /// Directory for ca.crt, ca.key, tls.crt, tls.key (created when missing). An existing CA is
-    /// reused; an existing serving certificate is kept while valid for more than 30 days.
+    /// reused; an existing serving certificate is kept while valid for more than 30 days. With
+    /// --secret, a copy of what the Secret holds (ca.crt: every CA trusted).
     #[arg(
         long,
         env = "JOBSET_INPLACE_CERT_DIR",
@@ -658,7 +664,10 @@ pub struct Args {
     pub extra_names: Vec<String>,
 
     /// Keep the certificates in this Kubernetes Secret (kubernetes.io/tls plus ca.crt and
-    /// ca.key): created when absent, its CA reused, its serving certificate renewed when due.
+    /// ca.key): created when absent, its CA reused, its serving certificate renewed once 2/3 of
+    /// its lifetime has passed, and its CA rotated as `webhook --self-signed` does (a run
+    /// starts a rotation, a run after the 7-day overlap switches, one after another overlap
+    /// ends it).
     #[arg(long, env = "JOBSET_INPLACE_CERT_SECRET", value_name = "NAME")]
     pub secret: Option<String>,
 
@@ -699,8 +708,25 @@ impl Args {
             let config = self.patch_webhooks.then_some(self.webhook_config.as_str());
             match &self.secret {
                 Some(secret) => {
-                    cluster::bootstrap(&client, &namespace, secret, &names, config, &self.out)
+                    let target = cluster::Target {
+                        namespace: namespace.clone(),
+                        secret: secret.clone(),
+                        webhook_config: config.map(str::to_owned),
+                        names,
+                        dir: self.out.clone(),
+                        install_ca_key: true,
+                    };
+                    let policy = rotation::Policy {
+                        ca_validity: CA_VALIDITY,
+                        serving_validity: SERVING_VALIDITY,
+                        overlap: rotation::Policy::DEFAULT.overlap,
+                    };
+                    let report = cluster::Renewer::new(client, target, policy, REQUEST_TIMEOUT)
+                        .step()
                         .await?;
+                    for step in &report.steps {
+                        println!("{step}");
+                    }
                     println!(
                         "certificates in secret {namespace}/{secret} and {}",
                         self.out.display()
@@ -716,7 +742,7 @@ impl Args {
                         source,
                     })?;
                     if let Some(config) = config {
-                        cluster::patch_ca_bundle(&client, config, &ca).await?;
+                        cluster::patch_ca_bundle(&client, config, &ca, REQUEST_TIMEOUT).await?;
                     }
                 }
             }

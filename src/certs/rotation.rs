@@ -67,8 +67,10 @@ fn system_time(secs: i64) -> SystemTime {
     UNIX_EPOCH + Duration::from_secs(u64::try_from(secs).unwrap_or(0))
 }
 
+/// Whole seconds, rounded up (certificate times are whole seconds).
 fn secs(d: Duration) -> i64 {
-    i64::try_from(d.as_secs()).unwrap_or(i64::MAX)
+    let whole = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+    i64::try_from(whole).unwrap_or(i64::MAX)
 }
 
 /// When a certificate is valid, Unix seconds.
@@ -446,9 +448,14 @@ fn serving_of(
         if lo > hi {
             return Some("it is never valid while the CA is".to_owned());
         }
-        verify_chain(&[ca.clone()], &chain, names, system_time(now.clamp(lo, hi)))
-            .err()
-            .map(|e| format!("it does not chain to the CA for the Service's names: {e}"))
+        verify_chain(
+            std::slice::from_ref(ca),
+            &chain,
+            names,
+            system_time(now.clamp(lo, hi)),
+        )
+        .err()
+        .map(|e| format!("it does not chain to the CA for the Service's names: {e}"))
     });
     Serving::Issued { validity, problem }
 }
