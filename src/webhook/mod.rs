@@ -275,6 +275,23 @@ impl Args {
         }
     }
 
+    /// How [`serve`] runs with these flags, serving `cert` and `key`.
+    pub fn serve_options(&self, cert: PathBuf, key: PathBuf) -> ServeOptions {
+        ServeOptions {
+            reload_interval: self.cert_reload_interval,
+            header_read_timeout: self.header_read_timeout,
+            idle_timeout: self.idle_timeout,
+            max_connections: self.max_connections as usize,
+            body: BodyLimits {
+                read_timeout: self.body_read_timeout,
+                bytes_in_flight: self.max_body_bytes_in_flight,
+            },
+            shutdown_delay: self.shutdown_delay,
+            shutdown_grace: self.shutdown_timeout,
+            ..ServeOptions::new(cert, key)
+        }
+    }
+
     /// `--self-signed`: the lifetimes, checked against the read interval.
     pub fn policy(&self) -> Result<rotation::Policy, Error> {
         let policy = rotation::Policy {
@@ -322,19 +339,7 @@ impl Args {
         };
         let https = bind("--addr", self.addr).await?;
         let health = bind("--health-addr", self.health_addr).await?;
-        let options = ServeOptions {
-            reload_interval: self.cert_reload_interval,
-            header_read_timeout: self.header_read_timeout,
-            idle_timeout: self.idle_timeout,
-            max_connections: self.max_connections as usize,
-            body: BodyLimits {
-                read_timeout: self.body_read_timeout,
-                bytes_in_flight: self.max_body_bytes_in_flight,
-            },
-            shutdown_delay: self.shutdown_delay,
-            shutdown_grace: self.shutdown_timeout,
-            ..ServeOptions::new(cert, key)
-        };
+        let options = self.serve_options(cert, key);
         let webhook = Webhook::new(config);
         let shutdown = crate::shutdown::shutdown_signal();
         match renewer {
