@@ -305,7 +305,11 @@ fn start_load(
                 let mut n = 0usize;
                 while !stop.load(Ordering::Acquire) {
                     let which = (n + client) % replicas.len();
-                    let endpoint = if n.is_multiple_of(2) { "validate" } else { "mutate" };
+                    let endpoint = if n.is_multiple_of(2) {
+                        "validate"
+                    } else {
+                        "mutate"
+                    };
                     let uid = format!("c{client}-{n}");
                     match admit(&server, replicas[which], endpoint, &uid).await {
                         Ok(served) => {
