@@ -8,7 +8,8 @@
 //!   an expired wrong-name pair written into the Secret is never served;
 //! - a whole CA rotation (next CA trusted, switch, old CA dropped) under a steady load of
 //!   admissions loses none of them;
-//! - the expiry gauges say what is served and what the Secret holds.
+//! - the expiry gauges say what is served and what the Secret holds;
+//! - a replica whose first check fails backs off and serves once one succeeds.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -614,6 +615,37 @@ async fn a_ca_rotation_under_load_loses_no_admission() {
         for replica in replicas {
             replica.stop().await;
         }
+    })
+    .await
+    .expect("bounded");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_retries_its_first_check_until_the_api_answers() {
+    use jobset_inplace_testkit::apiserver::Verb;
+    tokio::time::timeout(LIMIT, async {
+        let server = api_server().await;
+        // The first two reads of the Secret fail: the replica backs off and tries again, and
+        // serves once a check succeeds.
+        server.fail_next(2, Verb::Get, "secrets", 500);
+        let replica = Replica::start(&server, &["--cert-renew-interval", "200ms"]).await;
+        let text = replica.metrics().await;
+        assert_eq!(
+            gauge(
+                &text,
+                "jobset_inplace_tls_certificate_renewal_checks_total{result=\"failure\"}"
+            ),
+            Some(2),
+            "{text}"
+        );
+        let served = admit(&server, replica.https, "validate", "after-retries")
+            .await
+            .expect("served once set up");
+        assert_eq!(
+            Some(leaf(&secret_file(&server, "tls.crt").expect("tls.crt"))),
+            Some(served)
+        );
+        replica.stop().await;
     })
     .await
     .expect("bounded");
