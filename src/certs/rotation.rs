@@ -433,7 +433,7 @@ fn serving_of(
             "{TLS_KEY_FILE} does not belong to {TLS_CERT_FILE}: {e}"
         ));
     }
-    let Some((not_before, not_after)) = super::validity(&chain[0]) else {
+    let Some((not_before, not_after)) = chain.first().and_then(|leaf| super::validity(leaf)) else {
         return Serving::Unusable(format!("{TLS_CERT_FILE}: not an X.509 certificate"));
     };
     let validity = Validity {
