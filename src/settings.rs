@@ -56,7 +56,7 @@ pub fn one_line_error(err: &clap::Error, root: &clap::Command) -> String {
     line
 }
 
-/// Parses `10s`, `500ms`, `2m`, `1h`, or a bare number of seconds.
+/// Parses `10s`, `500ms`, `2m`, `1h`, `90d`, or a bare number of seconds.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     let split = text
@@ -71,7 +71,12 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         "ms" => number / 1000.0,
         "m" => number * 60.0,
         "h" => number * 3600.0,
-        other => return Err(format!("unknown unit {other:?} (expected ms, s, m or h)")),
+        "d" => number * 86_400.0,
+        other => {
+            return Err(format!(
+                "unknown unit {other:?} (expected ms, s, m, h or d)"
+            ));
+        }
     };
     Duration::try_from_secs_f64(seconds).map_err(|e| format!("{text:?}: {e}"))
 }
@@ -109,7 +114,8 @@ mod tests {
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
         assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
         assert!(parse_duration("ten").is_err());
-        assert!(parse_duration("5d").is_err());
+        assert_eq!(parse_duration("90d"), Ok(Duration::from_secs(90 * 86_400)));
+        assert!(parse_duration("5w").is_err());
     }
 
     #[test]

@@ -34,7 +34,9 @@ use serde_json::{Value, json};
 const NAMESPACE: &str = "jobset-inplace-system";
 const IMAGE: &str = "ghcr.io/jobset-inplace/jobset-inplace";
 const RENDER_LIMIT: Duration = Duration::from_secs(60);
-const OVERLAYS: [&str; 4] = ["epoch", "jobset-native", "cert-manager", "self-signed"];
+const OVERLAYS: [&str; 3] = ["epoch", "jobset-native", "cert-manager"];
+/// The overlays whose webhook keeps its own certificates (`webhook --self-signed`).
+const SELF_SIGNED: [&str; 2] = ["epoch", "jobset-native"];
 
 fn deploy_dir() -> PathBuf {
     fixtures::manifest_dir().join("deploy")
@@ -625,8 +627,8 @@ fn container_flags_env_and_mounts_are_what_the_binary_takes() {
             "{name}"
         );
         let service = r.get("Service", "jobset-inplace-webhook");
+        assert_eq!(args.self_signed, SELF_SIGNED.contains(&name), "{name}");
         if args.self_signed {
-            assert_eq!(name, "self-signed");
             let (mount, volume) = mount_for(pod, c, &args.cert_dir);
             assert!(volume["emptyDir"].is_object(), "{name}: writable cert dir");
             assert_ne!(mount["readOnly"], true, "{name}");
@@ -1921,100 +1923,169 @@ async fn the_reconcilers_rbac_grants_every_request_it_makes_and_no_more() {
     );
 }
 
+/// A kustomization of one's own without a certificate component (deploy/README.md, "Your own
+/// CA"): the webhook serves the Secret `jobset-inplace certs --secret` fills, mounted, with no
+/// API access, and the CA key stays out of the pod.
+#[test]
+fn without_a_certificate_component_the_webhook_serves_the_mounted_secret() {
+    if !have_kubectl() {
+        return;
+    }
+    let kustomization = "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n\
+        resources:\n- {deploy}/base\n\
+        components:\n- {deploy}/components/epoch-status-fields\n";
+    let r = Rendered {
+        name: "own certificates".to_owned(),
+        objects: render_kustomization(kustomization, &[]),
+    };
+    let c = r.container("jobset-inplace-webhook", "webhook");
+    let Sub::Webhook(args) = parse_args(c).command else {
+        panic!("the webhook container runs `webhook`")
+    };
+    assert!(!args.self_signed);
+    let pod = &r.deployment("jobset-inplace-webhook")["spec"]["template"]["spec"];
+    for (file, key) in [(&args.tls_cert, "tls.crt"), (&args.tls_key, "tls.key")] {
+        let file = file.as_deref().expect("--tls-cert and --tls-key");
+        let (_, volume) = mount_for(pod, c, file);
+        assert_eq!(volume["secret"]["secretName"], "jobset-inplace-webhook-tls");
+        let items = volume["secret"]["items"].as_array().expect("items");
+        assert!(items.iter().any(|i| i["key"] == key), "{key}");
+        assert!(items.iter().all(|i| i["key"] != "ca.key"));
+    }
+    assert_eq!(pod["automountServiceAccountToken"], false);
+    let grants = grants_for(&r, "jobset-inplace-webhook");
+    assert!(grants.cluster.is_empty() && grants.namespaced.is_empty());
+    assert!(
+        r.of_kind("ValidatingAdmissionPolicy")
+            .iter()
+            .all(|p| p["metadata"]["name"] != "jobset-inplace-webhook-ca-bundle")
+    );
+}
+
 #[tokio::test]
 async fn the_self_signed_webhooks_rbac_grants_what_it_uses() {
-    use jobset_inplace::certs::{self, cluster};
+    use jobset_inplace::certs::rotation::{Policy, Step};
     use jobset_inplace_testkit::apiserver::TestApiServer;
-    for name in ["epoch", "jobset-native", "cert-manager"] {
-        let Some(r) = overlay(name) else { return };
-        let grants = grants_for(&r, "jobset-inplace-webhook");
-        assert!(
-            grants.cluster.is_empty() && grants.namespaced.is_empty(),
-            "{name}: no API access"
-        );
-    }
-    let Some(r) = overlay("self-signed") else {
+    let Some(r) = overlay("cert-manager") else {
         return;
     };
-    let Sub::Webhook(args) = parse_args(r.container("jobset-inplace-webhook", "webhook")).command
-    else {
-        panic!("webhook")
-    };
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let server = TestApiServer::start().await;
-    let dirs = [
-        tempfile::tempdir().expect("tempdir"),
-        tempfile::tempdir().expect("tempdir"),
-    ];
-    let seen = tokio::time::timeout(Duration::from_secs(60), async {
-        for (kind, resource) in [
-            (
-                "MutatingWebhookConfiguration",
-                "mutatingwebhookconfigurations",
-            ),
-            (
-                "ValidatingWebhookConfiguration",
-                "validatingwebhookconfigurations",
-            ),
-        ] {
-            server
-                .create(resource, r.get(kind, &args.webhook_config).clone())
-                .expect("configuration");
-        }
-        let names = certs::service_names(&args.service, &args.namespace);
-        // Two replicas, one after the other: the first creates, the second reads.
-        for dir in &dirs {
-            cluster::bootstrap(
-                &server.client(),
-                &args.namespace,
-                &args.secret,
-                &names,
-                Some(&args.webhook_config),
-                dir.path(),
-            )
-            .await
-            .expect("bootstrap");
-        }
-        for resource in [
-            "mutatingwebhookconfigurations",
-            "validatingwebhookconfigurations",
-        ] {
-            let config = server
-                .get(resource, "", &args.webhook_config)
-                .expect("configuration");
-            assert!(
-                config["webhooks"][0]["clientConfig"]["caBundle"].is_string(),
-                "{resource}: caBundle"
-            );
-        }
-        observed(&server)
-    })
-    .await
-    .expect("in time");
-    let named = BTreeMap::from([
-        ("secrets", args.secret.as_str()),
-        (
-            "mutatingwebhookconfigurations",
-            args.webhook_config.as_str(),
-        ),
-        (
-            "validatingwebhookconfigurations",
-            args.webhook_config.as_str(),
-        ),
-    ]);
     let grants = grants_for(&r, "jobset-inplace-webhook");
     assert!(
-        grants
-            .cluster
-            .iter()
-            .all(|rule| !strings(&rule["resources"]).contains(&"secrets".to_owned()))
+        grants.cluster.is_empty() && grants.namespaced.is_empty(),
+        "cert-manager: no API access"
     );
-    let unused = check_grants("self-signed webhook", &grants, &seen, &named, &["secrets"]);
-    assert_eq!(
-        unused,
-        BTreeSet::from([("".to_owned(), "secrets".to_owned(), "update".to_owned())]),
-        "only the renewal (an update under a resourceVersion precondition) is not exercised here"
-    );
+    for name in SELF_SIGNED {
+        let Some(r) = overlay(name) else { return };
+        let Sub::Webhook(args) =
+            parse_args(r.container("jobset-inplace-webhook", "webhook")).command
+        else {
+            panic!("webhook")
+        };
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let server = TestApiServer::start().await;
+        let dirs = [
+            tempfile::tempdir().expect("tempdir"),
+            tempfile::tempdir().expect("tempdir"),
+        ];
+        let seen = tokio::time::timeout(Duration::from_secs(60), async {
+            for (kind, resource) in [
+                (
+                    "MutatingWebhookConfiguration",
+                    "mutatingwebhookconfigurations",
+                ),
+                (
+                    "ValidatingWebhookConfiguration",
+                    "validatingwebhookconfigurations",
+                ),
+            ] {
+                server
+                    .create(resource, r.get(kind, &args.webhook_config).clone())
+                    .expect("configuration");
+            }
+            // The overlay's flags, with lifetimes of seconds so that a renewal and a whole CA
+            // rotation happen here (each an update of the Secret).
+            let replicas = dirs.each_ref().map(|dir| {
+                let mut replica = args.clone();
+                replica.cert_dir = dir.path().to_owned();
+                replica.cert_renew_interval = Duration::from_millis(100);
+                replica.serving_cert_validity = Duration::from_secs(2);
+                replica.ca_validity = Duration::from_secs(6);
+                replica.ca_overlap = Duration::from_millis(500);
+                replica.renewer(server.client()).expect("lifetimes fit")
+            });
+            assert_eq!(
+                replicas[0].target().names,
+                jobset_inplace::certs::service_names(&args.service, NAMESPACE)
+            );
+            let mut kinds = BTreeSet::new();
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while !kinds.contains("drop") {
+                assert!(
+                    Instant::now() < deadline,
+                    "a whole rotation in time: {kinds:?}"
+                );
+                for replica in &replicas {
+                    for step in replica.step().await.expect("step").steps {
+                        kinds.insert(match step {
+                            Step::NewCa(_) => "new",
+                            Step::IssueServing(_) => "renew",
+                            Step::StartRotation(_) => "start",
+                            Step::SwitchCa(_) => "switch",
+                            Step::DropPrevious(_) => "drop",
+                            Step::Wait { .. } => "wait",
+                        });
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            assert_eq!(
+                kinds,
+                BTreeSet::from(["new", "renew", "start", "switch", "drop"]),
+                "{name}"
+            );
+            assert_eq!(Policy::DEFAULT, args.policy().expect("deployed lifetimes"));
+            for resource in [
+                "mutatingwebhookconfigurations",
+                "validatingwebhookconfigurations",
+            ] {
+                let config = server
+                    .get(resource, "", &args.webhook_config)
+                    .expect("configuration");
+                assert!(
+                    config["webhooks"][0]["clientConfig"]["caBundle"].is_string(),
+                    "{resource}: caBundle"
+                );
+            }
+            observed(&server)
+        })
+        .await
+        .expect("in time");
+        let named = BTreeMap::from([
+            ("secrets", args.secret.as_str()),
+            (
+                "mutatingwebhookconfigurations",
+                args.webhook_config.as_str(),
+            ),
+            (
+                "validatingwebhookconfigurations",
+                args.webhook_config.as_str(),
+            ),
+        ]);
+        let grants = grants_for(&r, "jobset-inplace-webhook");
+        assert!(
+            grants
+                .cluster
+                .iter()
+                .all(|rule| !strings(&rule["resources"]).contains(&"secrets".to_owned()))
+        );
+        let unused = check_grants(name, &grants, &seen, &named, &["secrets"]);
+        assert_eq!(
+            unused,
+            BTreeSet::new(),
+            "{name}: every grant of the self-signed webhook is used"
+        );
+        server.shutdown().await;
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -2147,7 +2218,7 @@ fn one_images_entry_moves_every_image() {
     if !have_kubectl() {
         return;
     }
-    for name in ["epoch", "self-signed"] {
+    for name in ["epoch", "cert-manager"] {
         let kustomization = format!(
             "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n\
              resources:\n- {{deploy}}/overlays/{name}\n\
@@ -2246,9 +2317,15 @@ fn cert_manager_issues_the_secret_the_webhook_mounts() {
 
 #[test]
 fn the_self_signed_webhook_may_change_only_the_ca_bundle() {
-    let Some(r) = overlay("self-signed") else {
-        return;
-    };
+    for name in SELF_SIGNED {
+        let Some(r) = overlay(name) else {
+            return;
+        };
+        check_ca_bundle_policy(&r);
+    }
+}
+
+fn check_ca_bundle_policy(r: &Rendered) {
     let policy = r.get(
         "ValidatingAdmissionPolicy",
         "jobset-inplace-webhook-ca-bundle",

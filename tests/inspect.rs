@@ -156,7 +156,7 @@ fn rfc3339(at: SystemTime) -> String {
         .to_string()
 }
 
-/// An installation as the self-signed variant leaves it: a healthy one passes every check; each
+/// An installation as `webhook --self-signed` leaves it: a healthy one passes every check; each
 /// fault is named on its own line with exit code 1.
 #[tokio::test]
 async fn doctor_checks_an_installation() {

@@ -398,7 +398,7 @@ async fn every_overlay_is_accepted_and_its_policies_type_check() {
     with_cluster("every_overlay_is_accepted_and_its_policies_type_check", |cluster| async move {
         let policies: Api<ValidatingAdmissionPolicy> = Api::all(cluster.client.clone());
         let names = overlays();
-        assert!(names.len() >= 4, "overlays: {names:?}");
+        assert!(names.len() >= 3, "overlays: {names:?}");
         for overlay in &names {
             let rendered = render_install(overlay).await;
             let skipped: Vec<String> = rendered
@@ -1527,6 +1527,220 @@ async fn a_jobset_runs_through_the_real_controllers_with_the_agent_injected() {
             webhook.stop().await;
             delete_webhook_configurations(&cluster).await;
             drop(ns);
+        },
+    )
+    .await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// f. The self-signed webhook's own rights: its Secret and the caBundle, and nothing else
+// ---------------------------------------------------------------------------------------------
+
+/// A token of a ServiceAccount of `namespace` (not bound to any object).
+async fn account_token(cluster: &Cluster, namespace: &str, account: &str) -> String {
+    let accounts: Api<ServiceAccount> = Api::namespaced(cluster.client.clone(), namespace);
+    let request = TokenRequest {
+        spec: TokenRequestSpec {
+            audiences: vec![],
+            expiration_seconds: Some(600),
+            bound_object_ref: None,
+        },
+        ..Default::default()
+    };
+    accounts
+        .create_token_request(account, &PostParams::default(), &request)
+        .await
+        .expect("TokenRequest")
+        .status
+        .expect("token")
+        .token
+}
+
+/// `webhook --self-signed` with the webhook's ServiceAccount token, the deployed RBAC and the
+/// caBundle policy on a real API server: it creates its Secret, renews the serving certificate
+/// and rotates the CA (lifetimes of seconds), setting the caBundle by JSON patch each time, and
+/// the same token is refused anything else on the webhook configurations or other Secrets.
+#[tokio::test]
+async fn the_self_signed_webhook_renews_and_rotates_with_its_own_rights() {
+    use jobset_inplace::certs::rotation::{self, Step};
+    with_cluster(
+        "the_self_signed_webhook_renews_and_rotates_with_its_own_rights",
+        |cluster| async move {
+            let installed = install(&cluster, "epoch").await;
+            let system = "jobset-inplace-system";
+            let secret_name = "jobset-inplace-webhook-tls";
+            let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+                Api::namespaced(cluster.client.clone(), system);
+            let _ = secrets.delete(secret_name, &DeleteParams::default()).await;
+            let token = account_token(&cluster, system, "jobset-inplace-webhook").await;
+            let webhook_client = token_client(&cluster, &token).await;
+
+            // The deployed container's flags, with lifetimes of seconds.
+            let deployment = installed
+                .iter()
+                .find(|o| {
+                    o["kind"] == "Deployment" && o["metadata"]["name"] == "jobset-inplace-webhook"
+                })
+                .expect("the webhook Deployment");
+            let mut argv = vec!["jobset-inplace".to_owned()];
+            for a in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+                .as_array()
+                .expect("args")
+            {
+                let a = a.as_str().expect("arg");
+                // The deployed in-memory volume is this test's temporary directory.
+                if !a.starts_with("--cert-dir") {
+                    argv.push(a.to_owned());
+                }
+            }
+            let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
+            argv.extend(
+                [
+                    "--cert-dir",
+                    &dir.path().display().to_string(),
+                    "--cert-renew-interval",
+                    "200ms",
+                    "--serving-cert-validity",
+                    "3s",
+                    "--ca-validity",
+                    "12s",
+                    "--ca-overlap",
+                    "1s",
+                ]
+                .map(str::to_owned),
+            );
+            let cli =
+                <jobset_inplace::cli::Cli as clap::Parser>::try_parse_from(&argv).expect("flags");
+            let jobset_inplace::cli::Command::Webhook(args) = cli.command else {
+                panic!("webhook")
+            };
+            assert!(args.self_signed);
+            let renewer = args.renewer(webhook_client.clone()).expect("lifetimes");
+
+            let mut kinds = std::collections::BTreeSet::new();
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while !kinds.contains("drop") {
+                assert!(
+                    Instant::now() < deadline,
+                    "a whole rotation in time: {kinds:?}"
+                );
+                let report = renewer
+                    .step()
+                    .await
+                    .unwrap_or_else(|e| panic!("with the webhook's own token: {e}"));
+                for step in report.steps {
+                    kinds.insert(match step {
+                        Step::NewCa(_) => "new",
+                        Step::IssueServing(_) => "renew",
+                        Step::StartRotation(_) => "start",
+                        Step::SwitchCa(_) => "switch",
+                        Step::DropPrevious(_) => "drop",
+                        Step::Wait { .. } => "wait",
+                    });
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            assert_eq!(
+                kinds,
+                ["new", "renew", "start", "switch", "drop"].into(),
+                "every step, each a write the API server accepted"
+            );
+
+            // The caBundle is what the Secret trusts; nothing else of the configurations moved.
+            let secret = secrets.get(secret_name).await.expect("secret");
+            let trusted =
+                rotation::trusted_bundle(&jobset_inplace::certs::cluster::material_of(&secret));
+            for (kind, plural) in [
+                (
+                    "MutatingWebhookConfiguration",
+                    "mutatingwebhookconfigurations",
+                ),
+                (
+                    "ValidatingWebhookConfiguration",
+                    "validatingwebhookconfigurations",
+                ),
+            ] {
+                let gvk = GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", kind);
+                let api: Api<DynamicObject> = Api::all_with(
+                    cluster.client.clone(),
+                    &ApiResource::from_gvk_with_plural(&gvk, plural),
+                );
+                let live = serde_json::to_value(api.get(WEBHOOK_CONFIGURATION).await.expect("get"))
+                    .expect("json");
+                let rendered = installed
+                    .iter()
+                    .find(|o| o["kind"] == kind)
+                    .expect("rendered");
+                let hooks = live["webhooks"].as_array().expect("webhooks");
+                assert_eq!(
+                    hooks.len(),
+                    rendered["webhooks"].as_array().expect("webhooks").len()
+                );
+                for (hook, want) in hooks
+                    .iter()
+                    .zip(rendered["webhooks"].as_array().expect("webhooks"))
+                {
+                    use base64::Engine as _;
+                    let bundle = base64::engine::general_purpose::STANDARD
+                        .decode(hook["clientConfig"]["caBundle"].as_str().expect("caBundle"))
+                        .expect("base64");
+                    assert_eq!(bundle, trusted, "{kind}: the Secret's CAs");
+                    for field in [
+                        "name",
+                        "rules",
+                        "failurePolicy",
+                        "matchConditions",
+                        "timeoutSeconds",
+                    ] {
+                        assert_eq!(hook[field], want[field], "{kind}: {field} as applied");
+                    }
+                    assert_eq!(
+                        hook["clientConfig"]["service"]["name"],
+                        want["clientConfig"]["service"]["name"]
+                    );
+                }
+                // The same token may not change anything else, by any kind of patch.
+                let as_webhook: Api<DynamicObject> = Api::all_with(
+                    webhook_client.clone(),
+                    &ApiResource::from_gvk_with_plural(&gvk, plural),
+                );
+                let loosen = Patch::Json::<()>(
+                    serde_json::from_value(json!([
+                        {"op": "replace", "path": "/webhooks/0/timeoutSeconds", "value": 1}
+                    ]))
+                    .expect("patch"),
+                );
+                let (code, _, message, _) = api_error(
+                    as_webhook
+                        .patch(WEBHOOK_CONFIGURATION, &PatchParams::default(), &loosen)
+                        .await,
+                )
+                .expect("refused");
+                assert!(code == 422 || code == 403, "{kind}: {code} {message}");
+                assert!(message.contains("caBundle"), "{kind}: {message}");
+                let (code, _, _, _) = api_error(
+                    as_webhook
+                        .delete(WEBHOOK_CONFIGURATION, &DeleteParams::default())
+                        .await,
+                )
+                .expect("refused");
+                assert!(code == 422 || code == 403, "{kind}: delete {code}");
+            }
+            // No other Secret, no listing.
+            let as_webhook: Api<k8s_openapi::api::core::v1::Secret> =
+                Api::namespaced(webhook_client.clone(), system);
+            let (code, _, _, _) =
+                api_error(as_webhook.get("some-other-secret").await).expect("refused");
+            assert_eq!(code, 403);
+            let (code, _, _, _) =
+                api_error(as_webhook.list(&ListParams::default()).await).expect("refused");
+            assert_eq!(code, 403);
+            let elsewhere: Api<k8s_openapi::api::core::v1::Secret> =
+                Api::namespaced(webhook_client.clone(), "default");
+            let (code, _, _, _) = api_error(elsewhere.get(secret_name).await).expect("refused");
+            assert_eq!(code, 403);
+
+            delete_webhook_configurations(&cluster).await;
         },
     )
     .await;

@@ -263,7 +263,9 @@ async fn a_new_certificate_is_served_to_new_connections_without_a_restart() {
         assert_ne!(new_der, old_cert);
         jobset_inplace::certs::write_atomic(&dir.join("tls.crt"), new.cert.as_bytes(), 0o644)
             .expect("write cert");
-        tokio::time::sleep(Duration::from_millis(250)).await;
+        // Two polls or more: the same mismatched pair read twice is reported (once read, it may
+        // be a pair caught between its writes).
+        tokio::time::sleep(Duration::from_millis(500)).await;
         // Certificate changed, key not yet: rejected, the old pair is still served.
         let during = server.connect().await.expect("connect during the update");
         assert_eq!(during.peer_certificate().expect("peer cert"), old_cert);
@@ -305,6 +307,65 @@ async fn a_new_certificate_is_served_to_new_connections_without_a_restart() {
             metrics.contains(r#"jobset_inplace_tls_certificate_reloads_total{result="failure"} 1"#),
             "{metrics}"
         );
+        server.stop().await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_not_yet_valid_and_wrong_name_pairs_are_refused_and_the_old_one_served() {
+    bounded(async {
+        let server = TestServer::start(Duration::from_millis(50)).await;
+        let dir = server.dir.path();
+        let ca = jobset_inplace::certs::PemPair {
+            cert: std::fs::read_to_string(dir.join("ca.crt")).expect("ca"),
+            key: std::fs::read_to_string(dir.join("ca.key")).expect("ca key"),
+        };
+        let served = server
+            .connect()
+            .await
+            .expect("connect")
+            .peer_certificate()
+            .expect("peer cert");
+        let day = Duration::from_secs(86_400);
+        let now = std::time::SystemTime::now();
+        let local = jobset_inplace::certs::local_names();
+        let cases = [
+            ("expired", local.clone(), now - day * 3),
+            ("not yet valid", local.clone(), now + day * 3),
+            ("for other names", vec!["elsewhere.example".to_owned()], now),
+        ];
+        for (n, (what, names, issued)) in cases.into_iter().enumerate() {
+            let bad = jobset_inplace::certs::issue_serving_at(&ca, &names, day, issued)
+                .expect("bad pair");
+            jobset_inplace::certs::write_atomic(&dir.join("tls.key"), bad.key.as_bytes(), 0o600)
+                .expect("key");
+            jobset_inplace::certs::write_atomic(&dir.join("tls.crt"), bad.cert.as_bytes(), 0o644)
+                .expect("cert");
+            // Refused once it has been read twice; the old pair is served all along.
+            let line = format!(
+                "jobset_inplace_tls_certificate_reloads_total{{result=\"failure\"}} {}",
+                n + 1
+            );
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            loop {
+                let conn = server.connect().await.expect("connect");
+                assert_eq!(
+                    conn.peer_certificate().expect("peer cert"),
+                    served,
+                    "{what}"
+                );
+                let (_, metrics) = server.health_get("/metrics").await.expect("metrics");
+                if metrics.contains(&line) {
+                    break;
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "{what}: {line} in\n{metrics}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
         server.stop().await;
     })
     .await;

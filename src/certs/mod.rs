@@ -13,6 +13,7 @@
 //! `caBundle` ([`cluster`]).
 
 pub mod cluster;
+pub mod rotation;
 
 use std::fs;
 use std::io::Write as _;
@@ -48,8 +49,13 @@ pub const CA_VALIDITY: Duration = Duration::from_secs(3650 * 24 * 60 * 60);
 pub const SERVING_VALIDITY: Duration = Duration::from_secs(365 * 24 * 60 * 60);
 /// A serving certificate that expires sooner than this is renewed.
 pub const RENEW_BEFORE: Duration = Duration::from_secs(30 * 24 * 60 * 60);
-/// Certificates start this long before "now", to tolerate clock skew between machines.
+/// Certificates start this long before "now", to tolerate clock skew between machines (a tenth
+/// of the validity when that is shorter, so that lifetimes of seconds, as in tests, stay mostly
+/// ahead).
 const BACKDATE: Duration = Duration::from_secs(60 * 60);
+
+/// Longest wait for one Kubernetes API request of `certs`.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Common name of a CA generated here.
 pub const CA_COMMON_NAME: &str = "jobset-inplace webhook CA";
@@ -97,6 +103,8 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    #[error("{what}: no answer within {after:?}")]
+    Timeout { what: String, after: Duration },
     #[error("{what}: kept changing while being written; another replica keeps replacing it")]
     Contended { what: String },
     #[error("cannot build the caBundle patch: {0}")]
@@ -194,16 +202,44 @@ fn generate_error(e: rcgen::Error) -> Error {
 fn set_validity(params: &mut CertificateParams, now: SystemTime, validity: Duration) {
     let since_epoch = now.duration_since(UNIX_EPOCH).unwrap_or_default();
     let epoch = rcgen::date_time_ymd(1970, 1, 1);
-    params.not_before = epoch + since_epoch.saturating_sub(BACKDATE);
+    let backdate = BACKDATE.min(validity / 10);
+    params.not_before = epoch + since_epoch.saturating_sub(backdate);
     params.not_after = epoch + since_epoch + validity;
 }
 
-/// Generates a self-signed CA (ECDSA P-256) valid for `validity` from now.
+/// Generates a self-signed CA (ECDSA P-256) valid for `validity` from now, named
+/// [`CA_COMMON_NAME`].
 pub fn generate_ca(validity: Duration) -> Result<PemPair, Error> {
+    generate_ca_named(validity, SystemTime::now(), |_| CA_COMMON_NAME.to_owned())
+}
+
+/// Generates a CA as [`generate_ca`] does, its common name [`CA_COMMON_NAME`] followed by eight
+/// hex digits of its public key: two CAs trusted together during a rotation then have different
+/// subjects, so no client has to tell them apart by key alone.
+pub fn generate_distinct_ca(validity: Duration, now: SystemTime) -> Result<PemPair, Error> {
+    generate_ca_named(validity, now, |key| {
+        use rcgen::PublicKeyData as _;
+        // An uncompressed P-256 point: 0x04, then X; four bytes of X are random enough.
+        let id: String = key
+            .der_bytes()
+            .iter()
+            .skip(1)
+            .take(4)
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        format!("{CA_COMMON_NAME} {id}")
+    })
+}
+
+fn generate_ca_named(
+    validity: Duration,
+    now: SystemTime,
+    common_name: impl FnOnce(&KeyPair) -> String,
+) -> Result<PemPair, Error> {
     let key = KeyPair::generate().map_err(generate_error)?;
     let mut params = CertificateParams::default();
     let mut dn = DistinguishedName::new();
-    dn.push(DnType::CommonName, CA_COMMON_NAME);
+    dn.push(DnType::CommonName, common_name(&key));
     dn.push(DnType::OrganizationName, "jobset-inplace");
     params.distinguished_name = dn;
     params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
@@ -212,7 +248,7 @@ pub fn generate_ca(validity: Duration) -> Result<PemPair, Error> {
         KeyUsagePurpose::CrlSign,
         KeyUsagePurpose::DigitalSignature,
     ];
-    set_validity(&mut params, SystemTime::now(), validity);
+    set_validity(&mut params, now, validity);
     let cert = params.self_signed(&key).map_err(generate_error)?;
     Ok(PemPair {
         cert: cert.pem(),
@@ -223,6 +259,16 @@ pub fn generate_ca(validity: Duration) -> Result<PemPair, Error> {
 /// Generates a serving certificate (ECDSA P-256, `serverAuth`) for `names` (DNS names or IP
 /// addresses), signed by `ca`, valid for `validity` from now.
 pub fn issue_serving(ca: &PemPair, names: &[String], validity: Duration) -> Result<PemPair, Error> {
+    issue_serving_at(ca, names, validity, SystemTime::now())
+}
+
+/// [`issue_serving`], valid for `validity` from `now`.
+pub fn issue_serving_at(
+    ca: &PemPair,
+    names: &[String],
+    validity: Duration,
+    now: SystemTime,
+) -> Result<PemPair, Error> {
     check_names(names)?;
     let ca_key = KeyPair::from_pem(&ca.key).map_err(|e| Error::BadKey {
         path: PathBuf::from(CA_KEY_FILE),
@@ -232,13 +278,14 @@ pub fn issue_serving(ca: &PemPair, names: &[String], validity: Duration) -> Resu
         path: PathBuf::from(CA_CERT_FILE),
         reason: e.to_string(),
     })?;
-    issue_with(&issuer, names, validity)
+    issue_with(&issuer, names, validity, now)
 }
 
 fn issue_with(
     issuer: &Issuer<'_, KeyPair>,
     names: &[String],
     validity: Duration,
+    now: SystemTime,
 ) -> Result<PemPair, Error> {
     let key = KeyPair::generate().map_err(generate_error)?;
     let mut params = CertificateParams::new(names.to_vec()).map_err(|e| Error::InvalidName {
@@ -252,7 +299,7 @@ fn issue_with(
     params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
     params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
     params.use_authority_key_identifier_extension = true;
-    set_validity(&mut params, SystemTime::now(), validity);
+    set_validity(&mut params, now, validity);
     let cert = params.signed_by(&key, issuer).map_err(generate_error)?;
     Ok(PemPair {
         cert: cert.pem(),
@@ -278,8 +325,15 @@ pub fn parse_certs(pem: &[u8], path: &Path) -> Result<Vec<CertificateDer<'static
 
 /// The `notAfter` of a DER X.509 certificate as Unix time; `None` when it cannot be read.
 pub fn not_after(der: &[u8]) -> Option<i64> {
+    validity(der).map(|(_, not_after)| not_after)
+}
+
+/// The `notBefore` and `notAfter` of a DER X.509 certificate as Unix time; `None` when it
+/// cannot be read.
+pub fn validity(der: &[u8]) -> Option<(i64, i64)> {
     let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
-    Some(cert.validity().not_after.timestamp())
+    let v = cert.validity();
+    Some((v.not_before.timestamp(), v.not_after.timestamp()))
 }
 
 /// Why the serving certificate `new` (DER, the leaf) must not replace `old`: it is not valid at
@@ -595,7 +649,8 @@ pub struct Args {
     pub namespace: Option<String>,
 
     /// Directory for ca.crt, ca.key, tls.crt, tls.key (created when missing). An existing CA is
-    /// reused; an existing serving certificate is kept while valid for more than 30 days.
+    /// reused; an existing serving certificate is kept while valid for more than 30 days. With
+    /// --secret, a copy of what the Secret holds (ca.crt: every CA trusted).
     #[arg(
         long,
         env = "JOBSET_INPLACE_CERT_DIR",
@@ -609,7 +664,10 @@ pub struct Args {
     pub extra_names: Vec<String>,
 
     /// Keep the certificates in this Kubernetes Secret (kubernetes.io/tls plus ca.crt and
-    /// ca.key): created when absent, its CA reused, its serving certificate renewed when due.
+    /// ca.key): created when absent, its CA reused, its serving certificate renewed once 2/3 of
+    /// its lifetime has passed, and its CA rotated as `webhook --self-signed` does (a run
+    /// starts a rotation, a run after the 7-day overlap switches, one after another overlap
+    /// ends it).
     #[arg(long, env = "JOBSET_INPLACE_CERT_SECRET", value_name = "NAME")]
     pub secret: Option<String>,
 
@@ -650,8 +708,25 @@ impl Args {
             let config = self.patch_webhooks.then_some(self.webhook_config.as_str());
             match &self.secret {
                 Some(secret) => {
-                    cluster::bootstrap(&client, &namespace, secret, &names, config, &self.out)
+                    let target = cluster::Target {
+                        namespace: namespace.clone(),
+                        secret: secret.clone(),
+                        webhook_config: config.map(str::to_owned),
+                        names,
+                        dir: self.out.clone(),
+                        install_ca_key: true,
+                    };
+                    let policy = rotation::Policy {
+                        ca_validity: CA_VALIDITY,
+                        serving_validity: SERVING_VALIDITY,
+                        overlap: rotation::Policy::DEFAULT.overlap,
+                    };
+                    let report = cluster::Renewer::new(client, target, policy, REQUEST_TIMEOUT)
+                        .step()
                         .await?;
+                    for step in &report.steps {
+                        println!("{step}");
+                    }
                     println!(
                         "certificates in secret {namespace}/{secret} and {}",
                         self.out.display()
@@ -667,7 +742,7 @@ impl Args {
                         source,
                     })?;
                     if let Some(config) = config {
-                        cluster::patch_ca_bundle(&client, config, &ca).await?;
+                        cluster::patch_ca_bundle(&client, config, &ca, REQUEST_TIMEOUT).await?;
                     }
                 }
             }

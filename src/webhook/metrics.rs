@@ -242,7 +242,12 @@ fn outcome_index(outcome: ReviewOutcome) -> usize {
 /// - `jobset_inplace_tls_certificate_not_after_seconds{certificate}`: when the certificates in
 ///   use expire, as Unix time: `serving` (the leaf) and `chain` (the earliest of every
 ///   certificate served, the CA or intermediates included when the certificate file carries
-///   them; the same as `serving` when it holds the leaf alone);
+///   them; the same as `serving` when it holds the leaf alone); with `--self-signed` also `ca`
+///   (the CA that signs the serving certificate) and, during the first phase of a CA rotation,
+///   `ca_next` (the CA that will), as the last Secret read says;
+/// - `jobset_inplace_tls_certificate_renewal_checks_total{result}`: `--self-signed` reads of
+///   the Secret that brought it, the caBundle and the files up to date (`success`), or failed
+///   (`failure`, retried with backoff);
 /// - `jobset_inplace_build_info{version}`: always 1.
 #[derive(Debug)]
 pub struct Metrics {
@@ -261,6 +266,7 @@ pub struct Metrics {
     reloads: Family<ResultLabels, Counter>,
     cert_loaded: Gauge<f64, AtomicU64>,
     cert_not_after: Family<CertificateLabels, Gauge>,
+    renewal_checks: Family<ResultLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -390,6 +396,16 @@ impl Metrics {
             cert_not_after.clone(),
         );
 
+        let renewal_checks = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "tls_certificate_renewal_checks",
+            "Checks of the self-signed certificates' Secret, caBundle and files, by result",
+            renewal_checks.clone(),
+        );
+        for result in ["success", "failure"] {
+            let _ = renewal_checks.get_or_create(&ResultLabels { result });
+        }
+
         let build_info = Family::<Vec<(&'static str, &'static str)>, Gauge>::default();
         build_info
             .get_or_create(&vec![("version", env!("CARGO_PKG_VERSION"))])
@@ -411,6 +427,7 @@ impl Metrics {
             reloads,
             cert_loaded,
             cert_not_after,
+            renewal_checks,
         }
     }
 
@@ -509,6 +526,36 @@ impl Metrics {
                 })
                 .set(*earliest);
         }
+    }
+
+    /// Records a successful check of the self-signed certificates: when the signing CA and the
+    /// next CA expire (a missing one's series is removed).
+    pub fn renewal_check_succeeded(
+        &self,
+        ca_not_after: Option<i64>,
+        next_ca_not_after: Option<i64>,
+    ) {
+        self.renewal_checks
+            .get_or_create(&ResultLabels { result: "success" })
+            .inc();
+        for (certificate, not_after) in [("ca", ca_not_after), ("ca_next", next_ca_not_after)] {
+            let labels = CertificateLabels { certificate };
+            match not_after {
+                Some(at) => {
+                    self.cert_not_after.get_or_create(&labels).set(at);
+                }
+                None => {
+                    self.cert_not_after.remove(&labels);
+                }
+            }
+        }
+    }
+
+    /// Counts a failed check of the self-signed certificates.
+    pub fn renewal_check_failed(&self) {
+        self.renewal_checks
+            .get_or_create(&ResultLabels { result: "failure" })
+            .inc();
     }
 
     pub fn certificate_reload_failed(&self) {
@@ -724,5 +771,45 @@ mod tests {
             )),
             "{text}"
         );
+    }
+
+    #[test]
+    fn ca_expiries_follow_the_renewal_checks() {
+        let metrics = Metrics::new();
+        let gauge = |text: &str, certificate: &str| {
+            let prefix = format!(
+                "jobset_inplace_tls_certificate_not_after_seconds{{certificate=\"{certificate}\"}} "
+            );
+            text.lines()
+                .find_map(|l| l.strip_prefix(&prefix).map(str::to_owned))
+        };
+        let checks = |text: &str, result: &str| {
+            let line = format!(
+                "jobset_inplace_tls_certificate_renewal_checks_total{{result=\"{result}\"}} "
+            );
+            text.lines()
+                .find_map(|l| l.strip_prefix(&line).map(str::to_owned))
+        };
+        let text = metrics.encode();
+        assert_eq!(
+            gauge(&text, "ca"),
+            None,
+            "no CA series before a check: {text}"
+        );
+        assert_eq!(checks(&text, "success").as_deref(), Some("0"));
+        assert_eq!(checks(&text, "failure").as_deref(), Some("0"));
+
+        metrics.renewal_check_succeeded(Some(2_000_000_000), Some(2_100_000_000));
+        let text = metrics.encode();
+        assert_eq!(gauge(&text, "ca").as_deref(), Some("2000000000"));
+        assert_eq!(gauge(&text, "ca_next").as_deref(), Some("2100000000"));
+        // The rotation's switch: one CA again, the next one's series gone.
+        metrics.renewal_check_succeeded(Some(2_100_000_000), None);
+        metrics.renewal_check_failed();
+        let text = metrics.encode();
+        assert_eq!(gauge(&text, "ca").as_deref(), Some("2100000000"));
+        assert_eq!(gauge(&text, "ca_next"), None, "{text}");
+        assert_eq!(checks(&text, "success").as_deref(), Some("2"));
+        assert_eq!(checks(&text, "failure").as_deref(), Some("1"));
     }
 }

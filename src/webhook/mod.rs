@@ -6,7 +6,8 @@
 //! - `/healthz`, `/readyz`, `/metrics` over plain HTTP on `--health-addr` (default
 //!   `0.0.0.0:8081`);
 //! - the serving certificate from `--tls-cert`/`--tls-key`, or generated with a CA into
-//!   `--cert-dir` when neither is given; reloaded when its files change;
+//!   `--cert-dir` when neither is given, or with `--self-signed` kept in a Secret, renewed and
+//!   rotated ([`self_signed`]); reloaded when its files change;
 //! - limits on slow, idle, many and large clients: `--header-read-timeout`, `--idle-timeout`,
 //!   `--body-read-timeout`, `--max-connections`, `--max-body-bytes-in-flight`;
 //! - graceful shutdown on SIGTERM/SIGINT, after an optional drain (`--shutdown-delay`).
@@ -18,12 +19,14 @@
 //! - [`listener`]: the connection loops, TLS, limits and graceful shutdown;
 //! - [`conn`]: the connection states the listener watches to evict idle and stuck connections;
 //! - [`tls`]: the serving certificate, reloaded when its files change;
+//! - [`self_signed`]: `--self-signed`, certificates from a Secret the replicas keep renewed;
 //! - [`metrics`]: the Prometheus metrics.
 
 pub mod conn;
 pub mod listener;
 pub mod metrics;
 pub mod routes;
+pub mod self_signed;
 pub mod tls;
 
 use std::net::SocketAddr;
@@ -37,10 +40,11 @@ pub use listener::{ServeOptions, serve, serve_routes};
 pub use routes::{
     BodyLimits, Handlers, Webhook, admission_routes, health_router, router, router_with,
 };
+pub use self_signed::serve_self_signed;
 pub use tls::ReloadingCert;
 
 use crate::admission::{self, InjectionConfig, config::InjectionArgs};
-use crate::certs;
+use crate::certs::{self, cluster, rotation};
 use crate::settings::{Global, parse_bytes, parse_duration};
 
 #[derive(Debug, thiserror::Error)]
@@ -78,32 +82,10 @@ pub enum Error {
         #[source]
         source: certs::Error,
     },
+    #[error("{0}")]
+    Lifetimes(String),
     #[error(transparent)]
     Config(#[from] admission::Error),
-}
-
-/// The `--self-signed` certificate source: a Secret, the caBundle, a local directory.
-struct SelfSigned {
-    client: kube::Client,
-    namespace: String,
-    secret: String,
-    webhook_config: String,
-    names: Vec<String>,
-    dir: PathBuf,
-}
-
-impl SelfSigned {
-    async fn step(&self) -> Result<(), certs::Error> {
-        certs::cluster::bootstrap(
-            &self.client,
-            &self.namespace,
-            &self.secret,
-            &self.names,
-            Some(&self.webhook_config),
-            &self.dir,
-        )
-        .await
-    }
 }
 
 /// Flags of `jobset-inplace webhook`.
@@ -228,9 +210,29 @@ pub struct Args {
     )]
     pub webhook_config: String,
 
-    /// With --self-signed: how often the Secret is checked (renewal, another replica's renewal).
-    #[arg(long, env = "JOBSET_INPLACE_CERT_RENEW_INTERVAL", default_value = "1h", value_parser = parse_duration, value_name = "DURATION")]
+    /// With --self-signed: how often the Secret is read (this replica's renewals and
+    /// rotations, and loading another replica's), sooner when something falls due.
+    #[arg(long, env = "JOBSET_INPLACE_CERT_RENEW_INTERVAL", default_value = "1m", value_parser = parse_duration, value_name = "DURATION")]
     pub cert_renew_interval: Duration,
+
+    /// With --self-signed: lifetime of a serving certificate; a new one is issued once 2/3 of
+    /// it has passed.
+    #[arg(long, env = "JOBSET_INPLACE_SERVING_CERT_VALIDITY", default_value = "90d", value_parser = parse_duration, value_name = "DURATION")]
+    pub serving_cert_validity: Duration,
+
+    /// With --self-signed: lifetime of a CA; once 2/3 of it has passed, the CA is rotated.
+    #[arg(long, env = "JOBSET_INPLACE_CA_VALIDITY", default_value = "1095d", value_parser = parse_duration, value_name = "DURATION")]
+    pub ca_validity: Duration,
+
+    /// With --self-signed: how long a new CA is trusted (caBundle) before it signs, and how long
+    /// the old one stays trusted after.
+    #[arg(long, env = "JOBSET_INPLACE_CA_OVERLAP", default_value = "7d", value_parser = parse_duration, value_name = "DURATION")]
+    pub ca_overlap: Duration,
+
+    /// With --self-signed: longest wait for one Kubernetes API request; past it the check fails
+    /// and is retried with backoff.
+    #[arg(long, env = "JOBSET_INPLACE_REQUEST_TIMEOUT", default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]
+    pub request_timeout: Duration,
 
     #[command(flatten)]
     pub injection: InjectionArgs,
@@ -273,45 +275,9 @@ impl Args {
         }
     }
 
-    /// `--self-signed`: bootstraps from the Secret, then keeps it renewed in the background.
-    async fn self_signed_files(&self) -> Result<(PathBuf, PathBuf), Error> {
-        let client = kube::Client::try_default().await.map_err(Error::Cluster)?;
-        let bootstrap = std::sync::Arc::new(SelfSigned {
-            client,
-            namespace: self.namespace.clone(),
-            secret: self.secret.clone(),
-            webhook_config: self.webhook_config.clone(),
-            names: certs::service_names(&self.service, &self.namespace),
-            dir: self.cert_dir.clone(),
-        });
-        bootstrap.step().await.map_err(|source| Error::CertDir {
-            dir: self.cert_dir.clone(),
-            source,
-        })?;
-        let interval = self.cert_renew_interval.max(Duration::from_secs(1));
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(interval).await;
-                if let Err(e) = bootstrap.step().await {
-                    tracing::warn!(error = %e, "certificate renewal check failed; retrying later");
-                }
-            }
-        });
-        let (_, _, cert, key) = certs::paths(&self.cert_dir);
-        Ok((cert, key))
-    }
-
-    pub async fn run(self, global: Global) -> Result<ExitCode, Error> {
-        let config = InjectionConfig::load(&self.injection, global.protocol)
-            .map_err(admission::Error::from)?;
-        let (cert, key) = if self.self_signed {
-            self.self_signed_files().await?
-        } else {
-            self.tls_files().await?
-        };
-        let https = bind("--addr", self.addr).await?;
-        let health = bind("--health-addr", self.health_addr).await?;
-        let options = ServeOptions {
+    /// How [`serve`] runs with these flags, serving `cert` and `key`.
+    pub fn serve_options(&self, cert: PathBuf, key: PathBuf) -> ServeOptions {
+        ServeOptions {
             reload_interval: self.cert_reload_interval,
             header_read_timeout: self.header_read_timeout,
             idle_timeout: self.idle_timeout,
@@ -323,15 +289,74 @@ impl Args {
             shutdown_delay: self.shutdown_delay,
             shutdown_grace: self.shutdown_timeout,
             ..ServeOptions::new(cert, key)
+        }
+    }
+
+    /// `--self-signed`: the lifetimes, checked against the read interval.
+    pub fn policy(&self) -> Result<rotation::Policy, Error> {
+        let policy = rotation::Policy {
+            ca_validity: self.ca_validity,
+            serving_validity: self.serving_cert_validity,
+            overlap: self.ca_overlap,
         };
-        serve(
-            https,
-            health,
-            Webhook::new(config),
-            options,
-            crate::shutdown::shutdown_signal(),
-        )
-        .await?;
+        policy
+            .check(self.cert_renew_interval)
+            .map_err(Error::Lifetimes)?;
+        Ok(policy)
+    }
+
+    /// `--self-signed`: what keeps the certificates, talking to `client`.
+    pub fn renewer(&self, client: kube::Client) -> Result<cluster::Renewer, Error> {
+        let target = cluster::Target {
+            namespace: self.namespace.clone(),
+            secret: self.secret.clone(),
+            webhook_config: Some(self.webhook_config.clone()),
+            names: certs::service_names(&self.service, &self.namespace),
+            dir: self.cert_dir.clone(),
+            install_ca_key: false,
+        };
+        Ok(cluster::Renewer::new(
+            client,
+            target,
+            self.policy()?,
+            self.request_timeout,
+        ))
+    }
+
+    pub async fn run(self, global: Global) -> Result<ExitCode, Error> {
+        let config = InjectionConfig::load(&self.injection, global.protocol)
+            .map_err(admission::Error::from)?;
+        let renewer = if self.self_signed {
+            self.policy()?;
+            let client = kube::Client::try_default().await.map_err(Error::Cluster)?;
+            Some(self.renewer(client)?)
+        } else {
+            None
+        };
+        let (cert, key) = match &renewer {
+            Some(renewer) => renewer.tls_files(),
+            None => self.tls_files().await?,
+        };
+        let https = bind("--addr", self.addr).await?;
+        let health = bind("--health-addr", self.health_addr).await?;
+        let options = self.serve_options(cert, key);
+        let webhook = Webhook::new(config);
+        let shutdown = crate::shutdown::shutdown_signal();
+        match renewer {
+            Some(renewer) => {
+                serve_self_signed(
+                    https,
+                    health,
+                    webhook,
+                    options,
+                    renewer,
+                    self.cert_renew_interval,
+                    shutdown,
+                )
+                .await?
+            }
+            None => serve(https, health, webhook, options, shutdown).await?,
+        }
         Ok(ExitCode::SUCCESS)
     }
 }
@@ -408,6 +433,40 @@ mod tests {
         assert_eq!(args.body_read_timeout, Duration::from_secs(10));
         assert_eq!(args.max_connections, 512);
         assert_eq!(args.max_body_bytes_in_flight, 64 << 20);
+        // --self-signed: read every minute; serving 90 days, CA 3 years, overlap 7 days.
+        assert_eq!(args.cert_renew_interval, Duration::from_secs(60));
+        assert_eq!(
+            args.policy().expect("the defaults work together"),
+            rotation::Policy::DEFAULT
+        );
+        assert_eq!(args.request_timeout, Duration::from_secs(10));
+    }
+
+    #[tokio::test]
+    async fn lifetimes_that_do_not_fit_the_read_interval_stop_the_start() {
+        for (flags, named) in [
+            (
+                &[
+                    "--cert-renew-interval",
+                    "1h",
+                    "--serving-cert-validity",
+                    "5h",
+                ][..],
+                "--serving-cert-validity",
+            ),
+            (&["--ca-overlap", "1m"][..], "--ca-overlap"),
+            (&["--ca-validity", "30d"][..], "--ca-validity"),
+        ] {
+            let mut all = vec!["--self-signed"];
+            all.extend_from_slice(flags);
+            let err = webhook_args(&all)
+                .run(Global::default())
+                .await
+                .expect_err("refused");
+            let message = err.to_string();
+            assert!(message.contains(named), "{flags:?}: {message}");
+            assert!(!message.contains('\n'), "{message}");
+        }
     }
 
     #[test]

@@ -65,6 +65,10 @@ pub fn server_config(resolver: Arc<dyn ResolvesServerCert>) -> Result<ServerConf
 struct Seen {
     files: Option<(Vec<u8>, Vec<u8>)>,
     error: Option<String>,
+    /// New contents that could not be used, seen once: the two files may have been caught
+    /// between their writes (the key written, the certificate not yet), so they are read again
+    /// at the next poll before being called unusable.
+    pending: Option<(Vec<u8>, Vec<u8>)>,
 }
 
 /// A certificate resolver over a certificate file and a key file, reloaded by [`Self::watch`].
@@ -104,6 +108,7 @@ impl ReloadingCert {
             seen: Mutex::new(Seen {
                 files: Some((cert, key)),
                 error: None,
+                pending: None,
             }),
         })
     }
@@ -150,8 +155,9 @@ impl ReloadingCert {
 
     /// Reads both files; when their contents differ from what was last seen, parses them and
     /// swaps the pair in. `Ok(true)`: a new pair is in use; `Ok(false)`: nothing changed (or the
-    /// same broken contents as last time); `Err`: the files changed but cannot be used, the
-    /// previous pair stays in use.
+    /// same broken contents as last time, or new unusable contents seen for the first time,
+    /// which may be a pair caught between its two writes); `Err`: the files changed and the
+    /// same unusable contents were read twice in a row, the previous pair stays in use.
     pub fn reload_if_changed(&self) -> Result<bool, Error> {
         let mut seen = match self.seen.lock() {
             Ok(guard) => guard,
@@ -163,7 +169,13 @@ impl ReloadingCert {
             Ok((cert, key)) => {
                 let parsed = certified_key(&cert, &self.cert_path, &key, &self.key_path)
                     .and_then(|certified| self.check_replacement(certified));
-                seen.files = Some((cert, key));
+                let files = (cert, key);
+                if parsed.is_err() && seen.pending.as_ref() != Some(&files) {
+                    seen.pending = Some(files);
+                    return Ok(false);
+                }
+                seen.pending = None;
+                seen.files = Some(files);
                 parsed.map(|certified| self.swap(certified))
             }
             Err(e) => Err(e),
@@ -251,6 +263,11 @@ mod tests {
         // A broken certificate: reported once, the old pair stays.
         let good_cert = std::fs::read(&cert).expect("read");
         std::fs::write(&cert, "garbage").expect("write");
+        assert!(
+            !resolver
+                .reload_if_changed()
+                .expect("first sight: maybe mid-write")
+        );
         let err = resolver.reload_if_changed().expect_err("broken");
         assert_eq!(
             err.to_string(),
@@ -264,6 +281,11 @@ mod tests {
         let other = certs::generate_ca(certs::CA_VALIDITY).expect("other");
         let good_key = std::fs::read(&key).expect("read");
         std::fs::write(&key, other.key).expect("write");
+        assert!(
+            !resolver
+                .reload_if_changed()
+                .expect("first sight: maybe mid-write")
+        );
         let err = resolver.reload_if_changed().expect_err("mismatch");
         assert!(err.to_string().contains("tls.key"), "{err}");
         assert_eq!(resolver.current().cert, first.cert);
@@ -280,6 +302,7 @@ mod tests {
                 .expect("elsewhere");
         std::fs::write(&cert, &elsewhere.cert).expect("write");
         std::fs::write(&key, &elsewhere.key).expect("write");
+        assert!(!resolver.reload_if_changed().expect("first sight"));
         let err = resolver.reload_if_changed().expect_err("wrong names");
         assert!(
             err.to_string().contains("not used: does not cover names"),
@@ -299,6 +322,61 @@ mod tests {
             certs::parse_certs(&std::fs::read(&cert).expect("read"), &cert).expect("parse")[0]
                 .as_ref()
         );
+    }
+
+    #[test]
+    fn a_pair_caught_between_its_writes_is_not_an_error() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (cert, key) = pair(dir.path());
+        let resolver = ReloadingCert::load(&cert, &key).expect("load");
+        let first = resolver.current();
+        let ca = certs::PemPair {
+            cert: std::fs::read_to_string(dir.path().join("ca.crt")).expect("ca"),
+            key: std::fs::read_to_string(dir.path().join("ca.key")).expect("key"),
+        };
+        let new =
+            certs::issue_serving(&ca, &certs::local_names(), certs::SERVING_VALIDITY).expect("new");
+        // The key is written first: the old certificate with the new key does not match.
+        certs::write_atomic(&key, new.key.as_bytes(), 0o600).expect("key");
+        assert!(!resolver.reload_if_changed().expect("not reported yet"));
+        assert_eq!(resolver.current().cert, first.cert);
+        certs::write_atomic(&cert, new.cert.as_bytes(), 0o644).expect("cert");
+        assert!(resolver.reload_if_changed().expect("the new pair"));
+        assert_ne!(resolver.current().cert, first.cert);
+    }
+
+    #[test]
+    fn expired_and_not_yet_valid_pairs_are_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (cert, key) = pair(dir.path());
+        let resolver = ReloadingCert::load(&cert, &key).expect("load");
+        let first = resolver.current();
+        let ca = certs::PemPair {
+            cert: std::fs::read_to_string(dir.path().join("ca.crt")).expect("ca"),
+            key: std::fs::read_to_string(dir.path().join("ca.key")).expect("key"),
+        };
+        let day = Duration::from_secs(86_400);
+        let now = std::time::SystemTime::now();
+        for (what, issued, expected) in [
+            ("expired", now - day * 3, "expired on"),
+            ("not yet valid", now + day * 3, "not valid before"),
+        ] {
+            let bad =
+                certs::issue_serving_at(&ca, &certs::local_names(), day, issued).expect("issue");
+            std::fs::write(&key, &bad.key).expect("write");
+            std::fs::write(&cert, &bad.cert).expect("write");
+            assert!(
+                !resolver.reload_if_changed().expect("first sight"),
+                "{what}"
+            );
+            let err = resolver.reload_if_changed().expect_err(what);
+            assert!(err.to_string().contains(expected), "{what}: {err}");
+            assert_eq!(
+                resolver.current().cert,
+                first.cert,
+                "{what}: the old pair stays"
+            );
+        }
     }
 
     #[test]

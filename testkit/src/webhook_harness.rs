@@ -286,9 +286,20 @@ pub struct Conn {
 
 impl Conn {
     pub async fn connect(addr: SocketAddr, connector: &TlsConnector) -> std::io::Result<Conn> {
+        Self::connect_as(addr, connector, "localhost").await
+    }
+
+    /// [`Conn::connect`], verifying the server's certificate for `server_name` (a Service's
+    /// DNS name, say, as the API server does).
+    pub async fn connect_as(
+        addr: SocketAddr,
+        connector: &TlsConnector,
+        server_name: &str,
+    ) -> std::io::Result<Conn> {
+        let name = ServerName::try_from(server_name.to_owned())
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
         let tcp = TcpStream::connect(addr).await?;
         tcp.set_nodelay(true)?;
-        let name = ServerName::try_from("localhost").expect("name");
         let stream = connector.connect(name, tcp).await?;
         Ok(Conn {
             stream,
