@@ -177,12 +177,24 @@ fn decide_view(
     };
     match endpoint {
         Endpoint::Mutate => {
-            if operation != "CREATE" {
-                return Answer::allow();
-            }
-            let (ops, warnings) = match mutate::mutate_view(object, config, size) {
+            let scope = match (operation, old_object) {
+                ("CREATE", _) => mutate::Scope::Create,
+                ("UPDATE", Some(old)) => mutate::Scope::Update(old),
+                // An UPDATE without the stored object: nothing says what was injected.
+                _ => return Answer::allow(),
+            };
+            let (ops, warnings) = match mutate::mutate_view(object, config, size, scope) {
                 Ok(injection) => injection,
-                Err(message) => {
+                Err(mutate::Refusal::Invalid(violations)) => {
+                    return Answer {
+                        allowed: false,
+                        ops: Vec::new(),
+                        warnings: Vec::new(),
+                        status: Some(invalid_status(object.name(), &violations, 0)),
+                        outcome: ReviewOutcome::Denied,
+                    };
+                }
+                Err(mutate::Refusal::TooLarge(message)) => {
                     return Answer {
                         allowed: false,
                         ops: Vec::new(),
