@@ -191,7 +191,7 @@ pub(crate) fn mutate_view(
     for (i, rj) in jobset.replicated_jobs().iter().enumerate() {
         patch_bytes += out[counted..].iter().map(op_bytes).sum::<usize>();
         counted = out.len();
-        if patch_bytes > MAX_PATCH_BYTES || size + patch_bytes > MAX_INJECTED_BYTES {
+        if past_limits(size, patch_bytes) {
             return Err(Refusal::TooLarge(too_large(patch_bytes, i)));
         }
         let Some(job_spec) = &rj.job_spec else {
@@ -296,7 +296,7 @@ pub(crate) fn mutate_view(
         }
     }
     patch_bytes += out[counted..].iter().map(op_bytes).sum::<usize>();
-    if patch_bytes > MAX_PATCH_BYTES || size + patch_bytes > MAX_INJECTED_BYTES {
+    if past_limits(size, patch_bytes) {
         return Err(Refusal::TooLarge(too_large(
             patch_bytes,
             jobset.replicated_jobs().len(),
@@ -311,6 +311,13 @@ pub(crate) fn mutate_view(
         warnings.push(format!("and {more} more warnings like these"));
     }
     Ok((out, warnings))
+}
+
+/// An injection of `patch_bytes` into a JobSet of `size` bytes passes a limit. Nothing to add
+/// passes none: the JobSet is then as the client wrote it (an UPDATE of a large JobSet already
+/// injected is not refused).
+fn past_limits(size: usize, patch_bytes: usize) -> bool {
+    patch_bytes > 0 && (patch_bytes > MAX_PATCH_BYTES || size + patch_bytes > MAX_INJECTED_BYTES)
 }
 
 /// The webhook chose (or chooses now) the pod template's service account, and with it keeps the

@@ -330,7 +330,12 @@ pub fn review(endpoint: Endpoint, body: &[u8], config: &InjectionConfig) -> Repl
                     .unchanged(i)
             },
             config,
-            body.len(),
+            // An UPDATE's body holds the stored object too: the new one is what gets injected.
+            if endpoint == Endpoint::Mutate && text(request.operation.as_ref()) == "UPDATE" {
+                sparse_view::object_len(body).unwrap_or(body.len())
+            } else {
+                body.len()
+            },
         )
     };
     let patch = (!answer.ops.is_empty()).then(|| {

@@ -1183,6 +1183,38 @@ pub(crate) fn raw_jobs(body: &[u8]) -> Option<RawJobs<'_>> {
 
 use serde_json::value::RawValue;
 
+/// The length of `request.object` as written in a body that [`parse_review`] accepted; `None`
+/// where it is not in the body's text (no such object, or inside a raw-value object's string).
+pub(crate) fn object_len(body: &[u8]) -> Option<usize> {
+    #[derive(Default)]
+    struct Review<'a> {
+        request: Option<Request<'a>>,
+    }
+    object_view!(
+        Review,
+        |key| match key {
+            "request" => 1,
+            _ => 0,
+        },
+        |v, _field, map| v.request = lenient(map)?
+    );
+    #[derive(Default)]
+    struct Request<'a> {
+        object: Option<&'a RawValue>,
+    }
+    object_view!(
+        Request,
+        |key| match key {
+            "object" => 1,
+            _ => 0,
+        },
+        |v, _field, map| v.object = Some(map.next_value()?)
+    );
+    let text = std::str::from_utf8(body).ok()?;
+    let review = serde_json::from_str::<Lenient<Review<'_>>>(text).ok()?.0?;
+    Some(review.request?.object?.get().len())
+}
+
 #[derive(Default)]
 struct RawReview<'a> {
     request: Option<RawRequest<'a>>,
