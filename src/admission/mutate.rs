@@ -16,7 +16,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::config::InjectionConfig;
-use super::pod::{self, Agent, AgentMode, Container};
+use super::pod::{self, Agent, AgentMode, Container, ContainerList};
 use super::sparse_view::{JobSetView, PodSpec, PodTemplate, Present};
 use super::validate::{BACKOFF_LIMIT, POD_REPLACEMENT_POLICY};
 use super::{INJECTED_ANNOTATION, Mutation, Violation};
@@ -178,6 +178,12 @@ pub(crate) fn mutate_view(
     if !jobset.in_place_restart() || jobset.inject_annotation() == Some("false") {
         return Ok((out, warnings));
     }
+    if let Scope::Update(old) = scope
+        && !(0..old.replicated_jobs().len()).any(|i| scope.covers(i))
+    {
+        // Nothing was injected: nothing to put back.
+        return Ok((out, warnings));
+    }
     if jobset.truncated {
         return Err(Refusal::TooLarge(format!(
             "the JobSet has more than {} list elements in all: too large to be injected",
@@ -262,7 +268,8 @@ pub(crate) fn mutate_view(
                             out.push(add(mounts, to_json(&[token_mount()])));
                         }
                     }
-                    agent.container.name() == agent_env::CONTAINER_NAME
+                    agent.container.list == ContainerList::Init
+                        && agent.container.name() == agent_env::CONTAINER_NAME
                 }
             };
             if chosen {
@@ -1214,9 +1221,26 @@ mod tests {
         let side = json!({"name": "mine", "restartPolicy": "Always",
             "restartPolicyRules": [{"action": "RestartAllContainers", "exitCodes": {"operator": "NotIn", "values": [0]}}]});
         let out = apply(
-            &jobset(json!({"initContainers": [side], "containers": [{"name": "w"}]})),
+            &jobset(json!({"initContainers": [side.clone()], "containers": [{"name": "w"}]})),
             &config,
         );
+        assert!(pod_of(&out, 0).get("imagePullSecrets").is_none());
+        // A sidecar named as the injected agent is taken for it; a main-container agent of
+        // that name is not (it runs the worker's image).
+        let mut named = side;
+        named["name"] = json!(agent_env::CONTAINER_NAME);
+        let out = apply(
+            &jobset(json!({"initContainers": [named], "containers": [{"name": "w"}]})),
+            &config,
+        );
+        assert_eq!(
+            pod_of(&out, 0)["imagePullSecrets"],
+            json!([{"name": "agent"}, {"name": "mirror"}])
+        );
+        let main = json!({"name": agent_env::CONTAINER_NAME, "restartPolicy": "Never",
+            "restartPolicyRules": [{"action": "Restart", "exitCodes": {"operator": "NotIn", "values": [0]}}],
+            "env": [{"name": "WORKER_COMMAND", "value": "train"}]});
+        let out = apply(&jobset(json!({"containers": [main]})), &config);
         assert!(pod_of(&out, 0).get("imagePullSecrets").is_none());
     }
 
