@@ -115,7 +115,7 @@ fn mutate_in(jobset: &Value, config: &InjectionConfig, scope: Scope<'_, '_>) -> 
             too_large: Some(message),
             ..Mutation::default()
         },
-        Err(Refusal::Invalid(violations)) => Mutation {
+        Err(Refusal::Invalid(violations, _)) => Mutation {
             violations,
             ..Mutation::default()
         },
@@ -155,8 +155,9 @@ impl Scope<'_, '_> {
 pub(crate) enum Refusal {
     /// The injected JobSet would be too large (the webhook answers 413): why.
     TooLarge(String),
-    /// A pod template cannot take the agent as configured (422), with where and why.
-    Invalid(Vec<Violation>),
+    /// Pod templates that cannot take the agent as configured (422), with where and why: the
+    /// first [`super::validate::MAX_VIOLATIONS`], and how many more.
+    Invalid(Vec<Violation>, usize),
 }
 
 /// Bytes an operation adds to the JSON Patch document (with its framing).
@@ -192,6 +193,7 @@ pub(crate) fn mutate_view(
     }
     let mut agents = AgentJson::new(config);
     let mut refused = Vec::new();
+    let mut more_refused = 0;
     let mut patch_bytes = 0;
     let mut counted = 0;
     for (i, rj) in jobset.replicated_jobs().iter().enumerate() {
@@ -241,6 +243,10 @@ pub(crate) fn mutate_view(
             let runs_ours = match pod::agent(pod_spec) {
                 None => {
                     let Some(port) = barrier_port(pod_spec, config) else {
+                        if refused.len() >= super::validate::MAX_VIOLATIONS {
+                            more_refused += 1;
+                            continue;
+                        }
                         refused.push(Violation {
                             path: format!(
                                 "spec.replicatedJobs[{i}].template.spec.template.spec.initContainers"
@@ -310,7 +316,7 @@ pub(crate) fn mutate_view(
         )));
     }
     if !refused.is_empty() {
-        return Err(Refusal::Invalid(refused));
+        return Err(Refusal::Invalid(refused, more_refused));
     }
     if warnings.len() > super::validate::MAX_WARNINGS {
         let more = warnings.len() - super::validate::MAX_WARNINGS;
@@ -1160,6 +1166,29 @@ mod tests {
             Some(json!(422))
         );
         assert_eq!(verdict.violations(), m.violations);
+        // Many such templates: the first ones reported, the rest counted.
+        let mut many = js.clone();
+        let taken = many["spec"]["replicatedJobs"][1].clone();
+        many["spec"]["replicatedJobs"] = Value::Array(vec![taken; 500]);
+        let body = serde_json::to_vec(&json!({"apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview", "request": {"uid": "u", "operation": "CREATE",
+            "kind": {"group": crate::jobset::GROUP, "kind": crate::jobset::KIND},
+            "object": many}}))
+        .expect("json");
+        let reply = crate::admission::review(crate::admission::Endpoint::Mutate, &body, &config);
+        assert!(reply.body.len() < 32 * 1024, "{}", reply.body.len());
+        let answer: Value = serde_json::from_slice(&reply.body).expect("json");
+        let status = &answer["response"]["status"];
+        assert_eq!(
+            status["details"]["causes"].as_array().map(Vec::len),
+            Some(crate::admission::validate::MAX_VIOLATIONS)
+        );
+        assert!(
+            status["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("and 480 more violations")),
+            "{status}"
+        );
         // No fallbacks at all: only the barrier port.
         config.barrier_fallback_ports = crate::admission::config::PortRange::NONE;
         let js = jobset(json!({"containers": [{"name": "w", "ports": ports(&[8080])}]}));

@@ -185,12 +185,12 @@ fn decide_view(
             };
             let (ops, warnings) = match mutate::mutate_view(object, config, size, scope) {
                 Ok(injection) => injection,
-                Err(mutate::Refusal::Invalid(violations)) => {
+                Err(mutate::Refusal::Invalid(violations, more)) => {
                     return Answer {
                         allowed: false,
                         ops: Vec::new(),
                         warnings: Vec::new(),
-                        status: Some(invalid_status(object.name(), &violations, 0)),
+                        status: Some(invalid_status(object.name(), &violations, more)),
                         outcome: ReviewOutcome::Denied,
                     };
                 }
