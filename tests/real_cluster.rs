@@ -1181,38 +1181,60 @@ async fn a_jobset_written_again_without_its_injection_is_stored_unchanged() {
                 second.metadata.generation, generation,
                 "no spec change seen"
             );
-            // Applied again: nothing changes at all, not even the resourceVersion.
-            let third = jobsets
-                .patch(name, &trainer, &Patch::Apply(&plain))
-                .await
-                .expect("applied again");
-            assert_eq!(third.data["spec"], first.data["spec"]);
-            assert_eq!(
-                third.metadata.resource_version,
-                second.metadata.resource_version
-            );
+            // Applied again: nothing changes at all, not even the resourceVersion. (JobSet's
+            // controller may write the status meanwhile: the resourceVersion is read just
+            // before; a JobSet that changed on every apply would change on each attempt.)
+            let mut no_op = Err(String::new());
+            for _ in 0..5 {
+                let before = jobsets.get(name).await.expect("get");
+                let third = jobsets
+                    .patch(name, &trainer, &Patch::Apply(&plain))
+                    .await
+                    .expect("applied again");
+                assert_eq!(third.data["spec"], first.data["spec"]);
+                no_op = if third.metadata.resource_version == before.metadata.resource_version {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "resourceVersion {:?} -> {:?}",
+                        before.metadata.resource_version, third.metadata.resource_version
+                    ))
+                };
+                if no_op.is_ok() {
+                    break;
+                }
+            }
+            no_op.expect("an apply of the same JobSet again is a no-op");
 
             // An update of the stored JobSet without the agent, its account and token, and the
             // injected annotation (a client that writes back what it built): stored unchanged.
-            let mut written = third.clone();
-            let template =
-                &mut written.data["spec"]["replicatedJobs"][0]["template"]["spec"]["template"];
-            if let Some(a) = template["metadata"]["annotations"].as_object_mut() {
-                a.remove(INJECTED_ANNOTATION);
-            }
-            let pod = template["spec"].as_object_mut().expect("pod spec");
-            for key in [
-                "initContainers",
-                "serviceAccountName",
-                "automountServiceAccountToken",
-                "volumes",
-            ] {
-                assert!(pod.remove(key).is_some(), "{key} was injected");
-            }
-            let fourth = jobsets
-                .replace(name, &PostParams::default(), &written)
-                .await
-                .expect("an update without the injection is admitted");
+            // Read just before and retried on a conflict, as a client does.
+            let fourth = eventually("the update admitted", Duration::from_secs(30), || async {
+                let mut written = jobsets.get(name).await.map_err(|e| e.to_string())?;
+                let template =
+                    &mut written.data["spec"]["replicatedJobs"][0]["template"]["spec"]["template"];
+                if let Some(a) = template["metadata"]["annotations"].as_object_mut() {
+                    a.remove(INJECTED_ANNOTATION);
+                }
+                let pod = template["spec"].as_object_mut().expect("pod spec");
+                for key in [
+                    "initContainers",
+                    "serviceAccountName",
+                    "automountServiceAccountToken",
+                    "volumes",
+                ] {
+                    assert!(pod.remove(key).is_some(), "{key} was injected");
+                }
+                match jobsets
+                    .replace(name, &PostParams::default(), &written)
+                    .await
+                {
+                    Ok(js) => Ok(js),
+                    Err(kube::Error::Api(e)) if e.code == 409 => Err(e.message),
+                    Err(e) => panic!("an update without the injection is admitted: {e}"),
+                }
+            })
+            .await;
             assert_eq!(
                 fourth.data["spec"], first.data["spec"],
                 "the spec is unchanged"
