@@ -356,11 +356,16 @@ fn inject_object(object: &mut Value, config: &InjectionConfig) -> Result<Vec<Str
             message: decision.message().unwrap_or("denied").to_owned(),
         });
     }
+    apply_injection(object, &decision)?;
+    Ok(decision.warnings)
+}
+
+/// Applies an allowed mutating decision's patch to a JobSet.
+fn apply_injection(object: &mut Value, decision: &admission::Verdict) -> Result<(), Error> {
     json_patch::patch(object, &decision.patch).map_err(|source| Error::Patch {
         object: object_name(object),
         source,
-    })?;
-    Ok(decision.warnings)
+    })
 }
 
 /// Visits every JobSet of a document, including the items of a `List`.
@@ -441,7 +446,11 @@ impl Check {
             if self.allowed { "ok" } else { "denied" }
         );
         for v in &self.violations {
-            s.push_str(&format!("  denied: {}: {}\n", v.path, v.message));
+            if v.path.is_empty() {
+                s.push_str(&format!("  denied: {}\n", v.message));
+            } else {
+                s.push_str(&format!("  denied: {}: {}\n", v.path, v.message));
+            }
         }
         for w in &self.warnings {
             s.push_str(&format!("  warning: {w}\n"));
@@ -480,11 +489,31 @@ pub fn check_text(
     for (index, doc) in docs.into_iter().enumerate() {
         let mut value = doc.value;
         for_each_jobset(&mut value, &mut |js| {
-            let mut warnings = if inject {
-                inject_object(js, config)?
-            } else {
-                Vec::new()
-            };
+            let mut warnings = Vec::new();
+            if inject {
+                let injection = admission::decide(Endpoint::Mutate, &create_request(js), config);
+                if !injection.allowed {
+                    // Denied by the mutating webhook, as the cluster would: with its reasons.
+                    let mut violations = injection.violations();
+                    if violations.is_empty() {
+                        violations.push(admission::Violation {
+                            path: String::new(),
+                            message: injection.message().unwrap_or("denied").to_owned(),
+                        });
+                    }
+                    checks.push(Check {
+                        file: path.to_owned(),
+                        document: index + 1,
+                        object: object_name(js),
+                        allowed: false,
+                        violations,
+                        warnings: injection.warnings,
+                    });
+                    return Ok(());
+                }
+                apply_injection(js, &injection)?;
+                warnings = injection.warnings;
+            }
             let decision = admission::decide(Endpoint::Validate, &create_request(js), config);
             warnings.extend(decision.warnings.iter().cloned());
             checks.push(Check {
@@ -637,6 +666,52 @@ spec:
                 checks[0].render()
             );
         }
+    }
+
+    /// `check` and `inject` answer as the webhook: a barrier port taken by the worker moves
+    /// the injected agent; no port left denies the JobSet with the pod template's path.
+    #[test]
+    fn check_and_inject_move_the_barrier_or_deny_as_the_webhook_does() {
+        let mut config = InjectionConfig::defaults(Dialect::Epoch);
+        let taken = PLAIN.replace(
+            "              image: train:1\n",
+            "              image: train:1\n              ports: [{containerPort: 8080}]\n",
+        );
+        let checks = check_text("m.yaml", &taken, &config, true).expect("checks");
+        assert!(checks[0].allowed, "{}", checks[0].render());
+        let out = inject_text("m.yaml", &taken, &config).expect("injects");
+        let (_, docs) = parse_documents("out", &out).expect("parses");
+        let agent = docs[0]
+            .value
+            .pointer("/spec/replicatedJobs/0/template/spec/template/spec/initContainers/0")
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(agent["startupProbe"]["httpGet"]["port"], 18080);
+        assert!(
+            agent["env"].as_array().is_some_and(
+                |e| e.contains(&serde_json::json!({"name": "BARRIER_PORT", "value": "18080"}))
+            ),
+            "{agent}"
+        );
+
+        config.barrier_fallback_ports = crate::admission::config::PortRange::NONE;
+        let checks = check_text("m.yaml", &taken, &config, true).expect("checks");
+        assert!(!checks[0].allowed);
+        let text = checks[0].render();
+        assert!(
+            text.contains(
+                "denied: spec.replicatedJobs[0].template.spec.template.spec.initContainers: no \
+                 port for the injected agent's barrier"
+            ),
+            "{text}"
+        );
+        let err = inject_text("m.yaml", &taken, &config)
+            .expect_err("denied")
+            .to_string();
+        assert!(
+            err.contains("cannot inject js") && err.contains("barrier"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -355,3 +355,66 @@ fn body_of_jobs(n: usize) -> Vec<u8> {
         )
     })
 }
+
+/// An UPDATE's body carries the stored object beside the new one: the injected JobSet's size
+/// is the new object's, not the body's. A large JobSet written again without its injection gets
+/// it back; one that lacks nothing gets no patch and no refusal, whatever its size.
+#[test]
+fn an_update_is_held_to_the_size_of_its_object() {
+    use base64::Engine as _;
+    let config = InjectionConfig::defaults(Default::default());
+    // Replicated jobs with a large env each: about 900 KB of JobSet, injected.
+    let mut job = worker_job();
+    let env: Vec<Value> = (0..60)
+        .map(|i| json!({"name": format!("SETTING_{i}"), "value": "x".repeat(200)}))
+        .collect();
+    job["template"]["spec"]["template"]["spec"]["containers"][0]["env"] = Value::Array(env);
+    let plain_jobs: Vec<Value> = (0..70)
+        .map(|i| {
+            let mut j = job.clone();
+            j["name"] = json!(format!("w{i}"));
+            j
+        })
+        .collect();
+    let mut plain = story1()["request"]["object"].clone();
+    jobs(&mut plain, plain_jobs);
+    let mutation = admission::mutate(&plain, &config);
+    assert!(mutation.too_large.is_none(), "{:?}", mutation.too_large);
+    let mut stored = plain.clone();
+    json_patch::patch(&mut stored, &mutation.patch).expect("applies");
+    let size = serde_json::to_vec(&stored).expect("json").len();
+    assert!(
+        size > admission::mutate::MAX_INJECTED_BYTES / 2
+            && size < admission::mutate::MAX_INJECTED_BYTES,
+        "{size}"
+    );
+    let update = |object: &Value| {
+        let mut review = story1();
+        review["request"]["operation"] = json!("UPDATE");
+        review["request"]["object"] = object.clone();
+        review["request"]["oldObject"] = stored.clone();
+        let reply = admission::review(
+            Endpoint::Mutate,
+            &serde_json::to_vec(&review).expect("json"),
+            &config,
+        );
+        let answer: Value = serde_json::from_slice(&reply.body).expect("JSON");
+        answer["response"].clone()
+    };
+    // Written again without the injection: patched back.
+    let response = update(&plain);
+    assert_eq!(response["allowed"], true, "{}", response["status"]);
+    let patch: json_patch::Patch = serde_json::from_slice(
+        &base64::engine::general_purpose::STANDARD
+            .decode(response["patch"].as_str().expect("a patch"))
+            .expect("base64"),
+    )
+    .expect("JSON Patch");
+    let mut out = plain.clone();
+    json_patch::patch(&mut out, &patch).expect("applies");
+    assert_eq!(out, stored);
+    // The stored JobSet itself: allowed without a patch.
+    let response = update(&stored);
+    assert_eq!(response["allowed"], true, "{}", response["status"]);
+    assert!(response.get("patch").is_none());
+}

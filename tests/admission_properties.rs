@@ -267,6 +267,8 @@ struct Pod {
     init: Option<Vec<Container>>,
     containers: Vec<Container>,
     service_account: Option<&'static str>,
+    /// `imagePullSecrets`: `None` absent.
+    pull_secrets: Option<Vec<Value>>,
     /// `template.metadata`: `None` absent; else its annotations (`None`: absent) and other keys.
     metadata: Option<(Option<Map<String, Value>>, Map<String, Value>)>,
     extra: Map<String, Value>,
@@ -278,6 +280,14 @@ impl Pod {
         let regular = self.containers.iter().enumerate();
         init.map(|(i, c)| (List::Init, i, c))
             .chain(regular.map(|(i, c)| (List::Regular, i, c)))
+    }
+
+    /// The pod template carries the injected annotation (the webhook injected it before).
+    fn injected(&self) -> bool {
+        self.metadata
+            .as_ref()
+            .and_then(|(a, _)| a.as_ref())
+            .is_some_and(|a| a.contains_key(INJECTED))
     }
 
     /// The agents, in the order validation finds them: sidecars (init containers whose rule
@@ -298,6 +308,9 @@ impl Pod {
         spec.insert("restartPolicy".into(), json!("Never"));
         if let Some(sa) = self.service_account {
             spec.insert("serviceAccountName".into(), json!(sa));
+        }
+        if let Some(secrets) = &self.pull_secrets {
+            spec.insert("imagePullSecrets".into(), Value::Array(secrets.clone()));
         }
         if let Some(init) = &self.init {
             spec.insert(
@@ -513,7 +526,27 @@ impl Model {
             } else {
                 agent.clone()
             };
-            agent_violations(&agent, sidecar, &path(list, index), config.protocol, &mut v);
+            // Every containerPort the other containers declare, with its field path.
+            let others: Vec<(String, i64)> = job
+                .pod
+                .all()
+                .filter(|(l, i, _)| (*l, *i) != (list, index))
+                .flat_map(|(l, i, c)| {
+                    let at = path(l, i);
+                    c.ports
+                        .iter()
+                        .enumerate()
+                        .map(move |(k, (_, p))| (format!("{at}.ports[{k}].containerPort"), *p))
+                })
+                .collect();
+            agent_violations(
+                &agent,
+                sidecar,
+                &path(list, index),
+                &others,
+                config.protocol,
+                &mut v,
+            );
         }
         out
     }
@@ -583,10 +616,12 @@ fn code_restarts(agent: &Container, sidecar: bool, code: u8) -> bool {
         .is_some_and(|r| fits(r, sidecar))
 }
 
+/// `others`: the containerPorts the pod's other containers declare, with their paths.
 fn agent_violations(
     agent: &Container,
     sidecar: bool,
     path: &str,
+    others: &[(String, i64)],
     dialect: Dialect,
     v: &mut impl FnMut(String),
 ) {
@@ -644,6 +679,13 @@ fn agent_violations(
         None => Some(DEFAULT_PATH),
         Some((_, value)) => value,
     };
+    if let Some(port) = port {
+        for (at, declared) in others {
+            if *declared == port {
+                v(at.clone());
+            }
+        }
+    }
     let Some(probe) = &agent.probe else {
         v(format!("{path}.startupProbe"));
         return;
@@ -1090,8 +1132,16 @@ fn worker(careful: bool) -> BoxedStrategy<Container> {
         prop::collection::vec(other_env(), 0..3),
         any::<bool>(),
         unknown_fields(),
+        // Ports an injected agent's barrier must avoid (8080 is the default one, 9000 and 9001
+        // the non-default config's), and one it cannot collide with.
+        prop_oneof![
+            6 => Just(vec![(None, 6000)]),
+            1 => Just(vec![(None, 8080)]),
+            1 => Just(vec![(Some("http"), 6000), (None, 9000)]),
+            1 => Just(vec![(None, 9001), (Some("alt"), 18080)]),
+        ],
     )
-        .prop_map(|(rules, policy, env, empty, mut extra)| {
+        .prop_map(|(rules, policy, env, empty, mut extra, ports)| {
             extra.insert("command".into(), json!(["python", "-m", "train"]));
             Container {
                 name: String::new(),
@@ -1100,7 +1150,7 @@ fn worker(careful: bool) -> BoxedStrategy<Container> {
                 env,
                 empty_env_list: empty,
                 probe: None,
-                ports: vec![(None, 6000)],
+                ports,
                 extra,
             }
         })
@@ -1113,8 +1163,9 @@ fn plain_init() -> BoxedStrategy<Container> {
         select(vec!["setup", "log-shipper"]),
         prop::option::of(Just("Always")),
         unknown_fields(),
+        prop_oneof![6 => Just(vec![]), 1 => Just(vec![(Some("metrics"), 8080)])],
     )
-        .prop_map(|(name, restart_policy, mut extra)| {
+        .prop_map(|(name, restart_policy, mut extra, ports)| {
             extra.insert("command".into(), json!(["true"]));
             Container {
                 name: name.to_owned(),
@@ -1123,7 +1174,7 @@ fn plain_init() -> BoxedStrategy<Container> {
                 env: vec![],
                 empty_env_list: false,
                 probe: None,
-                ports: vec![],
+                ports,
                 extra,
             }
         })
@@ -1137,6 +1188,20 @@ enum Agents {
     Main,
     TwoSidecars,
     SidecarAndMain,
+}
+
+/// A pod's own `imagePullSecrets`, entries with fields the code does not model among them (the
+/// non-default config adds `agent-registry`).
+fn pull_secrets() -> impl Strategy<Value = Option<Vec<Value>>> {
+    prop_oneof![
+        6 => Just(None),
+        1 => Just(Some(vec![])),
+        1 => Just(Some(vec![json!({"name": "team-registry"})])),
+        1 => Just(Some(vec![
+            json!({"name": "team-registry", "futureField": {"a/b": [1, "~"]}}),
+            json!({"name": "agent-registry", "x-vendor.example/setting": true}),
+        ])),
+    ]
 }
 
 fn pod(careful: bool) -> BoxedStrategy<Pod> {
@@ -1165,12 +1230,22 @@ fn pod(careful: bool) -> BoxedStrategy<Pod> {
         prop::collection::vec(worker(careful), 1..4),
         (sidecar(careful), sidecar(careful), main_agent(careful)),
         (any::<Index>(), any::<Index>(), any::<Index>()),
-        prop::option::weighted(0.3, Just("trainer")),
+        (prop::option::weighted(0.3, Just("trainer")), pull_secrets()),
         metadata,
         unknown_fields(),
     )
         .prop_map(
-            |(layout, mut init, init_key, mut containers, agents, at, sa, metadata, extra)| {
+            |(
+                layout,
+                mut init,
+                init_key,
+                mut containers,
+                agents,
+                at,
+                (sa, pull_secrets),
+                metadata,
+                extra,
+            )| {
                 for (i, c) in containers.iter_mut().enumerate() {
                     c.name = format!("w{i}");
                 }
@@ -1207,6 +1282,7 @@ fn pod(careful: bool) -> BoxedStrategy<Pod> {
                     init: (init_key || !init.is_empty()).then_some(init),
                     containers,
                     service_account: sa,
+                    pull_secrets,
                     metadata,
                     extra,
                 }
@@ -1583,6 +1659,43 @@ fn create(model: &Model, uid: &str, which: usize, dry_run: Option<bool>) -> Chec
     let (_, patch) = well_formed(&again, uid)?;
     prop_assert!(patch.is_none(), "second mutation patches: {:?}", patch);
 
+    if model.mutates() {
+        // Every pod template the webhook injected the agent into can pull its image.
+        for (i, job) in model.jobs.iter().enumerate() {
+            if !job.pod.agents().is_empty() {
+                continue;
+            }
+            let pod = &mutated["spec"]["replicatedJobs"][i]["template"]["spec"]["template"]["spec"];
+            let names: Vec<&Value> = pod["imagePullSecrets"]
+                .as_array()
+                .map(|l| l.iter().map(|e| &e["name"]).collect())
+                .unwrap_or_default();
+            for secret in &config.image_pull_secrets {
+                let count = names.iter().filter(|n| **n == secret).count();
+                prop_assert_eq!(count, 1, "{}: {:?}", secret, names);
+            }
+        }
+        // A client that writes the JobSet again as it built it (Kubeflow Trainer's apply), or
+        // without the agents alone, changes nothing once the UPDATE is mutated.
+        written_again(uid, &object, &mutated, &config)?;
+        let mut stripped = mutated.clone();
+        for (i, job) in model.jobs.iter().enumerate() {
+            if !job.pod.agents().is_empty() {
+                continue;
+            }
+            let pod =
+                &mut stripped["spec"]["replicatedJobs"][i]["template"]["spec"]["template"]["spec"];
+            if job.pod.init.is_none() {
+                if let Some(p) = pod.as_object_mut() {
+                    p.remove("initContainers");
+                }
+            } else if let Some(init) = pod["initContainers"].as_array_mut() {
+                init.retain(|c| c["name"] != AGENT_NAME);
+            }
+        }
+        written_again(uid, &stripped, &mutated, &config)?;
+    }
+
     // Validation of the mutated object: denied exactly for the explicit conflicts.
     let reply = admission::review(Endpoint::Validate, &body2, &config);
     let (response, patch) = well_formed(&reply, uid)?;
@@ -1607,6 +1720,67 @@ fn create(model: &Model, uid: &str, which: usize, dry_run: Option<bool>) -> Chec
         Some(reply.body)
     );
     Ok(())
+}
+
+/// An UPDATE of the stored JobSet `stored` to `written` (which lacks some of what the webhook
+/// injected) is patched back to `stored` exactly, and the patched object is not patched again.
+fn written_again(uid: &str, written: &Value, stored: &Value, config: &InjectionConfig) -> Check {
+    let request = review(
+        uid,
+        "UPDATE",
+        ("jobset.x-k8s.io", "JobSet"),
+        Some(written),
+        Some(stored),
+        None,
+    );
+    let reply = admission::review(
+        Endpoint::Mutate,
+        &serde_json::to_vec(&request).expect("JSON"),
+        config,
+    );
+    let (_, patch) = well_formed(&reply, uid)?;
+    let mut result = written.clone();
+    if let Some(patch) = &patch {
+        only_adds(written, patch)?;
+        json_patch::patch(&mut result, patch)
+            .map_err(|e| TestCaseError::fail(format!("the patch does not apply: {e}")))?;
+    }
+    prop_assert_eq!(
+        &result,
+        stored,
+        "the UPDATE patch does not restore the stored JobSet"
+    );
+    let again = review(
+        uid,
+        "UPDATE",
+        ("jobset.x-k8s.io", "JobSet"),
+        Some(&result),
+        Some(stored),
+        None,
+    );
+    let again = admission::review(
+        Endpoint::Mutate,
+        &serde_json::to_vec(&again).expect("JSON"),
+        config,
+    );
+    let (_, patch) = well_formed(&again, uid)?;
+    prop_assert!(
+        patch.is_none(),
+        "an UPDATE to the stored JobSet is patched: {:?}",
+        patch
+    );
+    Ok(())
+}
+
+/// The replicatedJob index of a patch operation's path (`/spec/replicatedJobs/N/...`).
+fn job_of(op: &json_patch::PatchOperation) -> Option<usize> {
+    op.path()
+        .as_str()
+        .strip_prefix("/spec/replicatedJobs/")?
+        .split('/')
+        .next()?
+        .parse()
+        .ok()
 }
 
 /// How an UPDATE's old object differs from the new one.
@@ -1649,11 +1823,36 @@ fn update(model: &Model, uid: &str, old: &Old, which: usize) -> Check {
         None,
     ))
     .expect("JSON");
-    // No mutation on UPDATE.
+    // The mutation of an UPDATE adds to the replicatedJobs the stored JobSet shows injected
+    // exactly what it adds to them on CREATE, and nothing to the others.
+    let reinjected: Vec<usize> = match old {
+        Old::Same | Old::JobChanged(_) if model.mutates() => (0..model.jobs.len())
+            .filter(|i| model.jobs[*i].pod.injected())
+            .collect(),
+        _ => vec![],
+    };
     let (response, patch) = well_formed(&admission::review(Endpoint::Mutate, &body, &config), uid)?;
-    prop_assert!(patch.is_none());
     prop_assert_eq!(&response["allowed"], &json!(true));
-    prop_assert!(response.get("warnings").is_none());
+    let create = admission::mutate(&object, &config);
+    let expected: Vec<_> = create
+        .patch
+        .0
+        .into_iter()
+        .filter(|op| job_of(op).is_some_and(|i| reinjected.contains(&i)))
+        .collect();
+    prop_assert_eq!(patch.map(|p| p.0).unwrap_or_default(), expected);
+    if create.warnings.len() <= admission::validate::MAX_WARNINGS {
+        let expected: Vec<String> = create
+            .warnings
+            .into_iter()
+            .filter(|w| {
+                reinjected
+                    .iter()
+                    .any(|i| w.starts_with(&format!("spec.replicatedJobs[{i}]:")))
+            })
+            .collect();
+        prop_assert_eq!(warnings(&response), expected);
+    }
 
     let all = model.violations(false, &config);
     let ratchets = matches!(old, Old::Same | Old::JobChanged(_));
@@ -2058,6 +2257,7 @@ fn the_generator_covers_accepted_and_denied_jobsets() {
         "path",
         "initContainers",
         "containers",
+        "containerPort",
     ] {
         assert!(kinds.contains(kind), "no {kind} violation drawn: {kinds:?}");
     }

@@ -134,3 +134,128 @@ fn deeply_nested_json_is_a_bad_request() {
     let reply = admission::review(Endpoint::Validate, body.as_bytes(), &config());
     assert_eq!(reply.http_status, 400);
 }
+
+/// The patch of a mutating answer applied to `object` (unchanged without a patch).
+fn patched(reply: &admission::Reply, object: &Value) -> Value {
+    use base64::Engine as _;
+    let answer: Value = serde_json::from_slice(&reply.body).expect("JSON");
+    assert_eq!(answer["response"]["allowed"], true, "{answer:#}");
+    let mut out = object.clone();
+    if let Some(patch) = answer["response"]["patch"].as_str() {
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(patch)
+            .expect("base64");
+        let patch: json_patch::Patch = serde_json::from_slice(&bytes).expect("a JSON Patch");
+        json_patch::patch(&mut out, &patch).expect("applies");
+    }
+    out
+}
+
+/// An UPDATE of `old` to `object`, as the API server sends it.
+fn update_body(object: &Value, old: &Value) -> Vec<u8> {
+    let mut review = story1();
+    review["request"]["operation"] = json!("UPDATE");
+    review["request"]["object"] = object.clone();
+    review["request"]["oldObject"] = old.clone();
+    serde_json::to_vec(&review).expect("serializes")
+}
+
+/// Kubeflow Trainer's case: a client writes the JobSet again as it built it, without what the
+/// webhook injected (the agent with its env and probe, the service account, its token). The
+/// mutating webhook, now called on UPDATE, patches it back into the stored JobSet, so the API
+/// server sees no change, and the validating webhook has nothing to deny. The stored JobSet
+/// itself, or one with a metadata change only, gets no patch.
+#[test]
+fn an_update_without_the_injection_is_patched_back_into_the_stored_jobset() {
+    let config = config();
+    let plain = story1()["request"]["object"].clone();
+    let create = admission::review(
+        Endpoint::Mutate,
+        &serde_json::to_vec(&story1()).expect("JSON"),
+        &config,
+    );
+    let stored = patched(&create, &plain);
+    assert_ne!(stored, plain, "the CREATE injects");
+
+    // What the client writes: the stored JobSet (its metadata too) without our part.
+    let mut written = stored.clone();
+    let pod = written["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+        .as_object_mut()
+        .expect("pod spec");
+    for key in [
+        "initContainers",
+        "serviceAccountName",
+        "automountServiceAccountToken",
+        "volumes",
+    ] {
+        assert!(pod.remove(key).is_some(), "{key} was injected");
+    }
+    let reply = admission::review(Endpoint::Mutate, &update_body(&written, &stored), &config);
+    assert_eq!(reply.outcome, ReviewOutcome::Patched);
+    assert_eq!(
+        patched(&reply, &written),
+        stored,
+        "patched back, JSON-equal"
+    );
+    let reply = admission::review(
+        Endpoint::Validate,
+        &update_body(&patched(&reply, &written), &stored),
+        &config,
+    );
+    let answer: Value = serde_json::from_slice(&reply.body).expect("JSON");
+    assert_eq!(answer["response"]["allowed"], true, "{answer:#}");
+
+    // The whole plain JobSet (Job fields and the template annotation gone too).
+    let reply = admission::review(Endpoint::Mutate, &update_body(&plain, &stored), &config);
+    assert_eq!(patched(&reply, &plain), stored);
+
+    // Already carrying the injection: no patch at all.
+    let mut relabelled = stored.clone();
+    relabelled["metadata"]["labels"] = json!({"team": "b"});
+    for object in [&stored, &relabelled] {
+        let reply = admission::review(Endpoint::Mutate, &update_body(object, &stored), &config);
+        assert_eq!(reply.outcome, ReviewOutcome::Allowed);
+        let answer: Value = serde_json::from_slice(&reply.body).expect("JSON");
+        assert!(answer["response"].get("patch").is_none(), "{answer:#}");
+    }
+
+    // The same answers through the value path (`check`, `inject`, `review`).
+    let reply = admission::review(Endpoint::Mutate, &update_body(&written, &stored), &config);
+    assert_eq!(
+        jobset_inplace_testkit::oracle::review_through_value(
+            Endpoint::Mutate,
+            &update_body(&written, &stored),
+            &config
+        ),
+        Some(reply.body)
+    );
+}
+
+/// A JobSet stored without the injection (admitted before the webhook was installed, or opted
+/// out then) is not injected by an UPDATE: JobSet holds its replicatedJobs immutable, and it
+/// must stay editable.
+#[test]
+fn an_update_of_a_jobset_stored_uninjected_is_not_patched() {
+    let config = config();
+    let plain = story1()["request"]["object"].clone();
+    let mut suspended = plain.clone();
+    suspended["spec"]["suspend"] = json!(true);
+    let reply = admission::review(Endpoint::Mutate, &update_body(&suspended, &plain), &config);
+    assert_eq!(reply.outcome, ReviewOutcome::Allowed);
+    assert_eq!(patched(&reply, &suspended), suspended);
+}
+
+/// The fixture of this case (`fixtures/admission/update-reinjects`): its mutated object is its
+/// stored one.
+#[test]
+fn the_update_fixture_is_restored_to_its_old_object() {
+    let case = fixtures::admission_cases()
+        .into_iter()
+        .find(|c| c.name == "update-reinjects")
+        .expect("update-reinjects fixture");
+    let reply = admission::review(Endpoint::Mutate, &case.body, &case.config);
+    assert_eq!(
+        patched(&reply, &case.request["request"]["object"]),
+        case.request["request"]["oldObject"]
+    );
+}

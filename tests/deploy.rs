@@ -973,7 +973,8 @@ fn the_match_conditions_select_exactly_in_place_restart_jobsets() {
 /// The validating webhook fails closed, but only where that protects something: a CREATE and
 /// an UPDATE that changes the spec are sent to it; an UPDATE of metadata alone (labels, a
 /// finalizer removed by the garbage collector) and anything about an object being deleted are
-/// not, so that an outage of the webhook does not block them.
+/// not, so that an outage of the webhook does not block them. The mutating webhook is called
+/// for the same requests: an UPDATE that leaves the spec as it was has nothing to re-inject.
 #[test]
 fn validation_is_called_only_where_it_protects_something() {
     let story1 = fixtures::read_yaml(
@@ -1012,23 +1013,28 @@ fn validation_is_called_only_where_it_protects_something() {
     ];
     for name in OVERLAYS {
         let Some(r) = overlay(name) else { return };
-        let webhook = &r.get("ValidatingWebhookConfiguration", "jobset-inplace")["webhooks"][0];
-        let conditions = webhook["matchConditions"].as_array().expect("conditions");
-        for (what, operation, object, old, sent) in &cases {
-            let request = json!({"operation": operation, "namespace": "team-a",
+        for kind in [
+            "ValidatingWebhookConfiguration",
+            "MutatingWebhookConfiguration",
+        ] {
+            let webhook = &r.get(kind, "jobset-inplace")["webhooks"][0];
+            let conditions = webhook["matchConditions"].as_array().expect("conditions");
+            for (what, operation, object, old, sent) in &cases {
+                let request = json!({"operation": operation, "namespace": "team-a",
                                  "userInfo": {"username": "alice"}});
-            let matched = conditions.iter().all(|c| {
-                cel_bool(
-                    c["expression"].as_str().expect("expression"),
-                    &[
-                        ("object", object),
-                        ("oldObject", old),
-                        ("request", &request),
-                    ],
-                    &HashMap::new(),
-                )
-            });
-            assert_eq!(matched, *sent, "{name}: {what}");
+                let matched = conditions.iter().all(|c| {
+                    cel_bool(
+                        c["expression"].as_str().expect("expression"),
+                        &[
+                            ("object", object),
+                            ("oldObject", old),
+                            ("request", &request),
+                        ],
+                        &HashMap::new(),
+                    )
+                });
+                assert_eq!(matched, *sent, "{name} {kind}: {what}");
+            }
         }
     }
 }
@@ -1097,7 +1103,7 @@ async fn webhook_configurations_call_the_served_paths_with_the_right_policies() 
             (
                 "MutatingWebhookConfiguration",
                 "/mutate",
-                json!(["CREATE"]),
+                json!(["CREATE", "UPDATE"]),
                 "Ignore",
             ),
             (

@@ -11,7 +11,10 @@
 //!   TokenRequest token bound to a pod;
 //! - the webhook binary on loopback behind the overlay's own webhook configurations (only the
 //!   client config pointed at it): injection stored, a broken JobSet denied with every field path,
-//!   and with the webhook gone mutation ignored and validation failing closed.
+//!   and with the webhook gone mutation ignored and validation failing closed;
+//! - a JobSet applied (or updated) again without what the webhook injected, as Kubeflow Trainer
+//!   writes its JobSets, is stored unchanged through our webhooks and JobSet's; with the webhook
+//!   gone, a label change and a finalizer removal from a JobSet being deleted go through.
 //!
 //! The tests share one cluster and take turns (a lock); each works in namespaces of its own and
 //! deletes them. Everything here drives the API server as a client would: kubectl for manifests,
@@ -1091,6 +1094,231 @@ async fn the_webhook_injects_denies_and_fails_as_configured() {
         delete_webhook_configurations(&cluster).await;
         drop(ns);
     })
+    .await;
+}
+
+/// The JobSet of a fixture as the webhook injects it (its default config, the one `Webhook`
+/// runs with): what `jobset-inplace inject` prints.
+fn injected(object: &DynamicObject) -> DynamicObject {
+    use jobset_inplace::admission::{self, InjectionConfig};
+    let mut value = serde_json::to_value(object).expect("json");
+    let config = InjectionConfig::defaults(jobset_inplace::protocol::Dialect::Epoch);
+    let mutation = admission::mutate(&value, &config);
+    assert!(!mutation.patch.0.is_empty(), "the fixture is injected");
+    json_patch::patch(&mut value, &mutation.patch).expect("the patch applies");
+    serde_json::from_value(value).expect("JobSet")
+}
+
+/// Kubeflow Trainer's case against the real API server, with JobSet's own webhooks (which hold
+/// replicatedJobs immutable) in the chain when its controller runs: a client that applies (or
+/// updates) its JobSet again as it built it, without what our webhook added, leaves the stored
+/// JobSet as it was; with the webhook down, updates that do not touch the spec (a label, a
+/// finalizer removed from a JobSet being deleted) still go through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jobset_written_again_without_its_injection_is_stored_unchanged() {
+    with_cluster(
+        "a_jobset_written_again_without_its_injection_is_stored_unchanged",
+        |cluster| async move {
+            let installed = install(&cluster, "epoch").await;
+            let configurations: Vec<Value> = installed
+                .into_iter()
+                .filter(|o| {
+                    o["kind"] == "MutatingWebhookConfiguration"
+                        || o["kind"] == "ValidatingWebhookConfiguration"
+                })
+                .collect();
+            let ns = TestNamespace::create(&cluster, "rc-rewrite").await;
+            let gvk = GroupVersionKind::gvk("jobset.x-k8s.io", "v1alpha2", "JobSet");
+            let jobsets: Api<DynamicObject> = Api::namespaced_with(
+                cluster.client.clone(),
+                &ns.name,
+                &ApiResource::from_gvk(&gvk),
+            );
+            let webhook = Webhook::start().await;
+            apply(&cluster, &pointed_at(&configurations, &webhook))
+                .await
+                .expect("webhook configurations");
+            let dry_run = PostParams {
+                dry_run: true,
+                ..Default::default()
+            };
+            eventually(
+                "the configurations in force",
+                Duration::from_secs(30),
+                || async {
+                    let js = jobsets
+                        .create(
+                            &dry_run,
+                            &jobset_valid_for_jobset("story1-plain", "probe", &ns.name),
+                        )
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    if serde_json::to_string(&js.data)
+                        .unwrap_or_default()
+                        .contains(INJECTED_ANNOTATION)
+                    {
+                        Ok(())
+                    } else {
+                        Err("not injected yet".to_owned())
+                    }
+                },
+            )
+            .await;
+
+            let name = "trained";
+            // As a Go client (Kubeflow Trainer) writes it: quantities as strings, the form
+            // JobSet's defaulting webhook gives them on CREATE (an apply of `4` over `"4"` would
+            // change the spec whatever the injection does).
+            let plain = {
+                let mut js =
+                    serde_json::to_value(jobset_valid_for_jobset("story1-plain", name, &ns.name))
+                        .expect("json");
+                for c in js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+                    ["containers"]
+                    .as_array_mut()
+                    .expect("containers")
+                {
+                    for kind in ["requests", "limits"] {
+                        for q in c["resources"][kind].as_object_mut().into_iter().flatten() {
+                            if let Value::Number(n) = q.1 {
+                                *q.1 = Value::String(n.to_string());
+                            }
+                        }
+                    }
+                }
+                serde_json::from_value::<DynamicObject>(js).expect("JobSet")
+            };
+            let trainer = PatchParams::apply("trainer").force();
+            // The trainer applies the injected JobSet first, so that it owns every field the
+            // injection holds and a later apply without them removes them.
+            let first = jobsets
+                .patch(name, &trainer, &Patch::Apply(&injected(&plain)))
+                .await
+                .expect("the injected JobSet is applied");
+            let agents = |js: &DynamicObject| {
+                js.data["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+                    ["initContainers"]
+                    .as_array()
+                    .map(|l| l.iter().filter(|c| c["name"] == "jobset-inplace-agent").count())
+                    .unwrap_or(0)
+            };
+            assert_eq!(agents(&first), 1);
+            let generation = first.metadata.generation;
+
+            // The plain JobSet applied over it: the apply removes what the trainer no longer
+            // applies, the mutating webhook (on UPDATE) puts it back, and the validating webhooks
+            // (ours, JobSet's immutability) see the spec as it was.
+            let second = jobsets
+                .patch(name, &trainer, &Patch::Apply(&plain))
+                .await
+                .expect("the plain JobSet is applied over the injected one");
+            assert_eq!(
+                second.data["spec"], first.data["spec"],
+                "the spec is unchanged"
+            );
+            assert_eq!(
+                second.metadata.generation, generation,
+                "no spec change seen"
+            );
+            // Applied again: nothing changes at all, not even the resourceVersion. (JobSet's
+            // controller may write the status meanwhile: the resourceVersion is read just
+            // before; a JobSet that changed on every apply would change on each attempt.)
+            let mut no_op = Err(String::new());
+            for _ in 0..5 {
+                let before = jobsets.get(name).await.expect("get");
+                let third = jobsets
+                    .patch(name, &trainer, &Patch::Apply(&plain))
+                    .await
+                    .expect("applied again");
+                assert_eq!(third.data["spec"], first.data["spec"]);
+                no_op = if third.metadata.resource_version == before.metadata.resource_version {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "resourceVersion {:?} -> {:?}",
+                        before.metadata.resource_version, third.metadata.resource_version
+                    ))
+                };
+                if no_op.is_ok() {
+                    break;
+                }
+            }
+            no_op.expect("an apply of the same JobSet again is a no-op");
+
+            // An update of the stored JobSet without the agent, its account and token, and the
+            // injected annotation (a client that writes back what it built): stored unchanged.
+            // Read just before and retried on a conflict, as a client does.
+            let fourth = eventually("the update admitted", Duration::from_secs(30), || async {
+                let mut written = jobsets.get(name).await.map_err(|e| e.to_string())?;
+                let template =
+                    &mut written.data["spec"]["replicatedJobs"][0]["template"]["spec"]["template"];
+                if let Some(a) = template["metadata"]["annotations"].as_object_mut() {
+                    a.remove(INJECTED_ANNOTATION);
+                }
+                let pod = template["spec"].as_object_mut().expect("pod spec");
+                for key in [
+                    "initContainers",
+                    "serviceAccountName",
+                    "automountServiceAccountToken",
+                    "volumes",
+                ] {
+                    assert!(pod.remove(key).is_some(), "{key} was injected");
+                }
+                match jobsets
+                    .replace(name, &PostParams::default(), &written)
+                    .await
+                {
+                    Ok(js) => Ok(js),
+                    Err(kube::Error::Api(e)) if e.code == 409 => Err(e.message),
+                    Err(e) => panic!("an update without the injection is admitted: {e}"),
+                }
+            })
+            .await;
+            assert_eq!(
+                fourth.data["spec"], first.data["spec"],
+                "the spec is unchanged"
+            );
+            assert_eq!(fourth.metadata.generation, generation);
+
+            // The webhook down: what does not touch the spec still goes through.
+            webhook.stop().await;
+            let relabelled = jobsets
+                .patch(
+                    name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"metadata": {"labels": {"team": "b"},
+                                                      "finalizers": ["example.com/keep"]}})),
+                )
+                .await
+                .expect("a metadata-only update with the webhook down");
+            assert_eq!(relabelled.data["spec"], first.data["spec"]);
+            jobsets
+                .delete(name, &DeleteParams::default())
+                .await
+                .expect("delete");
+            let deleting = jobsets.get(name).await.expect("held by its finalizer");
+            assert!(deleting.metadata.deletion_timestamp.is_some());
+            jobsets
+                .patch(
+                    name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+                )
+                .await
+                .expect("the finalizer of a JobSet being deleted is removed with the webhook down");
+            eventually("the JobSet is gone", Duration::from_secs(30), || async {
+                match jobsets.get_opt(name).await {
+                    Ok(None) => Ok(()),
+                    Ok(Some(_)) => Err("still there".to_owned()),
+                    Err(e) => Err(e.to_string()),
+                }
+            })
+            .await;
+
+            delete_webhook_configurations(&cluster).await;
+            drop(ns);
+        },
+    )
     .await;
 }
 

@@ -1,6 +1,6 @@
-//! The injection config: every configurable default of the mutation (image, exit code, barrier
-//! port and path, probe timing, resources, service account, protocol), from a YAML file
-//! (`--config`), overridden by flags and env.
+//! The injection config: every configurable default of the mutation (image, its pull secrets,
+//! exit code, barrier port, its fallbacks and path, probe timing, resources, service account,
+//! protocol), from a YAML file (`--config`), overridden by flags and env.
 //!
 //! The file uses camelCase keys and rejects unknown ones, so a typo is a startup error naming the
 //! key instead of a silently ignored setting:
@@ -8,8 +8,10 @@
 //! ```yaml
 //! image: ghcr.io/jobset-inplace/jobset-inplace:0.1.0
 //! imagePullPolicy: IfNotPresent
+//! imagePullSecrets: [registry-credentials]
 //! restartExitCode: 42
 //! barrierPort: 8080
+//! barrierFallbackPorts: 18080-18099
 //! barrierPath: /barrier-is-lifted
 //! probePeriodSeconds: 1
 //! probeFailureThreshold: 86400
@@ -34,6 +36,76 @@ pub const DEFAULT_IMAGE: &str = concat!(
 );
 /// The service account injected into pod templates that name none.
 pub const DEFAULT_SERVICE_ACCOUNT: &str = "jobset-inplace-agent";
+/// The ports the injected agent's barrier falls back to, in order, when a container of its pod
+/// template declares the barrier port: below Linux's ephemeral range (32768-60999), away from the
+/// ports ML frameworks and their tooling commonly take (8000-8888, 6006, 29500, 6379).
+pub const DEFAULT_BARRIER_FALLBACK_PORTS: PortRange = PortRange {
+    first: 18080,
+    last: 18099,
+};
+
+/// An inclusive range of ports (`first` <= `last`), or none at all (`PortRange::NONE`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PortRange {
+    pub first: u16,
+    pub last: u16,
+}
+
+impl PortRange {
+    /// No port: `first` > `last`.
+    pub const NONE: PortRange = PortRange { first: 1, last: 0 };
+
+    /// The ports of the range, in order.
+    pub fn ports(self) -> std::ops::RangeInclusive<u16> {
+        self.first..=self.last
+    }
+
+    pub fn is_empty(self) -> bool {
+        self.first > self.last
+    }
+}
+
+impl std::fmt::Display for PortRange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.is_empty() {
+            Ok(())
+        } else if self.first == self.last {
+            write!(f, "{}", self.first)
+        } else {
+            write!(f, "{}-{}", self.first, self.last)
+        }
+    }
+}
+
+impl std::str::FromStr for PortRange {
+    type Err = String;
+
+    /// `FIRST-LAST`, one port `PORT`, or empty (no port), each port in 1-65535.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let s = s.trim();
+        if s.is_empty() {
+            return Ok(PortRange::NONE);
+        }
+        let port = |p: &str| {
+            p.trim()
+                .parse::<u16>()
+                .ok()
+                .filter(|p| *p > 0)
+                .ok_or_else(|| format!("{p:?} is not a port in 1-65535"))
+        };
+        let (first, last) = match s.split_once('-') {
+            Some((a, b)) => (port(a)?, port(b)?),
+            None => {
+                let p = port(s)?;
+                (p, p)
+            }
+        };
+        if first > last {
+            return Err(format!("{s:?}: the first port is above the last"));
+        }
+        Ok(PortRange { first, last })
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -69,6 +141,16 @@ pub struct InjectionArgs {
     #[arg(long, env = "JOBSET_INPLACE_AGENT_IMAGE_PULL_POLICY")]
     pub agent_image_pull_policy: Option<String>,
 
+    /// A Secret to pull the agent's image with, added to the imagePullSecrets of every pod
+    /// template that runs the injected agent (repeat the flag for several; the env takes a
+    /// comma-separated list).
+    #[arg(
+        long = "agent-image-pull-secret",
+        env = "JOBSET_INPLACE_AGENT_IMAGE_PULL_SECRETS",
+        value_delimiter = ','
+    )]
+    pub agent_image_pull_secrets: Vec<String>,
+
     /// Exit code with which the agent asks for an in-place restart of its pod (1-255).
     #[arg(long, env = "JOBSET_INPLACE_RESTART_EXIT_CODE")]
     pub restart_exit_code: Option<u8>,
@@ -76,6 +158,11 @@ pub struct InjectionArgs {
     /// Port of the agent's barrier endpoint (its startup probe).
     #[arg(long, env = "JOBSET_INPLACE_BARRIER_PORT")]
     pub barrier_port: Option<u16>,
+
+    /// Ports the injected agent's barrier falls back to, first free one first, when a container
+    /// of its pod template declares --barrier-port (FIRST-LAST, one port, or "" for none).
+    #[arg(long, env = "JOBSET_INPLACE_BARRIER_FALLBACK_PORTS")]
+    pub barrier_fallback_ports: Option<String>,
 
     /// Path of the agent's barrier endpoint (its startup probe).
     #[arg(long, env = "JOBSET_INPLACE_BARRIER_PATH")]
@@ -110,8 +197,11 @@ pub struct Resources {
 struct ConfigFile {
     image: Option<String>,
     image_pull_policy: Option<String>,
+    image_pull_secrets: Option<Vec<String>>,
     restart_exit_code: Option<i64>,
     barrier_port: Option<i64>,
+    /// A string (`18080-18099`) or one port as a number.
+    barrier_fallback_ports: Option<serde_yaml::Value>,
     barrier_path: Option<String>,
     probe_period_seconds: Option<i64>,
     probe_failure_threshold: Option<i64>,
@@ -126,8 +216,14 @@ pub struct InjectionConfig {
     pub protocol: Dialect,
     pub image: String,
     pub image_pull_policy: String,
+    /// Secrets added to `imagePullSecrets` of every pod template that runs the injected agent.
+    pub image_pull_secrets: Vec<String>,
     pub restart_exit_code: u8,
+    /// The injected agent's barrier port, unless a container of its pod template declares it.
     pub barrier_port: u16,
+    /// Where the injected agent's barrier goes then: the first port of these that no container
+    /// of the pod template declares.
+    pub barrier_fallback_ports: PortRange,
     pub barrier_path: String,
     pub probe_period_seconds: i32,
     pub probe_failure_threshold: i32,
@@ -142,8 +238,10 @@ impl InjectionConfig {
             protocol,
             image: DEFAULT_IMAGE.to_owned(),
             image_pull_policy: "IfNotPresent".to_owned(),
+            image_pull_secrets: Vec::new(),
             restart_exit_code: agent_env::DEFAULT_RESTART_EXIT_CODE,
             barrier_port: agent_env::DEFAULT_BARRIER_PORT,
+            barrier_fallback_ports: DEFAULT_BARRIER_FALLBACK_PORTS,
             barrier_path: agent_env::DEFAULT_BARRIER_PATH.to_owned(),
             probe_period_seconds: 1,
             // A day of one-second probes: a group restart waits for the slowest pod to be
@@ -163,6 +261,28 @@ impl InjectionConfig {
         }
     }
 
+    /// The ports the injected agent's barrier may take, in the order it takes them: the barrier
+    /// port, then the fallbacks (without the barrier port again).
+    pub fn barrier_ports(&self) -> impl Iterator<Item = u16> + '_ {
+        std::iter::once(self.barrier_port).chain(
+            self.barrier_fallback_ports
+                .ports()
+                .filter(move |p| *p != self.barrier_port),
+        )
+    }
+
+    /// [`Self::barrier_ports`] as said in messages: `8080, then 18080-18099`.
+    pub fn barrier_ports_text(&self) -> String {
+        if self.barrier_fallback_ports.is_empty() {
+            self.barrier_port.to_string()
+        } else {
+            format!(
+                "{}, then {}",
+                self.barrier_port, self.barrier_fallback_ports
+            )
+        }
+    }
+
     /// File, then flags and env, over the defaults. `protocol` is the global `--protocol` (or
     /// `JOBSET_INPLACE_PROTOCOL`) when given: it overrides the file's `protocol` key.
     pub fn load(args: &InjectionArgs, protocol: Option<Dialect>) -> Result<Self, ConfigError> {
@@ -174,7 +294,7 @@ impl InjectionConfig {
             })?;
             config.apply_file(path, &text)?;
         }
-        config.apply_args(args);
+        config.apply_args(args)?;
         if let Some(protocol) = protocol {
             config.protocol = protocol;
         }
@@ -202,6 +322,9 @@ impl InjectionConfig {
         if let Some(v) = file.image_pull_policy {
             self.image_pull_policy = v;
         }
+        if let Some(v) = file.image_pull_secrets {
+            self.image_pull_secrets = v;
+        }
         if let Some(v) = file.restart_exit_code {
             self.restart_exit_code = u8::try_from(v)
                 .map_err(|_| invalid("restartExitCode", format!("{v} is not in 1-255")))?;
@@ -209,6 +332,19 @@ impl InjectionConfig {
         if let Some(v) = file.barrier_port {
             self.barrier_port = u16::try_from(v)
                 .map_err(|_| invalid("barrierPort", format!("{v} is not in 1-65535")))?;
+        }
+        if let Some(v) = file.barrier_fallback_ports {
+            let text = match &v {
+                serde_yaml::Value::String(s) => s.clone(),
+                serde_yaml::Value::Number(n) => n.to_string(),
+                _ => String::from("?"),
+            };
+            self.barrier_fallback_ports = text.parse().map_err(|e: String| {
+                invalid(
+                    "barrierFallbackPorts",
+                    format!("{e} (FIRST-LAST, one port, or \"\" for none)"),
+                )
+            })?;
         }
         if let Some(v) = file.barrier_path {
             self.barrier_path = v;
@@ -235,12 +371,26 @@ impl InjectionConfig {
         Ok(())
     }
 
-    fn apply_args(&mut self, args: &InjectionArgs) {
+    fn apply_args(&mut self, args: &InjectionArgs) -> Result<(), ConfigError> {
         if let Some(v) = &args.agent_image {
             self.image.clone_from(v);
         }
         if let Some(v) = &args.agent_image_pull_policy {
             self.image_pull_policy.clone_from(v);
+        }
+        if !args.agent_image_pull_secrets.is_empty() {
+            self.image_pull_secrets = args
+                .agent_image_pull_secrets
+                .iter()
+                .map(|s| s.trim().to_owned())
+                .filter(|s| !s.is_empty())
+                .collect();
+        }
+        if let Some(v) = &args.barrier_fallback_ports {
+            self.barrier_fallback_ports = v.parse().map_err(|reason| ConfigError::Invalid {
+                key: "--barrier-fallback-ports".to_owned(),
+                reason,
+            })?;
         }
         if let Some(v) = args.restart_exit_code {
             self.restart_exit_code = v;
@@ -260,6 +410,7 @@ impl InjectionConfig {
         if let Some(v) = &args.agent_service_account {
             self.service_account.clone_from(v);
         }
+        Ok(())
     }
 
     /// Checks the resolved values, naming the flag of the first bad one.
@@ -290,6 +441,20 @@ impl InjectionConfig {
         }
         if self.barrier_port == 0 {
             return invalid("--barrier-port / barrierPort", "must be in 1-65535");
+        }
+        if !self.barrier_fallback_ports.is_empty() && self.barrier_fallback_ports.first == 0 {
+            return invalid(
+                "--barrier-fallback-ports / barrierFallbackPorts",
+                "ports must be in 1-65535",
+            );
+        }
+        for name in &self.image_pull_secrets {
+            if !is_dns_subdomain(name) {
+                return Err(ConfigError::Invalid {
+                    key: "--agent-image-pull-secret / imagePullSecrets".to_owned(),
+                    reason: format!("{name:?} is not a Secret name (a DNS subdomain name)"),
+                });
+            }
         }
         if !self.barrier_path.starts_with('/') {
             return invalid("--barrier-path / barrierPath", "must start with /");
@@ -381,6 +546,50 @@ mod tests {
     }
 
     #[test]
+    fn barrier_fallbacks_and_pull_secrets_from_the_file() {
+        let c = from_file("barrierFallbackPorts: 9000-9002\nimagePullSecrets: [a, b.c]\n")
+            .expect("valid");
+        assert_eq!(
+            c.barrier_fallback_ports,
+            PortRange {
+                first: 9000,
+                last: 9002
+            }
+        );
+        assert_eq!(c.image_pull_secrets, ["a", "b.c"]);
+        assert_eq!(
+            c.barrier_ports().collect::<Vec<_>>(),
+            [8080, 9000, 9001, 9002]
+        );
+        assert_eq!(c.barrier_ports_text(), "8080, then 9000-9002");
+        // One port, as a number; none; the barrier port inside the range is tried once.
+        let c = from_file("barrierFallbackPorts: 9000\n").expect("valid");
+        assert_eq!(c.barrier_ports().collect::<Vec<_>>(), [8080, 9000]);
+        let c = from_file("barrierFallbackPorts: ''\n").expect("valid");
+        assert_eq!(c.barrier_ports().collect::<Vec<_>>(), [8080]);
+        assert_eq!(c.barrier_ports_text(), "8080");
+        let c = from_file("barrierPort: 9001\nbarrierFallbackPorts: 9000-9002\n").expect("valid");
+        assert_eq!(c.barrier_ports().collect::<Vec<_>>(), [9001, 9000, 9002]);
+        // The defaults: 8080, then 18080-18099.
+        let d = InjectionConfig::defaults(Dialect::Epoch);
+        assert_eq!(d.barrier_ports().count(), 21);
+        assert_eq!(d.barrier_ports().nth(1), Some(18080));
+        assert!(d.image_pull_secrets.is_empty());
+    }
+
+    #[test]
+    fn port_ranges_parse_or_say_why_not() {
+        assert_eq!("1-2".parse(), Ok(PortRange { first: 1, last: 2 }));
+        assert_eq!(" 7 ".parse(), Ok(PortRange { first: 7, last: 7 }));
+        assert_eq!("".parse(), Ok(PortRange::NONE));
+        assert!(PortRange::NONE.ports().next().is_none());
+        for bad in ["0-5", "5-4", "1-70000", "a-b", "-", "1-2-3"] {
+            assert!(bad.parse::<PortRange>().is_err(), "{bad}");
+        }
+        assert_eq!(PortRange { first: 1, last: 2 }.to_string(), "1-2");
+    }
+
+    #[test]
     fn unknown_key_is_named() {
         let err = from_file("imagee: x\n").expect_err("rejected").to_string();
         assert!(err.contains("imagee"), "{err}");
@@ -399,6 +608,10 @@ mod tests {
             ("protocol: v2\n", "protocol"),
             ("imagePullPolicy: Sometimes\n", "imagePullPolicy"),
             ("restartExitCode: many\n", "restartExitCode"),
+            ("barrierFallbackPorts: 9-8\n", "barrierFallbackPorts"),
+            ("barrierFallbackPorts: [1]\n", "barrierFallbackPorts"),
+            ("imagePullSecrets: [Bad_Name]\n", "imagePullSecrets"),
+            ("imagePullSecrets: a\n", "imagePullSecrets"),
         ] {
             let err = from_file(text).expect_err(text).to_string();
             assert!(err.contains(key), "{text}: {err}");
@@ -419,6 +632,28 @@ mod tests {
         let c = InjectionConfig::load(&args, None).expect("loads");
         assert_eq!(c.image, "from-flag");
         assert_eq!(c.barrier_port, 9000);
+        let flags = InjectionArgs {
+            agent_image_pull_secrets: vec!["one".into(), "two".into()],
+            barrier_fallback_ports: Some("7000-7001".into()),
+            ..args.clone()
+        };
+        let c = InjectionConfig::load(&flags, None).expect("loads");
+        assert_eq!(c.image_pull_secrets, ["one", "two"]);
+        assert_eq!(
+            c.barrier_fallback_ports,
+            PortRange {
+                first: 7000,
+                last: 7001
+            }
+        );
+        let bad = InjectionArgs {
+            barrier_fallback_ports: Some("x".into()),
+            ..args.clone()
+        };
+        let err = InjectionConfig::load(&bad, None)
+            .expect_err("bad")
+            .to_string();
+        assert!(err.contains("--barrier-fallback-ports"), "{err}");
         std::fs::write(args.config.as_ref().expect("set"), "protocol: attempt\n").expect("write");
         let c = InjectionConfig::load(&args, None).expect("loads");
         assert_eq!(c.protocol, Dialect::Attempt, "the file sets the protocol");

@@ -18,7 +18,7 @@ pub(crate) mod sparse_view;
 pub mod validate;
 
 pub use config::InjectionConfig;
-pub use mutate::mutate;
+pub use mutate::{mutate, mutate_update};
 pub use review::{Request, Verdict, decide, review};
 pub use validate::{validate, validate_update};
 
@@ -108,6 +108,9 @@ pub struct Mutation {
     pub warnings: Vec<String>,
     /// Set when the injected JobSet would be too large: why (the webhook denies it).
     pub too_large: Option<String>,
+    /// Pod templates the agent cannot go into as configured (no free barrier port), with their
+    /// field paths (the webhook denies the JobSet).
+    pub violations: Vec<Violation>,
 }
 
 /// Largest AdmissionReview body accepted; larger bodies get HTTP 413 from the server.

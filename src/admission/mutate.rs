@@ -3,8 +3,8 @@
 //! does not model are never touched; mutating an already-mutated JobSet yields no operation.
 //!
 //! The operations are built with their values already JSON text ([`Op`]): the review writes them
-//! into its response as they are, and the agent container is serialized once per JobSet, not once
-//! per replicatedJob. [`mutate`] turns them into a [`json_patch::Patch`] for the offline commands.
+//! into its response as they are, and the agent container is serialized once per JobSet (once per
+//! barrier port it takes there), not once per replicatedJob. [`mutate`] turns them into a [`json_patch::Patch`] for the offline commands.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -16,10 +16,10 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::config::InjectionConfig;
-use super::pod::{self, Agent, AgentMode, Container};
-use super::sparse_view::{JobSetView, PodSpec, PodTemplate};
+use super::pod::{self, Agent, AgentMode, Container, ContainerList};
+use super::sparse_view::{JobSetView, PodSpec, PodTemplate, Present};
 use super::validate::{BACKOFF_LIMIT, POD_REPLACEMENT_POLICY};
-use super::{INJECTED_ANNOTATION, Mutation};
+use super::{INJECTED_ANNOTATION, Mutation, Violation};
 use crate::protocol::JOBSET_NAME_LABEL;
 use crate::wire::agent_env;
 
@@ -85,20 +85,79 @@ pub const MAX_PATCH_BYTES: usize = 720 * 1024;
 pub const MAX_INJECTED_BYTES: usize = 1536 * 1024 - 64 * 1024;
 
 /// Computes the injection patch for a JobSet (CREATE). A JobSet whose injected form would be
-/// too large (see [`MAX_PATCH_BYTES`], [`MAX_INJECTED_BYTES`]) gets no patch and `too_large`.
+/// too large (see [`MAX_PATCH_BYTES`], [`MAX_INJECTED_BYTES`]) gets no patch and `too_large`;
+/// one with a pod template the agent cannot go into gets no patch and `violations`.
 pub fn mutate(jobset: &Value, config: &InjectionConfig) -> Mutation {
+    mutate_in(jobset, config, Scope::Create)
+}
+
+/// The injection patch for an UPDATE of the stored JobSet `old` to `jobset`: what [`mutate`]
+/// adds, into the replicatedJobs whose pod template `old` shows injected (the
+/// `jobset-inplace.dev/injected` annotation of an InPlaceRestart JobSet), so that a client that
+/// writes the JobSet without what the webhook added (an apply or an update of the JobSet as the
+/// client built it) changes nothing. Other replicatedJobs are left as they are: JobSet holds
+/// them immutable, and one admitted uninjected (before the webhook was installed, or opted out)
+/// must stay editable.
+pub fn mutate_update(jobset: &Value, old: &Value, config: &InjectionConfig) -> Mutation {
+    let old = JobSetView::from_value(old);
+    mutate_in(jobset, config, Scope::Update(&old))
+}
+
+fn mutate_in(jobset: &Value, config: &InjectionConfig, scope: Scope<'_, '_>) -> Mutation {
     let size = serde_json::to_vec(jobset).map_or(0, |v| v.len());
-    match mutate_view(&JobSetView::from_value(jobset), config, size) {
+    match mutate_view(&JobSetView::from_value(jobset), config, size, scope) {
         Ok((ops, warnings)) => Mutation {
             patch: json_patch::Patch(ops.iter().map(Op::to_patch_operation).collect()),
             warnings,
-            too_large: None,
+            ..Mutation::default()
         },
-        Err(message) => Mutation {
+        Err(Refusal::TooLarge(message)) => Mutation {
             too_large: Some(message),
             ..Mutation::default()
         },
+        Err(Refusal::Invalid(violations, _)) => Mutation {
+            violations,
+            ..Mutation::default()
+        },
     }
+}
+
+/// Which request the injection answers.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Scope<'v, 'a> {
+    /// A CREATE: every replicatedJob.
+    Create,
+    /// An UPDATE from this stored JobSet: the replicatedJobs it shows injected (see
+    /// [`mutate_update`]).
+    Update(&'v JobSetView<'a>),
+}
+
+impl Scope<'_, '_> {
+    /// `spec.replicatedJobs[i]` is injected.
+    fn covers(&self, i: usize) -> bool {
+        match self {
+            Scope::Create => true,
+            Scope::Update(old) => {
+                old.in_place_restart()
+                    && old
+                        .replicated_jobs()
+                        .get(i)
+                        .and_then(|rj| rj.job_spec.as_ref()?.template.as_ref()?.metadata.as_ref())
+                        .and_then(|m| m.annotations.as_ref()?.injected.as_ref())
+                        .is_some()
+            }
+        }
+    }
+}
+
+/// Why the webhook refuses to inject a JobSet.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// The injected JobSet would be too large (the webhook answers 413): why.
+    TooLarge(String),
+    /// Pod templates that cannot take the agent as configured (422), with where and why: the
+    /// first [`super::validate::MAX_VIOLATIONS`], and how many more.
+    Invalid(Vec<Violation>, usize),
 }
 
 /// Bytes an operation adds to the JSON Patch document (with its framing).
@@ -107,36 +166,48 @@ fn op_bytes(op: &Op) -> usize {
 }
 
 /// [`mutate`] over the view of a JobSet written in `size` bytes (an upper bound): the operations
-/// and the warnings, or why the injected JobSet would be too large. Stops building operations as
-/// soon as the patch passes a limit.
+/// and the warnings, or why the webhook refuses. Stops building operations as soon as the patch
+/// passes a limit.
 pub(crate) fn mutate_view(
     jobset: &JobSetView<'_>,
     config: &InjectionConfig,
     size: usize,
-) -> Result<(Vec<Op>, Vec<String>), String> {
+    scope: Scope<'_, '_>,
+) -> Result<(Vec<Op>, Vec<String>), Refusal> {
     let mut out = Vec::new();
     let mut warnings = Vec::new();
     if !jobset.in_place_restart() || jobset.inject_annotation() == Some("false") {
         return Ok((out, warnings));
     }
+    if let Scope::Update(old) = scope
+        && !(0..old.replicated_jobs().len()).any(|i| scope.covers(i))
+    {
+        // Nothing was injected: nothing to put back.
+        return Ok((out, warnings));
+    }
     if jobset.truncated {
-        return Err(format!(
+        return Err(Refusal::TooLarge(format!(
             "the JobSet has more than {} list elements in all: too large to be injected",
             super::sparse_view::MAX_LIST_ELEMENTS
-        ));
+        )));
     }
-    let mut agent_json = None;
+    let mut agents = AgentJson::new(config);
+    let mut refused = Vec::new();
+    let mut more_refused = 0;
     let mut patch_bytes = 0;
     let mut counted = 0;
     for (i, rj) in jobset.replicated_jobs().iter().enumerate() {
         patch_bytes += out[counted..].iter().map(op_bytes).sum::<usize>();
         counted = out.len();
-        if patch_bytes > MAX_PATCH_BYTES || size + patch_bytes > MAX_INJECTED_BYTES {
-            return Err(too_large(patch_bytes, i));
+        if past_limits(size, patch_bytes) {
+            return Err(Refusal::TooLarge(too_large(patch_bytes, i)));
         }
         let Some(job_spec) = &rj.job_spec else {
             continue;
         };
+        if !scope.covers(i) {
+            continue;
+        }
         let job_ptr = ptr(&["spec", "replicatedJobs"])
             .idx(i)
             .keys(&["template", "spec"]);
@@ -168,21 +239,34 @@ pub(crate) fn mutate_view(
             let pod_ptr = template_ptr.key("spec");
             rewrite_restart_pod(&pod_ptr, pod_spec, &mut out, &mut warnings, i);
             // The webhook chooses the service account: its token goes to the agent only.
-            let choose_account = !pod_spec.names_service_account();
-            match pod::agent(pod_spec) {
+            let chosen = account_chosen(pod_spec, config);
+            let runs_ours = match pod::agent(pod_spec) {
                 None => {
-                    let agent = agent_json.get_or_insert_with(|| {
-                        (
-                            agent_container_json(config, false),
-                            agent_container_json(config, true),
-                        )
-                    });
-                    let agent = if choose_account { &agent.1 } else { &agent.0 };
-                    inject_agent(&pod_ptr, pod_spec, agent, &mut out);
+                    let Some(port) = barrier_port(pod_spec, config) else {
+                        if refused.len() >= super::validate::MAX_VIOLATIONS {
+                            more_refused += 1;
+                            continue;
+                        }
+                        refused.push(Violation {
+                            path: format!(
+                                "spec.replicatedJobs[{i}].template.spec.template.spec.initContainers"
+                            ),
+                            message: format!(
+                                "no port for the injected agent's barrier: the containers of \
+                                 this pod template declare every port it may take ({}); free \
+                                 one, configure other barrier ports (barrierPort, \
+                                 barrierFallbackPorts) or bring your own agent",
+                                config.barrier_ports_text()
+                            ),
+                        });
+                        continue;
+                    };
+                    inject_agent(&pod_ptr, pod_spec, agents.get(port, chosen), &mut out);
+                    true
                 }
                 Some(agent) => {
                     complete_agent(&pod_ptr, &agent, config, &mut out);
-                    if choose_account {
+                    if chosen && !agent.container.mounts(TOKEN_VOLUME) {
                         let mounts = container_ptr(&pod_ptr, &agent.container).key("volumeMounts");
                         if agent.container.view.volume_mounts.is_some() {
                             out.push(add(mounts.key("-"), to_json(&token_mount())));
@@ -190,27 +274,34 @@ pub(crate) fn mutate_view(
                             out.push(add(mounts, to_json(&[token_mount()])));
                         }
                     }
+                    agent.container.list == ContainerList::Init
+                        && agent.container.name() == agent_env::CONTAINER_NAME
                 }
-            }
-            if choose_account {
-                out.push(add(
-                    pod_ptr.key("serviceAccountName"),
-                    to_json(&config.service_account),
-                ));
+            };
+            if chosen {
+                if !pod_spec.names_service_account() {
+                    out.push(add(
+                        pod_ptr.key("serviceAccountName"),
+                        to_json(&config.service_account),
+                    ));
+                }
                 if pod_spec.automount_token.is_none() {
                     out.push(add(
                         pod_ptr.key("automountServiceAccountToken"),
                         "false".to_owned(),
                     ));
                 }
-                if pod_spec.volumes.is_some() {
-                    out.push(add(
+                match &pod_spec.volumes {
+                    Some(v) if v.has_name(TOKEN_VOLUME) => {}
+                    Some(_) => out.push(add(
                         pod_ptr.keys(&["volumes", "-"]),
                         to_json(&token_volume()),
-                    ));
-                } else {
-                    out.push(add(pod_ptr.key("volumes"), to_json(&[token_volume()])));
+                    )),
+                    None => out.push(add(pod_ptr.key("volumes"), to_json(&[token_volume()]))),
                 }
+            }
+            if runs_ours {
+                add_pull_secrets(&pod_ptr, pod_spec, config, &mut out);
             }
             if out.len() > ops_before {
                 annotate_injected(&template_ptr, template, &mut out);
@@ -218,8 +309,14 @@ pub(crate) fn mutate_view(
         }
     }
     patch_bytes += out[counted..].iter().map(op_bytes).sum::<usize>();
-    if patch_bytes > MAX_PATCH_BYTES || size + patch_bytes > MAX_INJECTED_BYTES {
-        return Err(too_large(patch_bytes, jobset.replicated_jobs().len()));
+    if past_limits(size, patch_bytes) {
+        return Err(Refusal::TooLarge(too_large(
+            patch_bytes,
+            jobset.replicated_jobs().len(),
+        )));
+    }
+    if !refused.is_empty() {
+        return Err(Refusal::Invalid(refused, more_refused));
     }
     if warnings.len() > super::validate::MAX_WARNINGS {
         let more = warnings.len() - super::validate::MAX_WARNINGS;
@@ -227,6 +324,107 @@ pub(crate) fn mutate_view(
         warnings.push(format!("and {more} more warnings like these"));
     }
     Ok((out, warnings))
+}
+
+/// An injection of `patch_bytes` into a JobSet of `size` bytes passes a limit. Nothing to add
+/// passes none: the JobSet is then as the client wrote it (an UPDATE of a large JobSet already
+/// injected is not refused).
+fn past_limits(size: usize, patch_bytes: usize) -> bool {
+    patch_bytes > 0 && (patch_bytes > MAX_PATCH_BYTES || size + patch_bytes > MAX_INJECTED_BYTES)
+}
+
+/// The webhook chose (or chooses now) the pod template's service account, and with it keeps the
+/// token from every container but the agent: the template names none, or names the configured
+/// one the way the injection leaves it (`automountServiceAccountToken: false`, or the agent's
+/// token volume). A template that names its own account keeps its own behaviour.
+fn account_chosen(pod_spec: &PodSpec<'_>, config: &InjectionConfig) -> bool {
+    if !pod_spec.names_service_account() {
+        return true;
+    }
+    let ours = [&pod_spec.service_account_name, &pod_spec.service_account]
+        .into_iter()
+        .any(|s| s.as_deref() == Some(config.service_account.as_str()));
+    ours && (pod_spec.automount_token == Some(Value::Bool(false))
+        || pod_spec
+            .volumes
+            .as_ref()
+            .is_some_and(|v| v.has_name(TOKEN_VOLUME)))
+}
+
+/// The port the injected agent's barrier takes in a pod template: the first of the configured
+/// ones ([`InjectionConfig::barrier_ports`]) that no container of the template declares as a
+/// `containerPort` (whatever its protocol: a number two containers of a pod share is a mistake
+/// waiting to happen); `None` when they all are. Tries at most one port more than the template
+/// declares.
+fn barrier_port(pod_spec: &PodSpec<'_>, config: &InjectionConfig) -> Option<u16> {
+    let mut declared: Vec<i64> = pod::all_containers(pod_spec)
+        .flat_map(|c| c.declared_ports().map(|(_, port)| port))
+        .collect();
+    if declared.is_empty() {
+        return Some(config.barrier_port);
+    }
+    declared.sort_unstable();
+    declared.dedup();
+    config
+        .barrier_ports()
+        .find(|p| declared.binary_search(&i64::from(*p)).is_err())
+}
+
+/// Adds the configured `imagePullSecrets` a pod template lacks (creating the list when it has
+/// none; entries it has, whatever they hold, are left as they are and where they are).
+fn add_pull_secrets(
+    pod_ptr: &Ptr,
+    pod_spec: &PodSpec<'_>,
+    config: &InjectionConfig,
+    ops: &mut Vec<Op>,
+) {
+    let existing = match &pod_spec.image_pull_secrets {
+        // Not a list: nothing can be added to it without writing over it.
+        Some(Present::Other) => return,
+        Some(Present::Read(list)) => Some(list),
+        None => None,
+    };
+    let mut missing: Vec<&str> = Vec::new();
+    for name in &config.image_pull_secrets {
+        if !missing.contains(&name.as_str()) && !existing.is_some_and(|l| l.has_name(name)) {
+            missing.push(name);
+        }
+    }
+    if missing.is_empty() {
+        return;
+    }
+    let entry = |name: &str| to_json(&json!({"name": name}));
+    if existing.is_some() {
+        for name in missing {
+            ops.push(add(pod_ptr.keys(&["imagePullSecrets", "-"]), entry(name)));
+        }
+    } else {
+        let list: Vec<Value> = missing.iter().map(|n| json!({"name": n})).collect();
+        ops.push(add(pod_ptr.key("imagePullSecrets"), to_json(&list)));
+    }
+}
+
+/// The injected agent's JSON text for each barrier port and token choice met in one JobSet,
+/// serialized once each (most JobSets need one).
+struct AgentJson<'c> {
+    config: &'c InjectionConfig,
+    texts: BTreeMap<(u16, bool), String>,
+}
+
+impl<'c> AgentJson<'c> {
+    fn new(config: &'c InjectionConfig) -> Self {
+        AgentJson {
+            config,
+            texts: BTreeMap::new(),
+        }
+    }
+
+    fn get(&mut self, port: u16, token: bool) -> &str {
+        let config = self.config;
+        self.texts
+            .entry((port, token))
+            .or_insert_with(|| agent_container_json(config, port, token))
+    }
 }
 
 /// Why an injection is refused: the limits, and how far it got. (The JobSet's own size is not
@@ -296,15 +494,17 @@ fn inject_agent(pod_ptr: &Ptr, pod_spec: &PodSpec<'_>, agent: &str, ops: &mut Ve
 }
 
 /// The injected agent sidecar (as injected into a pod template that names its own service
-/// account).
+/// account and declares no `containerPort` the barrier would take).
 pub fn agent_container(config: &InjectionConfig) -> Value {
-    serde_json::to_value(AgentContainer::new(config, false)).unwrap_or_default()
+    serde_json::to_value(AgentContainer::new(config, config.barrier_port, false))
+        .unwrap_or_default()
 }
 
-/// The JSON text of the agent sidecar, written without building a `Value`; `token`: it mounts
-/// the service account token the pod does not automount ([`token_volume`]).
-fn agent_container_json(config: &InjectionConfig, token: bool) -> String {
-    serde_json::to_string(&AgentContainer::new(config, token)).unwrap_or_default()
+/// The JSON text of the agent sidecar with its barrier on `port`, written without building a
+/// `Value`; `token`: it mounts the service account token the pod does not automount
+/// ([`token_volume`]).
+fn agent_container_json(config: &InjectionConfig, port: u16, token: bool) -> String {
+    serde_json::to_string(&AgentContainer::new(config, port, token)).unwrap_or_default()
 }
 
 /// The volume that holds the agent's service account token, CA and namespace when the webhook
@@ -357,7 +557,8 @@ struct AgentContainer<'a> {
 }
 
 impl<'a> AgentContainer<'a> {
-    fn new(config: &'a InjectionConfig, token: bool) -> Self {
+    /// The agent with its barrier on `port`: its env and its startup probe say the same port.
+    fn new(config: &'a InjectionConfig, port: u16, token: bool) -> Self {
         let mut env = vec![
             field_env(agent_env::NAMESPACE, "metadata.namespace"),
             field_env(agent_env::POD_NAME, "metadata.name"),
@@ -371,11 +572,8 @@ impl<'a> AgentContainer<'a> {
             ),
             literal_env(agent_env::PROTOCOL, config.protocol.as_str()),
         ];
-        if config.barrier_port != agent_env::DEFAULT_BARRIER_PORT {
-            env.push(literal_env(
-                agent_env::BARRIER_PORT,
-                config.barrier_port.to_string(),
-            ));
+        if port != agent_env::DEFAULT_BARRIER_PORT {
+            env.push(literal_env(agent_env::BARRIER_PORT, port.to_string()));
         }
         if config.barrier_path != agent_env::DEFAULT_BARRIER_PATH {
             env.push(literal_env(
@@ -400,7 +598,7 @@ impl<'a> AgentContainer<'a> {
             startup_probe: ProbeSpec {
                 http_get: HttpGetSpec {
                     path: &config.barrier_path,
-                    port: config.barrier_port,
+                    port,
                 },
                 period_seconds: config.probe_period_seconds,
                 failure_threshold: config.probe_failure_threshold,
@@ -844,5 +1042,329 @@ mod tests {
             Some("attempt")
         );
         assert_eq!(agent["startupProbe"]["httpGet"]["port"], 9000);
+    }
+
+    const POD: &str = "/spec/replicatedJobs/0/template/spec/template/spec";
+
+    fn pod_of(js: &Value, job: usize) -> &Value {
+        &js["spec"]["replicatedJobs"][job]["template"]["spec"]["template"]["spec"]
+    }
+
+    /// The injected agent of a mutated pod template, and the port it serves its barrier on as
+    /// its env says (the agent's default when unset) and as its probe asks.
+    fn barrier_of(js: &Value, job: usize) -> (Option<i64>, Value) {
+        let agent = pod_of(js, job)["initContainers"]
+            .as_array()
+            .and_then(|l| l.iter().find(|c| c["name"] == agent_env::CONTAINER_NAME))
+            .expect("an injected agent");
+        let env = env_value(agent, agent_env::BARRIER_PORT)
+            .map_or(Some(i64::from(agent_env::DEFAULT_BARRIER_PORT)), |v| {
+                v.parse().ok()
+            });
+        (env, agent["startupProbe"]["httpGet"]["port"].clone())
+    }
+
+    fn ports(list: &[u16]) -> Value {
+        Value::Array(list.iter().map(|p| json!({"containerPort": p})).collect())
+    }
+
+    #[test]
+    fn the_barrier_takes_the_first_port_no_container_declares() {
+        let config = InjectionConfig::defaults(Dialect::Epoch);
+        for (declared, init, want) in [
+            (vec![], vec![], 8080),
+            (vec![6000], vec![], 8080),
+            (vec![8080], vec![], 18080),
+            (vec![8080, 18080], vec![], 18081),
+            // A sidecar (or any init container) of the template counts as much as a worker.
+            (vec![6000], vec![8080], 18080),
+            (vec![8080], vec![18080, 18081], 18082),
+        ] {
+            let mut pod = json!({"containers": [{"name": "w", "ports": ports(&declared)}]});
+            if !init.is_empty() {
+                pod["initContainers"] =
+                    json!([{"name": "log", "restartPolicy": "Always", "ports": ports(&init)}]);
+            }
+            let out = apply(&jobset(pod), &config);
+            let (env, probe) = barrier_of(&out, 0);
+            assert_eq!(env, Some(i64::from(want)), "{declared:?} {init:?}");
+            assert_eq!(
+                probe, want,
+                "{declared:?} {init:?}: the probe asks the env's port"
+            );
+            let v = crate::admission::validate(&out, &config);
+            let barrier: Vec<_> = v
+                .violations
+                .iter()
+                .filter(|v| !v.path.ends_with("completions") && !v.path.ends_with("parallelism"))
+                .collect();
+            assert!(barrier.is_empty(), "{barrier:?}");
+            assert!(mutate(&out, &config).patch.0.is_empty(), "idempotent");
+        }
+    }
+
+    /// Templates differ: each replicatedJob's agent gets the port that is free in its own.
+    #[test]
+    fn each_pod_template_gets_its_own_barrier_port() {
+        let mut config = InjectionConfig::defaults(Dialect::Epoch);
+        config.barrier_port = 9000;
+        let mut js = jobset(json!({"containers": [{"name": "w", "ports": ports(&[9000])}]}));
+        let job = js["spec"]["replicatedJobs"][0].clone();
+        let mut other = job.clone();
+        other["name"] = json!("x");
+        other["template"]["spec"]["template"]["spec"]["containers"][0]["ports"] = ports(&[6000]);
+        js["spec"]["replicatedJobs"] = json!([job.clone(), other, job]);
+        let out = apply(&js, &config);
+        assert_eq!(barrier_of(&out, 0), (Some(18080), json!(18080)));
+        assert_eq!(barrier_of(&out, 1), (Some(9000), json!(9000)));
+        assert_eq!(barrier_of(&out, 2), (Some(18080), json!(18080)));
+    }
+
+    #[test]
+    fn no_free_barrier_port_is_a_denial_naming_the_template() {
+        let mut config = InjectionConfig::defaults(Dialect::Epoch);
+        config.barrier_fallback_ports = crate::admission::config::PortRange {
+            first: 18080,
+            last: 18081,
+        };
+        let mut js = jobset(
+            json!({"containers": [{"name": "w", "ports": ports(&[8080, 18080])},
+                                                   {"name": "v", "ports": ports(&[18081])}]}),
+        );
+        let taken = js["spec"]["replicatedJobs"][0].clone();
+        let mut free = taken.clone();
+        free["template"]["spec"]["template"]["spec"]["containers"] = json!([{"name": "w"}]);
+        js["spec"]["replicatedJobs"] = json!([free, taken]);
+        let m = mutate(&js, &config);
+        assert!(m.patch.0.is_empty(), "nothing is injected");
+        assert_eq!(m.too_large, None);
+        assert_eq!(m.violations.len(), 1, "{:?}", m.violations);
+        assert_eq!(
+            m.violations[0].path,
+            "spec.replicatedJobs[1].template.spec.template.spec.initContainers"
+        );
+        assert!(
+            m.violations[0].message.contains("8080, then 18080-18081"),
+            "{}",
+            m.violations[0].message
+        );
+        // The webhook's answer: denied, 422, with the field path.
+        let verdict = crate::admission::decide(
+            crate::admission::Endpoint::Mutate,
+            &crate::admission::Request {
+                operation: "CREATE",
+                group: crate::jobset::GROUP,
+                kind: crate::jobset::KIND,
+                object: Some(&js),
+                old_object: None,
+            },
+            &config,
+        );
+        assert!(!verdict.allowed);
+        assert_eq!(
+            verdict.status.as_ref().map(|s| s["code"].clone()),
+            Some(json!(422))
+        );
+        assert_eq!(verdict.violations(), m.violations);
+        // Many such templates: the first ones reported, the rest counted.
+        let mut many = js.clone();
+        let taken = many["spec"]["replicatedJobs"][1].clone();
+        many["spec"]["replicatedJobs"] = Value::Array(vec![taken; 500]);
+        let body = serde_json::to_vec(&json!({"apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview", "request": {"uid": "u", "operation": "CREATE",
+            "kind": {"group": crate::jobset::GROUP, "kind": crate::jobset::KIND},
+            "object": many}}))
+        .expect("json");
+        let reply = crate::admission::review(crate::admission::Endpoint::Mutate, &body, &config);
+        assert!(reply.body.len() < 32 * 1024, "{}", reply.body.len());
+        let answer: Value = serde_json::from_slice(&reply.body).expect("json");
+        let status = &answer["response"]["status"];
+        assert_eq!(
+            status["details"]["causes"].as_array().map(Vec::len),
+            Some(crate::admission::validate::MAX_VIOLATIONS)
+        );
+        assert!(
+            status["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("and 480 more violations")),
+            "{status}"
+        );
+        // No fallbacks at all: only the barrier port.
+        config.barrier_fallback_ports = crate::admission::config::PortRange::NONE;
+        let js = jobset(json!({"containers": [{"name": "w", "ports": ports(&[8080])}]}));
+        let m = mutate(&js, &config);
+        assert!(
+            m.violations[0].message.contains("(8080)"),
+            "{:?}",
+            m.violations
+        );
+    }
+
+    #[test]
+    fn pull_secrets_are_added_to_templates_running_the_injected_agent() {
+        let mut config = InjectionConfig::defaults(Dialect::Epoch);
+        config.image_pull_secrets = vec!["agent".into(), "mirror".into(), "agent".into()];
+        // None yet: the list is created, each name once.
+        let out = apply(&jobset(json!({"containers": [{"name": "w"}]})), &config);
+        assert_eq!(
+            pod_of(&out, 0)["imagePullSecrets"],
+            json!([{"name": "agent"}, {"name": "mirror"}])
+        );
+        assert!(mutate(&out, &config).patch.0.is_empty(), "idempotent");
+
+        // A list of the pod's own, with fields this code does not model: only appended to.
+        let own = json!([{"name": "team", "futureField": {"a/b": [1, "~"]}},
+                         {"name": "mirror", "x-vendor.example/setting": true},
+                         "not-an-object"]);
+        let js = jobset(json!({"containers": [{"name": "w"}], "imagePullSecrets": own}));
+        let m = mutate(&js, &config);
+        let secret_ops: Vec<_> = m
+            .patch
+            .0
+            .iter()
+            .filter(|op| op.path().as_str().contains("imagePullSecrets"))
+            .collect();
+        assert_eq!(secret_ops.len(), 1, "{secret_ops:?}");
+        assert_eq!(
+            secret_ops[0],
+            &PatchOperation::Add(AddOperation {
+                path: PointerBuf::parse(format!("{POD}/imagePullSecrets/-")).expect("pointer"),
+                value: json!({"name": "agent"}),
+            })
+        );
+        let out = apply(&js, &config);
+        let list = &pod_of(&out, 0)["imagePullSecrets"];
+        for (i, entry) in own.as_array().expect("array").iter().enumerate() {
+            assert_eq!(
+                serde_json::to_string(&list[i]).ok(),
+                serde_json::to_string(entry).ok(),
+                "entry {i} kept as written, in its place"
+            );
+        }
+        assert_eq!(list[3], json!({"name": "agent"}));
+
+        // Not a list: left alone. A template running its own agent: left alone.
+        let js = jobset(json!({"containers": [{"name": "w"}], "imagePullSecrets": "team"}));
+        let out = apply(&js, &config);
+        assert_eq!(pod_of(&out, 0)["imagePullSecrets"], "team");
+        let side = json!({"name": "mine", "restartPolicy": "Always",
+            "restartPolicyRules": [{"action": "RestartAllContainers", "exitCodes": {"operator": "NotIn", "values": [0]}}]});
+        let out = apply(
+            &jobset(json!({"initContainers": [side.clone()], "containers": [{"name": "w"}]})),
+            &config,
+        );
+        assert!(pod_of(&out, 0).get("imagePullSecrets").is_none());
+        // A sidecar named as the injected agent is taken for it; a main-container agent of
+        // that name is not (it runs the worker's image).
+        let mut named = side;
+        named["name"] = json!(agent_env::CONTAINER_NAME);
+        let out = apply(
+            &jobset(json!({"initContainers": [named], "containers": [{"name": "w"}]})),
+            &config,
+        );
+        assert_eq!(
+            pod_of(&out, 0)["imagePullSecrets"],
+            json!([{"name": "agent"}, {"name": "mirror"}])
+        );
+        let main = json!({"name": agent_env::CONTAINER_NAME, "restartPolicy": "Never",
+            "restartPolicyRules": [{"action": "Restart", "exitCodes": {"operator": "NotIn", "values": [0]}}],
+            "env": [{"name": "WORKER_COMMAND", "value": "train"}]});
+        let out = apply(&jobset(json!({"containers": [main]})), &config);
+        assert!(pod_of(&out, 0).get("imagePullSecrets").is_none());
+    }
+
+    /// A JobSet written again without part of what the webhook added (Kubeflow Trainer's
+    /// apply, an update of the JobSet as its client built it): the UPDATE's patch makes it the
+    /// stored JobSet again, whichever part is missing.
+    #[test]
+    fn an_update_gets_back_what_the_injection_added_and_no_more() {
+        let mut config = InjectionConfig::defaults(Dialect::Epoch);
+        config.image_pull_secrets = vec!["agent".into()];
+        let plain = jobset(
+            json!({"containers": [{"name": "w", "ports": ports(&[8080])}],
+                                  "volumes": [{"name": "data", "emptyDir": {}}]}),
+        );
+        let stored = apply(&plain, &config);
+        assert_eq!(barrier_of(&stored, 0).0, Some(18080));
+        let strip = |keys: &[&str], agent: bool| {
+            let mut js = stored.clone();
+            let pod = js
+                .pointer_mut(POD)
+                .and_then(Value::as_object_mut)
+                .expect("pod spec");
+            for k in keys {
+                pod.remove(*k);
+            }
+            if agent {
+                pod.remove("initContainers");
+            }
+            js
+        };
+        for (what, written) in [
+            ("everything", plain.clone()),
+            ("the agent", strip(&[], true)),
+            (
+                "the account",
+                strip(
+                    &["serviceAccountName", "automountServiceAccountToken"],
+                    false,
+                ),
+            ),
+            (
+                "the account and the agent",
+                strip(&["serviceAccountName"], true),
+            ),
+            ("the token volume and the agent", {
+                let mut js = strip(&[], true);
+                if let Some(v) = js
+                    .pointer_mut(&format!("{POD}/volumes"))
+                    .and_then(Value::as_array_mut)
+                {
+                    v.retain(|v| v["name"] != TOKEN_VOLUME);
+                }
+                js
+            }),
+            ("the pull secrets", strip(&["imagePullSecrets"], false)),
+        ] {
+            let m = mutate_update(&written, &stored, &config);
+            let mut out = written.clone();
+            json_patch::patch(&mut out, &m.patch).expect("applies");
+            assert_eq!(out, stored, "{what} removed");
+            assert!(
+                mutate_update(&out, &stored, &config).patch.0.is_empty(),
+                "{what}"
+            );
+        }
+        // The stored JobSet itself: nothing.
+        assert!(mutate_update(&stored, &stored, &config).patch.0.is_empty());
+    }
+
+    /// Only the replicatedJobs the stored JobSet shows injected are injected on UPDATE: one
+    /// admitted uninjected stays as it is (JobSet holds replicatedJobs immutable).
+    #[test]
+    fn an_update_injects_only_what_was_injected() {
+        let config = InjectionConfig::defaults(Dialect::Epoch);
+        let plain = jobset(json!({"containers": [{"name": "w"}]}));
+        assert!(mutate_update(&plain, &plain, &config).patch.0.is_empty());
+        let mut two = plain.clone();
+        let job = two["spec"]["replicatedJobs"][0].clone();
+        two["spec"]["replicatedJobs"] = json!([job.clone(), job]);
+        let mut stored = apply(&two, &config);
+        // The second replicatedJob as if admitted before the webhook was installed.
+        stored["spec"]["replicatedJobs"][1] = two["spec"]["replicatedJobs"][1].clone();
+        let m = mutate_update(&two, &stored, &config);
+        assert!(!m.patch.0.is_empty());
+        assert!(
+            m.patch
+                .0
+                .iter()
+                .all(|op| op.path().as_str().starts_with("/spec/replicatedJobs/0/")),
+            "{:?}",
+            m.patch
+        );
+        // A stored JobSet that was not InPlaceRestart was never injected.
+        let mut recreate = apply(&plain, &config);
+        recreate["spec"]["failurePolicy"]["restartStrategy"] = json!("Recreate");
+        assert!(mutate_update(&plain, &recreate, &config).patch.0.is_empty());
     }
 }

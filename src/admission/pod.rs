@@ -173,6 +173,26 @@ impl<'a> Container<'a> {
         }
     }
 
+    /// The container mounts the volume named `volume`.
+    pub fn mounts(&self, volume: &str) -> bool {
+        self.view
+            .volume_mounts
+            .as_ref()
+            .is_some_and(|m| m.has_name(volume))
+    }
+
+    /// The `containerPort`s the container declares (whatever their protocol), with their index in
+    /// `ports`.
+    pub fn declared_ports(self) -> impl Iterator<Item = (usize, i64)> + 'a {
+        self.view
+            .ports
+            .as_ref()
+            .map_or(&[][..], |l| l.0.as_slice())
+            .iter()
+            .enumerate()
+            .filter_map(|(k, p)| Some((k, p.container_port?)))
+    }
+
     /// The restart exit code the agent in this container will use, from its env (ours, then the
     /// released agent's name; blank counts as unset, as for the agent), else `default`. `Err`
     /// carries an unparsable literal.

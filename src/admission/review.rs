@@ -177,12 +177,24 @@ fn decide_view(
     };
     match endpoint {
         Endpoint::Mutate => {
-            if operation != "CREATE" {
-                return Answer::allow();
-            }
-            let (ops, warnings) = match mutate::mutate_view(object, config, size) {
+            let scope = match (operation, old_object) {
+                ("CREATE", _) => mutate::Scope::Create,
+                ("UPDATE", Some(old)) => mutate::Scope::Update(old),
+                // An UPDATE without the stored object: nothing says what was injected.
+                _ => return Answer::allow(),
+            };
+            let (ops, warnings) = match mutate::mutate_view(object, config, size, scope) {
                 Ok(injection) => injection,
-                Err(message) => {
+                Err(mutate::Refusal::Invalid(violations, more)) => {
+                    return Answer {
+                        allowed: false,
+                        ops: Vec::new(),
+                        warnings: Vec::new(),
+                        status: Some(invalid_status(object.name(), &violations, more)),
+                        outcome: ReviewOutcome::Denied,
+                    };
+                }
+                Err(mutate::Refusal::TooLarge(message)) => {
                     return Answer {
                         allowed: false,
                         ops: Vec::new(),
@@ -318,7 +330,12 @@ pub fn review(endpoint: Endpoint, body: &[u8], config: &InjectionConfig) -> Repl
                     .unchanged(i)
             },
             config,
-            body.len(),
+            // An UPDATE's body holds the stored object too: the new one is what gets injected.
+            if endpoint == Endpoint::Mutate && text(request.operation.as_ref()) == "UPDATE" {
+                sparse_view::object_len(body).unwrap_or(body.len())
+            } else {
+                body.len()
+            },
         )
     };
     let patch = (!answer.ops.is_empty()).then(|| {

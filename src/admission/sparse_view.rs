@@ -293,17 +293,6 @@ fn checked<'de, T: Shape<'de>, A: MapAccess<'de>>(
     }))
 }
 
-/// An array, checked and dropped: only its presence is kept.
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct AnArray;
-
-impl<'de> Shape<'de> for AnArray {
-    const EXPECTED: &'static str = "an array";
-    fn from_seq<A: SeqAccess<'de>>(seq: A) -> Result<Option<Self>, A::Error> {
-        skip_seq(seq).map(|()| Some(AnArray))
-    }
-}
-
 /// Walks a JSON object: `field` numbers the keys the caller reads (0: not read), `value` reads the
 /// value of such a key from the map; every other value is skipped. `Some(raw)` when the object is
 /// a raw value (see [`raw_value`]): the caller's view of it, read from the JSON it holds.
@@ -542,6 +531,29 @@ fn lenient_in<'de, T: Shape<'de>, A: MapAccess<'de>>(
     _: &'static str,
 ) -> Result<Option<T>, A::Error> {
     lenient(map)
+}
+
+/// A field the mutation must never write over: read as a `T` when it is one, else only known
+/// to be there.
+#[derive(Clone, Debug)]
+pub(crate) enum Present<T> {
+    Read(T),
+    /// Present with another JSON type.
+    Other,
+}
+
+/// Reads the value of the current key as a [`Present`] (`null` reads as absent).
+fn present<'de, T: Shape<'de>, A: MapAccess<'de>>(
+    map: &mut A,
+    _: &mut Wrong,
+    _: &'static str,
+) -> Result<Option<Present<T>>, A::Error> {
+    let Checked(value) = map.next_value::<Checked<T>>()?;
+    Ok(match value {
+        Ok(Some(v)) => Some(Present::Read(v)),
+        Ok(None) => None,
+        Err(_) => Some(Present::Other),
+    })
 }
 
 /// Reads the value of the current key as a `Value` (present, whatever its type, `null` included).
@@ -885,8 +897,10 @@ pub(crate) struct PodSpec<'a> {
     pub containers: Option<List<ContainerView<'a>>>,
     /// `automountServiceAccountToken`, whatever its type.
     pub automount_token: Option<Value>,
-    /// `volumes` is an array.
-    pub volumes: Option<AnArray>,
+    /// Present when it is an array: the names of its volumes.
+    pub volumes: Option<List<Named<'a>>>,
+    /// Present whatever its type; the names of its entries when it is an array.
+    pub image_pull_secrets: Option<Present<List<Named<'a>>>>,
 }
 
 object_view!(PodSpec {
@@ -896,6 +910,7 @@ object_view!(PodSpec {
     "containers" => containers: checked,
     "automountServiceAccountToken" => automount_token: any_value,
     "volumes" => volumes: checked,
+    "imagePullSecrets" => image_pull_secrets: present,
 });
 
 impl PodSpec<'_> {
@@ -921,8 +936,8 @@ pub(crate) struct ContainerView<'a> {
     /// Present when it is an object.
     pub startup_probe: Option<Probe<'a>>,
     pub ports: Option<List<Port<'a>>>,
-    /// `volumeMounts` is an array.
-    pub volume_mounts: Option<AnArray>,
+    /// Present when it is an array: the volume names of its mounts.
+    pub volume_mounts: Option<List<Named<'a>>>,
 }
 
 object_view!(ContainerView {
@@ -1085,6 +1100,25 @@ object_view!(HttpGet {
     "path" => path: checked,
 });
 
+/// An entry of a list keyed by `name` (`volumes`, `volumeMounts`, `imagePullSecrets`): its name.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Named<'a> {
+    /// Fields present with another JSON type than the rules need.
+    pub wrong: Wrong,
+    pub name: Option<Str<'a>>,
+}
+
+object_view!(Named {
+    "name" => name: checked,
+});
+
+impl<'a> List<Named<'a>> {
+    /// Some entry is named `name`.
+    pub fn has_name(&self, name: &str) -> bool {
+        self.0.iter().any(|e| e.name.as_deref() == Some(name))
+    }
+}
+
 /// One `ports` entry of a container.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Port<'a> {
@@ -1148,6 +1182,38 @@ pub(crate) fn raw_jobs(body: &[u8]) -> Option<RawJobs<'_>> {
 }
 
 use serde_json::value::RawValue;
+
+/// The length of `request.object` as written in a body that [`parse_review`] accepted; `None`
+/// where it is not in the body's text (no such object, or inside a raw-value object's string).
+pub(crate) fn object_len(body: &[u8]) -> Option<usize> {
+    #[derive(Default)]
+    struct Review<'a> {
+        request: Option<Request<'a>>,
+    }
+    object_view!(
+        Review,
+        |key| match key {
+            "request" => 1,
+            _ => 0,
+        },
+        |v, _field, map| v.request = lenient(map)?
+    );
+    #[derive(Default)]
+    struct Request<'a> {
+        object: Option<&'a RawValue>,
+    }
+    object_view!(
+        Request,
+        |key| match key {
+            "object" => 1,
+            _ => 0,
+        },
+        |v, _field, map| v.object = Some(map.next_value()?)
+    );
+    let text = std::str::from_utf8(body).ok()?;
+    let review = serde_json::from_str::<Lenient<Review<'_>>>(text).ok()?.0?;
+    Some(review.request?.object?.get().len())
+}
 
 #[derive(Default)]
 struct RawReview<'a> {

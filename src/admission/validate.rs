@@ -7,7 +7,7 @@
 //! - `template.spec.completions` and `parallelism` are set and equal ([`check_completions`]);
 //! - the pod template runs exactly one agent, sidecar or main-container mode, whose restart rule
 //!   covers its restart exit code, with the env it needs and, as a sidecar, a startup probe on its
-//!   barrier ([`check_agent`]);
+//!   barrier, whose port no other container of the pod declares ([`check_agent`]);
 //! - no restart rule uses KEP-467's `RestartPod` spelling, and every container with restart
 //!   rules sets `restartPolicy` ([`check_restart_rules`]).
 
@@ -530,7 +530,7 @@ fn check_agent(pod_prefix: &str, pod_spec: &PodSpec<'_>, dialect: Dialect, out: 
                 );
             }
             check_agent_rule(&path, &agent, exit_code, out);
-            check_barrier_probe(&path, &agent.container, out);
+            check_barrier_probe(pod_prefix, pod_spec, &agent.container, out);
         }
         AgentMode::MainContainer => {
             check_agent_rule(&path, &agent, exit_code, out);
@@ -640,8 +640,15 @@ fn check_agent_rule(
     }
 }
 
-/// The startup probe of a sidecar agent is its barrier: it must ask the agent's barrier endpoint.
-fn check_barrier_probe(path: &str, c: &Container<'_>, out: &mut Validation) {
+/// The startup probe of a sidecar agent is its barrier: it must ask the agent's barrier endpoint,
+/// which no other container of the pod may declare as its port.
+fn check_barrier_probe(
+    pod_prefix: &str,
+    pod_spec: &PodSpec<'_>,
+    c: &Container<'_>,
+    out: &mut Validation,
+) {
+    let path = &container_path(pod_prefix, c);
     let (port_source, port) =
         match c.env_read_by_agent(&[agent_env::BARRIER_PORT, agent_env::BARRIER_PORT_ALIAS]) {
             None => (
@@ -686,6 +693,9 @@ fn check_barrier_probe(path: &str, c: &Container<'_>, out: &mut Validation) {
                 Some(v) => (name.to_owned(), Some(v)),
             },
         };
+    if let Some(port) = port {
+        check_barrier_port_free(pod_prefix, pod_spec, c, port, &port_source, out);
+    }
     let Some(http_get) = c.startup_http_get() else {
         violation(
             out,
@@ -738,6 +748,42 @@ fn check_barrier_probe(path: &str, c: &Container<'_>, out: &mut Validation) {
              restarts the pod; a group restart that waits for a rescheduled pod takes longer"
             ),
         );
+    }
+}
+
+/// Containers of the pod share its network: one that declares the agent's barrier port as its
+/// `containerPort` (whatever the protocol) means the agent or it cannot bind it, and the kubelet's
+/// startup probe may ask the wrong one.
+fn check_barrier_port_free(
+    pod_prefix: &str,
+    pod_spec: &PodSpec<'_>,
+    agent: &Container<'_>,
+    port: i64,
+    port_source: &str,
+    out: &mut Validation,
+) {
+    for other in pod::all_containers(pod_spec) {
+        if other.list == agent.list && other.index == agent.index {
+            continue;
+        }
+        for (k, declared) in other.declared_ports() {
+            if declared == port {
+                violation(
+                    out,
+                    format!(
+                        "{}.ports[{k}].containerPort",
+                        container_path(pod_prefix, &other)
+                    ),
+                    format!(
+                        "port {port} is the barrier port of the agent {} ({port_source}); containers \
+                         of a pod share its network: declare another port here, or move the \
+                         agent's barrier ({} and its startup probe)",
+                        container_path(pod_prefix, agent),
+                        agent_env::BARRIER_PORT,
+                    ),
+                );
+            }
+        }
     }
 }
 
@@ -935,6 +981,62 @@ mod tests {
             paths(&v),
             vec![format!("{C}.initContainers[0].startupProbe.httpGet.port")]
         );
+    }
+
+    #[test]
+    fn a_container_declaring_the_barrier_port_is_denied_at_that_port() {
+        let mut w = worker();
+        w["ports"] = json!([{"containerPort": 6000}, {"name": "http", "containerPort": 8080}]);
+        let log = json!({"name": "log", "restartPolicy": "Always", "ports": [{"containerPort": 8080, "protocol": "UDP"}]});
+        let v = validate(
+            &jobset(
+                json!({"serviceAccountName": "sa", "initContainers": [log, agent(json!({}))],
+                           "containers": [w.clone()]}),
+            ),
+            &config(),
+        );
+        assert_eq!(
+            paths(&v),
+            vec![
+                format!("{C}.initContainers[0].ports[0].containerPort"),
+                format!("{C}.containers[0].ports[1].containerPort"),
+            ]
+        );
+        assert!(
+            v.violations[1].message.contains("port 8080")
+                && v.violations[1].message.contains("initContainers[1]"),
+            "{}",
+            v.violations[1].message
+        );
+        // The agent moved to a free port (env and probe): accepted. The agent may declare its
+        // own barrier port.
+        let mut moved = agent(
+            json!({"ports": [{"name": "barrier", "containerPort": 9000}],
+            "startupProbe": {"httpGet": {"path": "/barrier-is-lifted", "port": "barrier"}, "periodSeconds": 1, "failureThreshold": 86400}}),
+        );
+        push_env(&mut moved, json!({"name": "BARRIER_PORT", "value": "9000"}));
+        let v = validate(
+            &jobset(
+                json!({"serviceAccountName": "sa", "initContainers": [moved.clone()],
+                           "containers": [w.clone()]}),
+            ),
+            &config(),
+        );
+        assert_eq!(v, Validation::default());
+        // ... unless another container declares that one.
+        w["ports"][0]["containerPort"] = json!(9000);
+        let v = validate(
+            &jobset(
+                json!({"serviceAccountName": "sa", "initContainers": [moved],
+                           "containers": [w]}),
+            ),
+            &config(),
+        );
+        assert_eq!(
+            paths(&v),
+            vec![format!("{C}.containers[0].ports[0].containerPort")]
+        );
+        assert!(v.violations[0].message.contains("BARRIER_PORT"));
     }
 
     #[test]

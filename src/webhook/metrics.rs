@@ -66,7 +66,7 @@ struct CertificateLabels {
 /// once the list indices are dropped; [`RULE_OTHER`] for a field not listed here and
 /// [`RULE_REQUEST`] for a denial that names no field (a malformed request or object). A closed
 /// list: the label's values are bounded whatever is sent.
-pub const RULES: [(&str, &[&str]); 9] = [
+pub const RULES: [(&str, &[&str]); 10] = [
     ("backoff_limit", &["backoffLimit"]),
     ("pod_replacement_policy", &["podReplacementPolicy"]),
     ("completions", &["completions", "parallelism"]),
@@ -115,6 +115,13 @@ pub const RULES: [(&str, &[&str]); 9] = [
             "template.spec.containers[].startupProbe",
             "template.spec.containers[].startupProbe.httpGet.port",
             "template.spec.containers[].startupProbe.httpGet.path",
+        ],
+    ),
+    (
+        "barrier_port",
+        &[
+            "template.spec.initContainers[].ports[].containerPort",
+            "template.spec.containers[].ports[].containerPort",
         ],
     ),
 ];
@@ -700,6 +707,10 @@ mod tests {
             (
                 format!("{pod}.initContainers[0].startupProbe.httpGet.port"),
                 "barrier_probe",
+            ),
+            (
+                format!("{pod}.containers[1].ports[0].containerPort"),
+                "barrier_port",
             ),
             (format!("{pod}.volumes[0]"), RULE_OTHER),
             ("metadata.name".to_owned(), RULE_OTHER),

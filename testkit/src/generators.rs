@@ -3,15 +3,17 @@
 //! synthetic JobSet review.
 
 use jobset_inplace::admission::InjectionConfig;
+use jobset_inplace::admission::config::PortRange;
 use jobset_inplace::protocol::Dialect;
 
 /// How many configs [`injection_config`] tells apart.
 pub const INJECTION_CONFIGS: usize = 3;
 
 /// The injection configs admission is exercised under: the defaults of each dialect, and a
-/// non-default one (barrier port and path, restart exit code), so that the injected agent
-/// carries `BARRIER_PORT`/`BARRIER_PATH` and an exit code other than the default. `which` is
-/// taken modulo [`INJECTION_CONFIGS`].
+/// non-default one (barrier port, two fallback ports and path, restart exit code, an image pull
+/// secret), so that the injected agent carries `BARRIER_PORT`/`BARRIER_PATH` and an exit code
+/// other than the default, and its pod templates a pull secret. `which` is taken modulo
+/// [`INJECTION_CONFIGS`].
 pub fn injection_config(which: usize) -> InjectionConfig {
     match which % INJECTION_CONFIGS {
         0 => InjectionConfig::defaults(Dialect::Epoch),
@@ -19,6 +21,11 @@ pub fn injection_config(which: usize) -> InjectionConfig {
         _ => {
             let mut c = InjectionConfig::defaults(Dialect::Epoch);
             c.barrier_port = 9000;
+            c.barrier_fallback_ports = PortRange {
+                first: 9001,
+                last: 9002,
+            };
+            c.image_pull_secrets = vec!["agent-registry".to_owned()];
             c.barrier_path = "/ready".to_owned();
             c.restart_exit_code = 3;
             c
