@@ -1,0 +1,215 @@
+//! `cargo bench --bench scale`: what one group restart costs the API server, as a function of
+//! the number of pods, with JobSet's and the Job controller's status writes going on.
+//!
+//! Per size (`JOBSET_INPLACE_SCALE_SIZES`, default `1000,4000,10000`): one JobSet of that many
+//! pods on the in-repo test API server, the simulated kubelet, Job and JobSet controllers (pod,
+//! Job and JobSet status written as the real ones write them), the agents in-process (one task
+//! per pod, on one shared client), and the real reconciler binary in its own process. Once every
+//! worker runs, one worker fails; measured until every worker runs again at the next epoch:
+//!
+//! - API requests per pod, by verb and resource (the test API server's counters);
+//! - watch events and bytes delivered per pod, by resource (what the server's watches sent);
+//! - the reconciler's CPU time for the group restart and its peak memory (`/proc`);
+//! - the time from the failure to the last barrier lifted, less the simulated container restart
+//!   (the baseline, the same in every run): the protocol's overhead.
+//!
+//! `JOBSET_INPLACE_SCALE_WATCH_JOBSET=1` runs the same with the agents watching their JobSet
+//! (the test API server does not serve the JobSetEpoch kind): the cost the per-JobSet object
+//! removes.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use jobset_inplace::protocol::Dialect;
+use jobset_inplace_testkit::apiserver::{Options, TestApiServer, default_resources};
+use jobset_inplace_testkit::kubelet::{SimConfig, Simulation};
+use jobset_inplace_testkit::process::ReconcilerProcess;
+use jobset_inplace_testkit::webhook_harness::env_or;
+
+const BIN: &str = env!("CARGO_BIN_EXE_jobset-inplace");
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// Waits until the server has been quiet (no request) for 200 ms, at most `limit`.
+async fn settle(server: &TestApiServer, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    let mut seen = server.counters().total();
+    while Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let now = server.counters().total();
+        if now == seen {
+            return;
+        }
+        seen = now;
+    }
+}
+
+struct Row {
+    pods: usize,
+    requests: BTreeMap<String, f64>,
+    delivered: BTreeMap<String, (f64, f64)>,
+    cpu_ms: u64,
+    peak_mib: f64,
+    took: Duration,
+    restart: Duration,
+}
+
+async fn one(pods: usize, watch_jobset: bool) -> Result<Row, String> {
+    let mut options = Options {
+        // A group restart of 10,000 pods writes each a few times: keep the history for watches
+        // that resume, and let each watcher fall behind as far as a real one may.
+        history_capacity: 200_000,
+        watcher_buffer: 200_000,
+        ..Options::default()
+    };
+    if watch_jobset {
+        options.resources = default_resources()
+            .into_iter()
+            .filter(|r| r.plural != "jobsetepochs")
+            .collect();
+    }
+    let server = Arc::new(TestApiServer::start_with(options).await);
+    let dialect = Dialect::Epoch;
+    let reconciler = ReconcilerProcess::spawn(
+        std::path::Path::new(BIN),
+        &server,
+        dialect,
+        &["--workers", "2"],
+    )
+    .map_err(|e| format!("cannot start the reconciler: {e}"))?;
+    let mut config = SimConfig::new(dialect, pods as i64);
+    config.run_reconciler = false;
+    config.check_invariant = false;
+    config.check_interval = None;
+    config.probe_period = Duration::from_millis(100);
+    config.restart_delay = Duration::from_millis(100);
+    config.log_capacity = 100;
+    let restart = config.restart_delay;
+    let limit = Duration::from_secs(60 + pods as u64 / 50);
+    let sim = Simulation::start_on(server.clone(), config)
+        .await
+        .map_err(|e| format!("cannot start: {e}"))?;
+    let first = sim
+        .wait_all_running(limit)
+        .await
+        .map_err(|e| format!("no first start: {e}"))?;
+    settle(&server, Duration::from_secs(30)).await;
+
+    server.reset_counters();
+    let ticks = reconciler.cpu_ticks().unwrap_or(0);
+    let failed_at = Instant::now();
+    sim.fail_worker(0, 1);
+    let synced = first.synced;
+    let done = sim
+        .wait_for("the group restart", limit, |s| s.all_running_after(synced))
+        .await
+        .map_err(|e| format!("no group restart: {e}"))?;
+    let last_lift = done
+        .slots
+        .iter()
+        .filter_map(|p| p.state.worker.map(|w| w.started))
+        .max()
+        .unwrap_or_else(Instant::now);
+    let took = last_lift.saturating_duration_since(failed_at);
+    // What the restart set off (the last pod statuses, the controllers' status writes) ends.
+    settle(&server, Duration::from_secs(10)).await;
+    let cpu_ms = reconciler
+        .cpu_ticks()
+        .unwrap_or(0)
+        .saturating_sub(ticks)
+        .saturating_mul(10);
+    let peak_mib = reconciler.peak_rss_kib().unwrap_or(0) as f64 / 1024.0;
+    let per_pod = |n: u64| n as f64 / pods as f64;
+    let requests = server
+        .counters()
+        .by
+        .iter()
+        .filter(|(_, n)| **n > 0)
+        .map(|((verb, resource), n)| (format!("{verb:?} {resource}"), per_pod(*n)))
+        .collect();
+    let delivered = server
+        .deliveries()
+        .into_iter()
+        .map(|(resource, d)| (resource, (per_pod(d.events), per_pod(d.bytes))))
+        .collect();
+    if !sim.violations().is_empty() {
+        return Err(format!("INVARIANT VIOLATED: {:?}", sim.violations()));
+    }
+    sim.shutdown().await;
+    drop(reconciler);
+    Ok(Row {
+        pods,
+        requests,
+        delivered,
+        cpu_ms,
+        peak_mib,
+        took,
+        restart,
+    })
+}
+
+fn main() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let sizes: String = env_or("JOBSET_INPLACE_SCALE_SIZES", "1000,4000,10000".to_owned());
+    let watch_jobset = env_or("JOBSET_INPLACE_SCALE_WATCH_JOBSET", 0u8) == 1;
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("cannot start a runtime: {e}");
+            return;
+        }
+    };
+    println!(
+        "one group restart, agents watching {}; per pod unless said otherwise",
+        if watch_jobset {
+            "their JobSet (JobSetEpoch not served)"
+        } else {
+            "their JobSetEpoch"
+        }
+    );
+    let mut rows = Vec::new();
+    for size in sizes.split(',').filter_map(|s| s.trim().parse::<usize>().ok()) {
+        match runtime.block_on(one(size, watch_jobset)) {
+            Ok(row) => {
+                println!(
+                    "{:>6} pods: last barrier lifted {:8.1} ms after the failure ({:7.1} ms beyond the {:.0} ms restart); reconciler CPU {} ms, peak {:.1} MiB",
+                    row.pods,
+                    ms(row.took),
+                    ms(row.took.saturating_sub(row.restart)),
+                    ms(row.restart),
+                    row.cpu_ms,
+                    row.peak_mib
+                );
+                for (what, n) in &row.requests {
+                    println!("{:>6} pods:   requests  {what:<28} {n:8.2}", row.pods);
+                }
+                for (resource, (events, bytes)) in &row.delivered {
+                    println!(
+                        "{:>6} pods:   delivered {resource:<28} {events:8.2} events {bytes:10.0} bytes",
+                        row.pods
+                    );
+                }
+                rows.push(row);
+            }
+            Err(e) => println!("{size:>6} pods: {e}"),
+        }
+    }
+    if let (Some(small), Some(large)) = (rows.first(), rows.last())
+        && large.pods > small.pods
+    {
+        let overhead = |r: &Row| r.took.saturating_sub(r.restart).as_secs_f64();
+        let growth = overhead(large) / overhead(small).max(1e-9);
+        let size = large.pods as f64 / small.pods as f64;
+        println!(
+            "overhead x{growth:.2} for x{size:.0} pods ({}linear)",
+            if growth <= size { "at most " } else { "more than " }
+        );
+    }
+}
