@@ -43,7 +43,12 @@ impl ReconcilerProcess {
         let child = Command::new(binary)
             .args(["--protocol", dialect.as_str(), "--log-level", "warn"])
             .arg("reconciler")
-            .args(["--leader-elect", "false", "--skip-crd-check", "--health-addr"])
+            .args([
+                "--leader-elect",
+                "false",
+                "--skip-crd-check",
+                "--health-addr",
+            ])
             .arg(health_addr.to_string())
             .args(extra)
             .env("KUBECONFIG", &kubeconfig)
