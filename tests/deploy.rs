@@ -1808,6 +1808,8 @@ async fn the_reconcilers_rbac_grants_every_request_it_makes_and_no_more() {
                 request_timeout: args.request_timeout,
                 watch_timeout: args.watch_timeout,
                 write_epoch_status: args.write_epoch_status,
+                group_restart_timeout: (!args.group_restart_timeout.is_zero())
+                    .then_some(args.group_restart_timeout),
             },
             leader_election: args.leader_elect.then(|| LeaderElection {
                 lease_name: args.lease_name.clone(),

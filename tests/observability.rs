@@ -350,6 +350,7 @@ async fn reconciler_metrics() -> String {
             request_timeout: reconciler::DEFAULT_REQUEST_TIMEOUT,
             watch_timeout: reconciler::DEFAULT_WATCH_TIMEOUT,
             write_epoch_status: true,
+            group_restart_timeout: Some(reconciler::DEFAULT_GROUP_RESTART_TIMEOUT),
         },
         leader_election: None,
         check_crd: false,

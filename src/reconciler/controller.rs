@@ -16,6 +16,10 @@
 //! (seen by the watch, or missing from a relist after the watch was down); the event queue is a
 //! bounded channel ([`EVENT_QUEUE`]) that drops new events when full (kube's event recorder
 //! keeps what it published for 6 minutes, to aggregate repeats into series).
+//!
+//! After each evaluation the group-restart deadline ([`crate::deadline`]) runs on the same JobSet
+//! (`deadline.rs`, a child of this module): it keeps each JobSet's clock, wakes the JobSet up when
+//! a window ends, and deletes pods, recreates Jobs or fails the JobSet as the decision says.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -43,6 +47,8 @@ use crate::protocol::{
 };
 use crate::retry::WatchBackoff;
 use crate::wire::WatchedPod;
+
+mod deadline;
 
 /// Condition reason of a JobSet failed by the reconciler.
 pub const REACHED_MAX_RESTARTS: &str = "ReachedMaxRestarts";
@@ -80,6 +86,9 @@ pub struct Settings {
     /// same fields: two writers must never disagree) and only observe them: events, metrics and
     /// provisioning go on.
     pub write_epoch_status: bool,
+    /// The group-restart deadline's timeout ([`crate::deadline`]), unless a JobSet's annotation
+    /// says otherwise; `None`: off. It applies in both modes of `write_epoch_status`.
+    pub group_restart_timeout: Option<Duration>,
 }
 
 /// [`Settings::request_timeout`] unless configured.
@@ -115,13 +124,22 @@ pub enum ReconcileError {
         call: &'static str,
         after: Duration,
     },
+    #[error("cannot {action} of JobSet {namespace}/{name} (group-restart deadline): {source}")]
+    Deadline {
+        namespace: String,
+        name: String,
+        action: String,
+        source: kube::Error,
+    },
 }
 
 impl ReconcileError {
     /// The delay the API server asked for, if it throttled the write.
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
-            ReconcileError::Write { source, .. } => crate::retry::retry_after(source),
+            ReconcileError::Write { source, .. } | ReconcileError::Deadline { source, .. } => {
+                crate::retry::retry_after(source)
+            }
             ReconcileError::Conflicts { .. } | ReconcileError::Timeout { .. } => None,
         }
     }
@@ -145,6 +163,8 @@ struct Shared {
     unservable: Mutex<HashMap<Key, String>>,
     /// Observe mode: the epoch fields as last seen, per JobSet.
     observed: Mutex<HashMap<Key, EpochStatus>>,
+    /// The group-restart deadline's clocks and timers, per JobSet.
+    deadlines: deadline::Deadlines,
     /// Keys whose last evaluation failed: consecutive failures, and whether a retry is pending.
     retries: Mutex<HashMap<Key, Retry>>,
     events: mpsc::Sender<(ObjectReference, KubeEvent)>,
@@ -177,6 +197,9 @@ pub struct StateSizes {
     pub restarts: usize,
     /// JobSets with malformed annotations reported.
     pub reported: usize,
+    /// JobSets the group-restart deadline keeps something for (a clock, a timer, Jobs still to
+    /// delete after a recreation, a malformed annotation reported).
+    pub deadlines: usize,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -190,6 +213,7 @@ fn forget(shared: &Shared, key: &Key) {
     lock(&shared.unservable).remove(key);
     lock(&shared.observed).remove(key);
     lock(&shared.retries).remove(key);
+    shared.deadlines.forget(key);
     shared.metrics.forget(key);
 }
 
@@ -220,6 +244,7 @@ impl Controller {
             reported: Mutex::new(HashMap::new()),
             unservable: Mutex::new(HashMap::new()),
             observed: Mutex::new(HashMap::new()),
+            deadlines: deadline::Deadlines::new(),
             retries: Mutex::new(HashMap::new()),
             events: events_tx,
             enabled_namespaces: Mutex::new(std::collections::BTreeSet::new()),
@@ -275,11 +300,13 @@ impl Controller {
             retries: lock(&self.shared.retries).len(),
             restarts: lock(&self.shared.restarts).len(),
             reported: lock(&self.shared.reported).len(),
+            deadlines: self.shared.deadlines.len(),
         }
     }
 
     /// Stops every task.
     pub async fn shutdown(mut self) {
+        self.shared.deadlines.abort_timers();
         self.tasks.abort_all();
         while self.tasks.join_next().await.is_some() {}
     }
@@ -304,7 +331,14 @@ async fn watch_jobsets(shared: Arc<Shared>) {
             match event {
                 Ok(Event::Init) => index.jobsets_relisting(),
                 Ok(Event::InitApply(js) | Event::Apply(js)) => {
-                    changed.extend(index.apply_jobset(&js));
+                    if let Some(key) = index.apply_jobset(&js) {
+                        // Every replica keeps the deadline's clock, so that a standby taking
+                        // over knows when the group restart began.
+                        if let Some(state) = index.jobset(&key) {
+                            shared.deadlines.observe(&key, state);
+                        }
+                        changed.push(key);
+                    }
                 }
                 Ok(Event::Delete(js)) => {
                     if let (Some(ns), Some(name)) = (&js.metadata.namespace, &js.metadata.name) {
@@ -585,8 +619,15 @@ fn retry_later(shared: &Arc<Shared>, key: Key, server: Option<Duration>) {
     });
 }
 
-/// Evaluates one JobSet and writes what changed.
+/// Evaluates one JobSet and writes what changed, then runs its group-restart deadline.
 async fn reconcile(shared: &Arc<Shared>, key: &Key) -> Result<(), ReconcileError> {
+    reconcile_epochs(shared, key).await?;
+    deadline::reconcile(shared, key).await
+}
+
+/// Evaluates one JobSet's epochs and writes what changed (or, leaving them to JobSet's own
+/// controller, observes them).
+async fn reconcile_epochs(shared: &Arc<Shared>, key: &Key) -> Result<(), ReconcileError> {
     for _ in 0..CONFLICT_RETRIES {
         let Some((state, decision)) = decide(shared, key) else {
             return Ok(());

@@ -121,6 +121,8 @@ pub struct SimConfig {
     pub agent_log_level: String,
     /// Agent and kubelet log lines kept for [`Simulation::logs`].
     pub log_capacity: usize,
+    /// The reconciler's `--group-restart-timeout` (`None`: off).
+    pub group_restart_timeout: Option<Duration>,
 }
 
 impl SimConfig {
@@ -150,6 +152,7 @@ impl SimConfig {
             reconciler_debounce: Duration::from_millis(5),
             agent_log_level: "info".to_owned(),
             log_capacity: 4_000,
+            group_restart_timeout: Some(reconciler::DEFAULT_GROUP_RESTART_TIMEOUT),
         }
     }
 
@@ -721,6 +724,7 @@ impl Simulation {
                     request_timeout: reconciler::DEFAULT_REQUEST_TIMEOUT,
                     watch_timeout: reconciler::DEFAULT_WATCH_TIMEOUT,
                     write_epoch_status: true,
+                    group_restart_timeout: ctx.config.group_restart_timeout,
                 },
                 leader_election: None,
                 check_crd: false,
