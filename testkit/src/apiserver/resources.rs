@@ -143,7 +143,7 @@ const EVENT_FIELDS: &[&str] = &[
     "type",
 ];
 
-/// The resources served by default: pods, jobsets, events (core/v1 and events.k8s.io/v1),
+/// The resources served by default: pods, jobsets, jobs, events (core/v1 and events.k8s.io/v1),
 /// leases, serviceaccounts, rolebindings, namespaces and customresourcedefinitions.
 pub fn default_resources() -> Vec<ResourceType> {
     vec![
@@ -157,6 +157,7 @@ pub fn default_resources() -> Vec<ResourceType> {
             jobset_inplace::jobset::PLURAL,
         )
         .with_status(),
+        ResourceType::namespaced("batch", "v1", "Job", "jobs").with_status(),
         ResourceType::namespaced("", "v1", "Event", "events")
             .with_create_on_update()
             .with_fields(CORE_EVENT_FIELDS),
