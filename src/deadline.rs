@@ -29,6 +29,9 @@ pub const TIMEOUT_ANNOTATION: &str = "jobset-inplace.dev/group-restart-timeout";
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
 /// The longest timeout accepted: the injected barrier probe gives up after a day anyway.
 pub const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+/// The shortest timeout accepted (but 0, off): a JobSet author cannot have the reconciler delete
+/// and recreate pods faster than this.
+pub const MIN_TIMEOUT: Duration = Duration::from_secs(1);
 /// Label (and annotation) JobSet's controller sets on each child Job: the value of
 /// `status.restarts` the Job was created for.
 pub const RESTART_ATTEMPT_LABEL: &str = "jobset.sigs.k8s.io/restart-attempt";
@@ -50,8 +53,8 @@ pub fn in_progress(status: EpochStatus) -> bool {
 /// A timeout that is not a duration the deadline accepts.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "{value:?} is not a group-restart timeout: expected a duration like 90s, 5m or 1h30m (at \
-     most 24h; 0 turns the deadline off)"
+    "{value:?} is not a group-restart timeout: expected a duration like 90s, 5m or 1h30m (1s to \
+     24h; 0 turns the deadline off)"
 )]
 pub struct TimeoutParseError {
     /// The value as written, cut at 64 characters.
@@ -60,8 +63,8 @@ pub struct TimeoutParseError {
 
 /// Parses a timeout: `0` (off), or a sequence of `<integer><unit>` with units `h`, `m`, `s` and
 /// `ms` (`90s`, `2m`, `1h30m`, `1m30s`, `500ms`; Go's `time.Duration` spelling, as `kubectl`
-/// users write it), or a bare integer of seconds. At most [`MAX_TIMEOUT`]. `Ok(None)` means off.
-/// Never panics, whatever the text.
+/// users write it), or a bare integer of seconds. From [`MIN_TIMEOUT`] to [`MAX_TIMEOUT`], or 0.
+/// `Ok(None)` means off. Never panics, whatever the text.
 pub fn parse_timeout(text: &str) -> Result<Option<Duration>, TimeoutParseError> {
     let err = || TimeoutParseError {
         value: text.chars().take(64).collect(),
@@ -106,7 +109,7 @@ pub fn parse_timeout(text: &str) -> Result<Option<Duration>, TimeoutParseError> 
         total
     };
     let timeout = Duration::from_millis(total_ms);
-    if timeout > MAX_TIMEOUT {
+    if timeout > MAX_TIMEOUT || (!timeout.is_zero() && timeout < MIN_TIMEOUT) {
         return Err(err());
     }
     Ok((!timeout.is_zero()).then_some(timeout))
@@ -463,7 +466,7 @@ mod tests {
         ok("2m", S(120));
         ok("1h30m", S(5400));
         ok("1m30s", S(90));
-        ok("500ms", Duration::from_millis(500));
+        ok("1000ms", S(1));
         ok("1s500ms", Duration::from_millis(1500));
         ok(" 3 ", S(3));
         ok("3", S(3));
@@ -485,6 +488,8 @@ mod tests {
             "m5",
             "24h1s",
             "25h",
+            "500ms",
+            "999ms",
             "99999999999999999999",
             "18446744073709551615h",
             "5sec",
@@ -494,7 +499,7 @@ mod tests {
         ] {
             let err = parse_timeout(bad).expect_err(bad);
             assert!(err.value.chars().count() <= 64);
-            assert!(err.to_string().contains("at most 24h"), "{err}");
+            assert!(err.to_string().contains("1s to 24h"), "{err}");
         }
         let long: String = "9".repeat(200);
         assert_eq!(parse_timeout(&long).expect_err("long").value.len(), 64);
@@ -521,7 +526,7 @@ mod tests {
         assert_eq!(display_duration(S(5)), "5s");
         assert_eq!(display_duration(Duration::from_millis(1500)), "1s500ms");
         assert_eq!(display_duration(Duration::from_millis(250)), "250ms");
-        for t in ["2m", "1m30s", "1h", "5s", "250ms", "1h2m3s", "45s"] {
+        for t in ["2m", "1m30s", "1h", "5s", "1s250ms", "1h2m3s", "45s"] {
             let d = parse_timeout(t).ok().flatten().expect(t);
             assert_eq!(display_duration(d), t);
         }
@@ -924,7 +929,7 @@ mod tests {
         fn any_text_parses_or_is_refused(text in ".{0,40}") {
             match parse_timeout(&text) {
                 Ok(Some(d)) => {
-                    prop_assert!(!d.is_zero() && d <= MAX_TIMEOUT);
+                    prop_assert!(MIN_TIMEOUT <= d && d <= MAX_TIMEOUT);
                     prop_assert_eq!(parse_timeout(&display_duration(d)), Ok(Some(d)));
                 }
                 Ok(None) => prop_assert!(text.trim().bytes().all(|b| b.is_ascii_digit() || b"hms".contains(&b))),
@@ -933,7 +938,7 @@ mod tests {
         }
 
         #[test]
-        fn every_duration_round_trips(ms in 1u64..=86_400_000) {
+        fn every_duration_round_trips(ms in 1_000u64..=86_400_000) {
             let d = Duration::from_millis(ms);
             prop_assert_eq!(parse_timeout(&display_duration(d)), Ok(Some(d)));
         }
