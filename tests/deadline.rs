@@ -137,12 +137,20 @@ fn events(server: &TestApiServer, ns: &str, reason: &str) -> Vec<Value> {
         .collect()
 }
 
-fn note(server: &TestApiServer, ns: &str, reason: &str) -> String {
-    events(server, ns, reason)
-        .first()
-        .and_then(|e| e["note"].as_str())
-        .unwrap_or_default()
-        .to_owned()
+/// The note of the first event with this reason, waiting for it (events are published apart
+/// from the step that records them).
+async fn note(server: &TestApiServer, ns: &str, reason: &str) -> String {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if let Some(note) = events(server, ns, reason)
+            .first()
+            .and_then(|e| e["note"].as_str())
+        {
+            return note.to_owned();
+        }
+        assert!(Instant::now() < deadline, "no {reason} event");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 /// Deletes of `resource` sent by the reconciler's client.
@@ -246,12 +254,12 @@ async fn a_dead_kubelet_s_pod_is_replaced_within_the_first_window() {
         assert!(deletes_by_reconciler(sim.server(), "jobs").is_empty());
         // Visible: events and metrics.
         let ns = sim.config().namespace.clone();
-        let timed_out = note(sim.server(), &ns, "GroupRestartTimedOut");
+        let timed_out = note(sim.server(), &ns, "GroupRestartTimedOut").await;
         assert!(
             timed_out.contains("epoch 2") && timed_out.contains(&before.slots[1].state.pod),
             "{timed_out}"
         );
-        let deleted = note(sim.server(), &ns, "UnregisteredPodsDeleted");
+        let deleted = note(sim.server(), &ns, "UnregisteredPodsDeleted").await;
         assert!(deleted.contains(&before.slots[1].state.pod), "{deleted}");
         assert!(events(sim.server(), &ns, "FallingBackToRecreate").is_empty());
         for e in events(sim.server(), &ns, "GroupRestartTimedOut") {
@@ -323,7 +331,7 @@ async fn a_pod_that_never_registers_falls_back_to_recreation() {
         // Visible: the fallback's event and metrics (the Jobs may have gone by the reconciler's
         // deletes or by JobSet's controller's, whichever came first).
         let ns = sim.config().namespace.clone();
-        let fallback = note(sim.server(), &ns, "FallingBackToRecreate");
+        let fallback = note(sim.server(), &ns, "FallingBackToRecreate").await;
         assert!(
             fallback.contains("status.restarts 1") && fallback.contains("1 of maxRestarts 10"),
             "{fallback}"
@@ -368,7 +376,7 @@ async fn a_fallback_at_max_restarts_fails_the_jobset() {
         assert_eq!((s.restarts, s.restarts_count_towards_max), (1, 1), "{s}");
         assert_clean(&sim, &s);
         let ns = sim.config().namespace.clone();
-        let failed = note(sim.server(), &ns, "MaxRestartsExceeded");
+        let failed = note(sim.server(), &ns, "MaxRestartsExceeded").await;
         assert!(
             failed.contains("would pass maxRestarts 1") && failed.contains("1 restarts counted"),
             "{failed}"
@@ -541,7 +549,7 @@ async fn what_a_recreation_writes_and_deletes_with_jobsets_controller_writing_th
         for reason in ["GroupRestartTimedOut", "UnregisteredPodsDeleted", "FallingBackToRecreate"] {
             until(reason, WAIT, || !events(&server, NS, reason).is_empty()).await;
         }
-        assert!(note(&server, NS, "GroupRestartTimedOut").contains("within 1s"));
+        assert!(note(&server, NS, "GroupRestartTimedOut").await.contains("within 1s"));
         assert_eq!(r.sample(&step("unregistered_pods_deleted")).await, 1.0);
         assert_eq!(r.sample(&step("recreated")).await, 1.0);
         assert_eq!(r.sample(PODS_DELETED).await, 1.0);

@@ -83,8 +83,9 @@ pub struct Settings {
     pub watch_timeout: Duration,
     /// Write the two epoch fields and the `Failed` condition (`true`), or leave them to JobSet's
     /// own controller (`false`, for JobSet >= v0.11 in the `attempt` dialect, which writes the
-    /// same fields: two writers must never disagree) and only observe them: events, metrics and
-    /// provisioning go on.
+    /// same fields: two writers must never disagree) and only observe them: events, metrics,
+    /// provisioning and the group-restart deadline go on (the deadline still writes
+    /// `status.restarts` for a recreation, and `Failed` when one would pass `maxRestarts`).
     pub write_epoch_status: bool,
     /// The group-restart deadline's timeout ([`crate::deadline`]), unless a JobSet's annotation
     /// says otherwise; `None`: off. It applies in both modes of `write_epoch_status`.

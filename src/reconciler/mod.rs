@@ -138,8 +138,9 @@ pub struct Args {
 
     /// Write the JobSet's two epoch fields and its `Failed` condition. `false` leaves them to
     /// JobSet's own controller (JobSet >= v0.11, `--protocol attempt`, which writes the same
-    /// fields): the reconciler then observes them for its events and metrics, and still
-    /// provisions the agent's accounts.
+    /// fields): the reconciler then observes them for its events and metrics, still provisions
+    /// the agent's accounts, and still runs the group-restart deadline (which writes
+    /// status.restarts for a recreation, and Failed when one would pass maxRestarts).
     #[arg(long, env = "JOBSET_INPLACE_WRITE_EPOCH_STATUS", default_value_t = true, action = clap::ArgAction::Set)]
     pub write_epoch_status: bool,
 

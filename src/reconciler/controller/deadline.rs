@@ -75,6 +75,12 @@ impl Entry {
         if clock.map(|c| (c.started, c.restarts)) != self.clock.map(|c| (c.started, c.restarts)) {
             self.timed_out_reported = false;
         }
+        if clock.is_none()
+            && let Some((_, handle)) = self.timer.take()
+        {
+            // Nothing left to wake up for.
+            handle.abort();
+        }
         self.clock = clock;
     }
 }
@@ -207,7 +213,9 @@ pub(super) async fn reconcile(shared: &Arc<Shared>, key: &Key) -> Result<(), Rec
             state.group_restart_timeout.as_deref(),
             shared.settings.group_restart_timeout,
         );
-        report_annotation(shared, key, state, malformed.map(|e| e.to_string()));
+        if state.in_place_restart {
+            report_annotation(shared, key, state, malformed.map(|e| e.to_string()));
+        }
         let decision = deadline::decide(&deadline::Input {
             status: state.status,
             expected_pods: state.expected_pods,
@@ -265,7 +273,7 @@ pub(super) async fn reconcile(shared: &Arc<Shared>, key: &Key) -> Result<(), Rec
             );
             if write_failed(shared, key, &seen.state, &message).await? {
                 shared.metrics.deadline_step("failed");
-                shared.deadlines.with(key, |e| e.clock = None);
+                shared.deadlines.with(key, |e| e.set_clock(None));
                 Ok(())
             } else {
                 reread(shared, key).await
