@@ -173,23 +173,26 @@ pub struct Clock {
 
 /// The clock after observing the JobSet's epoch fields and `status.restarts` at `now`: none
 /// when no group restart is in progress; the same while it goes on; a new one when it starts or
-/// when the JobSet was recreated since (a new `status.restarts`).
+/// when the JobSet was recreated since (a new `status.restarts`). A deprecated field that is gone
+/// (another writer wiped it: JobSet's own controller drops the `epoch` dialect's fields it does
+/// not know from every status it writes) is no news: the clock is kept until the field is written
+/// again or the group restart is seen completed, so that wipes cannot postpone the deadline.
 pub fn track(
     clock: Option<Clock>,
     status: EpochStatus,
     restarts: i32,
     now: Duration,
 ) -> Option<Clock> {
-    let deprecated = status.deprecated.filter(|_| in_progress(status))?;
-    match clock {
-        Some(c) if c.restarts == restarts => Some(c),
-        _ => Some(Clock {
-            started: now,
-            restarts,
-            deprecated,
-            step: Step::Waiting,
-        }),
-    }
+    let same = clock.filter(|c| c.restarts == restarts);
+    let Some(deprecated) = status.deprecated.filter(|_| in_progress(status)) else {
+        return same.filter(|_| status.deprecated.is_none());
+    };
+    same.or(Some(Clock {
+        started: now,
+        restarts,
+        deprecated,
+        step: Step::Waiting,
+    }))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -554,8 +557,19 @@ mod tests {
         assert_eq!(again.step, Step::Waiting);
         // Completed, or no restart at all: no clock.
         assert_eq!(track(Some(c), st(Some(1), Some(2)), 0, S(9)), None);
-        assert_eq!(track(Some(c), st(None, Some(1)), 0, S(9)), None);
         assert_eq!(track(None, st(None, None), 0, S(9)), None);
+        assert_eq!(track(None, st(None, Some(1)), 0, S(9)), None);
+        // A wiped deprecated field is no news: the clock and its step are kept until it is
+        // written again (the same restart goes on) or the completion is seen.
+        for wiped in [st(None, None), st(None, Some(1))] {
+            assert_eq!(track(Some(stepped), wiped, 0, S(95)), Some(stepped));
+        }
+        assert_eq!(track(Some(stepped), running, 0, S(99)), Some(stepped));
+        assert_eq!(
+            track(Some(stepped), st(None, None), 1, S(99)),
+            None,
+            "recreated meanwhile"
+        );
     }
 
     #[test]

@@ -4,8 +4,8 @@
 //! test runs with a timeout of a second or a few, is bounded as a whole, and stops what it
 //! started.
 //!
-//! - a dead kubelet's pod is deleted after the first window and replaced; the group restart
-//!   completes without a recreation;
+//! - a dead kubelet's pod is marked Failed and deleted after the first window and replaced; the
+//!   group restart completes without a recreation;
 //! - a pod that never registers (nor does its replacement) makes the JobSet fall back to
 //!   recreating its pods after the second window: `status.restarts` up by one, its Jobs deleted
 //!   and created again by JobSet's (simulated) controller, the group restart completes;
@@ -514,6 +514,14 @@ async fn what_a_recreation_writes_and_deletes_with_jobsets_controller_writing_th
         assert!(started.elapsed() >= Duration::from_millis(900));
         assert_eq!(deletes_by_reconciler(&server, "pods"), ["js-1"]);
         assert!(server.get("pods", NS, "js-0").is_some());
+        // Marked Failed first, so that its Job (podReplacementPolicy: Failed) replaces it.
+        let marked: Vec<_> = server
+            .writes()
+            .into_iter()
+            .filter(|w| w.client.as_deref() == Some("reconciler") && w.resource == "pods/status")
+            .filter_map(|w| w.name)
+            .collect();
+        assert_eq!(marked, ["js-1"]);
         // The recreation's status write meets a conflict first.
         server.fail_next(1, Verb::Patch, "jobsets/status", 409);
         until("the restart counted", Duration::from_secs(1) + SLACK, || {
@@ -618,6 +626,70 @@ async fn a_malformed_annotation_is_a_warning_and_the_default_applies() {
         assert!(server.get("pods", NS, "js-2").is_some());
         assert_eq!(events(&server, NS, "InvalidGroupRestartTimeout").len(), 1);
         assert_eq!(r.sample(&step("recreated")).await, 0.0);
+        r.stop().await;
+    })
+    .await;
+}
+
+/// Another writer wipes the epoch fields during the group restart (JobSet's own controller does,
+/// in the `epoch` dialect, with every status it writes): the reconciler writes them again, and the
+/// deadline keeps its clock: the unregistered pod goes one window after the deprecation, however
+/// often the fields are wiped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wipes_of_the_epoch_fields_do_not_postpone_the_deadline() {
+    bounded(async {
+        let dialect = Dialect::Epoch;
+        let timeout = Duration::from_secs(3);
+        let server = TestApiServer::start().await;
+        server
+            .create("jobsets", jobset(Some("3s"), 5))
+            .expect("jobset");
+        server.create("pods", pod("js-0")).expect("pod");
+        server.create("pods", pod("js-1")).expect("pod");
+        let r = Running::start(
+            server.client_named("reconciler"),
+            options(dialect, Some(Duration::from_secs(120)), "r1"),
+        )
+        .await;
+        let field = |f: &str| {
+            server
+                .get("jobsets", NS, "js")
+                .and_then(|j| j["status"][f].as_i64())
+        };
+        for p in ["js-0", "js-1"] {
+            set_epoch(&server, dialect, p, 1);
+        }
+        until("synced", WAIT, || field("syncedEpoch") == Some(1)).await;
+        set_epoch(&server, dialect, "js-0", 2);
+        until("deprecated", WAIT, || field("deprecatedEpoch") == Some(1)).await;
+        let started = Instant::now();
+        let wipe = || {
+            let mut js = server.get("jobsets", NS, "js").expect("jobset");
+            if let Some(status) = js["status"].as_object_mut() {
+                status.remove("deprecatedEpoch");
+                status.remove("syncedEpoch");
+            }
+            if let Some(meta) = js["metadata"].as_object_mut() {
+                meta.remove("resourceVersion");
+            }
+            server.put("jobsets", js).expect("wipe");
+        };
+        for at in [Duration::from_secs(1), Duration::from_millis(2_500)] {
+            tokio::time::sleep(at.saturating_sub(started.elapsed())).await;
+            wipe();
+            until("rewritten", WAIT, || field("deprecatedEpoch") == Some(1)).await;
+        }
+        until("js-1 deleted", timeout + SLACK, || {
+            server.get("pods", NS, "js-1").is_none()
+        })
+        .await;
+        let took = started.elapsed();
+        // Had a wipe restarted the clock, js-1 would have gone 3 s after the last wipe, at 5.5 s.
+        assert!(
+            took >= timeout && took < timeout + Duration::from_millis(1_500),
+            "deleted {took:?} after the deprecation"
+        );
+        assert_eq!(r.sample(&step("unregistered_pods_deleted")).await, 1.0);
         r.stop().await;
     })
     .await;

@@ -1935,9 +1935,9 @@ async fn the_reconcilers_rbac_grants_every_request_it_makes_and_no_more() {
     );
 }
 
-/// RBAC grants the reconciler `delete` on every pod and Job; its policy holds those deletes to
-/// the pods and Jobs of JobSets (the jobset-name label), in every overlay. Other accounts are not
-/// matched.
+/// RBAC grants the reconciler `delete` on every pod and Job and `patch` on every pod's status;
+/// its policy holds those deletes to the pods and Jobs of JobSets (the jobset-name label), and its
+/// status writes to marking such a pod Failed, in every overlay. Other accounts are not matched.
 #[test]
 fn the_reconcilers_deletes_are_held_to_the_pods_and_jobs_of_jobsets() {
     for name in OVERLAYS {
@@ -1971,10 +1971,52 @@ fn the_reconcilers_deletes_are_held_to_the_pods_and_jobs_of_jobsets() {
             rules,
             [
                 (vec![String::new()], vec!["pods".to_owned()], delete.clone()),
+                (
+                    vec![String::new()],
+                    vec!["pods/status".to_owned()],
+                    vec!["UPDATE".to_owned()]
+                ),
                 (vec!["batch".to_owned()], vec!["jobs".to_owned()], delete)
             ],
             "{name}"
         );
+        // Marking a pod of a JobSet Failed, and nothing else of a pod's status.
+        let update = json!({"operation": "UPDATE", "subResource": "status",
+                            "userInfo": {"username": "system:serviceaccount:jobset-inplace-system:jobset-inplace-reconciler"}});
+        let pod = |labels: Value, phase: &str| {
+            json!({"apiVersion": "v1", "kind": "Pod",
+                   "metadata": {"name": "p", "namespace": "team-a", "labels": labels},
+                   "status": {"phase": phase}})
+        };
+        let of_js = json!({JOBSET_NAME_LABEL: "js"});
+        assert_eq!(
+            evaluate_matched(
+                policy,
+                &update,
+                &pod(of_js.clone(), "Failed"),
+                &pod(of_js.clone(), "Running")
+            ),
+            Verdict::Allowed,
+            "{name}: a JobSet's pod marked Failed"
+        );
+        for (labels, phase) in [
+            (of_js.clone(), "Running"),
+            (of_js.clone(), "Succeeded"),
+            (json!({"app": "x"}), "Failed"),
+        ] {
+            assert!(
+                matches!(
+                    evaluate_matched(
+                        policy,
+                        &update,
+                        &pod(labels.clone(), phase),
+                        &pod(labels.clone(), "Running")
+                    ),
+                    Verdict::Denied(_)
+                ),
+                "{name}: {labels} to {phase}"
+            );
+        }
         // The account it binds is the reconciler's, as deployed.
         let reconciler = "system:serviceaccount:jobset-inplace-system:jobset-inplace-reconciler";
         assert!(

@@ -4,9 +4,9 @@
 //! decision after each evaluation of a JobSet on the leader, wakes the JobSet up when a window
 //! ends, and does what the decision says:
 //!
-//! - step 1: each pod that has not registered is deleted, with its UID as a precondition and a
-//!   grace period of 0 (a pod on a node whose kubelet is gone would otherwise stay `Terminating`,
-//!   and `podReplacementPolicy: Failed` replaces it only once it is gone);
+//! - step 1: each pod that has not registered is marked `Failed` and deleted, both with its UID as
+//!   a precondition, the delete with a grace period of 0 (`podReplacementPolicy: Failed` replaces
+//!   a pod only once it has failed, which a pod whose kubelet is gone never does on its own);
 //! - step 2: `status.restarts` and `status.restartsCountTowardsMax` are raised by one (a merge
 //!   patch on `status` guarded by the `resourceVersion` decided on), then the JobSet's Jobs of
 //!   earlier restarts are deleted with foreground propagation and their UID as a precondition, as
@@ -24,7 +24,9 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
-use kube::api::{Api, DeleteParams, ListParams, Preconditions, PropagationPolicy};
+use kube::api::{
+    Api, DeleteParams, ListParams, Patch, PatchParams, Preconditions, PropagationPolicy,
+};
 use kube::runtime::events::EventType;
 use serde_json::json;
 use tokio::task::AbortHandle;
@@ -351,23 +353,17 @@ async fn delete_unregistered(
         );
     }
     let api: Api<WatchedPod> = Api::namespaced(shared.client.clone(), &key.0);
+    let reason = format!(
+        "did not register epoch {target} within {timeout}: failed and deleted by {} so that its \
+         Job replaces it",
+        super::CONTROLLER_NAME
+    );
     let results: Vec<(String, Result<bool, Option<kube::Error>>)> =
         futures::stream::iter(pods.iter().cloned())
             .map(|pod| {
-                let api = api.clone();
+                let (api, reason) = (api.clone(), reason.clone());
                 async move {
-                    let params = DeleteParams {
-                        grace_period_seconds: Some(0),
-                        preconditions: Some(Preconditions {
-                            uid: Some(pod.uid.clone()).filter(|u| !u.is_empty()),
-                            resource_version: None,
-                        }),
-                        ..DeleteParams::default()
-                    };
-                    let result = bounded(shared, "pod_delete", api.delete(&pod.name, &params))
-                        .await
-                        .map(|_| true)
-                        .or_else(gone);
+                    let result = fail_and_delete(shared, &api, &pod, &reason).await;
                     (pod.name, result)
                 }
             })
@@ -425,6 +421,53 @@ async fn delete_unregistered(
     shared.metrics.deadline_step("unregistered_pods_deleted");
     wake_after(shared, key, seen.timeout);
     Ok(())
+}
+
+/// One pod of step 1: marked `Failed` (a merge patch on `status` carrying its UID, a
+/// precondition), then deleted with a grace period of 0 and its UID as a precondition. A pod is
+/// replaced under `podReplacementPolicy: Failed` only once it has failed (the Job controller
+/// keeps its `batch.kubernetes.io/job-tracking` finalizer until then), and a pod whose kubelet is
+/// gone never fails on its own: Kubernetes' pod garbage collector does the same for the pods it
+/// removes. `Ok(false)`: the pod was already gone or replaced.
+async fn fail_and_delete(
+    shared: &Shared,
+    api: &Api<WatchedPod>,
+    pod: &PodRef,
+    reason: &str,
+) -> Result<bool, Option<kube::Error>> {
+    let uid = Some(pod.uid.clone()).filter(|u| !u.is_empty());
+    let mut failed = json!({
+        "status": {"phase": "Failed", "reason": "GroupRestartTimedOut", "message": reason}
+    });
+    if let Some(uid) = &uid {
+        failed["metadata"] = json!({ "uid": uid });
+    }
+    match bounded(
+        shared,
+        "pod_status_write",
+        api.patch_status(&pod.name, &PatchParams::default(), &Patch::Merge(&failed)),
+    )
+    .await
+    {
+        Ok(_) => {}
+        // Gone, or another pod of that name now.
+        Err(Some(kube::Error::Api(s))) if s.code == 404 || s.code == 409 => return Ok(false),
+        // Refused (say, a pod that succeeded meanwhile): deleting it is still what is due.
+        Err(Some(kube::Error::Api(s))) if s.code == 422 => {}
+        Err(other) => return Err(other),
+    }
+    let params = DeleteParams {
+        grace_period_seconds: Some(0),
+        preconditions: Some(Preconditions {
+            uid,
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    bounded(shared, "pod_delete", api.delete(&pod.name, &params))
+        .await
+        .map(|_| true)
+        .or_else(gone)
 }
 
 /// A delete that found the object gone (404) or replaced by another of the same name (409, the
