@@ -21,6 +21,9 @@ pub const JOB_NAME_LABELS: [&str; 2] = ["batch.kubernetes.io/job-name", "job-nam
 /// Label the Job controller sets on a Job's pods: the Job's UID (and its legacy spelling).
 pub const CONTROLLER_UID_LABELS: [&str; 2] =
     ["batch.kubernetes.io/controller-uid", "controller-uid"];
+/// The finalizer the Job controller puts on every pod of a Job, and removes once it has counted
+/// the pod's end (its phase `Failed` or `Succeeded`, or the Job being deleted).
+pub const JOB_TRACKING_FINALIZER: &str = "batch.kubernetes.io/job-tracking";
 /// Name of the worker container (sidecar mode).
 pub const WORKER_CONTAINER: &str = "worker";
 /// Name of the agent container in main-container mode.
@@ -280,6 +283,7 @@ pub fn pod_object(c: &SimConfig, slot: &Slot, name: &str, owner: &JobOwner) -> V
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {
             "name": name, "namespace": c.namespace, "labels": labels, "annotations": annotations,
+            "finalizers": [JOB_TRACKING_FINALIZER],
             "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": owner.name,
                                  "uid": owner.uid, "controller": true, "blockOwnerDeletion": true}]
         },

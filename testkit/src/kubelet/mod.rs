@@ -24,9 +24,12 @@
 //! annotations and controller reference, the `restart-attempt` label at `status.restarts`), and
 //! the Job controller the Job's pods (with a controller reference to the Job). As JobSet's and
 //! Kubernetes' controllers do, the simulated ones:
-//! - replace a pod deleted through the API (its kubelet stops its containers first) while its Job
-//!   lives ([`Simulation::kill_kubelet`] leaves a pod `Running` in the API with nothing running
-//!   on its node, until someone deletes it);
+//! - keep the Job controller's `batch.kubernetes.io/job-tracking` finalizer on every pod until
+//!   the pod has ended (`Failed` or `Succeeded`) or its Job goes, and replace a pod of a Job that
+//!   lives once it has failed (`podReplacementPolicy: Failed`): a pod deleted through the API is
+//!   stopped by its kubelet, which reports it `Failed`; a pod on a node whose kubelet died
+//!   ([`Simulation::kill_kubelet`]) stays `Running` in the API, and `Terminating` if deleted, until
+//!   someone marks it `Failed`;
 //! - delete (foreground) every Job whose `restart-attempt` is below `status.restarts`, and
 //!   create every missing Job again at the current `status.restarts`;
 //! - collect garbage: the pods of a Job deleted in the foreground are deleted, and once their
@@ -693,6 +696,55 @@ impl Ctx {
         Ok(())
     }
 
+    /// The Job controller's accounting: the job-tracking finalizer goes from every pod that has
+    /// ended (phase `Failed` or `Succeeded`) or whose Job is being deleted or gone. A pod being
+    /// deleted that has not ended keeps it (podReplacementPolicy: Failed).
+    async fn release_counted_pods(&self) {
+        let ns = &self.config.namespace;
+        let pods_api: Api<DynamicObject> =
+            Api::namespaced_with(self.client.clone(), ns, &pod_resource());
+        for p in self.server.list("pods", Some(ns)) {
+            let finalizers: Vec<Value> = p
+                .pointer("/metadata/finalizers")
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default();
+            if !finalizers
+                .iter()
+                .any(|f| f == manifest::JOB_TRACKING_FINALIZER)
+            {
+                continue;
+            }
+            let ended = matches!(
+                p.pointer("/status/phase").and_then(Value::as_str),
+                Some("Failed" | "Succeeded")
+            );
+            let job_going = p
+                .pointer("/metadata/ownerReferences/0/name")
+                .and_then(Value::as_str)
+                .is_none_or(|job| {
+                    self.server
+                        .get_shared("jobs", ns, job)
+                        .is_none_or(|j| j.value.pointer("/metadata/deletionTimestamp").is_some())
+                });
+            if !(ended || job_going) {
+                continue;
+            }
+            let Some(name) = p.pointer("/metadata/name").and_then(Value::as_str) else {
+                continue;
+            };
+            let rest: Vec<Value> = finalizers
+                .into_iter()
+                .filter(|f| f != manifest::JOB_TRACKING_FINALIZER)
+                .collect();
+            let patch = Patch::Merge(json!({"metadata": {"finalizers": rest}}));
+            match pods_api.patch(name, &PatchParams::default(), &patch).await {
+                Ok(_) | Err(kube::Error::Api(_)) => {}
+                Err(e) => self.log(format!("job controller: cannot release {name}: {e}")),
+            }
+        }
+    }
+
     /// One pass of the JobSet controller, the garbage collector and the kubelets' view of
     /// deletions (see the module header).
     async fn sync_jobs(self: &Arc<Self>) {
@@ -702,7 +754,11 @@ impl Ctx {
             .get("jobsets", &ns, &self.config.jobset_name)
             .and_then(|js| js.pointer("/status/restarts").and_then(Value::as_i64))
             .unwrap_or(0);
-        // Kubelets: a live pod deleted through the API (gone, or being deleted) is stopped.
+        // The Job controller: a pod that ended (Failed or Succeeded), or whose Job is being
+        // deleted or gone, is counted and loses its job-tracking finalizer.
+        self.release_counted_pods().await;
+        // Kubelets: a live pod deleted (gone, or being deleted) or marked Failed through the API
+        // is stopped.
         let told: Vec<(usize, String)> = {
             let mut state = lock(&self.state);
             let deleted: Vec<String> = state
@@ -710,9 +766,11 @@ impl Ctx {
                 .keys()
                 .filter(|p| !state.deletion_seen.contains(*p))
                 .filter(|p| {
-                    self.server
-                        .get_shared("pods", &ns, p)
-                        .is_none_or(|e| e.value.pointer("/metadata/deletionTimestamp").is_some())
+                    self.server.get_shared("pods", &ns, p).is_none_or(|e| {
+                        e.value.pointer("/metadata/deletionTimestamp").is_some()
+                            || e.value.pointer("/status/phase").and_then(Value::as_str)
+                                == Some("Failed")
+                    })
                 })
                 .cloned()
                 .collect();
@@ -759,7 +817,8 @@ impl Ctx {
                 Some(o) if o.pointer("/metadata/deletionTimestamp").is_some() => {
                     // The garbage collector: dependents first, then the finalizer.
                     let uid = uid.unwrap_or_default();
-                    let in_api: Vec<String> = self
+                    // Every dependent, until it is gone (blockOwnerDeletion).
+                    let in_api: Vec<Value> = self
                         .server
                         .list("pods", Some(&ns))
                         .into_iter()
@@ -768,10 +827,14 @@ impl Ctx {
                                 .and_then(Value::as_array)
                                 .is_some_and(|r| r.iter().any(|r| r["uid"] == uid.as_str()))
                         })
-                        .filter(|p| p.pointer("/metadata/deletionTimestamp").is_none())
-                        .filter_map(|p| p.pointer("/metadata/name")?.as_str().map(str::to_owned))
                         .collect();
-                    for pod in &in_api {
+                    for p in &in_api {
+                        if p.pointer("/metadata/deletionTimestamp").is_some() {
+                            continue;
+                        }
+                        let Some(pod) = p.pointer("/metadata/name").and_then(Value::as_str) else {
+                            continue;
+                        };
                         match pods_api.delete(pod, &DeleteParams::default()).await {
                             Ok(_) | Err(kube::Error::Api(_)) => {}
                             Err(e) => self.log(format!("gc: cannot delete {pod}: {e}")),

@@ -26,7 +26,7 @@ pub(crate) enum PodCmd {
     /// The kubelet dies: nothing runs on the node any more and nothing updates the pod, which
     /// stays as it is in the API until it is deleted.
     KubeletDies,
-    /// The pod was deleted through the API: the kubelet stops its containers.
+    /// The pod was deleted (or marked failed) through the API: the kubelet stops its containers.
     Deleted,
 }
 
@@ -224,6 +224,10 @@ async fn kubelet(
                 agent.wait().await;
                 kill_group(ctx, &mut group);
                 status.abandon();
+                // Only what others write changes the pod now. Its Job replaces it once it has
+                // failed (podReplacementPolicy: Failed): deleted alone, it stays `Terminating`
+                // (the Job controller's finalizer) as long as nobody marks it failed.
+                let mut look = tokio::time::interval(std::time::Duration::from_millis(20));
                 loop {
                     tokio::select! {
                         changed = stop.changed() => {
@@ -231,11 +235,18 @@ async fn kubelet(
                                 return PodEnd::Stopped;
                             }
                         }
-                        cmd = cmds.recv() => match cmd {
-                            // The Job controller sees the pod gone.
-                            Some(PodCmd::Deleted) | None => return PodEnd::Deleted,
-                            Some(_) => {}
+                        cmd = cmds.recv() => if cmd.is_none() {
+                            return PodEnd::Stopped;
                         },
+                        _ = look.tick() => {
+                            let object = ctx.server.get_shared("pods", &ctx.config.namespace, &pod.name);
+                            let failed = object.as_ref().is_none_or(|o| {
+                                o.value.pointer("/status/phase").and_then(serde_json::Value::as_str) == Some("Failed")
+                            });
+                            if failed {
+                                return PodEnd::Deleted;
+                            }
+                        }
                     }
                 }
             }
@@ -243,8 +254,12 @@ async fn kubelet(
                 ctx.worker_stopped(pod.slot);
                 agent.stop(ctx.config.termination_grace).await;
                 kill_group(ctx, &mut group);
+                // Its containers stopped, the pod is terminal: the kubelet says so, then deletes
+                // it for good (the Job controller's finalizer keeps it until counted).
+                status
+                    .write(terminal(ctx, "Failed", restart_count, None))
+                    .await;
                 status.abandon();
-                // The kubelet's last word on a pod being deleted gracefully: delete it for good.
                 let api: kube::Api<jobset_inplace::wire::WatchedPod> =
                     kube::Api::namespaced(ctx.client.clone(), &ctx.config.namespace);
                 let now = kube::api::DeleteParams {
