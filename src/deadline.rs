@@ -253,9 +253,12 @@ pub struct Input<'a> {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Decision {
     pub action: Action,
-    /// The counted pods (not failed, not terminating) that have not registered an epoch above
-    /// the deprecated one (none, a malformed one, or one at or below it), by name.
-    pub unregistered: Vec<PodRef>,
+    /// How many counted pods (not failed, not terminating) have not registered an epoch above
+    /// the deprecated one (none, a malformed one, or one at or below it).
+    pub unregistered: usize,
+    /// Those pods, by name, once the deadline acts (step 1 or 2); empty while it waits, so that
+    /// the evaluations during a group restart of thousands of pods copy nothing.
+    pub unregistered_pods: Vec<PodRef>,
     /// Expected pods that are not there (or failed, or terminating).
     pub missing: i64,
 }
@@ -264,7 +267,8 @@ pub struct Decision {
 pub fn decide(input: &Input<'_>) -> Decision {
     let mut decision = Decision {
         action: Action::None,
-        unregistered: Vec::new(),
+        unregistered: 0,
+        unregistered_pods: Vec::new(),
         missing: 0,
     };
     let (Some(timeout), Some(clock), Some(deprecated)) =
@@ -275,29 +279,17 @@ pub fn decide(input: &Input<'_>) -> Decision {
     if !in_progress(input.status) {
         return decision;
     }
-    let counted: Vec<&PodView> = input
-        .pods
-        .iter()
-        .filter(|p| !p.failed && !p.terminating)
-        .collect();
-    let registered = |p: &PodView| {
-        p.epoch_annotation
+    let counted = || input.pods.iter().filter(|p| !p.failed && !p.terminating);
+    let unregistered = |p: &&PodView| {
+        !p.epoch_annotation
             .as_deref()
             .and_then(|a| parse_epoch(a).ok())
             .is_some_and(|e| e > deprecated)
     };
-    decision.unregistered = counted
-        .iter()
-        .filter(|p| !registered(p))
-        .map(|p| PodRef {
-            name: p.name.clone(),
-            uid: p.uid.clone(),
-        })
-        .collect();
-    decision.unregistered.sort();
-    let present = i64::try_from(counted.len()).unwrap_or(i64::MAX);
+    decision.unregistered = counted().filter(unregistered).count();
+    let present = i64::try_from(counted().count()).unwrap_or(i64::MAX);
     decision.missing = input.expected_pods.saturating_sub(present).max(0);
-    if decision.unregistered.is_empty() && decision.missing == 0 {
+    if decision.unregistered == 0 && decision.missing == 0 {
         return decision;
     }
     let (from, last_step) = match clock.step {
@@ -309,8 +301,16 @@ pub fn decide(input: &Input<'_>) -> Decision {
         decision.action = Action::WaitFor(due - input.now);
         return decision;
     }
+    decision.unregistered_pods = counted()
+        .filter(unregistered)
+        .map(|p| PodRef {
+            name: p.name.clone(),
+            uid: p.uid.clone(),
+        })
+        .collect();
+    decision.unregistered_pods.sort();
     decision.action = if !last_step {
-        Action::DeleteUnregistered(decision.unregistered.clone())
+        Action::DeleteUnregistered(decision.unregistered_pods.clone())
     } else {
         let count = i64::from(input.restarts_count_towards_max);
         let max = i64::from(input.max_restarts.max(0));
@@ -591,13 +591,19 @@ mod tests {
         i.expected_pods = 4;
         let d = decide(&i);
         assert_eq!(d.action, Action::WaitFor(S(30)));
-        assert_eq!(d.unregistered, refs(&["bad", "none", "old"]));
+        assert_eq!(d.unregistered, 3);
+        assert!(
+            d.unregistered_pods.is_empty(),
+            "nothing copied while it waits"
+        );
         assert_eq!(d.missing, 0);
         i.now = S(160);
+        let d = decide(&i);
         assert_eq!(
-            decide(&i).action,
+            d.action,
             Action::DeleteUnregistered(refs(&["bad", "none", "old"]))
         );
+        assert_eq!(d.unregistered_pods, refs(&["bad", "none", "old"]));
     }
 
     #[test]
@@ -642,7 +648,7 @@ mod tests {
         let i = input(st(Some(1), Some(1)), &pods, clock(0, Step::Waiting), 1000);
         let d = decide(&i);
         assert_eq!(d.action, Action::None);
-        assert!(d.unregistered.is_empty());
+        assert_eq!(d.unregistered, 0);
         // One pod missing: the deadline runs, with nothing to delete at step 1.
         let pods = [pod("a", Some("2"))];
         let mut i = input(st(Some(1), Some(1)), &pods, clock(0, Step::Waiting), 1000);
@@ -758,7 +764,13 @@ mod tests {
             })
             .collect();
         expect.sort();
-        assert_eq!(d.unregistered, expect, "{i:?}");
+        assert_eq!(d.unregistered, expect.len(), "{i:?}");
+        let acting = !matches!(d.action, Action::None | Action::WaitFor(_));
+        assert_eq!(
+            d.unregistered_pods,
+            if acting { expect } else { Vec::new() },
+            "{i:?}"
+        );
         let present = i.pods.iter().filter(counted).count() as i64;
         assert_eq!(d.missing, (i.expected_pods - present).max(0));
         let (Some(timeout), Some(clock)) = (i.timeout, i.clock) else {
@@ -768,7 +780,7 @@ mod tests {
             Step::Waiting => clock.started,
             Step::UnregisteredDeleted { at } => at,
         };
-        let whole = d.unregistered.is_empty() && d.missing == 0;
+        let whole = d.unregistered == 0 && d.missing == 0;
         match &d.action {
             Action::None => assert!(whole, "{i:?}"),
             Action::WaitFor(w) => {
@@ -778,7 +790,7 @@ mod tests {
             Action::DeleteUnregistered(pods) => {
                 assert!(!whole && i.now >= from + timeout, "{i:?}");
                 assert_eq!(clock.step, Step::Waiting);
-                assert_eq!(pods, &d.unregistered);
+                assert_eq!(pods, &d.unregistered_pods);
             }
             Action::Recreate {
                 restarts,

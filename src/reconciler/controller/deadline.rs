@@ -500,7 +500,7 @@ async fn recreate(
     shared.metrics.deadline_step("recreated");
     let unregistered: Vec<&str> = seen
         .decision
-        .unregistered
+        .unregistered_pods
         .iter()
         .map(|p| p.name.as_str())
         .collect();
