@@ -281,10 +281,10 @@ pub fn decide(input: &Input<'_>) -> Decision {
     }
     let counted = || input.pods.iter().filter(|p| !p.failed && !p.terminating);
     let unregistered = |p: &&PodView| {
-        !p.epoch_annotation
+        p.epoch_annotation
             .as_deref()
             .and_then(|a| parse_epoch(a).ok())
-            .is_some_and(|e| e > deprecated)
+            .is_none_or(|e| e <= deprecated)
     };
     decision.unregistered = counted().filter(unregistered).count();
     let present = i64::try_from(counted().count()).unwrap_or(i64::MAX);
