@@ -906,7 +906,13 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+        // A failure prints its minimal input; it becomes a unit test (as in the property tests
+        // of tests/admission_properties.rs, nothing is persisted).
+        #![proptest_config(ProptestConfig {
+            cases: 512,
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        })]
 
         /// Any input at all, extremes included: a decision that holds the properties.
         #[test]
