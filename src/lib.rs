@@ -11,7 +11,8 @@
 //! - [`reconciler`]: the epoch reconciler; [`agent`]: the sidecar in every worker pod;
 //!   [`certs`]: CA and serving certificates;
 //! - at the bottom, what they share: [`protocol`] (the epoch protocol's dialects and pure
-//!   decisions), [`wire`] (what crosses between components through Kubernetes objects and env),
+//!   decisions), [`deadline`] (the pure decision of what to do about a group restart that does
+//!   not complete), [`wire`] (what crosses between components through Kubernetes objects and env),
 //!   [`jobset`] (the JobSet model), [`settings`] (global flags and parsers), [`shutdown`]
 //!   (signals), [`telemetry`] (logging, health and metrics endpoint) and [`retry`] (backoff and
 //!   `Retry-After`).
@@ -24,6 +25,7 @@ pub mod admission;
 pub mod agent;
 pub mod certs;
 pub mod cli;
+pub mod deadline;
 pub mod error;
 pub mod inspect;
 pub mod jobset;

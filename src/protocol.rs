@@ -259,6 +259,8 @@ pub fn agent_decide(epoch: Epoch, view: &AgentView) -> AgentAction {
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct PodView {
     pub name: String,
+    /// `metadata.uid`: a deletion decided on this view is for this pod only (its precondition).
+    pub uid: String,
     /// `status.phase == Failed`.
     pub failed: bool,
     /// `metadata.deletionTimestamp` is set.

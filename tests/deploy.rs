@@ -1795,7 +1795,18 @@ async fn the_reconcilers_rbac_grants_every_request_it_makes_and_no_more() {
         server
             .create("namespaces", json!({"metadata": {"name": "team-b", "labels": {"jobset-inplace.dev/enabled": "true"}}}))
             .expect("namespace");
-        server.create("jobsets", jobset_json("team-a", "js", 1)).expect("jobset");
+        // The deadline's steps run within seconds: the JobSet's annotation sets a 1 s timeout.
+        let mut js = jobset_json("team-a", "js", 2);
+        js["metadata"]["annotations"] = json!({jobset_inplace::deadline::TIMEOUT_ANNOTATION: "1s"});
+        let js = server.create("jobsets", js).expect("jobset");
+        // A Job of the JobSet, for a recreation to delete.
+        server
+            .create("jobs", json!({"metadata": {"name": "js-w-0", "namespace": "team-a",
+                "labels": {JOBSET_NAME_LABEL: "js", jobset_inplace::deadline::RESTART_ATTEMPT_LABEL: "0"},
+                "ownerReferences": [{"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "name": "js",
+                                     "uid": js["metadata"]["uid"], "controller": true}]},
+                "spec": {"template": {"spec": {"containers": [{"name": "w", "image": "w"}]}}}}))
+            .expect("job");
         for i in 0..2 {
             server
                 .create("pods", json!({"metadata": {"name": format!("js-{i}"), "namespace": "team-a",
@@ -1820,6 +1831,8 @@ async fn the_reconcilers_rbac_grants_every_request_it_makes_and_no_more() {
                 watch_timeout: args.watch_timeout,
                 write_epoch_status: args.write_epoch_status,
                 publish_epochs: true,
+                group_restart_timeout: (!args.group_restart_timeout.is_zero())
+                    .then_some(args.group_restart_timeout),
             },
             leader_election: args.leader_elect.then(|| LeaderElection {
                 lease_name: args.lease_name.clone(),
@@ -1850,8 +1863,17 @@ async fn the_reconcilers_rbac_grants_every_request_it_makes_and_no_more() {
         until("deprecated 0", || status(dialect.deprecated_field()) == Some(json!(0))).await;
         set_epoch("js-1", "1");
         until("synced 1", || status(dialect.synced_field()) == Some(json!(1))).await;
-        // One restart too many: the JobSet fails.
+        // A second restart that js-1 never joins: the group-restart deadline deletes it after
+        // 1 s, then recreates the JobSet (status.restarts, its Job deleted) 1 s later.
         set_epoch("js-0", "2");
+        until("js-1 deleted", || server.get("pods", "team-a", "js-1").is_none()).await;
+        until("recreated", || status("restarts") == Some(json!(1))).await;
+        until("the Job deleted", || {
+            server.get("jobs", "team-a", "js-w-0").is_some_and(|j| j["metadata"]["deletionTimestamp"].is_string())
+        })
+        .await;
+        // One restart too many: the JobSet fails.
+        set_epoch("js-0", "3");
         until("failed", || {
             status("conditions").is_some_and(|c| c.as_array().into_iter().flatten().any(|c| c["type"] == "Failed"))
         })
@@ -1966,6 +1988,144 @@ fn without_a_certificate_component_the_webhook_serves_the_mounted_secret() {
             .iter()
             .all(|p| p["metadata"]["name"] != "jobset-inplace-webhook-ca-bundle")
     );
+}
+
+/// RBAC grants the reconciler `delete` on every pod and Job and `patch` on every pod's status;
+/// its policy holds those deletes to the pods and Jobs of JobSets (the jobset-name label), and its
+/// status writes to marking such a pod Failed, in every overlay. Other accounts are not matched.
+#[test]
+fn the_reconcilers_deletes_are_held_to_the_pods_and_jobs_of_jobsets() {
+    for name in OVERLAYS {
+        let Some(r) = overlay(name) else { return };
+        let policy = r.get(
+            "ValidatingAdmissionPolicy",
+            "jobset-inplace-reconciler-deletes",
+        );
+        assert_eq!(check_object(policy), Vec::<String>::new(), "{name}");
+        let binding = r.get(
+            "ValidatingAdmissionPolicyBinding",
+            "jobset-inplace-reconciler-deletes",
+        );
+        assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]));
+        assert_eq!(policy["spec"]["failurePolicy"], "Fail");
+        let rules: Vec<(Vec<String>, Vec<String>, Vec<String>)> =
+            policy["spec"]["matchConstraints"]["resourceRules"]
+                .as_array()
+                .expect("rules")
+                .iter()
+                .map(|r| {
+                    (
+                        strings(&r["apiGroups"]),
+                        strings(&r["resources"]),
+                        strings(&r["operations"]),
+                    )
+                })
+                .collect();
+        let delete = vec!["DELETE".to_owned()];
+        assert_eq!(
+            rules,
+            [
+                (vec![String::new()], vec!["pods".to_owned()], delete.clone()),
+                (
+                    vec![String::new()],
+                    vec!["pods/status".to_owned()],
+                    vec!["UPDATE".to_owned()]
+                ),
+                (vec!["batch".to_owned()], vec!["jobs".to_owned()], delete)
+            ],
+            "{name}"
+        );
+        // Marking a pod of a JobSet Failed, and nothing else of a pod's status.
+        let update = json!({"operation": "UPDATE", "subResource": "status",
+                            "userInfo": {"username": "system:serviceaccount:jobset-inplace-system:jobset-inplace-reconciler"}});
+        let pod = |labels: Value, phase: &str| {
+            json!({"apiVersion": "v1", "kind": "Pod",
+                   "metadata": {"name": "p", "namespace": "team-a", "labels": labels},
+                   "status": {"phase": phase}})
+        };
+        let of_js = json!({JOBSET_NAME_LABEL: "js"});
+        assert_eq!(
+            evaluate_matched(
+                policy,
+                &update,
+                &pod(of_js.clone(), "Failed"),
+                &pod(of_js.clone(), "Running")
+            ),
+            Verdict::Allowed,
+            "{name}: a JobSet's pod marked Failed"
+        );
+        for (labels, phase) in [
+            (of_js.clone(), "Running"),
+            (of_js.clone(), "Succeeded"),
+            (json!({"app": "x"}), "Failed"),
+        ] {
+            assert!(
+                matches!(
+                    evaluate_matched(
+                        policy,
+                        &update,
+                        &pod(labels.clone(), phase),
+                        &pod(labels.clone(), "Running")
+                    ),
+                    Verdict::Denied(_)
+                ),
+                "{name}: {labels} to {phase}"
+            );
+        }
+        // The account it binds is the reconciler's, as deployed.
+        let reconciler = "system:serviceaccount:jobset-inplace-system:jobset-inplace-reconciler";
+        assert!(
+            !grants_for(&r, "jobset-inplace-reconciler")
+                .cluster
+                .is_empty(),
+            "{name}: the reconciler's account"
+        );
+        let request = |user: &str| json!({"operation": "DELETE", "userInfo": {"username": user}});
+        let object = |kind: &str, labels: Value| {
+            json!({"apiVersion": if kind == "Job" { "batch/v1" } else { "v1" }, "kind": kind,
+                   "metadata": {"name": "x", "namespace": "team-a", "labels": labels}})
+        };
+        let of_jobset = json!({JOBSET_NAME_LABEL: "js", "app": "x"});
+        for kind in ["Pod", "Job"] {
+            let verdict = |user: &str, old: &Value| {
+                evaluate_matched(policy, &request(user), &Value::Null, old)
+            };
+            assert_eq!(
+                verdict(reconciler, &object(kind, of_jobset.clone())),
+                Verdict::Allowed,
+                "{name}: a {kind} of a JobSet"
+            );
+            for other in [json!({"app": "x"}), json!({})] {
+                assert!(
+                    matches!(
+                        verdict(reconciler, &object(kind, other.clone())),
+                        Verdict::Denied(_)
+                    ),
+                    "{name}: a {kind} of no JobSet ({other})"
+                );
+            }
+            // No labels at all (an empty map is not stored).
+            let mut unlabelled = object(kind, json!({}));
+            unlabelled["metadata"]
+                .as_object_mut()
+                .map(|m| m.remove("labels"));
+            assert!(matches!(
+                verdict(reconciler, &unlabelled),
+                Verdict::Denied(_)
+            ));
+            for user in [
+                "system:serviceaccount:kube-system:generic-garbage-collector",
+                "system:serviceaccount:team-a:jobset-inplace-reconciler",
+                "alice",
+            ] {
+                assert_eq!(
+                    verdict(user, &object(kind, json!({"app": "x"}))),
+                    Verdict::NotMatched,
+                    "{name}: {user}"
+                );
+            }
+        }
+    }
 }
 
 #[tokio::test]

@@ -107,13 +107,17 @@ async fn status_lists_the_pods_the_group_waits_for_first() {
             lines[1].contains("group restart to epoch 3: waiting for 3 pod(s)"),
             "{text}"
         );
-        assert!(lines[2].starts_with("POD"), "{text}");
         assert!(
-            lines[3].starts_with("p-a") && lines[3].contains("not yet synced"),
+            lines[2].starts_with("group-restart deadline: the reconciler's"),
+            "{text}"
+        );
+        assert!(lines[3].starts_with("POD"), "{text}");
+        assert!(
+            lines[4].starts_with("p-a") && lines[4].contains("not yet synced"),
             "{text}"
         );
         assert!(
-            lines[4].starts_with("p-b") && lines[4].contains("must restart"),
+            lines[5].starts_with("p-b") && lines[5].contains("must restart"),
             "{text}"
         );
         assert!(!text.contains("other"), "{text}");

@@ -351,6 +351,7 @@ async fn reconciler_metrics() -> String {
             watch_timeout: reconciler::DEFAULT_WATCH_TIMEOUT,
             write_epoch_status: true,
             publish_epochs: true,
+            group_restart_timeout: Some(reconciler::DEFAULT_GROUP_RESTART_TIMEOUT),
         },
         leader_election: None,
         check_crd: false,

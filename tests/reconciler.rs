@@ -29,6 +29,7 @@ fn options(dialect: Dialect, identity: &str, leader: Option<LeaderElection>) -> 
             watch_timeout: reconciler::DEFAULT_WATCH_TIMEOUT,
             write_epoch_status: true,
             publish_epochs: true,
+            group_restart_timeout: Some(reconciler::DEFAULT_GROUP_RESTART_TIMEOUT),
         },
         leader_election: leader,
         check_crd: false,

@@ -331,6 +331,7 @@ pub fn epoch(data: &[u8]) {
         }
         pods.push(PodView {
             name: format!("p-{i}"),
+            uid: format!("uid-{i}"),
             failed,
             terminating,
             epoch_annotation: annotation,

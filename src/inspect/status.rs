@@ -1,6 +1,8 @@
 //! `jobset-inplace status -n NS JOBSET`: where one JobSet's group restart stands. The JobSet's
 //! two epoch fields, and per pod its epoch, phase, restarts and whether its barrier is lifted,
-//! the pods the group waits for first. [`report`] is pure; [`fetch`] reads the two inputs.
+//! the pods the group waits for first, and the group-restart deadline the JobSet asks for (the
+//! clock itself is the reconciler's, in memory). [`report`] is pure; [`fetch`] reads the two
+//! inputs.
 
 use std::fmt::Write as _;
 
@@ -8,6 +10,7 @@ use k8s_openapi::api::core::v1::{Container, ContainerStatus, Pod};
 use kube::api::{Api, ListParams};
 use serde::Serialize;
 
+use crate::deadline::{self, TIMEOUT_ANNOTATION, display_duration};
 use crate::jobset::JobSet;
 use crate::protocol::{Dialect, Epoch, JOBSET_NAME_LABEL};
 use crate::wire::agent_env;
@@ -54,6 +57,62 @@ pub enum GroupState {
     },
 }
 
+/// The group-restart deadline a JobSet asks for ([`crate::deadline`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeadlineSetting {
+    /// Its timeout annotation, as written (`None`: the reconciler's `--group-restart-timeout`).
+    pub annotation: Option<String>,
+    /// The annotation's timeout (`off` for 0), when it is valid.
+    pub timeout: Option<String>,
+    /// Why the annotation is not valid (the reconciler then uses its own timeout).
+    pub error: Option<String>,
+}
+
+impl DeadlineSetting {
+    fn of(jobset: &JobSet) -> Self {
+        let annotation = jobset
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(TIMEOUT_ANNOTATION))
+            .cloned();
+        let parsed = annotation.as_deref().map(deadline::parse_timeout);
+        DeadlineSetting {
+            timeout: match &parsed {
+                Some(Ok(Some(t))) => Some(display_duration(*t)),
+                Some(Ok(None)) => Some("off".to_owned()),
+                _ => None,
+            },
+            error: match parsed {
+                Some(Err(e)) => Some(e.to_string()),
+                _ => None,
+            },
+            annotation,
+        }
+    }
+
+    /// One line: the timeout and what happens when it passes.
+    fn render(&self) -> String {
+        let then = "unregistered pods deleted after it, every pod recreated after as long again \
+                    (counted against maxRestarts)";
+        match (&self.timeout, &self.error) {
+            (Some(off), _) if off == "off" => {
+                format!("group-restart deadline: off ({TIMEOUT_ANNOTATION}: 0)")
+            }
+            (Some(t), _) => format!("group-restart deadline: {t} (annotation): {then}"),
+            (None, Some(e)) => format!(
+                "group-restart deadline: the reconciler's --group-restart-timeout (2m unless \
+                 set); annotation {TIMEOUT_ANNOTATION}: {e}"
+            ),
+            (None, None) => format!(
+                "group-restart deadline: the reconciler's --group-restart-timeout (2m unless \
+                 set): {then}"
+            ),
+        }
+    }
+}
+
 /// The whole answer.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -70,6 +129,8 @@ pub struct StatusReport {
     /// Expected pods that do not exist (not yet created, or deleted and not yet replaced).
     pub missing_pods: i64,
     pub state: GroupState,
+    /// The group-restart deadline it asks for.
+    pub deadline: DeadlineSetting,
     /// Waiting pods first, then by name.
     pub pods: Vec<PodRow>,
 }
@@ -116,6 +177,7 @@ pub fn report(jobset: &JobSet, pods: &[Pod], dialect: Dialect) -> StatusReport {
         expected_pods: expected,
         missing_pods: missing,
         state,
+        deadline: DeadlineSetting::of(jobset),
         pods: rows,
     }
 }
@@ -241,6 +303,9 @@ impl StatusReport {
                 "{} expected pod(s) do not exist yet (not created, or deleted and not replaced)",
                 self.missing_pods
             );
+        }
+        if self.state != GroupState::NotInPlaceRestart {
+            let _ = writeln!(s, "{}", self.deadline.render());
         }
         let mut table: Vec<[String; 7]> = vec![
             [
@@ -415,6 +480,41 @@ mod tests {
             }
         );
         assert!(r.render().contains("1 expected pod(s) do not exist yet"));
+    }
+
+    #[test]
+    fn the_deadline_the_jobset_asks_for() {
+        let mut js = jobset(json!({"deprecatedEpoch": 1, "syncedEpoch": 1}));
+        let r = report(&js, &[], Dialect::Epoch);
+        assert_eq!(r.deadline.annotation, None);
+        assert!(
+            r.render()
+                .contains("group-restart deadline: the reconciler's --group-restart-timeout"),
+            "{}",
+            r.render()
+        );
+        for (value, timeout, line) in [
+            (
+                "90s",
+                Some("1m30s"),
+                "group-restart deadline: 1m30s (annotation)",
+            ),
+            ("0", Some("off"), "group-restart deadline: off"),
+            ("soon", None, "\"soon\" is not a group-restart timeout"),
+        ] {
+            js.metadata.annotations = Some(
+                [(TIMEOUT_ANNOTATION.to_owned(), value.to_owned())]
+                    .into_iter()
+                    .collect(),
+            );
+            let r = report(&js, &[], Dialect::Epoch);
+            assert_eq!(r.deadline.annotation.as_deref(), Some(value));
+            assert_eq!(r.deadline.timeout.as_deref(), timeout);
+            assert_eq!(r.deadline.error.is_some(), timeout.is_none());
+            assert!(r.render().contains(line), "{}", r.render());
+            let json = serde_json::to_value(&r).expect("json");
+            assert_eq!(json["deadline"]["annotation"], value);
+        }
     }
 
     #[test]

@@ -16,6 +16,10 @@
 //! (seen by the watch, or missing from a relist after the watch was down); the event queue is a
 //! bounded channel ([`EVENT_QUEUE`]) that drops new events when full (kube's event recorder
 //! keeps what it published for 6 minutes, to aggregate repeats into series).
+//!
+//! After each evaluation the group-restart deadline ([`crate::deadline`]) runs on the same JobSet
+//! (`deadline.rs`, a child of this module): it keeps each JobSet's clock, wakes the JobSet up when
+//! a window ends, and deletes pods, recreates Jobs or fails the JobSet as the decision says.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -45,6 +49,8 @@ use crate::protocol::{
 use crate::retry::WatchBackoff;
 use crate::wire::WatchedPod;
 use crate::wire::epochs::{self, JobSetEpoch};
+
+mod deadline;
 
 /// Condition reason of a JobSet failed by the reconciler.
 pub const REACHED_MAX_RESTARTS: &str = "ReachedMaxRestarts";
@@ -79,13 +85,17 @@ pub struct Settings {
     pub watch_timeout: Duration,
     /// Write the two epoch fields and the `Failed` condition (`true`), or leave them to JobSet's
     /// own controller (`false`, for JobSet >= v0.11 in the `attempt` dialect, which writes the
-    /// same fields: two writers must never disagree) and only observe them: events, metrics and
-    /// provisioning go on.
+    /// same fields: two writers must never disagree) and only observe them: events, metrics,
+    /// provisioning and the group-restart deadline go on (the deadline still writes
+    /// `status.restarts` for a recreation, and `Failed` when one would pass `maxRestarts`).
     pub write_epoch_status: bool,
     /// Publish each InPlaceRestart JobSet's epochs in its `JobSetEpoch` object, which its agents
     /// watch ([`crate::wire::epochs`]); off where the kind is not served (agents then watch the
     /// JobSet).
     pub publish_epochs: bool,
+    /// The group-restart deadline's timeout ([`crate::deadline`]), unless a JobSet's annotation
+    /// says otherwise; `None`: off. It applies in both modes of `write_epoch_status`.
+    pub group_restart_timeout: Option<Duration>,
 }
 
 /// [`Settings::request_timeout`] unless configured.
@@ -127,15 +137,22 @@ pub enum ReconcileError {
         call: &'static str,
         after: Duration,
     },
+    #[error("cannot {action} of JobSet {namespace}/{name} (group-restart deadline): {source}")]
+    Deadline {
+        namespace: String,
+        name: String,
+        action: String,
+        source: kube::Error,
+    },
 }
 
 impl ReconcileError {
     /// The delay the API server asked for, if it throttled the write.
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
-            ReconcileError::Write { source, .. } | ReconcileError::Publish { source, .. } => {
-                crate::retry::retry_after(source)
-            }
+            ReconcileError::Write { source, .. }
+            | ReconcileError::Publish { source, .. }
+            | ReconcileError::Deadline { source, .. } => crate::retry::retry_after(source),
             ReconcileError::Conflicts { .. } | ReconcileError::Timeout { .. } => None,
         }
     }
@@ -159,6 +176,8 @@ struct Shared {
     unservable: Mutex<HashMap<Key, String>>,
     /// Observe mode: the epoch fields as last seen, per JobSet.
     observed: Mutex<HashMap<Key, EpochStatus>>,
+    /// The group-restart deadline's clocks and timers, per JobSet.
+    deadlines: deadline::Deadlines,
     /// Keys whose last evaluation failed: consecutive failures, and whether a retry is pending.
     retries: Mutex<HashMap<Key, Retry>>,
     events: mpsc::Sender<(ObjectReference, KubeEvent)>,
@@ -195,6 +214,9 @@ pub struct StateSizes {
     pub reported: usize,
     /// JobSetEpoch objects known.
     pub published: usize,
+    /// JobSets the group-restart deadline keeps something for (a clock, a timer, Jobs still to
+    /// delete after a recreation, a malformed annotation reported).
+    pub deadlines: usize,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -209,6 +231,7 @@ fn forget(shared: &Shared, key: &Key) {
     lock(&shared.observed).remove(key);
     lock(&shared.retries).remove(key);
     shared.published.forget(key);
+    shared.deadlines.forget(key);
     shared.metrics.forget(key);
 }
 
@@ -239,6 +262,7 @@ impl Controller {
             reported: Mutex::new(HashMap::new()),
             unservable: Mutex::new(HashMap::new()),
             observed: Mutex::new(HashMap::new()),
+            deadlines: deadline::Deadlines::new(),
             retries: Mutex::new(HashMap::new()),
             events: events_tx,
             enabled_namespaces: Mutex::new(std::collections::BTreeSet::new()),
@@ -299,11 +323,13 @@ impl Controller {
             restarts: lock(&self.shared.restarts).len(),
             reported: lock(&self.shared.reported).len(),
             published: self.shared.published.len(),
+            deadlines: self.shared.deadlines.len(),
         }
     }
 
     /// Stops every task.
     pub async fn shutdown(mut self) {
+        self.shared.deadlines.abort_timers();
         self.tasks.abort_all();
         while self.tasks.join_next().await.is_some() {}
     }
@@ -328,7 +354,14 @@ async fn watch_jobsets(shared: Arc<Shared>) {
             match event {
                 Ok(Event::Init) => index.jobsets_relisting(),
                 Ok(Event::InitApply(js) | Event::Apply(js)) => {
-                    changed.extend(index.apply_jobset(&js));
+                    if let Some(key) = index.apply_jobset(&js) {
+                        // Every replica keeps the deadline's clock, so that a standby taking
+                        // over knows when the group restart began.
+                        if let Some(state) = index.jobset(&key) {
+                            shared.deadlines.observe(&key, state);
+                        }
+                        changed.push(key);
+                    }
                 }
                 Ok(Event::Delete(js)) => {
                     if let (Some(ns), Some(name)) = (&js.metadata.namespace, &js.metadata.name) {
@@ -633,10 +666,12 @@ fn retry_later(shared: &Arc<Shared>, key: Key, server: Option<Duration>) {
     });
 }
 
-/// Evaluates one JobSet, writes what changed, then publishes its epochs for its agents.
+/// Evaluates one JobSet, writes what changed, publishes its epochs for its agents, then runs its
+/// group-restart deadline.
 async fn reconcile(shared: &Arc<Shared>, key: &Key) -> Result<(), ReconcileError> {
-    reconcile_status(shared, key).await?;
-    publish_epochs(shared, key).await
+    reconcile_epochs(shared, key).await?;
+    publish_epochs(shared, key).await?;
+    deadline::reconcile(shared, key).await
 }
 
 /// Writes a JobSet's `JobSetEpoch` object when its status's epochs moved past it (or it has
@@ -708,8 +743,9 @@ async fn publish_status(
     }
 }
 
-/// Evaluates one JobSet's status and writes what changed.
-async fn reconcile_status(shared: &Arc<Shared>, key: &Key) -> Result<(), ReconcileError> {
+/// Evaluates one JobSet's epochs and writes what changed (or, leaving them to JobSet's own
+/// controller, observes them).
+async fn reconcile_epochs(shared: &Arc<Shared>, key: &Key) -> Result<(), ReconcileError> {
     if shared.settings.publish_epochs
         && shared.settings.write_epoch_status
         && !shared.published.is_synced()

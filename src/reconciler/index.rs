@@ -35,6 +35,9 @@ pub struct JobSetState {
     pub conditions: serde_json::Value,
     /// Why the protocol cannot serve it ([`JobSet::protocol_problem`]): nothing is written.
     pub unservable: Option<String>,
+    /// Its [`crate::deadline::TIMEOUT_ANNOTATION`], as written (cut at 100 characters: a longer
+    /// one is malformed anyway).
+    pub group_restart_timeout: Option<String>,
 }
 
 impl JobSetState {
@@ -62,6 +65,12 @@ impl JobSetState {
                 .and_then(|c| serde_json::to_value(c).ok())
                 .unwrap_or_else(|| serde_json::Value::Array(Vec::new())),
             unservable: js.protocol_problem(),
+            group_restart_timeout: js
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(crate::deadline::TIMEOUT_ANNOTATION))
+                .map(|v| v.chars().take(100).collect()),
         }
     }
 

@@ -9,7 +9,7 @@ use prometheus_client::registry::Registry;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct WriteLabels {
-    /// `deprecated`, `synced`, `failed`.
+    /// `deprecated`, `synced`, `failed`, `restarts`.
     pub field: &'static str,
     /// `ok`, `conflict`, `error`, `timeout`.
     pub result: &'static str,
@@ -41,6 +41,12 @@ pub struct Metrics {
     pub api_timeouts: Family<CallLabels, Counter>,
     /// Writes of JobSetEpoch objects, by result.
     pub epoch_publications: Family<ResultLabels, Counter>,
+    /// Steps the group-restart deadline took, by step ([`DEADLINE_STEPS`]).
+    pub deadline_steps: Family<StepLabels, Counter>,
+    /// Pods the deadline's first step deleted.
+    pub deadline_pods_deleted: Counter,
+    /// Jobs the deadline's recreations deleted.
+    pub deadline_jobs_deleted: Counter,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -49,9 +55,20 @@ pub struct ResultLabels {
     pub result: &'static str,
 }
 
+/// The steps of the group-restart deadline (docs/protocol.md, "Deadline"): the pods that did not
+/// register in time deleted; every pod recreated; the JobSet failed instead, at `maxRestarts`.
+pub const DEADLINE_STEPS: [&str; 3] = ["unregistered_pods_deleted", "recreated", "failed"];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StepLabels {
+    /// One of [`DEADLINE_STEPS`].
+    pub step: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CallLabels {
-    /// `status_write`, `status_read`, `epochs_write`, `provision_apply`, `event`, `crd_read`.
+    /// `status_write`, `status_read`, `epochs_write`, `provision_apply`, `event`, `crd_read`,
+    /// `pod_delete`, `job_list`, `job_delete`.
     pub call: &'static str,
 }
 
@@ -72,7 +89,14 @@ impl Metrics {
             deprecated_epoch: Family::default(),
             api_timeouts: Family::default(),
             epoch_publications: Family::default(),
+            deadline_steps: Family::default(),
+            deadline_pods_deleted: Counter::default(),
+            deadline_jobs_deleted: Counter::default(),
         };
+        // Every step's series exists from the start, at 0, so that a rate over it is defined.
+        for step in DEADLINE_STEPS {
+            let _ = m.deadline_steps.get_or_create(&StepLabels { step });
+        }
         let r = registry.sub_registry_with_prefix("jobset_inplace_reconciler");
         r.register(
             "group_restarts",
@@ -122,6 +146,21 @@ impl Metrics {
             m.is_leader.clone(),
         );
         r.register(
+            "group_restart_deadline_steps",
+            "Steps the group-restart deadline took: unregistered pods deleted, every pod recreated, or the JobSet failed at maxRestarts",
+            m.deadline_steps.clone(),
+        );
+        r.register(
+            "deadline_pods_deleted",
+            "Pods deleted because they did not register a group restart's epoch in time",
+            m.deadline_pods_deleted.clone(),
+        );
+        r.register(
+            "deadline_jobs_deleted",
+            "Jobs deleted to recreate a JobSet whose group restart did not complete",
+            m.deadline_jobs_deleted.clone(),
+        );
+        r.register(
             "jobset_deprecated_epoch",
             "The newest deprecated epoch this replica wrote for a JobSet: its group restarts",
             m.deprecated_epoch.clone(),
@@ -154,6 +193,13 @@ impl Metrics {
     pub fn publication(&self, result: &'static str) {
         self.epoch_publications
             .get_or_create(&ResultLabels { result })
+            .inc();
+    }
+
+    /// One step of the group-restart deadline ([`DEADLINE_STEPS`]).
+    pub fn deadline_step(&self, step: &'static str) {
+        self.deadline_steps
+            .get_or_create(&StepLabels { step })
             .inc();
     }
 

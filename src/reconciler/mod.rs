@@ -2,7 +2,8 @@
 //! moves the epoch status fields, fails JobSets past `maxRestarts`.
 //!
 //! - [`index`]: the in-memory index of JobSets and their pods (pure);
-//! - [`controller`]: watches, workers, status writes, events;
+//! - [`controller`]: watches, workers, status writes, events, and the group-restart deadline
+//!   carried out (`controller/deadline.rs`; the decision is [`crate::deadline`]);
 //! - `queue`: the work queue between the watches and the workers;
 //! - [`crd`]: the start-up check that the installed JobSet CRD has the dialect's status fields;
 //! - [`provision`]: the agent's ServiceAccount and RoleBinding in every namespace that needs them;
@@ -32,6 +33,7 @@ use crate::settings::Global;
 use crate::telemetry;
 use crate::wire::epochs;
 
+pub use crate::deadline::DEFAULT_TIMEOUT as DEFAULT_GROUP_RESTART_TIMEOUT;
 pub use controller::{Controller, DEFAULT_REQUEST_TIMEOUT, DEFAULT_WATCH_TIMEOUT, Settings};
 
 #[derive(Debug, thiserror::Error)]
@@ -138,10 +140,18 @@ pub struct Args {
 
     /// Write the JobSet's two epoch fields and its `Failed` condition. `false` leaves them to
     /// JobSet's own controller (JobSet >= v0.11, `--protocol attempt`, which writes the same
-    /// fields): the reconciler then observes them for its events and metrics, and still
-    /// provisions the agent's accounts.
+    /// fields): the reconciler then observes them for its events and metrics, still provisions
+    /// the agent's accounts, and still runs the group-restart deadline (which writes
+    /// status.restarts for a recreation, and Failed when one would pass maxRestarts).
     #[arg(long, env = "JOBSET_INPLACE_WRITE_EPOCH_STATUS", default_value_t = true, action = clap::ArgAction::Set)]
     pub write_epoch_status: bool,
+
+    /// How long a group restart may take before the pods that have not registered its epoch are
+    /// deleted (so that their Jobs replace them), and as long again before every pod of the
+    /// JobSet is recreated, counted against maxRestarts. Like 90s, 2m, 1h30m; 0 turns the
+    /// deadline off. A JobSet's annotation jobset-inplace.dev/group-restart-timeout overrides it.
+    #[arg(long, env = "JOBSET_INPLACE_GROUP_RESTART_TIMEOUT", value_parser = parse_group_restart_timeout, default_value = "2m")]
+    pub group_restart_timeout: Duration,
 
     /// Leader identity (default: $POD_NAME, else the hostname).
     #[arg(long, env = "JOBSET_INPLACE_IDENTITY")]
@@ -239,6 +249,8 @@ impl Args {
                 write_epoch_status: self.write_epoch_status,
                 // Unless the JobSetEpoch CRD is missing (checked in `run`).
                 publish_epochs: true,
+                group_restart_timeout: (!self.group_restart_timeout.is_zero())
+                    .then_some(self.group_restart_timeout),
             },
             leader_election: self.leader_elect.then(|| LeaderElection {
                 lease_name: self.lease_name.clone(),
@@ -268,6 +280,13 @@ impl Args {
         .await?;
         Ok(ExitCode::SUCCESS)
     }
+}
+
+/// `--group-restart-timeout`: [`crate::deadline::parse_timeout`], off as zero.
+fn parse_group_restart_timeout(text: &str) -> Result<Duration, String> {
+    crate::deadline::parse_timeout(text)
+        .map(Option::unwrap_or_default)
+        .map_err(|e| e.to_string())
 }
 
 fn env_nonempty(name: &str) -> Option<String> {

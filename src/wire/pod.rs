@@ -91,6 +91,7 @@ impl WatchedPod {
             .unwrap_or(0);
         PodView {
             name: self.metadata.name.clone().unwrap_or_default(),
+            uid: self.metadata.uid.clone().unwrap_or_default(),
             failed: status.and_then(|s| s.phase.as_deref()) == Some("Failed"),
             terminating: self.metadata.deletion_timestamp.is_some(),
             epoch_annotation: self

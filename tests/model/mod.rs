@@ -557,6 +557,7 @@ impl ProtocolModel {
             .filter_map(|(i, r)| {
                 r.seen.map(|s| PodView {
                     name: pod_name(i),
+                    uid: pod_name(i),
                     failed: s.failed,
                     terminating: false,
                     epoch_annotation: s.annotation.map(|e| e.to_string()),

@@ -154,6 +154,7 @@ struct Params {
     force: bool,
     dry_run: bool,
     grace_period_seconds: Option<i64>,
+    propagation_policy: Option<String>,
 }
 
 fn parse_bool(key: &str, v: &str) -> Result<bool, ApiError> {
@@ -194,6 +195,7 @@ impl Params {
                 "force" => p.force = parse_bool(&k, &v)?,
                 "dryRun" => p.dry_run = v == "All",
                 "gracePeriodSeconds" => p.grace_period_seconds = Some(parse_num(&k, &v)?),
+                "propagationPolicy" => p.propagation_policy = Some(v.to_string()),
                 _ => {}
             }
         }
@@ -503,6 +505,7 @@ fn delete_opts(params: &Params, body: &[u8]) -> Result<DeleteOpts, ApiError> {
     let mut d = DeleteOpts {
         dry_run: params.dry_run,
         grace_period_seconds: params.grace_period_seconds,
+        foreground: params.propagation_policy.as_deref() == Some("Foreground"),
         ..DeleteOpts::default()
     };
     if body.iter().all(u8::is_ascii_whitespace) {
@@ -511,6 +514,9 @@ fn delete_opts(params: &Params, body: &[u8]) -> Result<DeleteOpts, ApiError> {
     let v = parse_body(body)?;
     if let Some(g) = v.get("gracePeriodSeconds").and_then(Value::as_i64) {
         d.grace_period_seconds = Some(g);
+    }
+    if let Some(p) = v.get("propagationPolicy").and_then(Value::as_str) {
+        d.foreground = p == "Foreground";
     }
     if let Some(p) = v.get("preconditions") {
         d.precondition_uid = p.get("uid").and_then(Value::as_str).map(str::to_owned);

@@ -27,7 +27,7 @@
 //! ```
 //!
 //! What it does (see the submodules for details):
-//! - resources: pods (with `status`), jobsets (with `status`), jobsetepochs, events (core/v1 and
+//! - resources: pods (with `status`), jobsets and jobs (with `status`), jobsetepochs, events (core/v1 and
 //!   events.k8s.io/v1), leases, serviceaccounts, rolebindings, namespaces and
 //!   customresourcedefinitions by default ([`resources::default_resources`]); more can be
 //!   registered through [`Options::resources`]; cluster-wide list/watch of namespaced ones;
@@ -38,7 +38,8 @@
 //!   `sendInitialEvents`, selector transitions as ADDED/DELETED, an ERROR 410 event for a
 //!   version older than the history), CREATE (`generateName`), UPDATE (resourceVersion
 //!   precondition), PATCH (merge, JSON, strategic as merge, server-side apply approximated),
-//!   DELETE (finalizers, preconditions, optional graceful pod deletion), deletecollection, the
+//!   DELETE (finalizers, preconditions, optional graceful pod deletion, foreground propagation
+//!   as the `foregroundDeletion` finalizer), deletecollection, the
 //!   `status` subresource, `dryRun=All`;
 //! - one resourceVersion counter for all resources, uids, `creationTimestamp`, `generation`;
 //! - request counters by verb and resource, and fault injection: failures, latency, cut

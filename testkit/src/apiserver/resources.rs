@@ -143,7 +143,8 @@ const EVENT_FIELDS: &[&str] = &[
     "type",
 ];
 
-/// The resources served by default: pods, jobsets, jobsetepochs, events (core/v1 and events.k8s.io/v1),
+/// The resources served by default: pods, jobsets, jobsetepochs, jobs, events (core/v1 and
+/// events.k8s.io/v1),
 /// leases, serviceaccounts, rolebindings, namespaces and customresourcedefinitions.
 pub fn default_resources() -> Vec<ResourceType> {
     vec![
@@ -163,6 +164,7 @@ pub fn default_resources() -> Vec<ResourceType> {
             jobset_inplace::wire::epochs::KIND,
             jobset_inplace::wire::epochs::PLURAL,
         ),
+        ResourceType::namespaced("batch", "v1", "Job", "jobs").with_status(),
         ResourceType::namespaced("", "v1", "Event", "events")
             .with_create_on_update()
             .with_fields(CORE_EVENT_FIELDS),

@@ -212,7 +212,15 @@ pub struct DeleteOpts {
     pub grace_period_seconds: Option<i64>,
     pub precondition_uid: Option<String>,
     pub precondition_rv: Option<String>,
+    /// `propagationPolicy: Foreground`: the object gets the `foregroundDeletion` finalizer
+    /// and `deletionTimestamp`, as upstream; removing its dependents and then the finalizer is
+    /// the caller's (upstream's garbage collector; the simulated one in tests). `Background`
+    /// and `Orphan` delete at once (no garbage collection here).
+    pub foreground: bool,
 }
+
+/// The finalizer of a foreground deletion (upstream's `metav1.FinalizerDeleteDependents`).
+pub const FOREGROUND_FINALIZER: &str = "foregroundDeletion";
 
 /// A LIST request.
 #[derive(Clone, Debug, Default)]
@@ -1154,7 +1162,8 @@ impl Store {
             ));
         }
         let deleting = meta_str(&cur.value, "deletionTimestamp").is_some();
-        let finalizers = has_finalizers(&cur.value);
+        let foreground = d.foreground && !deleting;
+        let finalizers = has_finalizers(&cur.value) || foreground;
         let scheduled_pod = self.opts.graceful_pod_deletion
             && rt.group.is_empty()
             && rt.plural == "pods"
@@ -1188,6 +1197,14 @@ impl Store {
                 m.insert("deletionTimestamp".into(), json!(timestamp_in(grace)));
                 m.insert("deletionGracePeriodSeconds".into(), json!(grace));
                 m.insert("generation".into(), json!(generation + 1));
+                if foreground {
+                    let list = m.entry("finalizers").or_insert_with(|| json!([]));
+                    if let Some(list) = list.as_array_mut()
+                        && !list.iter().any(|f| f == FOREGROUND_FINALIZER)
+                    {
+                        list.push(json!(FOREGROUND_FINALIZER));
+                    }
+                }
             }
             if d.dry_run {
                 return Ok((Entry::new(new, cur.rv, cur.owners.clone()), false));
@@ -1773,6 +1790,37 @@ mod tests {
             .expect("unfinalize");
         assert!(t.s.get(t.pods, "ns", "a").is_none());
         assert!(last.rv > e.rv);
+        // Foreground propagation: the finalizer of dependents first, as upstream.
+        t.s.create(t.pods, "ns", pod("f", json!({})), &http())
+            .expect("f");
+        let (e, gone) =
+            t.s.delete(
+                t.pods,
+                "ns",
+                "f",
+                &DeleteOpts {
+                    foreground: true,
+                    ..DeleteOpts::default()
+                },
+            )
+            .expect("foreground");
+        assert!(!gone);
+        assert_eq!(
+            e.value["metadata"]["finalizers"],
+            json!([FOREGROUND_FINALIZER])
+        );
+        assert!(e.value["metadata"]["deletionTimestamp"].is_string());
+        t.s.patch(
+            t.pods,
+            "ns",
+            "f",
+            PatchType::Merge,
+            br#"{"metadata":{"finalizers":null}}"#,
+            Part::Main,
+            &http(),
+        )
+        .expect("dependents gone");
+        assert!(t.s.get(t.pods, "ns", "f").is_none());
         // Preconditions.
         let b =
             t.s.create(t.pods, "ns", pod("b", json!({})), &http())

@@ -14,6 +14,16 @@ pub const REPLICATED_JOB_LABEL: &str = "jobset.sigs.k8s.io/replicatedjob-name";
 pub const JOB_INDEX_LABEL: &str = "jobset.sigs.k8s.io/job-index";
 /// Label and annotation of the pod's completion index within its Job.
 pub const COMPLETION_INDEX_LABEL: &str = "batch.kubernetes.io/job-completion-index";
+/// Label and annotation of the JobSet's UID on its Jobs and pods.
+pub const JOBSET_UID_LABEL: &str = "jobset.sigs.k8s.io/jobset-uid";
+/// Label the Job controller sets on a Job's pods: the Job's name (and its legacy spelling).
+pub const JOB_NAME_LABELS: [&str; 2] = ["batch.kubernetes.io/job-name", "job-name"];
+/// Label the Job controller sets on a Job's pods: the Job's UID (and its legacy spelling).
+pub const CONTROLLER_UID_LABELS: [&str; 2] =
+    ["batch.kubernetes.io/controller-uid", "controller-uid"];
+/// The finalizer the Job controller puts on every pod of a Job, and removes once it has counted
+/// the pod's end (its phase `Failed` or `Succeeded`, or the Job being deleted).
+pub const JOB_TRACKING_FINALIZER: &str = "batch.kubernetes.io/job-tracking";
 /// Name of the worker container (sidecar mode).
 pub const WORKER_CONTAINER: &str = "worker";
 /// Name of the agent container in main-container mode.
@@ -122,6 +132,90 @@ pub struct Slot {
     pub template: Value,
 }
 
+/// One Job of the JobSet: its replicated job and index, its spec (the replicated job's
+/// template), and the pod positions it runs ([`slots`]).
+#[derive(Clone, Debug)]
+pub struct JobPosition {
+    pub replicated_job: String,
+    pub job_index: i64,
+    pub spec: Value,
+    pub slots: Vec<usize>,
+}
+
+impl JobPosition {
+    /// JobSet's name for it: `<jobset>-<replicated job>-<index>`.
+    pub fn name(&self, jobset: &str) -> String {
+        format!("{jobset}-{}-{}", self.replicated_job, self.job_index)
+    }
+}
+
+/// Every Job of a (mutated) JobSet, in the order of [`slots`].
+pub fn jobs(jobset: &Value) -> Vec<JobPosition> {
+    let mut out: Vec<JobPosition> = Vec::new();
+    let rjs = jobset
+        .pointer("/spec/replicatedJobs")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or(&[]);
+    let slots = slots(jobset);
+    for rj in rjs {
+        let name = rj.get("name").and_then(Value::as_str).unwrap_or("rj");
+        let replicas = rj.get("replicas").and_then(Value::as_i64).unwrap_or(1);
+        let spec = rj.pointer("/template/spec").cloned().unwrap_or(Value::Null);
+        for job_index in 0..replicas {
+            out.push(JobPosition {
+                replicated_job: name.to_owned(),
+                job_index,
+                spec: spec.clone(),
+                slots: slots
+                    .iter()
+                    .filter(|s| s.replicated_job == name && s.job_index == job_index)
+                    .map(|s| s.index)
+                    .collect(),
+            });
+        }
+    }
+    out
+}
+
+/// The Job JobSet's controller creates for `job` at `restarts` (`status.restarts`): JobSet's
+/// labels and annotations, and a controller reference to the JobSet.
+pub fn job_object(c: &SimConfig, job: &JobPosition, jobset_uid: &str, restarts: i64) -> Value {
+    let mut meta = Map::new();
+    for (k, v) in [
+        (JOBSET_NAME_LABEL, c.jobset_name.clone()),
+        (JOBSET_UID_LABEL, jobset_uid.to_owned()),
+        (REPLICATED_JOB_LABEL, job.replicated_job.clone()),
+        (JOB_INDEX_LABEL, job.job_index.to_string()),
+        (
+            jobset_inplace::deadline::RESTART_ATTEMPT_LABEL,
+            restarts.to_string(),
+        ),
+    ] {
+        meta.insert(k.to_owned(), json!(v));
+    }
+    json!({
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {
+            "name": job.name(&c.jobset_name), "namespace": c.namespace,
+            "labels": meta.clone(), "annotations": meta,
+            "ownerReferences": [{
+                "apiVersion": jobset_inplace::jobset::API_VERSION, "kind": jobset_inplace::jobset::KIND,
+                "name": c.jobset_name, "uid": jobset_uid, "controller": true, "blockOwnerDeletion": true
+            }]
+        },
+        "spec": job.spec,
+    })
+}
+
+/// The Job that owns a pod: its name and UID, and the restart it was created for.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct JobOwner {
+    pub name: String,
+    pub uid: String,
+    pub restarts: i64,
+}
+
 /// Every pod position of a (mutated) JobSet, in order.
 pub fn slots(jobset: &Value) -> Vec<Slot> {
     let mut out = Vec::new();
@@ -151,9 +245,9 @@ pub fn slots(jobset: &Value) -> Vec<Slot> {
     out
 }
 
-/// The pod the Job controller creates for `slot`, with the labels and annotations the JobSet
-/// and Job controllers set.
-pub fn pod_object(c: &SimConfig, slot: &Slot, name: &str) -> Value {
+/// The pod the Job controller creates for `slot` of the Job `owner`, with the labels and
+/// annotations the JobSet and Job controllers set and a controller reference to the Job.
+pub fn pod_object(c: &SimConfig, slot: &Slot, name: &str, owner: &JobOwner) -> Value {
     let mut labels: Map<String, Value> = slot
         .template
         .pointer("/metadata/labels")
@@ -175,9 +269,24 @@ pub fn pod_object(c: &SimConfig, slot: &Slot, name: &str) -> Value {
         labels.insert(k.to_owned(), json!(v));
         annotations.insert(k.to_owned(), json!(v));
     }
+    labels.insert(
+        jobset_inplace::deadline::RESTART_ATTEMPT_LABEL.to_owned(),
+        json!(owner.restarts.to_string()),
+    );
+    for k in JOB_NAME_LABELS {
+        labels.insert(k.to_owned(), json!(owner.name));
+    }
+    for k in CONTROLLER_UID_LABELS {
+        labels.insert(k.to_owned(), json!(owner.uid));
+    }
     json!({
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": c.namespace, "labels": labels, "annotations": annotations},
+        "metadata": {
+            "name": name, "namespace": c.namespace, "labels": labels, "annotations": annotations,
+            "finalizers": [JOB_TRACKING_FINALIZER],
+            "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": owner.name,
+                                 "uid": owner.uid, "controller": true, "blockOwnerDeletion": true}]
+        },
         "spec": slot.template.get("spec").cloned().unwrap_or_else(|| json!({})),
     })
 }
@@ -284,6 +393,10 @@ mod tests {
             let js = mutated_jobset(&c).expect("mutates");
             let slots = slots(&js);
             assert_eq!(slots.len(), 2);
+            let jobs = jobs(&js);
+            assert_eq!(jobs.len(), 2);
+            assert_eq!(jobs[1].slots, [1]);
+            assert_eq!(jobs[1].name("js"), "js-workers-1");
             let spec = &slots[0].template["spec"];
             let agent = super::super::recognise::agent(spec).expect("an agent");
             assert!(super::super::recognise::has_env(

@@ -20,6 +20,21 @@
 //!   `podReplacementPolicy: Failed`; a worker exit matching a `podFailurePolicy` `FailJob` rule
 //!   fails the JobSet (KEP-467 story 2).
 //!
+//! The JobSet controller creates one Job per replicated job and index (JobSet's names, labels,
+//! annotations and controller reference, the `restart-attempt` label at `status.restarts`), and
+//! the Job controller the Job's pods (with a controller reference to the Job). As JobSet's and
+//! Kubernetes' controllers do, the simulated ones:
+//! - keep the Job controller's `batch.kubernetes.io/job-tracking` finalizer on every pod until
+//!   the pod has ended (`Failed` or `Succeeded`) or its Job goes, and replace a pod of a Job that
+//!   lives once it has failed (`podReplacementPolicy: Failed`): a pod deleted through the API is
+//!   stopped by its kubelet, which reports it `Failed`; a pod on a node whose kubelet died
+//!   ([`Simulation::kill_kubelet`]) stays `Running` in the API, and `Terminating` if deleted, until
+//!   someone marks it `Failed`;
+//! - delete (foreground) every Job whose `restart-attempt` is below `status.restarts`, and
+//!   create every missing Job again at the current `status.restarts`;
+//! - collect garbage: the pods of a Job deleted in the foreground are deleted, and once their
+//!   kubelets have stopped them, the Job's `foregroundDeletion` finalizer is removed.
+//!
 //! An invariant checker runs all along ([`SimConfig::check_interval`], and at every worker
 //! start): a worker never runs while any registered pod of the JobSet (not failed, not
 //! terminating, with an epoch annotation) is at an epoch older than the one its own pod had when
@@ -38,6 +53,7 @@ pub mod manifest;
 mod pod;
 mod recognise;
 mod status;
+mod writers;
 
 use std::collections::{HashSet, VecDeque};
 use std::fmt;
@@ -46,7 +62,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::{AbortHandle, JoinHandle};
@@ -114,6 +130,9 @@ pub struct SimConfig {
     /// Write pod statuses through the API (phase, container statuses, conditions), as the
     /// kubelet does; off, only the agents' and controllers' writes remain.
     pub pod_status: bool,
+    /// The Job controller's and JobSet's controller's status writes (Job counts, the JobSet's
+    /// `replicatedJobsStatus`: [`writers`]); off for tests that need quiet.
+    pub status_writers: bool,
     /// Run the reconciler in-process.
     pub run_reconciler: bool,
     pub reconciler_debounce: Duration,
@@ -121,6 +140,8 @@ pub struct SimConfig {
     pub agent_log_level: String,
     /// Agent and kubelet log lines kept for [`Simulation::logs`].
     pub log_capacity: usize,
+    /// The reconciler's `--group-restart-timeout` (`None`: off).
+    pub group_restart_timeout: Option<Duration>,
 }
 
 impl SimConfig {
@@ -146,10 +167,12 @@ impl SimConfig {
             check_invariant: true,
             check_interval: Some(Duration::from_millis(5)),
             pod_status: true,
+            status_writers: true,
             run_reconciler: true,
             reconciler_debounce: Duration::from_millis(5),
             agent_log_level: "info".to_owned(),
             log_capacity: 4_000,
+            group_restart_timeout: Some(reconciler::DEFAULT_GROUP_RESTART_TIMEOUT),
         }
     }
 
@@ -218,6 +241,10 @@ pub struct Snapshot {
     pub synced: Option<Epoch>,
     /// Reason of the JobSet's `Failed` condition, when it has one.
     pub failed: Option<String>,
+    /// `status.restarts` (absent is 0).
+    pub restarts: i64,
+    /// `status.restartsCountTowardsMax` (absent is 0).
+    pub restarts_count_towards_max: i64,
     pub violations: Vec<String>,
 }
 
@@ -257,10 +284,12 @@ impl fmt::Display for Snapshot {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "jobset: deprecated {:?}, synced {:?}, failed {:?}; {} violation(s)",
+            "jobset: deprecated {:?}, synced {:?}, failed {:?}, restarts {} ({} counted); {} violation(s)",
             self.deprecated,
             self.synced,
             self.failed,
+            self.restarts,
+            self.restarts_count_towards_max,
             self.violations.len()
         )?;
         for (i, s) in self.slots.iter().enumerate() {
@@ -291,6 +320,16 @@ struct State {
     cmds: Vec<Option<mpsc::UnboundedSender<PodCmd>>>,
     violations: Vec<String>,
     worker_groups: HashSet<i32>,
+    /// Per Job ([`Ctx::jobs`]), the Job object its pods are created under.
+    job_owners: Vec<Option<manifest::JobOwner>>,
+    /// Pods whose kubelet task runs, with the UID of their Job.
+    live_pods: std::collections::HashMap<String, String>,
+    /// Live pods whose kubelet was told that the API deleted them.
+    deletion_seen: HashSet<String>,
+    /// Pods whose agents cannot reach the API ([`Simulation::cut_agent_api`]).
+    api_cut: HashSet<String>,
+    /// Per position, how many of its next pods are cut from the API.
+    api_cut_next: Vec<u32>,
 }
 
 /// Shared by the simulation's tasks.
@@ -304,6 +343,10 @@ pub(crate) struct Ctx {
     /// The shared client of in-process agents.
     agent_client: kube::Client,
     slots: Vec<manifest::Slot>,
+    /// The JobSet's Jobs, each with its pod positions.
+    jobs: Vec<manifest::JobPosition>,
+    /// Where agents cut from the API are pointed: a listener that closes every connection.
+    black_hole: (String, kube::Client),
     state: Mutex<State>,
     log: Mutex<VecDeque<String>>,
     stop_tx: watch::Sender<bool>,
@@ -324,6 +367,15 @@ fn pod_resource() -> ApiResource {
 
 fn jobset_resource() -> ApiResource {
     ApiResource::erase::<JobSet>(&())
+}
+
+fn job_resource() -> ApiResource {
+    ApiResource::erase::<k8s_openapi::api::batch::v1::Job>(&())
+}
+
+/// The finalizer of a foreground deletion, as a JSON value.
+fn jobset_inplace_foreground() -> Value {
+    Value::String(crate::apiserver::store::FOREGROUND_FINALIZER.to_owned())
 }
 
 impl Ctx {
@@ -511,7 +563,18 @@ impl Ctx {
             position.job_index,
             position.completion_index
         );
-        let object = manifest::pod_object(&self.config, position, &name);
+        let j = self
+            .jobs
+            .iter()
+            .position(|j| j.slots.contains(&slot))
+            .ok_or_else(|| SimError::Setup(format!("no Job runs position {slot}")))?;
+        let owner = lock(&self.state)
+            .job_owners
+            .get(j)
+            .cloned()
+            .flatten()
+            .ok_or_else(|| SimError::Setup(format!("the Job of position {slot} is not created")))?;
+        let object = manifest::pod_object(&self.config, position, &name, &owner);
         let api: Api<DynamicObject> =
             Api::namespaced_with(self.client.clone(), &self.config.namespace, &pod_resource());
         let obj: DynamicObject = serde_json::from_value(object)
@@ -544,6 +607,13 @@ impl Ctx {
             if let Some(c) = state.cmds.get_mut(slot) {
                 *c = Some(tx);
             }
+            state.live_pods.insert(name.clone(), owner.uid.clone());
+            if let Some(n) = state.api_cut_next.get_mut(slot)
+                && *n > 0
+            {
+                *n -= 1;
+                state.api_cut.insert(name.clone());
+            }
         }
         self.log(format!("{name}: created for position {slot}"));
         let info = PodInfo {
@@ -562,7 +632,282 @@ impl Ctx {
             s.worker = None;
             s.ended = Some(format!("{end:?}"));
         });
+        {
+            let mut state = lock(&self.state);
+            state.live_pods.remove(&pod.name);
+            state.deletion_seen.remove(&pod.name);
+            state.api_cut.remove(&pod.name);
+        }
         let _ = self.ended_tx.send((pod.clone(), end));
+    }
+
+    /// The agent of this pod cannot reach the API.
+    pub(crate) fn api_cut(&self, pod: &str) -> bool {
+        lock(&self.state).api_cut.contains(pod)
+    }
+
+    /// The Job of a position, when it lives (exists, not being deleted): its owner record.
+    fn live_job_of(&self, slot: usize) -> Option<manifest::JobOwner> {
+        let j = self.jobs.iter().position(|j| j.slots.contains(&slot))?;
+        let owner = lock(&self.state).job_owners.get(j).cloned().flatten()?;
+        let job = self
+            .server
+            .get_shared("jobs", &self.config.namespace, &owner.name)?;
+        let same = job.value.pointer("/metadata/uid").and_then(Value::as_str) == Some(&owner.uid);
+        let deleting = job.value.pointer("/metadata/deletionTimestamp").is_some();
+        (same && !deleting).then_some(owner)
+    }
+
+    /// The JobSet controller creates Job `j` at the JobSet's `status.restarts`, and the Job
+    /// controller its pods.
+    async fn create_job(self: &Arc<Self>, j: usize) -> Result<(), SimError> {
+        let Some(job) = self.jobs.get(j) else {
+            return Err(SimError::Setup(format!("no Job {j}")));
+        };
+        let js = self
+            .server
+            .get("jobsets", &self.config.namespace, &self.config.jobset_name)
+            .ok_or_else(|| SimError::Setup("the JobSet is gone".into()))?;
+        let uid = js
+            .pointer("/metadata/uid")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
+        let restarts = js
+            .pointer("/status/restarts")
+            .and_then(Value::as_i64)
+            .unwrap_or(0);
+        let object = manifest::job_object(&self.config, job, &uid, restarts);
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(self.client.clone(), &self.config.namespace, &job_resource());
+        let obj: DynamicObject =
+            serde_json::from_value(object).map_err(|e| SimError::Setup(format!("Job {j}: {e}")))?;
+        let created = api
+            .create(&PostParams::default(), &obj)
+            .await
+            .map_err(|e| SimError::Setup(format!("cannot create Job {j}: {e}")))?;
+        let owner = manifest::JobOwner {
+            name: created.metadata.name.clone().unwrap_or_default(),
+            uid: created.metadata.uid.clone().unwrap_or_default(),
+            restarts,
+        };
+        self.log(format!("{}: Job created at restart {restarts}", owner.name));
+        if let Some(o) = lock(&self.state).job_owners.get_mut(j) {
+            *o = Some(owner);
+        }
+        for slot in job.slots.clone() {
+            self.create_pod(slot).await?;
+        }
+        Ok(())
+    }
+
+    /// The Job controller's accounting: the job-tracking finalizer goes from every pod that has
+    /// ended (phase `Failed` or `Succeeded`) or whose Job is being deleted or gone. A pod being
+    /// deleted that has not ended keeps it (podReplacementPolicy: Failed).
+    async fn release_counted_pods(&self) {
+        let ns = &self.config.namespace;
+        let pods_api: Api<DynamicObject> =
+            Api::namespaced_with(self.client.clone(), ns, &pod_resource());
+        for p in self.server.list_shared("pods", Some(ns)) {
+            let p = &p.value;
+            let finalizers: Vec<Value> = p
+                .pointer("/metadata/finalizers")
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default();
+            if !finalizers
+                .iter()
+                .any(|f| f == manifest::JOB_TRACKING_FINALIZER)
+            {
+                continue;
+            }
+            let ended = matches!(
+                p.pointer("/status/phase").and_then(Value::as_str),
+                Some("Failed" | "Succeeded")
+            );
+            let job_going = p
+                .pointer("/metadata/ownerReferences/0/name")
+                .and_then(Value::as_str)
+                .is_none_or(|job| {
+                    self.server
+                        .get_shared("jobs", ns, job)
+                        .is_none_or(|j| j.value.pointer("/metadata/deletionTimestamp").is_some())
+                });
+            if !(ended || job_going) {
+                continue;
+            }
+            let Some(name) = p.pointer("/metadata/name").and_then(Value::as_str) else {
+                continue;
+            };
+            let rest: Vec<Value> = finalizers
+                .into_iter()
+                .filter(|f| f != manifest::JOB_TRACKING_FINALIZER)
+                .collect();
+            let patch = Patch::Merge(json!({"metadata": {"finalizers": rest}}));
+            match pods_api.patch(name, &PatchParams::default(), &patch).await {
+                Ok(_) | Err(kube::Error::Api(_)) => {}
+                Err(e) => self.log(format!("job controller: cannot release {name}: {e}")),
+            }
+        }
+    }
+
+    /// One pass of the JobSet controller, the garbage collector and the kubelets' view of
+    /// deletions (see the module header).
+    async fn sync_jobs(self: &Arc<Self>) {
+        let ns = self.config.namespace.clone();
+        let restarts = self
+            .server
+            .get("jobsets", &ns, &self.config.jobset_name)
+            .and_then(|js| js.pointer("/status/restarts").and_then(Value::as_i64))
+            .unwrap_or(0);
+        // The Job controller: a pod that ended (Failed or Succeeded), or whose Job is being
+        // deleted or gone, is counted and loses its job-tracking finalizer.
+        self.release_counted_pods().await;
+        // Kubelets: a live pod deleted (gone, or being deleted) or marked Failed through the API
+        // is stopped.
+        let told: Vec<(usize, String)> = {
+            let mut state = lock(&self.state);
+            let deleted: Vec<String> = state
+                .live_pods
+                .keys()
+                .filter(|p| !state.deletion_seen.contains(*p))
+                .filter(|p| {
+                    self.server.get_shared("pods", &ns, p).is_none_or(|e| {
+                        e.value.pointer("/metadata/deletionTimestamp").is_some()
+                            || e.value.pointer("/status/phase").and_then(Value::as_str)
+                                == Some("Failed")
+                    })
+                })
+                .cloned()
+                .collect();
+            let mut told = Vec::new();
+            for pod in deleted {
+                let slot = state.slots.iter().position(|s| s.pod == pod);
+                if let Some(slot) = slot
+                    && let Some(Some(tx)) = state.cmds.get(slot)
+                    && tx.send(PodCmd::Deleted).is_ok()
+                {
+                    told.push((slot, pod.clone()));
+                }
+                state.deletion_seen.insert(pod);
+            }
+            told
+        };
+        for (slot, pod) in told {
+            self.log(format!(
+                "{pod}: deleted through the API; its kubelet stops it [{slot}]"
+            ));
+        }
+        let jobs_api: Api<DynamicObject> =
+            Api::namespaced_with(self.client.clone(), &ns, &job_resource());
+        let pods_api: Api<DynamicObject> =
+            Api::namespaced_with(self.client.clone(), &ns, &pod_resource());
+        // The live pods by the UID of their Job, once per pass (thousands of Jobs).
+        let live_by_job: std::collections::HashMap<String, Vec<String>> = {
+            let mut m: std::collections::HashMap<String, Vec<String>> =
+                std::collections::HashMap::new();
+            for (pod, uid) in &lock(&self.state).live_pods {
+                m.entry(uid.clone()).or_default().push(pod.clone());
+            }
+            m
+        };
+        for (j, job) in self.jobs.iter().enumerate() {
+            let name = job.name(&self.config.jobset_name);
+            let owner = lock(&self.state).job_owners.get(j).cloned().flatten();
+            let object = self
+                .server
+                .get_shared("jobs", &ns, &name)
+                .map(|e| e.value.clone());
+            let uid = object
+                .as_ref()
+                .and_then(|o| o.pointer("/metadata/uid").and_then(Value::as_str))
+                .map(str::to_owned);
+            // The pods of the Job this simulation last created under that name, still running.
+            let live_of =
+                |uid: &str| -> Vec<String> { live_by_job.get(uid).cloned().unwrap_or_default() };
+            match object {
+                Some(o) if o.pointer("/metadata/deletionTimestamp").is_some() => {
+                    // The garbage collector: dependents first, then the finalizer.
+                    let uid = uid.unwrap_or_default();
+                    // Every dependent, until it is gone (blockOwnerDeletion).
+                    let in_api: Vec<Value> = self
+                        .server
+                        .list("pods", Some(&ns))
+                        .into_iter()
+                        .filter(|p| {
+                            p.pointer("/metadata/ownerReferences")
+                                .and_then(Value::as_array)
+                                .is_some_and(|r| r.iter().any(|r| r["uid"] == uid.as_str()))
+                        })
+                        .collect();
+                    for p in &in_api {
+                        if p.pointer("/metadata/deletionTimestamp").is_some() {
+                            continue;
+                        }
+                        let Some(pod) = p.pointer("/metadata/name").and_then(Value::as_str) else {
+                            continue;
+                        };
+                        match pods_api.delete(pod, &DeleteParams::default()).await {
+                            Ok(_) | Err(kube::Error::Api(_)) => {}
+                            Err(e) => self.log(format!("gc: cannot delete {pod}: {e}")),
+                        }
+                    }
+                    if in_api.is_empty() && live_of(&uid).is_empty() {
+                        let finalizers: Vec<Value> = o
+                            .pointer("/metadata/finalizers")
+                            .and_then(Value::as_array)
+                            .map(|f| {
+                                f.iter()
+                                    .filter(|f| **f != jobset_inplace_foreground())
+                                    .cloned()
+                                    .collect()
+                            })
+                            .unwrap_or_default();
+                        let patch = Patch::Merge(json!({"metadata": {"finalizers": finalizers}}));
+                        if let Err(e) = jobs_api.patch(&name, &PatchParams::default(), &patch).await
+                        {
+                            self.log(format!("gc: cannot finalize {name}: {e}"));
+                        } else {
+                            self.log(format!("{name}: its pods gone; Job deleted"));
+                        }
+                    }
+                }
+                Some(o) => {
+                    // The JobSet controller: a Job of an earlier restart goes (foreground).
+                    let attempt = o
+                        .pointer("/metadata/labels")
+                        .and_then(|l| l.get(jobset_inplace::deadline::RESTART_ATTEMPT_LABEL))
+                        .and_then(Value::as_str)
+                        .and_then(|a| a.parse::<i64>().ok());
+                    if attempt.is_none_or(|a| a < restarts) {
+                        let params = DeleteParams {
+                            propagation_policy: Some(kube::api::PropagationPolicy::Foreground),
+                            ..DeleteParams::default()
+                        };
+                        match jobs_api.delete(&name, &params).await {
+                            Ok(_) => self.log(format!(
+                                "{name}: restart-attempt {attempt:?} below status.restarts {restarts}: deleted"
+                            )),
+                            Err(e) => self.log(format!("cannot delete {name}: {e}")),
+                        }
+                    }
+                }
+                None => {
+                    // Gone: once the pods of the old one stopped (background deletion's garbage
+                    // collection), the JobSet controller creates it again.
+                    let old = owner.map(|o| o.uid).unwrap_or_default();
+                    let running = live_of(&old);
+                    for pod in &running {
+                        let _ = pods_api.delete(pod, &DeleteParams::default()).await;
+                    }
+                    if running.is_empty()
+                        && let Err(e) = self.create_job(j).await
+                    {
+                        self.log(format!("cannot create Job {name} again: {e}"));
+                    }
+                }
+            }
+        }
     }
 
     /// The JobSet controller's reaction to a Job failed by its pod failure policy: a
@@ -607,15 +952,31 @@ impl Ctx {
 /// The Job and JobSet controllers: replacement pods, pod failure policies, and the end of the
 /// JobSet.
 async fn controllers(ctx: Arc<Ctx>, mut ended: mpsc::UnboundedReceiver<(PodInfo, PodEnd)>) {
-    let mut poll = tokio::time::interval(Duration::from_millis(20));
+    // Each pass reads every pod: past a thousand, a slower pace keeps the simulation's own cost
+    // below the protocol's.
+    let period = if ctx.slots.len() > 1024 { 100 } else { 20 };
+    let mut poll = tokio::time::interval(Duration::from_millis(period));
+    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut writers = writers::Writers::default();
     loop {
         tokio::select! {
             msg = ended.recv() => {
                 let Some((pod, end)) = msg else { return };
-                let PodEnd::Failed { container, code, .. } = end else { continue };
                 if *ctx.stop_tx.borrow() {
                     continue;
                 }
+                // The Job controller replaces a pod of a Job that lives, once (the position has
+                // no newer pod).
+                let current = lock(&ctx.state).slots.get(pod.slot).is_some_and(|s| s.pod == pod.name);
+                if end == PodEnd::Deleted {
+                    if current && ctx.live_job_of(pod.slot).is_some()
+                        && let Err(e) = ctx.create_pod(pod.slot).await
+                    {
+                        ctx.log(format!("cannot replace {}: {e}", pod.name));
+                    }
+                    continue;
+                }
+                let PodEnd::Failed { container, code, .. } = end else { continue };
                 let fail_job = ctx.config.fail_job_exit_code.is_some()
                     && code == ctx.config.fail_job_exit_code
                     && container.as_deref() == Some(manifest::WORKER_CONTAINER);
@@ -630,13 +991,23 @@ async fn controllers(ctx: Arc<Ctx>, mut ended: mpsc::UnboundedReceiver<(PodInfo,
                     continue;
                 }
                 // podReplacementPolicy: Failed: the replacement comes once the pod has failed.
-                if let Err(e) = ctx.create_pod(pod.slot).await {
+                if current && ctx.live_job_of(pod.slot).is_some()
+                    && let Err(e) = ctx.create_pod(pod.slot).await
+                {
                     ctx.log(format!("cannot replace {}: {e}", pod.name));
                 }
             }
             _ = poll.tick() => {
-                if !*ctx.stop_tx.borrow() && let Some(reason) = ctx.jobset_failed() {
+                if *ctx.stop_tx.borrow() {
+                    continue;
+                }
+                if let Some(reason) = ctx.jobset_failed() {
                     ctx.stop_all(&format!("the JobSet failed ({reason})"));
+                    continue;
+                }
+                ctx.sync_jobs().await;
+                if ctx.config.status_writers {
+                    ctx.write_controller_statuses(&mut writers).await;
                 }
             }
         }
@@ -674,6 +1045,23 @@ impl Simulation {
         }
         let jobset = manifest::mutated_jobset(&config)?;
         let slots = manifest::slots(&jobset);
+        let jobs = manifest::jobs(&jobset);
+        let black_hole = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .map_err(|e| SimError::Setup(format!("cannot bind a loopback port: {e}")))?;
+        let black_hole_url = format!(
+            "http://{}",
+            black_hole
+                .local_addr()
+                .map_err(|e| SimError::Setup(e.to_string()))?
+        );
+        let black_hole_client = {
+            let url = black_hole_url
+                .parse()
+                .map_err(|e| SimError::Setup(format!("{black_hole_url}: {e}")))?;
+            kube::Client::try_from(kube::Config::new(url))
+                .map_err(|e| SimError::Setup(format!("a client for {black_hole_url}: {e}")))?
+        };
         let workdir = std::env::temp_dir().join(format!(
             "jobset-inplace-sim-{}-{}",
             std::process::id(),
@@ -694,7 +1082,14 @@ impl Simulation {
                 cmds: vec![None; n],
                 violations: Vec::new(),
                 worker_groups: HashSet::new(),
+                job_owners: vec![None; jobs.len()],
+                live_pods: std::collections::HashMap::new(),
+                deletion_seen: HashSet::new(),
+                api_cut: HashSet::new(),
+                api_cut_next: vec![0; n],
             }),
+            jobs,
+            black_hole: (black_hole_url, black_hole_client),
             log: Mutex::new(VecDeque::new()),
             stop_tx,
             ended_tx,
@@ -722,6 +1117,7 @@ impl Simulation {
                     watch_timeout: reconciler::DEFAULT_WATCH_TIMEOUT,
                     write_epoch_status: true,
                     publish_epochs: true,
+                    group_restart_timeout: ctx.config.group_restart_timeout,
                 },
                 leader_election: None,
                 check_crd: false,
@@ -734,7 +1130,12 @@ impl Simulation {
         server
             .create("jobsets", jobset)
             .map_err(|e| SimError::Setup(format!("cannot create the JobSet: {e}")))?;
-        ctx.spawn(controllers(ctx.clone(), ended_rx));
+        // Agents cut from the API reach this: every connection is closed at once.
+        ctx.spawn(async move {
+            while let Ok((stream, _)) = black_hole.accept().await {
+                drop(stream);
+            }
+        });
         if let (true, Some(period)) = (ctx.config.check_invariant, ctx.config.check_interval) {
             let checker = ctx.clone();
             ctx.spawn(async move {
@@ -745,9 +1146,10 @@ impl Simulation {
                 }
             });
         }
-        for slot in 0..n {
-            ctx.create_pod(slot).await?;
+        for j in 0..ctx.jobs.len() {
+            ctx.create_job(j).await?;
         }
+        ctx.spawn(controllers(ctx.clone(), ended_rx));
         Ok(sim)
     }
 
@@ -823,11 +1225,21 @@ impl Simulation {
             .as_ref()
             .map(|j| j.epoch_status(ctx.config.dialect))
             .unwrap_or_default();
+        let raw = ctx
+            .server
+            .get("jobsets", &ctx.config.namespace, &ctx.config.jobset_name);
+        let count = |field: &str| {
+            raw.as_ref()
+                .and_then(|js| js["status"][field].as_i64())
+                .unwrap_or(0)
+        };
         Snapshot {
             slots: views,
             deprecated: status.deprecated,
             synced: status.synced,
             failed: ctx.jobset_failed(),
+            restarts: count("restarts"),
+            restarts_count_towards_max: count("restartsCountTowardsMax"),
             violations,
         }
     }
@@ -895,6 +1307,51 @@ impl Simulation {
     pub fn fail_node(&self, slot: usize) -> bool {
         self.ctx.log(format!("test: node of [{slot}] lost"));
         self.send(slot, PodCmd::FailNode)
+    }
+
+    /// The kubelet of a position's node dies: nothing runs there any more (agent and worker
+    /// gone, nothing restarted) and nothing updates the pod, which stays `Running` in the API
+    /// with its epoch, until it is deleted through the API; then its Job replaces it.
+    pub fn kill_kubelet(&self, slot: usize) -> bool {
+        self.ctx.log(format!("test: kubelet of [{slot}] dead"));
+        self.send(slot, PodCmd::KubeletDies)
+    }
+
+    /// The agent of a position's current pod (from its next start) and those of the next
+    /// `pods - 1` pods of the position cannot reach the API: they never register.
+    pub fn cut_agent_api(&self, slot: usize, pods: u32) {
+        self.ctx.log(format!(
+            "test: agents of [{slot}] cut from the API ({pods} pods)"
+        ));
+        let mut state = lock(&self.ctx.state);
+        let current = state.slots.get(slot).map(|s| s.pod.clone());
+        if let (Some(pod), true) = (current, pods > 0) {
+            state.api_cut.insert(pod);
+        }
+        if let Some(n) = state.api_cut_next.get_mut(slot) {
+            *n = pods.saturating_sub(1);
+        }
+    }
+
+    /// The JobSet's Jobs in the API now: (name, UID, `restart-attempt` label), by name.
+    pub fn jobs(&self) -> Vec<(String, String, String)> {
+        let mut jobs: Vec<(String, String, String)> = self
+            .ctx
+            .server
+            .list("jobs", Some(&self.ctx.config.namespace))
+            .into_iter()
+            .map(|j| {
+                let meta = &j["metadata"];
+                let s = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+                (
+                    s(&meta["name"]),
+                    s(&meta["uid"]),
+                    s(&meta["labels"][jobset_inplace::deadline::RESTART_ATTEMPT_LABEL]),
+                )
+            })
+            .collect();
+        jobs.sort();
+        jobs
     }
 
     /// The invariant violations seen so far.

@@ -23,6 +23,11 @@ pub(crate) enum PodCmd {
     KillAgent,
     /// The node is lost: everything dies, the pod fails.
     FailNode,
+    /// The kubelet dies: nothing runs on the node any more and nothing updates the pod, which
+    /// stays as it is in the API until it is deleted.
+    KubeletDies,
+    /// The pod was deleted (or marked failed) through the API: the kubelet stops its containers.
+    Deleted,
 }
 
 /// How a pod ended, for the Job controller.
@@ -34,6 +39,8 @@ pub(crate) enum PodEnd {
         reason: String,
     },
     Succeeded,
+    /// Deleted through the API; its containers are stopped.
+    Deleted,
     /// Stopped by the simulation (the JobSet finished, or the simulation ends).
     Stopped,
 }
@@ -52,6 +59,8 @@ enum Exit {
     Agent(i32),
     Worker(i32),
     NodeLost,
+    KubeletDead,
+    Deleted,
     Stopped,
 }
 
@@ -114,7 +123,7 @@ async fn kubelet(
             .server
             .get_shared("pods", &ctx.config.namespace, &pod.name)
         else {
-            return PodEnd::Stopped;
+            return PodEnd::Deleted;
         };
         let mut agent = match start_agent(ctx, pod, &spec, &object.value) {
             Ok(a) => a,
@@ -144,6 +153,8 @@ async fn kubelet(
                 cmd = cmds.recv() => match cmd {
                     None => break Exit::Stopped,
                     Some(PodCmd::FailNode) => break Exit::NodeLost,
+                    Some(PodCmd::KubeletDies) => break Exit::KubeletDead,
+                    Some(PodCmd::Deleted) => break Exit::Deleted,
                     Some(PodCmd::KillAgent) => {
                         ctx.log(format!("{}: killing the agent container", pod.name));
                         agent.kill();
@@ -201,6 +212,62 @@ async fn kubelet(
                     .write(terminal(ctx, "Failed", restart_count, None))
                     .await;
                 return PodEnd::Stopped;
+            }
+            Exit::KubeletDead => {
+                // The node's processes are gone and nobody reports on the pod any more.
+                ctx.log(format!(
+                    "{}: kubelet dead; the pod stays as the API shows it",
+                    pod.name
+                ));
+                ctx.worker_stopped(pod.slot);
+                agent.kill();
+                agent.wait().await;
+                kill_group(ctx, &mut group);
+                status.abandon();
+                // Only what others write changes the pod now. Its Job replaces it once it has
+                // failed (podReplacementPolicy: Failed): deleted alone, it stays `Terminating`
+                // (the Job controller's finalizer) as long as nobody marks it failed.
+                let mut look = tokio::time::interval(std::time::Duration::from_millis(20));
+                loop {
+                    tokio::select! {
+                        changed = stop.changed() => {
+                            if changed.is_err() || *stop.borrow() {
+                                return PodEnd::Stopped;
+                            }
+                        }
+                        cmd = cmds.recv() => if cmd.is_none() {
+                            return PodEnd::Stopped;
+                        },
+                        _ = look.tick() => {
+                            let object = ctx.server.get_shared("pods", &ctx.config.namespace, &pod.name);
+                            let failed = object.as_ref().is_none_or(|o| {
+                                o.value.pointer("/status/phase").and_then(serde_json::Value::as_str) == Some("Failed")
+                            });
+                            if failed {
+                                return PodEnd::Deleted;
+                            }
+                        }
+                    }
+                }
+            }
+            Exit::Deleted => {
+                ctx.worker_stopped(pod.slot);
+                agent.stop(ctx.config.termination_grace).await;
+                kill_group(ctx, &mut group);
+                // Its containers stopped, the pod is terminal: the kubelet says so, then deletes
+                // it for good (the Job controller's finalizer keeps it until counted).
+                status
+                    .write(terminal(ctx, "Failed", restart_count, None))
+                    .await;
+                status.abandon();
+                let api: kube::Api<jobset_inplace::wire::WatchedPod> =
+                    kube::Api::namespaced(ctx.client.clone(), &ctx.config.namespace);
+                let now = kube::api::DeleteParams {
+                    grace_period_seconds: Some(0),
+                    ..kube::api::DeleteParams::default()
+                };
+                let _ = api.delete(&pod.name, &now).await;
+                return PodEnd::Deleted;
             }
             Exit::NodeLost => {
                 ctx.log(format!("{}: node lost", pod.name));
@@ -351,9 +418,19 @@ fn start_agent(
             ctx.control_file(&pod.name).display().to_string(),
         );
     }
+    // An agent cut from the API talks to a listener that closes every connection.
+    let cut = ctx.api_cut(&pod.name);
+    if cut {
+        ctx.log(format!("{}: its agent cannot reach the API", pod.name));
+    }
     match &ctx.config.agents {
         AgentRunner::Binary(binary) => {
-            set(agent_env::API_URL, ctx.server.url());
+            let url = if cut {
+                ctx.black_hole.0.clone()
+            } else {
+                ctx.server.url()
+            };
+            set(agent_env::API_URL, url);
             set(
                 "JOBSET_INPLACE_LOG_LEVEL",
                 ctx.config.agent_log_level.clone(),
@@ -366,8 +443,12 @@ fn start_agent(
                 .map_err(|e| e.to_string())
         }
         AgentRunner::InProcess => {
-            AgentRun::spawn_in_process(ctx.agent_client.clone(), &env, ctx.config.dialect)
-                .map_err(|e| e.to_string())
+            let client = if cut {
+                ctx.black_hole.1.clone()
+            } else {
+                ctx.agent_client.clone()
+            };
+            AgentRun::spawn_in_process(client, &env, ctx.config.dialect).map_err(|e| e.to_string())
         }
     }
 }

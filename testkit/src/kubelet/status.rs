@@ -57,6 +57,16 @@ impl StatusWriter {
         self.seq
     }
 
+    /// Writes nothing more, not even a status set but not written yet (a kubelet that died, or
+    /// a pod deleted).
+    pub(crate) fn abandon(&mut self) {
+        if self.enabled {
+            self.seq += 1;
+            self.pending.send_replace((self.seq, None));
+            self.enabled = false;
+        }
+    }
+
     /// Writes `status` and waits until it is written (or failed to be, after retries).
     pub(crate) async fn write(&mut self, status: Value) {
         if !self.enabled {
