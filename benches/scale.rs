@@ -10,8 +10,11 @@
 //! - API requests per pod, by verb and resource (the test API server's counters);
 //! - watch events and bytes delivered per pod, by resource (what the server's watches sent);
 //! - the reconciler's CPU time for the group restart and its peak memory (`/proc`);
-//! - the time from the failure to the last barrier lifted, less the simulated container restart
-//!   (the baseline, the same in every run): the protocol's overhead.
+//! - the time from the failure to the last barrier lifted, and the baseline measured right after
+//!   on the same pods: every pod's containers restarted in place at once with nothing to
+//!   coordinate (in-place restart disabled on the JobSet, agents lift as soon as they read their
+//!   epochs): what the simulated kubelets, the API server and the agents' starts cost at this
+//!   size on this machine. The protocol's overhead is the difference.
 //!
 //! `JOBSET_INPLACE_SCALE_WATCH_JOBSET=1` runs the same with the agents watching their JobSet
 //! (the test API server does not serve the JobSetEpoch kind): the cost the per-JobSet object
