@@ -16,6 +16,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{Map, Value, json};
 
@@ -24,6 +25,8 @@ use jobset_inplace::protocol::{Dialect, JOBSET_NAME_LABEL};
 
 /// The Job controller's batch period per Job.
 const JOB_BATCH: Duration = Duration::from_secs(1);
+/// kube-controller-manager's default `--concurrent-job-syncs`.
+const JOB_WORKERS: usize = 5;
 /// JobSet's controller's pace: one status write at a time.
 const JOBSET_PACE: Duration = Duration::from_millis(50);
 
@@ -157,6 +160,7 @@ impl Ctx {
         let jobs = self.server.list_shared("jobs", Some(ns));
         let jobs_api: Api<DynamicObject> =
             Api::namespaced_with(self.client.clone(), ns, &job_resource());
+        let mut due: Vec<(String, Value)> = Vec::new();
         for job in &jobs {
             let v = &job.value;
             if v.pointer(&format!(
@@ -184,20 +188,40 @@ impl Ctx {
             }
             let patch = json!({"status": {"active": counts.active, "ready": counts.ready,
                                           "failed": counts.failed, "succeeded": counts.succeeded}});
-            match jobs_api
-                .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-            {
-                Ok(_) => {
-                    w.job_written.insert(name.to_owned(), now);
-                }
-                Err(e) => self.log(format!("job controller: cannot write {name}'s status: {e}")),
-            }
+            due.push((name.to_owned(), patch));
         }
-        w.job_written.retain(|name, _| {
-            jobs.iter()
-                .any(|j| j.value["metadata"]["name"] == name.as_str())
-        });
+        // As many at once as kube-controller-manager's Job workers (`--concurrent-job-syncs`).
+        let written: Vec<String> = futures::stream::iter(due)
+            .map(|(name, patch)| {
+                let api = jobs_api.clone();
+                async move {
+                    let result = api
+                        .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                        .await;
+                    (name, result)
+                }
+            })
+            .buffer_unordered(JOB_WORKERS)
+            .filter_map(|(name, result)| async move {
+                match result {
+                    Ok(_) => Some(name),
+                    Err(e) => {
+                        self.log(format!("job controller: cannot write {name}'s status: {e}"));
+                        None
+                    }
+                }
+            })
+            .collect()
+            .await;
+        for name in written {
+            w.job_written.insert(name, now);
+        }
+        let names: std::collections::HashSet<&str> = jobs
+            .iter()
+            .filter_map(|j| j.value.pointer("/metadata/name").and_then(Value::as_str))
+            .collect();
+        w.job_written
+            .retain(|name, _| names.contains(name.as_str()));
 
         // JobSet's controller.
         if w.jobset_written
