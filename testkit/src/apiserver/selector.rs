@@ -432,7 +432,13 @@ mod tests {
     #[test]
     fn field_selectors() {
         let rts = default_resources();
-        let pods = &rts[0];
+        // By group and plural, not by position: the list grows.
+        let resource = |group: &str, plural: &str| {
+            rts.iter()
+                .find(|r| r.group == group && r.plural == plural)
+                .expect(plural)
+        };
+        let pods = resource("", "pods");
         let o = obj(json!({}));
         let f = |s: &str| FieldSelector::parse(s, pods).expect(s);
         assert!(f("metadata.name=n").matches(&o));
@@ -444,9 +450,9 @@ mod tests {
         assert_eq!(f("metadata.name!=n").name(), None);
         assert!(FieldSelector::parse("spec.foo=bar", pods).is_err());
         assert!(FieldSelector::parse("metadata.name", pods).is_err());
-        let leases = &rts[4];
+        let leases = resource("coordination.k8s.io", "leases");
         assert!(FieldSelector::parse("spec.nodeName=x", leases).is_err());
-        let namespaces = &rts[7];
+        let namespaces = resource("", "namespaces");
         assert!(FieldSelector::parse("metadata.namespace=x", namespaces).is_err());
         let esc = FieldSelector::parse(r"metadata.name=a\,b", pods).expect("escaped");
         assert_eq!(esc.0[0].value, "a,b");
