@@ -432,13 +432,7 @@ mod tests {
     #[test]
     fn field_selectors() {
         let rts = default_resources();
-        // By group and plural, not by position: the list grows.
-        let resource = |group: &str, plural: &str| {
-            rts.iter()
-                .find(|r| r.group == group && r.plural == plural)
-                .expect(plural)
-        };
-        let pods = resource("", "pods");
+        let pods = &rts[0];
         let o = obj(json!({}));
         let f = |s: &str| FieldSelector::parse(s, pods).expect(s);
         assert!(f("metadata.name=n").matches(&o));
@@ -450,9 +444,14 @@ mod tests {
         assert_eq!(f("metadata.name!=n").name(), None);
         assert!(FieldSelector::parse("spec.foo=bar", pods).is_err());
         assert!(FieldSelector::parse("metadata.name", pods).is_err());
-        let leases = resource("coordination.k8s.io", "leases");
+        let by_plural = |plural: &str| {
+            rts.iter()
+                .find(|r| r.plural == plural)
+                .expect("a default resource")
+        };
+        let leases = by_plural("leases");
         assert!(FieldSelector::parse("spec.nodeName=x", leases).is_err());
-        let namespaces = resource("", "namespaces");
+        let namespaces = by_plural("namespaces");
         assert!(FieldSelector::parse("metadata.namespace=x", namespaces).is_err());
         let esc = FieldSelector::parse(r"metadata.name=a\,b", pods).expect("escaped");
         assert_eq!(esc.0[0].value, "a,b");
