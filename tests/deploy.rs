@@ -2008,8 +2008,19 @@ fn the_reconcilers_deletes_are_held_to_the_pods_and_jobs_of_jobsets() {
         );
         assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]));
         assert_eq!(policy["spec"]["failurePolicy"], "Fail");
-        let rules: Vec<(Vec<String>, Vec<String>, Vec<String>)> =
-            policy["spec"]["matchConstraints"]["resourceRules"]
+        let fails = r.get(
+            "ValidatingAdmissionPolicy",
+            "jobset-inplace-reconciler-fails-pods",
+        );
+        assert_eq!(check_object(fails), Vec::<String>::new(), "{name}");
+        let binding = r.get(
+            "ValidatingAdmissionPolicyBinding",
+            "jobset-inplace-reconciler-fails-pods",
+        );
+        assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]));
+        assert_eq!(fails["spec"]["failurePolicy"], "Fail");
+        let rules = |p: &Value| -> Vec<(Vec<String>, Vec<String>, Vec<String>)> {
+            p["spec"]["matchConstraints"]["resourceRules"]
                 .as_array()
                 .expect("rules")
                 .iter()
@@ -2020,19 +2031,24 @@ fn the_reconcilers_deletes_are_held_to_the_pods_and_jobs_of_jobsets() {
                         strings(&r["operations"]),
                     )
                 })
-                .collect();
+                .collect()
+        };
         let delete = vec!["DELETE".to_owned()];
         assert_eq!(
-            rules,
+            rules(policy),
             [
                 (vec![String::new()], vec!["pods".to_owned()], delete.clone()),
-                (
-                    vec![String::new()],
-                    vec!["pods/status".to_owned()],
-                    vec!["UPDATE".to_owned()]
-                ),
                 (vec!["batch".to_owned()], vec!["jobs".to_owned()], delete)
             ],
+            "{name}"
+        );
+        assert_eq!(
+            rules(fails),
+            [(
+                vec![String::new()],
+                vec!["pods/status".to_owned()],
+                vec!["UPDATE".to_owned()]
+            )],
             "{name}"
         );
         // Marking a pod of a JobSet Failed, and nothing else of a pod's status.
@@ -2046,7 +2062,7 @@ fn the_reconcilers_deletes_are_held_to_the_pods_and_jobs_of_jobsets() {
         let of_js = json!({JOBSET_NAME_LABEL: "js"});
         assert_eq!(
             evaluate_matched(
-                policy,
+                fails,
                 &update,
                 &pod(of_js.clone(), "Failed"),
                 &pod(of_js.clone(), "Running")
@@ -2062,7 +2078,7 @@ fn the_reconcilers_deletes_are_held_to_the_pods_and_jobs_of_jobsets() {
             assert!(
                 matches!(
                     evaluate_matched(
-                        policy,
+                        fails,
                         &update,
                         &pod(labels.clone(), phase),
                         &pod(labels.clone(), "Running")
