@@ -9,7 +9,9 @@ use jobset_inplace::protocol::{Dialect, JOBSET_NAME_LABEL};
 use jobset_inplace::reconciler::controller::StateSizes;
 use jobset_inplace::reconciler::metrics::Metrics;
 use jobset_inplace::reconciler::{self, Controller, LeaderElection, Options, Settings};
-use jobset_inplace_testkit::apiserver::{Chaos, TestApiServer, Verb};
+use jobset_inplace_testkit::apiserver::{
+    Chaos, Options as ServerOptions, TestApiServer, Verb, default_resources,
+};
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
@@ -125,7 +127,20 @@ struct World {
 
 impl World {
     async fn new(dialect: Dialect, replicated: &[(i64, i64)], max_restarts: i64) -> World {
-        let server = TestApiServer::start().await;
+        Self::on(
+            TestApiServer::start().await,
+            dialect,
+            replicated,
+            max_restarts,
+        )
+    }
+
+    fn on(
+        server: TestApiServer,
+        dialect: Dialect,
+        replicated: &[(i64, i64)],
+        max_restarts: i64,
+    ) -> World {
         let name = "js";
         server
             .create("jobsets", jobset(name, replicated, max_restarts))
@@ -263,6 +278,35 @@ async fn kep_timeline(dialect: Dialect) {
     })
     .await;
     r.stop().await.expect("clean stop");
+}
+
+/// Where the JobSetEpoch kind is not served (its CRD missing, the start-up check skipped, or the
+/// CRD removed later), the reconciler publishes nothing and still writes the status, which
+/// agents then watch: a whole group restart goes through.
+#[tokio::test]
+async fn without_the_jobsetepoch_kind_the_status_is_written_alone() {
+    bounded(async {
+        let resources = default_resources()
+            .into_iter()
+            .filter(|r| r.plural != "jobsetepochs")
+            .collect();
+        let server = TestApiServer::start_with(ServerOptions {
+            resources,
+            ..ServerOptions::default()
+        })
+        .await;
+        let w = World::on(server, Dialect::Epoch, &[(2, 1)], 10);
+        let r = Running::start(&w.server, options(Dialect::Epoch, "r1", None));
+        w.set_epoch(0, 1);
+        w.set_epoch(1, 1);
+        w.until("first sync", |w| w.synced() == Some(1)).await;
+        w.set_epoch(0, 2);
+        w.until("deprecated", |w| w.deprecated() == Some(1)).await;
+        w.set_epoch(1, 2);
+        w.until("synced", |w| w.synced() == Some(2)).await;
+        r.stop().await.expect("clean stop");
+    })
+    .await;
 }
 
 #[tokio::test]

@@ -682,7 +682,7 @@ async fn reconcile(shared: &Arc<Shared>, key: &Key) -> Result<(), ReconcileError
 /// else (a new JobSet, a status written before, or by JobSet's own controller in observe mode,
 /// where the object tells agents to watch the JobSet instead).
 async fn publish_epochs(shared: &Arc<Shared>, key: &Key) -> Result<(), ReconcileError> {
-    if !shared.settings.publish_epochs || !shared.published.is_synced() {
+    if !publishing(shared) {
         return Ok(());
     }
     let (uid, status, bypass, in_place_restart) = {
@@ -701,6 +701,13 @@ async fn publish_epochs(shared: &Arc<Shared>, key: &Key) -> Result<(), Reconcile
         return Ok(());
     }
     publish_status(shared, key, &uid, status, bypass).await
+}
+
+/// Epochs can be published now: on, the objects listed, the kind served.
+fn publishing(shared: &Shared) -> bool {
+    shared.settings.publish_epochs
+        && shared.published.is_synced()
+        && !shared.published.is_unavailable()
 }
 
 /// Publishes `status` in a JobSet's `JobSetEpoch` ([`epochs::publish`]: monotone), if that
@@ -728,6 +735,12 @@ async fn publish_status(
             shared.metrics.publication("ok");
             Ok(())
         }
+        Err(Some(kube::Error::Api(status))) if status.code == 404 => {
+            // The kind is not served (any more): publish nothing, write the status alone.
+            shared.metrics.publication("error");
+            shared.published.mark_unavailable();
+            Ok(())
+        }
         Err(Some(source)) => {
             shared.metrics.publication("error");
             Err(ReconcileError::Publish {
@@ -748,6 +761,7 @@ async fn publish_status(
 async fn reconcile_epochs(shared: &Arc<Shared>, key: &Key) -> Result<(), ReconcileError> {
     if shared.settings.publish_epochs
         && shared.settings.write_epoch_status
+        && !shared.published.is_unavailable()
         && !shared.published.is_synced()
     {
         // Decisions are published before they are written, and nothing can be published before
@@ -1003,7 +1017,7 @@ async fn write_epochs(
     };
     let patch = status_patch(&state.resource_version, status);
     let change = decision.change;
-    if shared.settings.publish_epochs {
+    if publishing(shared) {
         // Agents read the published epochs, not the status: publish the decision first, so
         // that what they read never lags the status (a new pod reading a synced epoch older
         // than the status's could register an epoch synced without it: found by the model

@@ -28,6 +28,10 @@ pub struct Published {
     /// The watch has listed every object once: before that, a missing entry does not mean that
     /// there is no object, and nothing is written (it could move one backwards).
     synced: AtomicBool,
+    /// The API server does not serve the kind (its CRD was never installed, or was removed):
+    /// nothing can be published, agents watch their JobSet, and the status is written without
+    /// waiting for a publication. Cleared when the objects can be listed again.
+    unavailable: AtomicBool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -41,6 +45,21 @@ fn key_of(obj: &JobSetEpoch) -> Option<Key> {
 impl Published {
     pub fn is_synced(&self) -> bool {
         self.synced.load(Ordering::Acquire)
+    }
+
+    pub fn is_unavailable(&self) -> bool {
+        self.unavailable.load(Ordering::Acquire)
+    }
+
+    /// The kind is not served (a 404 on it); says so once.
+    pub fn mark_unavailable(&self) {
+        if !self.unavailable.swap(true, Ordering::AcqRel) {
+            tracing::error!(
+                crd = epochs::CRD_NAME,
+                "the JobSetEpoch kind is not served: publishing nothing, writing the status alone \
+                 (agents watch their JobSet); install the CRD (it is in the install manifest)"
+            );
+        }
     }
 
     /// Whether a JobSet has an object.
@@ -128,6 +147,7 @@ pub async fn watch(
                     }
                 }
                 published.synced.store(true, Ordering::Release);
+                published.unavailable.store(false, Ordering::Release);
                 synced();
             }
             Ok(Event::Apply(obj)) => {
@@ -141,9 +161,26 @@ pub async fn watch(
                     changed(key);
                 }
             }
-            Err(e) => tracing::warn!(error = %e, "JobSetEpoch watch failed; retrying"),
+            Err(e) => {
+                if not_served(&e) {
+                    published.mark_unavailable();
+                } else {
+                    tracing::warn!(error = %e, "JobSetEpoch watch failed; retrying");
+                }
+            }
         }
     }
+}
+
+/// The watch failed because the API server does not serve the kind.
+fn not_served(e: &watcher::Error) -> bool {
+    let api = match e {
+        watcher::Error::InitialListFailed(kube::Error::Api(s))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(s)) => s,
+        watcher::Error::WatchError(s) => s,
+        _ => return false,
+    };
+    api.code == 404
 }
 
 /// Writes a JobSet's object (server-side apply, forced: the reconciler owns every field it

@@ -1007,10 +1007,24 @@ async fn controllers(ctx: Arc<Ctx>, mut ended: mpsc::UnboundedReceiver<(PodInfo,
                 }
                 ctx.sync_jobs().await;
                 if ctx.config.status_writers {
-                    ctx.write_controller_statuses(&mut writers).await;
+                    ctx.write_job_statuses(&mut writers).await;
                 }
             }
         }
+    }
+}
+
+/// JobSet's controller's status writes ([`writers`]), at its own pace.
+async fn jobset_status_writer(ctx: Arc<Ctx>) {
+    let mut writers = writers::Writers::default();
+    let mut pace = tokio::time::interval(writers::JOBSET_PACE);
+    pace.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        pace.tick().await;
+        if *ctx.stop_tx.borrow() {
+            return;
+        }
+        ctx.write_jobset_status(&mut writers).await;
     }
 }
 
@@ -1150,6 +1164,9 @@ impl Simulation {
             ctx.create_job(j).await?;
         }
         ctx.spawn(controllers(ctx.clone(), ended_rx));
+        if ctx.config.status_writers {
+            ctx.spawn(jobset_status_writer(ctx.clone()));
+        }
         Ok(sim)
     }
 

@@ -28,7 +28,7 @@ const JOB_BATCH: Duration = Duration::from_secs(1);
 /// kube-controller-manager's default `--concurrent-job-syncs`.
 const JOB_WORKERS: usize = 5;
 /// JobSet's controller's pace: one status write at a time.
-const JOBSET_PACE: Duration = Duration::from_millis(50);
+pub(crate) const JOBSET_PACE: Duration = Duration::from_millis(50);
 
 /// What the writers remember between passes.
 #[derive(Default)]
@@ -141,8 +141,8 @@ pub(crate) fn replicated_jobs_status(jobset: &Value, jobs: &[&Value]) -> Value {
 }
 
 impl Ctx {
-    /// One pass of both writers.
-    pub(crate) async fn write_controller_statuses(&self, w: &mut Writers) {
+    /// One pass of the Job controller's status writes.
+    pub(crate) async fn write_job_statuses(&self, w: &mut Writers) {
         let ns = &self.config.namespace;
         let now = Instant::now();
         // The Job controller.
@@ -222,8 +222,13 @@ impl Ctx {
             .collect();
         w.job_written
             .retain(|name, _| names.contains(name.as_str()));
+    }
 
-        // JobSet's controller.
+    /// JobSet's controller: one status write when the Jobs' counts moved (its own task, at its
+    /// own pace, beside the Job controller's passes).
+    pub(crate) async fn write_jobset_status(&self, w: &mut Writers) {
+        let ns = &self.config.namespace;
+        let now = Instant::now();
         if w.jobset_written
             .is_some_and(|t| now.duration_since(t) < JOBSET_PACE)
         {
