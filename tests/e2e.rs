@@ -16,8 +16,14 @@ const WAIT: Duration = Duration::from_secs(30);
 /// One whole test.
 const TEST: Duration = Duration::from_secs(80);
 
+/// Without the Job and JobSet controllers' status writes: these tests read the epoch fields at
+/// given moments, and JobSet's controller drops them (epoch dialect) until the reconciler writes
+/// them again, or for good once the JobSet has failed. `group_restarts_beside_the_controllers_
+/// status_writes` runs with them; so does tests/chaos.rs.
 fn config(dialect: Dialect, pods: i64) -> SimConfig {
-    SimConfig::new(dialect, pods).with_binary(BIN)
+    let mut c = SimConfig::new(dialect, pods).with_binary(BIN);
+    c.status_writers = false;
+    c
 }
 
 async fn bounded<F: Future<Output = ()>>(test: F) {
@@ -179,6 +185,49 @@ async fn lost_node_replacement_joins_the_next_epoch() {
     .await;
 }
 
+/// Group restarts complete, with no worker beside an older pod, while the Job controller writes
+/// Job counts and JobSet's controller rewrites the JobSet's status (dropping the epoch dialect's
+/// fields each time) as the real ones do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_restarts_beside_the_controllers_status_writes() {
+    bounded(async {
+        for dialect in Dialect::ALL {
+            let mut c = SimConfig::new(dialect, 4).with_binary(BIN);
+            c.status_writers = true;
+            let sim = Simulation::start(c).await.expect("starts");
+            let mut last = running(&sim).await;
+            for round in 0..2 {
+                assert!(sim.fail_worker(round % 4, 1));
+                last = until(&sim, "a group restart", |s| {
+                    s.all_running_after(last.synced)
+                })
+                .await;
+                assert_clean(&sim, &last);
+            }
+            let jobs = sim.server().list("jobs", Some(&sim.config().namespace));
+            assert!(
+                jobs.iter()
+                    .any(|j| j["status"]["ready"].as_i64() == Some(1)),
+                "the Job controller wrote Job counts: {jobs:?}"
+            );
+            let js = sim
+                .server()
+                .get(
+                    "jobsets",
+                    &sim.config().namespace,
+                    &sim.config().jobset_name,
+                )
+                .expect("jobset");
+            assert!(
+                js["status"]["replicatedJobsStatus"].is_array(),
+                "JobSet's controller wrote replicatedJobsStatus: {js}"
+            );
+            sim.shutdown().await;
+        }
+    })
+    .await;
+}
+
 /// Restarts past `maxRestarts` fail the JobSet; no worker starts at the epoch past the limit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn repeated_failures_past_max_restarts_fail_the_jobset() {
@@ -305,9 +354,9 @@ async fn main_container_mode_group_restart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_invariant_checker_sees_an_older_pod() {
     bounded(async {
-        let sim = Simulation::start(SimConfig::new(Dialect::Epoch, 2))
-            .await
-            .expect("starts");
+        let mut c = SimConfig::new(Dialect::Epoch, 2);
+        c.status_writers = false;
+        let sim = Simulation::start(c).await.expect("starts");
         let first = running(&sim).await;
         assert_eq!(first.synced, Some(1));
         let ns = sim.config().namespace.clone();
