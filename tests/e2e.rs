@@ -204,24 +204,28 @@ async fn group_restarts_beside_the_controllers_status_writes() {
                 .await;
                 assert_clean(&sim, &last);
             }
-            let jobs = sim.server().list("jobs", Some(&sim.config().namespace));
-            assert!(
-                jobs.iter()
-                    .any(|j| j["status"]["ready"].as_i64() == Some(1)),
-                "the Job controller wrote Job counts: {jobs:?}"
-            );
-            let js = sim
-                .server()
-                .get(
-                    "jobsets",
-                    &sim.config().namespace,
-                    &sim.config().jobset_name,
-                )
-                .expect("jobset");
-            assert!(
-                js["status"]["replicatedJobsStatus"].is_array(),
-                "JobSet's controller wrote replicatedJobsStatus: {js}"
-            );
+            // The Job controller writes each Job's counts at most once a second: wait for them.
+            let ns = sim.config().namespace.clone();
+            let deadline = std::time::Instant::now() + Duration::from_secs(15);
+            loop {
+                let jobs = sim.server().list("jobs", Some(&ns));
+                let counted = jobs
+                    .iter()
+                    .any(|j| j["status"]["ready"].as_i64() == Some(1));
+                let js = sim
+                    .server()
+                    .get("jobsets", &ns, &sim.config().jobset_name)
+                    .expect("jobset");
+                let rows = js["status"]["replicatedJobsStatus"].is_array();
+                if counted && rows {
+                    break;
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the controllers wrote Job counts ({counted}) and replicatedJobsStatus ({rows}): {jobs:?}\n{js}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
             sim.shutdown().await;
         }
     })
