@@ -793,22 +793,28 @@ async fn reconcile_epochs(shared: &Arc<Shared>, key: &Key) -> Result<(), Reconci
             return Ok(());
         }
         // 409: re-read the JobSet and decide again on what is there now.
-        let fresh = bounded(
-            shared,
-            "status_read",
-            jobset_api_in(shared, &key.0).get_status(&key.1),
-        )
-        .await
-        .map_err(|e| match e {
-            Some(source) => write_error(key, source),
-            None => timeout_error(shared, key, "status_read"),
-        })?;
-        lock(&shared.index).record_write(key, &fresh);
+        reread_status(shared, key).await?;
     }
     Err(ReconcileError::Conflicts {
         namespace: key.0.clone(),
         name: key.1.clone(),
     })
+}
+
+/// After a conflict: reads the JobSet's status again into the index.
+async fn reread_status(shared: &Shared, key: &Key) -> Result<(), ReconcileError> {
+    let fresh = bounded(
+        shared,
+        "status_read",
+        jobset_api_in(shared, &key.0).get_status(&key.1),
+    )
+    .await
+    .map_err(|e| match e {
+        Some(source) => write_error(key, source),
+        None => timeout_error(shared, key, "status_read"),
+    })?;
+    lock(&shared.index).record_write(key, &fresh);
+    Ok(())
 }
 
 fn jobset_api_in(shared: &Shared, namespace: &str) -> Api<JobSet> {

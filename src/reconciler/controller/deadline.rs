@@ -32,8 +32,8 @@ use serde_json::json;
 use tokio::task::AbortHandle;
 
 use super::{
-    JobSetState, Key, ReconcileError, Shared, bounded, emit, jobset_api_in, lock, patch_status,
-    status_patch, timeout_error, write_error, write_failed,
+    JobSetState, Key, ReconcileError, Shared, bounded, emit, lock, patch_status, status_patch,
+    timeout_error, write_failed,
 };
 use crate::deadline::{
     self, Action, Clock, Decision, JobView, PodRef, Step, display_duration, name_list,
@@ -631,17 +631,7 @@ async fn delete_previous_jobs(
 
 /// After a 409: the JobSet is read again and evaluated again.
 async fn reread(shared: &Arc<Shared>, key: &Key) -> Result<(), ReconcileError> {
-    let fresh = bounded(
-        shared,
-        "status_read",
-        jobset_api_in(shared, &key.0).get_status(&key.1),
-    )
-    .await
-    .map_err(|e| match e {
-        Some(source) => write_error(key, source),
-        None => timeout_error(shared, key, "status_read"),
-    })?;
-    lock(&shared.index).record_write(key, &fresh);
+    super::reread_status(shared, key).await?;
     shared.queue.add(key.clone());
     Ok(())
 }
