@@ -16,9 +16,12 @@
 //!   epochs): what the simulated kubelets, the API server and the agents' starts cost at this
 //!   size on this machine. The protocol's overhead is the difference.
 //!
-//! The agents, the kubelets and the API server share this process: each agent's watch is a socket
-//! at both ends, so N pods need about 2N open files (`ulimit -n`); a size past the limit is
-//! skipped with a message (here the hard limit is 20,000: 4,000 pods run, 8,000 do not).
+//! The agents, the kubelets and the API server share this process, and the agents' and
+//! kubelets' requests reach the server in memory (`SimConfig::in_memory`: the server's router
+//! called directly, no socket): over loopback TCP each agent's watch held a socket at both ends
+//! in this one process, and 8,000 pods passed this machine's hard limit of 20,000 open files. The
+//! server's work per request and per watch event (and what it counts) is the same; only the
+//! loopback connections are left out. The reconciler reaches it over TCP, as in a cluster.
 //!
 //! `JOBSET_INPLACE_SCALE_WATCH_JOBSET=1` runs the same with the agents watching their JobSet
 //! (the test API server does not serve the JobSetEpoch kind): the cost the per-JobSet object
@@ -57,12 +60,54 @@ async fn settle(server: &TestApiServer, limit: Duration) {
 struct Row {
     pods: usize,
     requests: BTreeMap<String, f64>,
-    delivered: BTreeMap<String, (f64, f64)>,
+    /// Per resource: events, their bytes, and the bytes of bookmarks, per pod.
+    delivered: BTreeMap<String, (f64, f64, f64)>,
     cpu_ms: u64,
     peak_mib: f64,
     took: Duration,
     restart: Duration,
     baseline: Duration,
+    phases: Option<Phases>,
+}
+
+/// Where the time between the failure and the last barrier lifted went, from the times of the
+/// writes that mark each step (the test API server's write log).
+struct Phases {
+    /// The failure to the reconciler's publication of the new deprecated epoch.
+    reaction: Duration,
+    /// That publication to the last pod's registration at the new epoch: every agent told,
+    /// every pod's containers restarted, every agent's PATCH (the simulation's share, mostly).
+    restarts: Duration,
+    /// The last registration to the publication of the synced epoch: the reconciler's decision.
+    decision: Duration,
+    /// That publication to the last barrier lifted: every agent told.
+    release: Duration,
+}
+
+impl Phases {
+    fn from_writes(
+        writes: &[jobset_inplace_testkit::apiserver::WriteRecord],
+        failed_at: Instant,
+        last_lift: Instant,
+    ) -> Option<Phases> {
+        let published: Vec<Instant> = writes
+            .iter()
+            .filter(|w| w.resource == "jobsetepochs" && w.at >= failed_at && w.at <= last_lift)
+            .map(|w| w.at)
+            .collect();
+        let (deprecated, synced) = (*published.first()?, *published.last()?);
+        let registered = writes
+            .iter()
+            .filter(|w| w.resource == "pods" && w.at > deprecated && w.at <= synced)
+            .map(|w| w.at)
+            .max()?;
+        Some(Phases {
+            reaction: deprecated.saturating_duration_since(failed_at),
+            restarts: registered.saturating_duration_since(deprecated),
+            decision: synced.saturating_duration_since(registered),
+            release: last_lift.saturating_duration_since(synced),
+        })
+    }
 }
 
 impl Row {
@@ -72,31 +117,7 @@ impl Row {
     }
 }
 
-/// This process's limit on open files (`/proc/self/limits`, soft).
-fn open_files_limit() -> Option<u64> {
-    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
-    limits
-        .lines()
-        .find(|l| l.starts_with("Max open files"))?
-        .split_whitespace()
-        .nth(3)?
-        .parse()
-        .ok()
-}
-
 async fn one(pods: usize, watch_jobset: bool) -> Result<Row, String> {
-    // Every in-process agent holds a watch open: a socket on each side, both in this process;
-    // its other requests and the kubelets' need more while a group restart runs (at 8,000 pods
-    // and a limit of 20,000, connections failed).
-    let needed = 2 * pods as u64 + pods as u64 / 2 + 512;
-    if let Some(limit) = open_files_limit()
-        && limit < needed
-    {
-        return Err(format!(
-            "needs about {needed} open files in this one process (each agent's watch is a socket \
-             at both ends), the limit is {limit}: raise `ulimit -n`"
-        ));
-    }
     let mut options = Options {
         // A group restart of 10,000 pods writes each a few times: keep the history for watches
         // that resume, and let each watcher fall behind as far as a real one may.
@@ -126,6 +147,7 @@ async fn one(pods: usize, watch_jobset: bool) -> Result<Row, String> {
     config.probe_period = Duration::from_millis(100);
     config.restart_delay = Duration::from_millis(100);
     config.log_capacity = 100;
+    config.in_memory = true;
     let restart = config.restart_delay;
     let limit = Duration::from_secs(60 + pods as u64 / 50);
     let sim = Simulation::start_on(server.clone(), config)
@@ -138,6 +160,7 @@ async fn one(pods: usize, watch_jobset: bool) -> Result<Row, String> {
     settle(&server, Duration::from_secs(30)).await;
 
     server.reset_counters();
+    server.clear_writes();
     let ticks = reconciler.cpu_ticks().unwrap_or(0);
     let failed_at = Instant::now();
     sim.fail_worker(0, 1);
@@ -153,6 +176,7 @@ async fn one(pods: usize, watch_jobset: bool) -> Result<Row, String> {
         .max()
         .unwrap_or_else(Instant::now);
     let took = last_lift.saturating_duration_since(failed_at);
+    let phases = Phases::from_writes(&server.writes(), failed_at, last_lift);
     // What the restart set off (the last pod statuses, the controllers' status writes) ends.
     settle(&server, Duration::from_secs(10)).await;
     let (counters, deliveries) = (server.counters(), server.deliveries());
@@ -171,7 +195,10 @@ async fn one(pods: usize, watch_jobset: bool) -> Result<Row, String> {
         .collect();
     let delivered = deliveries
         .into_iter()
-        .map(|(resource, d)| (resource, (per_pod(d.events), per_pod(d.bytes))))
+        .map(|(resource, d)| {
+            let bookmarks = per_pod(d.bookmark_bytes);
+            (resource, (per_pod(d.events), per_pod(d.bytes), bookmarks))
+        })
         .collect();
     if !sim.violations().is_empty() {
         return Err(format!("INVARIANT VIOLATED: {:?}", sim.violations()));
@@ -234,6 +261,7 @@ async fn one(pods: usize, watch_jobset: bool) -> Result<Row, String> {
         took,
         restart,
         baseline,
+        phases,
     })
 }
 
@@ -285,9 +313,19 @@ fn main() {
                         n * row.pods as f64
                     );
                 }
-                for (resource, (events, bytes)) in &row.delivered {
+                if let Some(p) = &row.phases {
                     println!(
-                        "{:>6} pods:   delivered {resource:<28} {events:8.2} events {bytes:10.0} bytes",
+                        "{:>6} pods:   phases: reaction {:.1} ms, restarts and registrations {:.1} ms, decision {:.1} ms, release {:.1} ms",
+                        row.pods,
+                        ms(p.reaction),
+                        ms(p.restarts),
+                        ms(p.decision),
+                        ms(p.release)
+                    );
+                }
+                for (resource, (events, bytes, bookmarks)) in &row.delivered {
+                    println!(
+                        "{:>6} pods:   delivered {resource:<28} {events:8.2} events {bytes:10.0} bytes (and {bookmarks:.0} bytes of bookmarks)",
                         row.pods
                     );
                 }

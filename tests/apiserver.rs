@@ -1428,3 +1428,81 @@ async fn ten_thousand_pods_sanity_figure() {
     })
     .await;
 }
+
+/// The in-memory client: the same server behind no socket (what the scale bench's 10,000
+/// in-process agents use): requests, watch events and their bytes, bookmarks apart, the write
+/// log with its times, the headers it was given (chaos exemption), each resource's latest
+/// change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_in_memory_client_is_served_like_a_socket() {
+    within(30, async {
+        let server = TestApiServer::start_with(Options {
+            bookmark_interval: Duration::from_millis(100),
+            ..Options::default()
+        })
+        .await;
+        let client =
+            server.in_memory_client(&[(jobset_inplace_testkit::apiserver::EXEMPT_HEADER, "true")]);
+        let pods: Api<Pod> = Api::namespaced(client, "ns");
+        assert_eq!(server.last_change("pods"), 0);
+        let before = Instant::now();
+        pods.create(&PostParams::default(), &pod("ns", "a", json!({})))
+            .await
+            .expect("create in memory");
+        let created = server.last_change("pods");
+        assert!(created > 0);
+        assert_eq!(server.last_change("jobsets"), 0, "other resources unmoved");
+
+        let mut events = pods
+            .watch(&WatchParams::default().timeout(5), "0")
+            .await
+            .expect("watch in memory")
+            .boxed();
+        pods.patch(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"x": "1"}}})),
+        )
+        .await
+        .expect("patch in memory");
+        let (mut modified, mut bookmarks) = (false, false);
+        while !(modified && bookmarks) {
+            match events.try_next().await.expect("watch").expect("an event") {
+                WatchEvent::Modified(p) => {
+                    assert_eq!(p.metadata.labels.unwrap_or_default()["x"], "1");
+                    modified = true;
+                }
+                WatchEvent::Bookmark(_) => bookmarks = true,
+                _ => {}
+            }
+        }
+        assert!(server.last_change("pods") > created);
+
+        let counters = server.counters();
+        assert_eq!(counters.get(Verb::Create, "pods"), 1, "{counters:?}");
+        assert_eq!(counters.get(Verb::Watch, "pods"), 1, "{counters:?}");
+        assert_eq!(counters.get(Verb::Patch, "pods"), 1, "{counters:?}");
+        let delivered = server.deliveries()["pods"];
+        assert!(delivered.events >= 2, "{delivered:?}");
+        assert!(delivered.bookmarks >= 1, "{delivered:?}");
+        assert!(
+            delivered.bytes > 0 && delivered.bookmark_bytes > 0,
+            "{delivered:?}"
+        );
+        let writes = server.writes();
+        assert_eq!(writes.len(), 2, "{writes:?}");
+        assert!(writes.iter().all(|w| w.at >= before), "{writes:?}");
+        assert!(writes[0].at <= writes[1].at);
+        server.clear_writes();
+        assert!(server.writes().is_empty());
+        // The headers arrive: chaos mode that fails every request leaves this client alone.
+        let mut chaos = jobset_inplace_testkit::apiserver::Chaos::none(1);
+        chaos.error_500 = 1.0;
+        server.set_chaos(Some(chaos));
+        pods.get("a")
+            .await
+            .expect("an exempt request is never failed by chaos");
+        assert_eq!(server.chaos_stats().exempt, 1);
+    })
+    .await;
+}

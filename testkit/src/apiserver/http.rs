@@ -375,6 +375,7 @@ async fn resource(
             resource: counted,
             namespace: t.namespace.clone(),
             name: t.name.clone(),
+            at: std::time::Instant::now(),
         });
     }
     result

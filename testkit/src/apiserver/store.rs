@@ -271,6 +271,8 @@ pub struct Store {
     /// Watches and consistent lists can resume from any resourceVersion at or after this one.
     oldest: u64,
     watchers: Vec<Watchers>,
+    /// Per resource, the resourceVersion of its latest change (0: none yet).
+    last_change: Vec<u64>,
     next_watcher: u64,
     rng: u64,
     uid_seed: u64,
@@ -452,6 +454,7 @@ impl Store {
             evicted: Vec::new(),
             oldest: 1,
             watchers: (0..n).map(|_| Watchers::default()).collect(),
+            last_change: vec![0; n],
             next_watcher: 0,
             rng: seed,
             uid_seed: seed.rotate_left(17) ^ 0x5DEE_CE66_D1CE_4E5B,
@@ -543,7 +546,17 @@ impl Store {
         self.rv
     }
 
+    /// The resourceVersion of the latest change to `res` (created, updated, deleted), 0 if none:
+    /// what lets a simulated controller skip a pass when nothing it reads moved, as a real one
+    /// reconciles only on an event.
+    pub(crate) fn last_change(&self, res: ResId) -> u64 {
+        self.last_change.get(res).copied().unwrap_or(0)
+    }
+
     fn publish(&mut self, change: Change) {
+        if let Some(last) = self.last_change.get_mut(change.res) {
+            *last = (*last).max(change.rv);
+        }
         let change = Arc::new(change);
         self.history.push_back(change.clone());
         while self.history.len() > self.opts.history_capacity {

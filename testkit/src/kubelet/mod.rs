@@ -142,6 +142,10 @@ pub struct SimConfig {
     pub log_capacity: usize,
     /// The reconciler's `--group-restart-timeout` (`None`: off).
     pub group_restart_timeout: Option<Duration>,
+    /// The kubelets', controllers' and in-process agents' requests served in memory
+    /// ([`TestApiServer::in_memory_client`]) instead of over loopback TCP: for simulations of
+    /// thousands of pods, which would otherwise need two open files per agent in this process.
+    pub in_memory: bool,
 }
 
 impl SimConfig {
@@ -173,6 +177,7 @@ impl SimConfig {
             agent_log_level: "info".to_owned(),
             log_capacity: 4_000,
             group_restart_timeout: Some(reconciler::DEFAULT_GROUP_RESTART_TIMEOUT),
+            in_memory: false,
         }
     }
 
@@ -1087,8 +1092,16 @@ impl Simulation {
         let (ended_tx, ended_rx) = mpsc::unbounded_channel();
         let n = slots.len();
         let ctx = Arc::new(Ctx {
-            client: server.exempt_client(),
-            agent_client: server.client(),
+            client: if config.in_memory {
+                server.in_memory_client(&[(crate::apiserver::EXEMPT_HEADER, "true")])
+            } else {
+                server.exempt_client()
+            },
+            agent_client: if config.in_memory {
+                server.in_memory_client(&[])
+            } else {
+                server.client()
+            },
             server: server.clone(),
             slots,
             state: Mutex::new(State {

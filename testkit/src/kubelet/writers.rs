@@ -36,6 +36,9 @@ pub(crate) struct Writers {
     /// Per Job name: when its status was last written.
     job_written: HashMap<String, Instant>,
     jobset_written: Option<Instant>,
+    /// The Jobs' latest change (resourceVersion) the JobSet status was last computed from: JobSet's
+    /// controller reconciles on Job events, not on a timer.
+    jobs_seen: Option<u64>,
 }
 
 /// A pod's part in its Job's counts.
@@ -234,6 +237,10 @@ impl Ctx {
         {
             return;
         }
+        let jobs_changed = self.server.last_change("jobs");
+        if w.jobs_seen == Some(jobs_changed) {
+            return;
+        }
         let Some(js) = self.server.get("jobsets", ns, &self.config.jobset_name) else {
             return;
         };
@@ -245,6 +252,7 @@ impl Ctx {
             .collect();
         let rows = replicated_jobs_status(&js, &mine);
         if js.pointer("/status/replicatedJobsStatus") == Some(&rows) {
+            w.jobs_seen = Some(jobs_changed);
             return;
         }
         let mut status: Map<String, Value> = js
@@ -273,7 +281,10 @@ impl Ctx {
             .replace_status(&self.config.jobset_name, &PostParams::default(), &body)
             .await
         {
-            Ok(_) => w.jobset_written = Some(now),
+            Ok(_) => {
+                w.jobset_written = Some(now);
+                w.jobs_seen = Some(jobs_changed);
+            }
             // A conflict (another writer moved it since it was read) is retried next pass.
             Err(kube::Error::Api(s)) if s.code == 409 => {}
             Err(e) => self.log(format!("jobset controller: cannot write the status: {e}")),
