@@ -1043,8 +1043,20 @@ async fn write_epochs(
     let Some(js) = patch_status(shared, key, &patch, field, applied).await? else {
         return Ok(false);
     };
-    {
+    // A value written again (JobSet's own controller dropped the field meanwhile) is no move:
+    // only what goes past this replica's earlier writes counts as progress (metrics, events).
+    let progress = {
         let mut index = lock(&shared.index);
+        let progress = StatusChange {
+            deprecated: decision
+                .change
+                .deprecated
+                .filter(|d| index.last_deprecated(key) < Some(*d)),
+            synced: decision
+                .change
+                .synced
+                .filter(|s| index.last_synced(key) < Some(*s)),
+        };
         index.record_write(key, &js);
         if let Some(synced) = decision.change.synced {
             index.record_sync(key, synced, &decision.synced_pods);
@@ -1052,7 +1064,8 @@ async fn write_epochs(
         if let Some(deprecated) = decision.change.deprecated {
             index.record_deprecated(key, deprecated);
         }
-    }
+        progress
+    };
     if !decision.unsynced_joiners.is_empty() {
         tracing::warn!(
             namespace = %key.0,
@@ -1061,7 +1074,9 @@ async fn write_epochs(
             "pods registered without seeing the synced epoch (another writer wiped the epoch fields): every pod restarts"
         );
     }
-    record_progress(shared, key, state, decision, decision.change);
+    if !progress.is_empty() {
+        record_progress(shared, key, state, decision, progress);
+    }
     Ok(true)
 }
 
