@@ -42,22 +42,55 @@ fn every_corpus_input_passes_its_target() {
 }
 
 /// `review/fixture-<case>.json`: each fixture's request body; `offline/fixture-<case>.yaml`: its
-/// object as a manifest (and the mutated one where there is one).
-fn write_fixture_seeds() {
+/// object as a manifest (and the mutated one where there is one). The `hostile-*` cases (hundreds
+/// of KB each, built to be expensive) are left out: seeds that large would slow every fuzzing
+/// run, and `tests/admission_fixtures.rs` and `tests/admission_bounds.rs` replay them.
+fn fixture_seeds() -> Vec<(PathBuf, Vec<u8>)> {
+    let mut seeds = Vec::new();
     for case in fixtures::admission_cases() {
+        if case.name.starts_with("hostile-") {
+            continue;
+        }
         let review = corpus_dir("review").join(format!("fixture-{}.json", case.name));
-        std::fs::write(review, &case.body).expect("write a seed");
+        seeds.push((review, case.body.clone()));
         let object = &case.request["request"]["object"];
         if !object.is_object() {
             continue;
         }
         let manifest = serde_yaml::to_string(object).expect("YAML");
         let path = corpus_dir("offline").join(format!("fixture-{}.yaml", case.name));
-        std::fs::write(path, manifest).expect("write a seed");
+        seeds.push((path, manifest.into_bytes()));
         if case.mutated_path().exists() {
-            let mutated = std::fs::read_to_string(case.mutated_path()).expect("mutated.yaml");
+            let mutated = std::fs::read(case.mutated_path()).expect("mutated.yaml");
             let path = corpus_dir("offline").join(format!("fixture-{}-mutated.yaml", case.name));
-            std::fs::write(path, mutated).expect("write a seed");
+            seeds.push((path, mutated));
         }
     }
+    seeds
+}
+
+fn write_fixture_seeds() {
+    for (path, data) in fixture_seeds() {
+        std::fs::write(path, data).expect("write a seed");
+    }
+}
+
+/// The seeds derived from the fixtures are what the fixtures are now (a fixture changed without
+/// its seeds being written again fails here).
+#[test]
+fn the_fixture_seeds_are_current() {
+    if std::env::var_os("UPDATE_FUZZ_CORPUS").is_some() {
+        // Being written by `every_corpus_input_passes_its_target`, beside this test.
+        return;
+    }
+    let stale: Vec<String> = fixture_seeds()
+        .into_iter()
+        .filter(|(path, data)| std::fs::read(path).ok().as_deref() != Some(data.as_slice()))
+        .map(|(path, _)| path.display().to_string())
+        .collect();
+    assert!(
+        stale.is_empty(),
+        "stale or missing seeds (write them with `UPDATE_FUZZ_CORPUS=1 cargo test --test \
+         fuzz_corpus`): {stale:#?}"
+    );
 }
