@@ -242,9 +242,13 @@ fn epoch_dialect_three_pods_two_failures_one_wipe() {
 fn broken(variant: Variant, failures: u8, wipes: u8) -> Run {
     let mut config = config(Dialect::Epoch, 2, failures, wipes);
     config.variant = variant;
-    if variant == Variant::ReconcilerWithoutMemory {
-        // Found, and only possible, where a wipe reaches the agents: where they watch the
-        // JobSet (the published epochs are never wiped).
+    if matches!(
+        variant,
+        Variant::ReconcilerWithoutMemory | Variant::AgentRetriesRefusedEpoch
+    ) {
+        // Found where a wipe reaches the agents: where they watch the JobSet, the agents'
+        // fallback (the published epochs are never wiped). With the JobSetEpoch, neither is
+        // reached in these configurations; the fallback still ships, so both stay checked there.
         config = watching_the_jobset(config);
     }
     run(config, HasDiscoveries::AnyFailures)
