@@ -21,6 +21,7 @@ pub mod apiserver;
 pub mod fixtures;
 pub mod generators;
 pub mod kubelet;
+pub mod node;
 pub mod oracle;
 pub mod process;
 pub mod webhook_harness;
