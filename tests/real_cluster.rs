@@ -2206,7 +2206,13 @@ impl Drop for NodeCleanup {
         let _ = std::process::Command::new("kubectl")
             .arg("--kubeconfig")
             .arg(&self.kubeconfig)
-            .args(["delete", "node", &self.name, "--wait=false", "--ignore-not-found"])
+            .args([
+                "delete",
+                "node",
+                &self.name,
+                "--wait=false",
+                "--ignore-not-found",
+            ])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status();
@@ -2371,9 +2377,9 @@ async fn a_group_restart_runs_in_place_on_a_node_through_the_real_controllers() 
                 let rows = rows().await?;
                 let epochs = synced().await?;
                 let all = rows.len() == PODS
-                    && rows.iter().all(|r| {
-                        r.2.as_deref() == Some("1") && r.3 == 0 && r.4 == 0 && r.5 && r.6
-                    });
+                    && rows
+                        .iter()
+                        .all(|r| r.2.as_deref() == Some("1") && r.3 == 0 && r.4 == 0 && r.5 && r.6);
                 let views = node.pods();
                 let running = views.iter().filter(|v| v.worker_running).count();
                 (all && epochs.1 == Some(1) && running == PODS)
@@ -2393,7 +2399,11 @@ async fn a_group_restart_runs_in_place_on_a_node_through_the_real_controllers() 
             for p in pods.list(&selector).await.expect("pods").items {
                 let name = p.metadata.name.clone().unwrap_or_default();
                 let spec = p.spec.as_ref().expect("spec");
-                assert_eq!(spec.node_name.as_deref(), Some(node_name.as_str()), "{name}");
+                assert_eq!(
+                    spec.node_name.as_deref(),
+                    Some(node_name.as_str()),
+                    "{name}"
+                );
                 assert_eq!(
                     spec.service_account_name.as_deref(),
                     Some(AGENT_SERVICE_ACCOUNT),
@@ -2420,9 +2430,9 @@ async fn a_group_restart_runs_in_place_on_a_node_through_the_real_controllers() 
                     .filter(|v| v.worker_running && v.worker_starts == 2 && v.restarts == 1)
                     .count();
                 let all = rows.len() == PODS
-                    && rows.iter().all(|r| {
-                        r.2.as_deref() == Some("2") && r.3 == 1 && r.4 == 1 && r.5 && r.6
-                    });
+                    && rows
+                        .iter()
+                        .all(|r| r.2.as_deref() == Some("2") && r.3 == 1 && r.4 == 1 && r.5 && r.6);
                 (all && epochs == (Some(1), Some(2)) && running == PODS)
                     .then_some(rows.clone())
                     .ok_or_else(|| {
@@ -2447,6 +2457,26 @@ async fn a_group_restart_runs_in_place_on_a_node_through_the_real_controllers() 
                 let status = job.status.unwrap_or_default();
                 assert_eq!(status.failed.unwrap_or(0), 0, "no pod of the Job failed");
             }
+            // The Job controller counts the pods Ready again from the statuses the node wrote
+            // (in its batches), and JobSet's controller its Job.
+            let counted = try_eventually(Duration::from_secs(30), || async {
+                let js = jobsets.get("train").await.map_err(|e| e.to_string())?;
+                let rj = &js.data["status"]["replicatedJobsStatus"][0];
+                let job = jobs
+                    .list(&ListParams::default())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let ready = job.items.first().and_then(|j| j.status.as_ref()?.ready);
+                (ready == Some(PODS as i32) && rj["ready"] == 1 && rj["failed"] == 0)
+                    .then_some(())
+                    .ok_or(format!("Job ready {ready:?}, JobSet {rj}"))
+            })
+            .await;
+            assert!(
+                counted.is_ok(),
+                "counted ready: {counted:?}{}",
+                diagnose(&node)
+            );
             let status = try_eventually(Duration::from_secs(30), || async {
                 let got = epochs(&jobsets, "train").await?;
                 (got == (Some(1), Some(2)))
@@ -2454,16 +2484,29 @@ async fn a_group_restart_runs_in_place_on_a_node_through_the_real_controllers() 
                     .ok_or(format!("{got:?}"))
             })
             .await;
-            assert!(status.is_ok(), "the JobSet's status: {status:?}{}", diagnose(&node));
+            assert!(
+                status.is_ok(),
+                "the JobSet's status: {status:?}{}",
+                diagnose(&node)
+            );
             // The barrier holds: every pod's agent registered 2 before any worker ran again, so
             // no worker started twice in one epoch.
-            for v in node.pods() {
+            let views = node.pods();
+            for v in &views {
                 assert_eq!(
                     (v.agent_starts, v.worker_starts, v.restarts),
                     (2, 2, 1),
                     "{v:?}"
                 );
             }
+            // No two generations ran together: every worker of the first run had stopped
+            // before any worker of the second started (the node's own clock).
+            let last_stop = views.iter().filter_map(|v| v.worker_runs[0].1).max();
+            let first_start = views.iter().map(|v| v.worker_runs[1].0).min();
+            assert!(
+                matches!((last_stop, first_start), (Some(stop), Some(start)) if stop < start),
+                "a worker of epoch 2 started before every worker of epoch 1 stopped: {views:?}"
+            );
 
             // Clean up: the namespace goes while the node runs (it stops the deleted pods and
             // deletes them), then the node.
@@ -2472,7 +2515,10 @@ async fn a_group_restart_runs_in_place_on_a_node_through_the_real_controllers() 
             delete_webhook_configurations(&cluster).await;
             drop(ns);
             let gone = try_eventually(Duration::from_secs(60), || async {
-                let left = pods.list(&ListParams::default()).await.map_err(|e| e.to_string())?;
+                let left = pods
+                    .list(&ListParams::default())
+                    .await
+                    .map_err(|e| e.to_string())?;
                 left.items
                     .is_empty()
                     .then_some(())

@@ -147,6 +147,17 @@ pub struct PodView {
     pub agent_starts: u32,
     /// The pod ended (a terminal status written, or deleted): nothing runs any more.
     pub ended: bool,
+    /// Each run of the worker: when it started and stopped (since the node started).
+    pub worker_runs: Vec<(Duration, Option<Duration>)>,
+}
+
+impl PodView {
+    fn worker_stopped(&mut self, at: Duration) {
+        self.worker_running = false;
+        if let Some(run) = self.worker_runs.last_mut() {
+            run.1.get_or_insert(at);
+        }
+    }
 }
 
 enum Cmd {
@@ -273,7 +284,11 @@ impl Node {
     pub fn log_tail(&self, lines: usize) -> String {
         let log = lock(&self.shared.log);
         let skip = log.len().saturating_sub(lines);
-        log.iter().skip(skip).cloned().collect::<Vec<_>>().join("\n")
+        log.iter()
+            .skip(skip)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("\n")
     }
 
     /// Stops every pod's containers (within the grace period), stops watching and deletes the
@@ -281,10 +296,11 @@ impl Node {
     pub async fn stop(mut self) -> Result<(), NodeError> {
         self.stop.send_replace(true);
         let limit = self.shared.config.termination_grace + Duration::from_secs(5);
-        if let Some(main) = self.main.take() {
-            if tokio::time::timeout(limit, main).await.is_err() {
-                self.shared.log("the node's watch did not end in time".into());
-            }
+        if let Some(main) = self.main.take()
+            && tokio::time::timeout(limit, main).await.is_err()
+        {
+            self.shared
+                .log("the node's watch did not end in time".into());
         }
         let handles: Vec<PodHandle> = lock(&self.pods).drain().map(|(_, h)| h).collect();
         for h in handles {
@@ -342,7 +358,10 @@ async fn register(shared: &Shared) -> Result<(), NodeError> {
         }},
     }))
     .map_err(|e| err("the Node object", e.to_string()))?;
-    match shared.call(nodes.create(&PostParams::default(), &object)).await {
+    match shared
+        .call(nodes.create(&PostParams::default(), &object))
+        .await
+    {
         Ok(_) => {}
         Err(reason) if reason.contains("AlreadyExists") || reason.contains("already exists") => {}
         Err(reason) => return Err(err("create the Node", reason)),
@@ -691,8 +710,14 @@ enum Exit {
 /// A kubeconfig for the pod's agent: the API server and its CA, and a token of the pod's
 /// service account bound to the pod, as the kubelet's projected token volume holds.
 async fn pod_kubeconfig(shared: &Shared, pod: &Value) -> Result<PathBuf, String> {
-    let name = pod.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
-    let uid = pod.pointer("/metadata/uid").and_then(Value::as_str).unwrap_or_default();
+    let name = pod
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let uid = pod
+        .pointer("/metadata/uid")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
     let account = pod
         .pointer("/spec/serviceAccountName")
         .and_then(Value::as_str)
@@ -739,7 +764,10 @@ fn spawn_agent(
     agent: &Value,
     kubeconfig: &Path,
 ) -> Result<(AgentRun, SocketAddr), String> {
-    let name = pod.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
+    let name = pod
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
     let port = barrier_port().ok_or("no free loopback port for the barrier")?;
     let mut env = resolve_env(agent, pod);
     let mut set = |k: &str, v: String| {
@@ -748,7 +776,10 @@ fn spawn_agent(
     };
     set(agent_env::BARRIER_PORT, port.to_string());
     set("KUBECONFIG", kubeconfig.display().to_string());
-    set("JOBSET_INPLACE_LOG_LEVEL", shared.config.agent_log_level.clone());
+    set(
+        "JOBSET_INPLACE_LOG_LEVEL",
+        shared.config.agent_log_level.clone(),
+    );
     set("NO_COLOR", "1".to_owned());
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     let run = AgentRun::spawn_process(
@@ -769,8 +800,16 @@ async fn run_pod(
     mut cmds: mpsc::UnboundedReceiver<Cmd>,
     mut stop: watch::Receiver<bool>,
 ) {
-    let name = pod.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default().to_owned();
-    let uid = pod.pointer("/metadata/uid").and_then(Value::as_str).unwrap_or_default().to_owned();
+    let name = pod
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned();
+    let uid = pod
+        .pointer("/metadata/uid")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned();
     let spec = pod["spec"].clone();
     let Some(agent_spec) = recognise::agent(&spec).cloned() else {
         shared.log(format!("{name}: no agent container; not run"));
@@ -781,7 +820,9 @@ async fn run_pod(
         .is_some_and(|l| l.iter().any(|c| c == &agent_spec));
     let worker_spec = spec["containers"].get(0).cloned().unwrap_or(Value::Null);
     if !is_sidecar || worker_spec.is_null() {
-        shared.log(format!("{name}: runs only a sidecar agent beside a worker; not run"));
+        shared.log(format!(
+            "{name}: runs only a sidecar agent beside a worker; not run"
+        ));
         return;
     }
     let probe_path = recognise::startup_probe_path(&agent_spec)
@@ -856,9 +897,11 @@ async fn run_pod(
                             st.worker.started = true;
                             st.worker.ready = true;
                             st.phase = "Running";
+                            let at = shared.started.elapsed();
                             shared.view(&name, |v| {
                                 v.worker_running = true;
                                 v.worker_starts += 1;
+                                v.worker_runs.push((at, None));
                             });
                             shared.log(format!("{name}: barrier lifted; worker started"));
                         }
@@ -869,11 +912,10 @@ async fn run_pod(
         };
         match exit {
             Exit::Stopped => {
+                let at = shared.started.elapsed();
+                shared.view(&name, |v| v.worker_stopped(at));
                 agent.stop(grace).await;
-                shared.view(&name, |v| {
-                    v.worker_running = false;
-                    v.ended = true;
-                });
+                shared.view(&name, |v| v.ended = true);
                 return;
             }
             Exit::Deleted => {
@@ -882,13 +924,12 @@ async fn run_pod(
                 if worker_running {
                     st.worker.terminate(143, "Error");
                 }
+                let at = shared.started.elapsed();
+                shared.view(&name, |v| v.worker_stopped(at));
                 let code = agent.stop(grace).await;
                 st.agent.terminate(code, "Error");
                 st.phase = "Failed";
-                shared.view(&name, |v| {
-                    v.worker_running = false;
-                    v.ended = true;
-                });
+                shared.view(&name, |v| v.ended = true);
                 status.write(&mut st, write_limit).await;
                 let params = DeleteParams {
                     grace_period_seconds: Some(0),
@@ -927,7 +968,8 @@ async fn run_pod(
                 let reason = if code == 0 { "Completed" } else { "Error" };
                 st.worker.terminate(code, reason);
                 worker_running = false;
-                shared.view(&name, |v| v.worker_running = false);
+                let at = shared.started.elapsed();
+                shared.view(&name, |v| v.worker_stopped(at));
                 let action = rule_action(&worker_spec, code);
                 shared.log(format!(
                     "{name}: worker exited {code} (rule: {})",
@@ -961,7 +1003,8 @@ async fn restart_all(
     agent: Option<&mut AgentRun>,
 ) {
     st.restarting = true;
-    shared.view(name, |v| v.worker_running = false);
+    let at = shared.started.elapsed();
+    shared.view(name, |v| v.worker_stopped(at));
     status.set(st);
     if let Some(agent) = agent {
         let code = agent.stop(shared.config.termination_grace).await;
