@@ -2537,3 +2537,365 @@ async fn a_group_restart_runs_in_place_on_a_node_through_the_real_controllers() 
     )
     .await;
 }
+
+// ---------------------------------------------------------------------------------------------
+// i. What one group restart costs the real API server (#[ignore]: run with --ignored)
+// ---------------------------------------------------------------------------------------------
+
+/// The counters of the API server's own `/metrics` this measurement reads: requests by verb and
+/// resource, watch events and their bytes by resource.
+#[derive(Clone, Debug, Default)]
+struct ApiMetrics {
+    requests: std::collections::BTreeMap<String, f64>,
+    watch_events: std::collections::BTreeMap<String, f64>,
+    watch_bytes: std::collections::BTreeMap<String, f64>,
+}
+
+/// The labels of one metric line (`name{a="x",b="y"} value`) and its value.
+fn metric_line(line: &str) -> Option<(&str, std::collections::BTreeMap<String, String>, f64)> {
+    let (head, value) = line.rsplit_once(' ')?;
+    let value = value.parse::<f64>().ok()?;
+    let (name, labels) = match head.split_once('{') {
+        Some((name, rest)) => (name, rest.strip_suffix('}')?),
+        None => (head, ""),
+    };
+    let mut out = std::collections::BTreeMap::new();
+    let mut rest = labels;
+    while let Some((key, after)) = rest.split_once("=\"") {
+        let end = after.find('"')?;
+        out.insert(
+            key.trim_start_matches(',').to_owned(),
+            after[..end].to_owned(),
+        );
+        rest = &after[end + 1..];
+    }
+    Some((name, out, value))
+}
+
+async fn api_metrics(cluster: &Cluster) -> Result<ApiMetrics, String> {
+    let request = hyper::http::Request::get("/metrics")
+        .body(Vec::new())
+        .map_err(|e| e.to_string())?;
+    let text = tokio::time::timeout(
+        Duration::from_secs(30),
+        cluster.client.request_text(request),
+    )
+    .await
+    .map_err(|_| "no /metrics within 30 s".to_owned())?
+    .map_err(|e| e.to_string())?;
+    let mut m = ApiMetrics::default();
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let Some((name, labels, value)) = metric_line(line) else {
+            continue;
+        };
+        let label = |k: &str| labels.get(k).map(String::as_str).unwrap_or_default();
+        let resource = match (label("group"), label("resource")) {
+            (_, "") => continue,
+            ("", r) => r.to_owned(),
+            (g, r) => format!("{r}.{g}"),
+        };
+        match name {
+            "apiserver_request_total" => {
+                let sub = match label("subresource") {
+                    "" => String::new(),
+                    s => format!("/{s}"),
+                };
+                *m.requests
+                    .entry(format!("{} {resource}{sub}", label("verb")))
+                    .or_default() += value;
+            }
+            "apiserver_watch_events_total" => {
+                *m.watch_events.entry(resource).or_default() += value;
+            }
+            "apiserver_watch_events_sizes_sum" => {
+                *m.watch_bytes.entry(resource).or_default() += value;
+            }
+            _ => {}
+        }
+    }
+    Ok(m)
+}
+
+fn metrics_delta(
+    before: &std::collections::BTreeMap<String, f64>,
+    after: &std::collections::BTreeMap<String, f64>,
+) -> std::collections::BTreeMap<String, f64> {
+    after
+        .iter()
+        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0.0)))
+        .filter(|(_, d)| *d > 0.0)
+        .collect()
+}
+
+/// One group restart of `pods` pods on the real control plane, measured from the API server's
+/// `/metrics`; the pods run on the test kit's node with the agents in-process on the admin's
+/// client (one process, no token per pod: a measurement of load, not of rights).
+async fn measure_group_restart(cluster: &Cluster, pods: usize) -> Result<String, String> {
+    use jobset_inplace_testkit::node::{Node, NodeAgents, NodeConfig};
+    let ns = TestNamespace::create(cluster, &format!("rc-scale{pods}")).await;
+    let gvk = GroupVersionKind::gvk("jobset.x-k8s.io", "v1alpha2", "JobSet");
+    let jobsets: Api<DynamicObject> = Api::namespaced_with(
+        cluster.client.clone(),
+        &ns.name,
+        &ApiResource::from_gvk(&gvk),
+    );
+    let published: Api<JobSetEpoch> = Api::namespaced(cluster.client.clone(), &ns.name);
+    let mut js = fixture_object("story1-plain");
+    js["metadata"] = json!({"name": "train", "namespace": ns.name});
+    js["spec"]["replicatedJobs"][0]["replicas"] = json!(1);
+    js["spec"]["replicatedJobs"][0]["template"]["spec"]["parallelism"] = json!(pods);
+    js["spec"]["replicatedJobs"][0]["template"]["spec"]["completions"] = json!(pods);
+    let js: DynamicObject = serde_json::from_value(js).map_err(|e| e.to_string())?;
+    try_eventually(Duration::from_secs(30), || async {
+        let created = jobsets
+            .create(&PostParams::default(), &js)
+            .await
+            .map_err(|e| e.to_string())?;
+        serde_json::to_string(&created.data)
+            .unwrap_or_default()
+            .contains(INJECTED_ANNOTATION)
+            .then_some(())
+            .ok_or_else(|| {
+                "created without injection (the webhook's configuration not in force yet)".into()
+            })
+    })
+    .await?;
+    let reconciler = Reconciler::start(cluster, &format!("real-cluster-scale-{pods}")).await;
+    reconciler.ready().await;
+    let node_name = format!("node-{}", ns.name);
+    let _node_cleanup = NodeCleanup {
+        kubeconfig: cluster.kubeconfig.clone(),
+        name: node_name.clone(),
+    };
+    let mut config = NodeConfig::new(
+        &node_name,
+        &ns.name,
+        env!("CARGO_BIN_EXE_jobset-inplace"),
+        &cluster.server,
+        &cluster.ca_data,
+        env!("CARGO_TARGET_TMPDIR"),
+    );
+    config.agents = NodeAgents::InProcess(cluster.client.clone());
+    config.probe_period = Duration::from_millis(200);
+    config.api_timeout = Duration::from_secs(30);
+    config
+        .capacity
+        .insert("pods".into(), (pods + 10).to_string());
+    config
+        .capacity
+        .insert("google.com/tpu".into(), (4 * pods).to_string());
+    let node = Node::start(cluster.client.clone(), config)
+        .await
+        .map_err(|e| e.to_string())?;
+    let limit = Duration::from_secs(120 + pods as u64 / 5);
+    let synced = || async {
+        published
+            .get_opt("train")
+            .await
+            .map_err(|e| e.to_string())?
+            .and_then(|o| o.epochs)
+            .ok_or_else(|| "no JobSetEpoch yet".to_owned())
+            .map(|e| e.synced)
+    };
+    let all_running = |starts: u32| {
+        let views = node.pods();
+        views.len() == pods
+            && views
+                .iter()
+                .all(|v| v.worker_running && v.worker_starts == starts)
+    };
+    let started = Instant::now();
+    let diagnose = |node: &Node| {
+        format!(
+            "\nreconciler:\n{}\nnode:\n{}",
+            reconciler.log_tail(),
+            node.log_tail(60)
+        )
+    };
+    try_eventually(limit, || async {
+        let s = synced().await?;
+        (all_running(1) && s == Some(1))
+            .then_some(())
+            .ok_or_else(|| {
+                let running = node.pods().iter().filter(|v| v.worker_running).count();
+                format!("{running} of {pods} running, synced {s:?}")
+            })
+    })
+    .await
+    .map_err(|e| format!("first start: {e}{}", diagnose(&node)))?;
+    let first_start = started.elapsed();
+    // Quiet: the controllers' writes after the start end.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let before = api_metrics(cluster).await?;
+    let failing = node
+        .pods()
+        .first()
+        .map(|v| v.name.clone())
+        .ok_or("no pod")?;
+    let failed_at = node.clock();
+    let failed_at_wall = Instant::now();
+    node.exit_worker(&failing, 42)?;
+    try_eventually(limit, || async {
+        let s = synced().await?;
+        (all_running(2) && s == Some(2))
+            .then_some(())
+            .ok_or_else(|| {
+                let again = node.pods().iter().filter(|v| v.worker_starts == 2).count();
+                format!("{again} of {pods} restarted, synced {s:?}")
+            })
+    })
+    .await
+    .map_err(|e| format!("group restart: {e}{}", diagnose(&node)))?;
+    let views = node.pods();
+    let last_lift = views
+        .iter()
+        .filter_map(|v| v.worker_runs.get(1).map(|r| r.0))
+        .max()
+        .unwrap_or_default();
+    let took = last_lift.saturating_sub(failed_at);
+    let last_stop = views.iter().filter_map(|v| v.worker_runs[0].1).max();
+    let first_restart = views
+        .iter()
+        .filter_map(|v| v.worker_runs.get(1).map(|r| r.0))
+        .min();
+    if !matches!((last_stop, first_restart), (Some(a), Some(b)) if a < b) {
+        return Err(format!(
+            "two generations ran together: {last_stop:?} {first_restart:?}"
+        ));
+    }
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let after = api_metrics(cluster).await?;
+    // The same time again with nothing happening: what runs anyway (bookmarks, leases, the
+    // controllers' resyncs), to read the restart's figures against.
+    let window = failed_at_wall.elapsed();
+    tokio::time::sleep(window).await;
+    let idle = api_metrics(cluster).await?;
+
+    let per_pod = |n: f64| n / pods as f64;
+    let mut out = format!(
+        "{pods:>6} pods: first start {:.1} s; last barrier lifted {:.0} ms after the failure; \
+         window {:.1} s (then as long idle)\n",
+        first_start.as_secs_f64(),
+        took.as_secs_f64() * 1000.0,
+        window.as_secs_f64()
+    );
+    let rows = |what: &str,
+                restart: std::collections::BTreeMap<String, f64>,
+                quiet: std::collections::BTreeMap<String, f64>,
+                bytes: Option<(
+        std::collections::BTreeMap<String, f64>,
+        std::collections::BTreeMap<String, f64>,
+    )>| {
+        let mut keys: Vec<&String> = restart.keys().chain(quiet.keys()).collect();
+        keys.sort();
+        keys.dedup();
+        let mut text = String::new();
+        for k in keys {
+            let (r, q) = (
+                restart.get(k).copied().unwrap_or(0.0),
+                quiet.get(k).copied().unwrap_or(0.0),
+            );
+            text.push_str(&format!(
+                "{pods:>6} pods:   {what} {k:<44} restart {:8.2} idle {:8.2} per pod ({r:.0} in all)",
+                per_pod(r),
+                per_pod(q)
+            ));
+            if let Some((rb, qb)) = &bytes {
+                text.push_str(&format!(
+                    "; bytes restart {:9.0} idle {:9.0} per pod",
+                    per_pod(rb.get(k).copied().unwrap_or(0.0)),
+                    per_pod(qb.get(k).copied().unwrap_or(0.0))
+                ));
+            }
+            text.push('\n');
+        }
+        text
+    };
+    out.push_str(&rows(
+        "requests ",
+        metrics_delta(&before.requests, &after.requests),
+        metrics_delta(&after.requests, &idle.requests),
+        None,
+    ));
+    out.push_str(&rows(
+        "delivered",
+        metrics_delta(&before.watch_events, &after.watch_events),
+        metrics_delta(&after.watch_events, &idle.watch_events),
+        Some((
+            metrics_delta(&before.watch_bytes, &after.watch_bytes),
+            metrics_delta(&after.watch_bytes, &idle.watch_bytes),
+        )),
+    ));
+
+    // The namespace goes while the node runs, then the node.
+    reconciler.kill().await;
+    drop(ns);
+    let all: Api<Pod> = Api::all(cluster.client.clone());
+    let field = format!("spec.nodeName={node_name}");
+    let gone = try_eventually(Duration::from_secs(60 + pods as u64 / 10), || async {
+        let left = all
+            .list(&ListParams::default().fields(&field))
+            .await
+            .map_err(|e| e.to_string())?;
+        left.items
+            .is_empty()
+            .then_some(())
+            .ok_or(format!("{} pods left", left.items.len()))
+    })
+    .await;
+    node.stop().await.map_err(|e| e.to_string())?;
+    if let Err(e) = gone {
+        out.push_str(&format!("{pods:>6} pods: cleanup: {e}\n"));
+    }
+    Ok(out)
+}
+
+/// `JOBSET_INPLACE_REAL_SCALE_SIZES` (default `100,500`) pods, one group restart each, against
+/// the real control plane: per pod, the API requests by verb and resource and the watch events
+/// and bytes by resource that the API server counted (everyone's: agents, node, reconciler, Job
+/// and JobSet controllers). `cargo test --test real_cluster -- --ignored --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement: minutes, and many pods on the control plane"]
+async fn measure_a_group_restart_on_the_real_api_server() {
+    let Some(cluster) = cluster("measure_a_group_restart_on_the_real_api_server").await else {
+        return;
+    };
+    let _turn = CLUSTER_LOCK.lock().await;
+    let sizes =
+        std::env::var("JOBSET_INPLACE_REAL_SCALE_SIZES").unwrap_or_else(|_| "100,500".to_owned());
+    let installed = install(&cluster, "epoch").await;
+    let configurations: Vec<Value> = installed
+        .into_iter()
+        .filter(|o| {
+            o["kind"] == "MutatingWebhookConfiguration"
+                || o["kind"] == "ValidatingWebhookConfiguration"
+        })
+        .collect();
+    let webhook = Webhook::start().await;
+    apply(&cluster, &pointed_at(&configurations, &webhook))
+        .await
+        .expect("webhook configurations");
+    let mut report = String::from(
+        "one group restart on kube-apiserver 1.35 with the Job and JobSet controllers; agents \
+         in-process on the node (one shared admin client); per pod, everyone's requests\n",
+    );
+    let mut failed = Vec::new();
+    for pods in sizes
+        .split(',')
+        .filter_map(|s| s.trim().parse::<usize>().ok())
+    {
+        let limit = Duration::from_secs(600 + pods as u64);
+        match tokio::time::timeout(limit, measure_group_restart(&cluster, pods)).await {
+            Ok(Ok(table)) => {
+                eprint!("{table}");
+                report.push_str(&table);
+            }
+            Ok(Err(e)) => failed.push(format!("{pods} pods: {e}")),
+            Err(_) => failed.push(format!("{pods} pods: not within {limit:?}")),
+        }
+    }
+    webhook.stop().await;
+    delete_webhook_configurations(&cluster).await;
+    println!("{report}");
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
+}

@@ -64,6 +64,26 @@ const LOOPBACK: &str = "127.0.0.1";
 /// The `reason` of a container the kubelet stopped for a `RestartAllContainers` rule.
 const RESTARTING_ALL_CONTAINERS: &str = "RestartingAllContainers";
 
+/// How the node runs agent containers.
+#[derive(Clone)]
+pub enum NodeAgents {
+    /// The `jobset-inplace` binary, one child process per pod, with a token bound to its pod.
+    Binary(PathBuf),
+    /// [`jobset_inplace::agent::run_agent`] as a task of this process per pod, on the one client
+    /// given (no token of its own: for measurements of many pods, not for rights), configured
+    /// from the container's env by the agent's own parser; the barrier read from its state.
+    InProcess(kube::Client),
+}
+
+impl std::fmt::Debug for NodeAgents {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NodeAgents::Binary(path) => f.debug_tuple("Binary").field(path).finish(),
+            NodeAgents::InProcess(_) => f.write_str("InProcess"),
+        }
+    }
+}
+
 /// What the node is and how it runs pods.
 #[derive(Clone, Debug)]
 pub struct NodeConfig {
@@ -71,8 +91,8 @@ pub struct NodeConfig {
     pub name: String,
     /// The namespace whose pods it binds and runs.
     pub namespace: String,
-    /// The `jobset-inplace` binary the agent containers run.
-    pub agent_binary: PathBuf,
+    /// What the agent containers run.
+    pub agents: NodeAgents,
     /// The API server's URL and CA (base64 PEM, as in a kubeconfig), written into each pod's
     /// kubeconfig.
     pub server: String,
@@ -107,7 +127,7 @@ impl NodeConfig {
         NodeConfig {
             name: name.to_owned(),
             namespace: namespace.to_owned(),
-            agent_binary: agent_binary.into(),
+            agents: NodeAgents::Binary(agent_binary.into()),
             server: server.to_owned(),
             ca_data: ca_data.to_owned(),
             work_dir: work_dir.into(),
@@ -261,6 +281,11 @@ impl Node {
 
     pub fn name(&self) -> &str {
         &self.shared.config.name
+    }
+
+    /// The node's clock (since it started): the one of [`PodView::worker_runs`].
+    pub fn clock(&self) -> Duration {
+        self.shared.started.elapsed()
     }
 
     /// Makes the worker of pod `pod` exit with `code`; an error when the node runs no such pod.
@@ -469,7 +494,8 @@ async fn run(
         match node.as_deref() {
             None | Some("") => {
                 if bound.insert(uid.clone()) {
-                    bind(&shared, &name, &uid).await;
+                    let shared = shared.clone();
+                    tokio::spawn(async move { bind(&shared, &name, &uid).await });
                 }
             }
             Some(n) if n == shared.config.name => {
@@ -762,35 +788,46 @@ fn spawn_agent(
     shared: &Arc<Shared>,
     pod: &Value,
     agent: &Value,
-    kubeconfig: &Path,
-) -> Result<(AgentRun, SocketAddr), String> {
+    kubeconfig: Option<&Path>,
+) -> Result<AgentRun, String> {
     let name = pod
         .pointer("/metadata/name")
         .and_then(Value::as_str)
         .unwrap_or_default();
-    let port = barrier_port().ok_or("no free loopback port for the barrier")?;
     let mut env = resolve_env(agent, pod);
     let mut set = |k: &str, v: String| {
         env.retain(|(n, _)| n != k);
         env.push((k.to_owned(), v));
     };
-    set(agent_env::BARRIER_PORT, port.to_string());
-    set("KUBECONFIG", kubeconfig.display().to_string());
-    set(
-        "JOBSET_INPLACE_LOG_LEVEL",
-        shared.config.agent_log_level.clone(),
-    );
-    set("NO_COLOR", "1".to_owned());
-    let addr = SocketAddr::from(([127, 0, 0, 1], port));
-    let run = AgentRun::spawn_process(
-        &shared.config.agent_binary,
-        &env,
-        Some(addr),
-        shared.sink(),
-        format!("{name} agent:"),
-    )
-    .map_err(|e| format!("cannot start {}: {e}", shared.config.agent_binary.display()))?;
-    Ok((run, addr))
+    match &shared.config.agents {
+        NodeAgents::InProcess(client) => AgentRun::spawn_in_process(
+            client.clone(),
+            &env,
+            jobset_inplace::protocol::Dialect::Epoch,
+        )
+        .map_err(|e| format!("cannot start the agent of {name}: {e}")),
+        NodeAgents::Binary(binary) => {
+            let port = barrier_port().ok_or("no free loopback port for the barrier")?;
+            set(agent_env::BARRIER_PORT, port.to_string());
+            if let Some(path) = kubeconfig {
+                set("KUBECONFIG", path.display().to_string());
+            }
+            set(
+                "JOBSET_INPLACE_LOG_LEVEL",
+                shared.config.agent_log_level.clone(),
+            );
+            set("NO_COLOR", "1".to_owned());
+            let addr = SocketAddr::from(([127, 0, 0, 1], port));
+            AgentRun::spawn_process(
+                binary,
+                &env,
+                Some(addr),
+                shared.sink(),
+                format!("{name} agent:"),
+            )
+            .map_err(|e| format!("cannot start {}: {e}", binary.display()))
+        }
+    }
 }
 
 /// The kubelet of one pod bound to the node.
@@ -842,10 +879,15 @@ async fn run_pod(
     let mut status = StatusWriter::start(&shared, &name);
     status.set(&mut st);
 
-    // The projected token: asked for once per pod, as the kubelet mounts it for the pod's life.
+    // The projected token: asked for once per pod, as the kubelet mounts it for the pod's life
+    // (in-process agents use the node's client instead).
+    let in_process = matches!(shared.config.agents, NodeAgents::InProcess(_));
     let kubeconfig = loop {
+        if in_process {
+            break None;
+        }
         match pod_kubeconfig(&shared, &pod).await {
-            Ok(path) => break path,
+            Ok(path) => break Some(path),
             Err(e) => {
                 shared.log(format!("{name}: {e}; again in 1 s"));
                 tokio::select! {
@@ -860,7 +902,7 @@ async fn run_pod(
     let mut worker_running = false;
     loop {
         // A run of the agent container.
-        let (mut agent, _) = match spawn_agent(&shared, &pod, &agent_spec, &kubeconfig) {
+        let mut agent = match spawn_agent(&shared, &pod, &agent_spec, kubeconfig.as_deref()) {
             Ok(a) => a,
             Err(e) => {
                 shared.log(format!("{name}: {e}"));
