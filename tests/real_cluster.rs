@@ -1342,7 +1342,19 @@ struct Reconciler {
 }
 
 impl Reconciler {
+    /// With a short Lease (6 s, renewed 2 s before): the hand-over test needs it.
     async fn start(cluster: &Cluster, identity: &str) -> Self {
+        Self::start_with_lease(cluster, identity, 6, 2).await
+    }
+
+    /// With the Lease's duration and grace given (seconds). A replica that sees no renewal of
+    /// its own Lease in time exits: under load, a short Lease ends the reconciler.
+    async fn start_with_lease(
+        cluster: &Cluster,
+        identity: &str,
+        duration: u64,
+        grace: u64,
+    ) -> Self {
         let accounts: Api<ServiceAccount> =
             Api::namespaced(cluster.client.clone(), SYSTEM_NAMESPACE);
         let request = TokenRequest {
@@ -1392,9 +1404,9 @@ impl Reconciler {
                 "--identity",
                 identity,
                 "--lease-duration-seconds",
-                "6",
+                &duration.to_string(),
                 "--lease-grace-seconds",
-                "2",
+                &grace.to_string(),
             ])
             .stdin(Stdio::null())
             .kill_on_drop(true)
@@ -2660,7 +2672,10 @@ async fn measure_group_restart(cluster: &Cluster, pods: usize) -> Result<String,
             })
     })
     .await?;
-    let reconciler = Reconciler::start(cluster, &format!("real-cluster-scale-{pods}")).await;
+    // The default Lease (15 s, 5 s of grace): the first start of hundreds of pods loads the
+    // 2 cores enough that a 6 s Lease went unrenewed and the reconciler exited.
+    let reconciler =
+        Reconciler::start_with_lease(cluster, &format!("real-cluster-scale-{pods}"), 15, 5).await;
     reconciler.ready().await;
     let node_name = format!("node-{}", ns.name);
     let _node_cleanup = NodeCleanup {
@@ -2734,6 +2749,7 @@ async fn measure_group_restart(cluster: &Cluster, pods: usize) -> Result<String,
         .ok_or("no pod")?;
     let failed_at = node.clock();
     let failed_at_wall = Instant::now();
+    let failed_utc = k8s_openapi::jiff::Timestamp::now();
     node.exit_worker(&failing, 42)?;
     try_eventually(limit, || async {
         let s = synced().await?;
@@ -2827,6 +2843,12 @@ async fn measure_group_restart(cluster: &Cluster, pods: usize) -> Result<String,
         )),
     ));
 
+    if std::env::var_os("JOBSET_INPLACE_REAL_SCALE_LOGS").is_some() {
+        out.push_str(&format!(
+            "failed at {failed_at:?} on the node's clock, {failed_utc} UTC{}\n",
+            diagnose(&node)
+        ));
+    }
     // The namespace goes while the node runs, then the node.
     reconciler.kill().await;
     drop(ns);
