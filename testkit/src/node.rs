@@ -1058,3 +1058,82 @@ async fn restart_all(
     shared.view(name, |v| v.restarts += 1);
     shared.log(format!("{name}: all containers restarted in place"));
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state() -> PodState {
+        PodState::new(
+            "uid-1",
+            &json!({"name": "jobset-inplace-agent", "image": "agent:1"}),
+            &json!({"name": "worker", "image": "worker:1"}),
+        )
+    }
+
+    fn condition(status: &Value, kind: &str) -> Value {
+        status["conditions"]
+            .as_array()
+            .and_then(|cs| cs.iter().find(|c| c["type"] == kind))
+            .map(|c| c["status"].clone())
+            .unwrap_or(Value::Null)
+    }
+
+    #[test]
+    fn a_pod_waits_at_its_barrier_pending_and_runs_once_it_lifts() {
+        let mut st = state();
+        st.agent.run("uid-1");
+        let s = st.json();
+        assert_eq!(s["phase"], "Pending");
+        assert_eq!(condition(&s, "Initialized"), "False");
+        assert_eq!(condition(&s, "PodScheduled"), "True");
+        assert!(s["initContainerStatuses"][0]["state"]["running"].is_object());
+        assert_eq!(s["initContainerStatuses"][0]["started"], false);
+        assert_eq!(
+            s["containerStatuses"][0]["state"]["waiting"]["reason"],
+            "PodInitializing"
+        );
+        st.agent.started = true;
+        st.agent.ready = true;
+        st.worker.run("uid-1");
+        st.worker.started = true;
+        st.worker.ready = true;
+        st.phase = "Running";
+        let s = st.json();
+        assert_eq!(condition(&s, "Ready"), "True");
+        assert_eq!(condition(&s, "AllContainersRestarting"), "False");
+        assert_eq!(s["podIP"], LOOPBACK);
+    }
+
+    #[test]
+    fn a_restart_of_all_containers_keeps_what_ended_and_counts_up() {
+        let mut st = state();
+        st.agent.run("uid-1");
+        st.worker.run("uid-1");
+        st.phase = "Running";
+        st.worker.terminate(42, "Error");
+        st.agent.terminate(143, RESTARTING_ALL_CONTAINERS);
+        st.restarting = true;
+        let s = st.json();
+        assert_eq!(condition(&s, "AllContainersRestarting"), "True");
+        assert_eq!(condition(&s, "Ready"), "False");
+        assert_eq!(
+            s["containerStatuses"][0]["state"]["terminated"]["exitCode"],
+            42
+        );
+        st.agent.restart();
+        st.worker.restart();
+        st.restarting = false;
+        let s = st.json();
+        assert_eq!(s["phase"], "Running", "a pod that ran stays Running");
+        for key in ["initContainerStatuses", "containerStatuses"] {
+            assert_eq!(s[key][0]["restartCount"], 1, "{key}");
+            assert!(s[key][0]["lastState"]["terminated"].is_object(), "{key}");
+            assert!(s[key][0]["state"]["waiting"].is_object(), "{key}");
+        }
+        assert_eq!(
+            s["initContainerStatuses"][0]["lastState"]["terminated"]["reason"],
+            RESTARTING_ALL_CONTAINERS
+        );
+    }
+}
