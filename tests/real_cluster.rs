@@ -2874,6 +2874,29 @@ async fn measure_group_restart(cluster: &Cluster, pods: usize) -> Result<String,
     Ok(out)
 }
 
+/// The in-process agents' warnings logged since `seen` bytes of the log, counted by message.
+fn agent_warnings(path: &Path, pods: usize, seen: &mut usize) -> String {
+    let all = std::fs::read(path).unwrap_or_default();
+    let text = String::from_utf8_lossy(all.get(*seen..).unwrap_or_default()).into_owned();
+    *seen = all.len();
+    let mut counts = std::collections::BTreeMap::<String, usize>::new();
+    for line in text.lines() {
+        // `... WARN agent{...}: jobset_inplace::agent::run: MESSAGE key=value ... error=...`
+        let message = line
+            .split_once("jobset_inplace::agent::run: ")
+            .map_or(line, |(_, m)| m);
+        let key = match message.split_once(" error=") {
+            Some((m, e)) => format!("{m} (error={})", e.chars().take(120).collect::<String>()),
+            None => message.to_owned(),
+        };
+        *counts.entry(key).or_default() += 1;
+    }
+    counts
+        .into_iter()
+        .map(|(m, n)| format!("{pods:>6} pods:   agent warnings {n:>5} x {m}\n"))
+        .collect()
+}
+
 /// `JOBSET_INPLACE_REAL_SCALE_SIZES` (default `100,500`) pods, one group restart each, against
 /// the real control plane: per pod, the API requests by verb and resource and the watch events
 /// and bytes by resource that the API server counted (everyone's: agents, node, reconciler, Job
@@ -2885,6 +2908,17 @@ async fn measure_a_group_restart_on_the_real_api_server() {
         return;
     };
     let _turn = CLUSTER_LOCK.lock().await;
+    // The in-process agents' warnings (retries and their errors) into a file, counted per size.
+    let agent_log = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("scale-agents.log");
+    if let Ok(file) = std::fs::File::create(&agent_log) {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(
+                "jobset_inplace::agent=warn",
+            ))
+            .with_writer(std::sync::Mutex::new(file))
+            .with_ansi(false)
+            .try_init();
+    }
     let sizes =
         std::env::var("JOBSET_INPLACE_REAL_SCALE_SIZES").unwrap_or_else(|_| "100,500".to_owned());
     let installed = install(&cluster, "epoch").await;
@@ -2904,6 +2938,7 @@ async fn measure_a_group_restart_on_the_real_api_server() {
          in-process on the node (one shared admin client); per pod, everyone's requests\n",
     );
     let mut failed = Vec::new();
+    let mut seen = 0;
     for pods in sizes
         .split(',')
         .filter_map(|s| s.trim().parse::<usize>().ok())
@@ -2913,6 +2948,7 @@ async fn measure_a_group_restart_on_the_real_api_server() {
             Ok(Ok(table)) => {
                 eprint!("{table}");
                 report.push_str(&table);
+                report.push_str(&agent_warnings(&agent_log, pods, &mut seen));
             }
             Ok(Err(e)) => failed.push(format!("{pods} pods: {e}")),
             Err(_) => failed.push(format!("{pods} pods: not within {limit:?}")),
