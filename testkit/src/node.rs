@@ -16,7 +16,9 @@
 //!   resolved from the container spec (literal values and downward-API `fieldRef`s, with
 //!   `status.podIP` 127.0.0.1). Every pod shares 127.0.0.1, so each agent gets a barrier port of
 //!   its own through `BARRIER_PORT` (the only variable set beside the spec's, with `KUBECONFIG`
-//!   and the log settings), and the startup probe is polled on that port;
+//!   and the log settings), and the startup probe is polled on that port (for measurements of
+//!   many pods, [`NodeAgents::InProcess`] runs the agent's code as a task on one shared client
+//!   instead, without a token of its own);
 //! - the worker container is simulated: it starts once the agent's startup probe answers 200
 //!   (the barrier) and runs until the test makes it exit ([`Node::exit_worker`]);
 //! - every container exit goes through the container's `restartPolicyRules`: a
