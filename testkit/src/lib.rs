@@ -8,6 +8,8 @@
 //!   run the real agent and reconciler in every pod of a JobSet, and check the protocol's
 //!   invariant throughout. It recognises agents as Kubernetes would see them (container lists,
 //!   names, env, restart rules), never through the product's admission code;
+//! - [`node`]: a kubelet for any API server (only a `kube::Client`): it registers a `Node`, binds
+//!   and runs a namespace's pods with the real agent binary, as `tests/real_cluster.rs` needs;
 //! - [`fixtures`]: the repository's fixtures (`fixtures/`) as tests read them;
 //! - [`oracle`]: a second, independent way to compute an answer the product computes (admission
 //!   through a `Value`), for equivalence tests and fuzzing;
@@ -21,6 +23,7 @@ pub mod apiserver;
 pub mod fixtures;
 pub mod generators;
 pub mod kubelet;
+pub mod node;
 pub mod oracle;
 pub mod process;
 pub mod webhook_harness;

@@ -48,10 +48,10 @@
 //!
 //! Every child process is killed when the simulation is dropped.
 
-mod agents;
+pub(crate) mod agents;
 pub mod manifest;
 mod pod;
-mod recognise;
+pub(crate) mod recognise;
 mod status;
 mod writers;
 

@@ -1,0 +1,1141 @@
+//! A node for any API server: a kubelet that registers a `Node`, binds the unscheduled pods of
+//! one namespace to itself (as a scheduler would, through `pods/{name}/binding`) and runs the
+//! pods bound to it, talking to the API server only through a [`kube::Client`], as a kubelet
+//! does. It is what `tests/real_cluster.rs` runs a group restart with against kube-apiserver and
+//! the real Job and JobSet controllers; the simulated kubelet of [`crate::kubelet`] stays the one
+//! for the test API server (it reads that server's state directly, checks the protocol's
+//! invariant and stands in for the controllers too).
+//!
+//! A pod runs as a kubelet runs it, for what jobset-inplace needs:
+//! - its service account's token bound to the pod (a TokenRequest with `boundObjectRef` of kind
+//!   Pod, name and UID, the API server's default audience, as the kubelet's projected volume asks
+//!   for it), written with the API server's URL and CA into a kubeconfig of its own
+//!   (`KUBECONFIG`: the agent's `kube::Client::try_default` reads it where a pod has the
+//!   in-cluster files);
+//! - the sidecar agent: the real `jobset-inplace agent` binary as a child process, its env
+//!   resolved from the container spec (literal values and downward-API `fieldRef`s, with
+//!   `status.podIP` 127.0.0.1). Every pod shares 127.0.0.1, so each agent gets a barrier port of
+//!   its own through `BARRIER_PORT` (the only variable set beside the spec's, with `KUBECONFIG`
+//!   and the log settings), and the startup probe is polled on that port (for measurements of
+//!   many pods, [`NodeAgents::InProcess`] runs the agent's code as a task on one shared client
+//!   instead, without a token of its own);
+//! - the worker container is simulated: it starts once the agent's startup probe answers 200
+//!   (the barrier) and runs until the test makes it exit ([`Node::exit_worker`]);
+//! - every container exit goes through the container's `restartPolicyRules`: a
+//!   `RestartAllContainers` rule stops every container (the agent with SIGTERM, then SIGKILL
+//!   after the grace period) and starts them all again in the same pod, restart counts up; a
+//!   sidecar exit without a rule restarts the sidecar alone (`restartPolicy: Always`); a worker
+//!   exit without a rule ends the pod (`restartPolicy: Never`);
+//! - the pod status is written through `pods/{name}/status` as the kubelet writes it: phase,
+//!   the conditions (`PodReadyToStartContainers`, `Initialized`, `ContainersReady`, `Ready`,
+//!   `PodScheduled`, and `AllContainersRestarting`, which a 1.35 kubelet with the feature gate
+//!   always reports), `initContainerStatuses` for the sidecar and `containerStatuses` with their
+//!   state, `lastState`, `started`, `ready` and `restartCount`, `podIP`/`hostIP` 127.0.0.1;
+//! - a pod deleted through the API has its containers stopped, its terminal status written, and
+//!   is then deleted for good (grace period 0, its UID as a precondition), as a kubelet does.
+//!
+//! No heartbeat: the `Node`'s `Ready` condition is written once. That is enough where no
+//! node-lifecycle controller runs (`scripts/control-plane.sh` runs none); under one, the node
+//! would be tainted unreachable after its grace period.
+//!
+//! Every API call has a timeout; the loops log failures and go on (or end the pod with a
+//! message) instead of panicking. [`Node::stop`] kills every agent and deletes the `Node`.
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{Node as NodeObject, Pod, ServiceAccount};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::runtime::{WatchStreamExt, watcher};
+use serde_json::{Value, json};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+
+use crate::kubelet::agents::{AgentRun, LogSink, barrier_port};
+use crate::kubelet::manifest::resolve_env;
+use crate::kubelet::recognise::{self, rule_action};
+use jobset_inplace::wire::agent_env;
+
+/// The address of every pod and of the node.
+const LOOPBACK: &str = "127.0.0.1";
+/// The `reason` of a container the kubelet stopped for a `RestartAllContainers` rule.
+const RESTARTING_ALL_CONTAINERS: &str = "RestartingAllContainers";
+
+/// How the node runs agent containers.
+#[derive(Clone)]
+pub enum NodeAgents {
+    /// The `jobset-inplace` binary, one child process per pod, with a token bound to its pod.
+    Binary(PathBuf),
+    /// [`jobset_inplace::agent::run_agent`] as a task of this process per pod, on the one client
+    /// given (no token of its own: for measurements of many pods, not for rights), configured
+    /// from the container's env by the agent's own parser; the barrier read from its state.
+    InProcess(kube::Client),
+}
+
+impl std::fmt::Debug for NodeAgents {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NodeAgents::Binary(path) => f.debug_tuple("Binary").field(path).finish(),
+            NodeAgents::InProcess(_) => f.write_str("InProcess"),
+        }
+    }
+}
+
+/// What the node is and how it runs pods.
+#[derive(Clone, Debug)]
+pub struct NodeConfig {
+    /// The `Node`'s name (cluster-scoped: unique per test).
+    pub name: String,
+    /// The namespace whose pods it binds and runs.
+    pub namespace: String,
+    /// What the agent containers run.
+    pub agents: NodeAgents,
+    /// The API server's URL and CA (base64 PEM, as in a kubeconfig), written into each pod's
+    /// kubeconfig.
+    pub server: String,
+    pub ca_data: String,
+    /// Where each pod's kubeconfig goes (a temporary directory under it).
+    pub work_dir: PathBuf,
+    /// `JOBSET_INPLACE_LOG_LEVEL` of the agents.
+    pub agent_log_level: String,
+    /// Startup probe period (the kubelet's minimum is 1 s; tests go faster).
+    pub probe_period: Duration,
+    /// SIGTERM to SIGKILL when a container is stopped.
+    pub termination_grace: Duration,
+    /// Timeout of each API call.
+    pub api_timeout: Duration,
+    /// `status.capacity` (and `allocatable`) of the `Node`.
+    pub capacity: BTreeMap<String, String>,
+}
+
+impl NodeConfig {
+    pub fn new(
+        name: &str,
+        namespace: &str,
+        agent_binary: impl Into<PathBuf>,
+        server: &str,
+        ca_data: &str,
+        work_dir: impl Into<PathBuf>,
+    ) -> Self {
+        let capacity = [("cpu", "8"), ("memory", "32Gi"), ("pods", "110")]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+        NodeConfig {
+            name: name.to_owned(),
+            namespace: namespace.to_owned(),
+            agents: NodeAgents::Binary(agent_binary.into()),
+            server: server.to_owned(),
+            ca_data: ca_data.to_owned(),
+            work_dir: work_dir.into(),
+            agent_log_level: "info,jobset_inplace=debug".to_owned(),
+            probe_period: Duration::from_millis(100),
+            termination_grace: Duration::from_secs(5),
+            api_timeout: Duration::from_secs(10),
+            capacity,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error("the node {node}: {what}: {reason}")]
+    Api {
+        node: String,
+        what: String,
+        reason: String,
+    },
+    #[error("the node's work directory: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// One pod as the node runs it, for tests to read.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PodView {
+    pub name: String,
+    pub uid: String,
+    /// Restarts of all containers in place (`RestartAllContainers`).
+    pub restarts: i64,
+    /// The worker runs now (its barrier lifted).
+    pub worker_running: bool,
+    /// How many times the worker started.
+    pub worker_starts: u32,
+    /// How many agent processes started.
+    pub agent_starts: u32,
+    /// The pod ended (a terminal status written, or deleted): nothing runs any more.
+    pub ended: bool,
+    /// Each run of the worker: when it started and stopped (since the node started).
+    pub worker_runs: Vec<(Duration, Option<Duration>)>,
+}
+
+impl PodView {
+    fn worker_stopped(&mut self, at: Duration) {
+        self.worker_running = false;
+        if let Some(run) = self.worker_runs.last_mut() {
+            run.1.get_or_insert(at);
+        }
+    }
+}
+
+enum Cmd {
+    /// The worker exits with this code.
+    ExitWorker(i32),
+    /// The pod is being deleted through the API.
+    Deleted,
+}
+
+struct PodHandle {
+    uid: String,
+    cmds: mpsc::UnboundedSender<Cmd>,
+    task: JoinHandle<()>,
+}
+
+struct Shared {
+    config: NodeConfig,
+    client: kube::Client,
+    started: Instant,
+    log: Mutex<VecDeque<String>>,
+    views: Mutex<BTreeMap<String, PodView>>,
+    dir: tempfile::TempDir,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Shared {
+    fn log(&self, line: String) {
+        let mut log = lock(&self.log);
+        if log.len() >= 20_000 {
+            log.pop_front();
+        }
+        let ms = self.started.elapsed().as_millis();
+        log.push_back(format!("{ms:>7}ms {line}"));
+    }
+
+    fn sink(self: &Arc<Self>) -> LogSink {
+        let weak = Arc::downgrade(self);
+        Arc::new(move |line| {
+            if let Some(s) = weak.upgrade() {
+                s.log(line);
+            }
+        })
+    }
+
+    fn view(&self, name: &str, f: impl FnOnce(&mut PodView)) {
+        f(lock(&self.views).entry(name.to_owned()).or_default());
+    }
+
+    /// `call` under the API timeout; its error (or the timeout) as text.
+    async fn call<T, F>(&self, call: F) -> Result<T, String>
+    where
+        F: std::future::Future<Output = Result<T, kube::Error>>,
+    {
+        match tokio::time::timeout(self.config.api_timeout, call).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err(format!("no answer within {:?}", self.config.api_timeout)),
+        }
+    }
+
+    fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), &self.config.namespace)
+    }
+}
+
+/// A running node; [`Node::stop`] ends it (dropping it kills its agents too).
+pub struct Node {
+    shared: Arc<Shared>,
+    stop: watch::Sender<bool>,
+    main: Option<JoinHandle<()>>,
+    pods: Arc<Mutex<HashMap<String, PodHandle>>>,
+}
+
+impl Node {
+    /// Registers the `Node` and starts binding and running the namespace's pods.
+    pub async fn start(client: kube::Client, config: NodeConfig) -> Result<Node, NodeError> {
+        std::fs::create_dir_all(&config.work_dir)?;
+        let dir = tempfile::tempdir_in(&config.work_dir)?;
+        let shared = Arc::new(Shared {
+            config,
+            client,
+            started: Instant::now(),
+            log: Mutex::new(VecDeque::new()),
+            views: Mutex::new(BTreeMap::new()),
+            dir,
+        });
+        register(&shared).await?;
+        let (stop, stop_rx) = watch::channel(false);
+        let pods = Arc::new(Mutex::new(HashMap::new()));
+        let main = tokio::spawn(run(shared.clone(), pods.clone(), stop_rx));
+        Ok(Node {
+            shared,
+            stop,
+            main: Some(main),
+            pods,
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.shared.config.name
+    }
+
+    /// The node's clock (since it started): the one of [`PodView::worker_runs`].
+    pub fn clock(&self) -> Duration {
+        self.shared.started.elapsed()
+    }
+
+    /// Makes the worker of pod `pod` exit with `code`; an error when the node runs no such pod.
+    pub fn exit_worker(&self, pod: &str, code: i32) -> Result<(), String> {
+        let pods = lock(&self.pods);
+        let handle = pods
+            .get(pod)
+            .ok_or_else(|| format!("the node runs no pod {pod}"))?;
+        handle
+            .cmds
+            .send(Cmd::ExitWorker(code))
+            .map_err(|_| format!("the pod {pod} has ended"))
+    }
+
+    /// The pods the node runs or ran, by name.
+    pub fn pods(&self) -> Vec<PodView> {
+        lock(&self.shared.views).values().cloned().collect()
+    }
+
+    /// The node's log (its own lines and its agents' output), the last `lines` lines.
+    pub fn log_tail(&self, lines: usize) -> String {
+        let log = lock(&self.shared.log);
+        let skip = log.len().saturating_sub(lines);
+        log.iter()
+            .skip(skip)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// Stops every pod's containers (within the grace period), stops watching and deletes the
+    /// `Node`. Pods stay in the API as they are (a kubelet that stops does not delete them).
+    pub async fn stop(mut self) -> Result<(), NodeError> {
+        self.stop.send_replace(true);
+        let limit = self.shared.config.termination_grace + Duration::from_secs(5);
+        if let Some(main) = self.main.take()
+            && tokio::time::timeout(limit, main).await.is_err()
+        {
+            self.shared
+                .log("the node's watch did not end in time".into());
+        }
+        let handles: Vec<PodHandle> = lock(&self.pods).drain().map(|(_, h)| h).collect();
+        for h in handles {
+            let abort = h.task.abort_handle();
+            if tokio::time::timeout(limit, h.task).await.is_err() {
+                abort.abort();
+            }
+        }
+        let nodes: Api<NodeObject> = Api::all(self.shared.client.clone());
+        let name = self.shared.config.name.clone();
+        match self
+            .shared
+            .call(nodes.delete(&name, &DeleteParams::default()))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(reason) if reason.contains("NotFound") || reason.contains("not found") => Ok(()),
+            Err(reason) => Err(NodeError::Api {
+                node: name,
+                what: "delete the Node".into(),
+                reason,
+            }),
+        }
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.stop.send_replace(true);
+        if let Some(main) = self.main.take() {
+            main.abort();
+        }
+        // Aborted tasks drop their agents, which are killed on drop.
+        for (_, h) in lock(&self.pods).drain() {
+            h.task.abort();
+        }
+    }
+}
+
+/// Creates (or takes over) the `Node` and writes its status: `Ready`, capacity, addresses, the
+/// features a 1.35 kubelet with the `RestartAllContainersOnContainerExits` gate declares.
+async fn register(shared: &Shared) -> Result<(), NodeError> {
+    let c = &shared.config;
+    let err = |what: &str, reason: String| NodeError::Api {
+        node: c.name.clone(),
+        what: what.to_owned(),
+        reason,
+    };
+    let nodes: Api<NodeObject> = Api::all(shared.client.clone());
+    let object: NodeObject = serde_json::from_value(json!({
+        "metadata": {"name": c.name, "labels": {
+            "kubernetes.io/hostname": c.name,
+            "kubernetes.io/os": "linux",
+            "kubernetes.io/arch": std::env::consts::ARCH,
+        }},
+    }))
+    .map_err(|e| err("the Node object", e.to_string()))?;
+    match shared
+        .call(nodes.create(&PostParams::default(), &object))
+        .await
+    {
+        Ok(_) => {}
+        Err(reason) if reason.contains("AlreadyExists") || reason.contains("already exists") => {}
+        Err(reason) => return Err(err("create the Node", reason)),
+    }
+    let now = now();
+    let status = json!({"status": {
+        "capacity": c.capacity,
+        "allocatable": c.capacity,
+        "conditions": [
+            {"type": "Ready", "status": "True", "reason": "KubeletReady",
+             "message": "kubelet is posting ready status",
+             "lastHeartbeatTime": now, "lastTransitionTime": now},
+            {"type": "MemoryPressure", "status": "False", "reason": "KubeletHasSufficientMemory",
+             "lastHeartbeatTime": now, "lastTransitionTime": now},
+            {"type": "DiskPressure", "status": "False", "reason": "KubeletHasNoDiskPressure",
+             "lastHeartbeatTime": now, "lastTransitionTime": now},
+            {"type": "PIDPressure", "status": "False", "reason": "KubeletHasSufficientPID",
+             "lastHeartbeatTime": now, "lastTransitionTime": now},
+        ],
+        "addresses": [
+            {"type": "InternalIP", "address": LOOPBACK},
+            {"type": "Hostname", "address": c.name},
+        ],
+        "daemonEndpoints": {"kubeletEndpoint": {"Port": 0}},
+        "nodeInfo": {
+            "machineID": "", "systemUUID": "", "bootID": "", "kernelVersion": "",
+            "osImage": "jobset-inplace test node", "containerRuntimeVersion": "sim://0",
+            "kubeletVersion": "v1.35.0-jobset-inplace-node", "kubeProxyVersion": "",
+            "operatingSystem": "linux", "architecture": std::env::consts::ARCH,
+        },
+        "declaredFeatures": ["RestartAllContainersOnContainerExits"],
+    }});
+    shared
+        .call(nodes.patch_status(&c.name, &PatchParams::default(), &Patch::Merge(&status)))
+        .await
+        .map_err(|reason| err("write the Node's status", reason))?;
+    shared.log(format!("node {} registered", c.name));
+    Ok(())
+}
+
+fn now() -> Value {
+    serde_json::to_value(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        k8s_openapi::jiff::Timestamp::now(),
+    ))
+    .unwrap_or(Value::Null)
+}
+
+/// The node's watch of its namespace's pods: binds the unscheduled ones, starts the ones bound
+/// to it, tells a pod's task when the pod is deleted.
+async fn run(
+    shared: Arc<Shared>,
+    pods: Arc<Mutex<HashMap<String, PodHandle>>>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let api = shared.pods();
+    let mut events = watcher(api, watcher::Config::default())
+        .default_backoff()
+        .boxed();
+    let mut bound: HashSet<String> = HashSet::new();
+    loop {
+        let event = tokio::select! {
+            changed = stop.changed() => {
+                if changed.is_err() || *stop.borrow() {
+                    break;
+                }
+                continue;
+            }
+            event = events.next() => event,
+        };
+        let pod = match event {
+            None => {
+                shared.log("the pod watch ended".into());
+                break;
+            }
+            Some(Err(e)) => {
+                shared.log(format!("the pod watch: {e} (it backs off and resumes)"));
+                continue;
+            }
+            Some(Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p))) => (p, false),
+            Some(Ok(watcher::Event::Delete(p))) => (p, true),
+            Some(Ok(watcher::Event::Init | watcher::Event::InitDone)) => continue,
+        };
+        let (pod, gone) = pod;
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+        let deleting = gone || pod.metadata.deletion_timestamp.is_some();
+        let phase = pod.status.as_ref().and_then(|s| s.phase.clone());
+        let terminal = matches!(phase.as_deref(), Some("Failed" | "Succeeded"));
+        {
+            let mut running = lock(&pods);
+            // A pod of the same name with another UID is another pod: the old one is gone.
+            if let Some(h) = running.get(&name) {
+                if h.uid != uid || deleting {
+                    let _ = h.cmds.send(Cmd::Deleted);
+                }
+                if h.uid != uid {
+                    running.remove(&name);
+                }
+            }
+        }
+        if deleting || terminal {
+            continue;
+        }
+        match node.as_deref() {
+            None | Some("") => {
+                if bound.insert(uid.clone()) {
+                    let shared = shared.clone();
+                    tokio::spawn(async move { bind(&shared, &name, &uid).await });
+                }
+            }
+            Some(n) if n == shared.config.name => {
+                let mut running = lock(&pods);
+                if !running.contains_key(&name) {
+                    let (tx, rx) = mpsc::unbounded_channel();
+                    let value = serde_json::to_value(&pod).unwrap_or(Value::Null);
+                    let task = tokio::spawn(run_pod(shared.clone(), value, rx, stop.clone()));
+                    running.insert(
+                        name.clone(),
+                        PodHandle {
+                            uid: uid.clone(),
+                            cmds: tx,
+                            task,
+                        },
+                    );
+                }
+            }
+            Some(_) => {}
+        }
+    }
+}
+
+/// Binds a pod to the node, as the scheduler does.
+async fn bind(shared: &Shared, name: &str, uid: &str) {
+    let binding = json!({
+        "apiVersion": "v1", "kind": "Binding",
+        "metadata": {"name": name, "namespace": shared.config.namespace, "uid": uid},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": shared.config.name},
+    });
+    let api = shared.pods();
+    let result: Result<Value, String> = shared
+        .call(api.create_subresource("binding", name, &PostParams::default(), &binding))
+        .await;
+    match result {
+        Ok(_) => shared.log(format!("{name}: bound to {}", shared.config.name)),
+        Err(e) => shared.log(format!("{name}: cannot bind: {e}")),
+    }
+}
+
+/// One container's status, as the kubelet reports it.
+#[derive(Clone, Debug)]
+struct Container {
+    name: String,
+    image: String,
+    restarts: i64,
+    state: Value,
+    last: Value,
+    started: bool,
+    ready: bool,
+    /// The ID of the container that runs (or ran last).
+    id: String,
+}
+
+impl Container {
+    fn new(spec: &Value) -> Self {
+        let s = |k: &str| spec[k].as_str().unwrap_or_default().to_owned();
+        Container {
+            name: s("name"),
+            image: s("image"),
+            restarts: 0,
+            state: json!({"waiting": {"reason": "PodInitializing"}}),
+            last: json!({}),
+            started: false,
+            ready: false,
+            id: String::new(),
+        }
+    }
+
+    fn run(&mut self, uid: &str) {
+        self.id = format!("sim://{uid}/{}/{}", self.name, self.restarts);
+        self.state = json!({"running": {"startedAt": now()}});
+    }
+
+    fn terminate(&mut self, code: i32, reason: &str) {
+        let finished = now();
+        let started = self.state.pointer("/running/startedAt").cloned();
+        self.state = json!({"terminated": {"exitCode": code, "reason": reason,
+            "startedAt": started, "finishedAt": finished, "containerID": self.id}});
+        self.started = false;
+        self.ready = false;
+    }
+
+    /// Started again after a restart: what ended is `lastState`, restart count up.
+    fn restart(&mut self) {
+        if self.state.get("terminated").is_some() {
+            self.last = self.state.clone();
+        }
+        self.restarts += 1;
+        self.state = json!({"waiting": {"reason": "PodInitializing"}});
+    }
+
+    fn json(&self) -> Value {
+        let mut v = json!({
+            "name": self.name, "image": self.image, "imageID": "",
+            "restartCount": self.restarts, "started": self.started, "ready": self.ready,
+            "state": self.state, "lastState": self.last,
+        });
+        if self.state.get("waiting").is_none() {
+            v["containerID"] = json!(self.id);
+        }
+        v
+    }
+}
+
+/// The status of one pod as its kubelet knows it.
+struct PodState {
+    uid: String,
+    start_time: Value,
+    phase: &'static str,
+    agent: Container,
+    worker: Container,
+    /// A `RestartAllContainers` rule matched and the containers are being stopped.
+    restarting: bool,
+    /// Condition type to (status, lastTransitionTime).
+    conditions: BTreeMap<&'static str, (bool, Value)>,
+}
+
+impl PodState {
+    fn new(uid: &str, agent: &Value, worker: &Value) -> Self {
+        PodState {
+            uid: uid.to_owned(),
+            start_time: now(),
+            phase: "Pending",
+            agent: Container::new(agent),
+            worker: Container::new(worker),
+            restarting: false,
+            conditions: BTreeMap::new(),
+        }
+    }
+
+    fn condition(&mut self, kind: &'static str, status: bool) -> Value {
+        let entry = self.conditions.entry(kind).or_insert((status, now()));
+        if entry.0 != status {
+            *entry = (status, now());
+        }
+        let mut c = json!({"type": kind, "status": if status { "True" } else { "False" },
+                           "lastProbeTime": null, "lastTransitionTime": entry.1});
+        if kind == "AllContainersRestarting" && status {
+            c["reason"] = json!("RestartAllContainersStarted");
+            c["message"] = json!("container exited with restart policy rule");
+        }
+        c
+    }
+
+    /// The whole `status`, as the kubelet's status manager writes it.
+    fn json(&mut self) -> Value {
+        let terminal = matches!(self.phase, "Failed" | "Succeeded");
+        let worker_started = self.worker.state.get("waiting").is_none();
+        let initialized = self.agent.started || worker_started;
+        let ready = self.agent.ready && self.worker.ready && !self.restarting;
+        let conditions = vec![
+            self.condition("PodReadyToStartContainers", !terminal),
+            self.condition("Initialized", initialized),
+            self.condition("Ready", ready),
+            self.condition("ContainersReady", ready),
+            self.condition("PodScheduled", true),
+            self.condition("AllContainersRestarting", self.restarting && !terminal),
+        ];
+        json!({
+            "phase": self.phase,
+            "conditions": conditions,
+            "hostIP": LOOPBACK, "hostIPs": [{"ip": LOOPBACK}],
+            "podIP": LOOPBACK, "podIPs": [{"ip": LOOPBACK}],
+            "startTime": self.start_time,
+            "initContainerStatuses": [self.agent.json()],
+            "containerStatuses": [self.worker.json()],
+        })
+    }
+}
+
+/// A pod's status writes, beside its lifecycle as the kubelet's status manager does them: a
+/// status not written yet is replaced by a newer one.
+struct StatusWriter {
+    pending: watch::Sender<(u64, Option<Value>)>,
+    written: watch::Receiver<u64>,
+    seq: u64,
+}
+
+impl StatusWriter {
+    fn start(shared: &Arc<Shared>, name: &str) -> StatusWriter {
+        let (pending, mut next) = watch::channel((0u64, None::<Value>));
+        let (done, written) = watch::channel(0u64);
+        let (shared, name) = (shared.clone(), name.to_owned());
+        tokio::spawn(async move {
+            let api = shared.pods();
+            while next.changed().await.is_ok() {
+                let (seq, status) = next.borrow_and_update().clone();
+                if let Some(status) = status {
+                    let patch = json!({"status": status});
+                    for attempt in 1..=5 {
+                        let params = PatchParams::default();
+                        match shared
+                            .call(api.patch_status(&name, &params, &Patch::Merge(&patch)))
+                            .await
+                        {
+                            Ok(_) => break,
+                            Err(e) => {
+                                shared.log(format!("{name}: status write {attempt}/5: {e}"));
+                                if e.contains("NotFound") || e.contains("not found") {
+                                    break;
+                                }
+                                tokio::time::sleep(Duration::from_millis(200)).await;
+                            }
+                        }
+                    }
+                }
+                done.send_replace(seq);
+            }
+        });
+        StatusWriter {
+            pending,
+            written,
+            seq: 0,
+        }
+    }
+
+    fn set(&mut self, state: &mut PodState) -> u64 {
+        self.seq += 1;
+        self.pending.send_replace((self.seq, Some(state.json())));
+        self.seq
+    }
+
+    /// Writes and waits until written (or given up on).
+    async fn write(&mut self, state: &mut PodState, limit: Duration) {
+        let seq = self.set(state);
+        let _ = tokio::time::timeout(limit, self.written.wait_for(|w| *w >= seq)).await;
+    }
+}
+
+enum Exit {
+    Agent(i32),
+    Worker(i32),
+    Deleted,
+    Stopped,
+}
+
+/// A kubeconfig for the pod's agent: the API server and its CA, and a token of the pod's
+/// service account bound to the pod, as the kubelet's projected token volume holds.
+async fn pod_kubeconfig(shared: &Shared, pod: &Value) -> Result<PathBuf, String> {
+    let name = pod
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let uid = pod
+        .pointer("/metadata/uid")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let account = pod
+        .pointer("/spec/serviceAccountName")
+        .and_then(Value::as_str)
+        .unwrap_or("default");
+    let accounts: Api<ServiceAccount> =
+        Api::namespaced(shared.client.clone(), &shared.config.namespace);
+    let request = TokenRequest {
+        spec: TokenRequestSpec {
+            audiences: vec![],
+            expiration_seconds: Some(3607),
+            bound_object_ref: Some(BoundObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                name: Some(name.to_owned()),
+                uid: Some(uid.to_owned()),
+            }),
+        },
+        ..Default::default()
+    };
+    let answer = shared
+        .call(accounts.create_token_request(account, &PostParams::default(), &request))
+        .await
+        .map_err(|e| format!("TokenRequest for {account}: {e}"))?;
+    let token = answer
+        .status
+        .map(|s| s.token)
+        .filter(|t| !t.is_empty())
+        .ok_or_else(|| format!("TokenRequest for {account}: no token in the answer"))?;
+    let path = shared.dir.path().join(format!("{name}-{uid}.kubeconfig"));
+    let text = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {}\n    \
+         certificate-authority-data: {}\nusers:\n- name: u\n  user:\n    token: {token}\n\
+         contexts:\n- name: c\n  context:\n    cluster: c\n    user: u\n    namespace: {}\n\
+         current-context: c\n",
+        shared.config.server, shared.config.ca_data, shared.config.namespace
+    );
+    std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(path)
+}
+
+fn spawn_agent(
+    shared: &Arc<Shared>,
+    pod: &Value,
+    agent: &Value,
+    kubeconfig: Option<&Path>,
+) -> Result<AgentRun, String> {
+    let name = pod
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let mut env = resolve_env(agent, pod);
+    let mut set = |k: &str, v: String| {
+        env.retain(|(n, _)| n != k);
+        env.push((k.to_owned(), v));
+    };
+    match &shared.config.agents {
+        NodeAgents::InProcess(client) => AgentRun::spawn_in_process(
+            client.clone(),
+            &env,
+            jobset_inplace::protocol::Dialect::Epoch,
+        )
+        .map_err(|e| format!("cannot start the agent of {name}: {e}")),
+        NodeAgents::Binary(binary) => {
+            let port = barrier_port().ok_or("no free loopback port for the barrier")?;
+            set(agent_env::BARRIER_PORT, port.to_string());
+            if let Some(path) = kubeconfig {
+                set("KUBECONFIG", path.display().to_string());
+            }
+            set(
+                "JOBSET_INPLACE_LOG_LEVEL",
+                shared.config.agent_log_level.clone(),
+            );
+            set("NO_COLOR", "1".to_owned());
+            let addr = SocketAddr::from(([127, 0, 0, 1], port));
+            AgentRun::spawn_process(
+                binary,
+                &env,
+                Some(addr),
+                shared.sink(),
+                format!("{name} agent:"),
+            )
+            .map_err(|e| format!("cannot start {}: {e}", binary.display()))
+        }
+    }
+}
+
+/// The kubelet of one pod bound to the node.
+async fn run_pod(
+    shared: Arc<Shared>,
+    mut pod: Value,
+    mut cmds: mpsc::UnboundedReceiver<Cmd>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let name = pod
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned();
+    let uid = pod
+        .pointer("/metadata/uid")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned();
+    let spec = pod["spec"].clone();
+    let Some(agent_spec) = recognise::agent(&spec).cloned() else {
+        shared.log(format!("{name}: no agent container; not run"));
+        return;
+    };
+    let is_sidecar = spec["initContainers"]
+        .as_array()
+        .is_some_and(|l| l.iter().any(|c| c == &agent_spec));
+    let worker_spec = spec["containers"].get(0).cloned().unwrap_or(Value::Null);
+    if !is_sidecar || worker_spec.is_null() {
+        shared.log(format!(
+            "{name}: runs only a sidecar agent beside a worker; not run"
+        ));
+        return;
+    }
+    let probe_path = recognise::startup_probe_path(&agent_spec)
+        .unwrap_or(agent_env::DEFAULT_BARRIER_PATH)
+        .to_owned();
+    let grace = shared.config.termination_grace;
+    let write_limit = shared.config.api_timeout * 5;
+    shared.view(&name, |v| {
+        *v = PodView {
+            name: name.clone(),
+            uid: uid.clone(),
+            ..PodView::default()
+        };
+    });
+    pod["status"]["podIP"] = json!(LOOPBACK);
+    let mut st = PodState::new(&uid, &agent_spec, &worker_spec);
+    let mut status = StatusWriter::start(&shared, &name);
+    status.set(&mut st);
+
+    // The projected token: asked for once per pod, as the kubelet mounts it for the pod's life
+    // (in-process agents use the node's client instead).
+    let in_process = matches!(shared.config.agents, NodeAgents::InProcess(_));
+    let kubeconfig = loop {
+        if in_process {
+            break None;
+        }
+        match pod_kubeconfig(&shared, &pod).await {
+            Ok(path) => break Some(path),
+            Err(e) => {
+                shared.log(format!("{name}: {e}; again in 1 s"));
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    _ = stop.changed() => return,
+                    cmd = cmds.recv() => if matches!(cmd, None | Some(Cmd::Deleted)) { return },
+                }
+            }
+        }
+    };
+
+    let mut worker_running = false;
+    loop {
+        // A run of the agent container.
+        let mut agent = match spawn_agent(&shared, &pod, &agent_spec, kubeconfig.as_deref()) {
+            Ok(a) => a,
+            Err(e) => {
+                shared.log(format!("{name}: {e}"));
+                return;
+            }
+        };
+        st.agent.run(&st.uid.clone());
+        shared.view(&name, |v| v.agent_starts += 1);
+        status.set(&mut st);
+        let mut probe = tokio::time::interval(shared.config.probe_period);
+        let exit = loop {
+            tokio::select! {
+                changed = stop.changed() => {
+                    if changed.is_err() || *stop.borrow() {
+                        break Exit::Stopped;
+                    }
+                }
+                cmd = cmds.recv() => match cmd {
+                    None => break Exit::Stopped,
+                    Some(Cmd::Deleted) => break Exit::Deleted,
+                    Some(Cmd::ExitWorker(code)) if worker_running => break Exit::Worker(code),
+                    Some(Cmd::ExitWorker(code)) => {
+                        shared.log(format!("{name}: no worker runs; exit {code} ignored"));
+                    }
+                },
+                code = agent.wait() => break Exit::Agent(code),
+                _ = probe.tick(), if !st.agent.started => {
+                    if agent.probe(&probe_path).await {
+                        st.agent.started = true;
+                        st.agent.ready = true;
+                        if !worker_running {
+                            worker_running = true;
+                            st.worker.run(&st.uid.clone());
+                            st.worker.started = true;
+                            st.worker.ready = true;
+                            st.phase = "Running";
+                            let at = shared.started.elapsed();
+                            shared.view(&name, |v| {
+                                v.worker_running = true;
+                                v.worker_starts += 1;
+                                v.worker_runs.push((at, None));
+                            });
+                            shared.log(format!("{name}: barrier lifted; worker started"));
+                        }
+                        status.set(&mut st);
+                    }
+                }
+            }
+        };
+        match exit {
+            Exit::Stopped => {
+                let at = shared.started.elapsed();
+                shared.view(&name, |v| v.worker_stopped(at));
+                agent.stop(grace).await;
+                shared.view(&name, |v| v.ended = true);
+                return;
+            }
+            Exit::Deleted => {
+                // Stopped as the kubelet stops a deleted pod: the worker (SIGTERM), the
+                // sidecar, the terminal status, then the pod deleted for good.
+                if worker_running {
+                    st.worker.terminate(143, "Error");
+                }
+                let at = shared.started.elapsed();
+                shared.view(&name, |v| v.worker_stopped(at));
+                let code = agent.stop(grace).await;
+                st.agent.terminate(code, "Error");
+                st.phase = "Failed";
+                shared.view(&name, |v| v.ended = true);
+                status.write(&mut st, write_limit).await;
+                let params = DeleteParams {
+                    grace_period_seconds: Some(0),
+                    preconditions: Some(Preconditions {
+                        uid: Some(uid.clone()),
+                        resource_version: None,
+                    }),
+                    ..DeleteParams::default()
+                };
+                match shared.call(shared.pods().delete(&name, &params)).await {
+                    Ok(_) => shared.log(format!("{name}: deleted")),
+                    Err(e) => shared.log(format!("{name}: final delete: {e}")),
+                }
+                return;
+            }
+            Exit::Agent(code) => {
+                st.agent.terminate(code, "Error");
+                let action = rule_action(&agent_spec, code);
+                shared.log(format!(
+                    "{name}: agent exited {code} (rule: {})",
+                    action.as_deref().unwrap_or("none")
+                ));
+                if action.as_deref().is_some_and(recognise::restarts_pod) {
+                    if worker_running {
+                        st.worker.terminate(137, RESTARTING_ALL_CONTAINERS);
+                    }
+                    worker_running = false;
+                    restart_all(&shared, &name, &mut st, &mut status, None).await;
+                } else {
+                    // restartPolicy Always: the sidecar restarts alone, the worker runs on.
+                    st.agent.restart();
+                    status.set(&mut st);
+                }
+            }
+            Exit::Worker(code) => {
+                let reason = if code == 0 { "Completed" } else { "Error" };
+                st.worker.terminate(code, reason);
+                worker_running = false;
+                let at = shared.started.elapsed();
+                shared.view(&name, |v| v.worker_stopped(at));
+                let action = rule_action(&worker_spec, code);
+                shared.log(format!(
+                    "{name}: worker exited {code} (rule: {})",
+                    action.as_deref().unwrap_or("none")
+                ));
+                if action.as_deref().is_some_and(recognise::restarts_pod) {
+                    restart_all(&shared, &name, &mut st, &mut status, Some(&mut agent)).await;
+                    continue;
+                }
+                // No rule, restartPolicy Never: the worker stays terminated, the sidecar is
+                // stopped, and the pod ends.
+                let agent_code = agent.stop(grace).await;
+                st.agent.terminate(agent_code, "Error");
+                st.phase = if code == 0 { "Succeeded" } else { "Failed" };
+                shared.view(&name, |v| v.ended = true);
+                status.write(&mut st, write_limit).await;
+                return;
+            }
+        }
+    }
+}
+
+/// `RestartAllContainers`: every container still running is stopped (the agent with its grace
+/// period), the pod shows `AllContainersRestarting`, then every container starts again in the
+/// same pod, restart counts up.
+async fn restart_all(
+    shared: &Shared,
+    name: &str,
+    st: &mut PodState,
+    status: &mut StatusWriter,
+    agent: Option<&mut AgentRun>,
+) {
+    st.restarting = true;
+    let at = shared.started.elapsed();
+    shared.view(name, |v| v.worker_stopped(at));
+    status.set(st);
+    if let Some(agent) = agent {
+        let code = agent.stop(shared.config.termination_grace).await;
+        st.agent.terminate(code, RESTARTING_ALL_CONTAINERS);
+    }
+    st.agent.restart();
+    st.worker.restart();
+    st.restarting = false;
+    shared.view(name, |v| v.restarts += 1);
+    shared.log(format!("{name}: all containers restarted in place"));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state() -> PodState {
+        PodState::new(
+            "uid-1",
+            &json!({"name": "jobset-inplace-agent", "image": "agent:1"}),
+            &json!({"name": "worker", "image": "worker:1"}),
+        )
+    }
+
+    fn condition(status: &Value, kind: &str) -> Value {
+        status["conditions"]
+            .as_array()
+            .and_then(|cs| cs.iter().find(|c| c["type"] == kind))
+            .map(|c| c["status"].clone())
+            .unwrap_or(Value::Null)
+    }
+
+    #[test]
+    fn a_pod_waits_at_its_barrier_pending_and_runs_once_it_lifts() {
+        let mut st = state();
+        st.agent.run("uid-1");
+        let s = st.json();
+        assert_eq!(s["phase"], "Pending");
+        assert_eq!(condition(&s, "Initialized"), "False");
+        assert_eq!(condition(&s, "PodScheduled"), "True");
+        assert!(s["initContainerStatuses"][0]["state"]["running"].is_object());
+        assert_eq!(s["initContainerStatuses"][0]["started"], false);
+        assert_eq!(
+            s["containerStatuses"][0]["state"]["waiting"]["reason"],
+            "PodInitializing"
+        );
+        st.agent.started = true;
+        st.agent.ready = true;
+        st.worker.run("uid-1");
+        st.worker.started = true;
+        st.worker.ready = true;
+        st.phase = "Running";
+        let s = st.json();
+        assert_eq!(condition(&s, "Ready"), "True");
+        assert_eq!(condition(&s, "AllContainersRestarting"), "False");
+        assert_eq!(s["podIP"], LOOPBACK);
+    }
+
+    #[test]
+    fn a_restart_of_all_containers_keeps_what_ended_and_counts_up() {
+        let mut st = state();
+        st.agent.run("uid-1");
+        st.worker.run("uid-1");
+        st.phase = "Running";
+        st.worker.terminate(42, "Error");
+        st.agent.terminate(143, RESTARTING_ALL_CONTAINERS);
+        st.restarting = true;
+        let s = st.json();
+        assert_eq!(condition(&s, "AllContainersRestarting"), "True");
+        assert_eq!(condition(&s, "Ready"), "False");
+        assert_eq!(
+            s["containerStatuses"][0]["state"]["terminated"]["exitCode"],
+            42
+        );
+        st.agent.restart();
+        st.worker.restart();
+        st.restarting = false;
+        let s = st.json();
+        assert_eq!(s["phase"], "Running", "a pod that ran stays Running");
+        for key in ["initContainerStatuses", "containerStatuses"] {
+            assert_eq!(s[key][0]["restartCount"], 1, "{key}");
+            assert!(s[key][0]["lastState"]["terminated"].is_object(), "{key}");
+            assert!(s[key][0]["state"]["waiting"].is_object(), "{key}");
+        }
+        assert_eq!(
+            s["initContainerStatuses"][0]["lastState"]["terminated"]["reason"],
+            RESTARTING_ALL_CONTAINERS
+        );
+    }
+}
