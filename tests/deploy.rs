@@ -321,6 +321,10 @@ fn check_object(object: &Value) -> Vec<String> {
             round_trip::<adm::ValidatingAdmissionPolicyBinding>(object)
         }
         "CustomResourceDefinition" => round_trip::<apiext::CustomResourceDefinition>(object),
+        "FlowSchema" => round_trip::<k8s_openapi::api::flowcontrol::v1::FlowSchema>(object),
+        "PriorityLevelConfiguration" => {
+            round_trip::<k8s_openapi::api::flowcontrol::v1::PriorityLevelConfiguration>(object)
+        }
         "Issuer" | "Certificate" => check_cert_manager(object),
         other => vec![format!("unexpected kind {other:?}")],
     }
@@ -379,6 +383,8 @@ fn cluster_scoped(kind: &str) -> bool {
             | "ValidatingAdmissionPolicy"
             | "ValidatingAdmissionPolicyBinding"
             | "CustomResourceDefinition"
+            | "FlowSchema"
+            | "PriorityLevelConfiguration"
     )
 }
 
@@ -423,6 +429,7 @@ fn every_overlay_renders_into_well_formed_objects() {
             "ValidatingWebhookConfiguration",
             "ValidatingAdmissionPolicy",
             "ValidatingAdmissionPolicyBinding",
+            "FlowSchema",
         ] {
             assert!(!r.of_kind(required).is_empty(), "{name}: no {required}");
         }
@@ -2739,4 +2746,56 @@ fn the_network_policy_component_admits_only_the_api_server_and_monitoring() {
         reconciler["spec"]["ingress"].as_array().map(Vec::len),
         Some(1)
     );
+}
+
+/// API Priority and Fairness (`deploy/base/flowcontrol.yaml`): the reconciler's account, as its
+/// Deployment runs it, goes to `leader-election` for its Lease and to `workload-high` for the
+/// rest, before the built-in `service-accounts` schema (9000) that would otherwise catch it with
+/// every agent; the agents keep that built-in schema (no schema of ours names them).
+#[test]
+fn flow_schemas_name_the_reconciler_as_it_runs() {
+    for name in OVERLAYS {
+        let Some(r) = overlay(name) else { return };
+        let reconciler = r.get("Deployment", "jobset-inplace-reconciler");
+        let reconciler_account = reconciler["spec"]["template"]["spec"]["serviceAccountName"]
+            .as_str()
+            .expect("the reconciler's account");
+        let subject = |fs: &Value| fs["spec"]["rules"][0]["subjects"].clone();
+        let lease = r.get("FlowSchema", "jobset-inplace-reconciler-leader-election");
+        let rest = r.get("FlowSchema", "jobset-inplace-reconciler");
+        for fs in [lease, rest] {
+            assert_eq!(
+                subject(fs),
+                json!([{"kind": "ServiceAccount",
+                        "serviceAccount": {"name": reconciler_account, "namespace": NAMESPACE}}]),
+                "{name}"
+            );
+        }
+        assert_eq!(
+            lease["spec"]["priorityLevelConfiguration"]["name"],
+            "leader-election"
+        );
+        assert_eq!(
+            lease["spec"]["rules"][0]["resourceRules"],
+            json!([{"verbs": ["get", "create", "update", "patch"],
+                    "apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                    "namespaces": ["*"]}]),
+            "{name}: only the Lease"
+        );
+        assert_eq!(
+            rest["spec"]["priorityLevelConfiguration"]["name"],
+            "workload-high"
+        );
+        let precedence = |fs: &Value| fs["spec"]["matchingPrecedence"].as_i64().expect("set");
+        assert!(
+            precedence(lease) < precedence(rest),
+            "{name}: the Lease rule first"
+        );
+        assert_eq!(r.of_kind("FlowSchema").len(), 2, "{name}");
+        for fs in r.of_kind("FlowSchema") {
+            assert!(precedence(fs) < 9000, "{name}: {fs}");
+            let text = fs.to_string();
+            assert!(!text.contains("jobset-inplace-agent\""), "{name}: {text}");
+        }
+    }
 }

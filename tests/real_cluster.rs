@@ -549,6 +549,98 @@ async fn agent_token(cluster: &Cluster, namespace: &str, pod: Option<&Pod>) -> S
         .token
 }
 
+/// The UID of the priority level the API server handled a `GET path` in (API Priority and
+/// Fairness answers it in `X-Kubernetes-PF-PriorityLevel-UID`, whatever the status).
+async fn priority_level_of(client: &Client, path: &str) -> Result<String, String> {
+    let request = hyper::Request::get(path)
+        .body(kube::client::Body::from(Vec::new()))
+        .map_err(|e| e.to_string())?;
+    let response = client.send(request).await.map_err(|e| e.to_string())?;
+    response
+        .headers()
+        .get("x-kubernetes-pf-prioritylevel-uid")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+        .ok_or_else(|| format!("no priority level on GET {path}: {}", response.status()))
+}
+
+/// deploy/base/flowcontrol.yaml on a real API server: with the reconciler's token, its Lease
+/// requests are handled in the `leader-election` priority level and its lists in
+/// `workload-high`; with a token bound to its pod, the agent's requests stay in the built-in
+/// `workload-low` (the `service-accounts` schema, fair per user, i.e. per namespace).
+#[tokio::test]
+async fn the_agents_and_the_reconciler_get_their_priority_levels() {
+    with_cluster(
+        "the_agents_and_the_reconciler_get_their_priority_levels",
+        |cluster| async move {
+            use k8s_openapi::api::flowcontrol::v1::PriorityLevelConfiguration;
+            install(&cluster, "epoch").await;
+            delete_webhook_configurations(&cluster).await;
+            let levels: Api<PriorityLevelConfiguration> = Api::all(cluster.client.clone());
+            let uid = |name: &'static str| {
+                let levels = levels.clone();
+                async move {
+                    levels
+                        .get(name)
+                        .await
+                        .unwrap_or_else(|e| panic!("priority level {name}: {e}"))
+                        .metadata
+                        .uid
+                        .expect("a uid")
+                }
+            };
+            let agents_level = uid("workload-low").await;
+            let leader_election = uid("leader-election").await;
+            let workload_high = uid("workload-high").await;
+
+            let (ns, admin_pods) = agent_namespace(&cluster, "rc-apf").await;
+            let mine = admin_pods.get("mine").await.expect("mine");
+            let agent = token_client(&cluster, &agent_token(&cluster, &ns.name, Some(&mine)).await)
+                .await;
+            let reconciler = token_client(
+                &cluster,
+                &account_token(&cluster, SYSTEM_NAMESPACE, "jobset-inplace-reconciler").await,
+            )
+            .await;
+            // The API server's flow-control configuration follows new FlowSchemas within moments.
+            let cases = [
+                (
+                    &agent,
+                    format!("/api/v1/namespaces/{}/pods/mine", ns.name),
+                    &agents_level,
+                    "the agent reading its pod",
+                ),
+                (
+                    &reconciler,
+                    format!(
+                        "/apis/coordination.k8s.io/v1/namespaces/{SYSTEM_NAMESPACE}/leases/jobset-inplace-reconciler"
+                    ),
+                    &leader_election,
+                    "the reconciler's Lease",
+                ),
+                (
+                    &reconciler,
+                    "/apis/jobset.x-k8s.io/v1alpha2/jobsets?limit=1".to_owned(),
+                    &workload_high,
+                    "the reconciler listing JobSets",
+                ),
+            ];
+            for (client, path, want, what) in cases {
+                try_eventually(Duration::from_secs(30), || async {
+                    let got = priority_level_of(client, &path).await?;
+                    (&got == want)
+                        .then_some(())
+                        .ok_or_else(|| format!("{what}: level {got}, not {want}"))
+                })
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            }
+            drop(ns);
+        },
+    )
+    .await;
+}
+
 fn merge(patch: Value) -> Patch<Value> {
     Patch::Merge(patch)
 }
