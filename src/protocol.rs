@@ -477,10 +477,10 @@ pub fn reconcile_decide(input: &ReconcileInput<'_>) -> ReconcileDecision {
                 .map(|p| p.name.clone())
                 .collect();
         }
-        // A wiped deprecated field is rewritten even while in sync.
-        if input.status.deprecated.is_none() {
-            decision.change.deprecated = raise((max > first).then(|| max - 1));
-        }
+        // Every epoch below the one all pods are at is deprecated: a deprecated field that was
+        // wiped, or left below it (its write failed after the decision was published and the
+        // agents acted on it: found by tests/chaos.rs), is raised to it even while in sync.
+        decision.change.deprecated = raise((max > first).then(|| max - 1));
     } else {
         // Step 5: deprecate everything below the newest epoch.
         let candidate = max.saturating_sub(1);
@@ -764,6 +764,28 @@ mod tests {
                 synced: None
             }
         );
+    }
+
+    /// tests/chaos.rs, attempt dialect: deprecated 1 was published and acted on, but its status
+    /// write failed (an injected 500); every pod restarted and registered 2. The sync to 2 also
+    /// raises the deprecated field left at 0 (an agent reading the status would otherwise see
+    /// previous 0, current 2).
+    #[test]
+    fn a_deprecated_field_left_behind_is_raised_with_the_sync() {
+        let pods = [pod("a", Some("2")), pod("b", Some("2"))];
+        let d = reconcile_decide(&input(Dialect::Attempt, 2, st(Some(0), Some(1)), &pods));
+        assert_eq!(
+            d.change,
+            StatusChange {
+                deprecated: Some(1),
+                synced: Some(2)
+            }
+        );
+        // Already there, or beyond (a new failure, pods not yet registered above it): nothing.
+        let d = reconcile_decide(&input(Dialect::Attempt, 2, st(Some(1), Some(2)), &pods));
+        assert!(d.change.is_empty(), "{:?}", d.change);
+        let d = reconcile_decide(&input(Dialect::Attempt, 2, st(Some(2), Some(2)), &pods));
+        assert!(d.change.is_empty(), "{:?}", d.change);
     }
 
     #[test]
