@@ -55,11 +55,13 @@
 //! events (they are separate stores here).
 
 pub mod chaos;
+mod defaults;
 pub mod error;
 pub mod faults;
 mod http;
 pub mod patch;
 pub mod resources;
+pub mod schema;
 pub mod selector;
 pub mod store;
 mod watch;
