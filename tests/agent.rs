@@ -763,7 +763,8 @@ async fn a_group_restart_costs_an_agent_three_requests_and_three_small_events() 
                     "jobsets",
                     NS,
                     "js",
-                    &json!({"status": {"replicatedJobsStatus": [{"name": "w", "ready": i, "active": 2}]}}),
+                    &json!({"status": {"replicatedJobsStatus": [{"name": "w", "ready": i, "active": 2,
+                        "failed": 0, "succeeded": 0, "suspended": 0}]}}),
                 )
                 .expect("status");
         }

@@ -237,7 +237,8 @@ async fn other_resources_round_trip() {
         let j: JobSet = serde_json::from_value(jobset_json("ns", "js")).expect("jobset");
         js.create(&pp, &j).await.expect("create jobset");
         let stored = server.get("jobsets", "ns", "js").expect("stored");
-        assert_eq!(stored["spec"]["futureField"], json!({"kept": [1, 2, 3]}));
+        // Unknown to JobSet's CRD schema: pruned, as by the real API server.
+        assert!(stored["spec"].get("futureField").is_none(), "{stored}");
         assert_eq!(js.get("js").await.expect("get").expected_pods(), 4);
 
         let sa: Api<ServiceAccount> = Api::namespaced(client.clone(), "ns");

@@ -47,7 +47,8 @@ fn jobset(name: &str, status: Value) -> Value {
         "metadata": {"name": name, "namespace": "team"},
         "spec": {"failurePolicy": {"restartStrategy": "InPlaceRestart", "maxRestarts": 3},
                  "replicatedJobs": [{"name": "w", "replicas": 1,
-                    "template": {"spec": {"parallelism": 3, "completions": 3}}}]},
+                    "template": {"spec": {"parallelism": 3, "completions": 3, "template": {
+                        "spec": {"containers": [{"name": "c", "image": "i"}]}}}}}]},
         "status": status
     })
 }

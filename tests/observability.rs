@@ -389,19 +389,42 @@ async fn reconciler_metrics() -> String {
     set_epoch(1, 1);
     until("synced at 1", 1).await;
     set_epoch(0, 2);
+    // The group restart starts (the deprecated epoch written) only if the reconciler sees one pod
+    // ahead of the other: wait for it before moving the second.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while server.get("jobsets", NS, "js").expect("jobset")["status"][dialect.deprecated_field()]
+        .as_i64()
+        != Some(1)
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never deprecated at 1"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     set_epoch(1, 2);
     until("synced at 2 (a group restart)", 2).await;
-    let (status, text) = support::health_get(addr, "/metrics")
-        .await
-        .expect("metrics");
-    assert_eq!(status, 200);
-    for line in [
+    // The reconciler records the duration after its write's answer: the metrics may lag the
+    // synced epoch a moment.
+    let lines = [
         "jobset_inplace_reconciler_group_restarts_total 1",
         "jobset_inplace_reconciler_group_restart_duration_seconds_count 1",
         "jobset_inplace_reconciler_jobset_deprecated_epoch{jobset_namespace=\"team-a\",jobset=\"js\"} 1",
-    ] {
-        assert!(text.contains(line), "{line} missing from\n{text}");
-    }
+    ];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let text = loop {
+        let (status, text) = support::health_get(addr, "/metrics")
+            .await
+            .expect("metrics");
+        assert_eq!(status, 200);
+        match lines.iter().find(|line| !text.contains(*line)) {
+            None => break text,
+            Some(line) if tokio::time::Instant::now() >= deadline => {
+                panic!("{line} missing from\n{text}")
+            }
+            Some(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+        }
+    };
     let _ = stop.send(());
     run.await.expect("joins").expect("clean stop");
     text

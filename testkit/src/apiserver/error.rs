@@ -5,6 +5,7 @@ use std::fmt;
 use serde_json::{Map, Value, json};
 
 use super::resources::ResourceType;
+use super::schema::Cause;
 
 /// A failed request, answered as a Kubernetes `Status` body with HTTP status [`ApiError::code`].
 #[derive(Clone, Debug, PartialEq)]
@@ -143,15 +144,52 @@ impl ApiError {
 
     /// 422 for an object that fails validation.
     pub fn invalid(rt: &ResourceType, name: &str, field: &str, message: &str) -> Self {
+        Self::invalid_causes(
+            rt,
+            name,
+            &[Cause {
+                reason: "FieldValueInvalid",
+                message: message.to_owned(),
+                field: field.to_owned(),
+            }],
+        )
+    }
+
+    /// 422 naming every invalid field, shaped as upstream's: `JobSet.jobset.x-k8s.io "x" is
+    /// invalid: [a: ..., b: ...]` with one `details.causes[]` per field.
+    pub fn invalid_causes(rt: &ResourceType, name: &str, causes: &[Cause]) -> Self {
+        let listed: Vec<String> = causes
+            .iter()
+            .map(|c| format!("{}: {}", c.field, c.message))
+            .collect();
+        let listed = match listed.as_slice() {
+            [one] => one.clone(),
+            many => format!("[{}]", many.join(", ")),
+        };
+        let kind = if rt.group.is_empty() {
+            rt.kind.to_string()
+        } else {
+            format!("{}.{}", rt.kind, rt.group)
+        };
+        let mut details = Map::new();
+        details.insert("name".into(), json!(name));
+        if !rt.group.is_empty() {
+            details.insert("group".into(), json!(rt.group));
+        }
+        details.insert("kind".into(), json!(rt.kind));
+        details.insert(
+            "causes".into(),
+            causes
+                .iter()
+                .map(|c| json!({"reason": c.reason, "message": c.message, "field": c.field}))
+                .collect(),
+        );
         ApiError::new(
             422,
             "Invalid",
-            format!("{} \"{name}\" is invalid: {field}: {message}", rt.kind),
+            format!("{kind} \"{name}\" is invalid: {listed}"),
         )
-        .with_details(json!({
-            "name": name, "group": rt.group, "kind": rt.kind,
-            "causes": [{"reason": "FieldValueInvalid", "message": message, "field": field}],
-        }))
+        .with_details(Value::Object(details))
     }
 
     /// 410 for a resourceVersion older than the server's history.

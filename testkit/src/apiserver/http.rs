@@ -18,9 +18,9 @@ use super::chaos;
 use super::error::ApiError;
 use super::faults::Verb;
 use super::patch::PatchType;
-use super::resources::{Registry, ResId};
+use super::resources::{Registry, ResId, ResourceType};
 use super::selector::{FieldSelector, LabelSelector};
-use super::store::{DeleteOpts, Filter, ListQuery, Part, WatchFrom, WriteOpts};
+use super::store::{DeleteOpts, Filter, ListQuery, Part, WatchFrom, WriteOpts, timestamp_in};
 use super::watch::{self, Session};
 
 /// Largest request body accepted (upstream's limit is 3 MiB).
@@ -460,7 +460,10 @@ async fn handle_verb(
         Verb::Delete => {
             let d = delete_opts(params, &body)?;
             let (e, gone) = sh.store().delete(t.res, ns, name, &d)?;
-            Ok(object_response(if gone { 200 } else { 202 }, &e.json))
+            Ok(match deleted_answer(&rt, &e.value, gone) {
+                Some(answer) => json_response(200, answer),
+                None => object_response(200, &e.json),
+            })
         }
         Verb::DeleteCollection => {
             let d = delete_opts(params, &body)?;
@@ -495,6 +498,41 @@ async fn handle_verb(
             ))
         }
     }
+}
+
+/// What the real server answers a DELETE with, when not the object as stored (200 either way):
+/// for an object gone at once, a `Status` of `Success` for most kinds, and for a pod the object
+/// with `deletionTimestamp` and a grace period of 0.
+fn deleted_answer(rt: &ResourceType, last: &Value, gone: bool) -> Option<Bytes> {
+    if !gone {
+        return None;
+    }
+    if rt.delete_returns_object {
+        if !(rt.group.is_empty() && rt.plural == "pods") {
+            return None;
+        }
+        let mut pod = last.clone();
+        if let Some(m) = pod.get_mut("metadata").and_then(Value::as_object_mut)
+            && !m.contains_key("deletionTimestamp")
+        {
+            m.insert("deletionTimestamp".into(), json!(timestamp_in(0)));
+            m.insert("deletionGracePeriodSeconds".into(), json!(0));
+        }
+        return serde_json::to_vec(&pod).ok().map(Bytes::from);
+    }
+    let text = |f: &str| last.pointer(f).and_then(Value::as_str).unwrap_or_default();
+    let mut details = serde_json::Map::new();
+    details.insert("name".into(), json!(text("/metadata/name")));
+    if !rt.group.is_empty() {
+        details.insert("group".into(), json!(rt.group));
+    }
+    details.insert("kind".into(), json!(rt.plural));
+    details.insert("uid".into(), json!(text("/metadata/uid")));
+    let status = json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+        "details": details,
+    });
+    serde_json::to_vec(&status).ok().map(Bytes::from)
 }
 
 fn parse_body(body: &[u8]) -> Result<Value, ApiError> {

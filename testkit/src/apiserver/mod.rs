@@ -42,6 +42,10 @@
 //!   as the `foregroundDeletion` finalizer), deletecollection, the
 //!   `status` subresource, `dryRun=All`;
 //! - one resourceVersion counter for all resources, uids, `creationTimestamp`, `generation`;
+//! - as the real server: JobSet and JobSetEpoch writes pruned and validated against their CRD
+//!   schemas (a 422 naming each field, [`schema`]), pods given the real server's defaults
+//!   (`restartPolicy`, `serviceAccountName`, `imagePullPolicy`, ...), a DELETE that removes an
+//!   object answered with a `Status` (pods, service accounts and namespaces: the object);
 //! - request counters by verb and resource, and fault injection: failures, latency, cut
 //!   watches, history compaction; and a seeded chaos mode drawing 500s, 409s, 429s with
 //!   `Retry-After`, lost write responses, latency spikes and watch cuts at random
@@ -49,17 +53,19 @@
 //!
 //! Not supported: protobuf, table output, `PartialObjectMetadata` conversion (full objects are
 //! returned), field ownership in `managedFields`, strategic-merge list merging (lists are
-//! replaced), admission, validation beyond names and types, namespace lifecycle (objects may be
-//! created in any namespace; deleting a namespace does not delete its contents), garbage
-//! collection by owner references, and storage shared between core/v1 and events.k8s.io/v1
-//! events (they are separate stores here).
+//! replaced), admission, validation beyond names, types and the CRD schemas, namespace
+//! lifecycle (objects may be created in any namespace; deleting a namespace does not delete its
+//! contents), garbage collection by owner references, and storage shared between core/v1 and
+//! events.k8s.io/v1 events (they are separate stores here).
 
 pub mod chaos;
+mod defaults;
 pub mod error;
 pub mod faults;
 mod http;
 pub mod patch;
 pub mod resources;
+pub mod schema;
 pub mod selector;
 pub mod store;
 mod watch;

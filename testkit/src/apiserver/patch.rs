@@ -80,7 +80,8 @@ fn strip_directives(v: &mut Value) {
 
 /// Applies a merge, JSON or strategic patch to a copy of `doc`. (Apply is handled by the store,
 /// which needs the ownership too.) A failed JSON-patch operation (a `test` that does not hold,
-/// a missing path) is a 422, as upstream; an undecodable body a 400.
+/// a missing path) is a 422 `Invalid` with upstream's generic message and empty details; an
+/// undecodable body a 400.
 pub fn apply_patch(ty: PatchType, doc: &Value, body: &[u8]) -> Result<Value, ApiError> {
     let mut out = doc.clone();
     match ty {
@@ -94,13 +95,9 @@ pub fn apply_patch(ty: PatchType, doc: &Value, body: &[u8]) -> Result<Value, Api
         PatchType::Json => {
             let p: json_patch::Patch = serde_json::from_slice(body)
                 .map_err(|e| ApiError::bad_request(format!("error decoding JSON patch: {e}")))?;
-            json_patch::patch(&mut out, &p.0).map_err(|e| {
-                ApiError::new(
-                    422,
-                    "Invalid",
-                    format!("the server rejected our request due to an error in our request: {e}"),
-                )
-            })?;
+            // Upstream answers every failed operation with the generic 422 and empty details.
+            json_patch::patch(&mut out, &p.0)
+                .map_err(|_| ApiError::from_code(422).with_details(serde_json::json!({})))?;
         }
     }
     Ok(out)
@@ -275,6 +272,13 @@ mod tests {
         )
         .expect_err("test op fails");
         assert_eq!(e.code, 422);
+        // As the real server: the generic message, details present and empty.
+        assert_eq!(e.reason, "Invalid");
+        assert_eq!(
+            e.message,
+            "the server rejected our request due to an error in our request"
+        );
+        assert_eq!(e.status()["details"], json!({}));
         let e = apply_patch(PatchType::Json, &doc, br#"{"op":"add"}"#).expect_err("not a list");
         assert_eq!(e.code, 400);
         let e = apply_patch(PatchType::Merge, &doc, b"[1]").expect_err("not an object");

@@ -1,6 +1,9 @@
 //! The kinds of objects the test API server stores, and how requests and tests name them.
 
 use std::borrow::Cow;
+use std::sync::Arc;
+
+use super::schema::{self, CrdSchema};
 
 /// One resource the server serves (a group/version/plural with its kind and scope).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -21,6 +24,12 @@ pub struct ResourceType {
     pub create_on_update: bool,
     /// Field-selector fields supported besides `metadata.name` and `metadata.namespace`.
     pub extra_fields: &'static [&'static str],
+    /// A custom resource's schema: writes are pruned and validated against it
+    /// ([`schema`](super::schema)).
+    pub schema: Option<Arc<CrdSchema>>,
+    /// A DELETE that removes the object answers the object (pods, service accounts and
+    /// namespaces upstream); other kinds answer a `Status` of `Success`.
+    pub delete_returns_object: bool,
 }
 
 impl ResourceType {
@@ -41,6 +50,8 @@ impl ResourceType {
             status_subresource: false,
             create_on_update: false,
             extra_fields: &[],
+            schema: None,
+            delete_returns_object: false,
         }
     }
 
@@ -64,6 +75,17 @@ impl ResourceType {
 
     fn with_create_on_update(mut self) -> Self {
         self.create_on_update = true;
+        self
+    }
+
+    /// Prunes and validates writes against `schema`, as for a custom resource.
+    pub fn with_schema(mut self, schema: Arc<CrdSchema>) -> Self {
+        self.schema = Some(schema);
+        self
+    }
+
+    fn returning_deleted_object(mut self) -> Self {
+        self.delete_returns_object = true;
         self
     }
 
@@ -150,20 +172,23 @@ pub fn default_resources() -> Vec<ResourceType> {
     vec![
         ResourceType::namespaced("", "v1", "Pod", "pods")
             .with_status()
-            .with_fields(POD_FIELDS),
+            .with_fields(POD_FIELDS)
+            .returning_deleted_object(),
         ResourceType::namespaced(
             jobset_inplace::jobset::GROUP,
             jobset_inplace::jobset::VERSION,
             jobset_inplace::jobset::KIND,
             jobset_inplace::jobset::PLURAL,
         )
-        .with_status(),
+        .with_status()
+        .with_schema(schema::jobset()),
         ResourceType::namespaced(
             jobset_inplace::wire::epochs::GROUP,
             jobset_inplace::wire::epochs::VERSION,
             jobset_inplace::wire::epochs::KIND,
             jobset_inplace::wire::epochs::PLURAL,
-        ),
+        )
+        .with_schema(schema::jobset_epoch()),
         ResourceType::namespaced("batch", "v1", "Job", "jobs").with_status(),
         ResourceType::namespaced("", "v1", "Event", "events")
             .with_create_on_update()
@@ -173,7 +198,8 @@ pub fn default_resources() -> Vec<ResourceType> {
             .with_fields(EVENT_FIELDS),
         ResourceType::namespaced("coordination.k8s.io", "v1", "Lease", "leases")
             .with_create_on_update(),
-        ResourceType::namespaced("", "v1", "ServiceAccount", "serviceaccounts"),
+        ResourceType::namespaced("", "v1", "ServiceAccount", "serviceaccounts")
+            .returning_deleted_object(),
         ResourceType::namespaced(
             "rbac.authorization.k8s.io",
             "v1",
@@ -182,6 +208,7 @@ pub fn default_resources() -> Vec<ResourceType> {
         ),
         ResourceType::cluster("", "v1", "Namespace", "namespaces")
             .with_status()
+            .returning_deleted_object()
             .with_fields(&["status.phase"]),
         ResourceType::cluster(
             "apiextensions.k8s.io",

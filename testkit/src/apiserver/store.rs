@@ -13,6 +13,7 @@ use base64::Engine as _;
 use serde_json::{Map, Value, json};
 use tokio::sync::mpsc;
 
+use super::defaults;
 use super::error::ApiError;
 use super::patch::{self, Owners, PatchType};
 use super::resources::{Registry, ResId, ResourceType};
@@ -910,6 +911,7 @@ impl Store {
                 }
             }
         }
+        admit(rt, &mut obj, None)?;
         let owners = patch::update_owners(
             &Owners::new(),
             wo.field_manager.as_deref(),
@@ -1043,6 +1045,7 @@ impl Store {
             );
             m.insert("resourceVersion".into(), json!(cur.rv.to_string()));
         });
+        admit(rt, &mut new, Some(&cur.value))?;
         let owners = patch::update_owners(
             &cur.owners,
             wo.field_manager.as_deref(),
@@ -1259,6 +1262,18 @@ impl Store {
     }
 }
 
+/// What the real server does to every written object of a kind before storing it: a pod's
+/// defaults; a custom resource's pruning and validation against its schema.
+fn admit(rt: &ResourceType, obj: &mut Value, old: Option<&Value>) -> Result<(), ApiError> {
+    if rt.group.is_empty() && rt.plural == "pods" {
+        defaults::default_pod(obj);
+    }
+    match &rt.schema {
+        Some(schema) => schema.admit(rt, obj, old),
+        None => Ok(()),
+    }
+}
+
 fn ns_mismatch() -> ApiError {
     ApiError::bad_request(
         "the namespace of the provided object does not match the namespace sent on the request",
@@ -1454,7 +1469,7 @@ mod tests {
         );
 
         let js = json!({"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
-                        "metadata": {"name": "j"}, "spec": {"x": 1}, "status": {"y": 2}});
+                        "metadata": {"name": "j"}, "spec": {"suspend": true}, "status": {"restarts": 2}});
         let e =
             t.s.create(t.jobsets, "ns", js.clone(), &http())
                 .expect("jobset");
@@ -1466,7 +1481,7 @@ mod tests {
         let mut js2 = js;
         js2["metadata"]["name"] = json!("k");
         let e = t.s.create(t.jobsets, "ns", js2, &seeded).expect("seeded");
-        assert_eq!(e.value["status"], json!({"y": 2}));
+        assert_eq!(e.value["status"], json!({"restarts": 2}));
 
         let err =
             t.s.create(t.pods, "ns", pod("a", json!({})), &http())
@@ -1769,6 +1784,45 @@ mod tests {
             )
             .expect_err("no field manager");
         assert_eq!(err.code, 400);
+    }
+
+    #[test]
+    fn writes_are_defaulted_pruned_and_validated_as_upstream() {
+        let mut t = setup(100);
+        let e =
+            t.s.create(t.pods, "ns", pod("a", json!({})), &http())
+                .expect("pod");
+        assert_eq!(e.value["spec"]["serviceAccountName"], "default");
+        assert_eq!(e.value["spec"]["restartPolicy"], "Always");
+        let js = json!({"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+                        "metadata": {"name": "j"}, "spec": {"suspend": true, "bogus": 1}});
+        let e = t.s.create(t.jobsets, "ns", js, &http()).expect("jobset");
+        assert_eq!(e.value["spec"], json!({"suspend": true}));
+        let mut status = |body: &str| {
+            t.s.patch(
+                t.jobsets,
+                "ns",
+                "j",
+                PatchType::Merge,
+                body.as_bytes(),
+                Part::Status,
+                &http(),
+            )
+        };
+        let (e, _) = status(r#"{"status":{"syncedEpoch":3,"bogusField":1}}"#).expect("status");
+        assert_eq!(e.value["status"], json!({"syncedEpoch": 3}));
+        let rv = e.rv;
+        let err = status(r#"{"status":{"syncedEpoch":-1}}"#).expect_err("below the minimum");
+        assert_eq!((err.code, err.reason.as_str()), (422, "Invalid"));
+        assert_eq!(
+            err.status()["details"]["causes"][0]["field"],
+            "status.syncedEpoch"
+        );
+        assert_eq!(
+            t.s.get(t.jobsets, "ns", "j").map(|e| e.rv),
+            Some(rv),
+            "nothing written"
+        );
     }
 
     #[test]

@@ -101,8 +101,7 @@ pub fn plain_jobset(c: &SimConfig) -> Value {
         .collect();
     let mut policy = json!({"maxRestarts": c.max_restarts, "restartStrategy": "InPlaceRestart"});
     if fail_code.is_some() {
-        policy["rules"] =
-            json!([{"action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"]}]);
+        policy["rules"] = json!([{"name": "unrecoverable", "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"]}]);
     }
     json!({
         "apiVersion": jobset_inplace::jobset::API_VERSION, "kind": jobset_inplace::jobset::KIND,
