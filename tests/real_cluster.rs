@@ -216,20 +216,19 @@ impl TestNamespace {
 impl Drop for TestNamespace {
     fn drop(&mut self) {
         // Synchronous on purpose: runs during a panic too. The namespace controller finishes it.
-        let _ = std::process::Command::new("kubectl")
-            .arg("--kubeconfig")
-            .arg(&self.kubeconfig)
-            .args([
-                "delete",
-                "namespace",
-                &self.name,
-                "--wait=false",
-                "--ignore-not-found",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
+        delete_now(&self.kubeconfig, "namespace", &self.name);
     }
+}
+
+/// `kubectl delete KIND NAME --wait=false`, synchronously (for `Drop`, also during a panic).
+fn delete_now(kubeconfig: &Path, kind: &str, name: &str) {
+    let _ = std::process::Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(["delete", kind, name, "--wait=false", "--ignore-not-found"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
 }
 
 /// The API error of a result: (HTTP code, reason, message, the causes' fields).
@@ -946,6 +945,61 @@ impl Webhook {
     }
 }
 
+/// Installs the `epoch` overlay and serves the webhook binary on loopback behind the overlay's
+/// own webhook configurations (only their client config pointed at it).
+async fn serve_webhook(cluster: &Cluster) -> Webhook {
+    let configurations: Vec<Value> = install(cluster, "epoch")
+        .await
+        .into_iter()
+        .filter(|o| {
+            o["kind"] == "MutatingWebhookConfiguration"
+                || o["kind"] == "ValidatingWebhookConfiguration"
+        })
+        .collect();
+    let webhook = Webhook::start().await;
+    apply(cluster, &pointed_at(&configurations, &webhook))
+        .await
+        .expect("webhook configurations");
+    webhook
+}
+
+/// A plain InPlaceRestart JobSet `train` (the `story1-plain` fixture) of one Job of `pods` pods.
+fn train_jobset(namespace: &str, pods: usize) -> DynamicObject {
+    let mut js = fixture_object("story1-plain");
+    js["metadata"] = json!({"name": "train", "namespace": namespace});
+    js["spec"]["replicatedJobs"][0]["replicas"] = json!(1);
+    js["spec"]["replicatedJobs"][0]["template"]["spec"]["parallelism"] = json!(pods);
+    js["spec"]["replicatedJobs"][0]["template"]["spec"]["completions"] = json!(pods);
+    serde_json::from_value(js).expect("JobSet")
+}
+
+/// Creates `js` once our webhook's configurations are in force (they may take a moment): a dry
+/// run must come back injected first.
+async fn create_injected(jobsets: &Api<DynamicObject>, js: &DynamicObject) -> Result<(), String> {
+    try_eventually(Duration::from_secs(30), || async {
+        let dry_run = PostParams {
+            dry_run: true,
+            ..Default::default()
+        };
+        let created = jobsets
+            .create(&dry_run, js)
+            .await
+            .map_err(|e| e.to_string())?;
+        serde_json::to_string(&created.data)
+            .unwrap_or_default()
+            .contains(INJECTED_ANNOTATION)
+            .then_some(())
+            .ok_or_else(|| "not injected yet".to_owned())
+    })
+    .await
+    .map_err(|e| format!("the JobSet created injected: {e}"))?;
+    jobsets
+        .create(&PostParams::default(), js)
+        .await
+        .map(|_| ())
+        .map_err(|e| format!("create the JobSet: {e}"))
+}
+
 /// The overlay's webhook configurations with only `clientConfig` pointed at `webhook`.
 fn pointed_at(configurations: &[Value], webhook: &Webhook) -> Vec<Value> {
     use base64::Engine as _;
@@ -1041,29 +1095,15 @@ fn missing(want: &Value, got: &Value, path: &str, out: &mut Vec<String>) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_webhook_injects_denies_and_fails_as_configured() {
     with_cluster("the_webhook_injects_denies_and_fails_as_configured", |cluster| async move {
-        let installed = install(&cluster, "epoch").await;
-        let configurations: Vec<Value> = installed
-            .into_iter()
-            .filter(|o| {
-                o["kind"] == "MutatingWebhookConfiguration"
-                    || o["kind"] == "ValidatingWebhookConfiguration"
-            })
-            .collect();
-        assert_eq!(configurations.len(), 2);
         let ns = TestNamespace::create(&cluster, "rc-webhook").await;
-        let gvk = GroupVersionKind::gvk("jobset.x-k8s.io", "v1alpha2", "JobSet");
-        let jobsets: Api<DynamicObject> =
-            Api::namespaced_with(cluster.client.clone(), &ns.name, &ApiResource::from_gvk(&gvk));
+        let jobsets = jobset_api(&cluster.client, &ns.name);
         let pp = PostParams::default();
         let dry_run = PostParams {
             dry_run: true,
             ..Default::default()
         };
 
-        let webhook = Webhook::start().await;
-        apply(&cluster, &pointed_at(&configurations, &webhook))
-            .await
-            .expect("webhook configurations");
+        let webhook = serve_webhook(&cluster).await;
         // The API server picks the configurations up within moments: wait for a dry run to come
         // back injected.
         eventually("the configurations in force", Duration::from_secs(30), || async {
@@ -1214,25 +1254,9 @@ async fn a_jobset_written_again_without_its_injection_is_stored_unchanged() {
     with_cluster(
         "a_jobset_written_again_without_its_injection_is_stored_unchanged",
         |cluster| async move {
-            let installed = install(&cluster, "epoch").await;
-            let configurations: Vec<Value> = installed
-                .into_iter()
-                .filter(|o| {
-                    o["kind"] == "MutatingWebhookConfiguration"
-                        || o["kind"] == "ValidatingWebhookConfiguration"
-                })
-                .collect();
             let ns = TestNamespace::create(&cluster, "rc-rewrite").await;
-            let gvk = GroupVersionKind::gvk("jobset.x-k8s.io", "v1alpha2", "JobSet");
-            let jobsets: Api<DynamicObject> = Api::namespaced_with(
-                cluster.client.clone(),
-                &ns.name,
-                &ApiResource::from_gvk(&gvk),
-            );
-            let webhook = Webhook::start().await;
-            apply(&cluster, &pointed_at(&configurations, &webhook))
-                .await
-                .expect("webhook configurations");
+            let jobsets = jobset_api(&cluster.client, &ns.name);
+            let webhook = serve_webhook(&cluster).await;
             let dry_run = PostParams {
                 dry_run: true,
                 ..Default::default()
@@ -1567,12 +1591,7 @@ async fn the_reconciler_moves_epochs_and_hands_over_its_lease() {
             install(&cluster, "epoch").await;
             delete_webhook_configurations(&cluster).await;
             let ns = TestNamespace::create(&cluster, "rc-reconciler").await;
-            let gvk = GroupVersionKind::gvk("jobset.x-k8s.io", "v1alpha2", "JobSet");
-            let jobsets: Api<DynamicObject> = Api::namespaced_with(
-                cluster.client.clone(),
-                &ns.name,
-                &ApiResource::from_gvk(&gvk),
-            );
+            let jobsets = jobset_api(&cluster.client, &ns.name);
             let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), &ns.name);
             let pp = PatchParams::default();
 
@@ -1721,61 +1740,15 @@ async fn a_jobset_runs_through_the_real_controllers_with_the_agent_injected() {
             if !jobset_controller_runs(&cluster).await {
                 panic!("JobSet's controller is not running (scripts/control-plane.sh starts it)");
             }
-            let installed = install(&cluster, "epoch").await;
-            let configurations: Vec<Value> = installed
-                .into_iter()
-                .filter(|o| {
-                    o["kind"] == "MutatingWebhookConfiguration"
-                        || o["kind"] == "ValidatingWebhookConfiguration"
-                })
-                .collect();
-            let webhook = Webhook::start().await;
-            apply(&cluster, &pointed_at(&configurations, &webhook))
-                .await
-                .expect("webhook configurations");
+            let webhook = serve_webhook(&cluster).await;
             let ns = TestNamespace::create(&cluster, "rc-jobset").await;
-            let gvk = GroupVersionKind::gvk("jobset.x-k8s.io", "v1alpha2", "JobSet");
-            let jobsets: Api<DynamicObject> = Api::namespaced_with(
-                cluster.client.clone(),
-                &ns.name,
-                &ApiResource::from_gvk(&gvk),
-            );
+            let jobsets = jobset_api(&cluster.client, &ns.name);
             let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), &ns.name);
 
             // A plain InPlaceRestart JobSet of 2 pods (no exclusive placement: nothing schedules).
-            let mut js = fixture_object("story1-plain");
-            js["metadata"] = json!({"name": "train", "namespace": ns.name});
-            js["spec"]["replicatedJobs"][0]["replicas"] = json!(1);
-            js["spec"]["replicatedJobs"][0]["template"]["spec"]["parallelism"] = json!(2);
-            js["spec"]["replicatedJobs"][0]["template"]["spec"]["completions"] = json!(2);
-            let js: DynamicObject = serde_json::from_value(js).expect("JobSet");
-            // Our webhook's configurations may take a moment to be in force.
-            eventually(
-                "the JobSet created injected",
-                Duration::from_secs(30),
-                || async {
-                    let created = jobsets
-                        .create(
-                            &PostParams {
-                                dry_run: true,
-                                ..Default::default()
-                            },
-                            &js,
-                        )
-                        .await
-                        .map_err(|e| e.to_string())?;
-                    serde_json::to_string(&created.data)
-                        .unwrap_or_default()
-                        .contains(INJECTED_ANNOTATION)
-                        .then_some(())
-                        .ok_or_else(|| "not injected yet".to_owned())
-                },
-            )
-            .await;
-            jobsets
-                .create(&PostParams::default(), &js)
+            create_injected(&jobsets, &train_jobset(&ns.name, 2))
                 .await
-                .expect("create the JobSet");
+                .unwrap_or_else(|e| panic!("{e}"));
             // The reconciler starts after the JobSet exists, so that its initial list has it.
             // Started before (right after install() changed the CRD's schema, on a fresh
             // cluster), it was ready and the leader but never saw the JobSet created next, 2
@@ -2104,12 +2077,7 @@ async fn a_group_restart_that_does_not_complete_is_recreated_through_the_real_co
             install(&cluster, "epoch").await;
             delete_webhook_configurations(&cluster).await;
             let ns = TestNamespace::create(&cluster, "rc-deadline").await;
-            let gvk = GroupVersionKind::gvk("jobset.x-k8s.io", "v1alpha2", "JobSet");
-            let jobsets: Api<DynamicObject> = Api::namespaced_with(
-                cluster.client.clone(),
-                &ns.name,
-                &ApiResource::from_gvk(&gvk),
-            );
+            let jobsets = jobset_api(&cluster.client, &ns.name);
             let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), &ns.name);
             let jobs: Api<k8s_openapi::api::batch::v1::Job> =
                 Api::namespaced(cluster.client.clone(), &ns.name);
@@ -2310,19 +2278,7 @@ struct NodeCleanup {
 
 impl Drop for NodeCleanup {
     fn drop(&mut self) {
-        let _ = std::process::Command::new("kubectl")
-            .arg("--kubeconfig")
-            .arg(&self.kubeconfig)
-            .args([
-                "delete",
-                "node",
-                &self.name,
-                "--wait=false",
-                "--ignore-not-found",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
+        delete_now(&self.kubeconfig, "node", &self.name);
     }
 }
 
@@ -2375,60 +2331,15 @@ async fn a_group_restart_runs_in_place_on_a_node_through_the_real_controllers() 
             if !jobset_controller_runs(&cluster).await {
                 panic!("JobSet's controller is not running (scripts/control-plane.sh starts it)");
             }
-            let installed = install(&cluster, "epoch").await;
-            let configurations: Vec<Value> = installed
-                .into_iter()
-                .filter(|o| {
-                    o["kind"] == "MutatingWebhookConfiguration"
-                        || o["kind"] == "ValidatingWebhookConfiguration"
-                })
-                .collect();
-            let webhook = Webhook::start().await;
-            apply(&cluster, &pointed_at(&configurations, &webhook))
-                .await
-                .expect("webhook configurations");
+            let webhook = serve_webhook(&cluster).await;
             let ns = TestNamespace::create(&cluster, "rc-node").await;
-            let gvk = GroupVersionKind::gvk("jobset.x-k8s.io", "v1alpha2", "JobSet");
-            let jobsets: Api<DynamicObject> = Api::namespaced_with(
-                cluster.client.clone(),
-                &ns.name,
-                &ApiResource::from_gvk(&gvk),
-            );
+            let jobsets = jobset_api(&cluster.client, &ns.name);
             let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), &ns.name);
             let published: Api<JobSetEpoch> = Api::namespaced(cluster.client.clone(), &ns.name);
 
-            let mut js = fixture_object("story1-plain");
-            js["metadata"] = json!({"name": "train", "namespace": ns.name});
-            js["spec"]["replicatedJobs"][0]["replicas"] = json!(1);
-            js["spec"]["replicatedJobs"][0]["template"]["spec"]["parallelism"] = json!(PODS);
-            js["spec"]["replicatedJobs"][0]["template"]["spec"]["completions"] = json!(PODS);
-            let js: DynamicObject = serde_json::from_value(js).expect("JobSet");
-            eventually(
-                "the JobSet created injected",
-                Duration::from_secs(30),
-                || async {
-                    let created = jobsets
-                        .create(
-                            &PostParams {
-                                dry_run: true,
-                                ..Default::default()
-                            },
-                            &js,
-                        )
-                        .await
-                        .map_err(|e| e.to_string())?;
-                    serde_json::to_string(&created.data)
-                        .unwrap_or_default()
-                        .contains(INJECTED_ANNOTATION)
-                        .then_some(())
-                        .ok_or_else(|| "not injected yet".to_owned())
-                },
-            )
-            .await;
-            jobsets
-                .create(&PostParams::default(), &js)
+            create_injected(&jobsets, &train_jobset(&ns.name, PODS))
                 .await
-                .expect("create the JobSet");
+                .unwrap_or_else(|e| panic!("{e}"));
             // After the JobSet exists (see a_jobset_runs_through_the_real_controllers_...).
             let reconciler = Reconciler::start(&cluster, "real-cluster-node").await;
             reconciler.ready().await;
@@ -3014,33 +2925,9 @@ fn metrics_delta(
 async fn measure_group_restart(cluster: &Cluster, pods: usize) -> Result<String, String> {
     use jobset_inplace_testkit::node::{Node, NodeAgents, NodeConfig};
     let ns = TestNamespace::create(cluster, &format!("rc-scale{pods}")).await;
-    let gvk = GroupVersionKind::gvk("jobset.x-k8s.io", "v1alpha2", "JobSet");
-    let jobsets: Api<DynamicObject> = Api::namespaced_with(
-        cluster.client.clone(),
-        &ns.name,
-        &ApiResource::from_gvk(&gvk),
-    );
+    let jobsets = jobset_api(&cluster.client, &ns.name);
     let published: Api<JobSetEpoch> = Api::namespaced(cluster.client.clone(), &ns.name);
-    let mut js = fixture_object("story1-plain");
-    js["metadata"] = json!({"name": "train", "namespace": ns.name});
-    js["spec"]["replicatedJobs"][0]["replicas"] = json!(1);
-    js["spec"]["replicatedJobs"][0]["template"]["spec"]["parallelism"] = json!(pods);
-    js["spec"]["replicatedJobs"][0]["template"]["spec"]["completions"] = json!(pods);
-    let js: DynamicObject = serde_json::from_value(js).map_err(|e| e.to_string())?;
-    try_eventually(Duration::from_secs(30), || async {
-        let created = jobsets
-            .create(&PostParams::default(), &js)
-            .await
-            .map_err(|e| e.to_string())?;
-        serde_json::to_string(&created.data)
-            .unwrap_or_default()
-            .contains(INJECTED_ANNOTATION)
-            .then_some(())
-            .ok_or_else(|| {
-                "created without injection (the webhook's configuration not in force yet)".into()
-            })
-    })
-    .await?;
+    create_injected(&jobsets, &train_jobset(&ns.name, pods)).await?;
     // A long Lease (60 s, renewed 20 s before): with the 2 cores loaded by the pods' start, a
     // 6 s Lease went unrenewed at 500 pods and the default one (15 s, 5 s) at 1,000, and the
     // reconciler exited as it must (nothing restarts it here, so the restart stalled). See
@@ -3290,18 +3177,7 @@ async fn measure_a_group_restart_on_the_real_api_server() {
     }
     let sizes =
         std::env::var("JOBSET_INPLACE_REAL_SCALE_SIZES").unwrap_or_else(|_| "100,500".to_owned());
-    let installed = install(&cluster, "epoch").await;
-    let configurations: Vec<Value> = installed
-        .into_iter()
-        .filter(|o| {
-            o["kind"] == "MutatingWebhookConfiguration"
-                || o["kind"] == "ValidatingWebhookConfiguration"
-        })
-        .collect();
-    let webhook = Webhook::start().await;
-    apply(&cluster, &pointed_at(&configurations, &webhook))
-        .await
-        .expect("webhook configurations");
+    let webhook = serve_webhook(&cluster).await;
     let mut report = String::from(
         "one group restart on kube-apiserver 1.35 with the Job and JobSet controllers; agents \
          in-process on the node (one shared admin client); per pod, everyone's requests\n",

@@ -126,6 +126,19 @@ struct World {
 }
 
 impl World {
+    /// Another writer (JobSet's own controller, epoch dialect) drops both epoch fields.
+    fn wipe_epoch_fields(&self) {
+        let mut js = self.jobset();
+        if let Some(status) = js["status"].as_object_mut() {
+            status.remove("deprecatedEpoch");
+            status.remove("syncedEpoch");
+        }
+        js["metadata"]
+            .as_object_mut()
+            .map(|m| m.remove("resourceVersion"));
+        self.server.put("jobsets", js).expect("wipe");
+    }
+
     async fn new(dialect: Dialect, replicated: &[(i64, i64)], max_restarts: i64) -> World {
         Self::on(
             TestApiServer::start().await,
@@ -434,15 +447,7 @@ async fn restarts_that_do_not_count_and_wiped_fields() {
         assert_eq!(w.deprecated(), Some(2));
         assert!(w.jobset()["status"]["terminalState"].is_null());
         // Another writer wipes the fields: they are rewritten.
-        let mut js = w.jobset();
-        if let Some(status) = js["status"].as_object_mut() {
-            status.remove("deprecatedEpoch");
-            status.remove("syncedEpoch");
-        }
-        js["metadata"]
-            .as_object_mut()
-            .map(|m| m.remove("resourceVersion"));
-        w.server.put("jobsets", js).expect("wipe");
+        w.wipe_epoch_fields();
         w.until("rewritten", |w| {
             w.synced() == Some(3) && w.deprecated() == Some(2)
         })
@@ -898,15 +903,7 @@ async fn readiness_and_metrics_on_the_health_port() {
         // JobSet's own controller drops both fields with its status writes (twice here): the
         // reconciler writes them again, and that is no new group restart.
         for _ in 0..2 {
-            let mut js = w.jobset();
-            if let Some(status) = js["status"].as_object_mut() {
-                status.remove("deprecatedEpoch");
-                status.remove("syncedEpoch");
-            }
-            js["metadata"]
-                .as_object_mut()
-                .map(|m| m.remove("resourceVersion"));
-            w.server.put("jobsets", js).expect("wipe");
+            w.wipe_epoch_fields();
             w.until("rewritten", |w| {
                 w.synced() == Some(2) && w.deprecated() == Some(1)
             })
