@@ -16,9 +16,6 @@ use std::sync::{Arc, LazyLock};
 
 use serde_json::{Map, Value, json};
 
-use super::error::ApiError;
-use super::resources::ResourceType;
-
 /// A CRD version's `openAPIV3Schema`, compiled.
 pub struct CrdSchema {
     schema: Value,
@@ -83,23 +80,16 @@ impl CrdSchema {
             .collect()
     }
 
-    /// Prunes `object`, then validates it: a 422 naming every invalid field.
-    pub fn admit(
-        &self,
-        rt: &ResourceType,
-        object: &mut Value,
-        old: Option<&Value>,
-    ) -> Result<(), ApiError> {
+    /// Prunes `object`, then validates it: every invalid field (the store answers them as one
+    /// 422, `ApiError::invalid_causes`).
+    pub fn admit(&self, object: &mut Value, old: Option<&Value>) -> Result<(), Vec<Cause>> {
         self.prune(object);
         let causes = self.causes(object, old);
         if causes.is_empty() {
-            return Ok(());
+            Ok(())
+        } else {
+            Err(causes)
         }
-        let name = object
-            .pointer("/metadata/name")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        Err(ApiError::invalid_causes(rt, name, &causes))
     }
 }
 
@@ -336,6 +326,21 @@ pub fn jobset_epoch() -> Arc<CrdSchema> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// As the store answers a write: the causes as one 422.
+    fn admit_as_422(
+        rt: &crate::apiserver::resources::ResourceType,
+        object: &mut Value,
+        old: Option<&Value>,
+    ) -> Result<(), crate::apiserver::error::ApiError> {
+        jobset().admit(object, old).map_err(|causes| {
+            let name = object
+                .pointer("/metadata/name")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            crate::apiserver::error::ApiError::invalid_causes(rt, name, &causes)
+        })
+    }
     use crate::apiserver::resources::default_resources;
 
     fn jobset_object(status: Value) -> Value {
@@ -403,7 +408,7 @@ mod tests {
     fn invalid_values_are_422_with_each_field() {
         let rt = &default_resources()[1];
         let mut js = jobset_object(json!({"syncedEpoch": -1, "restarts": "a"}));
-        let e = jobset().admit(rt, &mut js, None).expect_err("invalid");
+        let e = admit_as_422(rt, &mut js, None).expect_err("invalid");
         assert_eq!((e.code, e.reason.as_str()), (422, "Invalid"));
         let status = e.status();
         assert_eq!(status["details"]["kind"], "JobSet");
@@ -446,7 +451,7 @@ mod tests {
         );
         let mut bad_enum = jobset_object(json!({}));
         bad_enum["spec"]["successPolicy"] = json!({"operator": "Bogus"});
-        let e = jobset().admit(rt, &mut bad_enum, None).expect_err("enum");
+        let e = admit_as_422(rt, &mut bad_enum, None).expect_err("enum");
         assert_eq!(
             e.status()["details"]["causes"][0]["field"],
             "spec.successPolicy.operator"
@@ -457,7 +462,7 @@ mod tests {
         );
         let mut bad_item = jobset_object(json!({}));
         bad_item["spec"]["replicatedJobs"][0]["replicas"] = json!("two");
-        let e = jobset().admit(rt, &mut bad_item, None).expect_err("type");
+        let e = admit_as_422(rt, &mut bad_item, None).expect_err("type");
         assert_eq!(
             e.status()["details"]["causes"][0]["field"],
             "spec.replicatedJobs[0].replicas"
@@ -469,9 +474,9 @@ mod tests {
         let old = jobset_object(json!({"syncedEpoch": -1}));
         let mut new = jobset_object(json!({"syncedEpoch": -1, "restarts": 2}));
         let rt = &default_resources()[1];
-        jobset().admit(rt, &mut new, Some(&old)).expect("ratcheted");
+        admit_as_422(rt, &mut new, Some(&old)).expect("ratcheted");
         let mut moved = jobset_object(json!({"syncedEpoch": -2}));
-        assert!(jobset().admit(rt, &mut moved, Some(&old)).is_err());
+        assert!(admit_as_422(rt, &mut moved, Some(&old)).is_err());
     }
 
     #[test]
@@ -485,7 +490,7 @@ mod tests {
         let writes = 200u32;
         for _ in 0..writes {
             let mut copy = js.clone();
-            jobset().admit(rt, &mut copy, Some(&js)).expect("valid");
+            admit_as_422(rt, &mut copy, Some(&js)).expect("valid");
             assert_eq!(copy, js, "nothing pruned from a valid JobSet");
         }
         let each = start.elapsed() / writes;

@@ -1269,7 +1269,13 @@ fn admit(rt: &ResourceType, obj: &mut Value, old: Option<&Value>) -> Result<(), 
         defaults::default_pod(obj);
     }
     match &rt.schema {
-        Some(schema) => schema.admit(rt, obj, old),
+        Some(schema) => schema.admit(obj, old).map_err(|causes| {
+            let name = obj
+                .pointer("/metadata/name")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            ApiError::invalid_causes(rt, name, &causes)
+        }),
         None => Ok(()),
     }
 }
