@@ -8,8 +8,6 @@
 //! The epoch status fields are not modelled here: their names depend on the protocol dialect, and
 //! [`crate::protocol::Dialect`] reads them from [`JobSetStatus::extra`].
 
-use std::borrow::Cow;
-
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -140,40 +138,44 @@ pub struct Condition {
     pub extra: Map<String, Value>,
 }
 
-/// `kube::Resource` for a JobSet type: the same group, version, kind and scope.
-macro_rules! jobset_resource {
-    ($ty:ty) => {
+/// `kube::Resource` for a namespaced type with a static group, version, kind and plural and a
+/// `metadata: ObjectMeta` field (the JobSet types here, `JobSetEpoch` in `wire::epochs`).
+macro_rules! namespaced_resource {
+    ($ty:ty, $kind:expr, $group:expr, $version:expr, $api_version:expr, $plural:expr) => {
         impl kube::Resource for $ty {
             type DynamicType = ();
             type Scope = k8s_openapi::NamespaceResourceScope;
 
-            fn kind(_: &()) -> Cow<'_, str> {
-                Cow::Borrowed(KIND)
+            fn kind(_: &()) -> std::borrow::Cow<'_, str> {
+                std::borrow::Cow::Borrowed($kind)
             }
-            fn group(_: &()) -> Cow<'_, str> {
-                Cow::Borrowed(GROUP)
+            fn group(_: &()) -> std::borrow::Cow<'_, str> {
+                std::borrow::Cow::Borrowed($group)
             }
-            fn version(_: &()) -> Cow<'_, str> {
-                Cow::Borrowed(VERSION)
+            fn version(_: &()) -> std::borrow::Cow<'_, str> {
+                std::borrow::Cow::Borrowed($version)
             }
-            fn api_version(_: &()) -> Cow<'_, str> {
-                Cow::Borrowed(API_VERSION)
+            fn api_version(_: &()) -> std::borrow::Cow<'_, str> {
+                std::borrow::Cow::Borrowed($api_version)
             }
-            fn plural(_: &()) -> Cow<'_, str> {
-                Cow::Borrowed(PLURAL)
+            fn plural(_: &()) -> std::borrow::Cow<'_, str> {
+                std::borrow::Cow::Borrowed($plural)
             }
-            fn meta(&self) -> &ObjectMeta {
+            fn meta(&self) -> &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
                 &self.metadata
             }
-            fn meta_mut(&mut self) -> &mut ObjectMeta {
+            fn meta_mut(
+                &mut self,
+            ) -> &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
                 &mut self.metadata
             }
         }
     };
 }
+pub(crate) use namespaced_resource;
 
-jobset_resource!(JobSet);
-jobset_resource!(JobSetSummary);
+namespaced_resource!(JobSet, KIND, GROUP, VERSION, API_VERSION, PLURAL);
+namespaced_resource!(JobSetSummary, KIND, GROUP, VERSION, API_VERSION, PLURAL);
 
 /// What an agent reads of its JobSet, and nothing more: metadata,
 /// `spec.failurePolicy.restartStrategy` and the status fields. Every other field, the pod

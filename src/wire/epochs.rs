@@ -14,8 +14,6 @@
 //! status never reaches it. Where another controller decides the epochs, the object only tells
 //! agents to watch the JobSet ([`Epochs::watch_job_set`]).
 
-use std::borrow::Cow;
-
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -68,32 +66,7 @@ fn lenient<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Epochs>, D::
     Ok(serde_json::from_value(value).ok())
 }
 
-impl kube::Resource for JobSetEpoch {
-    type DynamicType = ();
-    type Scope = k8s_openapi::NamespaceResourceScope;
-
-    fn kind(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed(KIND)
-    }
-    fn group(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed(GROUP)
-    }
-    fn version(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed(VERSION)
-    }
-    fn api_version(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed(API_VERSION)
-    }
-    fn plural(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed(PLURAL)
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+crate::jobset::namespaced_resource!(JobSetEpoch, KIND, GROUP, VERSION, API_VERSION, PLURAL);
 
 impl JobSetEpoch {
     /// The UID of the JobSet that owns it (its controller owner reference), if any.
