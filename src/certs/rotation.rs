@@ -198,6 +198,20 @@ pub enum Step {
     Wait { until: i64 },
 }
 
+impl Step {
+    /// A short name of the step's kind (`new`, `switch`, `renew`, `start`, `drop`, `wait`).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Step::NewCa(_) => "new",
+            Step::SwitchCa(_) => "switch",
+            Step::IssueServing(_) => "renew",
+            Step::StartRotation(_) => "start",
+            Step::DropPrevious(_) => "drop",
+            Step::Wait { .. } => "wait",
+        }
+    }
+}
+
 impl std::fmt::Display for Step {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -878,14 +892,7 @@ mod tests {
                             let next_live =
                                 matches!(*nn, "no-since" | "in-overlap" | "overlap-passed");
                             let serving_bad = *vn != "young";
-                            let kind = match &step {
-                                Step::NewCa(_) => "new-ca",
-                                Step::SwitchCa(_) => "switch",
-                                Step::IssueServing(_) => "issue",
-                                Step::StartRotation(_) => "start",
-                                Step::DropPrevious(_) => "drop",
-                                Step::Wait { .. } => "wait",
-                            };
+                            let kind = step.kind();
                             *seen.entry(kind).or_default() += 1;
                             match &step {
                                 Step::NewCa(_) => {
