@@ -424,14 +424,19 @@ up() {
   # admission-policy status (type checking) controllers; no scheduler, no kubelet. It talks to the
   # API server as the admin; no serving port.
   # With a node also: the kube-root-ca.crt publisher (pods' service-account volumes), node
-  # lifecycle (takes the not-ready taint off a Ready node; no taint eviction), the endpoint slices
-  # of Services (kube-proxy, webhook Services), deployments and replica sets (installed products).
+  # lifecycle (takes off the not-ready taint the kubelet registers with; no taint eviction; a
+  # grace of an hour, so that the test kit's nodes of tests/real_cluster.rs, which send no
+  # heartbeat, stay Ready), the endpoint slices of Services (kube-proxy, webhook Services),
+  # deployments and replica sets (installed products).
   local controllers=job-controller,garbage-collector-controller,namespace-controller,pod-garbage-collector-controller,serviceaccount-token-controller,serviceaccount-controller,validatingadmissionpolicy-status-controller
-  [[ -z "$node" ]] ||
+  local node_controller_flags=()
+  if [[ -n "$node" ]]; then
     controllers+=,root-ca-certificate-publisher-controller,node-lifecycle-controller,endpointslice-controller,endpoints-controller,deployment-controller,replicaset-controller
+    node_controller_flags=(--node-monitor-grace-period 1h --node-startup-grace-period 1h)
+  fi
   start "$dir" kube-controller-manager "$bin/kube-controller-manager" \
     --kubeconfig "$dir/kubeconfig" \
-    --controllers "$controllers" \
+    --controllers "$controllers" "${node_controller_flags[@]}" \
     --service-account-private-key-file "$pki/sa.key" --root-ca-file "$pki/ca.crt" \
     --leader-elect=false --secure-port 0 --profiling=false
   # Ready when the `default` service account of `default` exists (the serviceaccount controller

@@ -25,6 +25,8 @@
 # API server calls the kubelet as `system:masters` (kubelet webhook authorization).
 
 node_name=jobset-inplace-node
+# The label the real node gives itself; the scheduler places pods on such nodes only.
+node_label=jobset-inplace.dev/real-node
 # The pause image: the version pause.c's Makefile names, under a local name.
 pause_tag=3.10.1
 pause_image="localhost/jobset-inplace/pause:$pause_tag"
@@ -173,13 +175,33 @@ node_up() {
   local kubectl=(kubectl --kubeconfig "$dir/kubeconfig")
   mkdir -p "$nd"/{containerd,cni/net.d,cni/ipam,kubelet,pod-logs,volume-plugins,runc}
 
-  # The scheduler: on the host, as the admin, no leader election, serving on loopback only.
+  # The scheduler: on the host, as the admin, no leader election, serving on loopback only. It
+  # places pods on the real node only (the label the kubelet gives itself): the test kit's nodes
+  # of tests/real_cluster.rs bind their namespaces' pods themselves, and must not race it.
   local sched_port
   sched_port="$(free_port)"
   echo "kube-scheduler=$sched_port" >>"$dir/ports"
-  start "$dir" kube-scheduler "$bin/kube-scheduler" --kubeconfig "$dir/kubeconfig" \
+  cat >"$nd/kube-scheduler.yaml" <<EOF
+apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+clientConnection:
+  kubeconfig: $dir/kubeconfig
+leaderElection:
+  leaderElect: false
+profiles:
+- schedulerName: default-scheduler
+  pluginConfig:
+  - name: NodeAffinity
+    args:
+      addedAffinity:
+        requiredDuringSchedulingIgnoredDuringExecution:
+          nodeSelectorTerms:
+          - matchExpressions:
+            - {key: $node_label, operator: In, values: ["true"]}
+EOF
+  start "$dir" kube-scheduler "$bin/kube-scheduler" --config "$nd/kube-scheduler.yaml" \
     --authentication-kubeconfig "$dir/kubeconfig" --authorization-kubeconfig "$dir/kubeconfig" \
-    --leader-elect=false --bind-address 127.0.0.1 --secure-port "$sched_port" \
+    --bind-address 127.0.0.1 --secure-port "$sched_port" \
     --feature-gates "$node_gates" --profiling=false
   wait_for "$dir" kube-scheduler -k "https://127.0.0.1:$sched_port/healthz"
 
@@ -317,7 +339,7 @@ syncFrequency: 10s
 EOF
   start "$dir" kubelet nsenter --net="/run/netns/$NODE_NETNS" "$bin/kubelet" --config "$nd/kubelet.yaml" \
     --kubeconfig "$nd/kubelet.kubeconfig" --root-dir "$nd/kubelet" --cert-dir "$nd/kubelet/pki" \
-    --hostname-override "$NODE_NAME" --node-ip "$NODE_IP" --v=1
+    --hostname-override "$NODE_NAME" --node-ip "$NODE_IP" --node-labels "$node_label=true" --v=1
 
   # kube-proxy: iptables mode, inside the node's namespace only; leaves conntrack sysctls alone
   # (host-wide, and not settable from a namespace).
@@ -409,12 +431,13 @@ node_down() {
   local addr="$nd/containerd.sock" kubectl=(kubectl --kubeconfig "$dir/kubeconfig" --request-timeout 5s)
 
   # 1. While the kubelet and the API server run: let the kubelet stop its pods (sandboxes torn
-  # down, CNI addresses released, pod network namespaces unmounted), at most 30 s.
+  # down, CNI addresses released, pod network namespaces unmounted), at most 10 s; what is left
+  # then (containers ignoring SIGTERM) is killed below.
   if [[ -f "$dir/kubelet.pid" ]] && alive "$dir" kubelet && [[ -f "$dir/kube-apiserver.pid" ]] &&
     alive "$dir" kube-apiserver; then
     "${kubectl[@]}" delete pods --all-namespaces --all --grace-period 0 --force --wait=false \
       >/dev/null 2>&1 || true
-    local deadline=$((SECONDS + 30))
+    local deadline=$((SECONDS + 10))
     while ((SECONDS < deadline)); do
       [[ -z "$(ctr --address "$addr" -n k8s.io tasks ls -q 2>/dev/null)" ]] && break
       sleep 0.5
