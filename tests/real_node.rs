@@ -37,6 +37,13 @@ const COMMAND_LIMIT: Duration = Duration::from_secs(120);
 /// The image of scripts/test-image.sh (its default tag).
 const TEST_IMAGE: &str = "localhost/jobset-inplace/test-worker:1";
 
+/// The real node is tainted (NoSchedule, `NODE_TAINT` of node.env) so that only pods meant for
+/// it run there.
+fn real_node_toleration() -> serde_json::Value {
+    json!({"key": "jobset-inplace.dev/real-node", "operator": "Equal", "value": "true",
+           "effect": "NoSchedule"})
+}
+
 /// The tests take turns on the one node.
 static NODE_LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
@@ -317,7 +324,10 @@ fn pod_line(pod: &Pod) -> String {
         .chain(status.container_statuses.iter().flatten());
     for c in all {
         let state = c.state.as_ref().map_or("-".to_owned(), container_state);
-        let last = c.last_state.as_ref().map_or("-".to_owned(), container_state);
+        let last = c
+            .last_state
+            .as_ref()
+            .map_or("-".to_owned(), container_state);
         line.push_str(&format!(
             " | {} restarts={} ready={} started={} state={state} last={last}",
             c.name,
@@ -438,17 +448,20 @@ fn records_dir() -> tempfile::TempDir {
 /// whole pod in place.
 #[tokio::test]
 async fn a_worker_exit_restarts_the_whole_pod_in_place_on_a_real_kubelet() {
-    with_node("a_worker_exit_restarts_the_whole_pod_in_place_on_a_real_kubelet", |node| async move {
-        load_test_image(&node).await;
-        let ns = TestNamespace::create(&node, "real-node").await;
-        let records = records_dir();
-        let pods: Api<Pod> = Api::namespaced(node.client.clone(), &ns.name);
-        let pod: Pod = serde_json::from_value(json!({
+    with_node(
+        "a_worker_exit_restarts_the_whole_pod_in_place_on_a_real_kubelet",
+        |node| async move {
+            load_test_image(&node).await;
+            let ns = TestNamespace::create(&node, "real-node").await;
+            let records = records_dir();
+            let pods: Api<Pod> = Api::namespaced(node.client.clone(), &ns.name);
+            let pod: Pod = serde_json::from_value(json!({
             "metadata": {"name": "group-0"},
             "spec": {
                 "restartPolicy": "Never",
                 "terminationGracePeriodSeconds": 30,
                 "automountServiceAccountToken": false,
+                "tolerations": [real_node_toleration()],
                 "initContainers": [worker_container("agent", "Always")],
                 "containers": [worker_container("worker", "Never")],
                 "volumes": [
@@ -458,136 +471,159 @@ async fn a_worker_exit_restarts_the_whole_pod_in_place_on_a_real_kubelet() {
             }
         }))
         .expect("pod");
-        pods.create(&PostParams::default(), &pod)
-            .await
-            .expect("create pod");
+            pods.create(&PostParams::default(), &pod)
+                .await
+                .expect("create pod");
 
-        // Running: both containers started, both recorded.
-        let before = eventually("the pod running", Duration::from_secs(120), || async {
-            let p = pods.get("group-0").await.map_err(|e| e.to_string())?;
-            let recs = read_records(records.path());
-            if all_running(&p) && starts(&recs, "worker").len() == 1 {
-                Ok(p)
-            } else {
-                Err(pod_line(&p))
-            }
-        })
-        .await;
-        let uid = before.metadata.uid.clone().expect("uid");
-        let ip = before
-            .status
-            .as_ref()
-            .and_then(|s| s.pod_ip.clone())
-            .expect("pod IP");
-        assert!(
-            node.env
-                .get("NODE_POD_CIDR")
-                .is_some_and(|cidr| ip.starts_with(cidr.trim_end_matches("0/24"))),
-            "the pod's IP {ip} is on the node's pod network {:?}",
-            node.env.get("NODE_POD_CIDR")
-        );
-        let counts_before = restart_counts(&before);
-        assert_eq!(counts_before.len(), 2, "{counts_before:?}");
-        println!("before: {}", pod_line(&before));
+            // Running: both containers started, both recorded.
+            let before = eventually("the pod running", Duration::from_secs(120), || async {
+                let p = pods.get("group-0").await.map_err(|e| e.to_string())?;
+                let recs = read_records(records.path());
+                if all_running(&p) && starts(&recs, "worker").len() == 1 {
+                    Ok(p)
+                } else {
+                    Err(pod_line(&p))
+                }
+            })
+            .await;
+            let uid = before.metadata.uid.clone().expect("uid");
+            let ip = before
+                .status
+                .as_ref()
+                .and_then(|s| s.pod_ip.clone())
+                .expect("pod IP");
+            assert!(
+                node.env
+                    .get("NODE_POD_CIDR")
+                    .is_some_and(|cidr| ip.starts_with(cidr.trim_end_matches("0/24"))),
+                "the pod's IP {ip} is on the node's pod network {:?}",
+                node.env.get("NODE_POD_CIDR")
+            );
+            let counts_before = restart_counts(&before);
+            assert_eq!(counts_before.len(), 2, "{counts_before:?}");
+            println!("before: {}", pod_line(&before));
 
-        // Watch what the API server serves from here on.
-        let version = before.metadata.resource_version.clone().expect("resource version");
-        let watch_pods = pods.clone();
-        let seen_log: std::sync::Arc<std::sync::Mutex<Vec<(Instant, Pod)>>> = Default::default();
-        let log = seen_log.clone();
-        let watcher = tokio::spawn(async move {
-            let params = WatchParams::default()
-                .fields("metadata.name=group-0")
-                .timeout(120);
-            let Ok(stream) = watch_pods.watch(&params, &version).await else {
-                return;
-            };
-            let mut stream = stream.boxed();
-            while let Ok(Some(event)) = stream.try_next().await {
-                if let WatchEvent::Modified(p) = event {
-                    if let Ok(mut log) = log.lock() {
-                        log.push((Instant::now(), p));
+            // Watch what the API server serves from here on.
+            let version = before
+                .metadata
+                .resource_version
+                .clone()
+                .expect("resource version");
+            let watch_pods = pods.clone();
+            let seen_log: std::sync::Arc<std::sync::Mutex<Vec<(Instant, Pod)>>> =
+                Default::default();
+            let log = seen_log.clone();
+            let watcher = tokio::spawn(async move {
+                let params = WatchParams::default()
+                    .fields("metadata.name=group-0")
+                    .timeout(120);
+                let Ok(stream) = watch_pods.watch(&params, &version).await else {
+                    return;
+                };
+                let mut stream = stream.boxed();
+                while let Ok(Some(event)) = stream.try_next().await {
+                    if let WatchEvent::Modified(p) = event {
+                        if let Ok(mut log) = log.lock() {
+                            log.push((Instant::now(), p));
+                        }
                     }
                 }
-            }
-        });
+            });
 
-        // The worker exits 3.
-        let exited_at = Instant::now();
-        std::fs::write(records.path().join("exit-group-0-worker"), "3").expect("exit file");
-        let after = eventually("the pod restarted in place", Duration::from_secs(120), || async {
-            let p = pods.get("group-0").await.map_err(|e| e.to_string())?;
-            let recs = read_records(records.path());
-            let counts = restart_counts(&p);
-            let bumped = counts_before
-                .iter()
-                .all(|(name, before)| counts.get(name) == Some(&(before + 1)));
-            if bumped && all_running(&p) && starts(&recs, "worker").len() == 2 {
-                Ok(p)
-            } else {
-                Err(pod_line(&p))
-            }
-        })
-        .await;
-        let recovered = exited_at.elapsed();
-        // Let the watch collect the last updates, then stop it.
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        watcher.abort();
-        let seen = seen_log.lock().map(|l| l.clone()).unwrap_or_default();
+            // The worker exits 3.
+            let exited_at = Instant::now();
+            std::fs::write(records.path().join("exit-group-0-worker"), "3").expect("exit file");
+            let after = eventually(
+                "the pod restarted in place",
+                Duration::from_secs(120),
+                || async {
+                    let p = pods.get("group-0").await.map_err(|e| e.to_string())?;
+                    let recs = read_records(records.path());
+                    let counts = restart_counts(&p);
+                    let bumped = counts_before
+                        .iter()
+                        .all(|(name, before)| counts.get(name) == Some(&(before + 1)));
+                    if bumped && all_running(&p) && starts(&recs, "worker").len() == 2 {
+                        Ok(p)
+                    } else {
+                        Err(pod_line(&p))
+                    }
+                },
+            )
+            .await;
+            let recovered = exited_at.elapsed();
+            // Let the watch collect the last updates, then stop it.
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            watcher.abort();
+            let seen = seen_log.lock().map(|l| l.clone()).unwrap_or_default();
 
-        println!("after:  {}", pod_line(&after));
-        println!("what the API server served after the worker's exit (ms since the exit file):");
-        for (at, p) in &seen {
+            println!("after:  {}", pod_line(&after));
             println!(
-                "  +{:>5} {}",
-                at.saturating_duration_since(exited_at).as_millis(),
-                pod_line(p)
+                "what the API server served after the worker's exit (ms since the exit file):"
             );
-        }
-        let recs = read_records(records.path());
-        println!("the containers' records ({}):", records.path().display());
-        for r in &recs {
-            println!("  {} {} {} {} {:?}", r.ms, r.event, r.pod, r.container, r.fields);
-        }
-        println!("exit file to every container running again: {} ms", recovered.as_millis());
+            for (at, p) in &seen {
+                println!(
+                    "  +{:>5} {}",
+                    at.saturating_duration_since(exited_at).as_millis(),
+                    pod_line(p)
+                );
+            }
+            let recs = read_records(records.path());
+            println!("the containers' records ({}):", records.path().display());
+            for r in &recs {
+                println!(
+                    "  {} {} {} {} {:?}",
+                    r.ms, r.event, r.pod, r.container, r.fields
+                );
+            }
+            println!(
+                "exit file to every container running again: {} ms",
+                recovered.as_millis()
+            );
 
-        // In place: the same pod, the same sandbox address, every container restarted once.
-        assert_eq!(after.metadata.uid.as_deref(), Some(uid.as_str()), "same pod UID");
-        assert_eq!(
-            after.status.as_ref().and_then(|s| s.pod_ip.as_deref()),
-            Some(ip.as_str()),
-            "same pod IP"
-        );
-        assert!(
-            seen.iter()
-                .any(|(_, p)| condition(p, "AllContainersRestarting").as_deref() == Some("True")),
-            "AllContainersRestarting=True served during the restart"
-        );
-        // The sidecar was stopped (not left running beside the new worker) and started again.
-        let agent_starts = starts(&recs, "agent");
-        assert_eq!(agent_starts.len(), 2, "the agent started twice: {recs:?}");
-        let worker_starts = starts(&recs, "worker");
-        let exit = recs
-            .iter()
-            .find(|r| r.event == "exit" && r.container == "worker")
-            .expect("the worker recorded its exit");
-        assert_eq!(exit.fields.get("code").map(String::as_str), Some("3"));
-        let agent_stop = recs
-            .iter()
-            .find(|r| r.event == "stop" && r.container == "agent")
-            .expect("the old agent recorded its stop (SIGTERM)");
-        assert!(
-            agent_stop.ms <= worker_starts[1].ms && exit.ms <= worker_starts[1].ms,
-            "the new worker started after the old containers stopped: {recs:?}"
-        );
-        // The emptyDir survived: the new worker counted the first run's two starts (at least).
-        let seen_at_restart: u32 = worker_starts[1]
-            .fields
-            .get("seen")
-            .and_then(|s| s.parse().ok())
-            .unwrap_or_default();
-        assert!(seen_at_restart >= 2, "emptyDir kept: {recs:?}");
-    })
+            // In place: the same pod, the same sandbox address, every container restarted once.
+            assert_eq!(
+                after.metadata.uid.as_deref(),
+                Some(uid.as_str()),
+                "same pod UID"
+            );
+            assert_eq!(
+                after.status.as_ref().and_then(|s| s.pod_ip.as_deref()),
+                Some(ip.as_str()),
+                "same pod IP"
+            );
+            assert!(
+                seen.iter().any(
+                    |(_, p)| condition(p, "AllContainersRestarting").as_deref() == Some("True")
+                ),
+                "AllContainersRestarting=True served during the restart"
+            );
+            // The sidecar was stopped (not left running beside the new worker) and started again.
+            let agent_starts = starts(&recs, "agent");
+            assert_eq!(agent_starts.len(), 2, "the agent started twice: {recs:?}");
+            let worker_starts = starts(&recs, "worker");
+            let exit = recs
+                .iter()
+                .find(|r| r.event == "exit" && r.container == "worker")
+                .expect("the worker recorded its exit");
+            assert_eq!(exit.fields.get("code").map(String::as_str), Some("3"));
+            let agent_stop = recs
+                .iter()
+                .find(|r| r.event == "stop" && r.container == "agent")
+                .expect("the old agent recorded its stop (SIGTERM)");
+            assert!(
+                agent_stop.ms <= worker_starts[1].ms && exit.ms <= worker_starts[1].ms,
+                "the new worker started after the old containers stopped: {recs:?}"
+            );
+            // The emptyDir survived: the new worker counted the first run's two starts (at least).
+            let seen_at_restart: u32 = worker_starts[1]
+                .fields
+                .get("seen")
+                .and_then(|s| s.parse().ok())
+                .unwrap_or_default();
+            assert!(seen_at_restart >= 2, "emptyDir kept: {recs:?}");
+        },
+    )
     .await;
 }
 

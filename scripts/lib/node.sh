@@ -1,4 +1,5 @@
 # shellcheck shell=bash
+# shellcheck disable=SC2154 # module, ready_timeout: set by control-plane.sh, which sources this
 # One real node for scripts/control-plane.sh `up DIR --node` (sourced by it; uses its helpers
 # die, need, start, alive, fail, free_port, issue, kubeconfig, version_ldflags, k8s_version).
 #
@@ -25,7 +26,10 @@
 # API server calls the kubelet as `system:masters` (kubelet webhook authorization).
 
 node_name=jobset-inplace-node
-# The label the real node gives itself; the scheduler places pods on such nodes only.
+# The label the real node gives itself; the scheduler places pods on such nodes only. The node is
+# also tainted with it (NoSchedule): only pods that tolerate it run there, so that the pods of
+# tests/real_cluster.rs stay unscheduled as without a node (the DELETE of an unscheduled pod is
+# immediate, of a scheduled one graceful: `the_test_api_server_answers_as_the_real_one`).
 node_label=jobset-inplace.dev/real-node
 # The pause image: the version pause.c's Makefile names, under a local name.
 pause_tag=3.10.1
@@ -293,6 +297,7 @@ NODE_HOST_IP=$NODE_HOST_IP
 NODE_POD_CIDR=$NODE_POD_CIDR
 NODE_DIR=$nd
 PAUSE_IMAGE=$pause_image
+NODE_TAINT=$node_label=true:NoSchedule
 EOF
 
   kubeconfig "$pki" "$api_port" "$NODE_HOST_IP" node >"$nd/kubelet.kubeconfig"
@@ -331,6 +336,8 @@ clusterDomain: cluster.local
 resolvConf: ""
 failSwapOn: false
 serializeImagePulls: false
+registerWithTaints:
+- {key: $node_label, value: "true", effect: NoSchedule}
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 evictionHard: {memory.available: "100Mi", nodefs.available: "1%", imagefs.available: "1%"}
@@ -361,11 +368,11 @@ conntrack:
 EOF
   start "$dir" kube-proxy nsenter --net="/run/netns/$NODE_NETNS" "$bin/kube-proxy" --config "$nd/kube-proxy.yaml"
 
-  # Ready: the node Ready and untainted (the node lifecycle controller takes not-ready off), the
-  # `kubernetes` Service programmed by kube-proxy.
+  # Ready: the node Ready and only our taint left (the node lifecycle controller takes not-ready
+  # off), the `kubernetes` Service programmed by kube-proxy.
   deadline=$((SECONDS + ready_timeout))
   until [[ "$("${kubectl[@]}" get node "$NODE_NAME" -o \
-    'jsonpath={.status.conditions[?(@.type=="Ready")].status}/{.spec.taints}' 2>/dev/null)" == "True/" ]]; do
+    'jsonpath={.status.conditions[?(@.type=="Ready")].status}/{.spec.taints[*].key}' 2>/dev/null)" == "True/$node_label" ]]; do
     alive "$dir" kubelet || fail "$dir" kubelet "exited"
     alive "$dir" containerd || fail "$dir" containerd "exited"
     ((SECONDS < deadline)) || fail "$dir" kubelet "node not Ready and untainted within ${ready_timeout}s"
@@ -512,7 +519,9 @@ node_down() {
   # 7. Host sysctls the kubelet set.
   local line
   while IFS= read -r line; do
-    [[ -n "$line" ]] && sysctl -qw "$line" 2>/dev/null || true
+    if [[ -n "$line" ]]; then
+      sysctl -qw "$line" 2>/dev/null || true
+    fi
   done <"$nd/sysctls"
   rm -f "$nd/state" "$dir/node.env"
 }

@@ -21,6 +21,7 @@ exit_file="$records/exit-$pod-$container"
 now_ms() {
   touch /tmp/.now
   # "SECONDS YYYY-MM-DD hh:mm:ss.NNNNNNNNN +0000": whole seconds and the fraction of one stamp.
+  # shellcheck disable=SC2046 # split on purpose
   set -- $(stat -c '%Y %y' /tmp/.now)
   frac="${3#*.}"
   echo "$1${frac%??????}"
