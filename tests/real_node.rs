@@ -423,6 +423,27 @@ fn worker_container(name: &str, restart_policy: &str) -> serde_json::Value {
     })
 }
 
+/// A pod with a sidecar (the agent's place, `restartPolicy: Always`) and a worker, both under
+/// `RestartAllContainers` on a non-zero exit as the webhook injects it, on the real node.
+fn sidecar_pod(name: &str, records: &Path) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 30,
+            "automountServiceAccountToken": false,
+            "tolerations": [real_node_toleration()],
+            "initContainers": [worker_container("agent", "Always")],
+            "containers": [worker_container("worker", "Never")],
+            "volumes": [
+                {"name": "records", "hostPath": {"path": records, "type": "Directory"}},
+                {"name": "scratch", "emptyDir": {}}
+            ]
+        }
+    }))
+    .expect("pod")
+}
+
 /// The records directory: on the host, where the node's kubelet (same file system) mounts it
 /// into the pods as a hostPath volume.
 fn records_dir() -> tempfile::TempDir {
@@ -455,22 +476,7 @@ async fn a_worker_exit_restarts_the_whole_pod_in_place_on_a_real_kubelet() {
             let ns = TestNamespace::create(&node, "real-node").await;
             let records = records_dir();
             let pods: Api<Pod> = Api::namespaced(node.client.clone(), &ns.name);
-            let pod: Pod = serde_json::from_value(json!({
-            "metadata": {"name": "group-0"},
-            "spec": {
-                "restartPolicy": "Never",
-                "terminationGracePeriodSeconds": 30,
-                "automountServiceAccountToken": false,
-                "tolerations": [real_node_toleration()],
-                "initContainers": [worker_container("agent", "Always")],
-                "containers": [worker_container("worker", "Never")],
-                "volumes": [
-                    {"name": "records", "hostPath": {"path": records.path(), "type": "Directory"}},
-                    {"name": "scratch", "emptyDir": {}}
-                ]
-            }
-        }))
-        .expect("pod");
+            let pod = sidecar_pod("group-0", records.path());
             pods.create(&PostParams::default(), &pod)
                 .await
                 .expect("create pod");
@@ -622,6 +628,71 @@ async fn a_worker_exit_restarts_the_whole_pod_in_place_on_a_real_kubelet() {
                 .and_then(|s| s.parse().ok())
                 .unwrap_or_default();
             assert!(seen_at_restart >= 2, "emptyDir kept: {recs:?}");
+        },
+    )
+    .await;
+}
+
+/// Three group restarts in a row on the real kubelet, each one as quick as the first: sidecar
+/// mode is not backed off (the kubelet removes every container; CrashLoopBackOff would add
+/// 10 s, then 20 s).
+#[tokio::test]
+async fn three_group_restarts_in_a_row_are_not_backed_off() {
+    with_node(
+        "three_group_restarts_in_a_row_are_not_backed_off",
+        |node| async move {
+            load_test_image(&node).await;
+            let ns = TestNamespace::create(&node, "real-node-thrice").await;
+            let records = records_dir();
+            let pods: Api<Pod> = Api::namespaced(node.client.clone(), &ns.name);
+            pods.create(
+                &PostParams::default(),
+                &sidecar_pod("group-0", records.path()),
+            )
+            .await
+            .expect("create pod");
+            let first = eventually("the pod running", Duration::from_secs(120), || async {
+                let p = pods.get("group-0").await.map_err(|e| e.to_string())?;
+                let recs = read_records(records.path());
+                if all_running(&p) && starts(&recs, "worker").len() == 1 {
+                    Ok(p)
+                } else {
+                    Err(pod_line(&p))
+                }
+            })
+            .await;
+            let uid = first.metadata.uid.clone().expect("uid");
+            let mut took = Vec::new();
+            for round in 1..=3 {
+                let exited_at = Instant::now();
+                std::fs::write(records.path().join("exit-group-0-worker"), "3").expect("exit file");
+                let p = eventually("the pod restarted", Duration::from_secs(120), || async {
+                    let p = pods.get("group-0").await.map_err(|e| e.to_string())?;
+                    let recs = read_records(records.path());
+                    let counts = restart_counts(&p);
+                    if counts.values().all(|c| *c == round)
+                        && all_running(&p)
+                        && starts(&recs, "worker").len() == round as usize + 1
+                    {
+                        Ok(p)
+                    } else {
+                        Err(pod_line(&p))
+                    }
+                })
+                .await;
+                took.push(exited_at.elapsed());
+                assert_eq!(p.metadata.uid.as_deref(), Some(uid.as_str()), "same pod");
+                println!(
+                    "restart {round}: {} ms, {}",
+                    took[round as usize - 1].as_millis(),
+                    pod_line(&p)
+                );
+            }
+            let limit = took[0] + Duration::from_secs(5);
+            assert!(
+                took.iter().all(|t| *t <= limit),
+                "no restart slower than the first by 5 s or more (back-off): {took:?}"
+            );
         },
     )
     .await;
