@@ -528,10 +528,10 @@ async fn a_worker_exit_restarts_the_whole_pod_in_place_on_a_real_kubelet() {
                 };
                 let mut stream = stream.boxed();
                 while let Ok(Some(event)) = stream.try_next().await {
-                    if let WatchEvent::Modified(p) = event {
-                        if let Ok(mut log) = log.lock() {
-                            log.push((Instant::now(), p));
-                        }
+                    if let WatchEvent::Modified(p) = event
+                        && let Ok(mut log) = log.lock()
+                    {
+                        log.push((Instant::now(), p));
                     }
                 }
             });
