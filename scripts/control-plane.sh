@@ -5,20 +5,33 @@
 # scripts/control-plane/jobset/go.mod) and the JobSet CRD, a throwaway PKI, service-account
 # signing keys.
 #
-#   scripts/control-plane.sh build           build the binaries once (cached), print where
-#   scripts/control-plane.sh up DIR          build if needed, start everything, write DIR/kubeconfig
+#   scripts/control-plane.sh build [--node]  build the binaries once (cached), print where
+#   scripts/control-plane.sh up DIR [--node] build if needed, start everything, write DIR/kubeconfig
 #   scripts/control-plane.sh down DIR        stop what `up DIR` started, remove DIR
+#   scripts/control-plane.sh load-image DIR ARCHIVE   import a docker-archive or OCI archive
+#                                            into the node of `up DIR --node`
 #
 # The binaries are cached by version under
 # ${JOBSET_INPLACE_CONTROL_PLANE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/jobset-inplace/control-plane}/<versions>/
 # Everything listens on 127.0.0.1 (ports chosen free at start-up, written to DIR/ports). No
 # kubelet and no scheduler: pods exist but never run.
 #
+# With --node (scripts/lib/node.sh): also kube-scheduler and one real node, kubelet and
+# kube-proxy built from the same pinned k8s.io/kubernetes module, containerd + runc + the CNI
+# plugins from Debian's packages (installed when missing), a pause image built from the module's
+# pause.c, all inside a network namespace of its own joined to the host by a veth pair; the API
+# server then listens on the veth's host address (DIR/kubeconfig points there) so that pods reach
+# it through the `kubernetes` Service. DIR/node.env tells tests where everything is.
+#
 # Needs: go (>= the go.mods' versions; the module proxy or a filled module cache), openssl, curl,
-# kubectl.
+# kubectl; with --node also gcc (static libc), iproute2, nsenter, apt-get.
 set -Eeuo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
+# shellcheck source=scripts/lib/node.sh
+source "$here/lib/node.sh"
+# shellcheck source=scripts/lib/image-archive.sh
+source "$here/lib/image-archive.sh"
 module="$here/control-plane"
 jobset_module="$module/jobset"
 repo="$(cd "$here/.." && pwd)"
@@ -32,7 +45,7 @@ die() {
 }
 
 usage() {
-  sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 }
 
@@ -74,15 +87,17 @@ version_ldflags() {
 }
 
 # Prints the directory holding etcd, kube-apiserver and kube-controller-manager, building them
-# first when the cache does not have them. Progress goes to stderr.
+# first when the cache does not have them (with --node also the node's binaries, into the same
+# directory: scripts/lib/node.sh). Progress goes to stderr.
 build() {
   need go "Go toolchain, to build the control plane from its modules"
-  local key dir tmp start
+  local node="${1:-}" key dir tmp start
   key="$(versions)"
   dir="$cache_root/$key"
   if [[ -x "$dir/etcd" && -x "$dir/kube-apiserver" && -x "$dir/kube-controller-manager" &&
     -x "$dir/jobset" ]]; then
     echo "control-plane: cached binaries in $dir" >&2
+    [[ -z "$node" ]] || node_build "$dir"
     du -sh "$cache_root" | sed 's/^/control-plane: cache size: /' >&2
     echo "$dir"
     return
@@ -113,6 +128,7 @@ build() {
   # Keep disk lean: binaries of other versions go.
   find "$cache_root" -mindepth 1 -maxdepth 1 -type d ! -name "$key" ! -name '.build.*' \
     -exec rm -rf {} +
+  [[ -z "$node" ]] || node_build "$dir"
   du -sh "$cache_root" "$(go env GOCACHE)" "$(go env GOMODCACHE)" 2>/dev/null |
     sed 's/^/control-plane: disk: /' >&2
   echo "$dir"
@@ -147,7 +163,7 @@ issue() {
 }
 
 pki() {
-  local pki="$1"
+  local pki="$1" extra_san="${2:+,IP:$2}"
   mkdir -p "$pki"
   openssl req -x509 -newkey rsa:2048 -nodes -keyout "$pki/ca.key" -out "$pki/ca.crt" -days 2 \
     -subj "/CN=jobset-inplace-test-ca" \
@@ -157,7 +173,7 @@ pki() {
     "basicConstraints=CA:FALSE
 keyUsage=critical,digitalSignature,keyEncipherment
 extendedKeyUsage=serverAuth
-subjectAltName=IP:127.0.0.1,IP:10.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
+subjectAltName=IP:127.0.0.1,IP:10.0.0.1${extra_san},DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
   issue "$pki" admin "/O=system:masters/CN=jobset-inplace-test-admin" \
     "basicConstraints=CA:FALSE
 keyUsage=critical,digitalSignature,keyEncipherment
@@ -174,21 +190,22 @@ subjectAltName=IP:127.0.0.1"
   chmod 600 "$pki"/*.key
 }
 
+# A kubeconfig for the client certificate NAME (default admin) of the PKI, server at HOST.
 kubeconfig() {
-  local pki="$1" port="$2"
+  local pki="$1" port="$2" host="${3:-127.0.0.1}" user="${4:-admin}"
   cat <<EOF
 apiVersion: v1
 kind: Config
 clusters:
 - name: control-plane
   cluster:
-    server: https://127.0.0.1:$port
+    server: https://$host:$port
     certificate-authority-data: $(base64 -w0 "$pki/ca.crt")
 users:
 - name: admin
   user:
-    client-certificate-data: $(base64 -w0 "$pki/admin.crt")
-    client-key-data: $(base64 -w0 "$pki/admin.key")
+    client-certificate-data: $(base64 -w0 "$pki/$user.crt")
+    client-key-data: $(base64 -w0 "$pki/$user.key")
 contexts:
 - name: control-plane
   context:
@@ -235,8 +252,12 @@ wait_for() {
 
 stop_all() {
   local dir="$1" name pid
+  # The node first (it deletes its pods through the API server while that still runs).
+  if [[ -f "$dir/node/state" ]]; then
+    node_down "$dir"
+  fi
   # Reverse start order: the controller manager, the API server, then etcd.
-  for name in jobset kube-controller-manager kube-apiserver etcd; do
+  for name in kube-scheduler jobset kube-controller-manager kube-apiserver etcd; do
     [[ -f "$dir/$name.pid" ]] || continue
     pid="$(cat "$dir/$name.pid")"
     if kill -0 "$pid" 2>/dev/null; then
@@ -325,14 +346,15 @@ EOF
 }
 
 up() {
-  local dir="$1"
+  local dir="$1" node="${2:-}"
   need openssl "the throwaway PKI (apt-get install openssl)"
   need curl "the readiness checks (apt-get install curl)"
   need ss "finding free ports (apt-get install iproute2)"
   need kubectl "installing the JobSet CRD and webhook configurations"
   [[ ! -e "$dir/kubeconfig" ]] || die "$dir already holds a control plane (run down first)"
+  [[ -z "$node" ]] || node_need
   local bin
-  bin="$(build)"
+  bin="$(build "$node")"
   mkdir -p "$dir"
   dir="$(cd "$dir" && pwd)"
   touch "$dir/.jobset-inplace-control-plane"
@@ -340,7 +362,15 @@ up() {
   # shellcheck disable=SC2064 # $dir now, not at the time of the trap
   trap "echo 'control-plane: up failed; stopping what it started' >&2; stop_all '$dir'" ERR
   local start=$SECONDS
-  pki "$dir/pki"
+  # Where the API server listens: loopback, or with a node the host end of the node's veth
+  # (pods reach it there; loopback is not theirs).
+  local api_host=127.0.0.1
+  if [[ -n "$node" ]]; then
+    node_network "$dir"
+    api_host="$NODE_HOST_IP"
+  fi
+  pki "$dir/pki" "${node:+$api_host}"
+  [[ -z "$node" ]] || node_pki "$dir/pki"
 
   local etcd_port peer_port api_port
   etcd_port="$(free_port)"
@@ -363,8 +393,16 @@ up() {
   # The feature gates of README "Compatibility" for 1.35: the RestartAllContainers rule (alpha),
   # which in 1.35 depends on NodeDeclaredFeatures (alpha) and ContainerRestartRules (beta, on by
   # default; named so that a rename fails loudly).
+  # Without a node nothing serves the `kubernetes` Service (no endpoints: loopback is not a valid
+  # endpoint address); with one, the API server writes its veth address there and calls the
+  # kubelet and webhook Services' endpoints (pods) directly.
+  local node_flags=(--endpoint-reconciler-type none)
+  [[ -z "$node" ]] || node_flags=(--endpoint-reconciler-type lease --enable-aggregator-routing=true
+    --kubelet-client-certificate "$pki/apiserver-kubelet-client.crt"
+    --kubelet-client-key "$pki/apiserver-kubelet-client.key"
+    --kubelet-preferred-address-types InternalIP)
   start "$dir" kube-apiserver "$bin/kube-apiserver" \
-    --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$api_port" \
+    --bind-address "$api_host" --advertise-address "$api_host" --secure-port "$api_port" \
     --etcd-servers "http://127.0.0.1:$etcd_port" \
     --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
     --client-ca-file "$pki/ca.crt" \
@@ -375,30 +413,42 @@ up() {
     --authorization-mode Node,RBAC \
     --enable-admission-plugins MutatingAdmissionWebhook,ValidatingAdmissionWebhook,ValidatingAdmissionPolicy \
     --feature-gates RestartAllContainersOnContainerExits=true,NodeDeclaredFeatures=true,ContainerRestartRules=true \
-    --profiling=false --endpoint-reconciler-type none
+    --profiling=false "${node_flags[@]}"
   wait_for "$dir" kube-apiserver --cacert "$pki/ca.crt" --cert "$pki/admin.crt" --key "$pki/admin.key" \
-    "https://127.0.0.1:$api_port/readyz"
-  kubeconfig "$pki" "$api_port" >"$dir/kubeconfig"
+    "https://$api_host:$api_port/readyz"
+  kubeconfig "$pki" "$api_port" "$api_host" >"$dir/kubeconfig"
   chmod 600 "$dir/kubeconfig"
 
   # The job, garbage-collector, namespace (deletes test namespaces), pod-garbage-collector (ends
   # deleted pods that no kubelet will: their job-tracking finalizers), service-account and
   # admission-policy status (type checking) controllers; no scheduler, no kubelet. It talks to the
   # API server as the admin; no serving port.
+  # With a node also: the kube-root-ca.crt publisher (pods' service-account volumes), node
+  # lifecycle (takes off the not-ready taint the kubelet registers with; no taint eviction; a
+  # grace of an hour, so that the test kit's nodes of tests/real_cluster.rs, which send no
+  # heartbeat, stay Ready), the endpoint slices of Services (kube-proxy, webhook Services),
+  # deployments and replica sets (installed products).
+  local controllers=job-controller,garbage-collector-controller,namespace-controller,pod-garbage-collector-controller,serviceaccount-token-controller,serviceaccount-controller,validatingadmissionpolicy-status-controller
+  local node_controller_flags=()
+  if [[ -n "$node" ]]; then
+    controllers+=,root-ca-certificate-publisher-controller,node-lifecycle-controller,endpointslice-controller,endpoints-controller,deployment-controller,replicaset-controller
+    node_controller_flags=(--node-monitor-grace-period 1h --node-startup-grace-period 1h)
+  fi
   start "$dir" kube-controller-manager "$bin/kube-controller-manager" \
     --kubeconfig "$dir/kubeconfig" \
-    --controllers job-controller,garbage-collector-controller,namespace-controller,pod-garbage-collector-controller,serviceaccount-token-controller,serviceaccount-controller,validatingadmissionpolicy-status-controller \
+    --controllers "$controllers" "${node_controller_flags[@]}" \
     --service-account-private-key-file "$pki/sa.key" --root-ca-file "$pki/ca.crt" \
     --leader-elect=false --secure-port 0 --profiling=false
   # Ready when the `default` service account of `default` exists (the serviceaccount controller
   # made it).
   wait_for "$dir" kube-controller-manager --cacert "$pki/ca.crt" --cert "$pki/admin.crt" \
-    --key "$pki/admin.key" "https://127.0.0.1:$api_port/api/v1/namespaces/default/serviceaccounts/default"
+    --key "$pki/admin.key" "https://$api_host:$api_port/api/v1/namespaces/default/serviceaccounts/default"
 
   start_jobset "$dir" "$bin"
+  [[ -z "$node" ]] || node_up "$dir" "$bin" "$api_port"
   trap - ERR
 
-  echo "control-plane: up in $((SECONDS - start)) s: kube-apiserver https://127.0.0.1:$api_port, etcd, kube-controller-manager, jobset" >&2
+  echo "control-plane: up in $((SECONDS - start)) s: kube-apiserver https://$api_host:$api_port, etcd, kube-controller-manager, jobset${node:+, kube-scheduler and node $NODE_NAME (DIR/node.env)}" >&2
   echo "control-plane: export KUBECONFIG=$dir/kubeconfig JOBSET_INPLACE_KUBECONFIG=$dir/kubeconfig" >&2
 }
 
@@ -410,9 +460,18 @@ down() {
   rm -rf "$dir"
 }
 
+node_flag() {
+  case "${1:-}" in
+    "") ;;
+    --node) echo node ;;
+    *) usage ;;
+  esac
+}
+
 case "${1:-}" in
-  build) build >/dev/null ;;
-  up) [[ $# -eq 2 ]] || usage; up "$2" ;;
+  build) [[ $# -le 2 ]] || usage; build "$(node_flag "${2:-}")" >/dev/null ;;
+  up) [[ $# -eq 2 || $# -eq 3 ]] || usage; up "$2" "$(node_flag "${3:-}")" ;;
   down) [[ $# -eq 2 ]] || usage; down "$2" ;;
+  load-image) [[ $# -eq 3 ]] || usage; load_image "$2" "$3" ;;
   *) usage ;;
 esac

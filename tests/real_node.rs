@@ -1,0 +1,724 @@
+//! On a real node: kubelet v1.35 (built from the pinned `k8s.io/kubernetes` module), containerd,
+//! runc and a CNI pod network, started with the control plane by
+//! `scripts/control-plane.sh up DIR --node` (docs/testing.md "Real node"). Point
+//! `JOBSET_INPLACE_KUBECONFIG` at `DIR/kubeconfig`; `DIR/node.env` is read beside it (or from
+//! `JOBSET_INPLACE_NODE_ENV`). Without them every test here says SKIPPED loudly and passes, unless
+//! `JOBSET_INPLACE_REAL_NODE=required` (or `1`), which makes them fail instead.
+//!
+//! The workers are the test image of `scripts/test-image.sh` (busybox and a script that records
+//! each start into a volume and exits with a code when told): each test builds it and loads it
+//! into the node with `scripts/control-plane.sh load-image`.
+//!
+//! - a pod whose worker exits non-zero under a `RestartAllContainers` rule restarts in place on
+//!   the real kubelet: same UID, same IP, every container's `restartCount` one up,
+//!   `AllContainersRestarting` seen, the emptyDir kept, the worker started again. What the API
+//!   server saw meanwhile (phase, conditions, container states) is printed: the ground truth the
+//!   test kit's kubelet is to be compared with.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::api::{Api, PostParams, WatchEvent, WatchParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+use serde_json::json;
+
+const KUBECONFIG_ENV: &str = "JOBSET_INPLACE_KUBECONFIG";
+const NODE_ENV_ENV: &str = "JOBSET_INPLACE_NODE_ENV";
+const REQUIRED_ENV: &str = "JOBSET_INPLACE_REAL_NODE";
+/// Each test's whole budget.
+const LIMIT: Duration = Duration::from_secs(300);
+/// One external command (kubectl, the image script, an image import).
+const COMMAND_LIMIT: Duration = Duration::from_secs(120);
+/// The image of scripts/test-image.sh (its default tag).
+const TEST_IMAGE: &str = "localhost/jobset-inplace/test-worker:1";
+
+/// The real node is tainted (NoSchedule, `NODE_TAINT` of node.env) so that only pods meant for
+/// it run there.
+fn real_node_toleration() -> serde_json::Value {
+    json!({"key": "jobset-inplace.dev/real-node", "operator": "Equal", "value": "true",
+           "effect": "NoSchedule"})
+}
+
+/// The tests take turns on the one node.
+static NODE_LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+// ---------------------------------------------------------------------------------------------
+// The node
+// ---------------------------------------------------------------------------------------------
+
+struct Node {
+    /// The directory of `control-plane.sh up DIR --node`.
+    dir: PathBuf,
+    kubeconfig: PathBuf,
+    client: Client,
+    /// DIR/node.env, parsed.
+    env: BTreeMap<String, String>,
+}
+
+fn required() -> bool {
+    matches!(
+        std::env::var(REQUIRED_ENV).as_deref(),
+        Ok("required") | Ok("1")
+    )
+}
+
+/// `KEY=VALUE` lines (values optionally in double quotes), as DIR/node.env has them.
+fn parse_env_file(text: &str) -> BTreeMap<String, String> {
+    text.lines()
+        .filter_map(|line| line.split_once('='))
+        .map(|(k, v)| {
+            let v = v.trim();
+            let v = v
+                .strip_prefix('"')
+                .and_then(|v| v.strip_suffix('"'))
+                .unwrap_or(v);
+            (k.trim().to_owned(), v.to_owned())
+        })
+        .collect()
+}
+
+/// The node of `JOBSET_INPLACE_KUBECONFIG`, or `None` (and a loud SKIPPED) without one.
+async fn node(test: &str) -> Option<Node> {
+    let kubeconfig = std::env::var_os(KUBECONFIG_ENV)
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from);
+    let env_path = std::env::var_os(NODE_ENV_ENV)
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| {
+            kubeconfig
+                .as_ref()
+                .and_then(|k| k.parent().map(|d| d.join("node.env")))
+        });
+    let (Some(kubeconfig), Some(env_path)) = (kubeconfig, env_path.filter(|p| p.is_file())) else {
+        if required() {
+            panic!(
+                "{test}: {REQUIRED_ENV} is set but there is no node ({KUBECONFIG_ENV} unset, \
+                 or no node.env beside it: scripts/control-plane.sh up DIR --node)"
+            );
+        }
+        eprintln!(
+            "\n!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n\
+             !! SKIPPED {test}: no real node (run scripts/control-plane.sh up DIR --node\n\
+             !! and set {KUBECONFIG_ENV}=DIR/kubeconfig)\n\
+             !!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n"
+        );
+        return None;
+    };
+    let env = parse_env_file(
+        &std::fs::read_to_string(&env_path)
+            .unwrap_or_else(|e| panic!("{}: {e}", env_path.display())),
+    );
+    let dir = env_path
+        .parent()
+        .expect("node.env is in the control plane's directory")
+        .to_path_buf();
+    let kc = Kubeconfig::read_from(&kubeconfig)
+        .unwrap_or_else(|e| panic!("{}: {e}", kubeconfig.display()));
+    let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .expect("kubeconfig");
+    let client = Client::try_from(config).expect("client");
+    Some(Node {
+        dir,
+        kubeconfig,
+        client,
+        env,
+    })
+}
+
+/// Runs a test body on the node, alone and under a time limit.
+async fn with_node<F, Fut>(test: &str, body: F)
+where
+    F: FnOnce(Node) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let Some(node) = node(test).await else {
+        return;
+    };
+    let _turn = NODE_LOCK.lock().await;
+    tokio::time::timeout(LIMIT, body(node))
+        .await
+        .unwrap_or_else(|_| panic!("{test} did not finish within {LIMIT:?}"));
+}
+
+/// Runs a command to its end (bounded); stdout, or why it failed.
+async fn run(program: &str, args: &[&str]) -> Result<String, String> {
+    let mut cmd = tokio::process::Command::new(program);
+    cmd.args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let out = tokio::time::timeout(COMMAND_LIMIT, cmd.output())
+        .await
+        .map_err(|_| format!("{program} {args:?} did not finish within {COMMAND_LIMIT:?}"))?
+        .map_err(|e| format!("cannot run {program}: {e}"))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(format!(
+            "{program} {args:?} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}
+
+/// Builds the test image (scripts/test-image.sh) and imports it into the node.
+async fn load_test_image(node: &Node) {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let archive = tempfile::Builder::new()
+        .prefix("jobset-inplace-test-image")
+        .suffix(".tar")
+        .tempfile()
+        .expect("temp file");
+    let archive = archive.path().to_str().expect("utf-8 temp path");
+    let script = repo.join("scripts/test-image.sh");
+    run(script.to_str().expect("utf-8 path"), &[archive, TEST_IMAGE])
+        .await
+        .unwrap_or_else(|e| panic!("build the test image: {e}"));
+    let control_plane = repo.join("scripts/control-plane.sh");
+    run(
+        control_plane.to_str().expect("utf-8 path"),
+        &[
+            "load-image",
+            node.dir.to_str().expect("utf-8 path"),
+            archive,
+        ],
+    )
+    .await
+    .unwrap_or_else(|e| panic!("load the test image: {e}"));
+}
+
+/// Polls `check` every 100 ms until it returns `Ok`, or panics with `what` after `limit`.
+async fn eventually<T, F, Fut>(what: &str, limit: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    let deadline = Instant::now() + limit;
+    loop {
+        match check().await {
+            Ok(v) => return v,
+            Err(e) if Instant::now() >= deadline => panic!("{what}: not within {limit:?}: {e}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
+/// A namespace of the test's own, deleted when dropped (also when the test panics).
+struct TestNamespace {
+    kubeconfig: PathBuf,
+    name: String,
+}
+
+impl TestNamespace {
+    async fn create(node: &Node, prefix: &str) -> Self {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or_default();
+        let name = format!("{prefix}-{}-{nanos}", std::process::id());
+        let ns: Namespace =
+            serde_json::from_value(json!({"metadata": {"name": name}})).expect("namespace");
+        Api::<Namespace>::all(node.client.clone())
+            .create(&PostParams::default(), &ns)
+            .await
+            .unwrap_or_else(|e| panic!("create namespace {name}: {e}"));
+        TestNamespace {
+            kubeconfig: node.kubeconfig.clone(),
+            name,
+        }
+    }
+}
+
+impl Drop for TestNamespace {
+    fn drop(&mut self) {
+        // Synchronous on purpose: runs during a panic too. The namespace controller and the
+        // kubelet finish it.
+        let _ = std::process::Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(["delete", "namespace", &self.name, "--wait=false"])
+            .args(["--ignore-not-found"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The workers' records
+// ---------------------------------------------------------------------------------------------
+
+/// One line of a worker's records (scripts/test-image/worker.sh).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Record {
+    event: String,
+    ms: u64,
+    pod: String,
+    container: String,
+    fields: BTreeMap<String, String>,
+}
+
+/// Parses the records file: `EVENT ms=.. pod=.. container=.. epoch=.. [key=value ...]`; lines
+/// that do not parse are left out.
+fn parse_records(text: &str) -> Vec<Record> {
+    text.lines()
+        .filter_map(|line| {
+            let mut words = line.split_whitespace();
+            let event = words.next()?.to_owned();
+            let mut fields: BTreeMap<String, String> = words
+                .filter_map(|w| w.split_once('='))
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect();
+            let ms = fields.remove("ms")?.parse().ok()?;
+            let pod = fields.remove("pod")?;
+            let container = fields.remove("container")?;
+            Some(Record {
+                event,
+                ms,
+                pod,
+                container,
+                fields,
+            })
+        })
+        .collect()
+}
+
+fn read_records(dir: &Path) -> Vec<Record> {
+    parse_records(&std::fs::read_to_string(dir.join("records")).unwrap_or_default())
+}
+
+fn starts<'a>(records: &'a [Record], container: &str) -> Vec<&'a Record> {
+    records
+        .iter()
+        .filter(|r| r.event == "start" && r.container == container)
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// What the API server saw
+// ---------------------------------------------------------------------------------------------
+
+/// One pod state as the API server served it: the phase, the conditions and each container's
+/// state, one line (what the simulator is to be compared with).
+fn pod_line(pod: &Pod) -> String {
+    let Some(status) = pod.status.as_ref() else {
+        return "no status".to_owned();
+    };
+    let mut line = format!("phase={}", status.phase.as_deref().unwrap_or("-"));
+    for c in status.conditions.iter().flatten() {
+        line.push_str(&format!(" {}={}", c.type_, c.status));
+    }
+    let all = status
+        .init_container_statuses
+        .iter()
+        .flatten()
+        .chain(status.container_statuses.iter().flatten());
+    for c in all {
+        let state = c.state.as_ref().map_or("-".to_owned(), container_state);
+        let last = c
+            .last_state
+            .as_ref()
+            .map_or("-".to_owned(), container_state);
+        line.push_str(&format!(
+            " | {} restarts={} ready={} started={} state={state} last={last}",
+            c.name,
+            c.restart_count,
+            c.ready,
+            c.started.unwrap_or_default()
+        ));
+    }
+    line
+}
+
+fn container_state(s: &k8s_openapi::api::core::v1::ContainerState) -> String {
+    if s.running.is_some() {
+        "running".to_owned()
+    } else if let Some(t) = &s.terminated {
+        format!(
+            "terminated({},{})",
+            t.reason.as_deref().unwrap_or("-"),
+            t.exit_code
+        )
+    } else if let Some(w) = &s.waiting {
+        format!("waiting({})", w.reason.as_deref().unwrap_or("-"))
+    } else {
+        "-".to_owned()
+    }
+}
+
+fn restart_counts(pod: &Pod) -> BTreeMap<String, i32> {
+    let Some(status) = pod.status.as_ref() else {
+        return BTreeMap::new();
+    };
+    status
+        .init_container_statuses
+        .iter()
+        .flatten()
+        .chain(status.container_statuses.iter().flatten())
+        .map(|c| (c.name.clone(), c.restart_count))
+        .collect()
+}
+
+fn all_running(pod: &Pod) -> bool {
+    let Some(status) = pod.status.as_ref() else {
+        return false;
+    };
+    let containers: Vec<_> = status
+        .init_container_statuses
+        .iter()
+        .flatten()
+        .chain(status.container_statuses.iter().flatten())
+        .collect();
+    !containers.is_empty()
+        && containers
+            .iter()
+            .all(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()))
+        && status.phase.as_deref() == Some("Running")
+}
+
+fn condition(pod: &Pod, type_: &str) -> Option<String> {
+    pod.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| c.status.clone())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pods
+// ---------------------------------------------------------------------------------------------
+
+/// A container of the test image recording into the `records` (hostPath) and `scratch`
+/// (emptyDir) volumes, restarting the whole pod on a non-zero exit.
+fn worker_container(name: &str, restart_policy: &str) -> serde_json::Value {
+    json!({
+        "name": name,
+        "image": TEST_IMAGE,
+        "imagePullPolicy": "Never",
+        "restartPolicy": restart_policy,
+        "restartPolicyRules": [
+            {"action": "RestartAllContainers", "exitCodes": {"operator": "NotIn", "values": [0]}}
+        ],
+        "env": [
+            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": "CONTAINER_NAME", "value": name},
+            {"name": "RECORDS", "value": "/records"},
+            {"name": "SCRATCH", "value": "/scratch"}
+        ],
+        "volumeMounts": [
+            {"name": "records", "mountPath": "/records"},
+            {"name": "scratch", "mountPath": "/scratch"}
+        ]
+    })
+}
+
+/// A pod with a sidecar (the agent's place, `restartPolicy: Always`) and a worker, both under
+/// `RestartAllContainers` on a non-zero exit as the webhook injects it, on the real node.
+fn sidecar_pod(name: &str, records: &Path) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 30,
+            "automountServiceAccountToken": false,
+            "tolerations": [real_node_toleration()],
+            "initContainers": [worker_container("agent", "Always")],
+            "containers": [worker_container("worker", "Never")],
+            "volumes": [
+                {"name": "records", "hostPath": {"path": records, "type": "Directory"}},
+                {"name": "scratch", "emptyDir": {}}
+            ]
+        }
+    }))
+    .expect("pod")
+}
+
+/// The records directory: on the host, where the node's kubelet (same file system) mounts it
+/// into the pods as a hostPath volume.
+fn records_dir() -> tempfile::TempDir {
+    let dir = tempfile::Builder::new()
+        .prefix("jobset-inplace-real-node")
+        .tempdir()
+        .expect("records directory");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777))
+            .expect("chmod records directory");
+    }
+    dir
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tests
+// ---------------------------------------------------------------------------------------------
+
+/// A pod with a sidecar (the agent's place) and a worker, both under `RestartAllContainers` on a
+/// non-zero exit, as the webhook injects it: the worker exits 3 and the real kubelet restarts the
+/// whole pod in place.
+#[tokio::test]
+async fn a_worker_exit_restarts_the_whole_pod_in_place_on_a_real_kubelet() {
+    with_node(
+        "a_worker_exit_restarts_the_whole_pod_in_place_on_a_real_kubelet",
+        |node| async move {
+            load_test_image(&node).await;
+            let ns = TestNamespace::create(&node, "real-node").await;
+            let records = records_dir();
+            let pods: Api<Pod> = Api::namespaced(node.client.clone(), &ns.name);
+            let pod = sidecar_pod("group-0", records.path());
+            pods.create(&PostParams::default(), &pod)
+                .await
+                .expect("create pod");
+
+            // Running: both containers started, both recorded.
+            let before = eventually("the pod running", Duration::from_secs(120), || async {
+                let p = pods.get("group-0").await.map_err(|e| e.to_string())?;
+                let recs = read_records(records.path());
+                if all_running(&p) && starts(&recs, "worker").len() == 1 {
+                    Ok(p)
+                } else {
+                    Err(pod_line(&p))
+                }
+            })
+            .await;
+            let uid = before.metadata.uid.clone().expect("uid");
+            let ip = before
+                .status
+                .as_ref()
+                .and_then(|s| s.pod_ip.clone())
+                .expect("pod IP");
+            assert!(
+                node.env
+                    .get("NODE_POD_CIDR")
+                    .is_some_and(|cidr| ip.starts_with(cidr.trim_end_matches("0/24"))),
+                "the pod's IP {ip} is on the node's pod network {:?}",
+                node.env.get("NODE_POD_CIDR")
+            );
+            let counts_before = restart_counts(&before);
+            assert_eq!(counts_before.len(), 2, "{counts_before:?}");
+            println!("before: {}", pod_line(&before));
+
+            // Watch what the API server serves from here on.
+            let version = before
+                .metadata
+                .resource_version
+                .clone()
+                .expect("resource version");
+            let watch_pods = pods.clone();
+            let seen_log: std::sync::Arc<std::sync::Mutex<Vec<(Instant, Pod)>>> =
+                Default::default();
+            let log = seen_log.clone();
+            let watcher = tokio::spawn(async move {
+                let params = WatchParams::default()
+                    .fields("metadata.name=group-0")
+                    .timeout(120);
+                let Ok(stream) = watch_pods.watch(&params, &version).await else {
+                    return;
+                };
+                let mut stream = stream.boxed();
+                while let Ok(Some(event)) = stream.try_next().await {
+                    if let WatchEvent::Modified(p) = event
+                        && let Ok(mut log) = log.lock()
+                    {
+                        log.push((Instant::now(), p));
+                    }
+                }
+            });
+
+            // The worker exits 3.
+            let exited_at = Instant::now();
+            std::fs::write(records.path().join("exit-group-0-worker"), "3").expect("exit file");
+            let after = eventually(
+                "the pod restarted in place",
+                Duration::from_secs(120),
+                || async {
+                    let p = pods.get("group-0").await.map_err(|e| e.to_string())?;
+                    let recs = read_records(records.path());
+                    let counts = restart_counts(&p);
+                    let bumped = counts_before
+                        .iter()
+                        .all(|(name, before)| counts.get(name) == Some(&(before + 1)));
+                    if bumped && all_running(&p) && starts(&recs, "worker").len() == 2 {
+                        Ok(p)
+                    } else {
+                        Err(pod_line(&p))
+                    }
+                },
+            )
+            .await;
+            let recovered = exited_at.elapsed();
+            // Let the watch collect the last updates, then stop it.
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            watcher.abort();
+            let seen = seen_log.lock().map(|l| l.clone()).unwrap_or_default();
+
+            println!("after:  {}", pod_line(&after));
+            println!(
+                "what the API server served after the worker's exit (ms since the exit file):"
+            );
+            for (at, p) in &seen {
+                println!(
+                    "  +{:>5} {}",
+                    at.saturating_duration_since(exited_at).as_millis(),
+                    pod_line(p)
+                );
+            }
+            let recs = read_records(records.path());
+            println!("the containers' records ({}):", records.path().display());
+            for r in &recs {
+                println!(
+                    "  {} {} {} {} {:?}",
+                    r.ms, r.event, r.pod, r.container, r.fields
+                );
+            }
+            println!(
+                "exit file to every container running again: {} ms",
+                recovered.as_millis()
+            );
+
+            // In place: the same pod, the same sandbox address, every container restarted once.
+            assert_eq!(
+                after.metadata.uid.as_deref(),
+                Some(uid.as_str()),
+                "same pod UID"
+            );
+            assert_eq!(
+                after.status.as_ref().and_then(|s| s.pod_ip.as_deref()),
+                Some(ip.as_str()),
+                "same pod IP"
+            );
+            assert!(
+                seen.iter().any(
+                    |(_, p)| condition(p, "AllContainersRestarting").as_deref() == Some("True")
+                ),
+                "AllContainersRestarting=True served during the restart"
+            );
+            // The sidecar was stopped (not left running beside the new worker) and started again.
+            let agent_starts = starts(&recs, "agent");
+            assert_eq!(agent_starts.len(), 2, "the agent started twice: {recs:?}");
+            let worker_starts = starts(&recs, "worker");
+            let exit = recs
+                .iter()
+                .find(|r| r.event == "exit" && r.container == "worker")
+                .expect("the worker recorded its exit");
+            assert_eq!(exit.fields.get("code").map(String::as_str), Some("3"));
+            let agent_stop = recs
+                .iter()
+                .find(|r| r.event == "stop" && r.container == "agent")
+                .expect("the old agent recorded its stop (SIGTERM)");
+            assert!(
+                agent_stop.ms <= worker_starts[1].ms && exit.ms <= worker_starts[1].ms,
+                "the new worker started after the old containers stopped: {recs:?}"
+            );
+            // The emptyDir survived: the new worker counted the first run's two starts (at least).
+            let seen_at_restart: u32 = worker_starts[1]
+                .fields
+                .get("seen")
+                .and_then(|s| s.parse().ok())
+                .unwrap_or_default();
+            assert!(seen_at_restart >= 2, "emptyDir kept: {recs:?}");
+        },
+    )
+    .await;
+}
+
+/// Three group restarts in a row on the real kubelet, each one as quick as the first: sidecar
+/// mode is not backed off (the kubelet removes every container; CrashLoopBackOff would add
+/// 10 s, then 20 s).
+#[tokio::test]
+async fn three_group_restarts_in_a_row_are_not_backed_off() {
+    with_node(
+        "three_group_restarts_in_a_row_are_not_backed_off",
+        |node| async move {
+            load_test_image(&node).await;
+            let ns = TestNamespace::create(&node, "real-node-thrice").await;
+            let records = records_dir();
+            let pods: Api<Pod> = Api::namespaced(node.client.clone(), &ns.name);
+            pods.create(
+                &PostParams::default(),
+                &sidecar_pod("group-0", records.path()),
+            )
+            .await
+            .expect("create pod");
+            let first = eventually("the pod running", Duration::from_secs(120), || async {
+                let p = pods.get("group-0").await.map_err(|e| e.to_string())?;
+                let recs = read_records(records.path());
+                if all_running(&p) && starts(&recs, "worker").len() == 1 {
+                    Ok(p)
+                } else {
+                    Err(pod_line(&p))
+                }
+            })
+            .await;
+            let uid = first.metadata.uid.clone().expect("uid");
+            let mut took = Vec::new();
+            for round in 1..=3 {
+                let exited_at = Instant::now();
+                std::fs::write(records.path().join("exit-group-0-worker"), "3").expect("exit file");
+                let p = eventually("the pod restarted", Duration::from_secs(120), || async {
+                    let p = pods.get("group-0").await.map_err(|e| e.to_string())?;
+                    let recs = read_records(records.path());
+                    let counts = restart_counts(&p);
+                    if counts.values().all(|c| *c == round)
+                        && all_running(&p)
+                        && starts(&recs, "worker").len() == round as usize + 1
+                    {
+                        Ok(p)
+                    } else {
+                        Err(pod_line(&p))
+                    }
+                })
+                .await;
+                took.push(exited_at.elapsed());
+                assert_eq!(p.metadata.uid.as_deref(), Some(uid.as_str()), "same pod");
+                println!(
+                    "restart {round}: {} ms, {}",
+                    took[round as usize - 1].as_millis(),
+                    pod_line(&p)
+                );
+            }
+            let limit = took[0] + Duration::from_secs(5);
+            assert!(
+                took.iter().all(|t| *t <= limit),
+                "no restart slower than the first by 5 s or more (back-off): {took:?}"
+            );
+        },
+    )
+    .await;
+}
+
+#[test]
+fn records_parse() {
+    let recs = parse_records(
+        "start ms=1795833979708 pod=p container=c epoch=3 seen=0\n\
+         garbage\n\
+         exit ms=1795833980228 pod=p container=c epoch= code=7\n",
+    );
+    assert_eq!(recs.len(), 2);
+    assert_eq!(recs[0].event, "start");
+    assert_eq!(recs[0].ms, 1_795_833_979_708);
+    assert_eq!(recs[0].fields.get("seen").map(String::as_str), Some("0"));
+    assert_eq!(recs[1].fields.get("code").map(String::as_str), Some("7"));
+    assert_eq!(recs[1].fields.get("epoch").map(String::as_str), Some(""));
+}
+
+#[test]
+fn node_env_parses() {
+    let env = parse_env_file("NODE_NAME=n\nCTR=\"ctr --address /x -n k8s.io\"\n\n");
+    assert_eq!(env.get("NODE_NAME").map(String::as_str), Some("n"));
+    assert_eq!(
+        env.get("CTR").map(String::as_str),
+        Some("ctr --address /x -n k8s.io")
+    );
+}
