@@ -1946,14 +1946,26 @@ async fn the_reconcilers_rbac_grants_every_request_it_makes_and_no_more() {
         ("rbac.authorization.k8s.io", "rolebindings", "delete"),
         ("", "serviceaccounts", "patch"),
     ] {
-        let rules: Vec<&Value> = grants.cluster.iter().chain(grants.namespaced.iter()).collect();
+        let rules: Vec<&Value> = grants
+            .cluster
+            .iter()
+            .chain(grants.namespaced.iter())
+            .collect();
         assert!(
-            rules.iter().any(|rule| rule_allows(rule, group, resource, verb, Some(provision::ROLE_BINDING))),
+            rules.iter().any(|rule| rule_allows(
+                rule,
+                group,
+                resource,
+                verb,
+                Some(provision::ROLE_BINDING)
+            )),
             "`{verb} {resource}` of the agent's object"
         );
         for other in [None, Some("default"), Some("kube-proxy")] {
             assert!(
-                !rules.iter().any(|rule| rule_allows(rule, group, resource, verb, other)),
+                !rules
+                    .iter()
+                    .any(|rule| rule_allows(rule, group, resource, verb, other)),
                 "`{verb} {resource}` of {other:?} is granted"
             );
         }
@@ -2030,12 +2042,10 @@ fn without_a_certificate_component_the_webhook_serves_the_mounted_secret() {
     assert_eq!(pod["automountServiceAccountToken"], false);
     let grants = grants_for(&r, "jobset-inplace-webhook");
     assert!(grants.cluster.is_empty() && grants.namespaced.is_empty());
-    assert!(
-        r.of_kind("ValidatingAdmissionPolicy").iter().all(|p| {
-            p["metadata"]["name"] != "jobset-inplace-webhook-ca-bundle"
-                && p["metadata"]["name"] != "jobset-inplace-webhook-secret"
-        })
-    );
+    assert!(r.of_kind("ValidatingAdmissionPolicy").iter().all(|p| {
+        p["metadata"]["name"] != "jobset-inplace-webhook-ca-bundle"
+            && p["metadata"]["name"] != "jobset-inplace-webhook-secret"
+    }));
 }
 
 /// RBAC grants the reconciler `delete` on every pod and Job and `patch` on every pod's status;
@@ -2309,7 +2319,12 @@ fn the_reconcilers_provisioning_is_held_to_the_agents_binding_and_account() {
             );
         }
         for op in ["CREATE", "UPDATE", "DELETE"] {
-            assert!(policy_matches(binds, "rbac.authorization.k8s.io", "rolebindings", op));
+            assert!(policy_matches(
+                binds,
+                "rbac.authorization.k8s.io",
+                "rolebindings",
+                op
+            ));
         }
         for op in ["CREATE", "UPDATE"] {
             assert!(policy_matches(accounts, "", "serviceaccounts", op));
@@ -2318,12 +2333,19 @@ fn the_reconcilers_provisioning_is_held_to_the_agents_binding_and_account() {
         // RoleBindings.
         let verdict = |op: &str, ns: &str, object: &Value, old: &Value| {
             let target = if op == "DELETE" { old } else { object };
-            let name = target["metadata"]["name"].as_str().unwrap_or_default().to_owned();
-            evaluate_matched(binds, &object_request(RECONCILER_USER, op, ns, &name), object, old)
+            let name = target["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            evaluate_matched(
+                binds,
+                &object_request(RECONCILER_USER, op, ns, &name),
+                object,
+                old,
+            )
         };
-        let provisioned = |ns: &str| {
-            provision::role_binding(ns, &BTreeSet::from([agent.clone()]), &settings)
-        };
+        let provisioned =
+            |ns: &str| provision::role_binding(ns, &BTreeSet::from([agent.clone()]), &settings);
         let mut defaulted = provisioned("team-a");
         defaulted["subjects"][0]["apiGroup"] = json!("");
         for (what, object) in [
@@ -2351,9 +2373,7 @@ fn the_reconcilers_provisioning_is_held_to_the_agents_binding_and_account() {
             f(&mut b);
             b
         };
-        let subject = |kind: &str, name: &str, ns: &str| {
-            json!([{"kind": kind, "name": name, "namespace": ns}])
-        };
+        let subject = |kind: &str, name: &str, ns: &str| json!([{"kind": kind, "name": name, "namespace": ns}]);
         let refused: Vec<(&str, &str, Value)> = vec![
             (
                 "the reconciler's own account bound in kube-system",
@@ -2374,31 +2394,39 @@ fn the_reconcilers_provisioning_is_held_to_the_agents_binding_and_account() {
             (
                 "the namespace's default account",
                 "team-a",
-                with("team-a", &|b| b["subjects"] = subject("ServiceAccount", "default", "team-a")),
+                with("team-a", &|b| {
+                    b["subjects"] = subject("ServiceAccount", "default", "team-a")
+                }),
             ),
             (
                 "another namespace's agent account",
                 "team-a",
-                with("team-a", &|b| b["subjects"] = subject("ServiceAccount", &agent, "team-b")),
+                with("team-a", &|b| {
+                    b["subjects"] = subject("ServiceAccount", &agent, "team-b")
+                }),
             ),
             (
                 "a subject without a namespace",
                 "team-a",
-                with("team-a", &|b| b["subjects"] = json!([{"kind": "ServiceAccount", "name": agent}])),
+                with("team-a", &|b| {
+                    b["subjects"] = json!([{"kind": "ServiceAccount", "name": agent}])
+                }),
             ),
             (
                 "a user named as the agent",
                 "team-a",
-                with("team-a", &|b| {
-                    b["subjects"] = json!([{"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": format!("system:serviceaccount:team-a:{agent}")}])
-                }),
+                with(
+                    "team-a",
+                    &|b| b["subjects"] = json!([{"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": format!("system:serviceaccount:team-a:{agent}")}]),
+                ),
             ),
             (
                 "a group",
                 "team-a",
-                with("team-a", &|b| {
-                    b["subjects"] = json!([{"kind": "Group", "apiGroup": "rbac.authorization.k8s.io", "name": "system:serviceaccounts"}])
-                }),
+                with(
+                    "team-a",
+                    &|b| b["subjects"] = json!([{"kind": "Group", "apiGroup": "rbac.authorization.k8s.io", "name": "system:serviceaccounts"}]),
+                ),
             ),
             (
                 "a second subject",
@@ -2433,7 +2461,11 @@ fn the_reconcilers_provisioning_is_held_to_the_agents_binding_and_account() {
         ];
         let mut refused = refused;
         for ns in &protected {
-            refused.push(("the provisioning shape in a protected namespace", ns.as_str(), provisioned(ns)));
+            refused.push((
+                "the provisioning shape in a protected namespace",
+                ns.as_str(),
+                provisioned(ns),
+            ));
         }
         for (what, ns, object) in &refused {
             for (op, old) in [("CREATE", Value::Null), ("UPDATE", object.clone())] {
@@ -2446,37 +2478,96 @@ fn the_reconcilers_provisioning_is_held_to_the_agents_binding_and_account() {
         let mut other = defaulted.clone();
         other["metadata"]["name"] = json!("team-a-admins");
         assert!(
-            matches!(verdict("DELETE", "team-a", &Value::Null, &other), Verdict::Denied(_)),
+            matches!(
+                verdict("DELETE", "team-a", &Value::Null, &other),
+                Verdict::Denied(_)
+            ),
             "{name}: deleting an unrelated RoleBinding"
         );
 
         // ServiceAccounts.
         let sa_verdict = |op: &str, ns: &str, object: &Value, old: &Value| {
-            let name = object["metadata"]["name"].as_str().unwrap_or_default().to_owned();
-            evaluate_matched(accounts, &object_request(RECONCILER_USER, op, ns, &name), object, old)
+            let name = object["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            evaluate_matched(
+                accounts,
+                &object_request(RECONCILER_USER, op, ns, &name),
+                object,
+                old,
+            )
         };
         let sa = provision::service_account("team-a", &settings);
-        assert_eq!(sa_verdict("CREATE", "team-a", &sa, &Value::Null), Verdict::Allowed, "{name}");
-        assert_eq!(sa_verdict("UPDATE", "team-a", &sa, &sa), Verdict::Allowed, "{name}");
+        assert_eq!(
+            sa_verdict("CREATE", "team-a", &sa, &Value::Null),
+            Verdict::Allowed,
+            "{name}"
+        );
+        assert_eq!(
+            sa_verdict("UPDATE", "team-a", &sa, &sa),
+            Verdict::Allowed,
+            "{name}"
+        );
         // What others set on the account stays, and does not stop the reconciler's apply.
         let mut kept = sa.clone();
         kept["imagePullSecrets"] = json!([{"name": "registry"}]);
         kept["automountServiceAccountToken"] = json!(false);
-        assert_eq!(sa_verdict("UPDATE", "team-a", &kept, &kept), Verdict::Allowed, "{name}");
+        assert_eq!(
+            sa_verdict("UPDATE", "team-a", &kept, &kept),
+            Verdict::Allowed,
+            "{name}"
+        );
         let sa_with = |ns: &str, f: &dyn Fn(&mut Value)| {
             let mut s = provision::service_account(ns, &settings);
             f(&mut s);
             s
         };
         let mut refused_accounts: Vec<(&str, &str, Value, Value)> = vec![
-            ("another account", "team-a", sa_with("team-a", &|s| s["metadata"]["name"] = json!("default")), Value::Null),
-            ("pull secrets added", "team-a", sa_with("team-a", &|s| s["imagePullSecrets"] = json!([{"name": "x"}])), sa.clone()),
-            ("secrets added", "team-a", sa_with("team-a", &|s| s["secrets"] = json!([{"name": "x"}])), sa.clone()),
-            ("token automount set", "team-a", sa_with("team-a", &|s| s["automountServiceAccountToken"] = json!(true)), kept.clone()),
-            ("created with pull secrets", "team-a", sa_with("team-a", &|s| s["imagePullSecrets"] = json!([{"name": "x"}])), Value::Null),
+            (
+                "another account",
+                "team-a",
+                sa_with("team-a", &|s| s["metadata"]["name"] = json!("default")),
+                Value::Null,
+            ),
+            (
+                "pull secrets added",
+                "team-a",
+                sa_with("team-a", &|s| {
+                    s["imagePullSecrets"] = json!([{"name": "x"}])
+                }),
+                sa.clone(),
+            ),
+            (
+                "secrets added",
+                "team-a",
+                sa_with("team-a", &|s| s["secrets"] = json!([{"name": "x"}])),
+                sa.clone(),
+            ),
+            (
+                "token automount set",
+                "team-a",
+                sa_with("team-a", &|s| {
+                    s["automountServiceAccountToken"] = json!(true)
+                }),
+                kept.clone(),
+            ),
+            (
+                "created with pull secrets",
+                "team-a",
+                sa_with("team-a", &|s| {
+                    s["imagePullSecrets"] = json!([{"name": "x"}])
+                }),
+                Value::Null,
+            ),
         ];
         for ns in &protected {
-            refused_accounts.push(("in a protected namespace", ns.as_str(), provision::service_account(ns, &settings), Value::Null));
+            refused_accounts.push((
+                "in a protected namespace",
+                ns.as_str(),
+                provision::service_account(ns, &settings),
+                Value::Null,
+            ));
         }
         for (what, ns, object, old) in &refused_accounts {
             let op = if old.is_null() { "CREATE" } else { "UPDATE" };
@@ -2494,7 +2585,12 @@ fn the_reconcilers_provisioning_is_held_to_the_agents_binding_and_account() {
         ] {
             let object = &refused[0].2;
             assert_eq!(
-                evaluate_matched(binds, &object_request(user, "CREATE", "kube-system", &agent), object, &Value::Null),
+                evaluate_matched(
+                    binds,
+                    &object_request(user, "CREATE", "kube-system", &agent),
+                    object,
+                    &Value::Null
+                ),
                 Verdict::NotMatched,
                 "{name}: {user}"
             );
@@ -2655,26 +2751,71 @@ fn the_reconcilers_pod_status_write_only_marks_a_pod_failed() {
         );
         // The same write with one more change each.
         let mut extra: Vec<(String, Value)> = vec![
-            ("a condition changed".into(), json!({"status": {"conditions": [{"type": "Ready", "status": "False"}, {"type": "PodScheduled", "status": "True"}]}})),
-            ("a condition added".into(), json!({"status": {"conditions": [{"type": "Ready", "status": "True"}, {"type": "PodScheduled", "status": "True"}, {"type": "DisruptionTarget", "status": "True"}]}})),
-            ("the conditions removed".into(), json!({"status": {"conditions": null}})),
-            ("the pod IP".into(), json!({"status": {"podIP": "10.9.9.9", "podIPs": [{"ip": "10.9.9.9"}]}})),
-            ("the pod IPs".into(), json!({"status": {"podIPs": [{"ip": "10.1.0.1"}, {"ip": "fd00::1"}]}})),
-            ("the host IP".into(), json!({"status": {"hostIP": "10.0.0.9"}})),
+            (
+                "a condition changed".into(),
+                json!({"status": {"conditions": [{"type": "Ready", "status": "False"}, {"type": "PodScheduled", "status": "True"}]}}),
+            ),
+            (
+                "a condition added".into(),
+                json!({"status": {"conditions": [{"type": "Ready", "status": "True"}, {"type": "PodScheduled", "status": "True"}, {"type": "DisruptionTarget", "status": "True"}]}}),
+            ),
+            (
+                "the conditions removed".into(),
+                json!({"status": {"conditions": null}}),
+            ),
+            (
+                "the pod IP".into(),
+                json!({"status": {"podIP": "10.9.9.9", "podIPs": [{"ip": "10.9.9.9"}]}}),
+            ),
+            (
+                "the pod IPs".into(),
+                json!({"status": {"podIPs": [{"ip": "10.1.0.1"}, {"ip": "fd00::1"}]}}),
+            ),
+            (
+                "the host IP".into(),
+                json!({"status": {"hostIP": "10.0.0.9"}}),
+            ),
             ("the host IPs".into(), json!({"status": {"hostIPs": null}})),
-            ("a restart count".into(), json!({"status": {"containerStatuses": [{"name": "w", "image": "w", "imageID": "", "ready": true, "restartCount": 0}]}})),
-            ("the start time".into(), json!({"status": {"startTime": null}})),
-            ("the QoS class".into(), json!({"status": {"qosClass": "Guaranteed"}})),
-            ("the observed generation".into(), json!({"status": {"observedGeneration": 7}})),
-            ("a label".into(), json!({"metadata": {"labels": {"app": "x"}}})),
-            ("the jobset-name label removed".into(), json!({"metadata": {"labels": {JOBSET_NAME_LABEL: null}}})),
-            ("an annotation".into(), json!({"metadata": {"annotations": {"jobset.sigs.k8s.io/epoch": "9"}}})),
-            ("the finalizer removed".into(), json!({"metadata": {"finalizers": null}})),
+            (
+                "a restart count".into(),
+                json!({"status": {"containerStatuses": [{"name": "w", "image": "w", "imageID": "", "ready": true, "restartCount": 0}]}}),
+            ),
+            (
+                "the start time".into(),
+                json!({"status": {"startTime": null}}),
+            ),
+            (
+                "the QoS class".into(),
+                json!({"status": {"qosClass": "Guaranteed"}}),
+            ),
+            (
+                "the observed generation".into(),
+                json!({"status": {"observedGeneration": 7}}),
+            ),
+            (
+                "a label".into(),
+                json!({"metadata": {"labels": {"app": "x"}}}),
+            ),
+            (
+                "the jobset-name label removed".into(),
+                json!({"metadata": {"labels": {JOBSET_NAME_LABEL: null}}}),
+            ),
+            (
+                "an annotation".into(),
+                json!({"metadata": {"annotations": {"jobset.sigs.k8s.io/epoch": "9"}}}),
+            ),
+            (
+                "the finalizer removed".into(),
+                json!({"metadata": {"finalizers": null}}),
+            ),
         ];
         // Each held field, set where the pod has none.
         for field in &held {
             if running["status"].get(field).is_none() {
-                extra.push((format!("{field} set"), json!({"status": {field: every[field]}})));
+                extra.push((
+                    format!("{field} set"),
+                    json!({"status": {field: every[field]}}),
+                ));
             }
         }
         for (what, more) in &extra {
@@ -2687,7 +2828,10 @@ fn the_reconcilers_pod_status_write_only_marks_a_pod_failed() {
             }
             let new = patched(&running, &patch);
             assert!(
-                matches!(evaluate_matched(policy, &request, &new, &running), Verdict::Denied(_)),
+                matches!(
+                    evaluate_matched(policy, &request, &new, &running),
+                    Verdict::Denied(_)
+                ),
                 "{name}: Failed and {what}"
             );
         }
@@ -2792,7 +2936,9 @@ async fn the_self_signed_webhooks_rbac_grants_what_it_uses() {
                 );
             }
             // The Secret it created passes the Secret policy, as created and as renewed.
-            let stored = server.get("secrets", NAMESPACE, &args.secret).expect("its Secret");
+            let stored = server
+                .get("secrets", NAMESPACE, &args.secret)
+                .expect("its Secret");
             let policy = r.get("ValidatingAdmissionPolicy", "jobset-inplace-webhook-secret");
             for (op, old) in [("CREATE", Value::Null), ("UPDATE", stored.clone())] {
                 let request = object_request(WEBHOOK_USER, op, NAMESPACE, &args.secret);
@@ -3090,7 +3236,10 @@ fn the_self_signed_webhook_may_create_only_its_tls_secret() {
         let policy = r.get("ValidatingAdmissionPolicy", "jobset-inplace-webhook-secret");
         assert_eq!(check_object(policy), Vec::<String>::new(), "{name}");
         assert_eq!(policy["spec"]["failurePolicy"], "Fail");
-        let binding = r.get("ValidatingAdmissionPolicyBinding", "jobset-inplace-webhook-secret");
+        let binding = r.get(
+            "ValidatingAdmissionPolicyBinding",
+            "jobset-inplace-webhook-secret",
+        );
         assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]));
         for op in ["CREATE", "UPDATE"] {
             assert!(policy_matches(policy, "", "secrets", op), "{name}: {op}");
@@ -3114,25 +3263,52 @@ fn the_self_signed_webhook_may_create_only_its_tls_secret() {
             s
         };
         let verdict = |user: &str, object: &Value| {
-            let name = object["metadata"]["name"].as_str().unwrap_or_default().to_owned();
-            evaluate_matched(policy, &object_request(user, "CREATE", NAMESPACE, &name), object, &Value::Null)
+            let name = object["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            evaluate_matched(
+                policy,
+                &object_request(user, "CREATE", NAMESPACE, &name),
+                object,
+                &Value::Null,
+            )
         };
         assert_eq!(
-            verdict(WEBHOOK_USER, &secret(&args.secret, Some("kubernetes.io/tls"))),
+            verdict(
+                WEBHOOK_USER,
+                &secret(&args.secret, Some("kubernetes.io/tls"))
+            ),
             Verdict::Allowed,
             "{name}"
         );
-        let mut token = secret("jobset-inplace-reconciler-token", Some("kubernetes.io/service-account-token"));
-        token["metadata"]["annotations"] = json!({"kubernetes.io/service-account.name": "jobset-inplace-reconciler"});
+        let mut token = secret(
+            "jobset-inplace-reconciler-token",
+            Some("kubernetes.io/service-account-token"),
+        );
+        token["metadata"]["annotations"] =
+            json!({"kubernetes.io/service-account.name": "jobset-inplace-reconciler"});
         token.as_object_mut().map(|o| o.remove("data"));
         let mut token_named_as_ours = token.clone();
         token_named_as_ours["metadata"]["name"] = json!(args.secret);
         for (what, object) in [
             ("a service-account token", token.clone()),
-            ("a service-account token under its Secret's name", token_named_as_ours),
-            ("an Opaque Secret of its name", secret(&args.secret, Some("Opaque"))),
-            ("a Secret of its name with no type", secret(&args.secret, None)),
-            ("a TLS Secret of another name", secret("other-tls", Some("kubernetes.io/tls"))),
+            (
+                "a service-account token under its Secret's name",
+                token_named_as_ours,
+            ),
+            (
+                "an Opaque Secret of its name",
+                secret(&args.secret, Some("Opaque")),
+            ),
+            (
+                "a Secret of its name with no type",
+                secret(&args.secret, None),
+            ),
+            (
+                "a TLS Secret of another name",
+                secret("other-tls", Some("kubernetes.io/tls")),
+            ),
         ] {
             assert!(
                 matches!(verdict(WEBHOOK_USER, &object), Verdict::Denied(_)),
@@ -3140,7 +3316,10 @@ fn the_self_signed_webhook_may_create_only_its_tls_secret() {
             );
         }
         // Only the webhook's account is held (an admin's `certs --secret` is not).
-        for user in ["alice", "system:serviceaccount:team-a:jobset-inplace-webhook"] {
+        for user in [
+            "alice",
+            "system:serviceaccount:team-a:jobset-inplace-webhook",
+        ] {
             assert_eq!(verdict(user, &token), Verdict::NotMatched, "{name}: {user}");
         }
     }
