@@ -3252,7 +3252,7 @@ fn the_self_signed_webhook_may_create_only_its_tls_secret() {
             .flatten()
             .flat_map(|rule| strings(&rule["resourceNames"]))
             .collect();
-        assert_eq!(named, [args.secret.clone()], "{name}");
+        assert_eq!(named, std::slice::from_ref(&args.secret), "{name}");
         let secret = |name: &str, type_: Option<&str>| {
             let mut s = json!({"apiVersion": "v1", "kind": "Secret",
                 "metadata": {"name": name, "namespace": NAMESPACE},
