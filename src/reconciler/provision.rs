@@ -10,7 +10,10 @@
 //! binding an account a JobSet author names would hand `patch pods` in the namespace to every
 //! pod that runs as it (issue 11; docs/security.md). A pod template that names its own account
 //! keeps it, and its owner grants it what its agent needs. The cluster's own namespaces and the
-//! project's namespace are never provisioned ([`is_protected`]).
+//! project's namespace are never provisioned ([`is_protected`]). The API server holds the
+//! reconciler's account to exactly these objects as well (deploy/base/reconciler-policy.yaml, and
+//! RBAC `resourceNames` on its patches and deletes): a stolen token cannot bind the agent role to
+//! another account or in another namespace (issue 21).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -37,7 +40,10 @@ pub struct ProvisionSettings {
     pub own_namespace: String,
 }
 
-/// The namespaces provisioning never writes to: the cluster's own, and the project's.
+/// The namespaces provisioning never writes to: the cluster's own, and the project's. The
+/// reconciler's provisioning policies (deploy/base/reconciler-policy.yaml) refuse its writes there
+/// too, from the same list plus the project's namespace (tied by
+/// `tests/deploy.rs`: `the_reconcilers_provisioning_is_held_to_the_agents_binding_and_account`).
 pub const SYSTEM_NAMESPACES: [&str; 3] = ["kube-system", "kube-public", "kube-node-lease"];
 
 /// `namespace` is one provisioning leaves alone.
