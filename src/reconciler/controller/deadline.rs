@@ -75,6 +75,8 @@ struct Entry {
     timer: Option<(Duration, AbortHandle)>,
     /// The step in flight, off the workers.
     step: Option<AbortHandle>,
+    /// Consecutive failed steps (their retries back off as the workers' do).
+    step_failures: u32,
     /// The malformed timeout annotation last reported.
     bad_annotation: Option<String>,
 }
@@ -337,12 +339,20 @@ fn spawn_step(shared: &Arc<Shared>, key: &Key, seen: Option<Seen>, cleanup: Opti
         let task = tokio::spawn(async move {
             let (shared, key) = (task_shared, task_key);
             let result = run_step(&shared, &key, seen, cleanup).await;
-            shared.deadlines.with(&key, |e| e.step = None);
+            let failures = shared.deadlines.with(&key, |e| {
+                e.step = None;
+                e.step_failures = match result {
+                    Ok(()) => 0,
+                    Err(_) => e.step_failures.saturating_add(1),
+                };
+                e.step_failures
+            });
             match result {
                 Ok(()) => shared.queue.add(key),
                 Err(e) => {
-                    tracing::warn!(namespace = %key.0, jobset = %key.1, error = %e, "group-restart deadline step failed; retrying");
-                    super::retry_later(&shared, key, e.retry_after());
+                    let delay = super::retry_delay(failures, e.retry_after());
+                    tracing::warn!(namespace = %key.0, jobset = %key.1, error = %e, retry_in = ?delay, "group-restart deadline step failed; retrying");
+                    wake_after(&shared, &key, delay);
                 }
             }
         });
