@@ -3610,3 +3610,74 @@ fn flow_schemas_name_the_reconciler_as_it_runs() {
         }
     }
 }
+
+/// Issue 21, item 7: the JobSetEpoch CRD's CEL rule (evaluated with the `cel` crate; the real API
+/// server in `tests/real_cluster.rs`) refuses any move back of a published epoch, a removed one,
+/// and a removed `jobSetUID`, whoever writes (a deposed reconciler leader's late write included);
+/// it lets the epochs grow, a JobSet created again under the same name (another UID) start over,
+/// and an object an earlier version wrote (no `jobSetUID`) be written.
+#[test]
+fn the_jobsetepoch_crd_refuses_to_move_an_epoch_back() {
+    let text =
+        std::fs::read_to_string(deploy_dir().join("base/jobsetepoch-crd.yaml")).expect("the CRD");
+    let crd: Value = serde_yaml::from_str(&text).expect("yaml");
+    let rules =
+        &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["x-kubernetes-validations"];
+    let rules = rules.as_array().expect("the CRD has CEL rules at its root");
+    let allowed = |old: &Value, new: &Value| {
+        rules.iter().all(|r| {
+            let rule = r["rule"].as_str().expect("rule");
+            cel_bool(rule, &[("self", new), ("oldSelf", old)], &HashMap::new())
+        })
+    };
+    let obj = |uid: Option<&str>, d: Option<i64>, s: Option<i64>| {
+        let mut o = json!({"apiVersion": "jobset-inplace.dev/v1alpha1", "kind": "JobSetEpoch",
+                           "metadata": {"name": "js"}, "epochs": {"bypass": false}});
+        if let Some(uid) = uid {
+            o["jobSetUID"] = json!(uid);
+        }
+        if let Some(d) = d {
+            o["epochs"]["deprecated"] = json!(d);
+        }
+        if let Some(s) = s {
+            o["epochs"]["synced"] = json!(s);
+        }
+        o
+    };
+    let old = obj(Some("u"), Some(3), Some(4));
+    for (new, want, what) in [
+        (obj(Some("u"), Some(3), Some(4)), true, "unchanged"),
+        (obj(Some("u"), Some(4), Some(4)), true, "deprecated grows"),
+        (obj(Some("u"), Some(3), Some(5)), true, "synced grows"),
+        (obj(Some("u"), Some(2), Some(4)), false, "deprecated back"),
+        (obj(Some("u"), Some(3), Some(3)), false, "synced back"),
+        (obj(Some("u"), None, Some(4)), false, "deprecated removed"),
+        (obj(Some("u"), Some(3), None), false, "synced removed"),
+        (obj(None, Some(0), Some(0)), false, "jobSetUID removed"),
+        (
+            obj(Some("v"), None, None),
+            true,
+            "another JobSet of that name starts over",
+        ),
+    ] {
+        assert_eq!(allowed(&old, &new), want, "{what}");
+    }
+    let mut no_epochs = obj(Some("u"), None, None);
+    no_epochs.as_object_mut().map(|o| o.remove("epochs"));
+    assert!(!allowed(&old, &no_epochs), "epochs removed");
+    assert!(
+        allowed(&no_epochs, &obj(Some("u"), None, Some(1))),
+        "first epochs"
+    );
+    assert!(
+        allowed(
+            &obj(None, Some(7), Some(8)),
+            &obj(Some("u"), Some(1), Some(1))
+        ),
+        "an object an earlier version wrote"
+    );
+    assert!(allowed(
+        &obj(Some("u"), None, None),
+        &obj(Some("u"), Some(0), None)
+    ));
+}

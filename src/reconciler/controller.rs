@@ -51,6 +51,7 @@ use crate::wire::WatchedPod;
 use crate::wire::epochs::{self, JobSetEpoch};
 
 mod deadline;
+mod provisioning;
 
 /// Condition reason of a JobSet failed by the reconciler.
 pub const REACHED_MAX_RESTARTS: &str = "ReachedMaxRestarts";
@@ -58,8 +59,6 @@ pub const REACHED_MAX_RESTARTS: &str = "ReachedMaxRestarts";
 pub const CONTROLLER_NAME: &str = "jobset-inplace-reconciler";
 /// Events waiting to be published; past this, new events are dropped (and logged).
 const EVENT_QUEUE: usize = 1024;
-/// How often the provisioner applies everything again.
-const PROVISION_RESYNC: Duration = Duration::from_secs(600);
 /// Status writes retried at once after a 409 before the key goes back to the queue.
 const CONFLICT_RETRIES: usize = 3;
 
@@ -166,6 +165,9 @@ struct Shared {
     queue: Queue,
     metrics: Metrics,
     leader: watch::Receiver<bool>,
+    /// Until when this replica may have a write in flight (the leader's fence, [`super::fence`]);
+    /// `None`: no leader election.
+    write_until: watch::Receiver<Option<Instant>>,
     jobsets_synced: AtomicBool,
     pods_synced: AtomicBool,
     /// When each JobSet's current group restart began: (deprecated epoch, when written).
@@ -243,12 +245,25 @@ pub struct Controller {
 
 impl Controller {
     /// Starts the watches, the workers and the event publisher. Workers write only while
-    /// `leader` is true.
+    /// `leader` is true; no write has a deadline (see [`Controller::start_fenced`]).
     pub fn start(
         client: kube::Client,
         settings: Settings,
         metrics: Metrics,
         leader: watch::Receiver<bool>,
+    ) -> Controller {
+        let (_, write_until) = watch::channel(None);
+        Controller::start_fenced(client, settings, metrics, leader, write_until)
+    }
+
+    /// As [`Controller::start`]; every write is sent only with a timeout that ends before
+    /// `write_until` ([`super::fence::write_budget`]).
+    pub fn start_fenced(
+        client: kube::Client,
+        settings: Settings,
+        metrics: Metrics,
+        leader: watch::Receiver<bool>,
+        write_until: watch::Receiver<Option<Instant>>,
     ) -> Controller {
         let (events_tx, events_rx) = mpsc::channel(EVENT_QUEUE);
         let shared = Arc::new(Shared {
@@ -256,6 +271,7 @@ impl Controller {
             queue: Queue::default(),
             metrics,
             leader,
+            write_until,
             jobsets_synced: AtomicBool::new(false),
             pods_synced: AtomicBool::new(false),
             restarts: Mutex::new(HashMap::new()),
@@ -281,7 +297,7 @@ impl Controller {
         tasks.spawn(follow_leadership(shared.clone()));
         if shared.settings.provision.is_some() {
             tasks.spawn(watch_namespaces(shared.clone()));
-            tasks.spawn(provision_loop(shared.clone()));
+            tasks.spawn(provisioning::provision_loop(shared.clone()));
         }
         for _ in 0..shared.settings.workers.max(1) {
             tasks.spawn(work(shared.clone()));
@@ -495,102 +511,6 @@ async fn watch_namespaces(shared: Arc<Shared>) {
     }
 }
 
-/// Keeps every namespace's agent ServiceAccount and RoleBinding as the JobSets need them. Runs
-/// on the leader, once the JobSet cache is complete (a partial view would drop subjects). A
-/// binding no longer needed is removed once no pod of a JobSet is left in its namespace (one
-/// removed under a running pod would strand its agent); the ServiceAccount stays.
-async fn provision_loop(shared: Arc<Shared>) {
-    let Some(settings) = shared.settings.provision.clone() else {
-        return;
-    };
-    let mut applied: HashMap<String, std::collections::BTreeSet<String>> = HashMap::new();
-    // The namespaces holding a binding of ours, as listed at each full pass (`None` until a
-    // list succeeded) and kept up to date by what this loop applies and removes.
-    let mut provisioned: Option<std::collections::BTreeSet<String>> = None;
-    let mut leader = shared.leader.clone();
-    let mut last_full_pass = Instant::now();
-    loop {
-        if leader.wait_for(|l| *l).await.is_err() {
-            return;
-        }
-        // Every so often everything is applied again (a no-op unless someone removed or changed
-        // it), so a deleted ServiceAccount or RoleBinding comes back.
-        if last_full_pass.elapsed() > PROVISION_RESYNC {
-            applied.clear();
-            provisioned = None;
-            last_full_pass = Instant::now();
-        }
-        if provisioned.is_none() {
-            match bounded(
-                &shared,
-                "provision_list",
-                provision::list_provisioned(&shared.client),
-            )
-            .await
-            {
-                Ok(namespaces) => provisioned = Some(namespaces),
-                Err(e) => {
-                    tracing::warn!(error = ?e, "cannot list the agent's role bindings; retrying")
-                }
-            }
-        }
-        if shared.jobsets_synced.load(Ordering::Acquire) {
-            let named = lock(&shared.index).service_accounts_by_namespace();
-            let enabled = lock(&shared.enabled_namespaces).clone();
-            let desired = provision::desired_subjects(&named, &enabled, &settings);
-            applied.retain(|ns, _| desired.contains_key(ns));
-            // Bindings no JobSet needs any longer go, once no pod of a JobSet is left in their
-            // namespace (judged on a complete pod cache only).
-            if shared.pods_synced.load(Ordering::Acquire)
-                && let Some(known) = provisioned.as_mut()
-            {
-                let with_pods = lock(&shared.index).namespaces_with_pods();
-                let stale: Vec<String> = provision::stale(known, &desired, &with_pods)
-                    .into_iter()
-                    .map(str::to_owned)
-                    .collect();
-                for namespace in stale {
-                    let remove = provision::remove(&shared.client, &namespace);
-                    match bounded(&shared, "provision_remove", remove).await {
-                        Ok(()) => {
-                            tracing::info!(namespace = %namespace, "agent role binding removed: no JobSet needs it");
-                            known.remove(&namespace);
-                        }
-                        Err(e) => {
-                            tracing::warn!(namespace = %namespace, error = ?e, "cannot remove the agent's role binding; retrying")
-                        }
-                    }
-                }
-            }
-            let mut failed = false;
-            for (namespace, subjects) in desired {
-                if applied.get(&namespace) == Some(&subjects) {
-                    continue;
-                }
-                let apply = provision::apply(&shared.client, &namespace, &subjects, &settings);
-                match bounded(&shared, "provision_apply", apply).await {
-                    Ok(()) => {
-                        tracing::info!(namespace = %namespace, subjects = ?subjects, "agent service account and role binding applied");
-                        if let Some(p) = provisioned.as_mut() {
-                            p.insert(namespace.clone());
-                        }
-                        applied.insert(namespace, subjects);
-                    }
-                    Err(e) => {
-                        tracing::warn!(namespace = %namespace, error = ?e, "cannot provision the agent's service account; retrying");
-                        failed = true;
-                    }
-                }
-            }
-            if failed {
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                continue;
-            }
-        }
-        let _ = tokio::time::timeout(PROVISION_RESYNC, shared.provision_wake.notified()).await;
-    }
-}
-
 /// On gaining the lease, every active JobSet is evaluated: the previous leader may have left
 /// work undone.
 async fn follow_leadership(shared: Arc<Shared>) {
@@ -730,7 +650,7 @@ async fn publish_status(
     };
     let api: Api<JobSetEpoch> = Api::namespaced(shared.client.clone(), &key.0);
     let applied = publish::apply(&api, &shared.published, key, uid, &content);
-    match bounded(shared, "epochs_write", applied).await {
+    match fenced(shared, "epochs_write", applied).await {
         Ok(()) => {
             shared.metrics.publication("ok");
             Ok(())
@@ -841,6 +761,37 @@ async fn bounded<T>(
         Err(_) => {
             shared.metrics.api_timeout(call);
             tracing::warn!(call, after = ?shared.settings.request_timeout, "an API request timed out");
+            Err(None)
+        }
+    }
+}
+
+/// One write, sent only with a timeout that ends before this replica's write deadline
+/// ([`super::fence::write_budget`]: a write sent by a leader about to lose its lease cannot land
+/// after another replica took the lease over); not sent when too little is left. `Err(None)`
+/// when it timed out or was not sent (counted in `api_timeouts_total{call}` or
+/// `writes_fenced_total{call}`).
+async fn fenced<T>(
+    shared: &Shared,
+    call: &'static str,
+    request: impl Future<Output = Result<T, kube::Error>>,
+) -> Result<T, Option<kube::Error>> {
+    let until = *shared.write_until.borrow();
+    let Some(budget) =
+        super::fence::write_budget(Instant::now(), until, shared.settings.request_timeout)
+    else {
+        shared.metrics.write_fenced(call);
+        tracing::warn!(
+            call,
+            "a write not sent: the leader lease may pass to another replica before it could complete"
+        );
+        return Err(None);
+    };
+    match tokio::time::timeout(budget, request).await {
+        Ok(result) => result.map_err(Some),
+        Err(_) => {
+            shared.metrics.api_timeout(call);
+            tracing::warn!(call, after = ?budget, "an API write timed out (or was cut at the leader's write deadline)");
             Err(None)
         }
     }
@@ -966,7 +917,7 @@ async fn patch_status(
 ) -> Result<Option<JobSet>, ReconcileError> {
     let api = jobset_api_in(shared, &key.0);
     let params = PatchParams::default();
-    match bounded(
+    match fenced(
         shared,
         "status_write",
         api.patch_status(&key.1, &params, &Patch::Merge(patch)),
@@ -1262,7 +1213,7 @@ async fn publish_events(shared: Arc<Shared>, mut rx: mpsc::Receiver<(ObjectRefer
         },
     );
     while let Some((reference, event)) = rx.recv().await {
-        if let Err(e) = bounded(&shared, "event", recorder.publish(&event, &reference)).await {
+        if let Err(e) = fenced(&shared, "event", recorder.publish(&event, &reference)).await {
             tracing::warn!(error = ?e, reason = %event.reason, "cannot publish event");
         }
     }

@@ -92,6 +92,9 @@ impl JobSetState {
 struct PodSet {
     views: Vec<PodView>,
     slot: HashMap<String, usize>,
+    /// Each pod's `resourceVersion` as last seen (kept apart from the views: it changes with
+    /// every write to the pod, most of which change nothing the decision reads).
+    versions: HashMap<String, String>,
 }
 
 impl PodSet {
@@ -110,6 +113,7 @@ impl PodSet {
     }
 
     fn remove(&mut self, name: &str) {
+        self.versions.remove(name);
         let Some(i) = self.slot.remove(name) else {
             return;
         };
@@ -228,6 +232,9 @@ impl Index {
             .get(&key)
             .is_some_and(|(_, counted)| counted.contains(&name));
         let pods = self.pods.entry(key.clone()).or_default();
+        if let Some(rv) = &pod.metadata.resource_version {
+            pods.versions.insert(name.clone(), rv.clone());
+        }
         if pods.get(&name) != Some(&view) {
             pods.insert(view);
             self.pod_owner.insert(id, key.clone());
@@ -345,6 +352,11 @@ impl Index {
     }
 
     /// A JobSet and its pods, borrowed: the worker runs the pure decision on them in place.
+    /// A pod's `resourceVersion` as last seen.
+    pub fn pod_resource_version(&self, key: &Key, pod: &str) -> Option<&str> {
+        self.pods.get(key)?.versions.get(pod).map(String::as_str)
+    }
+
     pub fn get(&self, key: &Key) -> Option<(&JobSetState, &[PodView])> {
         let js = self.jobsets.get(key)?;
         let pods = self

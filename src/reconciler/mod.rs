@@ -370,7 +370,20 @@ pub async fn run(
         lease_task = Some((rx, task, fence_rx, fence_task));
     }
 
-    let controller = Controller::start(client, options.settings.clone(), metrics, leader_rx);
+    // Until when a write may be in flight: none yet under leader election, no limit without.
+    let (write_until_tx, write_until_rx) = watch::channel(
+        options
+            .leader_election
+            .is_some()
+            .then(std::time::Instant::now),
+    );
+    let controller = Controller::start_fenced(
+        client,
+        options.settings.clone(),
+        metrics,
+        leader_rx,
+        write_until_rx,
+    );
     let ready_probe = controller.readiness();
     let (health_stop_tx, health_stop_rx) = tokio::sync::oneshot::channel::<()>();
     let health_task = health.map(|listener| {
@@ -421,6 +434,7 @@ pub async fn run(
                             if !was_leader {
                                 // Just acquired: valid for a full term from now.
                                 deadline = tokio::time::Instant::now() + valid;
+                                let _ = write_until_tx.send(Some(deadline.into_std()));
                             }
                         } else if was_leader {
                             break Err(lost());
@@ -435,6 +449,7 @@ pub async fn run(
                             // never shortens what is known.
                             fence::Fence::HeldUntil(until) if was_leader => {
                                 deadline = deadline.max(until.into());
+                                let _ = write_until_tx.send(Some(deadline.into_std()));
                             }
                             fence::Fence::NotHeld if was_leader => {
                                 tracing::error!(lease = %name, "the lease names another holder; stepping down");
@@ -449,7 +464,9 @@ pub async fn run(
                     }
                 }
             };
-            // Stop writing first, then let the lease manager release the lease.
+            // Stop writing first (nothing more is sent), then let the lease manager release the
+            // lease.
+            let _ = write_until_tx.send(Some(std::time::Instant::now()));
             let _ = leader_tx.send(false);
             fence_task.abort();
             drop(rx);

@@ -15,8 +15,18 @@
 //!
 //! Every API call is bounded by the request timeout; each step is a Warning event on the JobSet
 //! and a count in `group_restart_deadline_steps_total{step}`. The state kept per JobSet (the
-//! clock, one timer, the Jobs still to delete after a recreation, the malformed annotation
-//! reported) goes with the JobSet ([`Deadlines::forget`]).
+//! clock, one timer, the step in flight, the Jobs still to delete after a recreation, the
+//! malformed annotation reported) goes with the JobSet ([`Deadlines::forget`]).
+//!
+//! The steps run off the reconcile workers (issue 21, item 6): a worker only decides, and hands
+//! a step to a task of its own, at most one per JobSet, so that one JobSet's deletes (two
+//! requests per pod, each up to the request timeout, on a slow or hostile API path) never hold
+//! the workers that move every other JobSet's epochs. Their pod and Job requests take a permit
+//! of their namespace ([`NAMESPACE_REQUESTS`]) and then one of the whole process
+//! ([`TOTAL_REQUESTS`], first come first served): one namespace's deletes wait behind each other,
+//! never hold more than their share, and the requests in flight are bounded. A pass that finds a
+//! step of its JobSet in flight leaves the deadline alone; the step queues the JobSet again when
+//! it ends.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -29,11 +39,12 @@ use kube::api::{
 };
 use kube::runtime::events::EventType;
 use serde_json::json;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::AbortHandle;
 
 use super::{
-    JobSetState, Key, ReconcileError, Shared, bounded, emit, lock, patch_status, status_patch,
-    timeout_error, write_failed,
+    JobSetState, Key, ReconcileError, Shared, bounded, emit, fenced, lock, patch_status,
+    status_patch, timeout_error, write_failed,
 };
 use crate::deadline::{
     self, Action, Clock, Decision, JobView, PodRef, Step, display_duration, name_list,
@@ -46,6 +57,10 @@ use crate::wire::WatchedPod;
 const NAMES_IN_EVENTS: usize = 8;
 /// Deletes in flight at once for one JobSet.
 const PARALLEL_DELETES: usize = 8;
+/// The deadline's pod and Job requests in flight at once for one namespace.
+pub(super) const NAMESPACE_REQUESTS: usize = 8;
+/// The deadline's pod and Job requests in flight at once in the whole process.
+pub(super) const TOTAL_REQUESTS: usize = 32;
 
 /// What the deadline keeps for one JobSet.
 #[derive(Debug, Default)]
@@ -58,6 +73,10 @@ struct Entry {
     cleanup: Option<i32>,
     /// The pending wake-up: when (since the origin), and its task.
     timer: Option<(Duration, AbortHandle)>,
+    /// The step in flight, off the workers.
+    step: Option<AbortHandle>,
+    /// Consecutive failed steps (their retries back off as the workers' do).
+    step_failures: u32,
     /// The malformed timeout annotation last reported.
     bad_annotation: Option<String>,
 }
@@ -71,6 +90,11 @@ impl Entry {
                 .timer
                 .as_ref()
                 .is_none_or(|(_, handle)| handle.is_finished())
+            && !self.step_in_flight()
+    }
+
+    fn step_in_flight(&self) -> bool {
+        self.step.as_ref().is_some_and(|h| !h.is_finished())
     }
 
     fn set_clock(&mut self, clock: Option<Clock>) {
@@ -92,6 +116,10 @@ pub(super) struct Deadlines {
     /// Times are kept as durations since this moment (the pure decision's clock).
     origin: Instant,
     entries: Mutex<HashMap<Key, Entry>>,
+    /// Permits of the steps' requests: the whole process's, and per namespace (an entry only
+    /// while a request of the namespace holds or waits for one).
+    total: Arc<Semaphore>,
+    namespaces: Mutex<HashMap<String, Arc<Semaphore>>>,
 }
 
 impl Deadlines {
@@ -99,7 +127,29 @@ impl Deadlines {
         Deadlines {
             origin: Instant::now(),
             entries: Mutex::new(HashMap::new()),
+            total: Arc::new(Semaphore::new(TOTAL_REQUESTS)),
+            namespaces: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Waits for a request permit of `namespace`, then for one of the process. Both are
+    /// released when the pair is dropped.
+    async fn permit(
+        &self,
+        namespace: &str,
+    ) -> Option<(OwnedSemaphorePermit, OwnedSemaphorePermit)> {
+        let own = {
+            let mut namespaces = lock(&self.namespaces);
+            // Forget the namespaces no request holds or waits for (each holds a clone).
+            namespaces.retain(|_, s| Arc::strong_count(s) > 1);
+            namespaces
+                .entry(namespace.to_owned())
+                .or_insert_with(|| Arc::new(Semaphore::new(NAMESPACE_REQUESTS)))
+                .clone()
+        };
+        let own = own.acquire_owned().await.ok()?;
+        let total = self.total.clone().acquire_owned().await.ok()?;
+        Some((own, total))
     }
 
     fn now(&self) -> Duration {
@@ -128,12 +178,12 @@ impl Deadlines {
         clock
     }
 
-    /// Forgets a deleted JobSet.
+    /// Forgets a deleted JobSet (and stops its step in flight: its pods and Jobs go with it).
     pub(super) fn forget(&self, key: &Key) {
-        if let Some(entry) = lock(&self.entries).remove(key)
-            && let Some((_, handle)) = entry.timer
-        {
-            handle.abort();
+        if let Some(entry) = lock(&self.entries).remove(key) {
+            for handle in entry.timer.map(|(_, h)| h).into_iter().chain(entry.step) {
+                handle.abort();
+            }
         }
     }
 
@@ -142,10 +192,13 @@ impl Deadlines {
         lock(&self.entries).len()
     }
 
-    /// Stops every pending wake-up (the controller is shutting down).
+    /// Stops every pending wake-up and every step in flight (the controller is shutting down).
     pub(super) fn abort_timers(&self) {
         for entry in lock(&self.entries).values_mut() {
             if let Some((_, handle)) = entry.timer.take() {
+                handle.abort();
+            }
+            if let Some(handle) = entry.step.take() {
                 handle.abort();
             }
         }
@@ -196,10 +249,19 @@ struct Seen {
     clock: Clock,
     timeout: Duration,
     decision: Decision,
+    /// The `resourceVersion` of each pod to delete, as the decision saw it: its `Failed` mark's
+    /// precondition, so that a pod that changed since (registered) is left alone whatever the
+    /// timing (a write sent late by a deposed leader included).
+    versions: HashMap<String, String>,
 }
 
-/// Runs the deadline of one JobSet after its evaluation, on the leader.
+/// Runs the deadline of one JobSet after its evaluation, on the leader: decides, and hands a step
+/// that needs the API to a task off the workers ([`spawn_step`]); a wait is a timer.
 pub(super) async fn reconcile(shared: &Arc<Shared>, key: &Key) -> Result<(), ReconcileError> {
+    if shared.deadlines.with(key, |e| e.step_in_flight()) {
+        // It queues the JobSet again when it ends.
+        return Ok(());
+    }
     let now = shared.deadlines.now();
     let seen = {
         let index = lock(&shared.index);
@@ -229,17 +291,82 @@ pub(super) async fn reconcile(shared: &Arc<Shared>, key: &Key) -> Result<(), Rec
             clock,
             now,
         });
+        let versions = match &decision.action {
+            Action::DeleteUnregistered(pods) => pods
+                .iter()
+                .filter_map(|p| {
+                    let rv = index.pod_resource_version(key, &p.name)?;
+                    Some((p.name.clone(), rv.to_owned()))
+                })
+                .collect(),
+            _ => HashMap::new(),
+        };
         match (clock, timeout) {
             (Some(clock), Some(timeout)) => Some(Seen {
                 state: state.clone(),
                 clock,
                 timeout,
                 decision,
+                versions,
             }),
             _ => None,
         }
     };
     let cleanup = shared.deadlines.with(key, |e| e.cleanup);
+    let action = seen.as_ref().map(|s| &s.decision.action);
+    match (action, cleanup) {
+        (None | Some(Action::None), None) => Ok(()),
+        (Some(Action::WaitFor(after)), None) => {
+            wake_after(shared, key, *after);
+            Ok(())
+        }
+        _ => {
+            spawn_step(shared, key, seen, cleanup);
+            Ok(())
+        }
+    }
+}
+
+/// Runs a step of one JobSet in a task of its own (unless one is in flight): its requests wait
+/// for their permits there, not in a worker. When it ends, the JobSet is queued again (after a
+/// backoff when it failed).
+fn spawn_step(shared: &Arc<Shared>, key: &Key, seen: Option<Seen>, cleanup: Option<i32>) {
+    let (task_shared, task_key) = (shared.clone(), key.clone());
+    shared.deadlines.with(key, move |entry| {
+        if entry.step_in_flight() {
+            return;
+        }
+        let task = tokio::spawn(async move {
+            let (shared, key) = (task_shared, task_key);
+            let result = run_step(&shared, &key, seen, cleanup).await;
+            let failures = shared.deadlines.with(&key, |e| {
+                e.step = None;
+                e.step_failures = match result {
+                    Ok(()) => 0,
+                    Err(_) => e.step_failures.saturating_add(1),
+                };
+                e.step_failures
+            });
+            match result {
+                Ok(()) => shared.queue.add(key),
+                Err(e) => {
+                    let delay = super::retry_delay(failures, e.retry_after());
+                    tracing::warn!(namespace = %key.0, jobset = %key.1, error = %e, retry_in = ?delay, "group-restart deadline step failed; retrying");
+                    wake_after(&shared, &key, delay);
+                }
+            }
+        });
+        entry.step = Some(task.abort_handle());
+    });
+}
+
+/// One step: the Jobs of earlier restarts still to delete, then what the decision says.
+async fn run_step(
+    shared: &Arc<Shared>,
+    key: &Key,
+    seen: Option<Seen>,
+    cleanup: Option<i32>,
+) -> Result<(), ReconcileError> {
     if let Some(restarts) = cleanup {
         let uid = lock(&shared.index)
             .jobset(key)
@@ -362,8 +489,10 @@ async fn delete_unregistered(
         futures::stream::iter(pods.iter().cloned())
             .map(|pod| {
                 let (api, reason) = (api.clone(), reason.clone());
+                let version = seen.versions.get(&pod.name).cloned();
                 async move {
-                    let result = fail_and_delete(shared, &api, &pod, &reason).await;
+                    let _permit = shared.deadlines.permit(&key.0).await;
+                    let result = fail_and_delete(shared, &api, &pod, version, &reason).await;
                     (pod.name, result)
                 }
             })
@@ -423,8 +552,10 @@ async fn delete_unregistered(
     Ok(())
 }
 
-/// One pod of step 1: marked `Failed` (a merge patch on `status` carrying its UID, a
-/// precondition), then deleted with a grace period of 0 and its UID as a precondition. A pod is
+/// One pod of step 1: marked `Failed` (a merge patch on `status` carrying its UID and the
+/// `resourceVersion` the decision saw, preconditions: a pod that registered since is left
+/// alone), then deleted with a grace period of 0 and its UID as a precondition (a pod marked
+/// `Failed` never runs again, so nothing it does since can make its delete wrong). A pod is
 /// replaced under `podReplacementPolicy: Failed` only once it has failed (the Job controller
 /// keeps its `batch.kubernetes.io/job-tracking` finalizer until then), and a pod whose kubelet is
 /// gone never fails on its own: Kubernetes' pod garbage collector does the same for the pods it
@@ -433,6 +564,7 @@ async fn fail_and_delete(
     shared: &Shared,
     api: &Api<WatchedPod>,
     pod: &PodRef,
+    version: Option<String>,
     reason: &str,
 ) -> Result<bool, Option<kube::Error>> {
     let uid = Some(pod.uid.clone()).filter(|u| !u.is_empty());
@@ -440,9 +572,12 @@ async fn fail_and_delete(
         "status": {"phase": "Failed", "reason": "GroupRestartTimedOut", "message": reason}
     });
     if let Some(uid) = &uid {
-        failed["metadata"] = json!({ "uid": uid });
+        failed["metadata"]["uid"] = json!(uid);
     }
-    match bounded(
+    if let Some(version) = version.filter(|v| !v.is_empty()) {
+        failed["metadata"]["resourceVersion"] = json!(version);
+    }
+    match fenced(
         shared,
         "pod_status_write",
         api.patch_status(&pod.name, &PatchParams::default(), &Patch::Merge(&failed)),
@@ -450,7 +585,8 @@ async fn fail_and_delete(
     .await
     {
         Ok(_) => {}
-        // Gone, or another pod of that name now.
+        // Gone, another pod of that name now, or changed since the decision (registered, say):
+        // left to the next decision.
         Err(Some(kube::Error::Api(s))) if s.code == 404 || s.code == 409 => return Ok(false),
         // Refused (say, a pod that succeeded meanwhile): deleting it is still what is due.
         Err(Some(kube::Error::Api(s))) if s.code == 422 => {}
@@ -464,7 +600,7 @@ async fn fail_and_delete(
         }),
         ..DeleteParams::default()
     };
-    bounded(shared, "pod_delete", api.delete(&pod.name, &params))
+    fenced(shared, "pod_delete", api.delete(&pod.name, &params))
         .await
         .map(|_| true)
         .or_else(gone)
@@ -546,17 +682,18 @@ async fn delete_previous_jobs(
 ) -> Result<(), ReconcileError> {
     let api: Api<Job> = Api::namespaced(shared.client.clone(), &key.0);
     let params = ListParams::default().labels(&format!("{JOBSET_NAME_LABEL}={}", key.1));
-    let list = bounded(shared, "job_list", api.list_metadata(&params))
-        .await
-        .map_err(|e| match e {
-            Some(source) => ReconcileError::Deadline {
-                namespace: key.0.clone(),
-                name: key.1.clone(),
-                action: "list the Jobs".to_owned(),
-                source,
-            },
-            None => timeout_error(shared, key, "job_list"),
-        })?;
+    let permit = shared.deadlines.permit(&key.0).await;
+    let list = bounded(shared, "job_list", api.list_metadata(&params)).await;
+    drop(permit);
+    let list = list.map_err(|e| match e {
+        Some(source) => ReconcileError::Deadline {
+            namespace: key.0.clone(),
+            name: key.1.clone(),
+            action: "list the Jobs".to_owned(),
+            source,
+        },
+        None => timeout_error(shared, key, "job_list"),
+    })?;
     let views: Vec<JobView<'_>> = list
         .items
         .iter()
@@ -588,6 +725,7 @@ async fn delete_previous_jobs(
         .map(|job| {
             let api = api.clone();
             async move {
+                let _permit = shared.deadlines.permit(&key.0).await;
                 let params = DeleteParams {
                     propagation_policy: Some(PropagationPolicy::Foreground),
                     preconditions: Some(Preconditions {
@@ -596,7 +734,7 @@ async fn delete_previous_jobs(
                     }),
                     ..DeleteParams::default()
                 };
-                let result = bounded(shared, "job_delete", api.delete(&job.name, &params))
+                let result = fenced(shared, "job_delete", api.delete(&job.name, &params))
                     .await
                     .map(|_| true)
                     .or_else(gone);
