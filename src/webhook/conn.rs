@@ -515,7 +515,8 @@ impl hyper::service::Service<hyper::Request<Incoming>> for Tracked {
 }
 
 /// Counts `response`'s body as owed by the connection, or, when the answer budget has no room
-/// for it, answers 429 instead (the API server retries those) and drops it.
+/// for it, answers 429 instead (the API server retries those), drops it, and closes the
+/// connection after.
 fn owe(activity: &Activity, response: Response) -> Response {
     use hyper::body::Body as _;
     let hint = response.body().size_hint();
@@ -541,6 +542,9 @@ fn owe(activity: &Activity, response: Response) -> Response {
         HeaderValue::from_static("application/json"),
     );
     headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    // And closed: requests pipelined behind it are not reviewed (the API server does not
+    // pipeline; it retries on a new connection).
+    headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
     // Small: always fits.
     let _ = activity.answer(busy.body().size_hint().lower() as usize);
     busy
