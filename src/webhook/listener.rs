@@ -163,26 +163,26 @@ pub async fn serve_routes(
         max_connections: options.max_connections.max(1),
         max_header_bytes: MAX_HEADER_BYTES,
     };
-    let answers = AnswerBudget::new(options.answer_bytes_in_flight);
     let draining = Arc::new(AtomicBool::new(false));
+    let common = Common {
+        metrics: Some(webhook.metrics().clone()),
+        answers: AnswerBudget::new(options.answer_bytes_in_flight),
+        draining: draining.clone(),
+    };
     let https_loop = tokio::spawn(accept_loop(
         https,
         Some(acceptor),
         routes.with_state(Handlers::new(webhook.clone(), options.body)),
-        Some(webhook.metrics().clone()),
-        answers.clone(),
+        common.clone(),
         limits,
-        draining.clone(),
         stop_rx.clone(),
     ));
     let health_loop = tokio::spawn(accept_loop(
         health,
         None,
         health_router(webhook.clone()),
-        Some(webhook.metrics().clone()),
-        answers,
+        common,
         limits,
-        draining.clone(),
         stop_rx.clone(),
     ));
     webhook.set_ready(true);
@@ -286,8 +286,11 @@ pub async fn serve_plain(
         listener,
         None,
         router,
-        None,
-        AnswerBudget::new(limits.answer_bytes_in_flight),
+        Common {
+            metrics: None,
+            answers: AnswerBudget::new(limits.answer_bytes_in_flight),
+            draining: Arc::new(AtomicBool::new(false)),
+        },
         Limits {
             timeouts: Timeouts {
                 handshake: limits.header_read_timeout,
@@ -297,7 +300,6 @@ pub async fn serve_plain(
             max_connections: limits.max_connections.max(1),
             max_header_bytes: limits.max_header_bytes,
         },
-        Arc::new(AtomicBool::new(false)),
         stop_rx,
     );
     tokio::pin!(serving);
@@ -308,6 +310,16 @@ pub async fn serve_plain(
     let _ = stop_tx.send(true);
     // Dropping the loop aborts the connections still open.
     let _ = tokio::time::timeout(grace, serving).await;
+}
+
+/// What the listeners of one server share.
+#[derive(Clone)]
+struct Common {
+    /// The webhook's metrics (none for another component's health listener).
+    metrics: Option<Arc<Metrics>>,
+    answers: Arc<AnswerBudget>,
+    /// Set during the shutdown delay: every answer closes its connection.
+    draining: Arc<AtomicBool>,
 }
 
 /// What every connection of a listener shares.
@@ -351,21 +363,19 @@ async fn accept_loop(
     listener: TcpListener,
     tls: Option<TlsAcceptor>,
     router: Router,
-    metrics: Option<Arc<Metrics>>,
-    answers: Arc<AnswerBudget>,
+    common: Common,
     limits: Limits,
-    draining: Arc<AtomicBool>,
     stop: watch::Receiver<bool>,
 ) {
     let shared = Arc::new(Listener {
         name: if tls.is_some() { "https" } else { "health" },
         tls,
         router,
-        metrics,
-        answers,
+        metrics: common.metrics,
+        answers: common.answers,
         timeouts: limits.timeouts,
         max_header_bytes: limits.max_header_bytes,
-        draining,
+        draining: common.draining,
     });
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let (pressure, _) = watch::channel(0u64);
