@@ -78,9 +78,18 @@ async fn four_hostile_reviews_at_once_stay_bounded_over_tls() {
                 let (name, body, addr, connector) =
                     (name.to_string(), body.clone(), replica.https, connector.clone());
                 tasks.spawn(async move {
-                    let mut conn = Conn::connect(addr, &connector).await.expect("connect");
-                    let response = conn.post_json(path, &body).await.expect("answered");
-                    (name, path, body.len(), response)
+                    // As the API server does, a 429 (large reviews shed past their wait) is
+                    // retried after its Retry-After, on a new connection.
+                    let mut tries = 0;
+                    loop {
+                        tries += 1;
+                        let mut conn = Conn::connect(addr, &connector).await.expect("connect");
+                        let response = conn.post_json(path, &body).await.expect("answered");
+                        if response.status != 429 || tries == 10 {
+                            break (name, path, body.len(), response);
+                        }
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
                 });
             }
             while let Some(done) = tasks.join_next().await {
@@ -172,24 +181,31 @@ async fn slow_readers_of_large_answers_stay_bounded_and_others_are_answered() {
         let pipelined: std::sync::Arc<Vec<u8>> = std::sync::Arc::new(request.repeat(PIPELINED));
         let (release, released) = tokio::sync::watch::channel(false);
         let mut readers = tokio::task::JoinSet::new();
+        // Each reader says when its handshake is over (or failed): the well-behaved reviews are
+        // measured under the attack once it is set up (a flood of handshakes is another attack,
+        // `slow_handshakes_heads_and_bodies_are_cut_while_others_are_answered`).
+        let (handshaken, mut handshakes) = tokio::sync::mpsc::unbounded_channel::<()>();
         for _ in 0..SLOW_READERS {
-            let (addr, connector, pipelined, mut released) = (
+            let (addr, connector, pipelined, mut released, handshaken) = (
                 replica.https,
                 connector.clone(),
                 pipelined.clone(),
                 released.clone(),
+                handshaken.clone(),
             );
             readers.spawn(async move {
                 let socket = tokio::net::TcpSocket::new_v4().expect("socket");
                 socket.set_recv_buffer_size(4096).expect("SO_RCVBUF");
                 let Ok(tcp) = socket.connect(addr).await else {
+                    let _ = handshaken.send(());
                     return false;
                 };
                 let name = ServerName::try_from("localhost").expect("name");
-                let Ok(Ok(mut tls)) =
+                let tls =
                     tokio::time::timeout(Duration::from_secs(10), connector.connect(name, tcp))
-                        .await
-                else {
+                        .await;
+                let _ = handshaken.send(());
+                let Ok(Ok(mut tls)) = tls else {
                     return false;
                 };
                 // Written (the server may stop reading a pipelined request), then never read.
@@ -203,16 +219,12 @@ async fn slow_readers_of_large_answers_stay_bounded_and_others_are_answered() {
                 true
             });
         }
-        // Well-behaved reviews on their own connections meanwhile, and the resident set.
-        // An optimized build reviews the attack's request in a few milliseconds; a debug build
-        // in about 200 ms, so that its 260 reviews hold two CPUs for half a minute whatever
-        // the server does: then the well-behaved reviews are only required to be answered.
-        let optimized = one_review < Duration::from_millis(50);
-        let (window, good_timeout) = if optimized {
-            (Duration::from_secs(8), Duration::from_secs(5))
-        } else {
-            (Duration::from_secs(60), Duration::from_secs(60))
-        };
+        // Well-behaved reviews on their own connections meanwhile, and the resident set. Large
+        // reviews (the attack's) are reviewed one fewer at a time than there are workers and
+        // shed with 429 past a wait, so ordinary reviews are answered within a second in any
+        // build (a debug build reviews the attack's request in about 200 ms, an optimized one in
+        // a few).
+        let (window, good_timeout) = (Duration::from_secs(30), Duration::from_secs(5));
         let open_https = || async {
             let (_, metrics) = replica.health_get("/metrics").await.expect("metrics");
             metrics
@@ -221,6 +233,15 @@ async fn slow_readers_of_large_answers_stay_bounded_and_others_are_answered() {
                 .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
                 .sum::<f64>()
         };
+        drop(handshaken);
+        let _ = tokio::time::timeout(Duration::from_secs(30), async {
+            for _ in 0..SLOW_READERS {
+                if handshakes.recv().await.is_none() {
+                    break;
+                }
+            }
+        })
+        .await;
         let started = Instant::now();
         let mut good = tokio::task::JoinSet::new();
         let mut during_kib = 0;
@@ -237,6 +258,7 @@ async fn slow_readers_of_large_answers_stay_bounded_and_others_are_answered() {
                 replica.https,
                 connector.clone(),
             );
+            let sent_at = started.elapsed();
             good.spawn(async move {
                 let asked = Instant::now();
                 let answered = tokio::time::timeout(good_timeout, async {
@@ -248,7 +270,7 @@ async fn slow_readers_of_large_answers_stay_bounded_and_others_are_answered() {
                     Ok(Ok(response)) => response.status,
                     Ok(Err(_)) | Err(_) => 0,
                 };
-                (asked.elapsed(), status)
+                (sent_at, asked.elapsed(), status)
             });
             during_kib = during_kib.max(replica.rss_kib().unwrap_or(0));
             open = open_https().await;
@@ -267,8 +289,19 @@ async fn slow_readers_of_large_answers_stay_bounded_and_others_are_answered() {
         }
         tokio::time::sleep(Duration::from_secs(2)).await;
         let after_kib = replica.rss_kib().unwrap_or(0);
-        let slowest = latencies.iter().map(|(t, _)| *t).max().unwrap_or_default();
-        let failed: Vec<_> = latencies.iter().filter(|(_, s)| *s != 200).collect();
+        let slowest = latencies
+            .iter()
+            .map(|(_, t, _)| *t)
+            .max()
+            .unwrap_or_default();
+        eprintln!(
+            "good reviews (sent at, took): {:?}",
+            latencies
+                .iter()
+                .map(|(at, t, _)| (*at, *t))
+                .collect::<Vec<_>>()
+        );
+        let failed: Vec<_> = latencies.iter().filter(|(_, _, s)| *s != 200).collect();
         eprintln!(
             "webhook under {SLOW_READERS} slow readers ({connected} connected) of {PIPELINED} \
              pipelined {} B reviews: RSS at start {:.1} MiB, highest sampled {:.1} MiB, peak \
@@ -286,12 +319,10 @@ async fn slow_readers_of_large_answers_stay_bounded_and_others_are_answered() {
         assert!(peak > 0, "VmHWM read");
         assert!(peak < MAX_PEAK_KIB, "peak RSS {peak} KiB");
         assert!(failed.is_empty(), "good reviews not answered: {failed:?}");
-        if optimized {
-            assert!(
-                slowest < Duration::from_secs(1),
-                "a good review took {slowest:?}"
-            );
-        }
+        assert!(
+            slowest < Duration::from_secs(1),
+            "a good review took {slowest:?}"
+        );
         replica.terminate();
         replica.wait(Duration::from_secs(15)).await;
     })
