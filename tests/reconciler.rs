@@ -864,6 +864,112 @@ async fn crd_without_the_dialect_fields_stops_the_reconciler() {
     .await;
 }
 
+/// Issue 21, item 3: about 400 connections that send `GET /healthz HTTP/1.1\r\nHost: x\r\n`
+/// and stop, each re-opened as soon as it is cut, against the reconciler's health port. Before,
+/// its 64 slots freed only at the 5 s head timeout and the probes waited behind them: 0 of 8
+/// `/healthz` probes with a 1 s timeout answered (the kubelet would restart the pod). Now it is
+/// the webhook's listener (512 slots, stuck heads evicted under pressure): every probe answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_health_port_still_answers_the_liveness_probe() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    const HOLDERS: usize = 400;
+    const PROBES: usize = 8;
+    bounded(async {
+        let w = World::new(Dialect::Epoch, &[(1, 1)], 10).await;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (stop, stopped) = oneshot::channel::<()>();
+        let run = tokio::spawn(reconciler::run(
+            w.server.client(),
+            options(Dialect::Epoch, "r1", None),
+            Some(listener),
+            async {
+                let _ = stopped.await;
+            },
+        ));
+        let probe = move || async move {
+            let started = std::time::Instant::now();
+            let answered = tokio::time::timeout(Duration::from_secs(1), async {
+                let mut tcp = tokio::net::TcpStream::connect(addr).await.ok()?;
+                tcp.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                    .await
+                    .ok()?;
+                let mut out = Vec::new();
+                let _ = tcp.read_to_end(&mut out).await;
+                Some(out.starts_with(b"HTTP/1.1 200"))
+            })
+            .await;
+            (matches!(answered, Ok(Some(true))), started.elapsed())
+        };
+        let mut ready = false;
+        for _ in 0..500 {
+            if probe().await.0 {
+                ready = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(ready, "the health port answers before the attack");
+        let (release, released) = tokio::sync::watch::channel(false);
+        let mut holders = tokio::task::JoinSet::new();
+        for _ in 0..HOLDERS {
+            let mut released = released.clone();
+            holders.spawn(async move {
+                let mut opened = 0u32;
+                while !*released.borrow() {
+                    let hold = async {
+                        let Ok(mut tcp) = tokio::net::TcpStream::connect(addr).await else {
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                            return;
+                        };
+                        if tcp
+                            .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+                            .await
+                            .is_err()
+                        {
+                            return;
+                        }
+                        opened += 1;
+                        let mut sink = [0u8; 1024];
+                        while let Ok(n) = tcp.read(&mut sink).await {
+                            if n == 0 {
+                                break;
+                            }
+                        }
+                    };
+                    tokio::select! {
+                        () = hold => {}
+                        _ = released.wait_for(|r| *r) => break,
+                    }
+                }
+                opened
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let mut answers = Vec::new();
+        for _ in 0..PROBES {
+            answers.push(probe().await);
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        let _ = release.send(true);
+        let mut opened = 0;
+        while let Some(done) = holders.join_next().await {
+            opened += done.expect("holder");
+        }
+        let answered = answers.iter().filter(|(ok, _)| *ok).count();
+        eprintln!(
+            "reconciler health port held by {HOLDERS} partial heads ({opened} opened in all): \
+             {answered} of {PROBES} probes answered within 1 s: {answers:?}"
+        );
+        assert_eq!(answered, PROBES, "{answers:?}");
+        let _ = stop.send(());
+        run.await.expect("joins").expect("clean stop");
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn readiness_and_metrics_on_the_health_port() {
     bounded(async {

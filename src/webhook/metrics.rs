@@ -239,7 +239,8 @@ fn outcome_index(outcome: ReviewOutcome) -> usize {
 /// - `jobset_inplace_connections_open{listener}`: open connections (`https`, `health`);
 /// - `jobset_inplace_connections_closed_by_server_total{listener,reason}`: connections the
 ///   server closed on its own: `header_timeout` (handshake or request head too slow),
-///   `idle_timeout`, `evicted` (to make room under `--max-connections`);
+///   `idle_timeout`, `evicted` (to make room under `--max-connections`), `slow_reader` (an
+///   answer not taken at the floor rate, [`crate::webhook::conn::MIN_ANSWER_BYTES_PER_SEC`]);
 /// - `jobset_inplace_connection_limit_reached_total{listener}`: times every connection slot was
 ///   taken and new connections had to wait;
 /// - `jobset_inplace_tls_certificate_reloads_total{result}`: reloads of the serving certificate
@@ -367,7 +368,7 @@ impl Metrics {
         let closed_by_server = Family::<CutLabels, Counter>::default();
         registry.register(
             "connections_closed_by_server",
-            "Connections the server closed on its own, by listener and reason (header_timeout, idle_timeout, evicted)",
+            "Connections the server closed on its own, by listener and reason (header_timeout, idle_timeout, evicted, slow_reader)",
             closed_by_server.clone(),
         );
         let limit_reached = Family::<ListenerLabels, Counter>::default();
