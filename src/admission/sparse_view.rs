@@ -312,6 +312,9 @@ pub(crate) fn walk_object<'de, T: Shape<'de>, A: MapAccess<'de>>(
         }
         first = false;
     }
+    // Not a raw value: what a raw value nested in one of its values left for its own reader is
+    // not this object's type.
+    RAW_KIND.with(|k| k.set(None));
     Ok(None)
 }
 
@@ -375,9 +378,8 @@ fn raw_value<'de, T: Shape<'de>, A: MapAccess<'de>>(map: &mut A) -> Result<Optio
     let view = de::Deserializer::deserialize_any(&mut reader, ShapeVisitor::<T>(PhantomData))
         .and_then(|view| reader.end().map(|()| view))
         .map_err(de::Error::custom)?;
-    if view.is_none() {
-        RAW_KIND.with(|k| k.set(Some(kind)));
-    }
+    // Set (or cleared) last: raw values nested in the JSON it holds set it while it was read.
+    RAW_KIND.with(|k| k.set(view.is_none().then_some(kind)));
     Ok(view)
 }
 
@@ -1562,6 +1564,29 @@ mod tests {
             assert_eq!(from_value, Ok(*v == token_volume()), "{text}");
         }
         from_bytes
+    }
+
+    /// A value of the wrong type is reported as the type `Value` sees, also when a raw value is
+    /// nested in it (it used to report the nested raw value's type).
+    #[test]
+    fn a_raw_value_nested_in_a_wrong_type_does_not_change_the_type_reported() {
+        let raw5 = "{\"$serde_json::private::RawValue\":\"5\"}";
+        for (text, want) in [
+            (format!("{{\"a\":{raw5}}}"), Kind::Object),
+            (format!("{{\"a\":[{raw5}],\"b\":1}}"), Kind::Object),
+            (format!("[{{\"a\":{raw5}}}]"), Kind::Array),
+            (raw5.to_owned(), Kind::Number),
+            (
+                format!("{{\"$serde_json::private::RawValue\":{}}}", Value::from(format!("{{\"a\":{raw5}}}"))),
+                Kind::Object,
+            ),
+        ] {
+            let from_bytes = serde_json::from_str::<Checked<Str<'_>>>(&text).expect("json").0;
+            let value: Value = serde_json::from_str(&text).expect("json");
+            let from_value = Checked::<Str<'_>>::deserialize(&value).expect("value").0;
+            assert_eq!(from_bytes, Err(want), "{text}");
+            assert_eq!(from_value, Err(want), "{text}");
+        }
     }
 
     #[test]
