@@ -1165,7 +1165,12 @@ mod tests {
         let paths: Vec<String> = verdict.violations().into_iter().map(|v| v.path).collect();
         let from_bytes: Vec<String> = answer["response"]["status"]["details"]["causes"]
             .as_array()
-            .map(|c| c.iter().filter_map(|c| c["field"].as_str()).map(str::to_owned).collect())
+            .map(|c| {
+                c.iter()
+                    .filter_map(|c| c["field"].as_str())
+                    .map(str::to_owned)
+                    .collect()
+            })
             .unwrap_or_default();
         assert_eq!(paths, from_bytes, "bytes and Value agree");
         assert_eq!(mutate(js, config).violations.len(), paths.len());
@@ -1235,10 +1240,7 @@ mod tests {
             ),
         ];
         for v in near_misses {
-            cases.push((
-                json!({"volumes": [v], "containers": w}),
-                "volumes[0]",
-            ));
+            cases.push((json!({"volumes": [v], "containers": w}), "volumes[0]"));
         }
         for (pod, field) in cases {
             let js = jobset(pod.clone());
@@ -1262,10 +1264,15 @@ mod tests {
             assert_eq!(pod_out["automountServiceAccountToken"], false, "{pod}");
             assert_eq!(pod_out["volumes"], json!([token_volume()]), "{pod}");
             assert!(refused_paths(&out, &config).is_empty(), "{pod}");
-            assert!(mutate(&out, &config).patch.0.is_empty(), "idempotent: {pod}");
+            assert!(
+                mutate(&out, &config).patch.0.is_empty(),
+                "idempotent: {pod}"
+            );
         }
         let out = apply(
-            &jobset(json!({"serviceAccountName": "mine", "automountServiceAccountToken": true, "containers": w})),
+            &jobset(
+                json!({"serviceAccountName": "mine", "automountServiceAccountToken": true, "containers": w}),
+            ),
             &config,
         );
         assert_eq!(pod_of(&out, 0)["automountServiceAccountToken"], true);

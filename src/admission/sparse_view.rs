@@ -1556,10 +1556,14 @@ mod tests {
             .map(|v| v.0.is_some_and(|v| v.is_token_volume))
             .map_err(|e| e.to_string());
         let value = serde_json::from_str::<Value>(text).map_err(|e| e.to_string());
-        let from_value = value.as_ref().map(|v| {
-            Lenient::<Volume<'_>>::from_value(v).is_some_and(|v| v.is_token_volume)
-        });
-        assert_eq!(from_bytes, from_value.clone().map_err(Clone::clone), "{text}");
+        let from_value = value
+            .as_ref()
+            .map(|v| Lenient::<Volume<'_>>::from_value(v).is_some_and(|v| v.is_token_volume));
+        assert_eq!(
+            from_bytes,
+            from_value.clone().map_err(Clone::clone),
+            "{text}"
+        );
         if let Ok(v) = &value {
             assert_eq!(from_value, Ok(*v == token_volume()), "{text}");
         }
@@ -1577,11 +1581,16 @@ mod tests {
             (format!("[{{\"a\":{raw5}}}]"), Kind::Array),
             (raw5.to_owned(), Kind::Number),
             (
-                format!("{{\"$serde_json::private::RawValue\":{}}}", Value::from(format!("{{\"a\":{raw5}}}"))),
+                format!(
+                    "{{\"$serde_json::private::RawValue\":{}}}",
+                    Value::from(format!("{{\"a\":{raw5}}}"))
+                ),
                 Kind::Object,
             ),
         ] {
-            let from_bytes = serde_json::from_str::<Checked<Str<'_>>>(&text).expect("json").0;
+            let from_bytes = serde_json::from_str::<Checked<Str<'_>>>(&text)
+                .expect("json")
+                .0;
             let value: Value = serde_json::from_str(&text).expect("json");
             let from_value = Checked::<Str<'_>>::deserialize(&value).expect("value").0;
             assert_eq!(from_bytes, Err(want), "{text}");
@@ -1597,7 +1606,11 @@ mod tests {
         // Keys in another order, and escapes in a key and a value: still it.
         let reordered = exact
             .replacen("\"name\":\"jobset-inplace-agent-token\",", "", 1)
-            .replacen('{', "{\"n\\u0061me\":\"jobset-inplace-agent-tok\\u0065n\",", 1);
+            .replacen(
+                '{',
+                "{\"n\\u0061me\":\"jobset-inplace-agent-tok\\u0065n\",",
+                1,
+            );
         assert_ne!(reordered, exact);
         assert_eq!(read_both(&reordered), Ok(true));
         let raw = |inner: &str| {
@@ -1612,22 +1625,22 @@ mod tests {
             // A raw-value object stands for the JSON it holds, at any depth.
             (raw(&exact), Ok(true)),
             (
-                format!("{{\"name\":\"jobset-inplace-agent-token\",\"projected\":{}}}", raw(&projected)),
+                format!(
+                    "{{\"name\":\"jobset-inplace-agent-token\",\"projected\":{}}}",
+                    raw(&projected)
+                ),
                 Ok(true),
             ),
+            (exact.replacen(&sources, &raw(&sources), 1), Ok(true)),
             (
-                exact.replacen(&sources, &raw(&sources), 1),
-                Ok(true),
-            ),
-            (
-                format!("{{\"name\":\"jobset-inplace-agent-token\",\"projected\":{}}}", raw("[1]")),
+                format!(
+                    "{{\"name\":\"jobset-inplace-agent-token\",\"projected\":{}}}",
+                    raw("[1]")
+                ),
                 Ok(false),
             ),
             // The last of duplicate keys counts.
-            (
-                exact.replacen('{', "{\"projected\":{},", 1),
-                Ok(true),
-            ),
+            (exact.replacen('{', "{\"projected\":{},", 1), Ok(true)),
             (
                 format!("{},\"projected\":{{}}}}", &exact[..exact.len() - 1]),
                 Ok(false),
@@ -1635,12 +1648,30 @@ mod tests {
             // A float is not an integer; one more element, key or source is not it.
             (exact.replacen("420", "420.0", 1), Ok(false)),
             (exact.replacen("3607", "3607.0", 1), Ok(false)),
-            (exact.replacen("\"token\"}", "\"token\",\"audience\":\"x\"}", 1), Ok(false)),
-            (exact.replacen("\"ca.crt\"}]", "\"ca.crt\"},{}]", 1), Ok(false)),
-            (format!("{},\"emptyDir\":{{}}}}", &exact[..exact.len() - 1]), Ok(false)),
-            (exact.replacen("\"token\"}", "\"token\"},\"emptyDir\":{}", 1), Ok(false)),
-            ("{\"name\":\"jobset-inplace-agent-token\"}".to_owned(), Ok(false)),
-            ("{\"name\":\"jobset-inplace-agent-token\",\"emptyDir\":{}}".to_owned(), Ok(false)),
+            (
+                exact.replacen("\"token\"}", "\"token\",\"audience\":\"x\"}", 1),
+                Ok(false),
+            ),
+            (
+                exact.replacen("\"ca.crt\"}]", "\"ca.crt\"},{}]", 1),
+                Ok(false),
+            ),
+            (
+                format!("{},\"emptyDir\":{{}}}}", &exact[..exact.len() - 1]),
+                Ok(false),
+            ),
+            (
+                exact.replacen("\"token\"}", "\"token\"},\"emptyDir\":{}", 1),
+                Ok(false),
+            ),
+            (
+                "{\"name\":\"jobset-inplace-agent-token\"}".to_owned(),
+                Ok(false),
+            ),
+            (
+                "{\"name\":\"jobset-inplace-agent-token\",\"emptyDir\":{}}".to_owned(),
+                Ok(false),
+            ),
             ("{\"name\":5}".to_owned(), Ok(false)),
         ] {
             assert_eq!(read_both(&text), want, "{text}");
@@ -1648,8 +1679,14 @@ mod tests {
         // Broken raw values: the error a `Value` gives.
         for text in [
             format!("{{\"name\":\"x\",\"projected\":{}}}", raw("{")),
-            format!("{{\"name\":\"x\",\"projected\":{}}}", "{\"$serde_json::private::RawValue\":5}"),
-            format!("{{\"name\":\"x\",\"projected\":{{\"sources\":{}}}}}", raw("[1] 2")),
+            format!(
+                "{{\"name\":\"x\",\"projected\":{}}}",
+                "{\"$serde_json::private::RawValue\":5}"
+            ),
+            format!(
+                "{{\"name\":\"x\",\"projected\":{{\"sources\":{}}}}}",
+                raw("[1] 2")
+            ),
         ] {
             assert!(read_both(&text).is_err(), "{text}");
         }

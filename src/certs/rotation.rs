@@ -1236,8 +1236,10 @@ mod tests {
             overlap: Duration::from_secs(3 * hour as u64),
         };
         let corrupt = |m: &mut Material| {
-            m.files
-                .insert(CA_KEY_FILE.into(), b"-----BEGIN PRIVATE KEY-----\n".to_vec());
+            m.files.insert(
+                CA_KEY_FILE.into(),
+                b"-----BEGIN PRIVATE KEY-----\n".to_vec(),
+            );
         };
         let lose = |m: &mut Material| *m = Material::default();
         for (how, damage) in [
@@ -1252,7 +1254,10 @@ mod tests {
             damage(&mut m);
             let t = NOW + hour;
             let steps = settle(&mut m, &mut bundle, &p, system_time(t));
-            assert!(matches!(steps.as_slice(), [Step::NewCa(_)]), "{how}: {steps:?}");
+            assert!(
+                matches!(steps.as_slice(), [Step::NewCa(_)]),
+                "{how}: {steps:?}"
+            );
             let trusted = roots(&bundle);
             for (who, pem) in [
                 ("a replica a read behind", &served),
@@ -1267,10 +1272,18 @@ mod tests {
             assert_eq!(roots(&m.files[PREVIOUS_CA_CERT_FILE]), old_ca, "{how}");
             // Kept for the overlap, then dropped as after a switch.
             let f = inspect(&m, &names(), t, Some(&[trusted]));
-            assert_eq!(decide(&f, &p, t), Step::Wait { until: t + 3 * hour });
+            assert_eq!(
+                decide(&f, &p, t),
+                Step::Wait {
+                    until: t + 3 * hour
+                }
+            );
             let later = t + 3 * hour;
             let steps = settle(&mut m, &mut bundle, &p, system_time(later));
-            assert!(matches!(steps.as_slice(), [Step::DropPrevious(_)]), "{how}: {steps:?}");
+            assert!(
+                matches!(steps.as_slice(), [Step::DropPrevious(_)]),
+                "{how}: {steps:?}"
+            );
             assert_eq!(roots(&bundle), roots(&m.files[CA_CERT_FILE]), "{how}");
         }
 
