@@ -1180,6 +1180,31 @@ async fn the_webhook_injects_denies_and_fails_as_configured() {
             "{code} {message}"
         );
 
+        // Issue 21 item 4, through the real API server: the agent's token handed to every
+        // container (no account named and the token automounted; the agent's account named
+        // with it automounted), or a volume of the template's own taken for the agent's token:
+        // each denied, naming the field, and nothing stored.
+        let pod = "spec.replicatedJobs[0].template.spec.template.spec";
+        for (case, name, webhook, field) in [
+            ("automount-token-with-chosen-account", "token-automount", "mutate", "automountServiceAccountToken"),
+            ("token-volume-name-taken", "token-volume", "mutate", "volumes[0]"),
+            ("agent-account-automounts-token", "token-agent-account", "validate", "automountServiceAccountToken"),
+        ] {
+            let (code, _, message, fields) = api_error(
+                jobsets
+                    .create(&pp, &jobset_valid_for_jobset(case, name, &ns.name))
+                    .await,
+            )
+            .unwrap_or_else(|e| panic!("{case}: {e}"));
+            assert_eq!(code, 422, "{case}: {message}");
+            assert!(
+                message.contains(&format!("admission webhook \"{webhook}.jobset-inplace.dev\" denied the request")),
+                "{case}: {message}"
+            );
+            assert_eq!(fields, [format!("{pod}.{field}")], "{case}: {message}");
+            assert!(jobsets.get_opt(name).await.expect("get").is_none(), "{case}: nothing stored");
+        }
+
         // The webhook gone: an InPlaceRestart JobSet fails closed (the validating webhook's
         // failurePolicy: Fail), any other JobSet never reaches it.
         webhook.stop().await;
