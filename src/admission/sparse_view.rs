@@ -1559,11 +1559,7 @@ mod tests {
         let from_value = value
             .as_ref()
             .map(|v| Lenient::<Volume<'_>>::from_value(v).is_some_and(|v| v.is_token_volume));
-        assert_eq!(
-            from_bytes,
-            from_value.clone().map_err(Clone::clone),
-            "{text}"
-        );
+        assert_eq!(from_bytes, from_value.map_err(Clone::clone), "{text}");
         if let Ok(v) = &value {
             assert_eq!(from_value, Ok(*v == token_volume()), "{text}");
         }
