@@ -453,6 +453,65 @@ fn the_strict_check_catches_typos() {
     assert!(!check_object(&vap).is_empty());
 }
 
+/// Issue 21 item 10: what the image and CI are built from cannot change under them: every base
+/// image but `scratch` is pinned by digest, and every tool CI or a script installs by version
+/// (`cargo install --version X --locked`, `pip install NAME==X`).
+#[test]
+fn the_builder_image_and_the_ci_tools_are_pinned() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let read = |path: &str| std::fs::read_to_string(root.join(path)).expect(path);
+    let mut problems = Vec::new();
+    let mut images = 0;
+    for line in read("Dockerfile").lines() {
+        let Some(rest) = line.trim().strip_prefix("FROM ") else {
+            continue;
+        };
+        let image = rest
+            .split_whitespace()
+            .find(|w| !w.starts_with("--"))
+            .unwrap_or("");
+        if image == "scratch" {
+            continue;
+        }
+        images += 1;
+        let digest = image.split_once("@sha256:").map(|(_, d)| d);
+        if !digest.is_some_and(|d| d.len() == 64 && d.bytes().all(|b| b.is_ascii_hexdigit())) {
+            problems.push(format!("Dockerfile: {image} is not pinned by digest"));
+        }
+    }
+    assert!(images >= 1, "no base image found");
+    let mut installs = 0;
+    for file in [".ci/run", "scripts/check-image.sh", "scripts/fuzz-smoke.sh"] {
+        for line in read(file)
+            .lines()
+            .filter(|l| !l.trim_start().starts_with('#'))
+        {
+            if line.contains("cargo install") {
+                installs += 1;
+                if !(line.contains("--version") && line.contains("--locked")) {
+                    problems.push(format!("{file}: {}", line.trim()));
+                }
+            }
+            if line.contains("pip")
+                && let Some((_, args)) = line.split_once(" install ")
+            {
+                installs += 1;
+                let packages = args
+                    .split_whitespace()
+                    .filter(|w| !w.starts_with('-') && !w.starts_with('>'))
+                    .filter(|w| !w.starts_with("2>") && !w.starts_with('&'))
+                    .filter(|w| !matches!(*w, "then" | ";" | "&&"))
+                    .collect::<Vec<_>>();
+                if packages.is_empty() || !packages.iter().all(|p| p.contains("==")) {
+                    problems.push(format!("{file}: {}", line.trim()));
+                }
+            }
+        }
+    }
+    assert!(installs >= 3, "the installs were not found: {installs}");
+    assert!(problems.is_empty(), "not pinned: {problems:#?}");
+}
+
 // ---------------------------------------------------------------------------------------------
 // The injection config
 // ---------------------------------------------------------------------------------------------

@@ -1180,6 +1180,31 @@ async fn the_webhook_injects_denies_and_fails_as_configured() {
             "{code} {message}"
         );
 
+        // Issue 21 item 4, through the real API server: the agent's token handed to every
+        // container (no account named and the token automounted; the agent's account named
+        // with it automounted), or a volume of the template's own taken for the agent's token:
+        // each denied, naming the field, and nothing stored.
+        let pod = "spec.replicatedJobs[0].template.spec.template.spec";
+        for (case, name, webhook, field) in [
+            ("automount-token-with-chosen-account", "token-automount", "mutate", "automountServiceAccountToken"),
+            ("token-volume-name-taken", "token-volume", "mutate", "volumes[0]"),
+            ("agent-account-automounts-token", "token-agent-account", "validate", "automountServiceAccountToken"),
+        ] {
+            let (code, _, message, fields) = api_error(
+                jobsets
+                    .create(&pp, &jobset_valid_for_jobset(case, name, &ns.name))
+                    .await,
+            )
+            .unwrap_or_else(|e| panic!("{case}: {e}"));
+            assert_eq!(code, 422, "{case}: {message}");
+            assert!(
+                message.contains(&format!("admission webhook \"{webhook}.jobset-inplace.dev\" denied the request")),
+                "{case}: {message}"
+            );
+            assert_eq!(fields, [format!("{pod}.{field}")], "{case}: {message}");
+            assert!(jobsets.get_opt(name).await.expect("get").is_none(), "{case}: nothing stored");
+        }
+
         // The webhook gone: an InPlaceRestart JobSet fails closed (the validating webhook's
         // failurePolicy: Fail), any other JobSet never reaches it.
         webhook.stop().await;
@@ -2027,6 +2052,51 @@ async fn the_self_signed_webhook_renews_and_rotates_with_its_own_rights() {
                 .expect("refused");
                 assert!(code == 422 || code == 403, "{kind}: delete {code}");
             }
+            // Issue 21 item 5: the Secret deleted while this replica serves its certificate. The
+            // new CA, made and published with the webhook's own token (its policy lets it change
+            // the caBundle only), keeps the old one trusted in both configurations, so what the
+            // replica served a moment ago still verifies against what the API server trusts.
+            let served = std::fs::read(dir.path().join("tls.crt")).expect("served");
+            secrets
+                .delete(secret_name, &DeleteParams::default())
+                .await
+                .expect("delete the Secret");
+            let report = renewer
+                .step()
+                .await
+                .unwrap_or_else(|e| panic!("with the webhook's own token: {e}"));
+            assert_eq!(
+                report.steps.first().map(rotation::Step::kind),
+                Some("new"),
+                "{report:?}"
+            );
+            let chain =
+                jobset_inplace::certs::parse_certs(&served, std::path::Path::new("tls.crt"))
+                    .expect("pem");
+            for plural in [
+                "mutatingwebhookconfigurations",
+                "validatingwebhookconfigurations",
+            ] {
+                let config: Value = serde_json::from_str(
+                    &kubectl(
+                        Some(&cluster.kubeconfig),
+                        &["get", plural, WEBHOOK_CONFIGURATION, "-o", "json"],
+                    )
+                    .await
+                    .expect("get"),
+                )
+                .expect("json");
+                for roots in jobset_inplace::certs::cluster::ca_bundles_of(&config) {
+                    jobset_inplace::certs::verify_chain(
+                        &roots,
+                        &chain,
+                        &renewer.target().names,
+                        std::time::SystemTime::now(),
+                    )
+                    .unwrap_or_else(|e| panic!("{plural}: the served certificate: {e}"));
+                }
+            }
+
             // No other Secret, no listing.
             let as_webhook: Api<k8s_openapi::api::core::v1::Secret> =
                 Api::namespaced(webhook_client.clone(), system);

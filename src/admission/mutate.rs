@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 
 use super::config::InjectionConfig;
 use super::pod::{self, Agent, AgentMode, Container, ContainerList};
-use super::sparse_view::{JobSetView, PodSpec, PodTemplate, Present};
+use super::sparse_view::{Fixed, JobSetView, PodSpec, PodTemplate, Present};
 use super::validate::{BACKOFF_LIMIT, POD_REPLACEMENT_POLICY};
 use super::{INJECTED_ANNOTATION, Mutation, Violation};
 use crate::protocol::JOBSET_NAME_LABEL;
@@ -237,9 +237,25 @@ pub(crate) fn mutate_view(
         {
             let template_ptr = job_ptr.key("template");
             let pod_ptr = template_ptr.key("spec");
-            rewrite_restart_pod(&pod_ptr, pod_spec, &mut out, &mut warnings, i);
             // The webhook chooses the service account: its token goes to the agent only.
             let chosen = account_chosen(pod_spec, config);
+            let token_refused = token_refusals(
+                &format!("spec.replicatedJobs[{i}].template.spec.template.spec"),
+                pod_spec,
+                chosen,
+                &config.service_account,
+            );
+            if !token_refused.is_empty() {
+                for violation in token_refused {
+                    if refused.len() >= super::validate::MAX_VIOLATIONS {
+                        more_refused += 1;
+                    } else {
+                        refused.push(violation);
+                    }
+                }
+                continue;
+            }
+            rewrite_restart_pod(&pod_ptr, pod_spec, &mut out, &mut warnings, i);
             let runs_ours = match pod::agent(pod_spec) {
                 None => {
                     let Some(port) = barrier_port(pod_spec, config) else {
@@ -292,7 +308,7 @@ pub(crate) fn mutate_view(
                     ));
                 }
                 match &pod_spec.volumes {
-                    Some(v) if v.has_name(TOKEN_VOLUME) => {}
+                    Some(v) if v.has_token_volume() => {}
                     Some(_) => out.push(add(
                         pod_ptr.keys(&["volumes", "-"]),
                         to_json(&token_volume()),
@@ -348,7 +364,54 @@ fn account_chosen(pod_spec: &PodSpec<'_>, config: &InjectionConfig) -> bool {
         || pod_spec
             .volumes
             .as_ref()
-            .is_some_and(|v| v.has_name(TOKEN_VOLUME)))
+            .is_some_and(|v| v.has_token_volume()))
+}
+
+/// Why the agent's token cannot be kept to the agent in a pod template (the injection refuses
+/// it, naming the field): a volume of its own under the token volume's name, or, when the
+/// webhook chooses the account (`chosen`), `automountServiceAccountToken` set to anything but
+/// `false`, which would mount the agent's token into every container.
+fn token_refusals(
+    pod_prefix: &str,
+    pod_spec: &PodSpec<'_>,
+    chosen: bool,
+    account: &str,
+) -> Vec<Violation> {
+    let mut out: Vec<Violation> = pod_spec
+        .volumes
+        .as_ref()
+        .into_iter()
+        .flat_map(|v| v.foreign_token_volumes())
+        .map(|j| Violation {
+            path: format!("{pod_prefix}.volumes[{j}]"),
+            message: foreign_token_volume_message(),
+        })
+        .collect();
+    if chosen
+        && let Some(automount) = &pod_spec.automount_token
+        && *automount != Value::Bool(false)
+    {
+        out.push(Violation {
+            path: format!("{pod_prefix}.automountServiceAccountToken"),
+            message: super::validate::clip(format!(
+                "is {automount}, and the pod runs as the agent's service account ({account}), \
+                 which the webhook chooses for a template that names none: every container \
+                 would hold the agent's token, which may patch pods. Remove it (the webhook \
+                 then mounts the token into the agent only), or name a service account of your \
+                 own"
+            )),
+        });
+    }
+    out
+}
+
+/// Why a volume named [`TOKEN_VOLUME`] that is not the injected one is refused.
+pub(crate) fn foreign_token_volume_message() -> String {
+    format!(
+        "is named {TOKEN_VOLUME}, the name of the volume that holds the agent's service account \
+         token, but is not that volume: rename it (the name is kept for the token volume, so \
+         that no other volume is ever mounted into the agent as its token)"
+    )
 }
 
 /// The port the injected agent's barrier takes in a pod template: the first of the configured
@@ -516,19 +579,63 @@ pub const TOKEN_MOUNT_PATH: &str = "/var/run/secrets/kubernetes.io/serviceaccoun
 /// The token's lifetime as the kubelet's own projected token (3607 s; the kubelet renews it).
 pub const TOKEN_EXPIRATION_SECONDS: i64 = 3607;
 
-/// The projected volume of the agent's token, CA bundle and namespace.
+/// The projected volume of the agent's token, CA bundle and namespace, as JSON: what the
+/// injection adds, and what a pod template's volume named [`TOKEN_VOLUME`] must be exactly (any
+/// other volume of that name is denied, so that the agent is never given it as its token).
+pub(crate) const TOKEN_VOLUME_JSON: Fixed = Fixed::Obj(&[
+    ("name", Fixed::Str(TOKEN_VOLUME)),
+    (
+        "projected",
+        Fixed::Obj(&[
+            ("defaultMode", Fixed::Int(420)),
+            (
+                "sources",
+                Fixed::Arr(&[
+                    Fixed::Obj(&[(
+                        "serviceAccountToken",
+                        Fixed::Obj(&[
+                            ("expirationSeconds", Fixed::Int(TOKEN_EXPIRATION_SECONDS)),
+                            ("path", Fixed::Str("token")),
+                        ]),
+                    )]),
+                    Fixed::Obj(&[(
+                        "configMap",
+                        Fixed::Obj(&[
+                            ("name", Fixed::Str("kube-root-ca.crt")),
+                            (
+                                "items",
+                                Fixed::Arr(&[Fixed::Obj(&[
+                                    ("key", Fixed::Str("ca.crt")),
+                                    ("path", Fixed::Str("ca.crt")),
+                                ])]),
+                            ),
+                        ]),
+                    )]),
+                    Fixed::Obj(&[(
+                        "downwardAPI",
+                        Fixed::Obj(&[(
+                            "items",
+                            Fixed::Arr(&[Fixed::Obj(&[
+                                ("path", Fixed::Str("namespace")),
+                                (
+                                    "fieldRef",
+                                    Fixed::Obj(&[
+                                        ("apiVersion", Fixed::Str("v1")),
+                                        ("fieldPath", Fixed::Str("metadata.namespace")),
+                                    ]),
+                                ),
+                            ])]),
+                        )]),
+                    )]),
+                ]),
+            ),
+        ]),
+    ),
+]);
+
+/// The projected volume of the agent's token, CA bundle and namespace ([`TOKEN_VOLUME_JSON`]).
 pub fn token_volume() -> Value {
-    json!({
-        "name": TOKEN_VOLUME,
-        "projected": {
-            "defaultMode": 420,
-            "sources": [
-                {"serviceAccountToken": {"expirationSeconds": TOKEN_EXPIRATION_SECONDS, "path": "token"}},
-                {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
-                {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}]}}
-            ]
-        }
-    })
+    TOKEN_VOLUME_JSON.to_value()
 }
 
 /// The agent's mount of [`token_volume`].
@@ -1028,6 +1135,148 @@ mod tests {
         assert!(pod.get("automountServiceAccountToken").is_none());
         assert!(pod.get("volumes").is_none());
         assert!(pod["initContainers"][0].get("volumeMounts").is_none());
+    }
+
+    /// The mutating review of `js` through the body's bytes, and its violations' paths; the
+    /// Value path ([`crate::admission::decide`]) answers the same.
+    fn refused_paths(js: &Value, config: &InjectionConfig) -> Vec<String> {
+        let body = serde_json::to_vec(&json!({"apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview", "request": {"uid": "u", "operation": "CREATE",
+            "kind": {"group": crate::jobset::GROUP, "kind": crate::jobset::KIND},
+            "object": js}}))
+        .expect("json");
+        let reply = crate::admission::review(crate::admission::Endpoint::Mutate, &body, config);
+        let answer: Value = serde_json::from_slice(&reply.body).expect("json");
+        let verdict = crate::admission::decide(
+            crate::admission::Endpoint::Mutate,
+            &crate::admission::Request {
+                operation: "CREATE",
+                group: crate::jobset::GROUP,
+                kind: crate::jobset::KIND,
+                object: Some(js),
+                old_object: None,
+            },
+            config,
+        );
+        assert_eq!(
+            answer["response"]["allowed"], verdict.allowed,
+            "bytes and Value agree"
+        );
+        let paths: Vec<String> = verdict.violations().into_iter().map(|v| v.path).collect();
+        let from_bytes: Vec<String> = answer["response"]["status"]["details"]["causes"]
+            .as_array()
+            .map(|c| {
+                c.iter()
+                    .filter_map(|c| c["field"].as_str())
+                    .map(str::to_owned)
+                    .collect()
+            })
+            .unwrap_or_default();
+        assert_eq!(paths, from_bytes, "bytes and Value agree");
+        assert_eq!(mutate(js, config).violations.len(), paths.len());
+        paths
+    }
+
+    /// Issue 21 item 4: `automountServiceAccountToken: true` on a template whose account the
+    /// webhook chooses would mount the agent's token into every container, and a volume of the
+    /// template's own under the token volume's name would be mounted into the agent as its
+    /// token. Both are refused, naming the field; nothing is injected.
+    #[test]
+    fn the_agent_s_token_goes_to_no_worker_and_comes_from_no_other_volume() {
+        let config = InjectionConfig::defaults(Dialect::Epoch);
+        let sa = config.service_account.clone();
+        let w = json!([{"name": "w"}]);
+        let spec = "spec.replicatedJobs[0].template.spec.template.spec";
+        let mut near_misses = Vec::new();
+        for pointer in [
+            "/projected/defaultMode",
+            "/projected/sources/0/serviceAccountToken/expirationSeconds",
+            "/projected/sources/0/serviceAccountToken/path",
+            "/projected/sources/1/configMap/name",
+            "/projected/sources/2/downwardAPI/items/0/fieldRef/fieldPath",
+        ] {
+            let mut v = token_volume();
+            if let Some(x) = v.pointer_mut(pointer) {
+                *x = match x {
+                    Value::String(_) => json!("other"),
+                    _ => json!(420.0),
+                };
+            }
+            near_misses.push(v);
+        }
+        let mut extra = token_volume();
+        extra["hostPath"] = json!({"path": "/var/run/secrets"});
+        near_misses.push(extra);
+        let mut extra_source = token_volume();
+        if let Some(sources) = extra_source
+            .pointer_mut("/projected/sources")
+            .and_then(Value::as_array_mut)
+        {
+            sources.push(json!({"secret": {"name": "other-token"}}));
+        }
+        near_misses.push(extra_source);
+        let mut cases = vec![
+            (
+                json!({"automountServiceAccountToken": true, "containers": w}),
+                "automountServiceAccountToken",
+            ),
+            (
+                json!({"automountServiceAccountToken": "true", "containers": w}),
+                "automountServiceAccountToken",
+            ),
+            (
+                json!({"serviceAccountName": sa, "automountServiceAccountToken": true,
+                       "volumes": [token_volume()], "containers": w}),
+                "automountServiceAccountToken",
+            ),
+            (
+                json!({"volumes": [{"name": TOKEN_VOLUME, "emptyDir": {}}], "containers": w}),
+                "volumes[0]",
+            ),
+            (
+                json!({"serviceAccountName": "mine", "containers": w,
+                       "volumes": [{"name": "data"}, {"name": TOKEN_VOLUME, "secret": {"secretName": "s"}}]}),
+                "volumes[1]",
+            ),
+        ];
+        for v in near_misses {
+            cases.push((json!({"volumes": [v], "containers": w}), "volumes[0]"));
+        }
+        for (pod, field) in cases {
+            let js = jobset(pod.clone());
+            assert!(mutate(&js, &config).patch.0.is_empty(), "{pod}");
+            assert_eq!(
+                refused_paths(&js, &config),
+                [format!("{spec}.{field}")],
+                "{pod}"
+            );
+        }
+
+        // Unset or false: injected, the token in the agent only; its own account with `true`
+        // keeps its own behaviour.
+        for pod in [
+            json!({"containers": w}),
+            json!({"automountServiceAccountToken": false, "containers": w}),
+            json!({"serviceAccountName": sa, "automountServiceAccountToken": false, "containers": w}),
+        ] {
+            let out = apply(&jobset(pod.clone()), &config);
+            let pod_out = pod_of(&out, 0);
+            assert_eq!(pod_out["automountServiceAccountToken"], false, "{pod}");
+            assert_eq!(pod_out["volumes"], json!([token_volume()]), "{pod}");
+            assert!(refused_paths(&out, &config).is_empty(), "{pod}");
+            assert!(
+                mutate(&out, &config).patch.0.is_empty(),
+                "idempotent: {pod}"
+            );
+        }
+        let out = apply(
+            &jobset(
+                json!({"serviceAccountName": "mine", "automountServiceAccountToken": true, "containers": w}),
+            ),
+            &config,
+        );
+        assert_eq!(pod_of(&out, 0)["automountServiceAccountToken"], true);
+        assert!(pod_of(&out, 0).get("volumes").is_none());
     }
 
     #[test]

@@ -312,6 +312,9 @@ pub(crate) fn walk_object<'de, T: Shape<'de>, A: MapAccess<'de>>(
         }
         first = false;
     }
+    // Not a raw value: what a raw value nested in one of its values left for its own reader is
+    // not this object's type.
+    RAW_KIND.with(|k| k.set(None));
     Ok(None)
 }
 
@@ -375,9 +378,8 @@ fn raw_value<'de, T: Shape<'de>, A: MapAccess<'de>>(map: &mut A) -> Result<Optio
     let view = de::Deserializer::deserialize_any(&mut reader, ShapeVisitor::<T>(PhantomData))
         .and_then(|view| reader.end().map(|()| view))
         .map_err(de::Error::custom)?;
-    if view.is_none() {
-        RAW_KIND.with(|k| k.set(Some(kind)));
-    }
+    // Set (or cleared) last: raw values nested in the JSON it holds set it while it was read.
+    RAW_KIND.with(|k| k.set(view.is_none().then_some(kind)));
     Ok(view)
 }
 
@@ -897,8 +899,8 @@ pub(crate) struct PodSpec<'a> {
     pub containers: Option<List<ContainerView<'a>>>,
     /// `automountServiceAccountToken`, whatever its type.
     pub automount_token: Option<Value>,
-    /// Present when it is an array: the names of its volumes.
-    pub volumes: Option<List<Named<'a>>>,
+    /// Present when it is an array: its volumes' names, and which is the agent's token volume.
+    pub volumes: Option<List<Volume<'a>>>,
     /// Present whatever its type; the names of its entries when it is an array.
     pub image_pull_secrets: Option<Present<List<Named<'a>>>>,
 }
@@ -1119,6 +1121,256 @@ impl<'a> List<Named<'a>> {
     }
 }
 
+/// A JSON value known when the program is written (strings, integers, arrays, objects): what a
+/// value of a body is compared with ([`Equals`]) without being kept.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Fixed {
+    Str(&'static str),
+    Int(i64),
+    Arr(&'static [Fixed]),
+    Obj(&'static [(&'static str, Fixed)]),
+}
+
+impl Fixed {
+    /// The value as a `Value`.
+    pub fn to_value(self) -> Value {
+        match self {
+            Fixed::Str(s) => Value::from(s),
+            Fixed::Int(i) => Value::from(i),
+            Fixed::Arr(items) => Value::Array(items.iter().map(|f| f.to_value()).collect()),
+            Fixed::Obj(fields) => Value::Object(
+                fields
+                    .iter()
+                    .map(|(k, f)| ((*k).to_owned(), f.to_value()))
+                    .collect(),
+            ),
+        }
+    }
+
+    fn fields(self) -> &'static [(&'static str, Fixed)] {
+        match self {
+            Fixed::Obj(fields) => fields,
+            _ => &[],
+        }
+    }
+}
+
+/// Reads one JSON value and tells whether it equals a [`Fixed`] as `Value`s compare (`==`): the
+/// same keys (the last of duplicates counts), the same elements in order, integers of the same
+/// value (a float never equals one). Every part is read as a `Value` would read it (the same
+/// checks, the same errors); nothing is kept.
+#[derive(Clone, Copy)]
+pub(crate) struct Equals(pub Fixed);
+
+impl<'de> DeserializeSeed<'de> for Equals {
+    type Value = bool;
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<bool, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Equals {
+    type Value = bool;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any valid JSON value")
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<bool, E> {
+        Ok(false)
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<bool, E> {
+        Ok(self.0 == Fixed::Int(v))
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<bool, E> {
+        Ok(i64::try_from(v).is_ok_and(|v| self.0 == Fixed::Int(v)))
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<bool, E> {
+        Ok(false)
+    }
+    fn visit_str<E>(self, v: &str) -> Result<bool, E> {
+        Ok(matches!(self.0, Fixed::Str(s) if s == v))
+    }
+    fn visit_unit<E>(self) -> Result<bool, E> {
+        Ok(false)
+    }
+    fn visit_none<E>(self) -> Result<bool, E> {
+        Ok(false)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<bool, A::Error> {
+        let Fixed::Arr(items) = self.0 else {
+            return skip_seq(seq).map(|()| false);
+        };
+        let mut equal = true;
+        let mut index = 0;
+        loop {
+            let element = match items.get(index) {
+                Some(item) => seq.next_element_seed(Equals(*item))?,
+                None => seq.next_element::<Lenient<Skip>>()?.map(|_| false),
+            };
+            let Some(element) = element else { break };
+            equal &= element;
+            index += 1;
+        }
+        Ok(equal && index == items.len())
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<bool, A::Error> {
+        let fields = self.0.fields();
+        let mut seen = FixedFields::new(fields.len());
+        let mut first = true;
+        while let Some(key) = map.next_key_seed(FixedKey { fields, first })? {
+            match key {
+                FixedKeyOf::RawValue => {
+                    // As `raw_value` reads it for a view: the object stands for the JSON its
+                    // string holds.
+                    let text = map.next_value_seed(RawText)?;
+                    let mut reader = serde_json::Deserializer::from_reader(text.as_bytes());
+                    return self
+                        .deserialize(&mut reader)
+                        .and_then(|equal| reader.end().map(|()| equal))
+                        .map_err(de::Error::custom);
+                }
+                FixedKeyOf::Field(i) => seen.set(i, map.next_value_seed(Equals(fields[i].1))?),
+                FixedKeyOf::Other => {
+                    map.next_value::<Lenient<Skip>>()?;
+                    seen.other = true;
+                }
+            }
+            first = false;
+        }
+        Ok(matches!(self.0, Fixed::Obj(_)) && seen.all())
+    }
+}
+
+/// Which keys of a [`Fixed`] object an object of the body had, and whether they were equal (the
+/// last occurrence counts, as in a `Value`).
+struct FixedFields {
+    equal: Vec<Option<bool>>,
+    /// A key the fixed object does not have.
+    other: bool,
+}
+
+impl FixedFields {
+    fn new(len: usize) -> Self {
+        FixedFields {
+            equal: vec![None; len],
+            other: false,
+        }
+    }
+
+    fn set(&mut self, i: usize, equal: bool) {
+        if let Some(slot) = self.equal.get_mut(i) {
+            *slot = Some(equal);
+        }
+    }
+
+    fn all(&self) -> bool {
+        !self.other && self.equal.iter().all(|e| *e == Some(true))
+    }
+}
+
+enum FixedKeyOf {
+    RawValue,
+    Field(usize),
+    Other,
+}
+
+/// A key of an object compared with a [`Fixed`] object: which of its fields it is.
+struct FixedKey {
+    fields: &'static [(&'static str, Fixed)],
+    first: bool,
+}
+
+impl<'de> DeserializeSeed<'de> for FixedKey {
+    type Value = FixedKeyOf;
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<FixedKeyOf, D::Error> {
+        deserializer.deserialize_str(self)
+    }
+}
+
+impl Visitor<'_> for FixedKey {
+    type Value = FixedKeyOf;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a string key")
+    }
+    fn visit_str<E>(self, key: &str) -> Result<FixedKeyOf, E> {
+        if self.first && key == RAW_VALUE_TOKEN {
+            return Ok(FixedKeyOf::RawValue);
+        }
+        Ok(self
+            .fields
+            .iter()
+            .position(|(k, _)| *k == key)
+            .map_or(FixedKeyOf::Other, FixedKeyOf::Field))
+    }
+}
+
+/// An entry of a pod spec's `volumes`: its name, and whether it is, as JSON, exactly the volume
+/// the injection adds for the agent's token ([`super::mutate::TOKEN_VOLUME_JSON`]).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Volume<'a> {
+    /// Fields present with another JSON type than the rules need.
+    pub wrong: Wrong,
+    pub name: Option<Str<'a>>,
+    pub is_token_volume: bool,
+}
+
+/// Numbers the keys of a volume by the token volume's fields (from 1; any other key is
+/// `u8::MAX`, read and remembered).
+fn token_volume_key(key: &str) -> u8 {
+    super::mutate::TOKEN_VOLUME_JSON
+        .fields()
+        .iter()
+        .position(|(k, _)| *k == key)
+        .and_then(|i| u8::try_from(i + 1).ok())
+        .unwrap_or(u8::MAX)
+}
+
+impl<'de> Shape<'de> for Volume<'de> {
+    const EXPECTED: &'static str = "an object";
+    fn from_map<A: MapAccess<'de>>(mut map: A) -> Result<Option<Self>, A::Error> {
+        let fields = super::mutate::TOKEN_VOLUME_JSON.fields();
+        let mut v = Volume::default();
+        let mut seen = FixedFields::new(fields.len());
+        let raw = walk_object::<Self, A>(&mut map, token_volume_key, |n, map| {
+            let i = usize::from(n).wrapping_sub(1);
+            match fields.get(i) {
+                Some(("name", expected)) => {
+                    v.name = checked(map, &mut v.wrong, "name")?;
+                    let equal = matches!((&v.name, expected), (Some(n), Fixed::Str(e)) if n == e);
+                    seen.set(i, equal);
+                }
+                Some((_, expected)) => seen.set(i, map.next_value_seed(Equals(*expected))?),
+                None => {
+                    map.next_value::<Lenient<Skip>>()?;
+                    seen.other = true;
+                }
+            }
+            Ok(())
+        })?;
+        Ok(match raw {
+            Some(raw) => raw,
+            None => {
+                v.is_token_volume = seen.all();
+                Some(v)
+            }
+        })
+    }
+}
+
+impl<'a> List<Volume<'a>> {
+    /// Some entry is the injection's token volume, exactly.
+    pub fn has_token_volume(&self) -> bool {
+        self.0.iter().any(|v| v.is_token_volume)
+    }
+
+    /// The indices of the entries named as the injection's token volume that are not it.
+    pub fn foreign_token_volumes(&self) -> impl Iterator<Item = usize> + '_ {
+        self.0.iter().enumerate().filter_map(|(i, v)| {
+            (v.name.as_deref() == Some(super::mutate::TOKEN_VOLUME) && !v.is_token_volume)
+                .then_some(i)
+        })
+    }
+}
+
 /// One `ports` entry of a container.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Port<'a> {
@@ -1289,5 +1541,150 @@ impl<'de> Shape<'de> for RawList<'de> {
             }
         }
         Ok(Some(RawList(items)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::admission::mutate::{TOKEN_VOLUME_JSON, token_volume};
+
+    /// A volume read from its text and from the `Value` of that text: the same answer, and the
+    /// same as `Value`'s `==` with the token volume (or the same error).
+    fn read_both(text: &str) -> Result<bool, String> {
+        let from_bytes = serde_json::from_str::<Lenient<Volume<'_>>>(text)
+            .map(|v| v.0.is_some_and(|v| v.is_token_volume))
+            .map_err(|e| e.to_string());
+        let value = serde_json::from_str::<Value>(text).map_err(|e| e.to_string());
+        let from_value = value
+            .as_ref()
+            .map(|v| Lenient::<Volume<'_>>::from_value(v).is_some_and(|v| v.is_token_volume));
+        assert_eq!(from_bytes, from_value.map_err(Clone::clone), "{text}");
+        if let Ok(v) = &value {
+            assert_eq!(from_value, Ok(*v == token_volume()), "{text}");
+        }
+        from_bytes
+    }
+
+    /// A value of the wrong type is reported as the type `Value` sees, also when a raw value is
+    /// nested in it (it used to report the nested raw value's type).
+    #[test]
+    fn a_raw_value_nested_in_a_wrong_type_does_not_change_the_type_reported() {
+        let raw5 = "{\"$serde_json::private::RawValue\":\"5\"}";
+        for (text, want) in [
+            (format!("{{\"a\":{raw5}}}"), Kind::Object),
+            (format!("{{\"a\":[{raw5}],\"b\":1}}"), Kind::Object),
+            (format!("[{{\"a\":{raw5}}}]"), Kind::Array),
+            (raw5.to_owned(), Kind::Number),
+            (
+                format!(
+                    "{{\"$serde_json::private::RawValue\":{}}}",
+                    Value::from(format!("{{\"a\":{raw5}}}"))
+                ),
+                Kind::Object,
+            ),
+        ] {
+            let from_bytes = serde_json::from_str::<Checked<Str<'_>>>(&text)
+                .expect("json")
+                .0;
+            let value: Value = serde_json::from_str(&text).expect("json");
+            let from_value = Checked::<Str<'_>>::deserialize(&value).expect("value").0;
+            assert_eq!(from_bytes, Err(want), "{text}");
+            assert_eq!(from_value, Err(want), "{text}");
+        }
+    }
+
+    #[test]
+    fn the_token_volume_is_recognised_exactly_as_a_value_compares() {
+        assert_eq!(TOKEN_VOLUME_JSON.to_value(), token_volume());
+        let exact = token_volume().to_string();
+        assert_eq!(read_both(&exact), Ok(true));
+        // Keys in another order, and escapes in a key and a value: still it.
+        let reordered = exact
+            .replacen("\"name\":\"jobset-inplace-agent-token\",", "", 1)
+            .replacen(
+                '{',
+                "{\"n\\u0061me\":\"jobset-inplace-agent-tok\\u0065n\",",
+                1,
+            );
+        assert_ne!(reordered, exact);
+        assert_eq!(read_both(&reordered), Ok(true));
+        let raw = |inner: &str| {
+            format!(
+                "{{\"$serde_json::private::RawValue\":{}}}",
+                Value::from(inner)
+            )
+        };
+        let projected = token_volume()["projected"].to_string();
+        let sources = token_volume()["projected"]["sources"].to_string();
+        for (text, want) in [
+            // A raw-value object stands for the JSON it holds, at any depth.
+            (raw(&exact), Ok(true)),
+            (
+                format!(
+                    "{{\"name\":\"jobset-inplace-agent-token\",\"projected\":{}}}",
+                    raw(&projected)
+                ),
+                Ok(true),
+            ),
+            (exact.replacen(&sources, &raw(&sources), 1), Ok(true)),
+            (
+                format!(
+                    "{{\"name\":\"jobset-inplace-agent-token\",\"projected\":{}}}",
+                    raw("[1]")
+                ),
+                Ok(false),
+            ),
+            // The last of duplicate keys counts.
+            (exact.replacen('{', "{\"projected\":{},", 1), Ok(true)),
+            (
+                format!("{},\"projected\":{{}}}}", &exact[..exact.len() - 1]),
+                Ok(false),
+            ),
+            // A float is not an integer; one more element, key or source is not it.
+            (exact.replacen("420", "420.0", 1), Ok(false)),
+            (exact.replacen("3607", "3607.0", 1), Ok(false)),
+            (
+                exact.replacen("\"token\"}", "\"token\",\"audience\":\"x\"}", 1),
+                Ok(false),
+            ),
+            (
+                exact.replacen("\"ca.crt\"}]", "\"ca.crt\"},{}]", 1),
+                Ok(false),
+            ),
+            (
+                format!("{},\"emptyDir\":{{}}}}", &exact[..exact.len() - 1]),
+                Ok(false),
+            ),
+            (
+                exact.replacen("\"token\"}", "\"token\"},\"emptyDir\":{}", 1),
+                Ok(false),
+            ),
+            (
+                "{\"name\":\"jobset-inplace-agent-token\"}".to_owned(),
+                Ok(false),
+            ),
+            (
+                "{\"name\":\"jobset-inplace-agent-token\",\"emptyDir\":{}}".to_owned(),
+                Ok(false),
+            ),
+            ("{\"name\":5}".to_owned(), Ok(false)),
+        ] {
+            assert_eq!(read_both(&text), want, "{text}");
+        }
+        // Broken raw values: the error a `Value` gives.
+        for text in [
+            format!("{{\"name\":\"x\",\"projected\":{}}}", raw("{")),
+            format!(
+                "{{\"name\":\"x\",\"projected\":{}}}",
+                "{\"$serde_json::private::RawValue\":5}"
+            ),
+            format!(
+                "{{\"name\":\"x\",\"projected\":{{\"sources\":{}}}}}",
+                raw("[1] 2")
+            ),
+        ] {
+            assert!(read_both(&text).is_err(), "{text}");
+        }
     }
 }

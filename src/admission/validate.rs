@@ -117,7 +117,7 @@ fn validate_ratcheted(
         check_readable_pod(&pod_prefix, pod_spec, &mut out);
         check_restart_rules(&pod_prefix, pod_spec, &mut out);
         check_agent(&pod_prefix, pod_spec, config.protocol, &mut out);
-        check_service_account(&pod_prefix, pod_spec, &mut out);
+        check_service_account(&pod_prefix, pod_spec, &config.service_account, &mut out);
         let found = (out.violations.len(), out.more_violations) != before;
         if found && ratchet(i) {
             for v in out.violations.drain(before.0..) {
@@ -461,7 +461,39 @@ fn check_restart_rules(pod_prefix: &str, pod_spec: &PodSpec<'_>, out: &mut Valid
     }
 }
 
-fn check_service_account(pod_prefix: &str, pod_spec: &PodSpec<'_>, out: &mut Validation) {
+/// The pod's service account, and who holds its token: a pod that runs as the agent's account
+/// (`agent_account`) with `automountServiceAccountToken: true` hands the agent's token to every
+/// container; a volume named as the agent's token volume must be that volume.
+fn check_service_account(
+    pod_prefix: &str,
+    pod_spec: &PodSpec<'_>,
+    agent_account: &str,
+    out: &mut Validation,
+) {
+    let runs_as_agent = [&pod_spec.service_account_name, &pod_spec.service_account]
+        .into_iter()
+        .any(|s| s.as_deref() == Some(agent_account));
+    if runs_as_agent && pod_spec.automount_token == Some(Value::Bool(true)) {
+        violation(
+            out,
+            format!("{pod_prefix}.automountServiceAccountToken"),
+            format!(
+                "is true while the pod runs as the agent's service account ({agent_account}): \
+                 every container would hold the agent's token, which may patch pods; set it to \
+                 false (the webhook then mounts the token into the agent only), or name a \
+                 service account of your own"
+            ),
+        );
+    }
+    if let Some(volumes) = &pod_spec.volumes {
+        for j in volumes.foreign_token_volumes() {
+            violation(
+                out,
+                format!("{pod_prefix}.volumes[{j}]"),
+                super::mutate::foreign_token_volume_message(),
+            );
+        }
+    }
     if !pod_spec.names_service_account() {
         warning(
             out,
@@ -881,6 +913,50 @@ mod tests {
             &config(),
         );
         assert_eq!(v, Validation::default());
+    }
+
+    /// Issue 21 item 4: a pod running as the agent's account with the token automounted hands
+    /// it to every container; a volume named as the agent's token volume must be that volume.
+    #[test]
+    fn the_agent_s_token_is_for_the_agent_only() {
+        let sa = config().service_account;
+        let token = crate::admission::mutate::token_volume();
+        let base = |extra: Value| {
+            let mut pod = json!({"initContainers": [agent(json!({}))], "containers": [worker()]});
+            if let (Some(p), Some(extra)) = (pod.as_object_mut(), extra.as_object()) {
+                p.extend(extra.clone());
+            }
+            jobset(pod)
+        };
+        for (extra, want) in [
+            (
+                json!({"serviceAccountName": sa, "automountServiceAccountToken": true}),
+                vec![format!("{C}.automountServiceAccountToken")],
+            ),
+            (
+                json!({"serviceAccount": sa, "automountServiceAccountToken": true}),
+                vec![format!("{C}.automountServiceAccountToken")],
+            ),
+            (
+                json!({"serviceAccountName": "sa", "volumes": [{"name": "data"},
+                    {"name": crate::admission::mutate::TOKEN_VOLUME, "emptyDir": {}}]}),
+                vec![format!("{C}.volumes[1]")],
+            ),
+            // Allowed: its own account, the token kept from the workers, or the token volume
+            // as injected.
+            (
+                json!({"serviceAccountName": "sa", "automountServiceAccountToken": true}),
+                vec![],
+            ),
+            (
+                json!({"serviceAccountName": sa, "automountServiceAccountToken": false,
+                       "volumes": [token]}),
+                vec![],
+            ),
+        ] {
+            let v = validate(&base(extra.clone()), &config());
+            assert_eq!(paths(&v), want, "{extra}");
+        }
     }
 
     #[test]
