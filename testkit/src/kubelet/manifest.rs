@@ -82,6 +82,20 @@ pub fn plain_jobset(c: &SimConfig) -> Value {
             }]
         }),
     };
+    let mut pod_spec = pod_spec;
+    if !c.user_init_containers.is_empty() {
+        pod_spec["initContainers"] = c
+            .user_init_containers
+            .iter()
+            .map(|(name, sidecar)| {
+                let mut init = json!({"name": name, "image": "init:sim"});
+                if *sidecar {
+                    init["restartPolicy"] = json!("Always");
+                }
+                init
+            })
+            .collect();
+    }
     let replicated: Vec<Value> = c
         .replicated_jobs
         .iter()
