@@ -184,6 +184,20 @@ impl PodModel {
     /// A container starts again after a group restart, or for the first time: `Pending` while
     /// the regular containers do not run.
     pub fn starting(&mut self) {
+        // The removed containers are new ones not started yet (`PodInitializing`); their
+        // `lastState` stays until they run.
+        let removed = json!({"waiting": {"reason": RESTARTING_ALL_CONTAINERS}});
+        for c in self
+            .users
+            .iter_mut()
+            .map(|u| &mut u.container)
+            .chain(std::iter::once(&mut self.agent))
+            .chain(self.worker.as_mut())
+        {
+            if c.state == removed {
+                c.state = json!({"waiting": {"reason": "PodInitializing"}});
+            }
+        }
         let regular_runs = match self.mode {
             AgentMode::Sidecar => self.worker.as_ref().is_some_and(ContainerModel::running),
             AgentMode::MainContainer => self.agent.running(),
