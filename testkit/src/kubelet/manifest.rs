@@ -127,7 +127,11 @@ pub fn plain_jobset(c: &SimConfig) -> Value {
 /// The plain JobSet with the webhook's injection applied.
 pub fn mutated_jobset(c: &SimConfig) -> Result<Value, SimError> {
     let mut jobset = plain_jobset(c);
-    let mutation = admission::mutate(&jobset, &InjectionConfig::defaults(c.dialect));
+    let mut injection = InjectionConfig::defaults(c.dialect);
+    if let Some(threshold) = c.probe_failure_threshold {
+        injection.probe_failure_threshold = threshold;
+    }
+    let mutation = admission::mutate(&jobset, &injection);
     json_patch::patch(&mut jobset, &mutation.patch)
         .map_err(|e| SimError::Setup(format!("the injection patch does not apply: {e}")))?;
     Ok(jobset)

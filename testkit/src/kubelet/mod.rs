@@ -128,6 +128,9 @@ pub struct SimConfig {
     pub user_init_containers: Vec<(String, bool)>,
     /// How long each user init container runs (and each user sidecar takes to start).
     pub user_container_time: Duration,
+    /// The injected startup probe's `failureThreshold` (`None`: the webhook's default, a day
+    /// of probes): the kubelet restarts the agent alone when it is reached.
+    pub probe_failure_threshold: Option<i32>,
     /// KEP-467 story 2: the worker exit code that a `podFailurePolicy` `FailJob` rule and a
     /// JobSet `FailJobSet` rule on `PodFailurePolicy` turn into a failed JobSet.
     pub fail_job_exit_code: Option<i32>,
@@ -178,6 +181,7 @@ impl SimConfig {
             termination_grace: Duration::from_secs(2),
             user_init_containers: Vec::new(),
             user_container_time: Duration::from_millis(20),
+            probe_failure_threshold: None,
             fail_job_exit_code: None,
             check_invariant: true,
             check_interval: Some(Duration::from_millis(5)),
