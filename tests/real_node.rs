@@ -26,13 +26,13 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
+use jobset_inplace::protocol::Dialect;
+use jobset_inplace_testkit::kubelet::transitions;
+use jobset_inplace_testkit::kubelet::{SimConfig, Simulation};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{Api, PostParams, WatchEvent, WatchParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
-use jobset_inplace::protocol::Dialect;
-use jobset_inplace_testkit::kubelet::transitions;
-use jobset_inplace_testkit::kubelet::{SimConfig, Simulation};
 use serde_json::json;
 
 const KUBECONFIG_ENV: &str = "JOBSET_INPLACE_KUBECONFIG";
@@ -776,7 +776,9 @@ async fn simulated_group_restart() -> Vec<String> {
     // the latest state not written yet, as the kubelet's status manager does).
     config.probe_period = Duration::from_millis(50);
     config.restart_delay = Duration::from_millis(200);
-    let sim = Simulation::start(config).await.expect("the simulation starts");
+    let sim = Simulation::start(config)
+        .await
+        .expect("the simulation starts");
     let first = sim
         .wait_all_running(Duration::from_secs(60))
         .await
