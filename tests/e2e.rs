@@ -399,7 +399,10 @@ async fn pod_status_until(
             return status;
         }
         if std::time::Instant::now() >= deadline {
-            panic!("{what}: not within {WAIT:?}: {status:#}\n{}", sim.logs(40).join("\n"));
+            panic!(
+                "{what}: not within {WAIT:?}: {status:#}\n{}",
+                sim.logs(40).join("\n")
+            );
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -491,7 +494,9 @@ async fn a_startup_probe_that_gives_up_restarts_the_agent_alone() {
         assert_eq!(s.slots[0].state.uid, first.slots[0].state.uid, "same pod");
         assert_eq!(s.slots[0].state.restarts, 1, "one group restart: {s}");
         assert!(
-            sim.logs(4_000).iter().any(|l| l.contains("startup probe gave up")),
+            sim.logs(4_000)
+                .iter()
+                .any(|l| l.contains("startup probe gave up")),
             "the kubelet says why"
         );
         assert_clean(&sim, &s);

@@ -442,7 +442,7 @@ async fn kubelet(
                     start_users = true;
                     continue;
                 }
-                // Terminate, or no rule with restartPolicy Never: the worker stays terminated,
+                // No rule with restartPolicy Never: the worker stays terminated,
                 // the sidecar is stopped, and the pod ends.
                 agent.stop(ctx.config.termination_grace).await;
                 let phase = if code == 0 { "Succeeded" } else { "Failed" };
