@@ -3221,7 +3221,19 @@ async fn agreement_answers(client: &Client, namespace: &str) -> Value {
         "containers": containers("containers"),
     });
 
+    // KEP-467's `RestartPod` action: refused (the 1.35 API knows `RestartAllContainers`).
+    let restart_pod: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "agree-restart-pod"},
+        "spec": {"restartPolicy": "Never", "containers": [{
+            "name": "w", "image": "busybox:1.36", "restartPolicy": "Never",
+            "restartPolicyRules": [
+                {"action": "RestartPod", "exitCodes": {"operator": "NotIn", "values": [0]}}]}]},
+    }))
+    .expect("Pod");
+    let restart_pod = status_error(pods.create(&pp, &restart_pod).await);
+
     let leases = dynamic::<k8s_openapi::api::coordination::v1::Lease>(client, namespace);
+
     let lease: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "agree"}}))
     .expect("Lease");
@@ -3245,6 +3257,7 @@ async fn agreement_answers(client: &Client, namespace: &str) -> Value {
         "invalidStatus": serde_json::to_value(&invalid).expect("json"),
         "failedJsonPatchTest": serde_json::to_value(&failed_test).expect("json"),
         "podDefaults": pod_defaults,
+        "restartPodAction": serde_json::to_value(&restart_pod).expect("json"),
         "deletes": deletes,
     })
 }
@@ -3337,6 +3350,11 @@ async fn the_test_api_server_answers_as_the_real_one() {
             assert_eq!(
                 real["invalidStatus"]["details"]["causes"][0]["field"],
                 "status.syncedEpoch"
+            );
+            assert_eq!(real["restartPodAction"]["code"], 422);
+            assert_eq!(
+                real["restartPodAction"]["details"]["causes"][0]["field"],
+                "spec.containers[0].restartPolicyRules[0].action"
             );
             assert_eq!(real["deletes"]["jobset"]["status"], "Success");
             assert_eq!(real["deletes"]["pod"]["object"], "Pod");
