@@ -382,7 +382,7 @@ async fn watch_jobsets(shared: Arc<Shared>) {
                 Ok(Event::Delete(js)) => {
                     if let (Some(ns), Some(name)) = (&js.metadata.namespace, &js.metadata.name) {
                         index.delete_jobset(ns, name);
-                        gone.push((ns.clone(), name.clone()));
+                        gone.push(Key::new(ns, name));
                     }
                 }
                 Ok(Event::InitDone) => {
@@ -548,7 +548,7 @@ async fn work(shared: Arc<Shared>) {
                 lock(&shared.retries).remove(&key);
             }
             Err(e) => {
-                tracing::warn!(namespace = %key.0, jobset = %key.1, error = %e, "reconcile failed; retrying");
+                tracing::warn!(namespace = %key.namespace, jobset = %key.name, error = %e, "reconcile failed; retrying");
                 retry_later(&shared, key, e.retry_after());
             }
         }
@@ -648,7 +648,7 @@ async fn publish_status(
     let Some(content) = shared.published.next(key, &source) else {
         return Ok(());
     };
-    let api: Api<JobSetEpoch> = Api::namespaced(shared.client.clone(), &key.0);
+    let api: Api<JobSetEpoch> = Api::namespaced(shared.client.clone(), &key.namespace);
     let applied = publish::apply(&api, &shared.published, key, uid, &content);
     match fenced(shared, "epochs_write", applied).await {
         Ok(()) => {
@@ -664,8 +664,8 @@ async fn publish_status(
         Err(Some(source)) => {
             shared.metrics.publication("error");
             Err(ReconcileError::Publish {
-                namespace: key.0.clone(),
-                name: key.1.clone(),
+                namespace: key.namespace.clone(),
+                name: key.name.clone(),
                 source,
             })
         }
@@ -716,8 +716,8 @@ async fn reconcile_epochs(shared: &Arc<Shared>, key: &Key) -> Result<(), Reconci
         reread_status(shared, key).await?;
     }
     Err(ReconcileError::Conflicts {
-        namespace: key.0.clone(),
-        name: key.1.clone(),
+        namespace: key.namespace.clone(),
+        name: key.name.clone(),
     })
 }
 
@@ -726,7 +726,7 @@ async fn reread_status(shared: &Shared, key: &Key) -> Result<(), ReconcileError>
     let fresh = bounded(
         shared,
         "status_read",
-        jobset_api_in(shared, &key.0).get_status(&key.1),
+        jobset_api_in(shared, &key.namespace).get_status(&key.name),
     )
     .await
     .map_err(|e| match e {
@@ -743,8 +743,8 @@ fn jobset_api_in(shared: &Shared, namespace: &str) -> Api<JobSet> {
 
 fn write_error(key: &Key, source: kube::Error) -> ReconcileError {
     ReconcileError::Write {
-        namespace: key.0.clone(),
-        name: key.1.clone(),
+        namespace: key.namespace.clone(),
+        name: key.name.clone(),
         source,
     }
 }
@@ -799,8 +799,8 @@ async fn fenced<T>(
 
 fn timeout_error(shared: &Shared, key: &Key, call: &'static str) -> ReconcileError {
     ReconcileError::Timeout {
-        namespace: key.0.clone(),
-        name: key.1.clone(),
+        namespace: key.namespace.clone(),
+        name: key.name.clone(),
         call,
         after: shared.settings.request_timeout,
     }
@@ -844,7 +844,7 @@ fn report_unservable(shared: &Shared, key: &Key, state: &JobSetState, reason: &s
         .as_deref()
         != Some(reason);
     if first {
-        tracing::warn!(namespace = %key.0, jobset = %key.1, reason, "the epoch protocol cannot serve this JobSet; writing nothing for it");
+        tracing::warn!(namespace = %key.namespace, jobset = %key.name, reason, "the epoch protocol cannot serve this JobSet; writing nothing for it");
         emit(
             shared,
             key,
@@ -880,7 +880,7 @@ fn report_malformed(shared: &Shared, key: &Key, state: &JobSetState, decision: &
     for m in &decision.malformed {
         let first = !seen.contains(&(m.pod.clone(), m.error.value.clone()));
         if first {
-            tracing::warn!(namespace = %key.0, jobset = %key.1, pod = %m.pod, error = %m.error, "malformed epoch annotation ignored");
+            tracing::warn!(namespace = %key.namespace, jobset = %key.name, pod = %m.pod, error = %m.error, "malformed epoch annotation ignored");
             emit(
                 shared,
                 key,
@@ -915,12 +915,12 @@ async fn patch_status(
     field: &'static str,
     applied: impl Fn(&JobSet) -> bool,
 ) -> Result<Option<JobSet>, ReconcileError> {
-    let api = jobset_api_in(shared, &key.0);
+    let api = jobset_api_in(shared, &key.namespace);
     let params = PatchParams::default();
     match fenced(
         shared,
         "status_write",
-        api.patch_status(&key.1, &params, &Patch::Merge(patch)),
+        api.patch_status(&key.name, &params, &Patch::Merge(patch)),
     )
     .await
     {
@@ -935,10 +935,10 @@ async fn patch_status(
         Err(failure) => {
             let unknown = !matches!(&failure, Some(kube::Error::Api(s)) if s.code < 500);
             if unknown
-                && let Ok(fresh) = bounded(shared, "status_read", api.get_status(&key.1)).await
+                && let Ok(fresh) = bounded(shared, "status_read", api.get_status(&key.name)).await
                 && applied(&fresh)
             {
-                tracing::info!(namespace = %key.0, jobset = %key.1, field, error = ?failure, "the status write failed, but a fresh read shows it applied");
+                tracing::info!(namespace = %key.namespace, jobset = %key.name, field, error = ?failure, "the status write failed, but a fresh read shows it applied");
                 shared.metrics.write(field, "ok");
                 return Ok(Some(fresh));
             }
@@ -1019,8 +1019,8 @@ async fn write_epochs(
     };
     if !decision.unsynced_joiners.is_empty() {
         tracing::warn!(
-            namespace = %key.0,
-            jobset = %key.1,
+            namespace = %key.namespace,
+            jobset = %key.name,
             pods = ?decision.unsynced_joiners,
             "pods registered without seeing the synced epoch (another writer wiped the epoch fields): every pod restarts"
         );
@@ -1067,7 +1067,7 @@ fn record_progress(
         shared.metrics.group_restarts.inc();
         shared.metrics.deprecated(key, i64::from(deprecated));
         lock(&shared.restarts).insert(key.clone(), (deprecated, Instant::now()));
-        tracing::info!(namespace = %key.0, jobset = %key.1, epoch = deprecated, pods = decision.pods_to_restart, "group restart started");
+        tracing::info!(namespace = %key.namespace, jobset = %key.name, epoch = deprecated, pods = decision.pods_to_restart, "group restart started");
         emit(
             shared,
             key,
@@ -1089,7 +1089,7 @@ fn record_progress(
                     .metrics
                     .group_restart_duration
                     .observe(took.as_secs_f64());
-                tracing::info!(namespace = %key.0, jobset = %key.1, epoch = synced, seconds = took.as_secs_f64(), "group restart completed");
+                tracing::info!(namespace = %key.namespace, jobset = %key.name, epoch = synced, seconds = took.as_secs_f64(), "group restart completed");
                 emit(
                     shared,
                     key,
@@ -1104,7 +1104,7 @@ fn record_progress(
                 );
             }
             _ => {
-                tracing::info!(namespace = %key.0, jobset = %key.1, epoch = synced, "epoch synced");
+                tracing::info!(namespace = %key.namespace, jobset = %key.name, epoch = synced, "epoch synced");
                 emit(
                     shared,
                     key,
@@ -1163,7 +1163,7 @@ async fn write_failed(
     };
     lock(&shared.index).record_write(key, &js);
     shared.metrics.failed_jobsets.inc();
-    tracing::warn!(namespace = %key.0, jobset = %key.1, reason, "jobset failed: max restarts exceeded");
+    tracing::warn!(namespace = %key.namespace, jobset = %key.name, reason, "jobset failed: max restarts exceeded");
     emit(
         shared,
         key,
@@ -1187,8 +1187,8 @@ fn emit(
     let reference = ObjectReference {
         api_version: Some(jobset::API_VERSION.to_owned()),
         kind: Some(jobset::KIND.to_owned()),
-        namespace: Some(key.0.clone()),
-        name: Some(key.1.clone()),
+        namespace: Some(key.namespace.clone()),
+        name: Some(key.name.clone()),
         uid: Some(state.uid.clone()).filter(|u| !u.is_empty()),
         ..ObjectReference::default()
     };
@@ -1200,7 +1200,7 @@ fn emit(
         secondary: None,
     };
     if shared.events.try_send((reference, event)).is_err() {
-        tracing::warn!(namespace = %key.0, jobset = %key.1, reason, "event queue full; event dropped");
+        tracing::warn!(namespace = %key.namespace, jobset = %key.name, reason, "event queue full; event dropped");
     }
 }
 

@@ -13,6 +13,7 @@ pub mod controller;
 pub mod crd;
 pub mod fence;
 pub mod index;
+pub mod key;
 pub mod metrics;
 pub mod provision;
 pub mod publish;

@@ -351,7 +351,7 @@ fn spawn_step(shared: &Arc<Shared>, key: &Key, seen: Option<Seen>, cleanup: Opti
                 Ok(()) => shared.queue.add(key),
                 Err(e) => {
                     let delay = super::retry_delay(failures, e.retry_after());
-                    tracing::warn!(namespace = %key.0, jobset = %key.1, error = %e, retry_in = ?delay, "group-restart deadline step failed; retrying");
+                    tracing::warn!(namespace = %key.namespace, jobset = %key.name, error = %e, retry_in = ?delay, "group-restart deadline step failed; retrying");
                     wake_after(&shared, &key, delay);
                 }
             }
@@ -429,7 +429,7 @@ fn report_annotation(shared: &Shared, key: &Key, state: &JobSetState, malformed:
             .settings
             .group_restart_timeout
             .map_or_else(|| "off".to_owned(), display_duration);
-        tracing::warn!(namespace = %key.0, jobset = %key.1, %error, "malformed group-restart timeout annotation; using the default");
+        tracing::warn!(namespace = %key.namespace, jobset = %key.name, %error, "malformed group-restart timeout annotation; using the default");
         emit(
             shared,
             key,
@@ -459,7 +459,7 @@ async fn delete_unregistered(
         say
     });
     if say {
-        tracing::warn!(namespace = %key.0, jobset = %key.1, epoch = target, pods = ?names, missing = seen.decision.missing, "group restart timed out; deleting the pods that did not register");
+        tracing::warn!(namespace = %key.namespace, jobset = %key.name, epoch = target, pods = ?names, missing = seen.decision.missing, "group restart timed out; deleting the pods that did not register");
         let missing = match seen.decision.missing {
             0 => String::new(),
             n => format!(", {n} expected pod(s) missing"),
@@ -479,7 +479,7 @@ async fn delete_unregistered(
             ),
         );
     }
-    let api: Api<WatchedPod> = Api::namespaced(shared.client.clone(), &key.0);
+    let api: Api<WatchedPod> = Api::namespaced(shared.client.clone(), &key.namespace);
     let reason = format!(
         "did not register epoch {target} within {timeout}: failed and deleted by {} so that its \
          Job replaces it",
@@ -491,7 +491,7 @@ async fn delete_unregistered(
                 let (api, reason) = (api.clone(), reason.clone());
                 let version = seen.versions.get(&pod.name).cloned();
                 async move {
-                    let _permit = shared.deadlines.permit(&key.0).await;
+                    let _permit = shared.deadlines.permit(&key.namespace).await;
                     let result = fail_and_delete(shared, &api, &pod, version, &reason).await;
                     (pod.name, result)
                 }
@@ -514,7 +514,7 @@ async fn delete_unregistered(
         .deadline_pods_deleted
         .inc_by(deleted.len() as u64);
     if !deleted.is_empty() {
-        tracing::warn!(namespace = %key.0, jobset = %key.1, pods = ?deleted, "unregistered pods deleted");
+        tracing::warn!(namespace = %key.namespace, jobset = %key.name, pods = ?deleted, "unregistered pods deleted");
         emit(
             shared,
             key,
@@ -531,8 +531,8 @@ async fn delete_unregistered(
     if let Some((pod, e)) = failure {
         return Err(match e {
             Some(source) => ReconcileError::Deadline {
-                namespace: key.0.clone(),
-                name: key.1.clone(),
+                namespace: key.namespace.clone(),
+                name: key.name.clone(),
                 action: format!("delete pod {pod}"),
                 source,
             },
@@ -641,7 +641,7 @@ async fn recreate(
         .map(|p| p.name.as_str())
         .collect();
     let timeout = display_duration(seen.timeout);
-    tracing::warn!(namespace = %key.0, jobset = %key.1, epoch = target(&seen.clock), restarts, pods = ?unregistered, "group restart still incomplete after its unregistered pods were deleted; recreating every pod");
+    tracing::warn!(namespace = %key.namespace, jobset = %key.name, epoch = target(&seen.clock), restarts, pods = ?unregistered, "group restart still incomplete after its unregistered pods were deleted; recreating every pod");
     emit(
         shared,
         key,
@@ -680,15 +680,15 @@ async fn delete_previous_jobs(
     jobset_uid: &str,
     restarts: i32,
 ) -> Result<(), ReconcileError> {
-    let api: Api<Job> = Api::namespaced(shared.client.clone(), &key.0);
-    let params = ListParams::default().labels(&format!("{JOBSET_NAME_LABEL}={}", key.1));
-    let permit = shared.deadlines.permit(&key.0).await;
+    let api: Api<Job> = Api::namespaced(shared.client.clone(), &key.namespace);
+    let params = ListParams::default().labels(&format!("{JOBSET_NAME_LABEL}={}", key.name));
+    let permit = shared.deadlines.permit(&key.namespace).await;
     let list = bounded(shared, "job_list", api.list_metadata(&params)).await;
     drop(permit);
     let list = list.map_err(|e| match e {
         Some(source) => ReconcileError::Deadline {
-            namespace: key.0.clone(),
-            name: key.1.clone(),
+            namespace: key.namespace.clone(),
+            name: key.name.clone(),
             action: "list the Jobs".to_owned(),
             source,
         },
@@ -725,7 +725,7 @@ async fn delete_previous_jobs(
         .map(|job| {
             let api = api.clone();
             async move {
-                let _permit = shared.deadlines.permit(&key.0).await;
+                let _permit = shared.deadlines.permit(&key.namespace).await;
                 let params = DeleteParams {
                     propagation_policy: Some(PropagationPolicy::Foreground),
                     preconditions: Some(Preconditions {
@@ -754,12 +754,12 @@ async fn delete_previous_jobs(
         }
     }
     shared.metrics.deadline_jobs_deleted.inc_by(deleted);
-    tracing::info!(namespace = %key.0, jobset = %key.1, restarts, jobs = deleted, "Jobs of earlier restarts deleted; JobSet's controller creates them again");
+    tracing::info!(namespace = %key.namespace, jobset = %key.name, restarts, jobs = deleted, "Jobs of earlier restarts deleted; JobSet's controller creates them again");
     match failure {
         None => Ok(()),
         Some((job, Some(source))) => Err(ReconcileError::Deadline {
-            namespace: key.0.clone(),
-            name: key.1.clone(),
+            namespace: key.namespace.clone(),
+            name: key.name.clone(),
             action: format!("delete Job {job}"),
             source,
         }),

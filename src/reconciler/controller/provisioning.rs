@@ -192,7 +192,7 @@ fn failed(
     let keys: Vec<_> = index
         .in_place_restart_keys()
         .into_iter()
-        .filter(|k| k.0 == namespace)
+        .filter(|k| k.namespace == namespace)
         .take(EVENTS_PER_NAMESPACE)
         .collect();
     for key in keys {
