@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 
 use kube::runtime::events::EventType;
 
-use super::{Shared, bounded, emit, fenced, lock};
+use super::report::emit;
+use super::state::{Shared, lock};
 use crate::reconciler::provision;
 use crate::retry::Backoff;
 
@@ -55,12 +56,13 @@ pub(super) async fn provision_loop(shared: Arc<Shared>) {
             last_full_pass = Instant::now();
         }
         if provisioned.is_none() && Instant::now() >= list_due {
-            match bounded(
-                &shared,
-                "provision_list",
-                provision::list_provisioned(&shared.client),
-            )
-            .await
+            match shared
+                .api
+                .bounded(
+                    "provision_list",
+                    provision::list_provisioned(&shared.api.client),
+                )
+                .await
             {
                 Ok(namespaces) => {
                     provisioned = Some(namespaces);
@@ -93,8 +95,8 @@ pub(super) async fn provision_loop(shared: Arc<Shared>) {
                     .map(str::to_owned)
                     .collect();
                 for namespace in stale {
-                    let remove = provision::remove(&shared.client, &namespace);
-                    match fenced(&shared, "provision_remove", remove).await {
+                    let remove = provision::remove(&shared.api.client, &namespace);
+                    match shared.api.fenced("provision_remove", remove).await {
                         Ok(()) => {
                             tracing::info!(namespace = %namespace, "agent role binding removed: no JobSet needs it");
                             known.remove(&namespace);
@@ -110,8 +112,8 @@ pub(super) async fn provision_loop(shared: Arc<Shared>) {
                 {
                     continue;
                 }
-                let apply = provision::apply(&shared.client, &namespace, &subjects, &settings);
-                match fenced(&shared, "provision_apply", apply).await {
+                let apply = provision::apply(&shared.api.client, &namespace, &subjects, &settings);
+                match shared.api.fenced("provision_apply", apply).await {
                     Ok(()) => {
                         match failures.succeeded(&namespace) {
                             Some(n) => {
