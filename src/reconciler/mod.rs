@@ -41,12 +41,8 @@ pub use controller::{Controller, DEFAULT_REQUEST_TIMEOUT, DEFAULT_WATCH_TIMEOUT,
 pub enum Error {
     #[error("cannot reach the Kubernetes API: {0}")]
     Client(#[source] kube::Error),
-    #[error("cannot read the JobSet CRD jobsets.jobset.x-k8s.io: {0}")]
-    CrdRead(#[source] kube::Error),
-    #[error("cannot read the JobSet CRD jobsets.jobset.x-k8s.io: {0}")]
-    CrdDecode(#[source] serde_json::Error),
-    #[error("{0}")]
-    CrdFields(String),
+    #[error(transparent)]
+    Crd(#[from] crd::CrdError),
     #[error("leader election on lease {namespace}/{name} failed: {source}")]
     Lease {
         namespace: String,
