@@ -1,20 +1,20 @@
 //! The reconciler's runtime ([`Controller`]): it starts the tasks below and hands out the
 //! readiness probe. Each room has one job, and no room imports this one:
 //!
-//! - [`watches`]: the JobSet, pod, `JobSetEpoch` and namespace watches feeding the index, the
+//! - `watches.rs`: the JobSet, pod, `JobSetEpoch` and namespace watches feeding the index, the
 //!   work queue and the provisioner, and the leadership follower;
-//! - [`worker`]: the workers that take JobSets from the queue, and their retry with backoff;
-//! - [`status`]: the pure decision run on the index, and the status writes (the epoch fields,
+//! - `worker.rs`: the workers that take JobSets from the queue, and their retry with backoff;
+//! - `status.rs`: the pure decision run on the index, and the status writes (the epoch fields,
 //!   where the synced epoch is raised: `status::write_epochs`; the `Failed` condition);
-//! - [`publication`]: each InPlaceRestart JobSet's epochs in its `JobSetEpoch` object;
-//! - [`report`]: events, progress (metrics, log lines), observe mode, malformed and unservable
+//! - `publication.rs`: each InPlaceRestart JobSet's epochs in its `JobSetEpoch` object;
+//! - `report.rs`: events, progress (metrics, log lines), observe mode, malformed and unservable
 //!   JobSets;
-//! - [`deadline`]: the group-restart deadline carried out ([`deadline_entry`] is what it keeps);
-//! - [`provisioning`]: the agent's ServiceAccount and RoleBinding per namespace;
-//! - [`api`]: every API call, bounded by the request timeout and fenced by the lease, and the
+//! - `deadline.rs`: the group-restart deadline carried out (`deadline_entry.rs` is what it keeps);
+//! - `provisioning.rs`: the agent's ServiceAccount and RoleBinding per namespace;
+//! - `api.rs`: every API call, bounded by the request timeout and fenced by the lease, and the
 //!   errors a reconcile ends with;
-//! - [`state`]: what the tasks share, and the ONE entry kept per JobSet;
-//! - [`settings`]: what the controller is told.
+//! - `state.rs`: what the tasks share, and the ONE entry kept per JobSet;
+//! - `settings.rs`: what the controller is told.
 //!
 //! The flow: a watch event updates the index and queues the JobSet; a worker decides on the
 //! index ([`crate::protocol::reconcile_decide`]), writes what changed, publishes, then runs the

@@ -1,10 +1,13 @@
 //! The `reconciler` subcommand (docs/protocol.md; docs/architecture.md, "Reconciler"): watches InPlaceRestart JobSets and their pods,
 //! moves the epoch status fields, fails JobSets past `maxRestarts`.
 //!
+//! - [`key`]: the name of one JobSet, the key of every per-JobSet map;
 //! - [`index`]: the in-memory index of JobSets and their pods (pure);
-//! - [`controller`]: watches, workers, status writes, events, and the group-restart deadline
-//!   carried out (`controller/deadline.rs`; the decision is [`crate::deadline`]);
+//! - [`controller`]: the runtime, in rooms of one job each (watches, workers and retry, status
+//!   writes, publication, reporting, the group-restart deadline carried out, provisioning, one
+//!   API-call module; the deadline's decision is [`crate::deadline`]);
 //! - `queue`: the work queue between the watches and the workers;
+//! - [`publish`]: the published `JobSetEpoch` objects; [`fence`]: the leader's write deadline;
 //! - [`crd`]: the start-up check that the installed JobSet CRD has the dialect's status fields;
 //! - [`provision`]: the agent's ServiceAccount and RoleBinding in every namespace that needs them;
 //! - [`metrics`]: the `jobset_inplace_reconciler_*` metrics.

@@ -3,7 +3,7 @@
 //! deleted, and the server-side apply that writes one.
 //!
 //! The JobSet's status stays the source of truth. A decision is published before its status
-//! write (`controller::write_epochs`); after each evaluation the object catches up with the
+//! write (`controller/status.rs`, `write_epochs`); after each evaluation the object catches up with the
 //! status (a new JobSet, a status written before). Both go through
 //! [`crate::wire::epochs::publish`] (monotone, pure).
 
@@ -106,7 +106,7 @@ impl Published {
         self.remove(key);
     }
 
-    /// Entries held, for [`super::controller::StateSizes`].
+    /// Entries held, for [`crate::reconciler::controller::StateSizes`].
     pub fn len(&self) -> usize {
         lock(&self.objects).len()
     }

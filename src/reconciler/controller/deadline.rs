@@ -27,6 +27,9 @@
 //! never hold more than their share, and the requests in flight are bounded. A pass that finds a
 //! step of its JobSet in flight leaves the deadline alone; the step queues the JobSet again when
 //! it ends.
+//!
+//! Our own: kube-runtime has no per-object deadline; its `Controller`'s requeue would run the
+//! steps inside a reconcile, on the workers this module keeps them off.
 
 use std::collections::HashMap;
 use std::sync::Arc;

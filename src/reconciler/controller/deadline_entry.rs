@@ -1,6 +1,9 @@
 //! What the group-restart deadline keeps: per JobSet ([`DeadlineEntry`], a part of the
 //! controller's one entry per JobSet), and for the whole process (the clock's origin and the
 //! request permits of its steps, [`Steps`]).
+//!
+//! Our own: kube-runtime has no per-object timers or request caps; tokio's `Semaphore` gives the
+//! permits.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};

@@ -8,6 +8,9 @@
 //! a count in `provision_failures_total{reason}` each time, and the namespaces failing now are
 //! `provision_failing_namespaces` (issue 21, item 8: a pre-created account or binding, or a
 //! terminating namespace, was retried every second with a WARN each time).
+//!
+//! Our own loop rather than a kube-runtime `Controller` over namespaces: what a namespace needs is
+//! derived from the JobSet index, not from the namespace object.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;

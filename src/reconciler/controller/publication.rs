@@ -1,5 +1,8 @@
 //! Publication of each InPlaceRestart JobSet's epochs in its `JobSetEpoch` object, which its
 //! agents watch ([`crate::reconciler::publish`] keeps the objects as listed and the apply).
+//!
+//! Our own, as the status writes: a server-side apply per change, fenced by the lease, published
+//! before the status write it announces, which no kube-runtime helper orders.
 
 use std::sync::Arc;
 

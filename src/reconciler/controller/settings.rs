@@ -1,4 +1,5 @@
-//! What the controller is told ([`Settings`]) and the watches' configuration drawn from it.
+//! What the controller is told ([`Settings`]) and the watches' configuration drawn from it
+//! (kube-runtime's `watcher::Config`, with the API server's watch timeout as configured).
 
 use std::time::Duration;
 

@@ -10,6 +10,9 @@
 //! relist after the watch was down).
 //!
 //! Lock order: the index before the entries, never the other way round.
+//!
+//! Our own state rather than kube-runtime's: its `Controller` keeps per-object state only in its
+//! scheduler, and we need the deadline's clock on every replica, standbys included.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::AtomicBool;
@@ -168,9 +171,16 @@ impl Shared {
         out
     }
 
-    /// [`Shared::with_entry`] on the deadline's part.
+    /// [`Shared::with_entry`] on the deadline's part; a part left holding nothing starts afresh
+    /// (its reports and failure count too), as if the JobSet had no entry.
     pub(super) fn with_deadline<T>(&self, key: &Key, f: impl FnOnce(&mut DeadlineEntry) -> T) -> T {
-        self.with_entry(key, |e| f(&mut e.deadline))
+        self.with_entry(key, |e| {
+            let out = f(&mut e.deadline);
+            if e.deadline.is_empty() {
+                e.deadline = DeadlineEntry::default();
+            }
+            out
+        })
     }
 
     /// The deadline's clock follows the JobSet as watched ([`DeadlineEntry::observe`]).
