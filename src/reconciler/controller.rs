@@ -138,3 +138,80 @@ impl Controller {
         while self.tasks.join_next().await.is_some() {}
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// Every room of the controller, as compiled.
+    const ROOMS: [(&str, &str); 11] = [
+        ("api", include_str!("controller/api.rs")),
+        ("deadline", include_str!("controller/deadline.rs")),
+        (
+            "deadline_entry",
+            include_str!("controller/deadline_entry.rs"),
+        ),
+        ("provisioning", include_str!("controller/provisioning.rs")),
+        ("publication", include_str!("controller/publication.rs")),
+        ("report", include_str!("controller/report.rs")),
+        ("settings", include_str!("controller/settings.rs")),
+        ("state", include_str!("controller/state.rs")),
+        ("status", include_str!("controller/status.rs")),
+        ("watches", include_str!("controller/watches.rs")),
+        ("worker", include_str!("controller/worker.rs")),
+    ];
+
+    /// The first segments of a room's `super::` paths outside its tests and comments (each name
+    /// of a `super::{..}` group): what it takes from its parent, or the sibling it goes through.
+    fn parent_names(source: &str) -> Vec<String> {
+        let code = source.split("#[cfg(test)]").next().unwrap_or_default();
+        let code: String = code
+            .lines()
+            .filter(|l| !l.trim_start().starts_with("//"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let mut names = Vec::new();
+        for (at, _) in code.match_indices("super::") {
+            let rest = &code[at + "super::".len()..];
+            let paths: Vec<&str> = match rest.strip_prefix('{') {
+                Some(inner) => inner
+                    .split('}')
+                    .next()
+                    .unwrap_or_default()
+                    .split(',')
+                    .collect(),
+                None => vec![rest],
+            };
+            for path in paths {
+                let name: String = path
+                    .trim()
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_')
+                    .collect();
+                if !name.is_empty() {
+                    names.push(name);
+                }
+            }
+        }
+        names
+    }
+
+    /// No room imports its parent's own items (the parent imports every room: that would be a
+    /// two-way tie); a room reaches another room as `super::room`.
+    #[test]
+    fn rooms_import_siblings_never_their_parent() {
+        let rooms: Vec<&str> = ROOMS.iter().map(|(name, _)| *name).collect();
+        let declared: Vec<&str> = include_str!("controller.rs")
+            .lines()
+            .filter_map(|l| l.strip_prefix("mod ")?.strip_suffix(';'))
+            .collect();
+        assert_eq!(declared, rooms, "every room of the controller is checked");
+        for (room, source) in ROOMS {
+            for name in parent_names(source) {
+                assert!(
+                    rooms.contains(&name.as_str()),
+                    "controller/{room}.rs takes `super::{name}` from its parent; import the room \
+                     that holds it instead"
+                );
+            }
+        }
+    }
+}
