@@ -3829,7 +3829,7 @@ async fn the_jobsetepoch_crd_refuses_to_move_an_epoch_back() {
             apply_crd(old).await;
             let typed: Api<JobSetEpoch> = Api::namespaced(cluster.client.clone(), &ns.name);
             let published = jobset_inplace::reconciler::publish::Published::default();
-            let key = (ns.name.clone(), "old".to_owned());
+            let key = jobset_inplace::reconciler::key::Key::new(ns.name.clone(), "old");
             let content = jobset_inplace::wire::epochs::Epochs {
                 synced: Some(1),
                 ..Default::default()

@@ -9,8 +9,7 @@ use crate::jobset::JobSet;
 use crate::protocol::{Dialect, Epoch, EpochStatus, PodView, ReconcileInput};
 use crate::wire::WatchedPod;
 
-/// `(namespace, JobSet name)`.
-pub type Key = (String, String);
+pub use super::key::Key;
 
 /// What the reconciler reads of a JobSet.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -176,7 +175,7 @@ impl Index {
 
     /// Applies a JobSet; returns its key when the algorithm's input changed.
     pub fn apply_jobset(&mut self, js: &JobSet) -> Option<Key> {
-        let key = (js.metadata.namespace.clone()?, js.metadata.name.clone()?);
+        let key = Key::new(js.metadata.namespace.clone()?, js.metadata.name.clone()?);
         if let Some(seen) = self.jobset_relist.as_mut() {
             seen.insert(key.clone());
         }
@@ -198,7 +197,7 @@ impl Index {
     }
 
     pub fn delete_jobset(&mut self, namespace: &str, name: &str) {
-        let key = (namespace.to_owned(), name.to_owned());
+        let key = Key::new(namespace, name);
         self.jobsets.remove(&key);
         self.last_sync.remove(&key);
         self.last_deprecated.remove(&key);
@@ -216,7 +215,7 @@ impl Index {
             seen.insert(id.clone());
         }
         let mut changed = Vec::new();
-        let new_key = pod.jobset_key();
+        let new_key = pod.jobset_key().map(|(ns, name)| Key::new(ns, name));
         if let Some(old_key) = self.pod_owner.get(&id).cloned()
             && Some(&old_key) != new_key.as_ref()
         {
@@ -379,7 +378,7 @@ impl Index {
     ) -> std::collections::BTreeMap<String, std::collections::BTreeSet<Option<String>>> {
         let mut out: std::collections::BTreeMap<_, std::collections::BTreeSet<_>> =
             std::collections::BTreeMap::new();
-        for ((ns, _), js) in &self.jobsets {
+        for (Key { namespace: ns, .. }, js) in &self.jobsets {
             if js.in_place_restart {
                 out.entry(ns.clone())
                     .or_default()
@@ -469,7 +468,7 @@ mod tests {
     }
 
     fn key(name: &str) -> Key {
-        ("ns".into(), name.into())
+        Key::new("ns", name)
     }
 
     #[test]

@@ -7,6 +7,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use super::key::Key;
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct WriteLabels {
     /// `deprecated`, `synced`, `failed`, `restarts`.
@@ -200,21 +202,21 @@ impl Metrics {
         m
     }
 
-    /// Records the deprecated epoch written for the JobSet `key` (namespace, name).
-    pub fn deprecated(&self, key: &(String, String), epoch: i64) {
+    /// Records the deprecated epoch written for the JobSet `key`.
+    pub fn deprecated(&self, key: &Key, epoch: i64) {
         self.deprecated_epoch
             .get_or_create(&JobSetLabels {
-                jobset_namespace: key.0.clone(),
-                jobset: key.1.clone(),
+                jobset_namespace: key.namespace.clone(),
+                jobset: key.name.clone(),
             })
             .set(epoch);
     }
 
     /// Drops the series of a deleted JobSet.
-    pub fn forget(&self, key: &(String, String)) {
+    pub fn forget(&self, key: &Key) {
         self.deprecated_epoch.remove(&JobSetLabels {
-            jobset_namespace: key.0.clone(),
-            jobset: key.1.clone(),
+            jobset_namespace: key.namespace.clone(),
+            jobset: key.name.clone(),
         });
     }
 

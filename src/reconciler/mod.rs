@@ -1,10 +1,13 @@
 //! The `reconciler` subcommand (docs/protocol.md; docs/architecture.md, "Reconciler"): watches InPlaceRestart JobSets and their pods,
 //! moves the epoch status fields, fails JobSets past `maxRestarts`.
 //!
+//! - [`key`]: the name of one JobSet, the key of every per-JobSet map;
 //! - [`index`]: the in-memory index of JobSets and their pods (pure);
-//! - [`controller`]: watches, workers, status writes, events, and the group-restart deadline
-//!   carried out (`controller/deadline.rs`; the decision is [`crate::deadline`]);
+//! - [`controller`]: the runtime, in rooms of one job each (watches, workers and retry, status
+//!   writes, publication, reporting, the group-restart deadline carried out, provisioning, one
+//!   API-call module; the deadline's decision is [`crate::deadline`]);
 //! - `queue`: the work queue between the watches and the workers;
+//! - [`publish`]: the published `JobSetEpoch` objects; [`fence`]: the leader's write deadline;
 //! - [`crd`]: the start-up check that the installed JobSet CRD has the dialect's status fields;
 //! - [`provision`]: the agent's ServiceAccount and RoleBinding in every namespace that needs them;
 //! - [`metrics`]: the `jobset_inplace_reconciler_*` metrics.
@@ -13,6 +16,7 @@ pub mod controller;
 pub mod crd;
 pub mod fence;
 pub mod index;
+pub mod key;
 pub mod metrics;
 pub mod provision;
 pub mod publish;
@@ -40,12 +44,8 @@ pub use controller::{Controller, DEFAULT_REQUEST_TIMEOUT, DEFAULT_WATCH_TIMEOUT,
 pub enum Error {
     #[error("cannot reach the Kubernetes API: {0}")]
     Client(#[source] kube::Error),
-    #[error("cannot read the JobSet CRD jobsets.jobset.x-k8s.io: {0}")]
-    CrdRead(#[source] kube::Error),
-    #[error("cannot read the JobSet CRD jobsets.jobset.x-k8s.io: {0}")]
-    CrdDecode(#[source] serde_json::Error),
-    #[error("{0}")]
-    CrdFields(String),
+    #[error(transparent)]
+    Crd(#[from] crd::CrdError),
     #[error("leader election on lease {namespace}/{name} failed: {source}")]
     Lease {
         namespace: String,

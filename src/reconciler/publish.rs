@@ -3,7 +3,7 @@
 //! deleted, and the server-side apply that writes one.
 //!
 //! The JobSet's status stays the source of truth. A decision is published before its status
-//! write (`controller::write_epochs`); after each evaluation the object catches up with the
+//! write (`controller/status.rs`, `write_epochs`); after each evaluation the object catches up with the
 //! status (a new JobSet, a status written before). Both go through
 //! [`crate::wire::epochs::publish`] (monotone, pure).
 
@@ -16,7 +16,7 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event, watcher};
 
-use super::index::Key;
+use super::key::Key;
 use crate::retry::WatchBackoff;
 use crate::wire::epochs::{self, Epochs, JobSetEpoch};
 
@@ -43,7 +43,10 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 fn key_of(obj: &JobSetEpoch) -> Option<Key> {
-    Some((obj.metadata.namespace.clone()?, obj.metadata.name.clone()?))
+    Some(Key::new(
+        obj.metadata.namespace.clone()?,
+        obj.metadata.name.clone()?,
+    ))
 }
 
 impl Published {
@@ -103,7 +106,7 @@ impl Published {
         self.remove(key);
     }
 
-    /// Entries held, for [`super::controller::StateSizes`].
+    /// Entries held, for [`crate::reconciler::controller::StateSizes`].
     pub fn len(&self) -> usize {
         lock(&self.objects).len()
     }
@@ -198,12 +201,12 @@ pub async fn apply(
     uid: &str,
     content: &Epochs,
 ) -> Result<(), kube::Error> {
-    let mut body = epochs::apply_body(&key.0, &key.1, uid, content);
+    let mut body = epochs::apply_body(&key.namespace, &key.name, uid, content);
     let params = PatchParams::apply(epochs::FIELD_MANAGER).force();
     if published.legacy_crd.load(Ordering::Acquire) {
         strip_job_set_uid(&mut body);
     }
-    let written = match api.patch(&key.1, &params, &Patch::Apply(&body)).await {
+    let written = match api.patch(&key.name, &params, &Patch::Apply(&body)).await {
         Err(e) if undeclared_job_set_uid(&e) => {
             if !published.legacy_crd.swap(true, Ordering::AcqRel) {
                 tracing::error!(
@@ -213,7 +216,7 @@ pub async fn apply(
                 );
             }
             strip_job_set_uid(&mut body);
-            api.patch(&key.1, &params, &Patch::Apply(&body)).await?
+            api.patch(&key.name, &params, &Patch::Apply(&body)).await?
         }
         other => other?,
     };
@@ -293,9 +296,9 @@ mod tests {
     fn records_report_changes_only() {
         let p = Published::default();
         let obj = object("js", "u", 1, 2);
-        assert_eq!(p.record(&obj), Some(("ns".into(), "js".into())));
+        assert_eq!(p.record(&obj), Some(Key::new("ns", "js")));
         assert_eq!(p.record(&obj), None, "the same content again is no change");
-        assert!(p.contains(&("ns".into(), "js".into())));
+        assert!(p.contains(&Key::new("ns", "js")));
         let source = epochs::Source {
             uid: "u",
             status: EpochStatus {
@@ -305,7 +308,7 @@ mod tests {
             bypass: false,
             delegate: false,
         };
-        assert_eq!(p.next(&("ns".into(), "js".into()), &source), None);
+        assert_eq!(p.next(&Key::new("ns", "js"), &source), None);
         let source = epochs::Source {
             status: EpochStatus {
                 deprecated: Some(2),
@@ -314,7 +317,7 @@ mod tests {
             ..source
         };
         assert_eq!(
-            p.next(&("ns".into(), "js".into()), &source),
+            p.next(&Key::new("ns", "js"), &source),
             Some(Epochs {
                 deprecated: Some(2),
                 synced: Some(2),
@@ -322,7 +325,7 @@ mod tests {
                 watch_job_set: false,
             })
         );
-        p.forget(&("ns".into(), "js".into()));
+        p.forget(&Key::new("ns", "js"));
         assert!(p.is_empty());
         let unnamed: JobSetEpoch = serde_json::from_value(json!({"metadata": {}})).expect("parses");
         assert_eq!(p.record(&unnamed), None);

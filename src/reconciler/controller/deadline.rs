@@ -22,15 +22,18 @@
 //! a step to a task of its own, at most one per JobSet, so that one JobSet's deletes (two
 //! requests per pod, each up to the request timeout, on a slow or hostile API path) never hold
 //! the workers that move every other JobSet's epochs. Their pod and Job requests take a permit
-//! of their namespace ([`NAMESPACE_REQUESTS`]) and then one of the whole process
-//! ([`TOTAL_REQUESTS`], first come first served): one namespace's deletes wait behind each other,
+//! of their namespace and then one of the whole process (first come first served,
+//! [`super::deadline_entry::Steps`]): one namespace's deletes wait behind each other,
 //! never hold more than their share, and the requests in flight are bounded. A pass that finds a
 //! step of its JobSet in flight leaves the deadline alone; the step queues the JobSet again when
 //! it ends.
+//!
+//! Our own: kube-runtime has no per-object deadline; its `Controller`'s requeue would run the
+//! steps inside a reconcile, on the workers this module keeps them off.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
@@ -39,190 +42,34 @@ use kube::api::{
 };
 use kube::runtime::events::EventType;
 use serde_json::json;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tokio::task::AbortHandle;
 
-use super::{
-    JobSetState, Key, ReconcileError, Shared, bounded, emit, fenced, lock, patch_status,
-    status_patch, timeout_error, write_failed,
-};
+use super::api::{ReconcileError, retry_delay};
+use super::report::{CONTROLLER_NAME, emit};
+use super::state::{Shared, lock};
+use super::status::{patch_status, reread_status, status_patch, write_failed};
 use crate::deadline::{
     self, Action, Clock, Decision, JobView, PodRef, Step, display_duration, name_list,
 };
 use crate::jobset::JobSet;
 use crate::protocol::{Epoch, JOBSET_NAME_LABEL};
+use crate::reconciler::index::JobSetState;
+use crate::reconciler::key::Key;
 use crate::wire::WatchedPod;
 
 /// Names an event lists before it counts the rest.
 const NAMES_IN_EVENTS: usize = 8;
+
 /// Deletes in flight at once for one JobSet.
 const PARALLEL_DELETES: usize = 8;
-/// The deadline's pod and Job requests in flight at once for one namespace.
-pub(super) const NAMESPACE_REQUESTS: usize = 8;
-/// The deadline's pod and Job requests in flight at once in the whole process.
-pub(super) const TOTAL_REQUESTS: usize = 32;
-
-/// What the deadline keeps for one JobSet.
-#[derive(Debug, Default)]
-struct Entry {
-    clock: Option<Clock>,
-    /// `GroupRestartTimedOut` was said for this clock.
-    timed_out_reported: bool,
-    /// After a recreation to this `status.restarts`: the Jobs of earlier restarts are still to
-    /// be deleted.
-    cleanup: Option<i32>,
-    /// The pending wake-up: when (since the origin), and its task.
-    timer: Option<(Duration, AbortHandle)>,
-    /// The step in flight, off the workers.
-    step: Option<AbortHandle>,
-    /// Consecutive failed steps (their retries back off as the workers' do).
-    step_failures: u32,
-    /// The malformed timeout annotation last reported.
-    bad_annotation: Option<String>,
-}
-
-impl Entry {
-    fn is_empty(&self) -> bool {
-        self.clock.is_none()
-            && self.cleanup.is_none()
-            && self.bad_annotation.is_none()
-            && self
-                .timer
-                .as_ref()
-                .is_none_or(|(_, handle)| handle.is_finished())
-            && !self.step_in_flight()
-    }
-
-    fn step_in_flight(&self) -> bool {
-        self.step.as_ref().is_some_and(|h| !h.is_finished())
-    }
-
-    fn set_clock(&mut self, clock: Option<Clock>) {
-        if clock.map(|c| (c.started, c.restarts)) != self.clock.map(|c| (c.started, c.restarts)) {
-            self.timed_out_reported = false;
-        }
-        if clock.is_none()
-            && let Some((_, handle)) = self.timer.take()
-        {
-            // Nothing left to wake up for.
-            handle.abort();
-        }
-        self.clock = clock;
-    }
-}
-
-/// The deadline's state of every JobSet.
-pub(super) struct Deadlines {
-    /// Times are kept as durations since this moment (the pure decision's clock).
-    origin: Instant,
-    entries: Mutex<HashMap<Key, Entry>>,
-    /// Permits of the steps' requests: the whole process's, and per namespace (an entry only
-    /// while a request of the namespace holds or waits for one).
-    total: Arc<Semaphore>,
-    namespaces: Mutex<HashMap<String, Arc<Semaphore>>>,
-}
-
-impl Deadlines {
-    pub(super) fn new() -> Self {
-        Deadlines {
-            origin: Instant::now(),
-            entries: Mutex::new(HashMap::new()),
-            total: Arc::new(Semaphore::new(TOTAL_REQUESTS)),
-            namespaces: Mutex::new(HashMap::new()),
-        }
-    }
-
-    /// Waits for a request permit of `namespace`, then for one of the process. Both are
-    /// released when the pair is dropped.
-    async fn permit(
-        &self,
-        namespace: &str,
-    ) -> Option<(OwnedSemaphorePermit, OwnedSemaphorePermit)> {
-        let own = {
-            let mut namespaces = lock(&self.namespaces);
-            // Forget the namespaces no request holds or waits for (each holds a clone).
-            namespaces.retain(|_, s| Arc::strong_count(s) > 1);
-            namespaces
-                .entry(namespace.to_owned())
-                .or_insert_with(|| Arc::new(Semaphore::new(NAMESPACE_REQUESTS)))
-                .clone()
-        };
-        let own = own.acquire_owned().await.ok()?;
-        let total = self.total.clone().acquire_owned().await.ok()?;
-        Some((own, total))
-    }
-
-    fn now(&self) -> Duration {
-        self.origin.elapsed()
-    }
-
-    /// The clock follows the JobSet as watched (on every replica): started when a group restart
-    /// is first seen in progress, again after a recreation, gone once it completed or the JobSet
-    /// is no longer active. Returns the clock.
-    pub(super) fn observe(&self, key: &Key, state: &JobSetState) -> Option<Clock> {
-        let now = self.now();
-        let mut entries = lock(&self.entries);
-        let before = entries.get(key).and_then(|e| e.clock);
-        let clock = if state.active && state.unservable.is_none() {
-            deadline::track(before, state.status, state.restarts, now)
-        } else {
-            None
-        };
-        if clock.is_some() || entries.contains_key(key) {
-            let entry = entries.entry(key.clone()).or_default();
-            entry.set_clock(clock);
-            if entry.is_empty() {
-                entries.remove(key);
-            }
-        }
-        clock
-    }
-
-    /// Forgets a deleted JobSet (and stops its step in flight: its pods and Jobs go with it).
-    pub(super) fn forget(&self, key: &Key) {
-        if let Some(entry) = lock(&self.entries).remove(key) {
-            for handle in entry.timer.map(|(_, h)| h).into_iter().chain(entry.step) {
-                handle.abort();
-            }
-        }
-    }
-
-    /// JobSets with state.
-    pub(super) fn len(&self) -> usize {
-        lock(&self.entries).len()
-    }
-
-    /// Stops every pending wake-up and every step in flight (the controller is shutting down).
-    pub(super) fn abort_timers(&self) {
-        for entry in lock(&self.entries).values_mut() {
-            if let Some((_, handle)) = entry.timer.take() {
-                handle.abort();
-            }
-            if let Some(handle) = entry.step.take() {
-                handle.abort();
-            }
-        }
-    }
-
-    fn with<T>(&self, key: &Key, f: impl FnOnce(&mut Entry) -> T) -> T {
-        let mut entries = lock(&self.entries);
-        let entry = entries.entry(key.clone()).or_default();
-        let out = f(entry);
-        if entry.is_empty() {
-            entries.remove(key);
-        }
-        out
-    }
-}
 
 /// Queues `key` again after `after`, unless an earlier wake-up is pending. The task holds the
 /// controller weakly, and is aborted with the JobSet or the controller.
 fn wake_after(shared: &Arc<Shared>, key: &Key, after: Duration) {
-    let now = shared.deadlines.now();
+    let now = shared.steps.now();
     let due = now.saturating_add(after);
     let weak = Arc::downgrade(shared);
     let woken = key.clone();
-    shared.deadlines.with(key, |entry| {
+    shared.with_deadline(key, |entry| {
         if let Some((at, handle)) = &entry.timer
             && *at <= due
             && *at > now
@@ -258,11 +105,11 @@ struct Seen {
 /// Runs the deadline of one JobSet after its evaluation, on the leader: decides, and hands a step
 /// that needs the API to a task off the workers ([`spawn_step`]); a wait is a timer.
 pub(super) async fn reconcile(shared: &Arc<Shared>, key: &Key) -> Result<(), ReconcileError> {
-    if shared.deadlines.with(key, |e| e.step_in_flight()) {
+    if shared.with_deadline(key, |e| e.step_in_flight()) {
         // It queues the JobSet again when it ends.
         return Ok(());
     }
-    let now = shared.deadlines.now();
+    let now = shared.steps.now();
     let seen = {
         let index = lock(&shared.index);
         // As for the epochs: no decision on a pod cache being re-listed.
@@ -272,7 +119,7 @@ pub(super) async fn reconcile(shared: &Arc<Shared>, key: &Key) -> Result<(), Rec
         let Some((state, pods)) = index.get(key) else {
             return Ok(());
         };
-        let clock = shared.deadlines.observe(key, state);
+        let clock = shared.observe_deadline(key, state);
         let (timeout, malformed) = deadline::effective_timeout(
             state.group_restart_timeout.as_deref(),
             shared.settings.group_restart_timeout,
@@ -312,7 +159,7 @@ pub(super) async fn reconcile(shared: &Arc<Shared>, key: &Key) -> Result<(), Rec
             _ => None,
         }
     };
-    let cleanup = shared.deadlines.with(key, |e| e.cleanup);
+    let cleanup = shared.with_deadline(key, |e| e.cleanup);
     let action = seen.as_ref().map(|s| &s.decision.action);
     match (action, cleanup) {
         (None | Some(Action::None), None) => Ok(()),
@@ -332,14 +179,14 @@ pub(super) async fn reconcile(shared: &Arc<Shared>, key: &Key) -> Result<(), Rec
 /// backoff when it failed).
 fn spawn_step(shared: &Arc<Shared>, key: &Key, seen: Option<Seen>, cleanup: Option<i32>) {
     let (task_shared, task_key) = (shared.clone(), key.clone());
-    shared.deadlines.with(key, move |entry| {
+    shared.with_deadline(key, move |entry| {
         if entry.step_in_flight() {
             return;
         }
         let task = tokio::spawn(async move {
             let (shared, key) = (task_shared, task_key);
             let result = run_step(&shared, &key, seen, cleanup).await;
-            let failures = shared.deadlines.with(&key, |e| {
+            let failures = shared.with_deadline(&key, |e| {
                 e.step = None;
                 e.step_failures = match result {
                     Ok(()) => 0,
@@ -350,8 +197,8 @@ fn spawn_step(shared: &Arc<Shared>, key: &Key, seen: Option<Seen>, cleanup: Opti
             match result {
                 Ok(()) => shared.queue.add(key),
                 Err(e) => {
-                    let delay = super::retry_delay(failures, e.retry_after());
-                    tracing::warn!(namespace = %key.0, jobset = %key.1, error = %e, retry_in = ?delay, "group-restart deadline step failed; retrying");
+                    let delay = retry_delay(failures, e.retry_after());
+                    tracing::warn!(namespace = %key.namespace, jobset = %key.name, error = %e, retry_in = ?delay, "group-restart deadline step failed; retrying");
                     wake_after(&shared, &key, delay);
                 }
             }
@@ -373,7 +220,7 @@ async fn run_step(
             .map(|s| s.uid.clone())
             .unwrap_or_default();
         delete_previous_jobs(shared, key, &uid, restarts).await?;
-        shared.deadlines.with(key, |e| e.cleanup = None);
+        shared.with_deadline(key, |e| e.cleanup = None);
     }
     let Some(seen) = seen else {
         return Ok(());
@@ -402,7 +249,7 @@ async fn run_step(
             );
             if write_failed(shared, key, &seen.state, &message).await? {
                 shared.metrics.deadline_step("failed");
-                shared.deadlines.with(key, |e| e.set_clock(None));
+                shared.with_deadline(key, |e| e.set_clock(None));
                 Ok(())
             } else {
                 reread(shared, key).await
@@ -419,7 +266,7 @@ fn target(clock: &Clock) -> Epoch {
 /// Says once per value, as a Warning event, that the timeout annotation is malformed; forgets
 /// it once fixed.
 fn report_annotation(shared: &Shared, key: &Key, state: &JobSetState, malformed: Option<String>) {
-    let first = shared.deadlines.with(key, |e| {
+    let first = shared.with_deadline(key, |e| {
         let first = malformed.is_some() && e.bad_annotation != malformed;
         e.bad_annotation.clone_from(&malformed);
         first
@@ -429,7 +276,7 @@ fn report_annotation(shared: &Shared, key: &Key, state: &JobSetState, malformed:
             .settings
             .group_restart_timeout
             .map_or_else(|| "off".to_owned(), display_duration);
-        tracing::warn!(namespace = %key.0, jobset = %key.1, %error, "malformed group-restart timeout annotation; using the default");
+        tracing::warn!(namespace = %key.namespace, jobset = %key.name, %error, "malformed group-restart timeout annotation; using the default");
         emit(
             shared,
             key,
@@ -453,13 +300,13 @@ async fn delete_unregistered(
 ) -> Result<(), ReconcileError> {
     let (timeout, target) = (display_duration(seen.timeout), target(&seen.clock));
     let names: Vec<&str> = pods.iter().map(|p| p.name.as_str()).collect();
-    let say = shared.deadlines.with(key, |e| {
+    let say = shared.with_deadline(key, |e| {
         let say = !e.timed_out_reported;
         e.timed_out_reported = true;
         say
     });
     if say {
-        tracing::warn!(namespace = %key.0, jobset = %key.1, epoch = target, pods = ?names, missing = seen.decision.missing, "group restart timed out; deleting the pods that did not register");
+        tracing::warn!(namespace = %key.namespace, jobset = %key.name, epoch = target, pods = ?names, missing = seen.decision.missing, "group restart timed out; deleting the pods that did not register");
         let missing = match seen.decision.missing {
             0 => String::new(),
             n => format!(", {n} expected pod(s) missing"),
@@ -479,11 +326,11 @@ async fn delete_unregistered(
             ),
         );
     }
-    let api: Api<WatchedPod> = Api::namespaced(shared.client.clone(), &key.0);
+    let api: Api<WatchedPod> = Api::namespaced(shared.api.client.clone(), &key.namespace);
     let reason = format!(
         "did not register epoch {target} within {timeout}: failed and deleted by {} so that its \
          Job replaces it",
-        super::CONTROLLER_NAME
+        CONTROLLER_NAME
     );
     let results: Vec<(String, Result<bool, Option<kube::Error>>)> =
         futures::stream::iter(pods.iter().cloned())
@@ -491,7 +338,7 @@ async fn delete_unregistered(
                 let (api, reason) = (api.clone(), reason.clone());
                 let version = seen.versions.get(&pod.name).cloned();
                 async move {
-                    let _permit = shared.deadlines.permit(&key.0).await;
+                    let _permit = shared.steps.permit(&key.namespace).await;
                     let result = fail_and_delete(shared, &api, &pod, version, &reason).await;
                     (pod.name, result)
                 }
@@ -514,7 +361,7 @@ async fn delete_unregistered(
         .deadline_pods_deleted
         .inc_by(deleted.len() as u64);
     if !deleted.is_empty() {
-        tracing::warn!(namespace = %key.0, jobset = %key.1, pods = ?deleted, "unregistered pods deleted");
+        tracing::warn!(namespace = %key.namespace, jobset = %key.name, pods = ?deleted, "unregistered pods deleted");
         emit(
             shared,
             key,
@@ -531,16 +378,16 @@ async fn delete_unregistered(
     if let Some((pod, e)) = failure {
         return Err(match e {
             Some(source) => ReconcileError::Deadline {
-                namespace: key.0.clone(),
-                name: key.1.clone(),
+                namespace: key.namespace.clone(),
+                name: key.name.clone(),
                 action: format!("delete pod {pod}"),
                 source,
             },
-            None => timeout_error(shared, key, "pod_delete"),
+            None => shared.api.timeout(key, "pod_delete"),
         });
     }
-    let at = shared.deadlines.now();
-    shared.deadlines.with(key, |e| {
+    let at = shared.steps.now();
+    shared.with_deadline(key, |e| {
         if let Some(clock) = e.clock.as_mut()
             && clock.started == seen.clock.started
         {
@@ -577,12 +424,13 @@ async fn fail_and_delete(
     if let Some(version) = version.filter(|v| !v.is_empty()) {
         failed["metadata"]["resourceVersion"] = json!(version);
     }
-    match fenced(
-        shared,
-        "pod_status_write",
-        api.patch_status(&pod.name, &PatchParams::default(), &Patch::Merge(&failed)),
-    )
-    .await
+    match shared
+        .api
+        .fenced(
+            "pod_status_write",
+            api.patch_status(&pod.name, &PatchParams::default(), &Patch::Merge(&failed)),
+        )
+        .await
     {
         Ok(_) => {}
         // Gone, another pod of that name now, or changed since the decision (registered, say):
@@ -600,7 +448,9 @@ async fn fail_and_delete(
         }),
         ..DeleteParams::default()
     };
-    fenced(shared, "pod_delete", api.delete(&pod.name, &params))
+    shared
+        .api
+        .fenced("pod_delete", api.delete(&pod.name, &params))
         .await
         .map(|_| true)
         .or_else(gone)
@@ -641,7 +491,7 @@ async fn recreate(
         .map(|p| p.name.as_str())
         .collect();
     let timeout = display_duration(seen.timeout);
-    tracing::warn!(namespace = %key.0, jobset = %key.1, epoch = target(&seen.clock), restarts, pods = ?unregistered, "group restart still incomplete after its unregistered pods were deleted; recreating every pod");
+    tracing::warn!(namespace = %key.namespace, jobset = %key.name, epoch = target(&seen.clock), restarts, pods = ?unregistered, "group restart still incomplete after its unregistered pods were deleted; recreating every pod");
     emit(
         shared,
         key,
@@ -661,13 +511,13 @@ async fn recreate(
         ),
     );
     // The new restart count starts a new clock; the Jobs of earlier restarts go, until done.
-    shared.deadlines.with(key, |e| e.cleanup = Some(restarts));
+    shared.with_deadline(key, |e| e.cleanup = Some(restarts));
     if let Some(state) = lock(&shared.index).jobset(key) {
-        shared.deadlines.observe(key, state);
+        shared.observe_deadline(key, state);
     }
     let uid = js.metadata.uid.clone().unwrap_or_default();
     delete_previous_jobs(shared, key, &uid, restarts).await?;
-    shared.deadlines.with(key, |e| e.cleanup = None);
+    shared.with_deadline(key, |e| e.cleanup = None);
     wake_after(shared, key, seen.timeout);
     Ok(())
 }
@@ -680,19 +530,22 @@ async fn delete_previous_jobs(
     jobset_uid: &str,
     restarts: i32,
 ) -> Result<(), ReconcileError> {
-    let api: Api<Job> = Api::namespaced(shared.client.clone(), &key.0);
-    let params = ListParams::default().labels(&format!("{JOBSET_NAME_LABEL}={}", key.1));
-    let permit = shared.deadlines.permit(&key.0).await;
-    let list = bounded(shared, "job_list", api.list_metadata(&params)).await;
+    let api: Api<Job> = Api::namespaced(shared.api.client.clone(), &key.namespace);
+    let params = ListParams::default().labels(&format!("{JOBSET_NAME_LABEL}={}", key.name));
+    let permit = shared.steps.permit(&key.namespace).await;
+    let list = shared
+        .api
+        .bounded("job_list", api.list_metadata(&params))
+        .await;
     drop(permit);
     let list = list.map_err(|e| match e {
         Some(source) => ReconcileError::Deadline {
-            namespace: key.0.clone(),
-            name: key.1.clone(),
+            namespace: key.namespace.clone(),
+            name: key.name.clone(),
             action: "list the Jobs".to_owned(),
             source,
         },
-        None => timeout_error(shared, key, "job_list"),
+        None => shared.api.timeout(key, "job_list"),
     })?;
     let views: Vec<JobView<'_>> = list
         .items
@@ -725,7 +578,7 @@ async fn delete_previous_jobs(
         .map(|job| {
             let api = api.clone();
             async move {
-                let _permit = shared.deadlines.permit(&key.0).await;
+                let _permit = shared.steps.permit(&key.namespace).await;
                 let params = DeleteParams {
                     propagation_policy: Some(PropagationPolicy::Foreground),
                     preconditions: Some(Preconditions {
@@ -734,7 +587,9 @@ async fn delete_previous_jobs(
                     }),
                     ..DeleteParams::default()
                 };
-                let result = fenced(shared, "job_delete", api.delete(&job.name, &params))
+                let result = shared
+                    .api
+                    .fenced("job_delete", api.delete(&job.name, &params))
                     .await
                     .map(|_| true)
                     .or_else(gone);
@@ -754,22 +609,22 @@ async fn delete_previous_jobs(
         }
     }
     shared.metrics.deadline_jobs_deleted.inc_by(deleted);
-    tracing::info!(namespace = %key.0, jobset = %key.1, restarts, jobs = deleted, "Jobs of earlier restarts deleted; JobSet's controller creates them again");
+    tracing::info!(namespace = %key.namespace, jobset = %key.name, restarts, jobs = deleted, "Jobs of earlier restarts deleted; JobSet's controller creates them again");
     match failure {
         None => Ok(()),
         Some((job, Some(source))) => Err(ReconcileError::Deadline {
-            namespace: key.0.clone(),
-            name: key.1.clone(),
+            namespace: key.namespace.clone(),
+            name: key.name.clone(),
             action: format!("delete Job {job}"),
             source,
         }),
-        Some((_, None)) => Err(timeout_error(shared, key, "job_delete")),
+        Some((_, None)) => Err(shared.api.timeout(key, "job_delete")),
     }
 }
 
 /// After a 409: the JobSet is read again and evaluated again.
 async fn reread(shared: &Arc<Shared>, key: &Key) -> Result<(), ReconcileError> {
-    super::reread_status(shared, key).await?;
+    reread_status(shared, key).await?;
     shared.queue.add(key.clone());
     Ok(())
 }

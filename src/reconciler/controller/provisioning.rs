@@ -8,6 +8,9 @@
 //! a count in `provision_failures_total{reason}` each time, and the namespaces failing now are
 //! `provision_failing_namespaces` (issue 21, item 8: a pre-created account or binding, or a
 //! terminating namespace, was retried every second with a WARN each time).
+//!
+//! Our own loop rather than a kube-runtime `Controller` over namespaces: what a namespace needs is
+//! derived from the JobSet index, not from the namespace object.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -16,7 +19,8 @@ use std::time::{Duration, Instant};
 
 use kube::runtime::events::EventType;
 
-use super::{Shared, bounded, emit, fenced, lock};
+use super::report::emit;
+use super::state::{Shared, lock};
 use crate::reconciler::provision;
 use crate::retry::Backoff;
 
@@ -55,12 +59,13 @@ pub(super) async fn provision_loop(shared: Arc<Shared>) {
             last_full_pass = Instant::now();
         }
         if provisioned.is_none() && Instant::now() >= list_due {
-            match bounded(
-                &shared,
-                "provision_list",
-                provision::list_provisioned(&shared.client),
-            )
-            .await
+            match shared
+                .api
+                .bounded(
+                    "provision_list",
+                    provision::list_provisioned(&shared.api.client),
+                )
+                .await
             {
                 Ok(namespaces) => {
                     provisioned = Some(namespaces);
@@ -93,8 +98,8 @@ pub(super) async fn provision_loop(shared: Arc<Shared>) {
                     .map(str::to_owned)
                     .collect();
                 for namespace in stale {
-                    let remove = provision::remove(&shared.client, &namespace);
-                    match fenced(&shared, "provision_remove", remove).await {
+                    let remove = provision::remove(&shared.api.client, &namespace);
+                    match shared.api.fenced("provision_remove", remove).await {
                         Ok(()) => {
                             tracing::info!(namespace = %namespace, "agent role binding removed: no JobSet needs it");
                             known.remove(&namespace);
@@ -110,8 +115,8 @@ pub(super) async fn provision_loop(shared: Arc<Shared>) {
                 {
                     continue;
                 }
-                let apply = provision::apply(&shared.client, &namespace, &subjects, &settings);
-                match fenced(&shared, "provision_apply", apply).await {
+                let apply = provision::apply(&shared.api.client, &namespace, &subjects, &settings);
+                match shared.api.fenced("provision_apply", apply).await {
                     Ok(()) => {
                         match failures.succeeded(&namespace) {
                             Some(n) => {
@@ -192,7 +197,7 @@ fn failed(
     let keys: Vec<_> = index
         .in_place_restart_keys()
         .into_iter()
-        .filter(|k| k.0 == namespace)
+        .filter(|k| k.namespace == namespace)
         .take(EVENTS_PER_NAMESPACE)
         .collect();
     for key in keys {
