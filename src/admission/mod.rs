@@ -11,11 +11,15 @@
 //! - [`config`]: the injection config (file, flags, env).
 
 pub mod config;
+pub(crate) mod lenient;
 pub mod mutate;
+pub(crate) mod patch;
 pub mod pod;
+pub(crate) mod raw;
 pub mod review;
-pub(crate) mod sparse_view;
+pub mod sidecar;
 pub mod validate;
+pub(crate) mod view;
 
 pub use config::InjectionConfig;
 pub use mutate::{mutate, mutate_update};

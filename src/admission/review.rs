@@ -7,8 +7,9 @@ use base64::Engine;
 use serde_json::{Value, json};
 
 use super::config::InjectionConfig;
-use super::sparse_view::{self, JobSetView, Str};
-use super::{Endpoint, Reply, ReviewOutcome, Violation, mutate, status_body, validate};
+use super::lenient::Str;
+use super::view::{self, JobSetView};
+use super::{Endpoint, Reply, ReviewOutcome, Violation, mutate, patch, raw, status_body, validate};
 
 pub const API_VERSION: &str = "admission.k8s.io/v1";
 pub const KIND: &str = "AdmissionReview";
@@ -40,7 +41,7 @@ pub struct Verdict {
 /// into the response as they are.
 struct Answer {
     allowed: bool,
-    ops: Vec<mutate::Op>,
+    ops: Vec<patch::Op>,
     warnings: Vec<String>,
     status: Option<Value>,
     outcome: ReviewOutcome,
@@ -78,7 +79,7 @@ impl From<Answer> for Verdict {
     fn from(a: Answer) -> Self {
         Verdict {
             allowed: a.allowed,
-            patch: json_patch::Patch(a.ops.iter().map(mutate::Op::to_patch_operation).collect()),
+            patch: json_patch::Patch(a.ops.iter().map(patch::Op::to_patch_operation).collect()),
             warnings: a.warnings,
             status: a.status,
             outcome: a.outcome,
@@ -285,7 +286,7 @@ fn invalid_status(name: &str, violations: &[Violation], more: usize) -> Value {
 /// with a `Status`; any other malformation gets HTTP 200 and a response that denies with the
 /// reason.
 ///
-/// The body is decoded once into the [sparse views](super::sparse_view) the rules read, never into a `Value`;
+/// The body is decoded once into the [sparse views](super::view) the rules read, never into a `Value`;
 /// it answers exactly as reading a `Value` of the whole body did, for every body.
 pub fn review(endpoint: Endpoint, body: &[u8], config: &InjectionConfig) -> Reply {
     let bad_request = |message: String| Reply {
@@ -296,7 +297,7 @@ pub fn review(endpoint: Endpoint, body: &[u8], config: &InjectionConfig) -> Repl
     if body.is_empty() {
         return bad_request("cannot read AdmissionReview: the request body is empty".to_owned());
     }
-    let review = match sparse_view::parse_review(body) {
+    let review = match view::parse_review(body) {
         Ok(review) => review.unwrap_or_default(),
         Err(e) => return bad_request(format!("cannot read AdmissionReview: invalid JSON: {e}")),
     };
@@ -332,7 +333,7 @@ pub fn review(endpoint: Endpoint, body: &[u8], config: &InjectionConfig) -> Repl
             config,
             // An UPDATE's body holds the stored object too: the new one is what gets injected.
             if endpoint == Endpoint::Mutate && text(request.operation.as_ref()) == "UPDATE" {
-                sparse_view::object_len(body).unwrap_or(body.len())
+                raw::object_len(body).unwrap_or(body.len())
             } else {
                 body.len()
             },
@@ -346,7 +347,7 @@ pub fn review(endpoint: Endpoint, body: &[u8], config: &InjectionConfig) -> Repl
                 .map(|o| o.path.len() + o.value.len() + 40)
                 .sum(),
         );
-        mutate::write_patch(&answer.ops, &mut patch);
+        patch::write_patch(&answer.ops, &mut patch);
         patch
     });
     Reply {
@@ -368,13 +369,13 @@ pub fn review(endpoint: Endpoint, body: &[u8], config: &InjectionConfig) -> Repl
 /// JSON values), or as values of a second, complete reading of the body where the JSON text is not
 /// at hand (serde_json's raw-value objects).
 enum BodyJobs<'a> {
-    Raw(sparse_view::RawJobs<'a>),
+    Raw(raw::RawJobs<'a>),
     Values(Vec<Value>, Vec<Value>),
 }
 
 impl<'a> BodyJobs<'a> {
     fn read(body: &'a [u8]) -> Self {
-        if let Some(raw) = sparse_view::raw_jobs(body) {
+        if let Some(raw) = raw::raw_jobs(body) {
             return BodyJobs::Raw(raw);
         }
         let review: Value = serde_json::from_slice(body).unwrap_or_default();

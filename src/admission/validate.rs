@@ -14,8 +14,9 @@
 use serde_json::Value;
 
 use super::config::InjectionConfig;
+use super::lenient::{BadElements, WrongType};
 use super::pod::{self, Agent, AgentMode, Container, ExitCodeSetting};
-use super::sparse_view::{BadElements, JobSetView, JobSpec, PodSpec, WrongType};
+use super::view::{JobSetView, JobSpec, PodSpec};
 use super::{Validation, Violation};
 use crate::protocol::Dialect;
 use crate::wire::agent_env;
@@ -64,7 +65,7 @@ fn validate_ratcheted(
             format!(
                 "has more than {} list elements (replicatedJobs, containers, rules, ports, env \
                  entries the agent reads, exit codes) in all: too large to be judged",
-                super::sparse_view::MAX_LIST_ELEMENTS
+                super::lenient::MAX_LIST_ELEMENTS
             ),
         );
         return out;
@@ -490,7 +491,7 @@ fn check_service_account(
             violation(
                 out,
                 format!("{pod_prefix}.volumes[{j}]"),
-                super::mutate::foreign_token_volume_message(),
+                super::sidecar::foreign_token_volume_message(),
             );
         }
     }
@@ -920,7 +921,7 @@ mod tests {
     #[test]
     fn the_agent_s_token_is_for_the_agent_only() {
         let sa = config().service_account;
-        let token = crate::admission::mutate::token_volume();
+        let token = crate::admission::sidecar::token_volume();
         let base = |extra: Value| {
             let mut pod = json!({"initContainers": [agent(json!({}))], "containers": [worker()]});
             if let (Some(p), Some(extra)) = (pod.as_object_mut(), extra.as_object()) {
@@ -939,7 +940,7 @@ mod tests {
             ),
             (
                 json!({"serviceAccountName": "sa", "volumes": [{"name": "data"},
-                    {"name": crate::admission::mutate::TOKEN_VOLUME, "emptyDir": {}}]}),
+                    {"name": crate::admission::sidecar::TOKEN_VOLUME, "emptyDir": {}}]}),
                 vec![format!("{C}.volumes[1]")],
             ),
             // Allowed: its own account, the token kept from the workers, or the token volume
