@@ -17,6 +17,7 @@ pub(crate) mod patch;
 pub mod pod;
 pub(crate) mod raw;
 pub mod review;
+pub mod rule;
 pub mod sidecar;
 pub mod validate;
 pub(crate) mod view;
@@ -24,6 +25,7 @@ pub(crate) mod view;
 pub use config::InjectionConfig;
 pub use mutate::{mutate, mutate_update};
 pub use review::{Request, Verdict, decide, review};
+pub use rule::Rule;
 pub use validate::{validate, validate_update};
 
 /// JobSet annotation that opts a JobSet out of the injection (value `"false"`).
@@ -80,11 +82,16 @@ pub struct Reply {
     pub http_status: u16,
     pub body: Vec<u8>,
     pub outcome: ReviewOutcome,
+    /// The rules a denial breaks, each once: what the denial metric counts (empty for a denial
+    /// of a malformed request and for every other outcome).
+    pub rules: Vec<Rule>,
 }
 
 /// One validation failure: the JSON field path and a message a user can act on.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Violation {
+    /// The rule it breaks.
+    pub rule: Rule,
     /// e.g. `spec.replicatedJobs[0].template.spec.backoffLimit`
     pub path: String,
     pub message: String,
@@ -100,6 +107,9 @@ pub struct Validation {
     pub more_violations: usize,
     /// Warnings past the first [`validate::MAX_WARNINGS`].
     pub more_warnings: usize,
+    /// The rules broken, each once, in the order first broken (those of violations past the
+    /// first [`validate::MAX_VIOLATIONS`] too).
+    pub rules: Vec<Rule>,
     /// Warnings that say the same of several replicatedJobs, said once (while validating).
     pub(crate) groups: Vec<validate::WarningGroup>,
 }

@@ -15,6 +15,7 @@ use super::config::InjectionConfig;
 use super::lenient::Present;
 use super::patch::{Op, Ptr, add, ptr, to_json};
 use super::pod::{self, Agent, AgentMode, Container, ContainerList};
+use super::rule::{self, Rule};
 use super::sidecar::{
     TOKEN_VOLUME, agent_container, field_env, foreign_token_volume_message, literal_env,
     token_mount, token_volume,
@@ -67,7 +68,7 @@ fn mutate_in(jobset: &Value, config: &InjectionConfig, scope: Scope<'_, '_>) -> 
             too_large: Some(message),
             ..Mutation::default()
         },
-        Err(Refusal::Invalid(violations, _)) => Mutation {
+        Err(Refusal::Invalid(violations, _, _)) => Mutation {
             violations,
             ..Mutation::default()
         },
@@ -108,8 +109,8 @@ pub(crate) enum Refusal {
     /// The injected JobSet would be too large (the webhook answers 413): why.
     TooLarge(String),
     /// Pod templates that cannot take the agent as configured (422), with where and why: the
-    /// first [`super::validate::MAX_VIOLATIONS`], and how many more.
-    Invalid(Vec<Violation>, usize),
+    /// first [`super::validate::MAX_VIOLATIONS`], how many more, and the rules all of them break.
+    Invalid(Vec<Violation>, usize, Vec<Rule>),
 }
 
 /// Bytes an operation adds to the JSON Patch document (with its framing).
@@ -146,6 +147,7 @@ pub(crate) fn mutate_view(
     let mut agents = AgentJson::new(config);
     let mut refused = Vec::new();
     let mut more_refused = 0;
+    let mut refused_rules = Vec::new();
     let mut patch_bytes = 0;
     let mut counted = 0;
     for (i, rj) in jobset.replicated_jobs().iter().enumerate() {
@@ -199,6 +201,7 @@ pub(crate) fn mutate_view(
             );
             if !token_refused.is_empty() {
                 for violation in token_refused {
+                    rule::note(&mut refused_rules, violation.rule);
                     if refused.len() >= super::validate::MAX_VIOLATIONS {
                         more_refused += 1;
                     } else {
@@ -211,11 +214,13 @@ pub(crate) fn mutate_view(
             let runs_ours = match pod::agent(pod_spec) {
                 None => {
                     let Some(port) = barrier_port(pod_spec, config) else {
+                        rule::note(&mut refused_rules, Rule::BarrierPort);
                         if refused.len() >= super::validate::MAX_VIOLATIONS {
                             more_refused += 1;
                             continue;
                         }
                         refused.push(Violation {
+                            rule: Rule::BarrierPort,
                             path: format!(
                                 "spec.replicatedJobs[{i}].template.spec.template.spec.initContainers"
                             ),
@@ -284,7 +289,7 @@ pub(crate) fn mutate_view(
         )));
     }
     if !refused.is_empty() {
-        return Err(Refusal::Invalid(refused, more_refused));
+        return Err(Refusal::Invalid(refused, more_refused, refused_rules));
     }
     if warnings.len() > super::validate::MAX_WARNINGS {
         let more = warnings.len() - super::validate::MAX_WARNINGS;
@@ -335,6 +340,7 @@ fn token_refusals(
         .into_iter()
         .flat_map(|v| v.foreign_token_volumes())
         .map(|j| Violation {
+            rule: Rule::TokenVolume,
             path: format!("{pod_prefix}.volumes[{j}]"),
             message: foreign_token_volume_message(),
         })
@@ -344,6 +350,7 @@ fn token_refusals(
         && *automount != Value::Bool(false)
     {
         out.push(Violation {
+            rule: Rule::AgentToken,
             path: format!("{pod_prefix}.automountServiceAccountToken"),
             message: super::validate::clip(format!(
                 "is {automount}, and the pod runs as the agent's service account ({account}), \
@@ -765,7 +772,7 @@ mod tests {
             answer["response"]["allowed"], verdict.allowed,
             "bytes and Value agree"
         );
-        let paths: Vec<String> = verdict.violations().into_iter().map(|v| v.path).collect();
+        let paths: Vec<String> = verdict.violations.into_iter().map(|v| v.path).collect();
         let from_bytes: Vec<String> = answer["response"]["status"]["details"]["causes"]
             .as_array()
             .map(|c| {
@@ -1018,7 +1025,7 @@ mod tests {
             verdict.status.as_ref().map(|s| s["code"].clone()),
             Some(json!(422))
         );
-        assert_eq!(verdict.violations(), m.violations);
+        assert_eq!(verdict.violations, m.violations);
         // Many such templates: the first ones reported, the rest counted.
         let mut many = js.clone();
         let taken = many["spec"]["replicatedJobs"][1].clone();

@@ -9,7 +9,9 @@ use serde_json::{Value, json};
 use super::config::InjectionConfig;
 use super::lenient::Str;
 use super::view::{self, JobSetView};
-use super::{Endpoint, Reply, ReviewOutcome, Violation, mutate, patch, raw, status_body, validate};
+use super::{
+    Endpoint, Reply, ReviewOutcome, Rule, Violation, mutate, patch, raw, status_body, validate,
+};
 
 pub const API_VERSION: &str = "admission.k8s.io/v1";
 pub const KIND: &str = "AdmissionReview";
@@ -35,6 +37,10 @@ pub struct Verdict {
     /// Why the request is denied: a Kubernetes `Status` (without the list framing).
     pub status: Option<Value>,
     pub outcome: ReviewOutcome,
+    /// The violations a denial lists (its `Status` causes), each with its rule.
+    pub violations: Vec<Violation>,
+    /// The rules a denial breaks, each once (also those of violations past the listed ones).
+    pub rules: Vec<Rule>,
 }
 
 /// A decision as [`decide_view`] makes it: the patch as operations with their JSON text, written
@@ -45,6 +51,8 @@ struct Answer {
     warnings: Vec<String>,
     status: Option<Value>,
     outcome: ReviewOutcome,
+    violations: Vec<Violation>,
+    rules: Vec<Rule>,
 }
 
 impl Answer {
@@ -55,6 +63,8 @@ impl Answer {
             warnings: Vec::new(),
             status: None,
             outcome: ReviewOutcome::Allowed,
+            violations: Vec::new(),
+            rules: Vec::new(),
         }
     }
 
@@ -71,6 +81,8 @@ impl Answer {
                 "code": 400
             })),
             outcome: ReviewOutcome::Error,
+            violations: Vec::new(),
+            rules: Vec::new(),
         }
     }
 }
@@ -83,37 +95,13 @@ impl From<Answer> for Verdict {
             warnings: a.warnings,
             status: a.status,
             outcome: a.outcome,
+            violations: a.violations,
+            rules: a.rules,
         }
     }
 }
 
 impl Verdict {
-    /// The violations of a denial, read back from its `Status` causes.
-    pub fn violations(&self) -> Vec<Violation> {
-        self.status
-            .as_ref()
-            .and_then(|s| s.pointer("/details/causes"))
-            .and_then(Value::as_array)
-            .map(|causes| {
-                causes
-                    .iter()
-                    .map(|c| Violation {
-                        path: c
-                            .get("field")
-                            .and_then(Value::as_str)
-                            .unwrap_or("")
-                            .to_owned(),
-                        message: c
-                            .get("message")
-                            .and_then(Value::as_str)
-                            .unwrap_or("")
-                            .to_owned(),
-                    })
-                    .collect()
-            })
-            .unwrap_or_default()
-    }
-
     /// The message of a denial.
     pub fn message(&self) -> Option<&str> {
         self.status.as_ref()?.get("message")?.as_str()
@@ -186,13 +174,15 @@ fn decide_view(
             };
             let (ops, warnings) = match mutate::mutate_view(object, config, size, scope) {
                 Ok(injection) => injection,
-                Err(mutate::Refusal::Invalid(violations, more)) => {
+                Err(mutate::Refusal::Invalid(violations, more, rules)) => {
                     return Answer {
                         allowed: false,
                         ops: Vec::new(),
                         warnings: Vec::new(),
                         status: Some(invalid_status(object.name(), &violations, more)),
                         outcome: ReviewOutcome::Denied,
+                        violations,
+                        rules,
                     };
                 }
                 Err(mutate::Refusal::TooLarge(message)) => {
@@ -208,6 +198,8 @@ fn decide_view(
                             "code": 413
                         })),
                         outcome: ReviewOutcome::Denied,
+                        violations: Vec::new(),
+                        rules: vec![Rule::TooLarge],
                     };
                 }
             };
@@ -240,6 +232,8 @@ fn decide_view(
                     &v.violations,
                     v.more_violations,
                 ));
+                d.violations = v.violations;
+                d.rules = v.rules;
             }
             d
         }
@@ -293,6 +287,7 @@ pub fn review(endpoint: Endpoint, body: &[u8], config: &InjectionConfig) -> Repl
         http_status: 400,
         body: status_body(400, "BadRequest", &message),
         outcome: ReviewOutcome::Error,
+        rules: Vec::new(),
     };
     if body.is_empty() {
         return bad_request("cannot read AdmissionReview: the request body is empty".to_owned());
@@ -361,6 +356,7 @@ pub fn review(endpoint: Endpoint, body: &[u8], config: &InjectionConfig) -> Repl
         )
         .unwrap_or_default(),
         outcome: answer.outcome,
+        rules: answer.rules,
     }
 }
 

@@ -16,6 +16,7 @@ use serde_json::Value;
 use super::config::InjectionConfig;
 use super::lenient::{BadElements, WrongType};
 use super::pod::{self, Agent, AgentMode, Container, ExitCodeSetting};
+use super::rule::Rule;
 use super::view::{JobSetView, JobSpec, PodSpec};
 use super::{Validation, Violation};
 use crate::protocol::Dialect;
@@ -61,6 +62,7 @@ fn validate_ratcheted(
     if jobset.truncated {
         violation(
             &mut out,
+            Rule::TooLarge,
             "spec".to_owned(),
             format!(
                 "has more than {} list elements (replicatedJobs, containers, rules, ports, env \
@@ -192,12 +194,14 @@ pub(crate) fn clip(mut s: String) -> String {
     s
 }
 
-fn violation(out: &mut Validation, path: String, message: impl Into<String>) {
+fn violation(out: &mut Validation, rule: Rule, path: String, message: impl Into<String>) {
+    super::rule::note(&mut out.rules, rule);
     if out.violations.len() >= MAX_VIOLATIONS {
         out.more_violations += 1;
         return;
     }
     out.violations.push(Violation {
+        rule,
         path: clip(path),
         message: clip(message.into()),
     });
@@ -283,6 +287,7 @@ fn unreadable_fields(prefix: &str, wrong: &[WrongType], out: &mut Validation) {
     for w in wrong {
         violation(
             out,
+            Rule::Unreadable,
             format!("{prefix}.{}", w.key),
             format!(
                 "must be {}, is {}: the webhook cannot read it, so it cannot judge the JobSet",
@@ -298,6 +303,7 @@ fn unreadable_elements(path: &str, bad: &BadElements, out: &mut Validation) {
     for (index, kind) in &bad.first {
         violation(
             out,
+            Rule::Unreadable,
             format!("{path}[{index}]"),
             format!(
                 "must be an object, is {}: the webhook cannot read it, so it cannot judge the \
@@ -336,6 +342,7 @@ fn check_readable_pod(pod_prefix: &str, pod_spec: &PodSpec<'_>, out: &mut Valida
                         for (index, kind) in &values.1.first {
                             violation(
                                 out,
+                                Rule::Unreadable,
                                 format!("{rule_path}.exitCodes.values[{index}]"),
                                 format!("must be an integer, is {}", kind.as_str()),
                             );
@@ -348,6 +355,7 @@ fn check_readable_pod(pod_prefix: &str, pod_spec: &PodSpec<'_>, out: &mut Valida
             for (index, kind) in &env.bad.first {
                 violation(
                     out,
+                    Rule::Unreadable,
                     format!("{path}.env[{index}]"),
                     format!(
                         "must be an object with a string name and value, has {}: the webhook \
@@ -377,6 +385,7 @@ fn check_backoff_limit(prefix: &str, job_spec: &JobSpec<'_>, out: &mut Validatio
     if value.and_then(Value::as_i64) != Some(BACKOFF_LIMIT) {
         violation(
             out,
+            Rule::BackoffLimit,
             format!("{prefix}.backoffLimit"),
             format!(
                 "must be {BACKOFF_LIMIT} (is {}): with InPlaceRestart the JobSet's maxRestarts \
@@ -392,6 +401,7 @@ fn check_pod_replacement_policy(prefix: &str, job_spec: &JobSpec<'_>, out: &mut 
     if value.and_then(Value::as_str) != Some(POD_REPLACEMENT_POLICY) {
         violation(
             out,
+            Rule::PodReplacementPolicy,
             format!("{prefix}.podReplacementPolicy"),
             format!(
                 "must be {POD_REPLACEMENT_POLICY} (is {}): a replacement pod must not start \
@@ -409,6 +419,7 @@ fn check_completions(prefix: &str, job_spec: &JobSpec<'_>, out: &mut Validation)
         (Some(c), Some(p)) if c == p => {}
         (Some(c), Some(p)) => violation(
             out,
+            Rule::Completions,
             format!("{prefix}.completions"),
             format!(
                 "must equal parallelism ({p}), is {c}: every pod of the Job runs at once and \
@@ -420,6 +431,7 @@ fn check_completions(prefix: &str, job_spec: &JobSpec<'_>, out: &mut Validation)
                 if value.is_none() {
                     violation(
                         out,
+                        Rule::Completions,
                         format!("{prefix}.{name}"),
                         "must be set, to the number of pods of each Job (completions and \
                          parallelism equal), so the reconciler knows how many pods to wait for",
@@ -439,6 +451,7 @@ fn check_restart_rules(pod_prefix: &str, pod_spec: &PodSpec<'_>, out: &mut Valid
         if !rules.is_empty() && c.restart_policy().is_none() {
             violation(
                 out,
+                Rule::RestartPolicy,
                 format!("{}.restartPolicy", container_path(pod_prefix, &c)),
                 "must be set when the container has restartPolicyRules (Kubernetes requires it)",
             );
@@ -447,6 +460,7 @@ fn check_restart_rules(pod_prefix: &str, pod_spec: &PodSpec<'_>, out: &mut Valid
             if rule.action() == pod::RESTART_POD {
                 violation(
                     out,
+                    Rule::RestartRules,
                     format!(
                         "{}.restartPolicyRules[{index}].action",
                         container_path(pod_prefix, &c),
@@ -477,6 +491,7 @@ fn check_service_account(
     if runs_as_agent && pod_spec.automount_token == Some(Value::Bool(true)) {
         violation(
             out,
+            Rule::AgentToken,
             format!("{pod_prefix}.automountServiceAccountToken"),
             format!(
                 "is true while the pod runs as the agent's service account ({agent_account}): \
@@ -490,6 +505,7 @@ fn check_service_account(
         for j in volumes.foreign_token_volumes() {
             violation(
                 out,
+                Rule::TokenVolume,
                 format!("{pod_prefix}.volumes[{j}]"),
                 super::sidecar::foreign_token_volume_message(),
             );
@@ -516,6 +532,7 @@ fn check_agent(pod_prefix: &str, pod_spec: &PodSpec<'_>, dialect: Dialect, out: 
     let Some(agent) = agents.next() else {
         violation(
             out,
+            Rule::AgentMissing,
             format!("{pod_prefix}.initContainers"),
             format!(
                 "no jobset-inplace agent: the pod needs the agent sidecar (an init container \
@@ -534,6 +551,7 @@ fn check_agent(pod_prefix: &str, pod_spec: &PodSpec<'_>, dialect: Dialect, out: 
     for extra in agents {
         violation(
             out,
+            Rule::AgentDuplicate,
             container_path(pod_prefix, &extra.container),
             format!(
                 "a second agent (besides {}): a pod runs exactly one jobset-inplace agent",
@@ -548,7 +566,7 @@ fn check_agent(pod_prefix: &str, pod_spec: &PodSpec<'_>, dialect: Dialect, out: 
     {
         Ok(setting) => Some(setting),
         Err(reason) => {
-            violation(out, format!("{path}.env"), reason);
+            violation(out, Rule::AgentEnv, format!("{path}.env"), reason);
             None
         }
     };
@@ -558,6 +576,7 @@ fn check_agent(pod_prefix: &str, pod_spec: &PodSpec<'_>, dialect: Dialect, out: 
             if agent.container.restart_policy() != Some("Always") {
                 violation(
                     out,
+                    Rule::RestartPolicy,
                     format!("{path}.restartPolicy"),
                     "must be Always: the agent runs as a native sidecar beside the workers",
                 );
@@ -576,6 +595,7 @@ fn check_agent(pod_prefix: &str, pod_spec: &PodSpec<'_>, dialect: Dialect, out: 
                 if agent.container.env(name).is_some() {
                     violation(
                         out,
+                        Rule::AgentEnv,
                         format!("{path}.env"),
                         format!(
                             "{name} cannot be set with {}: in main-container mode the agent \
@@ -602,6 +622,7 @@ fn check_agent_env(path: &str, agent: &Agent<'_>, dialect: Dialect, out: &mut Va
         if c.env(name).is_none() {
             violation(
                 out,
+                Rule::AgentEnv,
                 format!("{path}.env"),
                 format!("the agent needs {name}: set it from the downward API ({source})"),
             );
@@ -614,6 +635,7 @@ fn check_agent_env(path: &str, agent: &Agent<'_>, dialect: Dialect, out: &mut Va
             Ok(d) if d == dialect => {}
             Ok(d) => violation(
                 out,
+                Rule::AgentEnv,
                 format!("{path}.env[{}].value", entry.index),
                 format!(
                     "{}={d} but this cluster runs the {dialect} protocol: the agent would \
@@ -623,6 +645,7 @@ fn check_agent_env(path: &str, agent: &Agent<'_>, dialect: Dialect, out: &mut Va
             ),
             Err(e) => violation(
                 out,
+                Rule::AgentEnv,
                 format!("{path}.env[{}].value", entry.index),
                 e.to_string(),
             ),
@@ -643,6 +666,7 @@ fn check_agent_rule(
     if !rules.iter().any(|r| agent.mode.rule_fits(r)) {
         violation(
             out,
+            Rule::RestartRules,
             format!("{path}.restartPolicyRules"),
             format!(
                 "the agent needs a restart rule {{action: {wanted}, exitCodes: {{operator: In, \
@@ -664,6 +688,7 @@ fn check_agent_rule(
         };
         violation(
             out,
+            Rule::RestartRules,
             format!("{path}.restartPolicyRules"),
             format!(
                 "the first rule matching the agent's restart exit code {code} ({source}) must \
@@ -695,6 +720,7 @@ fn check_barrier_probe(
                     _ => {
                         violation(
                             out,
+                            Rule::AgentEnv,
                             format!("{path}.env[{}].value", entry.index),
                             format!("{name}={v:?} is not a port in 1-65535"),
                         );
@@ -715,6 +741,7 @@ fn check_barrier_probe(
                 Some(v) if !v.starts_with('/') || v.contains(char::is_whitespace) => {
                     violation(
                         out,
+                        Rule::AgentEnv,
                         format!("{path}.env[{}].value", entry.index),
                         format!(
                             "{name}={v:?} is not a URL path starting with /: the agent would \
@@ -732,6 +759,7 @@ fn check_barrier_probe(
     let Some(http_get) = c.startup_http_get() else {
         violation(
             out,
+            Rule::BarrierProbe,
             format!("{path}.startupProbe"),
             format!(
                 "the agent needs a startup probe httpGet on its barrier (port {}, path {}): it \
@@ -749,6 +777,7 @@ fn check_barrier_probe(
     {
         violation(
             out,
+            Rule::BarrierProbe,
             format!("{path}.startupProbe.httpGet.port"),
             format!(
                 "probes port {} but the agent serves its barrier on {port} ({port_source})",
@@ -762,6 +791,7 @@ fn check_barrier_probe(
     {
         violation(
             out,
+            Rule::BarrierProbe,
             format!("{path}.startupProbe.httpGet.path"),
             format!(
                 "probes {probe_path} but the agent serves its barrier at {barrier_path} \
@@ -803,6 +833,7 @@ fn check_barrier_port_free(
             if declared == port {
                 violation(
                     out,
+                    Rule::BarrierPort,
                     format!(
                         "{}.ports[{k}].containerPort",
                         container_path(pod_prefix, &other)
