@@ -2,12 +2,16 @@
 //! the injection config, and the AdmissionReview handling shared by the HTTPS server and the
 //! offline commands.
 //!
-//! - [`validate`]: the rules (`backoffLimit`, `podReplacementPolicy`, `completions`, the agent);
-//! - [`mutate`]: the injection (agent sidecar, env, service account) as JSON Patch operations;
+//! - [`validate`]: the rules' checks (`backoffLimit`, `podReplacementPolicy`, `completions`, the agent);
+//! - [`rule`]: the rules as values ([`Rule`]), carried by every [`Violation`];
+//! - [`mutate`]: the injection plan (agent sidecar, env, service account) as JSON Patch operations;
+//! - [`sidecar`]: the agent container spec, its env entries and its token volume;
+//! - [`patch`]: the JSON Patch writer;
 //! - [`review`]: AdmissionReview decoding, the decision, and the encoded response;
 //! - [`pod`]: reading containers, restart rules, env and probes of a pod template;
-//! - [`view`]: the sparse, borrowed, lenient views of a review and its JobSet the rules read,
-//!   decoded straight from the body (no `Value` of the whole review is ever built);
+//! - [`view`]: the views of a review and its JobSet the rules read, decoded straight from the
+//!   body (no `Value` of the whole review is ever built) by the lenient reader ([`lenient`]);
+//! - [`raw`]: the replicatedJobs as written, for the UPDATE ratchet;
 //! - [`config`]: the injection config (file, flags, env).
 
 pub mod config;
@@ -23,9 +27,11 @@ pub mod validate;
 pub(crate) mod view;
 
 pub use config::InjectionConfig;
+#[cfg(any(test, feature = "test-api"))]
 pub use mutate::{mutate, mutate_update};
 pub use review::{Request, Verdict, decide, review};
 pub use rule::Rule;
+#[cfg(any(test, feature = "test-api"))]
 pub use validate::{validate, validate_update};
 
 /// JobSet annotation that opts a JobSet out of the injection (value `"false"`).
@@ -114,6 +120,7 @@ pub struct Validation {
     pub(crate) groups: Vec<validate::WarningGroup>,
 }
 
+#[cfg(any(test, feature = "test-api"))]
 /// The result of mutating one JobSet: targeted JSON Patch operations (empty when nothing changes)
 /// and admission warnings.
 #[derive(Clone, Debug, Default, PartialEq)]

@@ -11,6 +11,8 @@ use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
 
+#[cfg(any(test, feature = "test-api"))]
+use super::Mutation;
 use super::config::InjectionConfig;
 use super::lenient::Present;
 use super::patch::{Op, Ptr, add, ptr, to_json};
@@ -22,7 +24,7 @@ use super::sidecar::{
 };
 use super::validate::{BACKOFF_LIMIT, POD_REPLACEMENT_POLICY};
 use super::view::{JobSetView, PodSpec, PodTemplate};
-use super::{INJECTED_ANNOTATION, Mutation, Violation};
+use super::{INJECTED_ANNOTATION, Violation};
 use crate::protocol::JOBSET_NAME_LABEL;
 use crate::wire::agent_env;
 
@@ -37,6 +39,7 @@ pub const MAX_PATCH_BYTES: usize = 720 * 1024;
 /// the API server adds to a stored object (`managedFields`, `status`, the request framing).
 pub const MAX_INJECTED_BYTES: usize = 1536 * 1024 - 64 * 1024;
 
+#[cfg(any(test, feature = "test-api"))]
 /// Computes the injection patch for a JobSet (CREATE). A JobSet whose injected form would be
 /// too large (see [`MAX_PATCH_BYTES`], [`MAX_INJECTED_BYTES`]) gets no patch and `too_large`;
 /// one with a pod template the agent cannot go into gets no patch and `violations`.
@@ -44,6 +47,7 @@ pub fn mutate(jobset: &Value, config: &InjectionConfig) -> Mutation {
     mutate_in(jobset, config, Scope::Create)
 }
 
+#[cfg(any(test, feature = "test-api"))]
 /// The injection patch for an UPDATE of the stored JobSet `old` to `jobset`: what [`mutate`]
 /// adds, into the replicatedJobs whose pod template `old` shows injected (the
 /// `jobset-inplace.dev/injected` annotation of an InPlaceRestart JobSet), so that a client that
@@ -56,6 +60,7 @@ pub fn mutate_update(jobset: &Value, old: &Value, config: &InjectionConfig) -> M
     mutate_in(jobset, config, Scope::Update(&old))
 }
 
+#[cfg(any(test, feature = "test-api"))]
 fn mutate_in(jobset: &Value, config: &InjectionConfig, scope: Scope<'_, '_>) -> Mutation {
     let size = serde_json::to_vec(jobset).map_or(0, |v| v.len());
     match mutate_view(&JobSetView::from_value(jobset), config, size, scope) {

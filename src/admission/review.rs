@@ -404,6 +404,7 @@ impl<'a> BodyJobs<'a> {
     }
 }
 
+#[cfg(any(test, feature = "test-api"))]
 /// The AdmissionReview response for a decision, written directly (the bytes a `Value` of it
 /// would serialize to: compact, keys in this order).
 pub fn encode(uid: &str, decision: &Verdict) -> Vec<u8> {

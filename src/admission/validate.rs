@@ -38,6 +38,7 @@ pub const MAX_WARNINGS: usize = 20;
 /// with "…": messages quote values from the request.
 pub const MAX_MESSAGE_BYTES: usize = 512;
 
+#[cfg(any(test, feature = "test-api"))]
 /// Validates a JobSet (CREATE, or UPDATE without the old object).
 pub fn validate(jobset: &Value, config: &InjectionConfig) -> Validation {
     validate_view(&JobSetView::from_value(jobset), config)
@@ -145,6 +146,7 @@ fn validate_ratcheted(
     out
 }
 
+#[cfg(any(test, feature = "test-api"))]
 /// Validates an UPDATE. A replicatedJob that is unchanged from the old object and was already
 /// InPlaceRestart has its violations reported as warnings: a JobSet admitted before the webhook
 /// was installed must stay editable (to suspend or relabel it), and nothing got worse.
