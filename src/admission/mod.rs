@@ -23,6 +23,7 @@ pub(crate) mod raw;
 pub mod review;
 pub mod rule;
 pub mod sidecar;
+pub(crate) mod token;
 pub mod validate;
 pub(crate) mod view;
 

@@ -515,7 +515,7 @@ impl<'a> List<Named<'a>> {
 }
 
 /// An entry of a pod spec's `volumes`: its name, and whether it is, as JSON, exactly the volume
-/// the injection adds for the agent's token ([`super::sidecar::TOKEN_VOLUME_JSON`]).
+/// the injection adds for the agent's token ([`super::token::TOKEN_VOLUME_JSON`]).
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Volume<'a> {
     /// Fields present with another JSON type than the rules need.
@@ -527,7 +527,7 @@ pub(crate) struct Volume<'a> {
 /// Numbers the keys of a volume by the token volume's fields (from 1; any other key is
 /// `u8::MAX`, read and remembered).
 fn token_volume_key(key: &str) -> u8 {
-    super::sidecar::TOKEN_VOLUME_JSON
+    super::token::TOKEN_VOLUME_JSON
         .fields()
         .iter()
         .position(|(k, _)| *k == key)
@@ -538,7 +538,7 @@ fn token_volume_key(key: &str) -> u8 {
 impl<'de> Shape<'de> for Volume<'de> {
     const EXPECTED: &'static str = "an object";
     fn from_map<A: MapAccess<'de>>(mut map: A) -> Result<Option<Self>, A::Error> {
-        let fields = super::sidecar::TOKEN_VOLUME_JSON.fields();
+        let fields = super::token::TOKEN_VOLUME_JSON.fields();
         let mut v = Volume::default();
         let mut seen = FixedFields::new(fields.len());
         let raw = walk_object::<Self, A>(&mut map, token_volume_key, |n, map| {
@@ -576,7 +576,7 @@ impl<'a> List<Volume<'a>> {
     /// The indices of the entries named as the injection's token volume that are not it.
     pub fn foreign_token_volumes(&self) -> impl Iterator<Item = usize> + '_ {
         self.0.iter().enumerate().filter_map(|(i, v)| {
-            (v.name.as_deref() == Some(super::sidecar::TOKEN_VOLUME) && !v.is_token_volume)
+            (v.name.as_deref() == Some(super::token::TOKEN_VOLUME) && !v.is_token_volume)
                 .then_some(i)
         })
     }
@@ -620,7 +620,11 @@ pub(crate) fn parse_review(body: &[u8]) -> Result<Option<Review<'_>>, serde_json
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::admission::sidecar::{TOKEN_VOLUME_JSON, token_volume};
+    use crate::admission::token::TOKEN_VOLUME_JSON;
+
+    fn token_volume() -> Value {
+        TOKEN_VOLUME_JSON.to_value()
+    }
 
     /// A volume read from its text and from the `Value` of that text: the same answer, and the
     /// same as `Value`'s `==` with the token volume (or the same error).
@@ -641,7 +645,6 @@ mod tests {
 
     #[test]
     fn the_token_volume_is_recognised_exactly_as_a_value_compares() {
-        assert_eq!(TOKEN_VOLUME_JSON.to_value(), token_volume());
         let exact = token_volume().to_string();
         assert_eq!(read_both(&exact), Ok(true));
         // Keys in another order, and escapes in a key and a value: still it.
