@@ -26,6 +26,7 @@ pub mod sidecar;
 pub(crate) mod token;
 pub mod validate;
 pub(crate) mod view;
+pub(crate) mod warnings;
 
 pub use config::InjectionConfig;
 #[cfg(any(test, feature = "test-api"))]
@@ -118,7 +119,7 @@ pub struct Validation {
     /// first [`validate::MAX_VIOLATIONS`] too).
     pub rules: Vec<Rule>,
     /// Warnings that say the same of several replicatedJobs, said once (while validating).
-    pub(crate) groups: Vec<validate::WarningGroup>,
+    pub(crate) groups: Vec<warnings::WarningGroup>,
 }
 
 #[cfg(any(test, feature = "test-api"))]
