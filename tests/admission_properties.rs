@@ -2062,7 +2062,7 @@ fn odd_value() -> impl Strategy<Value = Option<Value>> {
 /// volume, as the volumes list, or with one part replaced by an odd value or by a raw value of
 /// itself.
 fn token_volume_variant() -> impl Strategy<Value = Value> {
-    let volume = admission::mutate::token_volume();
+    let volume = admission::sidecar::token_volume();
     let parts = [
         "/name",
         "/projected",

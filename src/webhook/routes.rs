@@ -212,6 +212,7 @@ fn error_reply(code: u16, reason: &str, message: &str) -> Reply {
         http_status: code,
         body: admission::status_body(code, reason, message),
         outcome: ReviewOutcome::Error,
+        rules: Vec::new(),
     }
 }
 
@@ -451,7 +452,7 @@ async fn admit(state: &Handlers, endpoint: Endpoint, request: Request) -> Respon
         started.elapsed(),
     );
     if reply.outcome == ReviewOutcome::Denied {
-        webhook.metrics.denied(endpoint, &reply.body);
+        webhook.metrics.denied(endpoint, &reply.rules);
     }
     tracing::debug!(
         endpoint = endpoint.as_str(),
