@@ -104,6 +104,20 @@ impl Running {
             .unwrap_or(0.0)
     }
 
+    /// One sample of /metrics once it has reached `want` (the reconciler counts a deadline step
+    /// after the step's API calls and its event, so after the pods are seen gone): `want` within
+    /// [`WAIT`], or the last value seen.
+    async fn sample_reaching(&self, name: &str, want: f64) -> f64 {
+        let until = Instant::now() + WAIT;
+        loop {
+            let got = self.sample(name).await;
+            if got >= want || Instant::now() > until {
+                return got;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     async fn stop(mut self) {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
@@ -270,7 +284,11 @@ async fn a_dead_kubelet_s_pod_is_replaced_within_the_first_window() {
         for e in events(sim.server(), &ns, "GroupRestartTimedOut") {
             assert_eq!(e["type"], "Warning");
         }
-        assert_eq!(r.sample(&step("unregistered_pods_deleted")).await, 1.0);
+        assert_eq!(
+            r.sample_reaching(&step("unregistered_pods_deleted"), 1.0)
+                .await,
+            1.0
+        );
         assert_eq!(r.sample(&step("recreated")).await, 0.0);
         assert_eq!(r.sample(&step("failed")).await, 0.0);
         assert_eq!(r.sample(PODS_DELETED).await, 1.0);
@@ -345,8 +363,12 @@ async fn a_pod_that_never_registers_falls_back_to_recreation() {
             events(sim.server(), &ns, "FallingBackToRecreate")[0]["type"],
             "Warning"
         );
-        assert_eq!(r.sample(&step("unregistered_pods_deleted")).await, 1.0);
-        assert_eq!(r.sample(&step("recreated")).await, 1.0);
+        assert_eq!(
+            r.sample_reaching(&step("unregistered_pods_deleted"), 1.0)
+                .await,
+            1.0
+        );
+        assert_eq!(r.sample_reaching(&step("recreated"), 1.0).await, 1.0);
         assert_eq!(r.sample(&step("failed")).await, 0.0);
         assert!(r.sample(JOBS_DELETED).await <= 3.0);
         assert!(r.metrics().await.contains(
@@ -388,9 +410,13 @@ async fn a_fallback_at_max_restarts_fails_the_jobset() {
         );
         let js = sim.server().get("jobsets", &ns, "js").expect("the JobSet");
         assert_eq!(js["status"]["terminalState"], "Failed");
-        assert_eq!(r.sample(&step("recreated")).await, 1.0);
-        assert_eq!(r.sample(&step("failed")).await, 1.0);
-        assert_eq!(r.sample(&step("unregistered_pods_deleted")).await, 2.0);
+        assert_eq!(r.sample_reaching(&step("recreated"), 1.0).await, 1.0);
+        assert_eq!(r.sample_reaching(&step("failed"), 1.0).await, 1.0);
+        assert_eq!(
+            r.sample_reaching(&step("unregistered_pods_deleted"), 2.0)
+                .await,
+            2.0
+        );
         assert_eq!(
             r.sample("jobset_inplace_reconciler_failed_jobsets_total")
                 .await,
@@ -563,8 +589,12 @@ async fn what_a_recreation_writes_and_deletes_with_jobsets_controller_writing_th
             until(reason, WAIT, || !events(&server, NS, reason).is_empty()).await;
         }
         assert!(note(&server, NS, "GroupRestartTimedOut").await.contains("within 1s"));
-        assert_eq!(r.sample(&step("unregistered_pods_deleted")).await, 1.0);
-        assert_eq!(r.sample(&step("recreated")).await, 1.0);
+        assert_eq!(
+            r.sample_reaching(&step("unregistered_pods_deleted"), 1.0)
+                .await,
+            1.0
+        );
+        assert_eq!(r.sample_reaching(&step("recreated"), 1.0).await, 1.0);
         assert_eq!(r.sample(PODS_DELETED).await, 1.0);
         assert_eq!(r.sample(JOBS_DELETED).await, 2.0);
         let metrics = r.metrics().await;
@@ -694,7 +724,11 @@ async fn wipes_of_the_epoch_fields_do_not_postpone_the_deadline() {
             took >= timeout && took < timeout + Duration::from_millis(1_500),
             "deleted {took:?} after the deprecation"
         );
-        assert_eq!(r.sample(&step("unregistered_pods_deleted")).await, 1.0);
+        assert_eq!(
+            r.sample_reaching(&step("unregistered_pods_deleted"), 1.0)
+                .await,
+            1.0
+        );
         r.stop().await;
     })
     .await;
@@ -764,7 +798,11 @@ async fn a_standby_that_takes_over_keeps_the_clock() {
             "deleted {:?} after taking over, {took:?} after the deprecation",
             took_over.elapsed()
         );
-        assert_eq!(b.sample(&step("unregistered_pods_deleted")).await, 1.0);
+        assert_eq!(
+            b.sample_reaching(&step("unregistered_pods_deleted"), 1.0)
+                .await,
+            1.0
+        );
         b.stop().await;
     })
     .await;
@@ -919,7 +957,8 @@ async fn one_tenant_s_slow_deadline_deletes_do_not_delay_another_tenant_s_group_
         })
         .await;
         assert_eq!(
-            r.sample(&step("unregistered_pods_deleted")).await,
+            r.sample_reaching(&step("unregistered_pods_deleted"), a_jobsets.len() as f64)
+                .await,
             a_jobsets.len() as f64
         );
         r.stop().await;
