@@ -940,12 +940,24 @@ fn reconciler_args(kubeconfig: &Path) -> Vec<String> {
     strings(&d["spec"]["template"]["spec"]["containers"][0]["args"])
 }
 
-/// A JobSet in the test namespace, created before any change of the release.
-fn jobset_manifest(namespace: &str) -> String {
-    json!({
+/// Polls `check` every 500 ms until it returns `Ok`; panics with its last error after `limit`.
+fn eventually<T>(what: &str, limit: Duration, mut check: impl FnMut() -> Result<T, String>) -> T {
+    let deadline = Instant::now() + limit;
+    loop {
+        match check() {
+            Ok(v) => return v,
+            Err(e) if Instant::now() >= deadline => panic!("{what}: not within {limit:?}: {e}"),
+            Err(_) => std::thread::sleep(Duration::from_millis(500)),
+        }
+    }
+}
+
+/// A JobSet in the test namespace; with `in_place`, an InPlaceRestart one.
+fn jobset_manifest(namespace: &str, name: &str, in_place: bool) -> String {
+    let mut js = json!({
         "apiVersion": "jobset.x-k8s.io/v1alpha2",
         "kind": "JobSet",
-        "metadata": {"name": "helm-before", "namespace": namespace},
+        "metadata": {"name": name, "namespace": namespace},
         "spec": {
             "replicatedJobs": [{
                 "name": "workers",
@@ -960,8 +972,17 @@ fn jobset_manifest(namespace: &str) -> String {
                 }}
             }]
         }
-    })
-    .to_string()
+    });
+    if in_place {
+        js["spec"]["failurePolicy"] =
+            json!({"maxRestarts": 3, "restartStrategy": "InPlaceRestart"});
+        // What JobSet's own validation asks of an in-place JobSet (our webhook would add it), so
+        // that only ours can refuse it.
+        let job = &mut js["spec"]["replicatedJobs"][0]["template"]["spec"];
+        job["backoffLimit"] = json!(2147483647);
+        job["podReplacementPolicy"] = json!("Failed");
+    }
+    js.to_string()
 }
 
 #[test]
@@ -1038,15 +1059,62 @@ fn helm_installs_upgrades_rolls_back_and_uninstalls_on_a_real_control_plane() {
             .iter()
             .any(|a| a.starts_with("--group-restart-timeout"))
     );
+    // The API server type-checks each admission policy against the schemas of what it matches
+    // (kube-controller-manager's status controller): no warnings.
+    let policies: Vec<&str> = installed
+        .iter()
+        .filter(|(kind, _, _)| kind == "ValidatingAdmissionPolicy")
+        .map(|(_, _, name)| name.as_str())
+        .collect();
+    assert!(policies.len() >= 5, "policies: {policies:?}");
+    for name in policies {
+        let status = eventually(
+            &format!("policy {name} type-checked"),
+            Duration::from_secs(90),
+            || {
+                let p = kubectl_json(k, &["get", "validatingadmissionpolicy", name]);
+                let done = p["status"]["observedGeneration"] == p["metadata"]["generation"]
+                    && p["status"]["typeChecking"].is_object();
+                if done {
+                    Ok(p["status"].clone())
+                } else {
+                    Err(format!("status {}", p["status"]))
+                }
+            },
+        );
+        assert!(
+            status["typeChecking"]["expressionWarnings"].is_null(),
+            "policy {name}: type-check warnings: {status}"
+        );
+    }
 
     // A JobSet created under the release (not InPlaceRestart: no webhook pod runs here to
     // answer for one), which the upgrade must leave as stored.
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
     let manifest = dir.path().join("jobset.json");
-    std::fs::write(&manifest, jobset_manifest(ns)).expect("write");
+    std::fs::write(&manifest, jobset_manifest(ns, "helm-before", false)).expect("write");
     kubectl(k, &["create", "-f", &manifest.display().to_string()])
         .unwrap_or_else(|e| panic!("{e}"));
     let before = kubectl_json(k, &["-n", ns, "get", "jobset", "helm-before"]);
+    // The release's webhook configurations are live: an InPlaceRestart JobSet goes to them, and
+    // with no webhook pod to answer (none runs on this control plane) the validating one fails
+    // closed, by name.
+    let in_place = dir.path().join("in-place.json");
+    std::fs::write(&in_place, jobset_manifest(ns, "helm-in-place", true)).expect("write");
+    let refused = kubectl(
+        k,
+        &[
+            "create",
+            "--dry-run=server",
+            "-f",
+            &in_place.display().to_string(),
+        ],
+    )
+    .expect_err("an InPlaceRestart JobSet got through without its webhook");
+    assert!(
+        refused.contains("validate.jobset-inplace.dev"),
+        "refused, but not by our webhook: {refused}"
+    );
 
     // upgrade to a changed value
     helm_on(
@@ -1152,6 +1220,13 @@ fn helm_installs_upgrades_rolls_back_and_uninstalls_on_a_real_control_plane() {
         exists(k, "JobSet", ns, "helm-before"),
         "the workload's JobSet stays"
     );
-    let _ = kubectl(k, &["delete", "namespace", ns, "--wait=false"]);
-    let _ = kubectl(k, &["delete", "namespace", NAMESPACE, "--wait=false"]);
+    // Gone before the next test (tests/real_cluster.rs applies the overlays into the same
+    // namespace on the same control plane in CI).
+    for n in [ns, NAMESPACE] {
+        kubectl(
+            k,
+            &["delete", "namespace", n, "--wait=true", "--timeout=120s"],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    }
 }
