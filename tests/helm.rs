@@ -892,7 +892,7 @@ fn release_objects(helm: &Path, kubeconfig: &Path) -> Vec<(String, String, Strin
 
 /// The resource name kubectl takes for a kind of the chart.
 fn resource_of(kind: &str) -> String {
-    let plural = match kind {
+    match kind {
         "PodDisruptionBudget" => "poddisruptionbudgets.policy".to_owned(),
         "FlowSchema" => "flowschemas.flowcontrol.apiserver.k8s.io".to_owned(),
         "ValidatingAdmissionPolicy" => {
@@ -903,8 +903,7 @@ fn resource_of(kind: &str) -> String {
         }
         "CustomResourceDefinition" => "customresourcedefinitions.apiextensions.k8s.io".to_owned(),
         other => other.to_lowercase(),
-    };
-    plural
+    }
 }
 
 fn exists(kubeconfig: &Path, kind: &str, namespace: &str, name: &str) -> bool {
