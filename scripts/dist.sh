@@ -9,7 +9,8 @@
 #                            the static binaries, exactly the container image's (built by
 #                            scripts/check-image.sh, which replays the Dockerfile for both
 #                            architectures and runs them, the aarch64 one under qemu-user)
-#   SHA256SUMS
+#   jobset-inplace-<version>.tgz   the Helm chart charts/jobset-inplace (`helm package`)
+#   SHA256SUMS               of everything above
 # and checks them: every image reference is the pinned one, every object of every manifest
 # validates against Kubernetes 1.35's schema (scripts/validate-manifests.py with the PyPI package
 # kubernetes-validate in a virtualenv; custom resources against their CRD or skipped with the
@@ -147,8 +148,15 @@ for pair in amd64:x86_64 arm64:aarch64; do
   esac
 done
 
+step "Helm chart"
+# charts/jobset-inplace packaged as is (its version and appVersion are the crate's: tests/helm.rs);
+# helm is built from its pinned Go module by scripts/helm.sh (cached).
+scripts/helm.sh lint --strict charts/jobset-inplace
+scripts/helm.sh package charts/jobset-inplace --destination "$dist"
+[[ -f "$dist/jobset-inplace-$version.tgz" ]] || fail "helm package did not write dist/jobset-inplace-$version.tgz"
+
 step "SHA256SUMS"
 (cd "$dist" && sha256sum -- * >SHA256SUMS && cat SHA256SUMS)
 
-step "dist/ done: ${#variants[@]} install manifests (${variants[*]}), monitoring, dashboard, 2 binaries"
+step "dist/ done: ${#variants[@]} install manifests (${variants[*]}), monitoring, dashboard, 2 binaries, the Helm chart"
 ls -l "$dist"

@@ -1,0 +1,1231 @@
+//! The Helm chart `charts/jobset-inplace/`, with helm built from its Go module by
+//! `scripts/helm.sh` (pinned in `scripts/helm/go.mod`, cached):
+//!
+//! - `helm lint --strict` passes for every variant;
+//! - `helm template` of each variant renders the objects `kubectl kustomize` renders of the
+//!   matching overlay (and with the monitoring and network-policy toggles, of the overlay with
+//!   those components): the same kinds and names, and every field of every object equal but for
+//!   what Helm adds (its labels, the config checksum) and the kustomize ConfigMap's hash suffix;
+//!   so the chart and the kustomize tree cannot drift;
+//! - values reach the objects (images, pull secrets, replicas, scheduling, the group-restart
+//!   timeout, the opt-in namespace selector, the injection config), which the binary's own config
+//!   loader and CLI accept;
+//! - `values.schema.json` rejects a wrong type and an unknown key, saying which;
+//! - the chart's version and appVersion are the crate's version;
+//! - every rendered object is valid under Kubernetes 1.35's schema (`scripts/validate-manifests.py`);
+//! - on a real control plane (`JOBSET_INPLACE_KUBECONFIG`, as tests/real_cluster.rs):
+//!   `helm install`, `helm upgrade` to a changed value with a JobSet created before untouched,
+//!   `helm rollback`, `helm uninstall` leaving nothing of the chart behind.
+//!
+//! Without Go, these tests say SKIPPED loudly and pass, unless `JOBSET_INPLACE_HELM=required`
+//! (.ci/run sets it), which makes them fail instead. A helm build that fails always fails them.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use jobset_inplace::admission::InjectionConfig;
+use jobset_inplace::cli::{Cli, Command as Sub};
+use jobset_inplace::protocol::Dialect;
+use jobset_inplace_testkit::fixtures;
+use serde_json::{Value, json};
+
+const NAMESPACE: &str = "jobset-inplace-system";
+const RELEASE: &str = "jobset-inplace";
+const HELM_ENV: &str = "JOBSET_INPLACE_HELM";
+const KUBECONFIG_ENV: &str = "JOBSET_INPLACE_KUBECONFIG";
+const REAL_CLUSTER_ENV: &str = "JOBSET_INPLACE_REAL_CLUSTER";
+/// A cold build of helm (every module compiled) on two busy cores.
+const BUILD_LIMIT: Duration = Duration::from_secs(45 * 60);
+/// One helm, kubectl or validator run.
+const RUN_LIMIT: Duration = Duration::from_secs(180);
+/// Creating the validator's virtualenv (pip install kubernetes-validate).
+const VENV_LIMIT: Duration = Duration::from_secs(600);
+/// The labels Helm's chart adds to every object (`_helpers.tpl`) that kustomize does not.
+const HELM_LABELS: [&str; 4] = [
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/managed-by",
+    "app.kubernetes.io/version",
+    "helm.sh/chart",
+];
+
+fn repo() -> PathBuf {
+    fixtures::manifest_dir()
+}
+
+fn chart_dir() -> PathBuf {
+    repo().join("charts").join("jobset-inplace")
+}
+
+// ---------------------------------------------------------------------------------------------
+// Running helm and kubectl
+// ---------------------------------------------------------------------------------------------
+
+/// Runs a command with a time limit; stdout on success, a one-line reason (with stderr) otherwise.
+fn run_bounded(cmd: &mut Command, limit: Duration) -> Result<String, String> {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot start {cmd:?}: {e}"))?;
+    let mut stdout = child.stdout.take().ok_or("no stdout")?;
+    let mut stderr = child.stderr.take().ok_or("no stderr")?;
+    let out = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stdout.read_to_string(&mut s);
+        s
+    });
+    let err = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stderr.read_to_string(&mut s);
+        s
+    });
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+            Ok(None) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("{cmd:?} did not finish within {limit:?}"));
+            }
+            Err(e) => return Err(format!("{cmd:?}: {e}")),
+        }
+    };
+    let out = out.join().unwrap_or_default();
+    let err = err.join().unwrap_or_default();
+    if status.success() {
+        Ok(out)
+    } else {
+        Err(format!("{cmd:?} failed ({status}): {err}"))
+    }
+}
+
+/// The helm binary `scripts/helm.sh build` made (built once per test binary), or `None` (and a
+/// loud SKIPPED) when Go is missing and helm is not required.
+fn helm() -> Option<PathBuf> {
+    static HELM: OnceLock<Option<PathBuf>> = OnceLock::new();
+    HELM.get_or_init(|| {
+        let required = std::env::var(HELM_ENV).as_deref() == Ok("required");
+        if let Err(e) = run_bounded(Command::new("go").arg("version"), RUN_LIMIT) {
+            if required {
+                panic!("{HELM_ENV}=required but Go is not usable to build helm: {e}");
+            }
+            eprintln!(
+                "\n!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n\
+                 !! SKIPPED: Go is not installed, so helm was not built and the chart was NOT\n\
+                 !! linted, rendered or compared with deploy/. ({e})\n\
+                 !!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n"
+            );
+            return None;
+        }
+        let out = run_bounded(
+            Command::new(repo().join("scripts/helm.sh")).arg("build"),
+            BUILD_LIMIT,
+        )
+        .unwrap_or_else(|e| panic!("scripts/helm.sh build: {e}"));
+        let path = PathBuf::from(out.lines().last().unwrap_or_default().trim());
+        assert!(path.is_file(), "scripts/helm.sh build printed {out:?}");
+        Some(path)
+    })
+    .clone()
+}
+
+/// `helm ARGS` (bounded); stdout, or the reason with helm's stderr.
+fn run_helm(helm: &Path, args: &[&str]) -> Result<String, String> {
+    run_bounded(Command::new(helm).args(args), RUN_LIMIT)
+}
+
+fn parse_yaml_stream(text: &str, what: &str) -> Vec<Value> {
+    serde_yaml::Deserializer::from_str(text)
+        .map(|doc| {
+            <Value as serde::Deserialize>::deserialize(doc)
+                .unwrap_or_else(|e| panic!("{what}: {e}"))
+        })
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+/// `--set` arguments of a list of `key=value`.
+fn set_args(sets: &[&str]) -> Vec<String> {
+    sets.iter()
+        .flat_map(|s| ["--set".to_owned(), (*s).to_owned()])
+        .collect()
+}
+
+/// `helm template` of the chart in the release namespace with `sets`: its text, or helm's error.
+fn try_template(helm: &Path, sets: &[&str]) -> Result<String, String> {
+    let chart = chart_dir();
+    let mut args = vec![
+        "template".to_owned(),
+        RELEASE.to_owned(),
+        chart.display().to_string(),
+        "--namespace".to_owned(),
+        NAMESPACE.to_owned(),
+    ];
+    args.extend(set_args(sets));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    run_helm(helm, &args)
+}
+
+fn template(helm: &Path, sets: &[&str]) -> Vec<Value> {
+    let text = try_template(helm, sets).unwrap_or_else(|e| panic!("{e}"));
+    parse_yaml_stream(&text, &format!("helm template {sets:?}"))
+}
+
+/// `kubectl kustomize` of a kustomization taking `overlays/OVERLAY` and `components`.
+fn kustomize(overlay: &str, components: &[&str]) -> Vec<Value> {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
+    let deploy = repo().join("deploy");
+    let rel = |p: &str| {
+        fixtures::relative_path(dir.path(), &deploy.join(p))
+            .display()
+            .to_string()
+    };
+    let mut k = format!(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n- {}\n",
+        rel(&format!("overlays/{overlay}"))
+    );
+    if !components.is_empty() {
+        k.push_str("components:\n");
+        for c in components {
+            k.push_str(&format!("- {}\n", rel(&format!("components/{c}"))));
+        }
+    }
+    std::fs::write(dir.path().join("kustomization.yaml"), k).expect("write kustomization");
+    let text = run_bounded(
+        Command::new("kubectl").arg("kustomize").arg(dir.path()),
+        RUN_LIMIT,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    parse_yaml_stream(&text, &format!("kubectl kustomize overlays/{overlay}"))
+}
+
+// ---------------------------------------------------------------------------------------------
+// The variants, and what "the same objects" means
+// ---------------------------------------------------------------------------------------------
+
+struct Variant {
+    name: &'static str,
+    /// The chart's values for it.
+    sets: &'static [&'static str],
+    overlay: &'static str,
+    components: &'static [&'static str],
+}
+
+const TOGGLES: &[&str] = &[
+    "metrics.serviceMonitor.enabled=true",
+    "metrics.prometheusRule.enabled=true",
+    "networkPolicy.enabled=true",
+];
+
+const VARIANTS: &[Variant] = &[
+    Variant {
+        name: "epoch (the defaults)",
+        sets: &[],
+        overlay: "epoch",
+        components: &[],
+    },
+    Variant {
+        name: "jobset-native",
+        sets: &["dialect=jobset-native"],
+        overlay: "jobset-native",
+        components: &[],
+    },
+    Variant {
+        name: "cert-manager",
+        sets: &["certificates=cert-manager"],
+        overlay: "cert-manager",
+        components: &[],
+    },
+    Variant {
+        name: "epoch with monitoring and network policies",
+        sets: TOGGLES,
+        overlay: "epoch",
+        components: &["monitoring", "network-policy"],
+    },
+];
+
+/// kustomize's ConfigMap name carries a hash of its content: `jobset-inplace-config-<10>`.
+fn is_hashed_config_name(s: &str) -> bool {
+    s.strip_prefix("jobset-inplace-config-")
+        .is_some_and(|h| h.len() == 10 && h.bytes().all(|b| b.is_ascii_alphanumeric()))
+}
+
+/// Replaces every string that is the hashed ConfigMap name with the chart's name; collapses the
+/// whitespace of CEL expressions (kustomize re-serializes a folded `>-` scalar with a more-indented
+/// line as a literal one with a blank line added: the same CEL, other whitespace); orders the
+/// volumes and volume mounts by name (kustomize's strategic merge orders them differently from
+/// one combination of components to the next; Kubernetes does not care).
+fn unhash(v: &mut Value) {
+    match v {
+        Value::String(s) if is_hashed_config_name(s) => *s = "jobset-inplace-config".to_owned(),
+        Value::Array(a) => a.iter_mut().for_each(unhash),
+        Value::Object(o) => {
+            for (k, v) in o.iter_mut() {
+                match (k.as_str(), v) {
+                    ("expression", Value::String(s)) => {
+                        *s = s.split_whitespace().collect::<Vec<_>>().join(" ");
+                    }
+                    ("volumes" | "volumeMounts", Value::Array(a)) => {
+                        a.iter_mut().for_each(unhash);
+                        a.sort_by_key(|m| m["name"].as_str().unwrap_or_default().to_owned());
+                    }
+                    (_, v) => unhash(v),
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+fn remove_empty(object: &mut Value, path: &[&str]) {
+    let Some((last, parent)) = path.split_last() else {
+        return;
+    };
+    let mut at = &mut *object;
+    for p in parent {
+        match at.get_mut(*p) {
+            Some(next) => at = next,
+            None => return,
+        }
+    }
+    if let Some(map) = at.as_object_mut()
+        && map
+            .get(*last)
+            .is_some_and(|v| v.as_object().is_some_and(|m| m.is_empty()))
+    {
+        map.remove(*last);
+    }
+}
+
+/// The objects by (kind, name), with what only Helm or only kustomize adds taken out:
+/// Helm's labels, the pods' config checksum annotation, kustomize's ConfigMap hash suffix; the
+/// injection config's text is compared as the YAML it is (comments differ).
+fn normalized(objects: &[Value]) -> BTreeMap<(String, String), Value> {
+    let mut out = BTreeMap::new();
+    for o in objects {
+        let mut o = o.clone();
+        unhash(&mut o);
+        if let Some(labels) = o["metadata"]["labels"].as_object_mut() {
+            for l in HELM_LABELS {
+                labels.remove(l);
+            }
+        }
+        if let Some(a) = o
+            .pointer_mut("/spec/template/metadata/annotations")
+            .and_then(Value::as_object_mut)
+        {
+            a.remove("checksum/config");
+        }
+        remove_empty(&mut o, &["spec", "template", "metadata", "annotations"]);
+        if o["kind"] == "ConfigMap"
+            && let Some(text) = o["data"]["config.yaml"].as_str()
+        {
+            let parsed: Value = serde_yaml::from_str(text).expect("config.yaml is YAML");
+            o["data"]["config.yaml"] = parsed;
+        }
+        let key = (
+            o["kind"].as_str().unwrap_or_default().to_owned(),
+            o["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+        );
+        assert!(
+            out.insert(key.clone(), o).is_none(),
+            "{key:?} rendered twice"
+        );
+    }
+    out
+}
+
+/// Paths where `got` differs from `want`.
+fn differences(want: &Value, got: &Value, path: &str, out: &mut Vec<String>) {
+    match (want, got) {
+        (Value::Object(a), Value::Object(b)) => {
+            for (k, v) in a {
+                match b.get(k) {
+                    Some(w) => differences(v, w, &format!("{path}.{k}"), out),
+                    None => out.push(format!("{path}.{k}: missing in the chart ({v})")),
+                }
+            }
+            for (k, v) in b.iter().filter(|(k, _)| !a.contains_key(*k)) {
+                out.push(format!("{path}.{k}: only in the chart ({v})"));
+            }
+        }
+        (Value::Array(a), Value::Array(b)) if a.len() == b.len() => {
+            for (i, (v, w)) in a.iter().zip(b).enumerate() {
+                differences(v, w, &format!("{path}[{i}]"), out);
+            }
+        }
+        _ if want == got => {}
+        _ => out.push(format!("{path}: kustomize {want}, chart {got}")),
+    }
+}
+
+/// The differences between the chart's objects and kustomize's (empty when the same).
+fn compare(chart: &[Value], kustomize: &[Value]) -> Vec<String> {
+    let chart = normalized(chart);
+    let mut kustomize = normalized(kustomize);
+    // The chart installs into the release namespace (`helm install --namespace ...`), which
+    // Helm must have before it renders anything (it keeps the release there), so the Namespace
+    // object with its Pod Security labels is kustomize's alone (deploy/README.md, "Helm").
+    kustomize.remove(&("Namespace".to_owned(), NAMESPACE.to_owned()));
+    let mut out = Vec::new();
+    let names = |m: &BTreeMap<(String, String), Value>| m.keys().cloned().collect::<BTreeSet<_>>();
+    for k in names(&kustomize).difference(&names(&chart)) {
+        out.push(format!("{k:?}: missing in the chart"));
+    }
+    for k in names(&chart).difference(&names(&kustomize)) {
+        out.push(format!("{k:?}: only in the chart"));
+    }
+    for (k, want) in &kustomize {
+        if let Some(got) = chart.get(k) {
+            let mut d = Vec::new();
+            differences(want, got, "", &mut d);
+            out.extend(d.into_iter().map(|d| format!("{} {}: {d}", k.0, k.1)));
+        }
+    }
+    out
+}
+
+/// The objects of one kind and name in a rendering.
+fn object<'a>(objects: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    objects
+        .iter()
+        .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name}"))
+}
+
+fn container<'a>(objects: &'a [Value], deployment: &str) -> &'a Value {
+    &object(objects, "Deployment", deployment)["spec"]["template"]["spec"]["containers"][0]
+}
+
+fn strings(v: &Value) -> Vec<String> {
+    v.as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|s| s.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn env_value(container: &Value, name: &str) -> Option<String> {
+    container["env"]
+        .as_array()?
+        .iter()
+        .find(|e| e["name"] == name)
+        .and_then(|e| e["value"].as_str().map(str::to_owned))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tests without a cluster
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn the_charts_version_and_app_version_are_the_crates() {
+    let text = std::fs::read_to_string(chart_dir().join("Chart.yaml")).expect("Chart.yaml");
+    let chart: Value = serde_yaml::from_str(&text).expect("Chart.yaml is YAML");
+    let version = env!("CARGO_PKG_VERSION");
+    assert_eq!(chart["version"], version, "Chart.yaml version");
+    assert_eq!(chart["appVersion"], version, "Chart.yaml appVersion");
+}
+
+#[test]
+fn the_charts_dashboard_is_deploys() {
+    let ours = std::fs::read(repo().join("deploy/grafana/jobset-inplace.json")).expect("dashboard");
+    let chart = std::fs::read(chart_dir().join("files/jobset-inplace.json")).expect("chart copy");
+    assert!(
+        ours == chart,
+        "charts/jobset-inplace/files/jobset-inplace.json differs from deploy/grafana/jobset-inplace.json: copy it"
+    );
+    let Some(helm) = helm() else { return };
+    let objects = template(&helm, &["metrics.dashboard.enabled=true"]);
+    let cm = object(&objects, "ConfigMap", "jobset-inplace-dashboard");
+    assert_eq!(cm["metadata"]["labels"]["grafana_dashboard"], "1");
+    let rendered: Value = serde_json::from_str(
+        cm["data"]["jobset-inplace.json"]
+            .as_str()
+            .unwrap_or_default(),
+    )
+    .expect("the dashboard ConfigMap holds JSON");
+    let want: Value = serde_json::from_slice(&ours).expect("dashboard JSON");
+    assert_eq!(rendered, want);
+    // Off by default (the kustomize overlays carry no dashboard ConfigMap).
+    assert!(
+        !template(&helm, &[])
+            .iter()
+            .any(|o| o["metadata"]["name"] == "jobset-inplace-dashboard")
+    );
+}
+
+#[test]
+fn the_chart_lints_strictly_in_every_variant() {
+    let Some(helm) = helm() else { return };
+    let chart = chart_dir().display().to_string();
+    for v in VARIANTS {
+        let mut args = vec!["lint".to_owned(), "--strict".to_owned(), chart.clone()];
+        args.extend(set_args(v.sets));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = run_helm(&helm, &args).unwrap_or_else(|e| panic!("{}: {e}", v.name));
+        assert!(out.contains("0 chart(s) failed"), "{}: {out}", v.name);
+    }
+}
+
+#[test]
+fn each_variant_renders_the_objects_of_its_overlay() {
+    let Some(helm) = helm() else { return };
+    let mut failures = Vec::new();
+    for v in VARIANTS {
+        let chart = template(&helm, v.sets);
+        let want = kustomize(v.overlay, v.components);
+        let d = compare(&chart, &want);
+        if !d.is_empty() {
+            failures.push(format!("{}:\n  {}", v.name, d.join("\n  ")));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "the chart and deploy/ differ:\n{}",
+        failures.join("\n")
+    );
+}
+
+/// The injection config the chart renders loads with the binary's loader.
+fn load_config(objects: &[Value], dialect: Dialect) -> InjectionConfig {
+    let cm = object(objects, "ConfigMap", "jobset-inplace-config");
+    let text = cm["data"]["config.yaml"].as_str().expect("config.yaml");
+    let mut config = InjectionConfig::defaults(dialect);
+    config
+        .apply_file(Path::new("config.yaml"), text)
+        .unwrap_or_else(|e| panic!("{e}"));
+    config.check().unwrap_or_else(|e| panic!("{e}"));
+    config
+}
+
+fn parse_args(container: &Value) -> Cli {
+    let args = strings(&container["args"]);
+    let argv = std::iter::once("jobset-inplace".to_owned()).chain(args.iter().cloned());
+    Cli::try_parse_from(argv).unwrap_or_else(|e| panic!("args {args:?} do not parse: {e}"))
+}
+
+#[test]
+fn values_reach_the_objects_and_the_binary_accepts_them() {
+    let Some(helm) = helm() else { return };
+    let digest = format!("sha256:{}", "ab".repeat(32));
+    let digest_set = format!("image.digest={digest}");
+    let objects = template(
+        &helm,
+        &[
+            "dialect=jobset-native",
+            "image.registry=registry.example.com",
+            "image.repository=mirror/jobset-inplace",
+            "image.tag=0.1.0-rc1",
+            &digest_set,
+            "image.pullPolicy=Always",
+            "imagePullSecrets[0].name=mirror-credentials",
+            "agent.image.repository=mirror/agent",
+            "agent.image.tag=v7",
+            "agent.imagePullSecrets[0].name=agent-pull",
+            "agent.imagePullSecrets[1].name=agent-pull-2",
+            "webhook.replicas=3",
+            "webhook.resources.limits.memory=512Mi",
+            "webhook.nodeSelector.pool=system",
+            "webhook.tolerations[0].key=dedicated",
+            "webhook.tolerations[0].operator=Exists",
+            "webhook.priorityClassName=system-cluster-critical",
+            "webhook.namespaceSelection=optIn",
+            "webhook.excludedNamespaces={kube-system,platform}",
+            "reconciler.replicas=1",
+            "reconciler.groupRestartTimeout=5m",
+            "reconciler.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].key=pool",
+            "reconciler.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].operator=Exists",
+            "injection.restartExitCode=7",
+            "injection.barrierPort=9000",
+        ],
+    );
+    let image = format!("registry.example.com/mirror/jobset-inplace:0.1.0-rc1@{digest}");
+    let webhook = container(&objects, "jobset-inplace-webhook");
+    let reconciler = container(&objects, "jobset-inplace-reconciler");
+    assert_eq!(webhook["image"], image.as_str());
+    assert_eq!(reconciler["image"], image.as_str());
+    assert_eq!(webhook["imagePullPolicy"], "Always");
+    assert_eq!(
+        env_value(webhook, "JOBSET_INPLACE_AGENT_IMAGE").as_deref(),
+        Some(format!("registry.example.com/mirror/agent:v7@{digest}").as_str()),
+        "the agent image: its own fields, the others of `image`"
+    );
+    let pod = |d: &str| &object(&objects, "Deployment", d)["spec"]["template"]["spec"];
+    for d in ["jobset-inplace-webhook", "jobset-inplace-reconciler"] {
+        assert_eq!(
+            pod(d)["imagePullSecrets"],
+            json!([{"name": "mirror-credentials"}])
+        );
+    }
+    let deployment = |d: &str| &object(&objects, "Deployment", d)["spec"];
+    assert_eq!(deployment("jobset-inplace-webhook")["replicas"], 3);
+    assert_eq!(deployment("jobset-inplace-reconciler")["replicas"], 1);
+    assert_eq!(webhook["resources"]["limits"]["memory"], "512Mi");
+    assert_eq!(
+        webhook["resources"]["requests"]["cpu"], "50m",
+        "a default kept"
+    );
+    assert_eq!(
+        pod("jobset-inplace-webhook")["nodeSelector"],
+        json!({"pool": "system"})
+    );
+    assert_eq!(
+        pod("jobset-inplace-webhook")["tolerations"],
+        json!([{"key": "dedicated", "operator": "Exists"}])
+    );
+    assert_eq!(
+        pod("jobset-inplace-webhook")["priorityClassName"],
+        "system-cluster-critical"
+    );
+    assert!(
+        pod("jobset-inplace-webhook")["affinity"]["podAntiAffinity"].is_object(),
+        "the default anti-affinity stays without affinity:"
+    );
+    assert!(
+        pod("jobset-inplace-reconciler")["affinity"]["podAntiAffinity"].is_null()
+            && pod("jobset-inplace-reconciler")["affinity"]["nodeAffinity"].is_object(),
+        "affinity: replaces the default"
+    );
+    // The reconciler takes its flags, with the timeout.
+    match parse_args(reconciler).command {
+        Sub::Reconciler(_) => {}
+        other => panic!("the reconciler container runs {other:?}"),
+    }
+    assert!(strings(&reconciler["args"]).contains(&"--group-restart-timeout=5m".to_owned()));
+    assert_eq!(
+        env_value(reconciler, "JOBSET_INPLACE_WRITE_EPOCH_STATUS").as_deref(),
+        Some("false")
+    );
+    // The opt-in selector, on both webhooks.
+    for kind in [
+        "MutatingWebhookConfiguration",
+        "ValidatingWebhookConfiguration",
+    ] {
+        assert_eq!(
+            object(&objects, kind, "jobset-inplace")["webhooks"][0]["namespaceSelector"],
+            json!({"matchExpressions": [
+                {"key": "jobset-inplace.dev/enabled", "operator": "In", "values": ["true"]},
+                {"key": "kubernetes.io/metadata.name", "operator": "NotIn",
+                 "values": ["kube-system", "platform", NAMESPACE]},
+            ]}),
+            "{kind}"
+        );
+    }
+    // The injection config loads with the attempt dialect and carries the values.
+    load_config(&objects, Dialect::Attempt);
+    let cm = object(&objects, "ConfigMap", "jobset-inplace-config");
+    assert_eq!(cm["data"]["protocol"], "attempt");
+    let text: Value = serde_yaml::from_str(cm["data"]["config.yaml"].as_str().unwrap_or_default())
+        .expect("config YAML");
+    assert_eq!(text["protocol"], "attempt");
+    assert_eq!(text["restartExitCode"], 7);
+    assert_eq!(text["barrierPort"], 9000);
+    assert_eq!(
+        text["imagePullSecrets"],
+        json!(["agent-pull", "agent-pull-2"])
+    );
+    // The agent policy watches the attempt dialect's annotation.
+    let policy = object(
+        &objects,
+        "ValidatingAdmissionPolicy",
+        "jobset-inplace-agent",
+    );
+    assert_eq!(
+        policy["spec"]["variables"][0]["expression"],
+        "'jobset.sigs.k8s.io/in-place-restart-attempt'"
+    );
+    // The webhook container's flags parse too.
+    match parse_args(webhook).command {
+        Sub::Webhook(_) => {}
+        other => panic!("the webhook container runs {other:?}"),
+    }
+}
+
+#[test]
+fn the_default_config_loads_and_images_are_the_release() {
+    let Some(helm) = helm() else { return };
+    let objects = template(&helm, &[]);
+    load_config(&objects, Dialect::Epoch);
+    let image = format!(
+        "ghcr.io/jobset-inplace/jobset-inplace:{}",
+        env!("CARGO_PKG_VERSION")
+    );
+    let webhook = container(&objects, "jobset-inplace-webhook");
+    assert_eq!(webhook["image"], image.as_str());
+    assert_eq!(
+        env_value(webhook, "JOBSET_INPLACE_AGENT_IMAGE").as_deref(),
+        Some(image.as_str())
+    );
+    assert!(
+        !strings(&container(&objects, "jobset-inplace-reconciler")["args"])
+            .iter()
+            .any(|a| a.starts_with("--group-restart-timeout")),
+        "no timeout flag by default: the binary's default"
+    );
+}
+
+/// helm's error for `sets`, which must fail.
+fn rejection(helm: &Path, sets: &[&str]) -> String {
+    match try_template(helm, sets) {
+        Ok(_) => panic!("helm template {sets:?} rendered: the schema let it through"),
+        Err(e) => e,
+    }
+}
+
+#[test]
+fn the_schema_rejects_a_wrong_type_and_an_unknown_key() {
+    let Some(helm) = helm() else { return };
+    let cases: &[(&[&str], &[&str])] = &[
+        // A wrong type: helm names the field and both types.
+        (
+            &["webhook.replicas=two"],
+            &[
+                "values don't meet the specifications of the schema",
+                "at '/webhook/replicas': got string, want integer",
+            ],
+        ),
+        (
+            &["metrics.service=yes"],
+            &["at '/metrics/service': got string, want boolean"],
+        ),
+        (
+            &["imagePullSecrets[0]=mirror-credentials"],
+            &["at '/imagePullSecrets/0': got string, want object"],
+        ),
+        // An unknown key, at the top and nested.
+        (
+            &["replicas=2"],
+            &["at '': additional properties 'replicas' not allowed"],
+        ),
+        (
+            &["webhook.replica=2"],
+            &["at '/webhook': additional properties 'replica' not allowed"],
+        ),
+        // A value out of its set or shape (no `auto` dialect: nothing detects it).
+        (
+            &["dialect=auto"],
+            &["at '/dialect': value must be one of 'epoch', 'jobset-native'"],
+        ),
+        (
+            &["image.digest=latest"],
+            &["at '/image/digest': 'latest' does not match"],
+        ),
+        (
+            &["reconciler.groupRestartTimeout=soon"],
+            &["at '/reconciler/groupRestartTimeout': 'soon' does not match"],
+        ),
+    ];
+    let mut failures = Vec::new();
+    for (sets, wants) in cases {
+        let e = rejection(&helm, sets);
+        eprintln!(
+            "{sets:?} -> {}",
+            e.lines()
+                .filter(|l| !l.trim().is_empty())
+                .collect::<Vec<_>>()
+                .join(" | ")
+        );
+        for w in *wants {
+            if !e.contains(w) {
+                failures.push(format!("{sets:?}: the message does not say {w:?}: {e}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The validator's virtualenv (target/tools-venv, as scripts/dist.sh makes it).
+fn validator_python() -> PathBuf {
+    let venv = repo().join("target/tools-venv");
+    let python = venv.join("bin/python");
+    let ready = run_bounded(
+        Command::new(&python).args(["-c", "import kubernetes_validate"]),
+        RUN_LIMIT,
+    )
+    .is_ok();
+    if !ready {
+        run_bounded(
+            Command::new("python3").args(["-m", "venv"]).arg(&venv),
+            VENV_LIMIT,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        run_bounded(
+            Command::new(venv.join("bin/pip")).args([
+                "install",
+                "-q",
+                "--disable-pip-version-check",
+                "kubernetes-validate",
+            ]),
+            VENV_LIMIT,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    }
+    python
+}
+
+#[test]
+fn every_rendered_object_is_valid_under_kubernetes_1_35() {
+    let Some(helm) = helm() else { return };
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
+    let mut files = Vec::new();
+    let all = [
+        "metrics.serviceMonitor.enabled=true",
+        "metrics.prometheusRule.enabled=true",
+        "metrics.dashboard.enabled=true",
+        "networkPolicy.enabled=true",
+        "webhook.namespaceSelection=optIn",
+        "reconciler.groupRestartTimeout=90s",
+    ];
+    for (i, variant) in [
+        vec!["dialect=epoch"],
+        vec!["dialect=jobset-native"],
+        vec!["certificates=cert-manager"],
+        vec!["dialect=jobset-native", "certificates=cert-manager"],
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut sets = variant.clone();
+        sets.extend(all);
+        let text = try_template(&helm, &sets).unwrap_or_else(|e| panic!("{e}"));
+        let path = dir.path().join(format!("variant-{i}.yaml"));
+        std::fs::write(&path, text).expect("write");
+        files.push(path);
+    }
+    let python = validator_python();
+    let out = run_bounded(
+        Command::new(python)
+            .arg(repo().join("scripts/validate-manifests.py"))
+            .args(["--kubernetes", "1.35", "--crd"])
+            .arg(repo().join("fixtures/jobset-v0.12/jobset.x-k8s.io_jobsets.yaml"))
+            .args(&files),
+        RUN_LIMIT,
+    )
+    .unwrap_or_else(|e| panic!("the chart's objects are not all valid under 1.35: {e}"));
+    eprintln!("{out}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// On a real control plane
+// ---------------------------------------------------------------------------------------------
+
+/// The kubeconfig of the real control plane, or `None` (and a loud SKIPPED) without one.
+fn real_cluster(test: &str) -> Option<PathBuf> {
+    let Some(path) = std::env::var_os(KUBECONFIG_ENV).filter(|p| !p.is_empty()) else {
+        if std::env::var(REAL_CLUSTER_ENV).as_deref() == Ok("required") {
+            panic!("{test}: {REAL_CLUSTER_ENV}=required but {KUBECONFIG_ENV} is not set");
+        }
+        eprintln!(
+            "\n!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n\
+             !! SKIPPED {test}: no real control plane (run scripts/control-plane.sh up DIR\n\
+             !! and set {KUBECONFIG_ENV}=DIR/kubeconfig)\n\
+             !!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n"
+        );
+        return None;
+    };
+    Some(PathBuf::from(path))
+}
+
+fn kubectl(kubeconfig: &Path, args: &[&str]) -> Result<String, String> {
+    run_bounded(
+        Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .args(args),
+        RUN_LIMIT,
+    )
+}
+
+fn kubectl_json(kubeconfig: &Path, args: &[&str]) -> Value {
+    let mut a = args.to_vec();
+    a.extend(["-o", "json"]);
+    let out = kubectl(kubeconfig, &a).unwrap_or_else(|e| panic!("{e}"));
+    serde_json::from_str(&out).expect("kubectl -o json")
+}
+
+/// `helm ARGS` against the cluster, in the release namespace.
+fn helm_on(helm: &Path, kubeconfig: &Path, args: &[&str]) -> Result<String, String> {
+    run_bounded(
+        Command::new(helm)
+            .args(args)
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .args(["--namespace", NAMESPACE]),
+        RUN_LIMIT,
+    )
+}
+
+/// Every object the release names, as (kind, namespace, name), from `helm get manifest`.
+fn release_objects(helm: &Path, kubeconfig: &Path) -> Vec<(String, String, String)> {
+    let text =
+        helm_on(helm, kubeconfig, &["get", "manifest", RELEASE]).unwrap_or_else(|e| panic!("{e}"));
+    parse_yaml_stream(&text, "helm get manifest")
+        .iter()
+        .map(|o| {
+            (
+                o["kind"].as_str().unwrap_or_default().to_owned(),
+                o["metadata"]["namespace"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+                o["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// The resource name kubectl takes for a kind of the chart.
+fn resource_of(kind: &str) -> String {
+    match kind {
+        "PodDisruptionBudget" => "poddisruptionbudgets.policy".to_owned(),
+        "FlowSchema" => "flowschemas.flowcontrol.apiserver.k8s.io".to_owned(),
+        "ValidatingAdmissionPolicy" => {
+            "validatingadmissionpolicies.admissionregistration.k8s.io".to_owned()
+        }
+        "ValidatingAdmissionPolicyBinding" => {
+            "validatingadmissionpolicybindings.admissionregistration.k8s.io".to_owned()
+        }
+        "CustomResourceDefinition" => "customresourcedefinitions.apiextensions.k8s.io".to_owned(),
+        other => other.to_lowercase(),
+    }
+}
+
+fn exists(kubeconfig: &Path, kind: &str, namespace: &str, name: &str) -> bool {
+    let resource = resource_of(kind);
+    let mut args = vec![
+        "get",
+        resource.as_str(),
+        name,
+        "--ignore-not-found",
+        "-o",
+        "name",
+    ];
+    if !namespace.is_empty() {
+        args.extend(["-n", namespace]);
+    }
+    !kubectl(kubeconfig, &args)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .trim()
+        .is_empty()
+}
+
+fn reconciler_args(kubeconfig: &Path) -> Vec<String> {
+    let d = kubectl_json(
+        kubeconfig,
+        &[
+            "-n",
+            NAMESPACE,
+            "get",
+            "deployment",
+            "jobset-inplace-reconciler",
+        ],
+    );
+    strings(&d["spec"]["template"]["spec"]["containers"][0]["args"])
+}
+
+/// Polls `check` every 500 ms until it returns `Ok`; panics with its last error after `limit`.
+fn eventually<T>(what: &str, limit: Duration, mut check: impl FnMut() -> Result<T, String>) -> T {
+    let deadline = Instant::now() + limit;
+    loop {
+        match check() {
+            Ok(v) => return v,
+            Err(e) if Instant::now() >= deadline => panic!("{what}: not within {limit:?}: {e}"),
+            Err(_) => std::thread::sleep(Duration::from_millis(500)),
+        }
+    }
+}
+
+/// A JobSet in the test namespace; with `in_place`, an InPlaceRestart one.
+fn jobset_manifest(namespace: &str, name: &str, in_place: bool) -> String {
+    let mut js = json!({
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "replicatedJobs": [{
+                "name": "workers",
+                "replicas": 1,
+                "template": {"spec": {
+                    "parallelism": 1,
+                    "completions": 1,
+                    "template": {"spec": {
+                        "restartPolicy": "Never",
+                        "containers": [{"name": "train", "image": "busybox:1.36", "command": ["true"]}]
+                    }}
+                }}
+            }]
+        }
+    });
+    if in_place {
+        js["spec"]["failurePolicy"] =
+            json!({"maxRestarts": 3, "restartStrategy": "InPlaceRestart"});
+        // What JobSet's own validation asks of an in-place JobSet (our webhook would add it), so
+        // that only ours can refuse it.
+        let job = &mut js["spec"]["replicatedJobs"][0]["template"]["spec"];
+        job["backoffLimit"] = json!(2147483647);
+        job["podReplacementPolicy"] = json!("Failed");
+    }
+    js.to_string()
+}
+
+#[test]
+fn helm_installs_upgrades_rolls_back_and_uninstalls_on_a_real_control_plane() {
+    let test = "helm_installs_upgrades_rolls_back_and_uninstalls_on_a_real_control_plane";
+    let Some(kubeconfig) = real_cluster(test) else {
+        return;
+    };
+    let Some(helm) = helm() else { return };
+    let k = kubeconfig.as_path();
+    let chart = chart_dir().display().to_string();
+    let ns = "helm-jobsets";
+    // Leftovers of an interrupted run go first.
+    let _ = helm_on(
+        &helm,
+        k,
+        &["uninstall", RELEASE, "--wait", "--timeout", "2m"],
+    );
+    let _ = kubectl(
+        k,
+        &[
+            "delete",
+            "namespace",
+            ns,
+            "--ignore-not-found",
+            "--wait=true",
+        ],
+    );
+
+    // install
+    kubectl(k, &["create", "namespace", ns]).unwrap_or_else(|e| panic!("{e}"));
+    let out = helm_on(
+        &helm,
+        k,
+        &[
+            "install",
+            RELEASE,
+            &chart,
+            "--create-namespace",
+            "--set",
+            "dialect=jobset-native",
+        ],
+    )
+    .unwrap_or_else(|e| panic!("helm install: {e}"));
+    eprintln!("{out}");
+    let installed = release_objects(&helm, k);
+    assert!(
+        installed.len() > 30,
+        "the release names {} objects",
+        installed.len()
+    );
+    for (kind, namespace, name) in &installed {
+        assert!(
+            exists(k, kind, namespace, name),
+            "{kind} {namespace}/{name} was not created"
+        );
+    }
+    for kind in [
+        "mutatingwebhookconfiguration",
+        "validatingwebhookconfiguration",
+    ] {
+        let c = kubectl_json(k, &["get", kind, "jobset-inplace"]);
+        assert_eq!(
+            c["webhooks"][0]["clientConfig"]["service"]["namespace"], NAMESPACE,
+            "{kind}"
+        );
+        assert_eq!(
+            c["metadata"]["annotations"]["meta.helm.sh/release-name"],
+            RELEASE
+        );
+    }
+    assert!(
+        !reconciler_args(k)
+            .iter()
+            .any(|a| a.starts_with("--group-restart-timeout"))
+    );
+    // The API server type-checks each admission policy against the schemas of what it matches
+    // (kube-controller-manager's status controller): no warnings.
+    let policies: Vec<&str> = installed
+        .iter()
+        .filter(|(kind, _, _)| kind == "ValidatingAdmissionPolicy")
+        .map(|(_, _, name)| name.as_str())
+        .collect();
+    assert!(policies.len() >= 5, "policies: {policies:?}");
+    for name in policies {
+        let status = eventually(
+            &format!("policy {name} type-checked"),
+            Duration::from_secs(90),
+            || {
+                let p = kubectl_json(k, &["get", "validatingadmissionpolicy", name]);
+                let done = p["status"]["observedGeneration"] == p["metadata"]["generation"]
+                    && p["status"]["typeChecking"].is_object();
+                if done {
+                    Ok(p["status"].clone())
+                } else {
+                    Err(format!("status {}", p["status"]))
+                }
+            },
+        );
+        assert!(
+            status["typeChecking"]["expressionWarnings"].is_null(),
+            "policy {name}: type-check warnings: {status}"
+        );
+    }
+
+    // A JobSet created under the release (not InPlaceRestart: no webhook pod runs here to
+    // answer for one), which the upgrade must leave as stored.
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
+    let manifest = dir.path().join("jobset.json");
+    std::fs::write(&manifest, jobset_manifest(ns, "helm-before", false)).expect("write");
+    kubectl(k, &["create", "-f", &manifest.display().to_string()])
+        .unwrap_or_else(|e| panic!("{e}"));
+    let before = kubectl_json(k, &["-n", ns, "get", "jobset", "helm-before"]);
+    // The release's webhook configurations are live: an InPlaceRestart JobSet goes to them, and
+    // with no webhook pod to answer (none runs on this control plane) the validating one fails
+    // closed, by name.
+    let in_place = dir.path().join("in-place.json");
+    std::fs::write(&in_place, jobset_manifest(ns, "helm-in-place", true)).expect("write");
+    let refused = kubectl(
+        k,
+        &[
+            "create",
+            "--dry-run=server",
+            "-f",
+            &in_place.display().to_string(),
+        ],
+    )
+    .expect_err("an InPlaceRestart JobSet got through without its webhook");
+    assert!(
+        refused.contains("validate.jobset-inplace.dev"),
+        "refused, but not by our webhook: {refused}"
+    );
+
+    // upgrade to a changed value
+    helm_on(
+        &helm,
+        k,
+        &[
+            "upgrade",
+            RELEASE,
+            &chart,
+            "--reuse-values",
+            "--set",
+            "reconciler.groupRestartTimeout=5m",
+        ],
+    )
+    .unwrap_or_else(|e| panic!("helm upgrade: {e}"));
+    assert!(
+        reconciler_args(k).contains(&"--group-restart-timeout=5m".to_owned()),
+        "the upgrade reached the reconciler: {:?}",
+        reconciler_args(k)
+    );
+    let after = kubectl_json(k, &["-n", ns, "get", "jobset", "helm-before"]);
+    assert_eq!(
+        before["metadata"]["resourceVersion"], after["metadata"]["resourceVersion"],
+        "the upgrade wrote the JobSet"
+    );
+    assert_eq!(before["spec"], after["spec"]);
+    let cm = kubectl_json(
+        k,
+        &["-n", NAMESPACE, "get", "configmap", "jobset-inplace-config"],
+    );
+    assert_eq!(
+        cm["data"]["protocol"], "attempt",
+        "--reuse-values kept the dialect"
+    );
+
+    // rollback to the first revision
+    helm_on(&helm, k, &["rollback", RELEASE, "1"]).unwrap_or_else(|e| panic!("helm rollback: {e}"));
+    assert!(
+        !reconciler_args(k)
+            .iter()
+            .any(|a| a.starts_with("--group-restart-timeout")),
+        "the rollback took the timeout back out: {:?}",
+        reconciler_args(k)
+    );
+    let history =
+        helm_on(&helm, k, &["history", RELEASE, "-o", "json"]).unwrap_or_else(|e| panic!("{e}"));
+    let history: Value = serde_json::from_str(&history).expect("history JSON");
+    assert_eq!(
+        history.as_array().map(Vec::len),
+        Some(3),
+        "install, upgrade, rollback: {history}"
+    );
+
+    // uninstall: nothing the release named is left
+    let objects = release_objects(&helm, k);
+    helm_on(
+        &helm,
+        k,
+        &["uninstall", RELEASE, "--wait", "--timeout", "2m"],
+    )
+    .unwrap_or_else(|e| panic!("helm uninstall: {e}"));
+    let left: Vec<_> = objects
+        .iter()
+        .filter(|(kind, namespace, name)| exists(k, kind, namespace, name))
+        .collect();
+    assert!(
+        left.is_empty(),
+        "left behind after helm uninstall: {left:?}"
+    );
+    assert!(
+        helm_on(&helm, k, &["status", RELEASE]).is_err(),
+        "the release is gone"
+    );
+    // What stays (deploy/README.md): the namespace (Helm's --create-namespace does not delete
+    // it) and the JobSet of the workload namespace; the runtime's Secret, Lease and agent
+    // accounts would too, but no pod ran here to make them.
+    assert!(exists(k, "Namespace", "", NAMESPACE));
+    let remaining = kubectl(
+        k,
+        &[
+            "-n",
+            NAMESPACE,
+            "get",
+            "all,configmap,secret,serviceaccount,role,rolebinding,lease",
+            "-o",
+            "name",
+        ],
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let ours: Vec<&str> = remaining
+        .lines()
+        .filter(|l| l.contains("jobset-inplace"))
+        .collect();
+    assert!(ours.is_empty(), "left in {NAMESPACE}: {ours:?}");
+    let cluster = kubectl(k, &["get", "clusterrole,clusterrolebinding,mutatingwebhookconfiguration,validatingwebhookconfiguration,validatingadmissionpolicy,validatingadmissionpolicybinding,flowschema,crd", "-o", "name"])
+        .unwrap_or_else(|e| panic!("{e}"));
+    let ours: Vec<&str> = cluster
+        .lines()
+        .filter(|l| l.contains("jobset-inplace"))
+        .collect();
+    assert!(ours.is_empty(), "cluster-scoped objects left: {ours:?}");
+    assert!(
+        exists(k, "JobSet", ns, "helm-before"),
+        "the workload's JobSet stays"
+    );
+    // Gone before the next test (tests/real_cluster.rs applies the overlays into the same
+    // namespace on the same control plane in CI).
+    for n in [ns, NAMESPACE] {
+        kubectl(
+            k,
+            &["delete", "namespace", n, "--wait=true", "--timeout=120s"],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    }
+}
