@@ -1207,7 +1207,7 @@ async fn a_fatal_exit_fails_the_jobset_and_nothing_restarts_in_place() {
         };
         let (run, first) = Run::start(&node, "rn-fatal", 3, dialect, |js| {
             js["spec"]["failurePolicy"]["rules"] = json!([{
-                "name": "fail-on-unrecoverable",
+                "name": "failOnUnrecoverable",
                 "action": "FailJobSet",
                 "onJobFailureReasons": ["PodFailurePolicy"]
             }]);
@@ -1256,10 +1256,11 @@ async fn a_fatal_exit_fails_the_jobset_and_nothing_restarts_in_place() {
                 pod_line(p)
             );
         }
-        assert_eq!(
-            run.synced().await,
-            Some(first.epoch),
-            "the epoch did not move"
+        // (JobSet's controller's status write on failure may wipe the field; never above.)
+        let synced = run.synced().await;
+        assert!(
+            synced.is_none_or(|s| s == first.epoch),
+            "the epoch did not move: {synced:?}"
         );
     })
     .await;
