@@ -1375,3 +1375,37 @@ async fn a_pod_that_never_comes_back_is_replaced_after_the_deadline() {
     })
     .await;
 }
+
+/// `doctor` against the real node: its kubelet runs with the gate, declares the feature
+/// (`node.status.declaredFeatures`), and `doctor`'s node check says so (its unit tests name the
+/// nodes that do not).
+#[tokio::test]
+async fn doctor_sees_the_real_node_declare_the_feature() {
+    const TEST: &str = "doctor_sees_the_real_node_declare_the_feature";
+    with_node(TEST, |node| async move {
+        if installed(&node, TEST).is_none() {
+            return;
+        }
+        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_jobset-inplace"))
+            .arg("doctor")
+            .env("KUBECONFIG", &node.kubeconfig)
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .output();
+        let out = tokio::time::timeout(COMMAND_LIMIT, out)
+            .await
+            .expect("doctor within its time")
+            .expect("run doctor");
+        let text = String::from_utf8_lossy(&out.stdout);
+        println!("{text}");
+        assert!(
+            text.lines().any(|l| l.starts_with("ok")
+                && l.contains(
+                    "node-features: all 1 node(s) declare RestartAllContainersOnContainerExits"
+                )),
+            "{text}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    })
+    .await;
+}
