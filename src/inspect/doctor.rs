@@ -823,7 +823,10 @@ mod tests {
             serde_json::from_value(n).expect("node")
         };
         let with = node("a", Some(&[RESTART_ALL_FEATURE]));
-        assert_eq!(check_nodes(&[with.clone()]).verdict, Verdict::Ok);
+        assert_eq!(
+            check_nodes(std::slice::from_ref(&with)).verdict,
+            Verdict::Ok
+        );
         let f = check_nodes(&[with.clone(), node("b", Some(&[])), node("c", None)]);
         assert_eq!(f.verdict, Verdict::Warn, "{}", f.render());
         assert!(
