@@ -10,7 +10,10 @@
 # scripts/check-image.sh runs the builder stage's commands without Docker, for both
 # architectures, and checks the results (the arm64 one under qemu-user).
 
-FROM --platform=$BUILDPLATFORM rust:1.95-bookworm AS builder
+# The builder image pinned by digest (the tag's multi-platform index as resolved on Docker Hub): a
+# tag can be moved to other content, a digest cannot. To update: `docker buildx imagetools inspect
+# rust:1.95-bookworm` (the first "Digest:"), then rebuild and run scripts/check-image.sh.
+FROM --platform=$BUILDPLATFORM rust:1.95-bookworm@sha256:6258907abe69656e41cd992e0b705cdcfabcbbe3db374f92ed2d47121282d4a1 AS builder
 # Set by BuildKit from --platform; a plain `docker build` leaves it empty, which means amd64.
 ARG TARGETARCH
 

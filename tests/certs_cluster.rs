@@ -294,3 +294,63 @@ async fn the_certs_command_form_installs_the_ca_key_and_keeps_other_secret_keys(
     .await
     .expect("bounded");
 }
+
+/// Issue 21 item 5: the Secret deleted, then its CA key corrupted, while two replicas serve its
+/// certificates. The replica that makes the new CA keeps what the caBundle trusted beside it, so
+/// the other replica's certificate (it has not read the Secret again yet) still verifies against
+/// every webhook's stored caBundle, as the API server checks it; once it reads, both serve the
+/// new pair. Before, the new CA was trusted alone and that replica failed every review.
+#[tokio::test]
+async fn a_lost_or_corrupted_secret_keeps_the_served_certificates_trusted() {
+    tokio::time::timeout(LIMIT, async {
+        let server = server_with_configurations().await;
+        let a = tempfile::tempdir().expect("tempdir");
+        let b = tempfile::tempdir().expect("tempdir");
+        let (ra, rb) = (
+            renewer(&server, a.path(), names()),
+            renewer(&server, b.path(), names()),
+        );
+        ra.step().await.expect("replica a");
+        rb.step().await.expect("replica b");
+        for damage in ["deleted", "corrupted"] {
+            if damage == "deleted" {
+                server.delete("secrets", NS, "tls").expect("delete");
+            } else {
+                let mut secret = server.get("secrets", NS, "tls").expect("secret");
+                secret["data"]["ca.key"] =
+                    json!(base64::engine::general_purpose::STANDARD.encode("garbage"));
+                server.put("secrets", secret).expect("put");
+            }
+            let report = ra.step().await.expect("replica a makes a new CA");
+            assert!(
+                matches!(report.steps.as_slice(), [Step::NewCa(_)]),
+                "{damage}: {report:?}"
+            );
+            let now = std::time::SystemTime::now();
+            let behind = std::fs::read(b.path().join("tls.crt")).expect("b's certificate");
+            let fresh = std::fs::read(a.path().join("tls.crt")).expect("a's certificate");
+            assert_ne!(behind, fresh, "{damage}");
+            for (_, resource) in CONFIGURATIONS {
+                let config = server.get(resource, "", "jobset-inplace").expect("config");
+                for (i, roots) in cluster::ca_bundles_of(&config).iter().enumerate() {
+                    for (who, pem) in [("the replica a read behind", &behind), ("the new", &fresh)]
+                    {
+                        let chain =
+                            certs::parse_certs(pem, std::path::Path::new("tls.crt")).expect("pem");
+                        if let Err(e) = certs::verify_chain(roots, &chain, &names(), now) {
+                            panic!("{damage}: {resource} webhook {i}: {who} certificate: {e}");
+                        }
+                    }
+                }
+            }
+            rb.step().await.expect("replica b reads the new pair");
+            assert_eq!(
+                std::fs::read(b.path().join("tls.crt")).expect("b's certificate"),
+                fresh,
+                "{damage}"
+            );
+        }
+    })
+    .await
+    .expect("bounded");
+}

@@ -379,3 +379,128 @@ async fn the_invariant_checker_sees_an_older_pod() {
     })
     .await;
 }
+
+/// The status the test API server holds for a position's current pod, once `ok` holds of it.
+async fn pod_status_until(
+    sim: &Simulation,
+    slot: usize,
+    what: &str,
+    ok: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let name = sim.snapshot().slots[slot].state.pod.clone();
+        let status = sim
+            .server()
+            .get_shared("pods", &sim.config().namespace, &name)
+            .map(|p| p.value["status"].clone())
+            .unwrap_or_default();
+        if ok(&status) {
+            return status;
+        }
+        if std::time::Instant::now() >= deadline {
+            panic!(
+                "{what}: not within {WAIT:?}: {status:#}\n{}",
+                sim.logs(40).join("\n")
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn restart_counts(status: &serde_json::Value, list: &str) -> Vec<(String, i64)> {
+    status[list]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|c| {
+            (
+                c["name"].as_str().unwrap_or_default().to_owned(),
+                c["restartCount"].as_i64().unwrap_or(-1),
+            )
+        })
+        .collect()
+}
+
+/// A user init container and a user sidecar placed before the agent re-run at every group
+/// restart, as the kubelet runs every init container again (`computePodActions`): their time
+/// counts in the restart, the barrier still holds, each one's `restartCount` is one up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn user_init_containers_and_sidecars_re_run_at_every_group_restart() {
+    bounded(async {
+        let mut c = config(Dialect::Epoch, 2);
+        c.user_init_containers = vec![("setup".to_owned(), false), ("proxy".to_owned(), true)];
+        c.user_container_time = Duration::from_millis(300);
+        let sim = Simulation::start(c).await.expect("starts");
+        let first = running(&sim).await;
+        let failed_at = std::time::Instant::now();
+        assert!(sim.fail_worker(0, 3));
+        let after = until(&sim, "the group restart", |s| {
+            s.all_running_after(first.synced)
+        })
+        .await;
+        let took = failed_at.elapsed();
+        assert!(
+            took >= Duration::from_millis(600),
+            "the init container and the sidecar ran before the agent: {took:?}"
+        );
+        assert_clean(&sim, &after);
+        for slot in 0..after.slots.len() {
+            let status = pod_status_until(&sim, slot, "every container restarted once", |s| {
+                let inits = restart_counts(s, "initContainerStatuses");
+                inits.len() == 3 && inits.iter().all(|(_, n)| *n == 1)
+            })
+            .await;
+            let names: Vec<String> = restart_counts(&status, "initContainerStatuses")
+                .into_iter()
+                .map(|(n, _)| n)
+                .collect();
+            assert_eq!(names[..2], ["setup", "proxy"], "{status:#}");
+            assert_eq!(restart_counts(&status, "containerStatuses")[0].1, 1);
+        }
+        sim.shutdown().await;
+    })
+    .await;
+}
+
+/// The agent's startup probe gives up (`failureThreshold` failures: here its agent cannot reach
+/// the API after a group restart, so its barrier never lifts): the kubelet restarts the agent
+/// container alone (`prober/worker.go`), not the pod; the worker stays behind the barrier.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_startup_probe_that_gives_up_restarts_the_agent_alone() {
+    bounded(async {
+        let mut c = config(Dialect::Epoch, 2);
+        c.probe_failure_threshold = Some(20);
+        let sim = Simulation::start(c).await.expect("starts");
+        let first = running(&sim).await;
+        sim.cut_agent_api(0, 1);
+        assert!(sim.fail_worker(0, 3));
+        let status = pod_status_until(&sim, 0, "the agent restarted alone", |s| {
+            restart_counts(s, "initContainerStatuses")
+                .first()
+                .is_some_and(|(_, n)| *n >= 2)
+        })
+        .await;
+        assert_eq!(
+            restart_counts(&status, "containerStatuses")[0].1,
+            1,
+            "the worker restarted with the group only: {status:#}"
+        );
+        assert!(
+            status["containerStatuses"][0]["state"]["waiting"].is_object(),
+            "the worker waits behind the barrier: {status:#}"
+        );
+        let s = sim.snapshot();
+        assert_eq!(s.slots[0].state.uid, first.slots[0].state.uid, "same pod");
+        assert_eq!(s.slots[0].state.restarts, 1, "one group restart: {s}");
+        assert!(
+            sim.logs(4_000)
+                .iter()
+                .any(|l| l.contains("startup probe gave up")),
+            "the kubelet says why"
+        );
+        assert_clean(&sim, &s);
+        sim.shutdown().await;
+    })
+    .await;
+}

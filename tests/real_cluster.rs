@@ -1180,6 +1180,31 @@ async fn the_webhook_injects_denies_and_fails_as_configured() {
             "{code} {message}"
         );
 
+        // Issue 21 item 4, through the real API server: the agent's token handed to every
+        // container (no account named and the token automounted; the agent's account named
+        // with it automounted), or a volume of the template's own taken for the agent's token:
+        // each denied, naming the field, and nothing stored.
+        let pod = "spec.replicatedJobs[0].template.spec.template.spec";
+        for (case, name, webhook, field) in [
+            ("automount-token-with-chosen-account", "token-automount", "mutate", "automountServiceAccountToken"),
+            ("token-volume-name-taken", "token-volume", "mutate", "volumes[0]"),
+            ("agent-account-automounts-token", "token-agent-account", "validate", "automountServiceAccountToken"),
+        ] {
+            let (code, _, message, fields) = api_error(
+                jobsets
+                    .create(&pp, &jobset_valid_for_jobset(case, name, &ns.name))
+                    .await,
+            )
+            .unwrap_or_else(|e| panic!("{case}: {e}"));
+            assert_eq!(code, 422, "{case}: {message}");
+            assert!(
+                message.contains(&format!("admission webhook \"{webhook}.jobset-inplace.dev\" denied the request")),
+                "{case}: {message}"
+            );
+            assert_eq!(fields, [format!("{pod}.{field}")], "{case}: {message}");
+            assert!(jobsets.get_opt(name).await.expect("get").is_none(), "{case}: nothing stored");
+        }
+
         // The webhook gone: an InPlaceRestart JobSet fails closed (the validating webhook's
         // failurePolicy: Fail), any other JobSet never reaches it.
         webhook.stop().await;
@@ -2027,6 +2052,51 @@ async fn the_self_signed_webhook_renews_and_rotates_with_its_own_rights() {
                 .expect("refused");
                 assert!(code == 422 || code == 403, "{kind}: delete {code}");
             }
+            // Issue 21 item 5: the Secret deleted while this replica serves its certificate. The
+            // new CA, made and published with the webhook's own token (its policy lets it change
+            // the caBundle only), keeps the old one trusted in both configurations, so what the
+            // replica served a moment ago still verifies against what the API server trusts.
+            let served = std::fs::read(dir.path().join("tls.crt")).expect("served");
+            secrets
+                .delete(secret_name, &DeleteParams::default())
+                .await
+                .expect("delete the Secret");
+            let report = renewer
+                .step()
+                .await
+                .unwrap_or_else(|e| panic!("with the webhook's own token: {e}"));
+            assert_eq!(
+                report.steps.first().map(rotation::Step::kind),
+                Some("new"),
+                "{report:?}"
+            );
+            let chain =
+                jobset_inplace::certs::parse_certs(&served, std::path::Path::new("tls.crt"))
+                    .expect("pem");
+            for plural in [
+                "mutatingwebhookconfigurations",
+                "validatingwebhookconfigurations",
+            ] {
+                let config: Value = serde_json::from_str(
+                    &kubectl(
+                        Some(&cluster.kubeconfig),
+                        &["get", plural, WEBHOOK_CONFIGURATION, "-o", "json"],
+                    )
+                    .await
+                    .expect("get"),
+                )
+                .expect("json");
+                for roots in jobset_inplace::certs::cluster::ca_bundles_of(&config) {
+                    jobset_inplace::certs::verify_chain(
+                        &roots,
+                        &chain,
+                        &renewer.target().names,
+                        std::time::SystemTime::now(),
+                    )
+                    .unwrap_or_else(|e| panic!("{plural}: the served certificate: {e}"));
+                }
+            }
+
             // No other Secret, no listing.
             let as_webhook: Api<k8s_openapi::api::core::v1::Secret> =
                 Api::namespaced(webhook_client.clone(), system);
@@ -2041,7 +2111,461 @@ async fn the_self_signed_webhook_renews_and_rotates_with_its_own_rights() {
             let (code, _, _, _) = api_error(elsewhere.get(secret_name).await).expect("refused");
             assert_eq!(code, 403);
 
+            // Issue 21: RBAC lets it create any Secret of its namespace; the Secret policy holds
+            // it to its own, of type kubernetes.io/tls. A service-account-token Secret (which the
+            // token controller would fill with the reconciler's token) is refused.
+            let policy = "jobset-inplace-webhook-secret";
+            let secret = |name: &str, type_: &str| -> k8s_openapi::api::core::v1::Secret {
+                serde_json::from_value(json!({"metadata": {"name": name, "namespace": system,
+                    "annotations": {"kubernetes.io/service-account.name": RECONCILER_ACCOUNT}},
+                    "type": type_, "data": {"tls.crt": "", "tls.key": ""}}))
+                .expect("secret")
+            };
+            let _leftovers = Leftovers {
+                kubeconfig: cluster.kubeconfig.clone(),
+                objects: vec![
+                    (system.to_owned(), "secret", "stolen-token".to_owned()),
+                    (system.to_owned(), "secret", "other-tls".to_owned()),
+                ],
+            };
+            let token_secret = secret("stolen-token", "kubernetes.io/service-account-token");
+            let dry = PostParams {
+                dry_run: true,
+                ..PostParams::default()
+            };
+            until_enforced(policy, || as_webhook.create(&dry, &token_secret)).await;
+            for (what, object, said) in [
+                (
+                    "a service-account-token Secret",
+                    token_secret.clone(),
+                    "may write only its Secret",
+                ),
+                (
+                    "a service-account-token Secret of its Secret's name",
+                    secret(secret_name, "kubernetes.io/service-account-token"),
+                    "of type kubernetes.io/tls",
+                ),
+                (
+                    "a TLS Secret of another name",
+                    secret("other-tls", "kubernetes.io/tls"),
+                    "may write only its Secret",
+                ),
+            ] {
+                let (code, _, message, _) =
+                    api_error(as_webhook.create(&PostParams::default(), &object).await)
+                        .unwrap_or_else(|e| panic!("{what}: {e}"));
+                assert_eq!(code, 403, "{what}: {message}");
+                assert!(
+                    message.contains(&format!("ValidatingAdmissionPolicy '{policy}'"))
+                        && message.contains(said),
+                    "{what}: {message}"
+                );
+            }
+
             delete_webhook_configurations(&cluster).await;
+        },
+    )
+    .await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// f2. A stolen reconciler token (issue 21): the provisioning policies, its pod status policy
+// ---------------------------------------------------------------------------------------------
+
+/// Deletes namespaced objects with kubectl when dropped (also when the test panics): what an
+/// attack that was not refused left behind.
+struct Leftovers {
+    kubeconfig: PathBuf,
+    objects: Vec<(String, &'static str, String)>,
+}
+
+impl Drop for Leftovers {
+    fn drop(&mut self) {
+        for (namespace, kind, name) in &self.objects {
+            let _ = std::process::Command::new("kubectl")
+                .arg("--kubeconfig")
+                .arg(&self.kubeconfig)
+                .args(["delete", kind, name, "-n", namespace, "--wait=false"])
+                .arg("--ignore-not-found")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+}
+
+fn agent_binding(namespace: &str, name: &str, role: (&str, &str), subjects: Value) -> Value {
+    json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+           "metadata": {"name": name, "namespace": namespace},
+           "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": role.0, "name": role.1},
+           "subjects": subjects})
+}
+
+/// Waits until the API server enforces `policy` (a policy takes a moment after it is created):
+/// `probe`, a dry run, is refused by it.
+async fn until_enforced<T, F, Fut>(policy: &str, probe: F)
+where
+    T: std::fmt::Debug,
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, kube::Error>>,
+{
+    let mut probe = probe;
+    eventually(
+        &format!("the API server enforces {policy}"),
+        Duration::from_secs(60),
+        || {
+            let attempt = probe();
+            async move {
+                match attempt.await {
+                    Err(kube::Error::Api(s)) if s.message.contains(policy) => Ok(()),
+                    other => Err(format!("{other:?}")),
+                }
+            }
+        },
+    )
+    .await;
+}
+
+/// The refusal of one attack: an admission policy (`Some(policy)`, with its message) or RBAC.
+fn refused_by<T: std::fmt::Debug>(
+    what: &str,
+    result: Result<T, kube::Error>,
+    by: Option<(&str, &str)>,
+) {
+    let (code, _, message, _) = api_error(result).unwrap_or_else(|e| panic!("{what}: {e}"));
+    match by {
+        Some((policy, said)) => {
+            assert!(code == 403 || code == 422, "{what}: {code} {message}");
+            assert!(
+                message.contains(&format!("ValidatingAdmissionPolicy '{policy}'"))
+                    && message.contains(said),
+                "{what}: refused by {policy} with `{said}`: {message}"
+            );
+        }
+        None => {
+            assert_eq!(code, 403, "{what}: {message}");
+            assert!(
+                message.contains("is forbidden: User \"system:serviceaccount:jobset-inplace-system:jobset-inplace-reconciler\""),
+                "{what}: refused by RBAC: {message}"
+            );
+        }
+    }
+}
+
+/// Issue 21, item 1, the attack as it was run, with the reconciler's own token (a TokenRequest
+/// of its ServiceAccount) on the real API server with the epoch overlay's RBAC and policies:
+/// binding the agent role (`patch pods`) to its own account in kube-system, to the `default`
+/// account, to another namespace's agent account, under another name, or binding another role is
+/// refused; so are deleting an unrelated RoleBinding and patching an unrelated ServiceAccount.
+/// Provisioning itself (src/reconciler/provision.rs, server-side apply of the agent's
+/// ServiceAccount and RoleBinding, again, and the binding's removal) goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stolen_reconciler_token_cannot_bind_the_agent_role_elsewhere() {
+    use jobset_inplace::reconciler::provision::{self, ProvisionSettings};
+    use k8s_openapi::api::rbac::v1::RoleBinding;
+    with_cluster(
+        "a_stolen_reconciler_token_cannot_bind_the_agent_role_elsewhere",
+        |cluster| async move {
+            install(&cluster, "epoch").await;
+            delete_webhook_configurations(&cluster).await;
+            let ns = TestNamespace::create(&cluster, "rc-stolen").await;
+            let other = TestNamespace::create(&cluster, "rc-stolen-other").await;
+            let mut leftovers = Leftovers {
+                kubeconfig: cluster.kubeconfig.clone(),
+                objects: Vec::new(),
+            };
+            // What the namespace's owner has: a RoleBinding, a ServiceAccount, a Role that happens
+            // to have the agent's name (with no rules: binding it escalates nothing).
+            apply(
+                &cluster,
+                &[
+                    agent_binding(&ns.name, "team-admins", ("ClusterRole", "admin"),
+                        json!([{"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": "alice"}])),
+                    json!({"apiVersion": "v1", "kind": "ServiceAccount",
+                           "metadata": {"name": "builder", "namespace": ns.name}}),
+                    json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+                           "metadata": {"name": AGENT_SERVICE_ACCOUNT, "namespace": ns.name}, "rules": []}),
+                ],
+            )
+            .await
+            .expect("the namespace's own objects");
+            let client =
+                token_client(&cluster, &account_token(&cluster, SYSTEM_NAMESPACE, RECONCILER_ACCOUNT).await)
+                    .await;
+            let bindings = |namespace: &str| -> Api<DynamicObject> {
+                let gvk = GroupVersionKind::gvk("rbac.authorization.k8s.io", "v1", "RoleBinding");
+                Api::namespaced_with(
+                    client.clone(),
+                    namespace,
+                    &ApiResource::from_gvk_with_plural(&gvk, "rolebindings"),
+                )
+            };
+            let own = json!([{"kind": "ServiceAccount", "name": RECONCILER_ACCOUNT, "namespace": SYSTEM_NAMESPACE}]);
+            let agent_role = ("ClusterRole", AGENT_SERVICE_ACCOUNT);
+            let policy = "jobset-inplace-reconciler-binds-agent";
+            let create = |namespace: &str, object: Value, dry_run: bool| {
+                let api = bindings(namespace);
+                async move {
+                    let object: DynamicObject = serde_json::from_value(object).expect("object");
+                    api.create(&PostParams { dry_run, ..PostParams::default() }, &object).await
+                }
+            };
+            let escalation = agent_binding("kube-system", AGENT_SERVICE_ACCOUNT, agent_role, own.clone());
+            until_enforced(policy, || create("kube-system", escalation.clone(), true)).await;
+
+            // The attacks, each refused by the policy (RBAC allows every one of them).
+            let mut attacks: Vec<(&str, String, Value, &str)> = vec![
+                ("the agent role bound to the reconciler in kube-system", "kube-system".into(),
+                 escalation.clone(), "may not bind in kube-system"),
+                ("the agent role bound to the namespace's default account", ns.name.clone(),
+                 agent_binding(&ns.name, AGENT_SERVICE_ACCOUNT, agent_role,
+                     json!([{"kind": "ServiceAccount", "name": "default", "namespace": ns.name}])),
+                 "may bind only the ServiceAccount jobset-inplace-agent of the binding's own namespace"),
+                ("the agent role bound to another namespace's agent account", ns.name.clone(),
+                 agent_binding(&ns.name, AGENT_SERVICE_ACCOUNT, agent_role,
+                     json!([{"kind": "ServiceAccount", "name": AGENT_SERVICE_ACCOUNT, "namespace": other.name}])),
+                 "may bind only the ServiceAccount jobset-inplace-agent of the binding's own namespace"),
+                ("the agent role bound under another name", ns.name.clone(),
+                 agent_binding(&ns.name, "escalate", agent_role,
+                     json!([{"kind": "ServiceAccount", "name": AGENT_SERVICE_ACCOUNT, "namespace": ns.name}])),
+                 "may write only the RoleBinding jobset-inplace-agent"),
+                ("a Role of the agent's name bound", ns.name.clone(),
+                 agent_binding(&ns.name, AGENT_SERVICE_ACCOUNT, ("Role", AGENT_SERVICE_ACCOUNT),
+                     json!([{"kind": "ServiceAccount", "name": AGENT_SERVICE_ACCOUNT, "namespace": ns.name}])),
+                 "may bind only the ClusterRole jobset-inplace-agent"),
+                ("the reconciler's own account bound in a workload namespace", ns.name.clone(),
+                 agent_binding(&ns.name, AGENT_SERVICE_ACCOUNT, agent_role, own.clone()),
+                 "may bind only the ServiceAccount jobset-inplace-agent of the binding's own namespace"),
+            ];
+            for (_, namespace, object, _) in &attacks {
+                leftovers.objects.push((namespace.clone(), "rolebinding",
+                    object["metadata"]["name"].as_str().unwrap_or_default().to_owned()));
+            }
+            for (what, namespace, object, said) in attacks.drain(..) {
+                refused_by(&format!("create: {what}"), create(&namespace, object.clone(), false).await, Some((policy, said)));
+                // The same by server-side apply, as the reconciler writes: RBAC's resourceNames
+                // refuse a patch of another name first.
+                let name = object["metadata"]["name"].as_str().unwrap_or_default().to_owned();
+                refused_by(
+                    &format!("apply: {what}"),
+                    bindings(&namespace)
+                        .patch(&name, &PatchParams::apply("attacker").force(), &Patch::Apply(&object))
+                        .await,
+                    (name == AGENT_SERVICE_ACCOUNT).then_some((policy, said)),
+                );
+            }
+            // Rights it never had stay refused by RBAC: another ClusterRole, an unrelated
+            // RoleBinding deleted, an unrelated ServiceAccount patched.
+            let (code, _, message, _) = api_error(
+                create(&ns.name, agent_binding(&ns.name, AGENT_SERVICE_ACCOUNT, ("ClusterRole", "admin"),
+                    json!([{"kind": "ServiceAccount", "name": AGENT_SERVICE_ACCOUNT, "namespace": ns.name}])), false).await,
+            )
+            .expect("binding admin refused");
+            assert_eq!(code, 403, "{message}");
+            refused_by(
+                "delete an unrelated RoleBinding",
+                bindings(&ns.name).delete("team-admins", &DeleteParams::default()).await,
+                None,
+            );
+            let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), &ns.name);
+            refused_by(
+                "patch an unrelated ServiceAccount",
+                accounts
+                    .patch("builder", &PatchParams::default(),
+                        &merge(json!({"imagePullSecrets": [{"name": "stolen"}]})))
+                    .await,
+                None,
+            );
+            refused_by(
+                "patch the default ServiceAccount",
+                accounts
+                    .patch("default", &PatchParams::apply("attacker").force(),
+                        &Patch::Apply(json!({"apiVersion": "v1", "kind": "ServiceAccount",
+                            "metadata": {"name": "default", "namespace": ns.name},
+                            "automountServiceAccountToken": true})))
+                    .await,
+                None,
+            );
+            // The agent's ServiceAccount given more than provisioning gives it.
+            refused_by(
+                "the agent account created with pull secrets",
+                accounts
+                    .patch(AGENT_SERVICE_ACCOUNT, &PatchParams::apply("attacker").force(),
+                        &Patch::Apply(json!({"apiVersion": "v1", "kind": "ServiceAccount",
+                            "metadata": {"name": AGENT_SERVICE_ACCOUNT, "namespace": ns.name},
+                            "imagePullSecrets": [{"name": "stolen"}]})))
+                    .await,
+                Some(("jobset-inplace-reconciler-agent-accounts", "may not set a ServiceAccount's secrets")),
+            );
+            let settings = ProvisionSettings::default();
+            let subjects = std::collections::BTreeSet::from([settings.service_account.clone()]);
+            refused_by(
+                "provisioning kube-system",
+                provision::apply(&client, "kube-system", &subjects, &settings).await,
+                Some(("jobset-inplace-reconciler-agent-accounts", "may not write in kube-system")),
+            );
+            leftovers.objects.push(("kube-system".into(), "serviceaccount", AGENT_SERVICE_ACCOUNT.into()));
+            let admin_bindings: Api<RoleBinding> = Api::namespaced(cluster.client.clone(), &ns.name);
+            let admin_kube_system: Api<RoleBinding> = Api::namespaced(cluster.client.clone(), "kube-system");
+            assert!(admin_kube_system.get_opt(AGENT_SERVICE_ACCOUNT).await.expect("get").is_none());
+            assert!(admin_bindings.get_opt("team-admins").await.expect("get").is_some());
+
+            // Provisioning as the reconciler does it: created, applied again, removed.
+            for round in ["created", "applied again"] {
+                eventually(&format!("provisioning {round}"), Duration::from_secs(30), || async {
+                    provision::apply(&client, &ns.name, &subjects, &settings)
+                        .await
+                        .map_err(|e| e.to_string())
+                })
+                .await;
+            }
+            let stored = admin_bindings.get(AGENT_SERVICE_ACCOUNT).await.expect("the agent's binding");
+            assert_eq!(stored.role_ref.name, AGENT_SERVICE_ACCOUNT);
+            let listed = provision::list_provisioned(&client).await.expect("list");
+            assert!(listed.contains(&ns.name), "{listed:?}");
+            provision::remove(&client, &ns.name).await.expect("the binding removed");
+            assert!(admin_bindings.get_opt(AGENT_SERVICE_ACCOUNT).await.expect("get").is_none());
+            drop(leftovers);
+            drop(other);
+            drop(ns);
+        },
+    )
+    .await;
+}
+
+/// Issue 21, item 9: with the reconciler's token, its pod status write may mark a pod of a
+/// JobSet Failed with a reason and a message (exactly the deadline's merge patch) and nothing
+/// else in the same write: conditions, IPs, container statuses, labels, annotations and
+/// finalizers are refused, and so is a write on a pod that has already failed. The list of
+/// status fields the policy holds is the API server's own PodStatus schema but those three.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stolen_reconciler_token_may_only_mark_a_jobsets_pod_failed() {
+    with_cluster(
+        "a_stolen_reconciler_token_may_only_mark_a_jobsets_pod_failed",
+        |cluster| async move {
+            let installed = install(&cluster, "epoch").await;
+            delete_webhook_configurations(&cluster).await;
+            let policy_name = "jobset-inplace-reconciler-fails-pods";
+            let ns = TestNamespace::create(&cluster, "rc-fails").await;
+            let admin: Api<Pod> = Api::namespaced(cluster.client.clone(), &ns.name);
+            let mut p = pod("js-w-0-0", "1");
+            p.metadata.labels = Some([("jobset.sigs.k8s.io/jobset-name".to_owned(), "js".to_owned())].into());
+            p.metadata.finalizers = Some(vec!["example.com/keep".to_owned()]);
+            if let Some(spec) = p.spec.as_mut() {
+                spec.service_account_name = None;
+            }
+            eventually("create the pod", Duration::from_secs(30), || async {
+                admin.create(&PostParams::default(), &p).await.map(|_| ()).map_err(|e| e.to_string())
+            })
+            .await;
+            // As a kubelet would report it (the admin is not held by the policy).
+            let reported = json!({"status": {
+                "phase": "Running",
+                "conditions": [{"type": "Ready", "status": "True"}],
+                "hostIP": "10.0.0.1", "hostIPs": [{"ip": "10.0.0.1"}],
+                "podIP": "10.1.0.1", "podIPs": [{"ip": "10.1.0.1"}],
+                "startTime": "2026-01-01T00:00:00Z",
+                "containerStatuses": [{"name": "worker", "image": "registry.example/worker:1", "imageID": "",
+                                       "ready": true, "restartCount": 2,
+                                       "state": {"running": {"startedAt": "2026-01-01T00:00:01Z"}}}]}});
+            let before = admin
+                .patch_status("js-w-0-0", &PatchParams::default(), &merge(reported))
+                .await
+                .expect("the kubelet's status");
+            let uid = before.metadata.uid.clone().expect("uid");
+            let client =
+                token_client(&cluster, &account_token(&cluster, SYSTEM_NAMESPACE, RECONCILER_ACCOUNT).await)
+                    .await;
+            let pods: Api<Pod> = Api::namespaced(client, &ns.name);
+            // The deadline's write (src/reconciler/controller/deadline.rs, fail_and_delete).
+            let deadline = json!({"metadata": {"uid": uid},
+                "status": {"phase": "Failed", "reason": "GroupRestartTimedOut",
+                           "message": "the group restart did not complete in time"}});
+            let with = |more: Value| {
+                let mut patch = deadline.clone();
+                for (k, v) in more.as_object().expect("object") {
+                    for (field, value) in v.as_object().expect("object") {
+                        patch[k][field] = value.clone();
+                    }
+                }
+                patch
+            };
+            let dry = PatchParams { dry_run: true, ..PatchParams::default() };
+            let probe = merge(with(json!({"status": {"podIP": "10.9.9.9", "podIPs": [{"ip": "10.9.9.9"}]}})));
+            until_enforced(policy_name, || pods.patch_status("js-w-0-0", &dry, &probe)).await;
+            let attacks = [
+                ("a condition", json!({"status": {"conditions": [{"type": "Ready", "status": "False"}]}}), "nothing of a pod's status but"),
+                ("the pod IP", json!({"status": {"podIP": "10.9.9.9", "podIPs": [{"ip": "10.9.9.9"}]}}), "nothing of a pod's status but"),
+                ("the host IP", json!({"status": {"hostIP": "10.0.0.9", "hostIPs": [{"ip": "10.0.0.9"}]}}), "nothing of a pod's status but"),
+                ("a container status", json!({"status": {"containerStatuses": [{"name": "worker", "image": "registry.example/worker:1",
+                    "imageID": "", "ready": false, "restartCount": 0, "state": {"waiting": {"reason": "X"}}}]}}), "nothing of a pod's status but"),
+                ("a label", json!({"metadata": {"labels": {"app": "elsewhere"}}}), "labels, annotations or finalizers"),
+                ("an annotation", json!({"metadata": {"annotations": {EPOCH_ANNOTATION: "9"}}}), "labels, annotations or finalizers"),
+                ("the finalizers", json!({"metadata": {"finalizers": null}}), "labels, annotations or finalizers"),
+            ];
+            for (what, more, said) in attacks {
+                refused_by(
+                    &format!("Failed and {what}"),
+                    pods.patch_status("js-w-0-0", &PatchParams::default(), &merge(with(more))).await,
+                    Some((policy_name, said)),
+                );
+            }
+            // The deadline's own write goes through, and changes nothing else.
+            let after = pods
+                .patch_status("js-w-0-0", &PatchParams::default(), &merge(deadline.clone()))
+                .await
+                .expect("the deadline's write");
+            let (mut was, mut now) = (
+                serde_json::to_value(before.status).expect("json"),
+                serde_json::to_value(after.status.clone()).expect("json"),
+            );
+            assert_eq!(now["phase"], "Failed");
+            for v in [&mut was, &mut now] {
+                for field in ["phase", "reason", "message"] {
+                    v.as_object_mut().map(|o| o.remove(field));
+                }
+            }
+            assert_eq!(now, was, "nothing else of the status moved");
+            assert_eq!(after.metadata.labels, p.metadata.labels);
+            // A pod that has already failed is not written again (422, as the deadline expects
+            // of a pod that ended meanwhile: it deletes it all the same).
+            let (code, _, message, _) = api_error(
+                pods.patch_status("js-w-0-0", &PatchParams::default(), &merge(deadline.clone())).await,
+            )
+            .expect("refused");
+            assert_eq!(code, 422, "{message}");
+            assert!(message.contains("already ended"), "{message}");
+            admin
+                .patch("js-w-0-0", &PatchParams::default(), &merge(json!({"metadata": {"finalizers": null}})))
+                .await
+                .expect("finalizer removed");
+            // The policy compares every PodStatus field of this API server's schema but those it
+            // lets the reconciler write.
+            let request = hyper::Request::get("/openapi/v3/api/v1")
+                .body(Vec::new())
+                .expect("request");
+            let schema: Value = cluster.client.request(request).await.expect("OpenAPI v3 of api/v1");
+            let fields: std::collections::BTreeSet<String> = schema["components"]["schemas"]
+                ["io.k8s.api.core.v1.PodStatus"]["properties"]
+                .as_object()
+                .expect("PodStatus properties")
+                .keys()
+                .filter(|k| !["phase", "reason", "message"].contains(&k.as_str()))
+                .cloned()
+                .collect();
+            let policy = installed
+                .iter()
+                .find(|o| o["kind"] == "ValidatingAdmissionPolicy" && o["metadata"]["name"] == policy_name)
+                .expect("the policy");
+            let text = policy["spec"]["validations"].to_string();
+            for field in &fields {
+                assert!(
+                    text.contains(&format!("has(object.status.{field}) == has(oldObject.status.{field})")),
+                    "PodStatus.{field} is not held by {policy_name}"
+                );
+            }
+
+            drop(ns);
         },
     )
     .await;
@@ -2697,7 +3221,19 @@ async fn agreement_answers(client: &Client, namespace: &str) -> Value {
         "containers": containers("containers"),
     });
 
+    // KEP-467's `RestartPod` action: refused (the 1.35 API knows `RestartAllContainers`).
+    let restart_pod: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "agree-restart-pod"},
+        "spec": {"restartPolicy": "Never", "containers": [{
+            "name": "w", "image": "busybox:1.36", "restartPolicy": "Never",
+            "restartPolicyRules": [
+                {"action": "RestartPod", "exitCodes": {"operator": "NotIn", "values": [0]}}]}]},
+    }))
+    .expect("Pod");
+    let restart_pod = status_error(pods.create(&pp, &restart_pod).await);
+
     let leases = dynamic::<k8s_openapi::api::coordination::v1::Lease>(client, namespace);
+
     let lease: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "agree"}}))
     .expect("Lease");
@@ -2721,6 +3257,7 @@ async fn agreement_answers(client: &Client, namespace: &str) -> Value {
         "invalidStatus": serde_json::to_value(&invalid).expect("json"),
         "failedJsonPatchTest": serde_json::to_value(&failed_test).expect("json"),
         "podDefaults": pod_defaults,
+        "restartPodAction": serde_json::to_value(&restart_pod).expect("json"),
         "deletes": deletes,
     })
 }
@@ -2813,6 +3350,11 @@ async fn the_test_api_server_answers_as_the_real_one() {
             assert_eq!(
                 real["invalidStatus"]["details"]["causes"][0]["field"],
                 "status.syncedEpoch"
+            );
+            assert_eq!(real["restartPodAction"]["code"], 422);
+            assert_eq!(
+                real["restartPodAction"]["details"]["causes"][0]["field"],
+                "spec.containers[0].restartPolicyRules[0].action"
             );
             assert_eq!(real["deletes"]["jobset"]["status"], "Success");
             assert_eq!(real["deletes"]["pod"]["object"], "Pod");
@@ -3196,4 +3738,175 @@ async fn measure_a_group_restart_on_the_real_api_server() {
     delete_webhook_configurations(&cluster).await;
     println!("{report}");
     assert!(failed.is_empty(), "{}", failed.join("\n"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Issue 21, items 7 and 8: what the real API server enforces
+// ---------------------------------------------------------------------------------------------
+
+/// Issue 21, item 7: the JobSetEpoch CRD's CEL rule, on the real API server, refuses a write that
+/// moves an epoch back or removes one (a deposed reconciler leader's late write, forced apply
+/// included), from any account (here an admin); it lets the epochs grow, and a JobSet created
+/// again under the same name (another `jobSetUID`) start over.
+#[tokio::test]
+async fn the_jobsetepoch_crd_refuses_to_move_an_epoch_back() {
+    with_cluster(
+        "the_jobsetepoch_crd_refuses_to_move_an_epoch_back",
+        |cluster| async move {
+            install(&cluster, "epoch").await;
+            let ns = TestNamespace::create(&cluster, "rc-epochs").await;
+            let api = dynamic::<JobSetEpoch>(&cluster.client, &ns.name);
+            let apply = |uid: &str, epochs: Value| {
+                let body = json!({
+                    "apiVersion": "jobset-inplace.dev/v1alpha1", "kind": "JobSetEpoch",
+                    "metadata": {"name": "js", "namespace": ns.name},
+                    "jobSetUID": uid, "epochs": epochs,
+                });
+                let api = api.clone();
+                async move {
+                    let params = PatchParams::apply("jobset-inplace-reconciler").force();
+                    api.patch("js", &params, &Patch::Apply(&body)).await
+                }
+            };
+            // The CRD may be established a moment after it is applied.
+            eventually("the first publication", Duration::from_secs(30), || async {
+                apply("u", json!({"deprecated": 3, "synced": 4}))
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            })
+            .await;
+            for (epochs, what) in [
+                (json!({"deprecated": 2, "synced": 4}), "deprecated back"),
+                (json!({"deprecated": 3, "synced": 3}), "synced back"),
+                (json!({"synced": 4}), "deprecated removed"),
+            ] {
+                let status = status_error(apply("u", epochs).await);
+                assert_eq!(status.code, 422, "{what}: {status:?}");
+                assert!(status.message.contains("only grow"), "{what}: {}", status.message);
+            }
+            let written = apply("u", json!({"deprecated": 3, "synced": 5}))
+                .await
+                .expect("synced grows");
+            assert_eq!(written.data["epochs"]["synced"], 5);
+            // jobSetUID removed (an apply without it drops the field this manager owns).
+            let body = json!({
+                "apiVersion": "jobset-inplace.dev/v1alpha1", "kind": "JobSetEpoch",
+                "metadata": {"name": "js", "namespace": ns.name},
+                "epochs": {"deprecated": 9, "synced": 9},
+            });
+            let params = PatchParams::apply("jobset-inplace-reconciler").force();
+            let status = status_error(api.patch("js", &params, &Patch::Apply(&body)).await);
+            assert_eq!(status.code, 422, "jobSetUID removed: {status:?}");
+            let restarted = apply("v", json!({"synced": 1}))
+                .await
+                .expect("another JobSet of that name starts over");
+            assert_eq!(restarted.data["epochs"], json!({"synced": 1}));
+            eprintln!("JobSetEpoch: moves back and removals refused (422), growth and a new jobSetUID accepted");
+
+            // A reconciler that rolls out before the CRD is updated still publishes: the CRD of
+            // the earlier version (no rule, no jobSetUID) refuses the field, which is then left out.
+            let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
+                Api::all(cluster.client.clone());
+            let text = std::fs::read_to_string(manifest_dir().join("deploy/base/jobsetepoch-crd.yaml"))
+                .expect("the CRD");
+            let mut old: Value = serde_yaml::from_str(&text).expect("yaml");
+            let schema = &mut old["spec"]["versions"][0]["schema"]["openAPIV3Schema"];
+            schema.as_object_mut().map(|o| o.remove("x-kubernetes-validations"));
+            schema["properties"].as_object_mut().map(|o| o.remove("jobSetUID"));
+            let apply_crd = |crd: Value| {
+                let crds = crds.clone();
+                async move {
+                    crds.patch(
+                        "jobsetepochs.jobset-inplace.dev",
+                        &PatchParams::apply(FIELD_MANAGER).force(),
+                        &Patch::Apply(&crd),
+                    )
+                    .await
+                    .expect("the CRD applied");
+                }
+            };
+            apply_crd(old).await;
+            let typed: Api<JobSetEpoch> = Api::namespaced(cluster.client.clone(), &ns.name);
+            let published = jobset_inplace::reconciler::publish::Published::default();
+            let key = jobset_inplace::reconciler::key::Key::new(ns.name.clone(), "old");
+            let content = jobset_inplace::wire::epochs::Epochs {
+                synced: Some(1),
+                ..Default::default()
+            };
+            eventually("a publication against the earlier CRD", Duration::from_secs(30), || async {
+                jobset_inplace::reconciler::publish::apply(&typed, &published, &key, "w", &content)
+                    .await
+                    .map_err(|e| e.to_string())
+            })
+            .await;
+            let current: Value = serde_yaml::from_str(&text).expect("yaml");
+            apply_crd(current).await;
+        },
+    )
+    .await;
+}
+
+/// Issue 21, item 8: on the real API server a RoleBinding's `roleRef` cannot change (422). The
+/// reconciler's provisioning replaces a binding it applied for another role (its labels, its
+/// field manager owning `roleRef`), and leaves a user's binding of that name as it is (refused,
+/// not deleted).
+#[tokio::test]
+async fn provisioning_replaces_only_its_own_binding_when_the_role_changes() {
+    use jobset_inplace::reconciler::provision::{self, ProvisionSettings};
+    use k8s_openapi::api::rbac::v1::RoleBinding;
+    with_cluster(
+        "provisioning_replaces_only_its_own_binding_when_the_role_changes",
+        |cluster| async move {
+            install(&cluster, "epoch").await;
+            let ours = TestNamespace::create(&cluster, "rc-ours").await;
+            let users = TestNamespace::create(&cluster, "rc-users").await;
+            let settings = ProvisionSettings::default();
+            let subjects = std::collections::BTreeSet::from([AGENT_SERVICE_ACCOUNT.to_owned()]);
+            // Ours, applied by an earlier version for the role `view`.
+            let mut old = provision::role_binding(&ours.name, &subjects, &settings);
+            old["roleRef"]["name"] = json!("view");
+            let bindings: Api<RoleBinding> = Api::namespaced(cluster.client.clone(), &ours.name);
+            bindings
+                .patch(
+                    provision::ROLE_BINDING,
+                    &PatchParams::apply(provision::FIELD_MANAGER),
+                    &Patch::Apply(&old),
+                )
+                .await
+                .expect("our earlier binding");
+            provision::apply(&cluster.client, &ours.name, &subjects, &settings)
+                .await
+                .expect("replaced");
+            let now = bindings
+                .get(provision::ROLE_BINDING)
+                .await
+                .expect("binding");
+            assert_eq!(now.role_ref.name, settings.cluster_role);
+            // A user's binding of that name, created (not applied) for `edit`.
+            let mut theirs = provision::role_binding(&users.name, &subjects, &settings);
+            theirs["roleRef"]["name"] = json!("edit");
+            theirs["metadata"]["labels"] = json!({"team": "u"});
+            let user_bindings: Api<RoleBinding> =
+                Api::namespaced(cluster.client.clone(), &users.name);
+            let created = user_bindings
+                .create(
+                    &PostParams::default(),
+                    &serde_json::from_value(theirs).expect("binding"),
+                )
+                .await
+                .expect("the user's binding");
+            let refused = provision::apply(&cluster.client, &users.name, &subjects, &settings)
+                .await
+                .expect_err("a user's binding is not taken over");
+            eprintln!("a user's binding: {refused}");
+            let kept = user_bindings
+                .get(provision::ROLE_BINDING)
+                .await
+                .expect("still there");
+            assert_eq!(kept.role_ref.name, "edit");
+            assert_eq!(kept.metadata.uid, created.metadata.uid, "never deleted");
+        },
+    )
+    .await;
 }

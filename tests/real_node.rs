@@ -13,7 +13,12 @@
 //!   the real kubelet: same UID, same IP, every container's `restartCount` one up,
 //!   `AllContainersRestarting` seen, the emptyDir kept, the worker started again. What the API
 //!   server saw meanwhile (phase, conditions, container states) is printed: the ground truth the
-//!   test kit's kubelet is to be compared with.
+//!   test kit's kubelet is to be compared with;
+//! - one group restart of the same pod shape on the real kubelet and on the test kit's
+//!   simulated kubelet: the normalised sequences of what the API server served are equal
+//!   (`testkit::kubelet::transitions`); without a node, the simulated side is compared with the
+//!   sequence the real kubelet served in a recorded run
+//!   (`transitions::REAL_KUBELET_GROUP_RESTART`), so that agreement is checked everywhere.
 //!
 //! With the product installed (`up DIR --node --install epoch`: node.env `INSTALL_VARIANT`), JobSets
 //! of 3 pods through the installed webhook: a worker's failure restarts every pod in place behind
@@ -27,6 +32,9 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
+use jobset_inplace::protocol::Dialect;
+use jobset_inplace_testkit::kubelet::transitions;
+use jobset_inplace_testkit::kubelet::{SimConfig, Simulation};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{Api, DynamicObject, ListParams, PostParams, WatchEvent, WatchParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -716,6 +724,188 @@ async fn three_group_restarts_in_a_row_are_not_backed_off() {
             assert!(
                 took.iter().all(|t| *t <= limit),
                 "no restart slower than the first by 5 s or more (back-off): {took:?}"
+            );
+        },
+    )
+    .await;
+}
+
+/// The normalised pod status lines of what a watch from `version` serves, collected until
+/// `stop` is dropped or the watch ends (bounded by its own timeout).
+fn watch_lines(
+    pods: Api<Pod>,
+    name: &str,
+    version: String,
+) -> (
+    tokio::task::JoinHandle<()>,
+    std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+) {
+    let lines: std::sync::Arc<std::sync::Mutex<Vec<String>>> = Default::default();
+    let log = lines.clone();
+    let params = WatchParams::default()
+        .fields(&format!("metadata.name={name}"))
+        .timeout(120);
+    let watcher = tokio::spawn(async move {
+        let Ok(stream) = pods.watch(&params, &version).await else {
+            return;
+        };
+        let mut stream = stream.boxed();
+        while let Ok(Some(event)) = stream.try_next().await {
+            if let WatchEvent::Modified(p) = event
+                && let Ok(v) = serde_json::to_value(&p)
+                && let Ok(mut log) = log.lock()
+            {
+                log.push(transitions::normalise(&v));
+            }
+        }
+    });
+    (watcher, lines)
+}
+
+/// Waits until the lines seen since the exit end with every container running and Ready again,
+/// then stops the watch: the group restart's normalised transitions.
+async fn transitions_until_running(
+    before: &str,
+    watcher: tokio::task::JoinHandle<()>,
+    lines: &std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+) -> Vec<String> {
+    let seq = eventually(
+        "the group restart served to the end",
+        Duration::from_secs(60),
+        || async {
+            let seen = lines.lock().map(|l| l.clone()).unwrap_or_default();
+            let seq = transitions::group_restart(before, &seen);
+            let done = seq.len() > 1
+                && seq.last().is_some_and(|l| {
+                    l.starts_with("phase=Running")
+                        && l.contains(" Ready=True")
+                        && !l.contains("state=waiting")
+                        && !l.contains("state=terminated")
+                });
+            if done { Ok(seq) } else { Err(seq.join("\n")) }
+        },
+    )
+    .await;
+    watcher.abort();
+    seq
+}
+
+/// The same group restart on the test kit's simulated kubelet, on the test API server in this
+/// process: one pod with the injected agent sidecar and a worker, both under
+/// `RestartAllContainers` on a non-zero exit; the worker exits 3. The normalised transitions.
+async fn simulated_group_restart() -> Vec<String> {
+    let mut config = SimConfig::new(Dialect::Epoch, 1);
+    config.status_writers = false;
+    // Slow enough that each state is written before the next (the status writer keeps only
+    // the latest state not written yet, as the kubelet's status manager does).
+    config.probe_period = Duration::from_millis(50);
+    config.restart_delay = Duration::from_millis(200);
+    let sim = Simulation::start(config)
+        .await
+        .expect("the simulation starts");
+    let first = sim
+        .wait_all_running(Duration::from_secs(60))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let name = first.slots[0].state.pod.clone();
+    let pods: Api<Pod> = Api::namespaced(sim.server().client(), &sim.config().namespace);
+    let before = eventually(
+        "the simulated pod served Running and Ready",
+        Duration::from_secs(30),
+        || async {
+            let p = pods.get(&name).await.map_err(|e| e.to_string())?;
+            let line = serde_json::to_value(&p)
+                .map(|v| transitions::normalise(&v))
+                .map_err(|e| e.to_string())?;
+            if line.starts_with("phase=Running") && line.contains(" Ready=True") {
+                Ok(p)
+            } else {
+                Err(line)
+            }
+        },
+    )
+    .await;
+    let before_line = transitions::normalise(&serde_json::to_value(&before).expect("pod JSON"));
+    let version = before
+        .metadata
+        .resource_version
+        .clone()
+        .expect("resource version");
+    let (watcher, lines) = watch_lines(pods.clone(), &name, version);
+    assert!(sim.fail_worker(0, 3), "the worker exits 3");
+    let seq = transitions_until_running(&before_line, watcher, &lines).await;
+    sim.shutdown().await;
+    seq
+}
+
+/// Runs everywhere: the simulated kubelet serves the group restart the real kubelet served in
+/// a recorded run (docs/testing.md "Real node").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_simulated_kubelet_serves_the_real_kubelets_group_restart() {
+    let seen = tokio::time::timeout(LIMIT, simulated_group_restart())
+        .await
+        .unwrap_or_else(|_| panic!("not within {LIMIT:?}"));
+    transitions::compare(transitions::REAL_KUBELET_GROUP_RESTART, &seen)
+        .unwrap_or_else(|e| panic!("the simulated kubelet differs from the real one:\n{e}"));
+}
+
+/// One scenario on both kubelets: a pod with a sidecar and a worker under
+/// `RestartAllContainers`, the worker exits 3; on the real node (the test image) and on the
+/// simulated kubelet (the injected agent, in-process), what the API server served is the same
+/// normalised sequence, and the recorded one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_group_restart_is_served_alike_by_the_real_and_the_simulated_kubelet() {
+    with_node(
+        "one_group_restart_is_served_alike_by_the_real_and_the_simulated_kubelet",
+        |node| async move {
+            load_test_image(&node).await;
+            let ns = TestNamespace::create(&node, "real-node-sim").await;
+            let records = records_dir();
+            let pods: Api<Pod> = Api::namespaced(node.client.clone(), &ns.name);
+            pods.create(
+                &PostParams::default(),
+                &sidecar_pod("group-0", records.path()),
+            )
+            .await
+            .expect("create pod");
+            let before = eventually("the pod running", Duration::from_secs(120), || async {
+                let p = pods.get("group-0").await.map_err(|e| e.to_string())?;
+                let recs = read_records(records.path());
+                if all_running(&p)
+                    && condition(&p, "Ready").as_deref() == Some("True")
+                    && starts(&recs, "worker").len() == 1
+                {
+                    Ok(p)
+                } else {
+                    Err(pod_line(&p))
+                }
+            })
+            .await;
+            let before_line =
+                transitions::normalise(&serde_json::to_value(&before).expect("pod JSON"));
+            let version = before
+                .metadata
+                .resource_version
+                .clone()
+                .expect("resource version");
+            let (watcher, lines) = watch_lines(pods.clone(), "group-0", version);
+            std::fs::write(records.path().join("exit-group-0-worker"), "3").expect("exit file");
+            let real = transitions_until_running(&before_line, watcher, &lines).await;
+            let simulated = simulated_group_restart().await;
+            println!("real kubelet:");
+            for l in &real {
+                println!("  {l}");
+            }
+            println!("simulated kubelet:");
+            for l in &simulated {
+                println!("  {l}");
+            }
+            let real_refs: Vec<&str> = real.iter().map(String::as_str).collect();
+            transitions::compare(&real_refs, &simulated).unwrap_or_else(|e| {
+                panic!("the simulated kubelet differs from the real one:\n{e}")
+            });
+            transitions::compare(transitions::REAL_KUBELET_GROUP_RESTART, &real).unwrap_or_else(
+                |e| panic!("the real kubelet differs from its recorded run (update the fixture and the simulator):\n{e}"),
             );
         },
     )

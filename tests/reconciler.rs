@@ -864,6 +864,112 @@ async fn crd_without_the_dialect_fields_stops_the_reconciler() {
     .await;
 }
 
+/// Issue 21, item 3: about 400 connections that send `GET /healthz HTTP/1.1\r\nHost: x\r\n`
+/// and stop, each re-opened as soon as it is cut, against the reconciler's health port. Before,
+/// its 64 slots freed only at the 5 s head timeout and the probes waited behind them: 0 of 8
+/// `/healthz` probes with a 1 s timeout answered (the kubelet would restart the pod). Now it is
+/// the webhook's listener (512 slots, stuck heads evicted under pressure): every probe answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_health_port_still_answers_the_liveness_probe() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    const HOLDERS: usize = 400;
+    const PROBES: usize = 8;
+    bounded(async {
+        let w = World::new(Dialect::Epoch, &[(1, 1)], 10).await;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (stop, stopped) = oneshot::channel::<()>();
+        let run = tokio::spawn(reconciler::run(
+            w.server.client(),
+            options(Dialect::Epoch, "r1", None),
+            Some(listener),
+            async {
+                let _ = stopped.await;
+            },
+        ));
+        let probe = move || async move {
+            let started = std::time::Instant::now();
+            let answered = tokio::time::timeout(Duration::from_secs(1), async {
+                let mut tcp = tokio::net::TcpStream::connect(addr).await.ok()?;
+                tcp.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                    .await
+                    .ok()?;
+                let mut out = Vec::new();
+                let _ = tcp.read_to_end(&mut out).await;
+                Some(out.starts_with(b"HTTP/1.1 200"))
+            })
+            .await;
+            (matches!(answered, Ok(Some(true))), started.elapsed())
+        };
+        let mut ready = false;
+        for _ in 0..500 {
+            if probe().await.0 {
+                ready = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(ready, "the health port answers before the attack");
+        let (release, released) = tokio::sync::watch::channel(false);
+        let mut holders = tokio::task::JoinSet::new();
+        for _ in 0..HOLDERS {
+            let mut released = released.clone();
+            holders.spawn(async move {
+                let mut opened = 0u32;
+                while !*released.borrow() {
+                    let hold = async {
+                        let Ok(mut tcp) = tokio::net::TcpStream::connect(addr).await else {
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                            return;
+                        };
+                        if tcp
+                            .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+                            .await
+                            .is_err()
+                        {
+                            return;
+                        }
+                        opened += 1;
+                        let mut sink = [0u8; 1024];
+                        while let Ok(n) = tcp.read(&mut sink).await {
+                            if n == 0 {
+                                break;
+                            }
+                        }
+                    };
+                    tokio::select! {
+                        () = hold => {}
+                        _ = released.wait_for(|r| *r) => break,
+                    }
+                }
+                opened
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let mut answers = Vec::new();
+        for _ in 0..PROBES {
+            answers.push(probe().await);
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        let _ = release.send(true);
+        let mut opened = 0;
+        while let Some(done) = holders.join_next().await {
+            opened += done.expect("holder");
+        }
+        let answered = answers.iter().filter(|(ok, _)| *ok).count();
+        eprintln!(
+            "reconciler health port held by {HOLDERS} partial heads ({opened} opened in all): \
+             {answered} of {PROBES} probes answered within 1 s: {answers:?}"
+        );
+        assert_eq!(answered, PROBES, "{answers:?}");
+        let _ = stop.send(());
+        run.await.expect("joins").expect("clean stop");
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn readiness_and_metrics_on_the_health_port() {
     bounded(async {
@@ -1276,6 +1382,259 @@ async fn fixed_malformed_annotations_are_forgotten() {
         w.set_raw_epoch(1, "one");
         w.until("a second warning", |w| warnings(w) > before).await;
         c.shutdown().await;
+    })
+    .await;
+}
+
+/// The WARN lines the reconciler logs, captured for the tests that count them (every test of this
+/// file logs into it; each counts only the lines of its own namespace).
+fn captured_logs() -> &'static std::sync::Mutex<Vec<u8>> {
+    static LOGS: std::sync::OnceLock<&'static std::sync::Mutex<Vec<u8>>> =
+        std::sync::OnceLock::new();
+    LOGS.get_or_init(|| {
+        let logs: &'static std::sync::Mutex<Vec<u8>> =
+            Box::leak(Box::new(std::sync::Mutex::new(Vec::new())));
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::WARN)
+            .with_ansi(false)
+            .with_writer(move || Capture(logs))
+            .finish();
+        let _ = tracing::subscriber::set_global_default(subscriber);
+        logs
+    })
+}
+
+struct Capture(&'static std::sync::Mutex<Vec<u8>>);
+
+impl std::io::Write for Capture {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn warnings_about(namespace: &str, text: &str) -> usize {
+    let logs = captured_logs().lock().unwrap_or_else(|p| p.into_inner());
+    String::from_utf8_lossy(&logs)
+        .lines()
+        .filter(|l| {
+            l.contains(text)
+                && (l.contains(&format!("namespace=\"{namespace}\""))
+                    || l.contains(&format!("namespace={namespace} ")))
+        })
+        .count()
+}
+
+fn events_in(server: &TestApiServer, ns: &str, reason: &str) -> Vec<Value> {
+    server
+        .list("events.events.k8s.io", Some(ns))
+        .into_iter()
+        .filter(|e| e["reason"] == reason)
+        .collect()
+}
+
+/// Issue 21, item 8: a namespace whose RoleBinding the API server keeps refusing (409: one of
+/// that name that another field manager owns) is retried with a backoff (1 s doubling), not every
+/// second; the WARN and the Warning event `AgentProvisioningFailed` on its JobSet are said once,
+/// not once per attempt; once the refusal ends, the binding is applied at the next attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn provisioning_failures_back_off_and_are_said_once() {
+    bounded(async {
+        captured_logs();
+        const P: &str = "team-p";
+        let server = TestApiServer::start().await;
+        let mut js = jobset("js", &[(1, 1)], 10);
+        js["metadata"]["namespace"] = json!(P);
+        server.create("jobsets", js).expect("jobset");
+        server.fail_next(1_000, Verb::Patch, "rolebindings", 409);
+        let mut opts = options(Dialect::Epoch, "r1", None);
+        opts.settings.provision = Some(reconciler::provision::ProvisionSettings::default());
+        let r = Running::start(&server, opts);
+        let window = Duration::from_secs(8);
+        tokio::time::sleep(window).await;
+        let attempts = server.counters().get(Verb::Patch, "rolebindings");
+        let warned = warnings_about(P, "cannot provision");
+        let events = events_in(&server, P, "AgentProvisioningFailed");
+        eprintln!(
+            "over {window:?}: {attempts} attempts, {warned} WARN lines, {} events",
+            events.len()
+        );
+        // 1 s doubling (jittered between half and all of each step): at most 5 attempts in 8 s;
+        // once a second would be 8 or more.
+        assert!(
+            (2..=5).contains(&attempts),
+            "{attempts} attempts in {window:?}"
+        );
+        assert_eq!(warned, 1, "said once");
+        assert_eq!(events.len(), 1, "one event: {events:?}");
+        assert_eq!(events[0]["type"], "Warning");
+        let note = events[0]["note"].as_str().unwrap_or_default();
+        assert!(note.contains("conflict") && note.contains(P), "{note}");
+        server.clear_faults();
+        let until = std::time::Instant::now() + LIMIT;
+        while server
+            .get("rolebindings", P, "jobset-inplace-agent")
+            .is_none()
+        {
+            assert!(
+                std::time::Instant::now() < until,
+                "never applied after the refusal ended"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        r.stop().await.expect("stops");
+    })
+    .await;
+}
+
+/// Issue 21, item 8: `roleRef` cannot change (422). A binding the reconciler made for another
+/// role (say, an earlier `--agent-cluster-role`) is deleted, with its UID and resourceVersion as
+/// preconditions, and the agent role bound again; a user's binding of that name is never
+/// deleted, and the refusal is reported (`invalid`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_binding_of_ours_for_another_role_is_replaced_and_a_users_is_left_alone() {
+    bounded(async {
+        const Q: &str = "team-q";
+        const U: &str = "team-u";
+        let server = TestApiServer::start().await;
+        let binding = |ns: &str, role: &str, labels: Value| {
+            json!({
+                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                "metadata": {"name": "jobset-inplace-agent", "namespace": ns, "labels": labels},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+                "subjects": [{"kind": "ServiceAccount", "name": "jobset-inplace-agent", "namespace": ns}]
+            })
+        };
+        let ours = json!({"app.kubernetes.io/managed-by": "jobset-inplace", "app.kubernetes.io/name": "jobset-inplace-agent"});
+        server
+            .create("rolebindings", binding(Q, "old-agent-role", ours))
+            .expect("binding");
+        server
+            .create("rolebindings", binding(U, "edit", json!({"team": "u"})))
+            .expect("binding");
+        let mut js = jobset("js", &[(1, 1)], 10);
+        js["metadata"]["namespace"] = json!(Q);
+        server.create("jobsets", js).expect("jobset");
+        // The test server lets roleRef change: the real API server's refusal, once.
+        server.fail_next(1, Verb::Patch, "rolebindings", 422);
+        let mut opts = options(Dialect::Epoch, "r1", None);
+        opts.settings.provision = Some(reconciler::provision::ProvisionSettings::default());
+        let r = Running::start(&server, opts);
+        let until = std::time::Instant::now() + LIMIT;
+        while server
+            .get("rolebindings", Q, "jobset-inplace-agent")
+            .is_none_or(|b| b["roleRef"]["name"] != "jobset-inplace-agent")
+        {
+            assert!(std::time::Instant::now() < until, "never bound again");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let deletes: Vec<_> = server
+            .writes()
+            .into_iter()
+            .filter(|w| w.verb == Verb::Delete && w.resource == "rolebindings")
+            .map(|w| w.namespace)
+            .collect();
+        assert_eq!(deletes, [Some(Q.to_owned())], "ours deleted and created again");
+        // A user's binding of that name: refused (422) at every attempt, never deleted.
+        server.fail_next(1_000, Verb::Patch, "rolebindings", 422);
+        let mut js = jobset("js", &[(1, 1)], 10);
+        js["metadata"]["namespace"] = json!(U);
+        server.create("jobsets", js).expect("jobset");
+        let until = std::time::Instant::now() + LIMIT;
+        while events_in(&server, U, "AgentProvisioningFailed").is_empty() {
+            assert!(std::time::Instant::now() < until, "no event");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let users = server.get("rolebindings", U, "jobset-inplace-agent").expect("kept");
+        assert_eq!(users["roleRef"]["name"], "edit");
+        assert!(
+            server
+                .writes()
+                .iter()
+                .all(|w| !(w.verb == Verb::Delete && w.namespace.as_deref() == Some(U))),
+            "a user's binding is never deleted"
+        );
+        let note = events_in(&server, U, "AgentProvisioningFailed")[0]["note"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        assert!(note.contains("invalid"), "{note}");
+        r.stop().await.expect("stops");
+    })
+    .await;
+}
+
+/// Issue 21, item 7: a write the leader has in flight when its lease runs out must not land after
+/// the lease could pass to another replica. The leader's lease requests go unanswered, and the API
+/// server takes 6 s to answer the JobSetEpoch write of the group restart it then decides (longer
+/// than what is left of its lease, shorter than the 10 s request timeout). Each write is sent with
+/// a timeout that ends before the leader's write deadline, so the write is abandoned (and with its
+/// connection, cancelled) in time: in the server's write log no write of the old leader comes
+/// later than its last lease renewal plus the lease duration. Before, the write was sent with the
+/// 10 s request timeout and landed 6 s later, after the lease had expired.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_s_write_in_flight_does_not_land_after_its_lease_could_pass() {
+    bounded(async {
+        let w = World::new(Dialect::Epoch, &[(1, 2)], 1_000).await;
+        let duration = Duration::from_secs(4);
+        let lease = || LeaderElection {
+            lease_name: "jobset-inplace-reconciler".into(),
+            lease_namespace: "jobset-inplace-system".into(),
+            duration,
+            grace: Duration::from_secs(2),
+        };
+        let a = Running::start_with(
+            w.server.client_named("a"),
+            options(Dialect::Epoch, "a", Some(lease())),
+        );
+        w.set_epoch(0, 1);
+        w.set_epoch(1, 1);
+        w.until("sync by a", |w| w.synced() == Some(1)).await;
+        w.server.silence_client("a", None, "leases");
+        w.server
+            .set_latency_for(Verb::Patch, "jobsetepochs", Duration::from_secs(6));
+        // A group restart for a to publish (its write waits 6 s in the server).
+        w.set_epoch(0, 2);
+        let err = tokio::time::timeout(LIMIT, a.task_result())
+            .await
+            .expect("a stops by itself")
+            .expect_err("a stops with an error");
+        assert!(
+            matches!(err, reconciler::Error::LeaseNotRenewed { .. }),
+            "{err}"
+        );
+        // Past the 6 s the write would have taken.
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        let writes = w.server.writes();
+        let last_renewal = writes
+            .iter()
+            .filter(|r| r.client.as_deref() == Some("a") && r.resource == "leases")
+            .map(|r| r.at)
+            .max()
+            .expect("a renewed its lease");
+        let expiry = last_renewal + duration;
+        let late: Vec<_> = writes
+            .iter()
+            .filter(|r| {
+                r.client.as_deref() == Some("a") && r.resource != "leases" && r.at >= expiry
+            })
+            .map(|r| (r.resource.clone(), r.at.saturating_duration_since(expiry)))
+            .collect();
+        assert!(
+            late.is_empty(),
+            "a's writes landed after its lease could pass: {late:?}"
+        );
+        assert!(
+            w.server.counters().get(Verb::Patch, "jobsetepochs") >= 1,
+            "a sent its write"
+        );
     })
     .await;
 }

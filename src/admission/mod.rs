@@ -2,24 +2,38 @@
 //! the injection config, and the AdmissionReview handling shared by the HTTPS server and the
 //! offline commands.
 //!
-//! - [`validate`]: the rules (`backoffLimit`, `podReplacementPolicy`, `completions`, the agent);
-//! - [`mutate`]: the injection (agent sidecar, env, service account) as JSON Patch operations;
+//! - [`validate`]: the rules' checks (`backoffLimit`, `podReplacementPolicy`, `completions`, the agent);
+//! - [`rule`]: the rules as values ([`Rule`]), carried by every [`Violation`];
+//! - [`mutate`]: the injection plan (agent sidecar, env, service account) as JSON Patch operations;
+//! - [`sidecar`]: the agent container spec, its env entries and its token volume;
+//! - [`patch`]: the JSON Patch writer;
 //! - [`review`]: AdmissionReview decoding, the decision, and the encoded response;
 //! - [`pod`]: reading containers, restart rules, env and probes of a pod template;
-//! - [`view`]: the sparse, borrowed, lenient views of a review and its JobSet the rules read,
-//!   decoded straight from the body (no `Value` of the whole review is ever built);
+//! - [`view`]: the views of a review and its JobSet the rules read, decoded straight from the
+//!   body (no `Value` of the whole review is ever built) by the lenient reader ([`lenient`]);
+//! - [`raw`]: the replicatedJobs as written, for the UPDATE ratchet;
 //! - [`config`]: the injection config (file, flags, env).
 
 pub mod config;
+pub(crate) mod lenient;
 pub mod mutate;
+pub(crate) mod patch;
 pub mod pod;
+pub(crate) mod raw;
 pub mod review;
-pub(crate) mod sparse_view;
+pub mod rule;
+pub mod sidecar;
+pub(crate) mod token;
 pub mod validate;
+pub(crate) mod view;
+pub(crate) mod warnings;
 
 pub use config::InjectionConfig;
+#[cfg(any(test, feature = "test-api"))]
 pub use mutate::{mutate, mutate_update};
 pub use review::{Request, Verdict, decide, review};
+pub use rule::Rule;
+#[cfg(any(test, feature = "test-api"))]
 pub use validate::{validate, validate_update};
 
 /// JobSet annotation that opts a JobSet out of the injection (value `"false"`).
@@ -76,11 +90,16 @@ pub struct Reply {
     pub http_status: u16,
     pub body: Vec<u8>,
     pub outcome: ReviewOutcome,
+    /// The rules a denial breaks, each once: what the denial metric counts (empty for a denial
+    /// of a malformed request and for every other outcome).
+    pub rules: Vec<Rule>,
 }
 
 /// One validation failure: the JSON field path and a message a user can act on.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Violation {
+    /// The rule it breaks.
+    pub rule: Rule,
     /// e.g. `spec.replicatedJobs[0].template.spec.backoffLimit`
     pub path: String,
     pub message: String,
@@ -96,10 +115,14 @@ pub struct Validation {
     pub more_violations: usize,
     /// Warnings past the first [`validate::MAX_WARNINGS`].
     pub more_warnings: usize,
+    /// The rules broken, each once, in the order first broken (those of violations past the
+    /// first [`validate::MAX_VIOLATIONS`] too).
+    pub rules: Vec<Rule>,
     /// Warnings that say the same of several replicatedJobs, said once (while validating).
-    pub(crate) groups: Vec<validate::WarningGroup>,
+    pub(crate) groups: Vec<warnings::WarningGroup>,
 }
 
+#[cfg(any(test, feature = "test-api"))]
 /// The result of mutating one JobSet: targeted JSON Patch operations (empty when nothing changes)
 /// and admission warnings.
 #[derive(Clone, Debug, Default, PartialEq)]

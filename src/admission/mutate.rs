@@ -8,73 +8,28 @@
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 
-use json_patch::{AddOperation, PatchOperation, ReplaceOperation};
-use jsonptr::PointerBuf;
-use serde::Serialize;
 use serde_json::{Value, json};
 
+#[cfg(any(test, feature = "test-api"))]
+use super::Mutation;
 use super::config::InjectionConfig;
+use super::lenient::Present;
+use super::patch::{Op, Ptr, add, ptr, to_json};
 use super::pod::{self, Agent, AgentMode, Container, ContainerList};
-use super::sparse_view::{JobSetView, PodSpec, PodTemplate, Present};
+use super::rule::{self, Rule};
+use super::sidecar::{
+    TOKEN_VOLUME, agent_container, field_env, foreign_token_volume_message, literal_env,
+    token_mount, token_volume,
+};
 use super::validate::{BACKOFF_LIMIT, POD_REPLACEMENT_POLICY};
-use super::{INJECTED_ANNOTATION, Mutation, Violation};
+use super::view::{JobSetView, PodSpec, PodTemplate};
+use super::{INJECTED_ANNOTATION, Violation};
 use crate::protocol::JOBSET_NAME_LABEL;
 use crate::wire::agent_env;
 
 /// The value of the `jobset-inplace.dev/injected` annotation: the version that injected.
 pub const INJECTED_VERSION: &str = env!("CARGO_PKG_VERSION");
-
-/// One JSON Patch operation (`add`, or `replace` when `replace`), its value as compact JSON text.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Op {
-    pub replace: bool,
-    /// A JSON Pointer, its tokens escaped (`/` in annotation keys is `~1`).
-    pub path: String,
-    pub value: String,
-}
-
-impl Op {
-    /// The operation as `json_patch` models it.
-    pub fn to_patch_operation(&self) -> PatchOperation {
-        // Both parse: the path and the value were written by this module.
-        let path = PointerBuf::parse(self.path.as_str()).unwrap_or_default();
-        let value = serde_json::from_str(&self.value).unwrap_or_default();
-        if self.replace {
-            PatchOperation::Replace(ReplaceOperation { path, value })
-        } else {
-            PatchOperation::Add(AddOperation { path, value })
-        }
-    }
-}
-
-/// Writes operations as a JSON Patch document: the bytes `serde_json::to_vec` writes for the
-/// `json_patch::Patch` of them.
-pub(crate) fn write_patch(ops: &[Op], out: &mut Vec<u8>) {
-    out.push(b'[');
-    for (i, op) in ops.iter().enumerate() {
-        if i > 0 {
-            out.push(b',');
-        }
-        out.extend_from_slice(if op.replace {
-            b"{\"op\":\"replace\",\"path\":"
-        } else {
-            b"{\"op\":\"add\",\"path\":"
-        });
-        write_json_str(&op.path, out);
-        out.extend_from_slice(b",\"value\":");
-        out.extend_from_slice(op.value.as_bytes());
-        out.push(b'}');
-    }
-    out.push(b']');
-}
-
-/// A string as JSON, as serde_json writes it.
-pub(crate) fn write_json_str(s: &str, out: &mut Vec<u8>) {
-    // Writing into a Vec cannot fail.
-    let _ = serde_json::to_writer(&mut *out, s);
-}
 
 /// The largest JSON Patch the webhook answers with: base64 makes it 4/3 larger, and the whole
 /// AdmissionReview response stays under 1 MiB (with [`super::validate::MAX_WARNINGS`] warnings).
@@ -84,6 +39,7 @@ pub const MAX_PATCH_BYTES: usize = 720 * 1024;
 /// the API server adds to a stored object (`managedFields`, `status`, the request framing).
 pub const MAX_INJECTED_BYTES: usize = 1536 * 1024 - 64 * 1024;
 
+#[cfg(any(test, feature = "test-api"))]
 /// Computes the injection patch for a JobSet (CREATE). A JobSet whose injected form would be
 /// too large (see [`MAX_PATCH_BYTES`], [`MAX_INJECTED_BYTES`]) gets no patch and `too_large`;
 /// one with a pod template the agent cannot go into gets no patch and `violations`.
@@ -91,6 +47,7 @@ pub fn mutate(jobset: &Value, config: &InjectionConfig) -> Mutation {
     mutate_in(jobset, config, Scope::Create)
 }
 
+#[cfg(any(test, feature = "test-api"))]
 /// The injection patch for an UPDATE of the stored JobSet `old` to `jobset`: what [`mutate`]
 /// adds, into the replicatedJobs whose pod template `old` shows injected (the
 /// `jobset-inplace.dev/injected` annotation of an InPlaceRestart JobSet), so that a client that
@@ -103,6 +60,7 @@ pub fn mutate_update(jobset: &Value, old: &Value, config: &InjectionConfig) -> M
     mutate_in(jobset, config, Scope::Update(&old))
 }
 
+#[cfg(any(test, feature = "test-api"))]
 fn mutate_in(jobset: &Value, config: &InjectionConfig, scope: Scope<'_, '_>) -> Mutation {
     let size = serde_json::to_vec(jobset).map_or(0, |v| v.len());
     match mutate_view(&JobSetView::from_value(jobset), config, size, scope) {
@@ -115,7 +73,7 @@ fn mutate_in(jobset: &Value, config: &InjectionConfig, scope: Scope<'_, '_>) -> 
             too_large: Some(message),
             ..Mutation::default()
         },
-        Err(Refusal::Invalid(violations, _)) => Mutation {
+        Err(Refusal::Invalid(violations, _, _)) => Mutation {
             violations,
             ..Mutation::default()
         },
@@ -156,8 +114,8 @@ pub(crate) enum Refusal {
     /// The injected JobSet would be too large (the webhook answers 413): why.
     TooLarge(String),
     /// Pod templates that cannot take the agent as configured (422), with where and why: the
-    /// first [`super::validate::MAX_VIOLATIONS`], and how many more.
-    Invalid(Vec<Violation>, usize),
+    /// first [`super::validate::MAX_VIOLATIONS`], how many more, and the rules all of them break.
+    Invalid(Vec<Violation>, usize, Vec<Rule>),
 }
 
 /// Bytes an operation adds to the JSON Patch document (with its framing).
@@ -188,12 +146,13 @@ pub(crate) fn mutate_view(
     if jobset.truncated {
         return Err(Refusal::TooLarge(format!(
             "the JobSet has more than {} list elements in all: too large to be injected",
-            super::sparse_view::MAX_LIST_ELEMENTS
+            super::lenient::MAX_LIST_ELEMENTS
         )));
     }
     let mut agents = AgentJson::new(config);
     let mut refused = Vec::new();
     let mut more_refused = 0;
+    let mut refused_rules = Vec::new();
     let mut patch_bytes = 0;
     let mut counted = 0;
     for (i, rj) in jobset.replicated_jobs().iter().enumerate() {
@@ -237,17 +196,36 @@ pub(crate) fn mutate_view(
         {
             let template_ptr = job_ptr.key("template");
             let pod_ptr = template_ptr.key("spec");
-            rewrite_restart_pod(&pod_ptr, pod_spec, &mut out, &mut warnings, i);
             // The webhook chooses the service account: its token goes to the agent only.
             let chosen = account_chosen(pod_spec, config);
+            let token_refused = token_refusals(
+                &format!("spec.replicatedJobs[{i}].template.spec.template.spec"),
+                pod_spec,
+                chosen,
+                &config.service_account,
+            );
+            if !token_refused.is_empty() {
+                for violation in token_refused {
+                    rule::note(&mut refused_rules, violation.rule);
+                    if refused.len() >= super::validate::MAX_VIOLATIONS {
+                        more_refused += 1;
+                    } else {
+                        refused.push(violation);
+                    }
+                }
+                continue;
+            }
+            rewrite_restart_pod(&pod_ptr, pod_spec, &mut out, &mut warnings, i);
             let runs_ours = match pod::agent(pod_spec) {
                 None => {
                     let Some(port) = barrier_port(pod_spec, config) else {
+                        rule::note(&mut refused_rules, Rule::BarrierPort);
                         if refused.len() >= super::validate::MAX_VIOLATIONS {
                             more_refused += 1;
                             continue;
                         }
                         refused.push(Violation {
+                            rule: Rule::BarrierPort,
                             path: format!(
                                 "spec.replicatedJobs[{i}].template.spec.template.spec.initContainers"
                             ),
@@ -292,7 +270,7 @@ pub(crate) fn mutate_view(
                     ));
                 }
                 match &pod_spec.volumes {
-                    Some(v) if v.has_name(TOKEN_VOLUME) => {}
+                    Some(v) if v.has_token_volume() => {}
                     Some(_) => out.push(add(
                         pod_ptr.keys(&["volumes", "-"]),
                         to_json(&token_volume()),
@@ -316,7 +294,7 @@ pub(crate) fn mutate_view(
         )));
     }
     if !refused.is_empty() {
-        return Err(Refusal::Invalid(refused, more_refused));
+        return Err(Refusal::Invalid(refused, more_refused, refused_rules));
     }
     if warnings.len() > super::validate::MAX_WARNINGS {
         let more = warnings.len() - super::validate::MAX_WARNINGS;
@@ -348,7 +326,47 @@ fn account_chosen(pod_spec: &PodSpec<'_>, config: &InjectionConfig) -> bool {
         || pod_spec
             .volumes
             .as_ref()
-            .is_some_and(|v| v.has_name(TOKEN_VOLUME)))
+            .is_some_and(|v| v.has_token_volume()))
+}
+
+/// Why the agent's token cannot be kept to the agent in a pod template (the injection refuses
+/// it, naming the field): a volume of its own under the token volume's name, or, when the
+/// webhook chooses the account (`chosen`), `automountServiceAccountToken` set to anything but
+/// `false`, which would mount the agent's token into every container.
+fn token_refusals(
+    pod_prefix: &str,
+    pod_spec: &PodSpec<'_>,
+    chosen: bool,
+    account: &str,
+) -> Vec<Violation> {
+    let mut out: Vec<Violation> = pod_spec
+        .volumes
+        .as_ref()
+        .into_iter()
+        .flat_map(|v| v.foreign_token_volumes())
+        .map(|j| Violation {
+            rule: Rule::TokenVolume,
+            path: format!("{pod_prefix}.volumes[{j}]"),
+            message: foreign_token_volume_message(),
+        })
+        .collect();
+    if chosen
+        && let Some(automount) = &pod_spec.automount_token
+        && *automount != Value::Bool(false)
+    {
+        out.push(Violation {
+            rule: Rule::AgentToken,
+            path: format!("{pod_prefix}.automountServiceAccountToken"),
+            message: super::validate::clip(format!(
+                "is {automount}, and the pod runs as the agent's service account ({account}), \
+                 which the webhook chooses for a template that names none: every container \
+                 would hold the agent's token, which may patch pods. Remove it (the webhook \
+                 then mounts the token into the agent only), or name a service account of your \
+                 own"
+            )),
+        });
+    }
+    out
 }
 
 /// The port the injected agent's barrier takes in a pod template: the first of the configured
@@ -423,7 +441,7 @@ impl<'c> AgentJson<'c> {
         let config = self.config;
         self.texts
             .entry((port, token))
-            .or_insert_with(|| agent_container_json(config, port, token))
+            .or_insert_with(|| to_json(&agent_container(config, port, token)))
     }
 }
 
@@ -491,224 +509,6 @@ fn inject_agent(pod_ptr: &Ptr, pod_spec: &PodSpec<'_>, agent: &str, ops: &mut Ve
         )),
         None => ops.push(add(pod_ptr.key("initContainers"), format!("[{agent}]"))),
     }
-}
-
-/// The injected agent sidecar (as injected into a pod template that names its own service
-/// account and declares no `containerPort` the barrier would take).
-pub fn agent_container(config: &InjectionConfig) -> Value {
-    serde_json::to_value(AgentContainer::new(config, config.barrier_port, false))
-        .unwrap_or_default()
-}
-
-/// The JSON text of the agent sidecar with its barrier on `port`, written without building a
-/// `Value`; `token`: it mounts the service account token the pod does not automount
-/// ([`token_volume`]).
-fn agent_container_json(config: &InjectionConfig, port: u16, token: bool) -> String {
-    serde_json::to_string(&AgentContainer::new(config, port, token)).unwrap_or_default()
-}
-
-/// The volume that holds the agent's service account token, CA and namespace when the webhook
-/// chose the account: what the kubelet would mount into every container, mounted into the agent
-/// only (the pod gets `automountServiceAccountToken: false`).
-pub const TOKEN_VOLUME: &str = "jobset-inplace-agent-token";
-/// Where Kubernetes mounts a service account token, and where in-cluster clients read it.
-pub const TOKEN_MOUNT_PATH: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
-/// The token's lifetime as the kubelet's own projected token (3607 s; the kubelet renews it).
-pub const TOKEN_EXPIRATION_SECONDS: i64 = 3607;
-
-/// The projected volume of the agent's token, CA bundle and namespace.
-pub fn token_volume() -> Value {
-    json!({
-        "name": TOKEN_VOLUME,
-        "projected": {
-            "defaultMode": 420,
-            "sources": [
-                {"serviceAccountToken": {"expirationSeconds": TOKEN_EXPIRATION_SECONDS, "path": "token"}},
-                {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
-                {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}]}}
-            ]
-        }
-    })
-}
-
-/// The agent's mount of [`token_volume`].
-pub fn token_mount() -> Value {
-    json!({"name": TOKEN_VOLUME, "mountPath": TOKEN_MOUNT_PATH, "readOnly": true})
-}
-
-/// The injected agent sidecar as it is serialized (fields in this order).
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct AgentContainer<'a> {
-    name: &'static str,
-    image: &'a str,
-    image_pull_policy: &'a str,
-    args: [&'static str; 1],
-    restart_policy: &'static str,
-    restart_policy_rules: [RestartRuleSpec; 1],
-    env: Vec<EnvSpec<'a>>,
-    startup_probe: ProbeSpec<'a>,
-    security_context: SecurityContextSpec,
-    termination_message_policy: &'static str,
-    #[serde(skip_serializing_if = "ResourcesSpec::is_empty")]
-    resources: ResourcesSpec<'a>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    volume_mounts: Option<[Value; 1]>,
-}
-
-impl<'a> AgentContainer<'a> {
-    /// The agent with its barrier on `port`: its env and its startup probe say the same port.
-    fn new(config: &'a InjectionConfig, port: u16, token: bool) -> Self {
-        let mut env = vec![
-            field_env(agent_env::NAMESPACE, "metadata.namespace"),
-            field_env(agent_env::POD_NAME, "metadata.name"),
-            field_env(
-                agent_env::JOBSET_NAME,
-                format!("metadata.annotations['{JOBSET_NAME_LABEL}']"),
-            ),
-            literal_env(
-                agent_env::RESTART_EXIT_CODE,
-                config.restart_exit_code.to_string(),
-            ),
-            literal_env(agent_env::PROTOCOL, config.protocol.as_str()),
-        ];
-        if port != agent_env::DEFAULT_BARRIER_PORT {
-            env.push(literal_env(agent_env::BARRIER_PORT, port.to_string()));
-        }
-        if config.barrier_path != agent_env::DEFAULT_BARRIER_PATH {
-            env.push(literal_env(
-                agent_env::BARRIER_PATH,
-                config.barrier_path.as_str(),
-            ));
-        }
-        AgentContainer {
-            name: agent_env::CONTAINER_NAME,
-            image: &config.image,
-            image_pull_policy: &config.image_pull_policy,
-            args: ["agent"],
-            restart_policy: "Always",
-            restart_policy_rules: [RestartRuleSpec {
-                action: pod::RESTART_ALL_CONTAINERS,
-                exit_codes: ExitCodesSpec {
-                    operator: "NotIn",
-                    values: [0],
-                },
-            }],
-            env,
-            startup_probe: ProbeSpec {
-                http_get: HttpGetSpec {
-                    path: &config.barrier_path,
-                    port,
-                },
-                period_seconds: config.probe_period_seconds,
-                failure_threshold: config.probe_failure_threshold,
-            },
-            security_context: SecurityContextSpec {
-                run_as_non_root: true,
-                read_only_root_filesystem: true,
-                allow_privilege_escalation: false,
-                capabilities: CapabilitiesSpec { drop: ["ALL"] },
-                seccomp_profile: SeccompProfileSpec {
-                    r#type: "RuntimeDefault",
-                },
-            },
-            termination_message_policy: "FallbackToLogsOnError",
-            resources: ResourcesSpec {
-                requests: &config.resources.requests,
-                limits: &config.resources.limits,
-            },
-            volume_mounts: token.then(|| [token_mount()]),
-        }
-    }
-}
-
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct RestartRuleSpec {
-    action: &'static str,
-    exit_codes: ExitCodesSpec,
-}
-
-#[derive(Serialize)]
-struct ExitCodesSpec {
-    operator: &'static str,
-    values: [u8; 1],
-}
-
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct ProbeSpec<'a> {
-    http_get: HttpGetSpec<'a>,
-    period_seconds: i32,
-    failure_threshold: i32,
-}
-
-#[derive(Serialize)]
-struct HttpGetSpec<'a> {
-    path: &'a str,
-    port: u16,
-}
-
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct SecurityContextSpec {
-    run_as_non_root: bool,
-    read_only_root_filesystem: bool,
-    allow_privilege_escalation: bool,
-    capabilities: CapabilitiesSpec,
-    seccomp_profile: SeccompProfileSpec,
-}
-
-#[derive(Serialize)]
-struct CapabilitiesSpec {
-    drop: [&'static str; 1],
-}
-
-#[derive(Serialize)]
-struct SeccompProfileSpec {
-    r#type: &'static str,
-}
-
-/// `resources`, each map only when it is not empty (sorted keys: `BTreeMap`).
-#[derive(Serialize)]
-struct ResourcesSpec<'a> {
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    requests: &'a BTreeMap<String, String>,
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    limits: &'a BTreeMap<String, String>,
-}
-
-impl ResourcesSpec<'_> {
-    fn is_empty(&self) -> bool {
-        self.requests.is_empty() && self.limits.is_empty()
-    }
-}
-
-/// An env entry: from the downward API, or a literal.
-#[derive(Serialize)]
-#[serde(untagged)]
-enum EnvSpec<'a> {
-    Field {
-        name: &'static str,
-        #[serde(rename = "valueFrom")]
-        value_from: ValueFromSpec,
-    },
-    Literal {
-        name: &'static str,
-        value: Cow<'a, str>,
-    },
-}
-
-#[derive(Serialize)]
-struct ValueFromSpec {
-    #[serde(rename = "fieldRef")]
-    field_ref: FieldRefSpec,
-}
-
-#[derive(Serialize)]
-struct FieldRefSpec {
-    #[serde(rename = "fieldPath")]
-    field_path: Cow<'static, str>,
 }
 
 /// Adds the env an existing agent lacks, deriving values from what the agent declares (its
@@ -807,95 +607,17 @@ fn annotate_injected(template_ptr: &Ptr, template: &PodTemplate<'_>, ops: &mut V
     ops.push(op);
 }
 
-fn field_env(name: &'static str, field_path: impl Into<Cow<'static, str>>) -> EnvSpec<'static> {
-    EnvSpec::Field {
-        name,
-        value_from: ValueFromSpec {
-            field_ref: FieldRefSpec {
-                field_path: field_path.into(),
-            },
-        },
-    }
-}
-
-fn literal_env<'a>(name: &'static str, value: impl Into<Cow<'a, str>>) -> EnvSpec<'a> {
-    EnvSpec::Literal {
-        name,
-        value: value.into(),
-    }
-}
-
-/// The JSON text of a serializable value.
-fn to_json<T: Serialize>(value: &T) -> String {
-    serde_json::to_string(value).unwrap_or_default()
-}
-
-fn add(path: Ptr, value: String) -> Op {
-    Op {
-        replace: false,
-        path: path.0,
-        value,
-    }
-}
-
 fn container_ptr(pod_ptr: &Ptr, c: &Container<'_>) -> Ptr {
     pod_ptr.key(c.list.key()).idx(c.index)
-}
-
-/// A JSON Pointer under construction; every token is escaped as RFC 6901 says (`~` is `~0`, `/`
-/// is `~1`: an annotation key's `/` becomes `~1`).
-#[derive(Clone, Debug)]
-struct Ptr(String);
-
-fn ptr(keys: &[&str]) -> Ptr {
-    Ptr(String::with_capacity(96)).keys(keys)
-}
-
-impl Ptr {
-    /// A copy with room for `extra` more bytes.
-    fn with_room(&self, extra: usize) -> Ptr {
-        let mut p = String::with_capacity(self.0.len() + extra);
-        p.push_str(&self.0);
-        Ptr(p)
-    }
-    fn push(&mut self, token: &str) {
-        self.0.push('/');
-        if !token.contains(['~', '/']) {
-            self.0.push_str(token);
-            return;
-        }
-        for c in token.chars() {
-            match c {
-                '~' => self.0.push_str("~0"),
-                '/' => self.0.push_str("~1"),
-                c => self.0.push(c),
-            }
-        }
-    }
-    fn key(&self, key: &str) -> Ptr {
-        let mut p = self.with_room(key.len() + 8);
-        p.push(key);
-        p
-    }
-    fn keys(&self, keys: &[&str]) -> Ptr {
-        let mut p = self.with_room(keys.iter().map(|k| k.len() + 8).sum());
-        for k in keys {
-            p.push(k);
-        }
-        p
-    }
-    fn idx(&self, index: usize) -> Ptr {
-        let mut p = self.with_room(24);
-        // Writing into a String cannot fail.
-        let _ = write!(p.0, "/{index}");
-        p
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::admission::sidecar::TOKEN_MOUNT_PATH;
     use crate::protocol::Dialect;
+    use json_patch::{AddOperation, PatchOperation};
+    use jsonptr::PointerBuf;
 
     fn jobset(pod_spec: Value) -> Value {
         json!({
@@ -1030,11 +752,154 @@ mod tests {
         assert!(pod["initContainers"][0].get("volumeMounts").is_none());
     }
 
+    /// The mutating review of `js` through the body's bytes, and its violations' paths; the
+    /// Value path ([`crate::admission::decide`]) answers the same.
+    fn refused_paths(js: &Value, config: &InjectionConfig) -> Vec<String> {
+        let body = serde_json::to_vec(&json!({"apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview", "request": {"uid": "u", "operation": "CREATE",
+            "kind": {"group": crate::jobset::GROUP, "kind": crate::jobset::KIND},
+            "object": js}}))
+        .expect("json");
+        let reply = crate::admission::review(crate::admission::Endpoint::Mutate, &body, config);
+        let answer: Value = serde_json::from_slice(&reply.body).expect("json");
+        let verdict = crate::admission::decide(
+            crate::admission::Endpoint::Mutate,
+            &crate::admission::Request {
+                operation: "CREATE",
+                group: crate::jobset::GROUP,
+                kind: crate::jobset::KIND,
+                object: Some(js),
+                old_object: None,
+            },
+            config,
+        );
+        assert_eq!(
+            answer["response"]["allowed"], verdict.allowed,
+            "bytes and Value agree"
+        );
+        let paths: Vec<String> = verdict.violations.into_iter().map(|v| v.path).collect();
+        let from_bytes: Vec<String> = answer["response"]["status"]["details"]["causes"]
+            .as_array()
+            .map(|c| {
+                c.iter()
+                    .filter_map(|c| c["field"].as_str())
+                    .map(str::to_owned)
+                    .collect()
+            })
+            .unwrap_or_default();
+        assert_eq!(paths, from_bytes, "bytes and Value agree");
+        assert_eq!(mutate(js, config).violations.len(), paths.len());
+        paths
+    }
+
+    /// Issue 21 item 4: `automountServiceAccountToken: true` on a template whose account the
+    /// webhook chooses would mount the agent's token into every container, and a volume of the
+    /// template's own under the token volume's name would be mounted into the agent as its
+    /// token. Both are refused, naming the field; nothing is injected.
+    #[test]
+    fn the_agent_s_token_goes_to_no_worker_and_comes_from_no_other_volume() {
+        let config = InjectionConfig::defaults(Dialect::Epoch);
+        let sa = config.service_account.clone();
+        let w = json!([{"name": "w"}]);
+        let spec = "spec.replicatedJobs[0].template.spec.template.spec";
+        let mut near_misses = Vec::new();
+        for pointer in [
+            "/projected/defaultMode",
+            "/projected/sources/0/serviceAccountToken/expirationSeconds",
+            "/projected/sources/0/serviceAccountToken/path",
+            "/projected/sources/1/configMap/name",
+            "/projected/sources/2/downwardAPI/items/0/fieldRef/fieldPath",
+        ] {
+            let mut v = token_volume();
+            if let Some(x) = v.pointer_mut(pointer) {
+                *x = match x {
+                    Value::String(_) => json!("other"),
+                    _ => json!(420.0),
+                };
+            }
+            near_misses.push(v);
+        }
+        let mut extra = token_volume();
+        extra["hostPath"] = json!({"path": "/var/run/secrets"});
+        near_misses.push(extra);
+        let mut extra_source = token_volume();
+        if let Some(sources) = extra_source
+            .pointer_mut("/projected/sources")
+            .and_then(Value::as_array_mut)
+        {
+            sources.push(json!({"secret": {"name": "other-token"}}));
+        }
+        near_misses.push(extra_source);
+        let mut cases = vec![
+            (
+                json!({"automountServiceAccountToken": true, "containers": w}),
+                "automountServiceAccountToken",
+            ),
+            (
+                json!({"automountServiceAccountToken": "true", "containers": w}),
+                "automountServiceAccountToken",
+            ),
+            (
+                json!({"serviceAccountName": sa, "automountServiceAccountToken": true,
+                       "volumes": [token_volume()], "containers": w}),
+                "automountServiceAccountToken",
+            ),
+            (
+                json!({"volumes": [{"name": TOKEN_VOLUME, "emptyDir": {}}], "containers": w}),
+                "volumes[0]",
+            ),
+            (
+                json!({"serviceAccountName": "mine", "containers": w,
+                       "volumes": [{"name": "data"}, {"name": TOKEN_VOLUME, "secret": {"secretName": "s"}}]}),
+                "volumes[1]",
+            ),
+        ];
+        for v in near_misses {
+            cases.push((json!({"volumes": [v], "containers": w}), "volumes[0]"));
+        }
+        for (pod, field) in cases {
+            let js = jobset(pod.clone());
+            assert!(mutate(&js, &config).patch.0.is_empty(), "{pod}");
+            assert_eq!(
+                refused_paths(&js, &config),
+                [format!("{spec}.{field}")],
+                "{pod}"
+            );
+        }
+
+        // Unset or false: injected, the token in the agent only; its own account with `true`
+        // keeps its own behaviour.
+        for pod in [
+            json!({"containers": w}),
+            json!({"automountServiceAccountToken": false, "containers": w}),
+            json!({"serviceAccountName": sa, "automountServiceAccountToken": false, "containers": w}),
+        ] {
+            let out = apply(&jobset(pod.clone()), &config);
+            let pod_out = pod_of(&out, 0);
+            assert_eq!(pod_out["automountServiceAccountToken"], false, "{pod}");
+            assert_eq!(pod_out["volumes"], json!([token_volume()]), "{pod}");
+            assert!(refused_paths(&out, &config).is_empty(), "{pod}");
+            assert!(
+                mutate(&out, &config).patch.0.is_empty(),
+                "idempotent: {pod}"
+            );
+        }
+        let out = apply(
+            &jobset(
+                json!({"serviceAccountName": "mine", "automountServiceAccountToken": true, "containers": w}),
+            ),
+            &config,
+        );
+        assert_eq!(pod_of(&out, 0)["automountServiceAccountToken"], true);
+        assert!(pod_of(&out, 0).get("volumes").is_none());
+    }
+
     #[test]
     fn injected_agent_uses_the_config() {
         let mut config = InjectionConfig::defaults(Dialect::Attempt);
         config.barrier_port = 9000;
-        let agent = agent_container(&config);
+        let agent =
+            serde_json::to_value(agent_container(&config, config.barrier_port, false)).unwrap();
         assert_eq!(env_value(&agent, "BARRIER_PORT").as_deref(), Some("9000"));
         assert_eq!(env_value(&agent, "BARRIER_PATH"), None);
         assert_eq!(
@@ -1165,7 +1030,7 @@ mod tests {
             verdict.status.as_ref().map(|s| s["code"].clone()),
             Some(json!(422))
         );
-        assert_eq!(verdict.violations(), m.violations);
+        assert_eq!(verdict.violations, m.violations);
         // Many such templates: the first ones reported, the rest counted.
         let mut many = js.clone();
         let taken = many["spec"]["replicatedJobs"][1].clone();

@@ -1,10 +1,10 @@
-//! Reading a pod template (its [sparse view](super::sparse_view)): its containers, their restart rules, env and
+//! Reading a pod template (its [sparse view](super::view)): its containers, their restart rules, env and
 //! startup probe, and where the jobset-inplace agent is. Validation and mutation share these
 //! readers, so what one calls an agent the other does too.
 
 use serde_json::Value;
 
-use super::sparse_view::{ContainerView, HttpGet, PodSpec, RuleView, is_env_name_read};
+use super::view::{ContainerView, HttpGet, PodSpec, RuleView, is_env_name_read};
 use crate::wire::agent_env;
 
 /// `RestartAllContainers`: the container restart rule action that restarts the whole pod in place
@@ -343,7 +343,7 @@ pub(crate) fn agent<'a>(pod_spec: &'a PodSpec<'a>) -> Option<Agent<'a>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::admission::sparse_view::Lenient;
+    use crate::admission::lenient::Lenient;
 
     /// The view of an in-memory pod spec (all absent for a non-object).
     fn pod_spec_view(value: &Value) -> PodSpec<'_> {

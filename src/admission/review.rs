@@ -7,8 +7,11 @@ use base64::Engine;
 use serde_json::{Value, json};
 
 use super::config::InjectionConfig;
-use super::sparse_view::{self, JobSetView, Str};
-use super::{Endpoint, Reply, ReviewOutcome, Violation, mutate, status_body, validate};
+use super::lenient::Str;
+use super::view::{self, JobSetView};
+use super::{
+    Endpoint, Reply, ReviewOutcome, Rule, Violation, mutate, patch, raw, status_body, validate,
+};
 
 pub const API_VERSION: &str = "admission.k8s.io/v1";
 pub const KIND: &str = "AdmissionReview";
@@ -34,16 +37,22 @@ pub struct Verdict {
     /// Why the request is denied: a Kubernetes `Status` (without the list framing).
     pub status: Option<Value>,
     pub outcome: ReviewOutcome,
+    /// The violations a denial lists (its `Status` causes), each with its rule.
+    pub violations: Vec<Violation>,
+    /// The rules a denial breaks, each once (also those of violations past the listed ones).
+    pub rules: Vec<Rule>,
 }
 
 /// A decision as [`decide_view`] makes it: the patch as operations with their JSON text, written
 /// into the response as they are.
 struct Answer {
     allowed: bool,
-    ops: Vec<mutate::Op>,
+    ops: Vec<patch::Op>,
     warnings: Vec<String>,
     status: Option<Value>,
     outcome: ReviewOutcome,
+    violations: Vec<Violation>,
+    rules: Vec<Rule>,
 }
 
 impl Answer {
@@ -54,6 +63,8 @@ impl Answer {
             warnings: Vec::new(),
             status: None,
             outcome: ReviewOutcome::Allowed,
+            violations: Vec::new(),
+            rules: Vec::new(),
         }
     }
 
@@ -70,6 +81,8 @@ impl Answer {
                 "code": 400
             })),
             outcome: ReviewOutcome::Error,
+            violations: Vec::new(),
+            rules: Vec::new(),
         }
     }
 }
@@ -78,41 +91,17 @@ impl From<Answer> for Verdict {
     fn from(a: Answer) -> Self {
         Verdict {
             allowed: a.allowed,
-            patch: json_patch::Patch(a.ops.iter().map(mutate::Op::to_patch_operation).collect()),
+            patch: json_patch::Patch(a.ops.iter().map(patch::Op::to_patch_operation).collect()),
             warnings: a.warnings,
             status: a.status,
             outcome: a.outcome,
+            violations: a.violations,
+            rules: a.rules,
         }
     }
 }
 
 impl Verdict {
-    /// The violations of a denial, read back from its `Status` causes.
-    pub fn violations(&self) -> Vec<Violation> {
-        self.status
-            .as_ref()
-            .and_then(|s| s.pointer("/details/causes"))
-            .and_then(Value::as_array)
-            .map(|causes| {
-                causes
-                    .iter()
-                    .map(|c| Violation {
-                        path: c
-                            .get("field")
-                            .and_then(Value::as_str)
-                            .unwrap_or("")
-                            .to_owned(),
-                        message: c
-                            .get("message")
-                            .and_then(Value::as_str)
-                            .unwrap_or("")
-                            .to_owned(),
-                    })
-                    .collect()
-            })
-            .unwrap_or_default()
-    }
-
     /// The message of a denial.
     pub fn message(&self) -> Option<&str> {
         self.status.as_ref()?.get("message")?.as_str()
@@ -185,13 +174,15 @@ fn decide_view(
             };
             let (ops, warnings) = match mutate::mutate_view(object, config, size, scope) {
                 Ok(injection) => injection,
-                Err(mutate::Refusal::Invalid(violations, more)) => {
+                Err(mutate::Refusal::Invalid(violations, more, rules)) => {
                     return Answer {
                         allowed: false,
                         ops: Vec::new(),
                         warnings: Vec::new(),
                         status: Some(invalid_status(object.name(), &violations, more)),
                         outcome: ReviewOutcome::Denied,
+                        violations,
+                        rules,
                     };
                 }
                 Err(mutate::Refusal::TooLarge(message)) => {
@@ -207,6 +198,8 @@ fn decide_view(
                             "code": 413
                         })),
                         outcome: ReviewOutcome::Denied,
+                        violations: Vec::new(),
+                        rules: vec![Rule::TooLarge],
                     };
                 }
             };
@@ -239,6 +232,8 @@ fn decide_view(
                     &v.violations,
                     v.more_violations,
                 ));
+                d.violations = v.violations;
+                d.rules = v.rules;
             }
             d
         }
@@ -285,18 +280,19 @@ fn invalid_status(name: &str, violations: &[Violation], more: usize) -> Value {
 /// with a `Status`; any other malformation gets HTTP 200 and a response that denies with the
 /// reason.
 ///
-/// The body is decoded once into the [sparse views](super::sparse_view) the rules read, never into a `Value`;
+/// The body is decoded once into the [sparse views](super::view) the rules read, never into a `Value`;
 /// it answers exactly as reading a `Value` of the whole body did, for every body.
 pub fn review(endpoint: Endpoint, body: &[u8], config: &InjectionConfig) -> Reply {
     let bad_request = |message: String| Reply {
         http_status: 400,
         body: status_body(400, "BadRequest", &message),
         outcome: ReviewOutcome::Error,
+        rules: Vec::new(),
     };
     if body.is_empty() {
         return bad_request("cannot read AdmissionReview: the request body is empty".to_owned());
     }
-    let review = match sparse_view::parse_review(body) {
+    let review = match view::parse_review(body) {
         Ok(review) => review.unwrap_or_default(),
         Err(e) => return bad_request(format!("cannot read AdmissionReview: invalid JSON: {e}")),
     };
@@ -332,7 +328,7 @@ pub fn review(endpoint: Endpoint, body: &[u8], config: &InjectionConfig) -> Repl
             config,
             // An UPDATE's body holds the stored object too: the new one is what gets injected.
             if endpoint == Endpoint::Mutate && text(request.operation.as_ref()) == "UPDATE" {
-                sparse_view::object_len(body).unwrap_or(body.len())
+                raw::object_len(body).unwrap_or(body.len())
             } else {
                 body.len()
             },
@@ -346,7 +342,7 @@ pub fn review(endpoint: Endpoint, body: &[u8], config: &InjectionConfig) -> Repl
                 .map(|o| o.path.len() + o.value.len() + 40)
                 .sum(),
         );
-        mutate::write_patch(&answer.ops, &mut patch);
+        patch::write_patch(&answer.ops, &mut patch);
         patch
     });
     Reply {
@@ -360,6 +356,7 @@ pub fn review(endpoint: Endpoint, body: &[u8], config: &InjectionConfig) -> Repl
         )
         .unwrap_or_default(),
         outcome: answer.outcome,
+        rules: answer.rules,
     }
 }
 
@@ -368,13 +365,13 @@ pub fn review(endpoint: Endpoint, body: &[u8], config: &InjectionConfig) -> Repl
 /// JSON values), or as values of a second, complete reading of the body where the JSON text is not
 /// at hand (serde_json's raw-value objects).
 enum BodyJobs<'a> {
-    Raw(sparse_view::RawJobs<'a>),
+    Raw(raw::RawJobs<'a>),
     Values(Vec<Value>, Vec<Value>),
 }
 
 impl<'a> BodyJobs<'a> {
     fn read(body: &'a [u8]) -> Self {
-        if let Some(raw) = sparse_view::raw_jobs(body) {
+        if let Some(raw) = raw::raw_jobs(body) {
             return BodyJobs::Raw(raw);
         }
         let review: Value = serde_json::from_slice(body).unwrap_or_default();
@@ -407,6 +404,7 @@ impl<'a> BodyJobs<'a> {
     }
 }
 
+#[cfg(any(test, feature = "test-api"))]
 /// The AdmissionReview response for a decision, written directly (the bytes a `Value` of it
 /// would serialize to: compact, keys in this order).
 pub fn encode(uid: &str, decision: &Verdict) -> Vec<u8> {

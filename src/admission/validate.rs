@@ -14,8 +14,13 @@
 use serde_json::Value;
 
 use super::config::InjectionConfig;
+use super::lenient::{BadElements, WrongType};
 use super::pod::{self, Agent, AgentMode, Container, ExitCodeSetting};
-use super::sparse_view::{BadElements, JobSetView, JobSpec, PodSpec, WrongType};
+use super::rule::Rule;
+use super::view::{JobSetView, JobSpec, PodSpec};
+pub(crate) use super::warnings::clip;
+pub use super::warnings::{MAX_MESSAGE_BYTES, MAX_WARNINGS};
+use super::warnings::{finish_groups, ungrouped_warning, warning};
 use super::{Validation, Violation};
 use crate::protocol::Dialect;
 use crate::wire::agent_env;
@@ -30,12 +35,8 @@ const SHORT_BARRIER_SECONDS: i64 = 600;
 /// At most this many violations are reported (the first ones, in the order of the rules); the
 /// rest are counted. Bounds the answer to any request (docs/security.md).
 pub const MAX_VIOLATIONS: usize = 20;
-/// At most this many warnings are reported; the rest are counted.
-pub const MAX_WARNINGS: usize = 20;
-/// A violation message or warning longer than this is cut (at a character boundary) and ends
-/// with "…": messages quote values from the request.
-pub const MAX_MESSAGE_BYTES: usize = 512;
 
+#[cfg(any(test, feature = "test-api"))]
 /// Validates a JobSet (CREATE, or UPDATE without the old object).
 pub fn validate(jobset: &Value, config: &InjectionConfig) -> Validation {
     validate_view(&JobSetView::from_value(jobset), config)
@@ -60,11 +61,12 @@ fn validate_ratcheted(
     if jobset.truncated {
         violation(
             &mut out,
+            Rule::TooLarge,
             "spec".to_owned(),
             format!(
                 "has more than {} list elements (replicatedJobs, containers, rules, ports, env \
                  entries the agent reads, exit codes) in all: too large to be judged",
-                super::sparse_view::MAX_LIST_ELEMENTS
+                super::lenient::MAX_LIST_ELEMENTS
             ),
         );
         return out;
@@ -117,7 +119,7 @@ fn validate_ratcheted(
         check_readable_pod(&pod_prefix, pod_spec, &mut out);
         check_restart_rules(&pod_prefix, pod_spec, &mut out);
         check_agent(&pod_prefix, pod_spec, config.protocol, &mut out);
-        check_service_account(&pod_prefix, pod_spec, &mut out);
+        check_service_account(&pod_prefix, pod_spec, &config.service_account, &mut out);
         let found = (out.violations.len(), out.more_violations) != before;
         if found && ratchet(i) {
             for v in out.violations.drain(before.0..) {
@@ -142,6 +144,7 @@ fn validate_ratcheted(
     out
 }
 
+#[cfg(any(test, feature = "test-api"))]
 /// Validates an UPDATE. A replicatedJob that is unchanged from the old object and was already
 /// InPlaceRestart has its violations reported as warnings: a JobSet admitted before the webhook
 /// was installed must stay editable (to suspend or relabel it), and nothing got worse.
@@ -178,102 +181,17 @@ pub(crate) fn validate_update_view(
     validate_ratcheted(jobset, config, unchanged)
 }
 
-/// `s` cut to at most [`MAX_MESSAGE_BYTES`] (at a character boundary, ending with "…").
-pub(crate) fn clip(mut s: String) -> String {
-    if s.len() > MAX_MESSAGE_BYTES {
-        let mut end = MAX_MESSAGE_BYTES - '…'.len_utf8();
-        while !s.is_char_boundary(end) {
-            end -= 1;
-        }
-        s.truncate(end);
-        s.push('…');
-    }
-    s
-}
-
-fn violation(out: &mut Validation, path: String, message: impl Into<String>) {
+fn violation(out: &mut Validation, rule: Rule, path: String, message: impl Into<String>) {
+    super::rule::note(&mut out.rules, rule);
     if out.violations.len() >= MAX_VIOLATIONS {
         out.more_violations += 1;
         return;
     }
     out.violations.push(Violation {
+        rule,
         path: clip(path),
         message: clip(message.into()),
     });
-}
-
-/// How many replicatedJobs a grouped warning names (the first ones; the rest are counted).
-const MAX_GROUPED_JOBS: usize = 8;
-
-/// A warning said of several replicatedJobs: where it is in the warnings, its text after
-/// `spec.replicatedJobs[N]`, the first indices it applies to and how many in all.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub(crate) struct WarningGroup {
-    at: usize,
-    tail: String,
-    first: Vec<usize>,
-    count: usize,
-}
-
-/// `spec.replicatedJobs[N]rest` → (N, rest).
-fn split_job_index(message: &str) -> Option<(usize, &str)> {
-    let rest = message.strip_prefix("spec.replicatedJobs[")?;
-    let end = rest.find(']')?;
-    Some((rest[..end].parse().ok()?, &rest[end + 1..]))
-}
-
-/// Adds a warning; one that says of a replicatedJob what a kept one says of another is folded
-/// into it (`spec.replicatedJobs[0, 1, 2 and 5 more]...`).
-fn warning(out: &mut Validation, message: String) {
-    let Some((index, tail)) = split_job_index(&message) else {
-        return ungrouped_warning(out, message);
-    };
-    let tail = clip(tail.to_owned());
-    if let Some(group) = out.groups.iter_mut().find(|g| g.tail == tail) {
-        if group.first.len() < MAX_GROUPED_JOBS {
-            group.first.push(index);
-        }
-        group.count += 1;
-        return;
-    }
-    if out.warnings.len() >= MAX_WARNINGS {
-        out.more_warnings += 1;
-        return;
-    }
-    out.groups.push(WarningGroup {
-        at: out.warnings.len(),
-        tail,
-        first: vec![index],
-        count: 1,
-    });
-    // Written by `finish_groups`.
-    out.warnings.push(String::new());
-}
-
-fn ungrouped_warning(out: &mut Validation, message: String) {
-    if out.warnings.len() >= MAX_WARNINGS {
-        out.more_warnings += 1;
-        return;
-    }
-    out.warnings.push(clip(message));
-}
-
-/// Writes the grouped warnings.
-fn finish_groups(out: &mut Validation) {
-    for group in std::mem::take(&mut out.groups) {
-        let mut jobs = group
-            .first
-            .iter()
-            .map(usize::to_string)
-            .collect::<Vec<_>>()
-            .join(", ");
-        if group.count > group.first.len() {
-            jobs.push_str(&format!(" and {} more", group.count - group.first.len()));
-        }
-        if let Some(w) = out.warnings.get_mut(group.at) {
-            *w = format!("spec.replicatedJobs[{jobs}]{}", group.tail);
-        }
-    }
 }
 
 /// A field the rules need that is present with another JSON type: the webhook cannot read it,
@@ -282,6 +200,7 @@ fn unreadable_fields(prefix: &str, wrong: &[WrongType], out: &mut Validation) {
     for w in wrong {
         violation(
             out,
+            Rule::Unreadable,
             format!("{prefix}.{}", w.key),
             format!(
                 "must be {}, is {}: the webhook cannot read it, so it cannot judge the JobSet",
@@ -297,6 +216,7 @@ fn unreadable_elements(path: &str, bad: &BadElements, out: &mut Validation) {
     for (index, kind) in &bad.first {
         violation(
             out,
+            Rule::Unreadable,
             format!("{path}[{index}]"),
             format!(
                 "must be an object, is {}: the webhook cannot read it, so it cannot judge the \
@@ -335,6 +255,7 @@ fn check_readable_pod(pod_prefix: &str, pod_spec: &PodSpec<'_>, out: &mut Valida
                         for (index, kind) in &values.1.first {
                             violation(
                                 out,
+                                Rule::Unreadable,
                                 format!("{rule_path}.exitCodes.values[{index}]"),
                                 format!("must be an integer, is {}", kind.as_str()),
                             );
@@ -347,6 +268,7 @@ fn check_readable_pod(pod_prefix: &str, pod_spec: &PodSpec<'_>, out: &mut Valida
             for (index, kind) in &env.bad.first {
                 violation(
                     out,
+                    Rule::Unreadable,
                     format!("{path}.env[{index}]"),
                     format!(
                         "must be an object with a string name and value, has {}: the webhook \
@@ -376,6 +298,7 @@ fn check_backoff_limit(prefix: &str, job_spec: &JobSpec<'_>, out: &mut Validatio
     if value.and_then(Value::as_i64) != Some(BACKOFF_LIMIT) {
         violation(
             out,
+            Rule::BackoffLimit,
             format!("{prefix}.backoffLimit"),
             format!(
                 "must be {BACKOFF_LIMIT} (is {}): with InPlaceRestart the JobSet's maxRestarts \
@@ -391,6 +314,7 @@ fn check_pod_replacement_policy(prefix: &str, job_spec: &JobSpec<'_>, out: &mut 
     if value.and_then(Value::as_str) != Some(POD_REPLACEMENT_POLICY) {
         violation(
             out,
+            Rule::PodReplacementPolicy,
             format!("{prefix}.podReplacementPolicy"),
             format!(
                 "must be {POD_REPLACEMENT_POLICY} (is {}): a replacement pod must not start \
@@ -408,6 +332,7 @@ fn check_completions(prefix: &str, job_spec: &JobSpec<'_>, out: &mut Validation)
         (Some(c), Some(p)) if c == p => {}
         (Some(c), Some(p)) => violation(
             out,
+            Rule::Completions,
             format!("{prefix}.completions"),
             format!(
                 "must equal parallelism ({p}), is {c}: every pod of the Job runs at once and \
@@ -419,6 +344,7 @@ fn check_completions(prefix: &str, job_spec: &JobSpec<'_>, out: &mut Validation)
                 if value.is_none() {
                     violation(
                         out,
+                        Rule::Completions,
                         format!("{prefix}.{name}"),
                         "must be set, to the number of pods of each Job (completions and \
                          parallelism equal), so the reconciler knows how many pods to wait for",
@@ -438,6 +364,7 @@ fn check_restart_rules(pod_prefix: &str, pod_spec: &PodSpec<'_>, out: &mut Valid
         if !rules.is_empty() && c.restart_policy().is_none() {
             violation(
                 out,
+                Rule::RestartPolicy,
                 format!("{}.restartPolicy", container_path(pod_prefix, &c)),
                 "must be set when the container has restartPolicyRules (Kubernetes requires it)",
             );
@@ -446,6 +373,7 @@ fn check_restart_rules(pod_prefix: &str, pod_spec: &PodSpec<'_>, out: &mut Valid
             if rule.action() == pod::RESTART_POD {
                 violation(
                     out,
+                    Rule::RestartRules,
                     format!(
                         "{}.restartPolicyRules[{index}].action",
                         container_path(pod_prefix, &c),
@@ -461,7 +389,41 @@ fn check_restart_rules(pod_prefix: &str, pod_spec: &PodSpec<'_>, out: &mut Valid
     }
 }
 
-fn check_service_account(pod_prefix: &str, pod_spec: &PodSpec<'_>, out: &mut Validation) {
+/// The pod's service account, and who holds its token: a pod that runs as the agent's account
+/// (`agent_account`) with `automountServiceAccountToken: true` hands the agent's token to every
+/// container; a volume named as the agent's token volume must be that volume.
+fn check_service_account(
+    pod_prefix: &str,
+    pod_spec: &PodSpec<'_>,
+    agent_account: &str,
+    out: &mut Validation,
+) {
+    let runs_as_agent = [&pod_spec.service_account_name, &pod_spec.service_account]
+        .into_iter()
+        .any(|s| s.as_deref() == Some(agent_account));
+    if runs_as_agent && pod_spec.automount_token == Some(Value::Bool(true)) {
+        violation(
+            out,
+            Rule::AgentToken,
+            format!("{pod_prefix}.automountServiceAccountToken"),
+            format!(
+                "is true while the pod runs as the agent's service account ({agent_account}): \
+                 every container would hold the agent's token, which may patch pods; set it to \
+                 false (the webhook then mounts the token into the agent only), or name a \
+                 service account of your own"
+            ),
+        );
+    }
+    if let Some(volumes) = &pod_spec.volumes {
+        for j in volumes.foreign_token_volumes() {
+            violation(
+                out,
+                Rule::TokenVolume,
+                format!("{pod_prefix}.volumes[{j}]"),
+                super::sidecar::foreign_token_volume_message(),
+            );
+        }
+    }
     if !pod_spec.names_service_account() {
         warning(
             out,
@@ -483,6 +445,7 @@ fn check_agent(pod_prefix: &str, pod_spec: &PodSpec<'_>, dialect: Dialect, out: 
     let Some(agent) = agents.next() else {
         violation(
             out,
+            Rule::AgentMissing,
             format!("{pod_prefix}.initContainers"),
             format!(
                 "no jobset-inplace agent: the pod needs the agent sidecar (an init container \
@@ -501,6 +464,7 @@ fn check_agent(pod_prefix: &str, pod_spec: &PodSpec<'_>, dialect: Dialect, out: 
     for extra in agents {
         violation(
             out,
+            Rule::AgentDuplicate,
             container_path(pod_prefix, &extra.container),
             format!(
                 "a second agent (besides {}): a pod runs exactly one jobset-inplace agent",
@@ -515,7 +479,7 @@ fn check_agent(pod_prefix: &str, pod_spec: &PodSpec<'_>, dialect: Dialect, out: 
     {
         Ok(setting) => Some(setting),
         Err(reason) => {
-            violation(out, format!("{path}.env"), reason);
+            violation(out, Rule::AgentEnv, format!("{path}.env"), reason);
             None
         }
     };
@@ -525,6 +489,7 @@ fn check_agent(pod_prefix: &str, pod_spec: &PodSpec<'_>, dialect: Dialect, out: 
             if agent.container.restart_policy() != Some("Always") {
                 violation(
                     out,
+                    Rule::RestartPolicy,
                     format!("{path}.restartPolicy"),
                     "must be Always: the agent runs as a native sidecar beside the workers",
                 );
@@ -543,6 +508,7 @@ fn check_agent(pod_prefix: &str, pod_spec: &PodSpec<'_>, dialect: Dialect, out: 
                 if agent.container.env(name).is_some() {
                     violation(
                         out,
+                        Rule::AgentEnv,
                         format!("{path}.env"),
                         format!(
                             "{name} cannot be set with {}: in main-container mode the agent \
@@ -569,6 +535,7 @@ fn check_agent_env(path: &str, agent: &Agent<'_>, dialect: Dialect, out: &mut Va
         if c.env(name).is_none() {
             violation(
                 out,
+                Rule::AgentEnv,
                 format!("{path}.env"),
                 format!("the agent needs {name}: set it from the downward API ({source})"),
             );
@@ -581,6 +548,7 @@ fn check_agent_env(path: &str, agent: &Agent<'_>, dialect: Dialect, out: &mut Va
             Ok(d) if d == dialect => {}
             Ok(d) => violation(
                 out,
+                Rule::AgentEnv,
                 format!("{path}.env[{}].value", entry.index),
                 format!(
                     "{}={d} but this cluster runs the {dialect} protocol: the agent would \
@@ -590,6 +558,7 @@ fn check_agent_env(path: &str, agent: &Agent<'_>, dialect: Dialect, out: &mut Va
             ),
             Err(e) => violation(
                 out,
+                Rule::AgentEnv,
                 format!("{path}.env[{}].value", entry.index),
                 e.to_string(),
             ),
@@ -610,6 +579,7 @@ fn check_agent_rule(
     if !rules.iter().any(|r| agent.mode.rule_fits(r)) {
         violation(
             out,
+            Rule::RestartRules,
             format!("{path}.restartPolicyRules"),
             format!(
                 "the agent needs a restart rule {{action: {wanted}, exitCodes: {{operator: In, \
@@ -631,6 +601,7 @@ fn check_agent_rule(
         };
         violation(
             out,
+            Rule::RestartRules,
             format!("{path}.restartPolicyRules"),
             format!(
                 "the first rule matching the agent's restart exit code {code} ({source}) must \
@@ -662,6 +633,7 @@ fn check_barrier_probe(
                     _ => {
                         violation(
                             out,
+                            Rule::AgentEnv,
                             format!("{path}.env[{}].value", entry.index),
                             format!("{name}={v:?} is not a port in 1-65535"),
                         );
@@ -682,6 +654,7 @@ fn check_barrier_probe(
                 Some(v) if !v.starts_with('/') || v.contains(char::is_whitespace) => {
                     violation(
                         out,
+                        Rule::AgentEnv,
                         format!("{path}.env[{}].value", entry.index),
                         format!(
                             "{name}={v:?} is not a URL path starting with /: the agent would \
@@ -699,6 +672,7 @@ fn check_barrier_probe(
     let Some(http_get) = c.startup_http_get() else {
         violation(
             out,
+            Rule::BarrierProbe,
             format!("{path}.startupProbe"),
             format!(
                 "the agent needs a startup probe httpGet on its barrier (port {}, path {}): it \
@@ -716,6 +690,7 @@ fn check_barrier_probe(
     {
         violation(
             out,
+            Rule::BarrierProbe,
             format!("{path}.startupProbe.httpGet.port"),
             format!(
                 "probes port {} but the agent serves its barrier on {port} ({port_source})",
@@ -729,6 +704,7 @@ fn check_barrier_probe(
     {
         violation(
             out,
+            Rule::BarrierProbe,
             format!("{path}.startupProbe.httpGet.path"),
             format!(
                 "probes {probe_path} but the agent serves its barrier at {barrier_path} \
@@ -770,6 +746,7 @@ fn check_barrier_port_free(
             if declared == port {
                 violation(
                     out,
+                    Rule::BarrierPort,
                     format!(
                         "{}.ports[{k}].containerPort",
                         container_path(pod_prefix, &other)
@@ -881,6 +858,50 @@ mod tests {
             &config(),
         );
         assert_eq!(v, Validation::default());
+    }
+
+    /// Issue 21 item 4: a pod running as the agent's account with the token automounted hands
+    /// it to every container; a volume named as the agent's token volume must be that volume.
+    #[test]
+    fn the_agent_s_token_is_for_the_agent_only() {
+        let sa = config().service_account;
+        let token = crate::admission::sidecar::token_volume();
+        let base = |extra: Value| {
+            let mut pod = json!({"initContainers": [agent(json!({}))], "containers": [worker()]});
+            if let (Some(p), Some(extra)) = (pod.as_object_mut(), extra.as_object()) {
+                p.extend(extra.clone());
+            }
+            jobset(pod)
+        };
+        for (extra, want) in [
+            (
+                json!({"serviceAccountName": sa, "automountServiceAccountToken": true}),
+                vec![format!("{C}.automountServiceAccountToken")],
+            ),
+            (
+                json!({"serviceAccount": sa, "automountServiceAccountToken": true}),
+                vec![format!("{C}.automountServiceAccountToken")],
+            ),
+            (
+                json!({"serviceAccountName": "sa", "volumes": [{"name": "data"},
+                    {"name": crate::admission::sidecar::TOKEN_VOLUME, "emptyDir": {}}]}),
+                vec![format!("{C}.volumes[1]")],
+            ),
+            // Allowed: its own account, the token kept from the workers, or the token volume
+            // as injected.
+            (
+                json!({"serviceAccountName": "sa", "automountServiceAccountToken": true}),
+                vec![],
+            ),
+            (
+                json!({"serviceAccountName": sa, "automountServiceAccountToken": false,
+                       "volumes": [token]}),
+                vec![],
+            ),
+        ] {
+            let v = validate(&base(extra.clone()), &config());
+            assert_eq!(paths(&v), want, "{extra}");
+        }
     }
 
     #[test]

@@ -44,6 +44,7 @@ pub enum Mode {
 }
 
 impl AgentConfig {
+    #[cfg(any(test, feature = "test-api"))]
     /// A sidecar-mode config with the defaults, for tests and in-process agents.
     pub fn sidecar(namespace: &str, pod_name: &str, jobset_name: &str, dialect: Dialect) -> Self {
         AgentConfig {

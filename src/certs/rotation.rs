@@ -26,6 +26,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use base64::Engine as _;
 use rustls::pki_types::CertificateDer;
 
 use super::{
@@ -128,6 +129,10 @@ pub struct Facts {
     /// Every webhook's `caBundle` holds the next CA (true when there is none, or no webhook
     /// configuration is managed).
     pub bundle_trusts_next: bool,
+    /// The certificates the webhooks' `caBundle`s hold now, each once (empty when no webhook
+    /// configuration is managed): what the API server trusts, whatever the Secret holds. A new
+    /// CA made because the Secret has none keeps them trusted for the overlap ([`apply`]).
+    pub trusted: Vec<CertificateDer<'static>>,
 }
 
 /// The lifetimes of what is generated, and the overlap of each rotation phase.
@@ -500,6 +505,12 @@ pub fn inspect(
             since: material.previous_since,
         })
     });
+    let mut trusted: Vec<CertificateDer<'static>> = Vec::new();
+    for cert in bundles.into_iter().flatten().flatten() {
+        if !trusted.contains(cert) {
+            trusted.push(cert.clone());
+        }
+    }
     let bundle_trusts_next = match (&next, bundles) {
         (Some(Ok((der, _))), Some(bundles)) => bundles.iter().all(|roots| roots.contains(der)),
         _ => true,
@@ -516,7 +527,32 @@ pub fn inspect(
         previous,
         serving,
         bundle_trusts_next,
+        trusted,
     }
+}
+
+/// The certificates of `trusted` still valid at `now`, as PEM, the one that stays valid longest
+/// first (it bounds how long they are kept as the previous CA, [`decide`]); empty when none is.
+pub fn still_trusted(trusted: &[CertificateDer<'static>], now: i64) -> String {
+    let mut valid: Vec<(i64, &CertificateDer<'static>)> = trusted
+        .iter()
+        .filter_map(|der| {
+            let (_, not_after) = super::validity(der)?;
+            (now < not_after).then_some((not_after, der))
+        })
+        .collect();
+    valid.sort_by_key(|(not_after, _)| std::cmp::Reverse(*not_after));
+    let mut pem = String::new();
+    for (_, der) in valid {
+        pem.push_str("-----BEGIN CERTIFICATE-----\n");
+        let encoded = base64::engine::general_purpose::STANDARD.encode(der.as_ref());
+        for line in encoded.as_bytes().chunks(64) {
+            pem.push_str(&String::from_utf8_lossy(line));
+            pem.push('\n');
+        }
+        pem.push_str("-----END CERTIFICATE-----\n");
+    }
+    pem
 }
 
 /// What the webhook configurations' `caBundle` must be for `material`: the signing CA, then the
@@ -575,6 +611,14 @@ pub fn apply(
             out.set(CA_CERT_FILE, &ca.cert);
             drop_next(&mut out);
             drop_previous(&mut out);
+            // What the API server trusts now (the Secret deleted or corrupted: other replicas
+            // still serve certificates of the CA it held) stays trusted as the previous CA, for
+            // the overlap, as after a switch: until every replica has read the new pair.
+            let kept = still_trusted(&facts.trusted, unix(now));
+            if !kept.is_empty() {
+                out.set(PREVIOUS_CA_CERT_FILE, &kept);
+                out.previous_since = Some(unix(now));
+            }
             issue(&mut out)?;
         }
         Step::SwitchCa(_) => {
@@ -640,6 +684,7 @@ mod tests {
                 problem: None,
             },
             bundle_trusts_next: true,
+            trusted: Vec::new(),
         }
     }
 
@@ -883,6 +928,7 @@ mod tests {
                                 previous: previous.clone(),
                                 serving: serving.clone(),
                                 bundle_trusts_next: trusted,
+                                trusted: Vec::new(),
                             };
                             let case = format!(
                                 "signing {sn}, next {nn}, previous {pn}, serving {vn}, trusted {trusted}"
@@ -1175,6 +1221,91 @@ mod tests {
         }
         // Serving certificates renewed at 2/3 of 6 h (plus the check interval), or at a switch.
         assert!(renewals.len() >= 20, "{renewals:?}");
+    }
+
+    /// Issue 21 item 5: the Secret deleted, or its CA corrupted, while replicas serve its
+    /// certificates: the new CA comes with the CAs the caBundle held kept as the previous one,
+    /// so a replica a read behind is still trusted, and they are dropped after the overlap as
+    /// after a switch. An expired CA is not kept.
+    #[test]
+    fn a_lost_secret_keeps_what_the_replicas_serve_trusted_for_the_overlap() {
+        let hour = 3600;
+        let p = Policy {
+            ca_validity: Duration::from_secs(36 * hour as u64),
+            serving_validity: Duration::from_secs(6 * hour as u64),
+            overlap: Duration::from_secs(3 * hour as u64),
+        };
+        let corrupt = |m: &mut Material| {
+            m.files.insert(
+                CA_KEY_FILE.into(),
+                b"-----BEGIN PRIVATE KEY-----\n".to_vec(),
+            );
+        };
+        let lose = |m: &mut Material| *m = Material::default();
+        for (how, damage) in [
+            ("deleted", &lose as &dyn Fn(&mut Material)),
+            ("corrupted", &corrupt),
+        ] {
+            let mut m = Material::default();
+            let mut bundle = Vec::new();
+            settle(&mut m, &mut bundle, &p, system_time(NOW));
+            let served = m.files[TLS_CERT_FILE].clone();
+            let old_ca = roots(&m.files[CA_CERT_FILE]);
+            damage(&mut m);
+            let t = NOW + hour;
+            let steps = settle(&mut m, &mut bundle, &p, system_time(t));
+            assert!(
+                matches!(steps.as_slice(), [Step::NewCa(_)]),
+                "{how}: {steps:?}"
+            );
+            let trusted = roots(&bundle);
+            for (who, pem) in [
+                ("a replica a read behind", &served),
+                ("the replica that made the CA", &m.files[TLS_CERT_FILE]),
+            ] {
+                let chain = parse_certs(pem, Path::new("tls.crt")).expect("chain");
+                if let Err(e) = verify_chain(&trusted, &chain, &names(), system_time(t)) {
+                    panic!("{how}: {who} is not trusted: {e}");
+                }
+            }
+            assert_eq!(m.previous_since, Some(t), "{how}");
+            assert_eq!(roots(&m.files[PREVIOUS_CA_CERT_FILE]), old_ca, "{how}");
+            // Kept for the overlap, then dropped as after a switch.
+            let f = inspect(&m, &names(), t, Some(&[trusted]));
+            assert_eq!(
+                decide(&f, &p, t),
+                Step::Wait {
+                    until: t + 3 * hour
+                }
+            );
+            let later = t + 3 * hour;
+            let steps = settle(&mut m, &mut bundle, &p, system_time(later));
+            assert!(
+                matches!(steps.as_slice(), [Step::DropPrevious(_)]),
+                "{how}: {steps:?}"
+            );
+            assert_eq!(roots(&bundle), roots(&m.files[CA_CERT_FILE]), "{how}");
+        }
+
+        // A CA that has expired is trusted by nobody: nothing is kept.
+        let mut m = Material::default();
+        let mut bundle = Vec::new();
+        settle(&mut m, &mut bundle, &p, system_time(NOW));
+        let t = NOW + 37 * hour;
+        let steps = settle(&mut m, &mut bundle, &p, system_time(t));
+        assert!(matches!(steps.as_slice(), [Step::NewCa(_)]), "{steps:?}");
+        assert!(!m.files.contains_key(PREVIOUS_CA_CERT_FILE));
+        assert_eq!(roots(&bundle).len(), 1);
+        // Several trusted CAs: all kept, the longest-lived first.
+        let (a, b) = (
+            generate_distinct_ca(p.ca_validity, system_time(NOW)).expect("ca"),
+            generate_distinct_ca(Duration::from_secs(72 * hour as u64), system_time(NOW))
+                .expect("ca"),
+        );
+        let (a, b) = (roots(a.cert.as_bytes()), roots(b.cert.as_bytes()));
+        let kept = still_trusted(&[a[0].clone(), b[0].clone()], NOW + hour);
+        assert_eq!(roots(kept.as_bytes()), [b[0].clone(), a[0].clone()]);
+        assert_eq!(still_trusted(&[a[0].clone()], NOW + 36 * hour), "");
     }
 
     #[test]

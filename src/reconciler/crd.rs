@@ -5,23 +5,34 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::Api;
 use serde_json::Value;
 
-use super::Error;
 use crate::protocol::Dialect;
 
 pub const CRD_NAME: &str = "jobsets.jobset.x-k8s.io";
 
+/// Why the start-up check failed (its own type, so that this module imports nothing of its
+/// parent, which imports it).
+#[derive(Debug, thiserror::Error)]
+pub enum CrdError {
+    #[error("cannot read the JobSet CRD jobsets.jobset.x-k8s.io: {0}")]
+    Read(#[source] kube::Error),
+    #[error("cannot read the JobSet CRD jobsets.jobset.x-k8s.io: {0}")]
+    Decode(#[source] serde_json::Error),
+    #[error("{0}")]
+    Fields(String),
+}
+
 /// Reads the CRD and checks it.
-pub async fn check(client: &kube::Client, dialect: Dialect) -> Result<(), Error> {
+pub async fn check(client: &kube::Client, dialect: Dialect) -> Result<(), CrdError> {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let crd = api.get(CRD_NAME).await.map_err(Error::CrdRead)?;
-    let crd = serde_json::to_value(&crd).map_err(Error::CrdDecode)?;
-    missing_status_fields(&crd, dialect).map_err(Error::CrdFields)
+    let crd = api.get(CRD_NAME).await.map_err(CrdError::Read)?;
+    let crd = serde_json::to_value(&crd).map_err(CrdError::Decode)?;
+    missing_status_fields(&crd, dialect).map_err(CrdError::Fields)
 }
 
 /// Whether a CRD is installed (`Ok(false)` when the API server answers 404).
-pub async fn exists(client: &kube::Client, name: &str) -> Result<bool, Error> {
+pub async fn exists(client: &kube::Client, name: &str) -> Result<bool, CrdError> {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    Ok(api.get_opt(name).await.map_err(Error::CrdRead)?.is_some())
+    Ok(api.get_opt(name).await.map_err(CrdError::Read)?.is_some())
 }
 
 /// `Ok` when the `v1alpha2` schema's `status` has both epoch fields of the dialect (or keeps

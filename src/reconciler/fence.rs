@@ -8,6 +8,16 @@
 //! clock (the renewals carry this replica's clock too): another replica can acquire the lease
 //! only once `duration` has passed since the last renewal, so a leader that stops at the
 //! deadline has stopped before then. [`write_deadline`] is pure; [`watch`] reads the lease.
+//!
+//! Stopping at the deadline is not enough for a write already sent: a request may take up to the
+//! request timeout (10 s), far past the margin (a quarter of the grace, 1.25 s). Every write is
+//! therefore sent with a timeout of its own, [`write_budget`]: the request timeout, or what is
+//! left until the deadline when that is shorter, and none at all (the write is not sent) when
+//! less than [`MIN_WRITE_BUDGET`] is left. A write the client gives up on is abandoned with its
+//! connection, which cancels it on the API server unless it was already being committed; the
+//! margin is what covers that (issue 21, item 7). The writes whose order matters are also fenced
+//! by the API server itself: status writes by `resourceVersion`, a pod's `Failed` mark by its
+//! `resourceVersion`, the published epochs by the JobSetEpoch CRD's rule that they only grow.
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -42,6 +52,24 @@ pub fn write_deadline(
         // Renewed "in the future" (the clock stepped back): count from now, no longer.
         Err(_) => now + valid,
     }
+}
+
+/// A write is not sent with less than this left before the deadline.
+pub const MIN_WRITE_BUDGET: Duration = Duration::from_millis(100);
+
+/// How long a write sent at `now` may take: the request timeout, cut to what is left before
+/// `until` (the leader's write deadline; `None`: no leader election, no deadline). `None`: too
+/// little is left, do not send it.
+pub fn write_budget(
+    now: Instant,
+    until: Option<Instant>,
+    request_timeout: Duration,
+) -> Option<Duration> {
+    let Some(until) = until else {
+        return Some(request_timeout);
+    };
+    let left = until.saturating_duration_since(now);
+    (left >= MIN_WRITE_BUDGET).then(|| left.min(request_timeout))
 }
 
 /// The margin and the period of the reads for a lease renewed `grace` before it expires: a
@@ -135,6 +163,32 @@ mod tests {
         );
         assert_eq!(timing(s(4)), (s(1), Duration::from_millis(500)));
         assert_eq!(timing(Duration::ZERO).1, Duration::from_millis(50));
+    }
+
+    /// Issue 21, item 7: no write may outlive the leader's deadline.
+    #[test]
+    fn every_write_ends_before_the_deadline() {
+        let ms = Duration::from_millis;
+        let now = Instant::now();
+        let timeout = ms(10_000);
+        assert_eq!(write_budget(now, None, timeout), Some(timeout));
+        assert_eq!(
+            write_budget(now, Some(now + ms(60_000)), timeout),
+            Some(timeout)
+        );
+        assert_eq!(
+            write_budget(now, Some(now + ms(1_250)), timeout),
+            Some(ms(1_250))
+        );
+        assert_eq!(write_budget(now, Some(now + ms(99)), timeout), None);
+        assert_eq!(write_budget(now, Some(now), timeout), None);
+        assert_eq!(write_budget(now + ms(5), Some(now), timeout), None);
+        for left in [100u64, 101, 999, 3_000, 9_999, 10_000, 10_001, 40_000] {
+            let until = now + ms(left);
+            let budget = write_budget(now, Some(until), timeout).expect("sent");
+            assert!(now + budget <= until, "{left} ms left, budget {budget:?}");
+            assert!(budget <= timeout);
+        }
     }
 
     #[test]

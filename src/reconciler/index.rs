@@ -9,8 +9,7 @@ use crate::jobset::JobSet;
 use crate::protocol::{Dialect, Epoch, EpochStatus, PodView, ReconcileInput};
 use crate::wire::WatchedPod;
 
-/// `(namespace, JobSet name)`.
-pub type Key = (String, String);
+pub use super::key::Key;
 
 /// What the reconciler reads of a JobSet.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -92,6 +91,9 @@ impl JobSetState {
 struct PodSet {
     views: Vec<PodView>,
     slot: HashMap<String, usize>,
+    /// Each pod's `resourceVersion` as last seen (kept apart from the views: it changes with
+    /// every write to the pod, most of which change nothing the decision reads).
+    versions: HashMap<String, String>,
 }
 
 impl PodSet {
@@ -110,6 +112,7 @@ impl PodSet {
     }
 
     fn remove(&mut self, name: &str) {
+        self.versions.remove(name);
         let Some(i) = self.slot.remove(name) else {
             return;
         };
@@ -172,7 +175,7 @@ impl Index {
 
     /// Applies a JobSet; returns its key when the algorithm's input changed.
     pub fn apply_jobset(&mut self, js: &JobSet) -> Option<Key> {
-        let key = (js.metadata.namespace.clone()?, js.metadata.name.clone()?);
+        let key = Key::new(js.metadata.namespace.clone()?, js.metadata.name.clone()?);
         if let Some(seen) = self.jobset_relist.as_mut() {
             seen.insert(key.clone());
         }
@@ -194,7 +197,7 @@ impl Index {
     }
 
     pub fn delete_jobset(&mut self, namespace: &str, name: &str) {
-        let key = (namespace.to_owned(), name.to_owned());
+        let key = Key::new(namespace, name);
         self.jobsets.remove(&key);
         self.last_sync.remove(&key);
         self.last_deprecated.remove(&key);
@@ -212,7 +215,7 @@ impl Index {
             seen.insert(id.clone());
         }
         let mut changed = Vec::new();
-        let new_key = pod.jobset_key();
+        let new_key = pod.jobset_key().map(|(ns, name)| Key::new(ns, name));
         if let Some(old_key) = self.pod_owner.get(&id).cloned()
             && Some(&old_key) != new_key.as_ref()
         {
@@ -228,6 +231,9 @@ impl Index {
             .get(&key)
             .is_some_and(|(_, counted)| counted.contains(&name));
         let pods = self.pods.entry(key.clone()).or_default();
+        if let Some(rv) = &pod.metadata.resource_version {
+            pods.versions.insert(name.clone(), rv.clone());
+        }
         if pods.get(&name) != Some(&view) {
             pods.insert(view);
             self.pod_owner.insert(id, key.clone());
@@ -345,6 +351,11 @@ impl Index {
     }
 
     /// A JobSet and its pods, borrowed: the worker runs the pure decision on them in place.
+    /// A pod's `resourceVersion` as last seen.
+    pub fn pod_resource_version(&self, key: &Key, pod: &str) -> Option<&str> {
+        self.pods.get(key)?.versions.get(pod).map(String::as_str)
+    }
+
     pub fn get(&self, key: &Key) -> Option<(&JobSetState, &[PodView])> {
         let js = self.jobsets.get(key)?;
         let pods = self
@@ -367,7 +378,7 @@ impl Index {
     ) -> std::collections::BTreeMap<String, std::collections::BTreeSet<Option<String>>> {
         let mut out: std::collections::BTreeMap<_, std::collections::BTreeSet<_>> =
             std::collections::BTreeMap::new();
-        for ((ns, _), js) in &self.jobsets {
+        for (Key { namespace: ns, .. }, js) in &self.jobsets {
             if js.in_place_restart {
                 out.entry(ns.clone())
                     .or_default()
@@ -457,7 +468,7 @@ mod tests {
     }
 
     fn key(name: &str) -> Key {
-        ("ns".into(), name.into())
+        Key::new("ns", name)
     }
 
     #[test]

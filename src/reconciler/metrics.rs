@@ -7,6 +7,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use super::key::Key;
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct WriteLabels {
     /// `deprecated`, `synced`, `failed`, `restarts`.
@@ -47,6 +49,20 @@ pub struct Metrics {
     pub deadline_pods_deleted: Counter,
     /// Jobs the deadline's recreations deleted.
     pub deadline_jobs_deleted: Counter,
+    /// Failed provisionings (or removals) of a namespace's agent account and binding, by reason.
+    pub provision_failures: Family<ReasonLabels, Counter>,
+    /// Namespaces whose provisioning fails now (each retried with its own backoff).
+    pub provision_failing_namespaces: Gauge,
+    /// Writes not sent, by call: too little was left of the leader's lease for them to complete
+    /// before another replica could take it over.
+    pub writes_fenced: Family<CallLabels, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    /// `conflict` (409), `invalid` (422), `forbidden` (403), `not_found`, `throttled`,
+    /// `server_error`, `timeout`, `error`.
+    pub reason: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -92,6 +108,9 @@ impl Metrics {
             deadline_steps: Family::default(),
             deadline_pods_deleted: Counter::default(),
             deadline_jobs_deleted: Counter::default(),
+            provision_failures: Family::default(),
+            provision_failing_namespaces: Gauge::default(),
+            writes_fenced: Family::default(),
         };
         // Every step's series exists from the start, at 0, so that a rate over it is defined.
         for step in DEADLINE_STEPS {
@@ -161,6 +180,21 @@ impl Metrics {
             m.deadline_jobs_deleted.clone(),
         );
         r.register(
+            "provision_failures",
+            "Failed provisionings of a namespace's agent ServiceAccount and RoleBinding, by reason (each namespace retried with a backoff of its own)",
+            m.provision_failures.clone(),
+        );
+        r.register(
+            "provision_failing_namespaces",
+            "Namespaces whose agent ServiceAccount and RoleBinding cannot be provisioned now",
+            m.provision_failing_namespaces.clone(),
+        );
+        r.register(
+            "writes_fenced",
+            "Writes not sent because too little was left of the leader lease for them to complete before another replica could take it",
+            m.writes_fenced.clone(),
+        );
+        r.register(
             "jobset_deprecated_epoch",
             "The newest deprecated epoch this replica wrote for a JobSet: its group restarts",
             m.deprecated_epoch.clone(),
@@ -168,21 +202,21 @@ impl Metrics {
         m
     }
 
-    /// Records the deprecated epoch written for the JobSet `key` (namespace, name).
-    pub fn deprecated(&self, key: &(String, String), epoch: i64) {
+    /// Records the deprecated epoch written for the JobSet `key`.
+    pub fn deprecated(&self, key: &Key, epoch: i64) {
         self.deprecated_epoch
             .get_or_create(&JobSetLabels {
-                jobset_namespace: key.0.clone(),
-                jobset: key.1.clone(),
+                jobset_namespace: key.namespace.clone(),
+                jobset: key.name.clone(),
             })
             .set(epoch);
     }
 
     /// Drops the series of a deleted JobSet.
-    pub fn forget(&self, key: &(String, String)) {
+    pub fn forget(&self, key: &Key) {
         self.deprecated_epoch.remove(&JobSetLabels {
-            jobset_namespace: key.0.clone(),
-            jobset: key.1.clone(),
+            jobset_namespace: key.namespace.clone(),
+            jobset: key.name.clone(),
         });
     }
 
@@ -200,6 +234,18 @@ impl Metrics {
     pub fn deadline_step(&self, step: &'static str) {
         self.deadline_steps
             .get_or_create(&StepLabels { step })
+            .inc();
+    }
+
+    /// A write not sent: too little left of the lease.
+    pub fn write_fenced(&self, call: &'static str) {
+        self.writes_fenced.get_or_create(&CallLabels { call }).inc();
+    }
+
+    /// A failed provisioning of a namespace.
+    pub fn provision_failure(&self, reason: &'static str) {
+        self.provision_failures
+            .get_or_create(&ReasonLabels { reason })
             .inc();
     }
 

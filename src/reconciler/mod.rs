@@ -1,10 +1,13 @@
 //! The `reconciler` subcommand (docs/protocol.md; docs/architecture.md, "Reconciler"): watches InPlaceRestart JobSets and their pods,
 //! moves the epoch status fields, fails JobSets past `maxRestarts`.
 //!
+//! - [`key`]: the name of one JobSet, the key of every per-JobSet map;
 //! - [`index`]: the in-memory index of JobSets and their pods (pure);
-//! - [`controller`]: watches, workers, status writes, events, and the group-restart deadline
-//!   carried out (`controller/deadline.rs`; the decision is [`crate::deadline`]);
+//! - [`controller`]: the runtime, in rooms of one job each (watches, workers and retry, status
+//!   writes, publication, reporting, the group-restart deadline carried out, provisioning, one
+//!   API-call module; the deadline's decision is [`crate::deadline`]);
 //! - `queue`: the work queue between the watches and the workers;
+//! - [`publish`]: the published `JobSetEpoch` objects; [`fence`]: the leader's write deadline;
 //! - [`crd`]: the start-up check that the installed JobSet CRD has the dialect's status fields;
 //! - [`provision`]: the agent's ServiceAccount and RoleBinding in every namespace that needs them;
 //! - [`metrics`]: the `jobset_inplace_reconciler_*` metrics.
@@ -13,6 +16,7 @@ pub mod controller;
 pub mod crd;
 pub mod fence;
 pub mod index;
+pub mod key;
 pub mod metrics;
 pub mod provision;
 pub mod publish;
@@ -40,12 +44,8 @@ pub use controller::{Controller, DEFAULT_REQUEST_TIMEOUT, DEFAULT_WATCH_TIMEOUT,
 pub enum Error {
     #[error("cannot reach the Kubernetes API: {0}")]
     Client(#[source] kube::Error),
-    #[error("cannot read the JobSet CRD jobsets.jobset.x-k8s.io: {0}")]
-    CrdRead(#[source] kube::Error),
-    #[error("cannot read the JobSet CRD jobsets.jobset.x-k8s.io: {0}")]
-    CrdDecode(#[source] serde_json::Error),
-    #[error("{0}")]
-    CrdFields(String),
+    #[error(transparent)]
+    Crd(#[from] crd::CrdError),
     #[error("leader election on lease {namespace}/{name} failed: {source}")]
     Lease {
         namespace: String,
@@ -370,7 +370,20 @@ pub async fn run(
         lease_task = Some((rx, task, fence_rx, fence_task));
     }
 
-    let controller = Controller::start(client, options.settings.clone(), metrics, leader_rx);
+    // Until when a write may be in flight: none yet under leader election, no limit without.
+    let (write_until_tx, write_until_rx) = watch::channel(
+        options
+            .leader_election
+            .is_some()
+            .then(std::time::Instant::now),
+    );
+    let controller = Controller::start_fenced(
+        client,
+        options.settings.clone(),
+        metrics,
+        leader_rx,
+        write_until_rx,
+    );
     let ready_probe = controller.readiness();
     let (health_stop_tx, health_stop_rx) = tokio::sync::oneshot::channel::<()>();
     let health_task = health.map(|listener| {
@@ -421,6 +434,7 @@ pub async fn run(
                             if !was_leader {
                                 // Just acquired: valid for a full term from now.
                                 deadline = tokio::time::Instant::now() + valid;
+                                let _ = write_until_tx.send(Some(deadline.into_std()));
                             }
                         } else if was_leader {
                             break Err(lost());
@@ -435,6 +449,7 @@ pub async fn run(
                             // never shortens what is known.
                             fence::Fence::HeldUntil(until) if was_leader => {
                                 deadline = deadline.max(until.into());
+                                let _ = write_until_tx.send(Some(deadline.into_std()));
                             }
                             fence::Fence::NotHeld if was_leader => {
                                 tracing::error!(lease = %name, "the lease names another holder; stepping down");
@@ -449,7 +464,9 @@ pub async fn run(
                     }
                 }
             };
-            // Stop writing first, then let the lease manager release the lease.
+            // Stop writing first (nothing more is sent), then let the lease manager release the
+            // lease.
+            let _ = write_until_tx.send(Some(std::time::Instant::now()));
             let _ = leader_tx.send(false);
             fence_task.abort();
             drop(rx);

@@ -3,7 +3,7 @@
 //! deleted, and the server-side apply that writes one.
 //!
 //! The JobSet's status stays the source of truth. A decision is published before its status
-//! write (`controller::write_epochs`); after each evaluation the object catches up with the
+//! write (`controller/status.rs`, `write_epochs`); after each evaluation the object catches up with the
 //! status (a new JobSet, a status written before). Both go through
 //! [`crate::wire::epochs::publish`] (monotone, pure).
 
@@ -16,7 +16,7 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event, watcher};
 
-use super::index::Key;
+use super::key::Key;
 use crate::retry::WatchBackoff;
 use crate::wire::epochs::{self, Epochs, JobSetEpoch};
 
@@ -32,6 +32,10 @@ pub struct Published {
     /// nothing can be published, agents watch their JobSet, and the status is written without
     /// waiting for a publication. Cleared when the objects can be listed again.
     unavailable: AtomicBool,
+    /// The installed CRD is older than this reconciler and has no `jobSetUID` (the API server
+    /// refuses an apply that sets it): applies leave it out, and the CRD's rule that epochs only
+    /// grow is not there either. Said once.
+    legacy_crd: AtomicBool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -39,7 +43,10 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 fn key_of(obj: &JobSetEpoch) -> Option<Key> {
-    Some((obj.metadata.namespace.clone()?, obj.metadata.name.clone()?))
+    Some(Key::new(
+        obj.metadata.namespace.clone()?,
+        obj.metadata.name.clone()?,
+    ))
 }
 
 impl Published {
@@ -99,7 +106,7 @@ impl Published {
         self.remove(key);
     }
 
-    /// Entries held, for [`super::controller::StateSizes`].
+    /// Entries held, for [`crate::reconciler::controller::StateSizes`].
     pub fn len(&self) -> usize {
         lock(&self.objects).len()
     }
@@ -184,7 +191,9 @@ fn not_served(e: &watcher::Error) -> bool {
 }
 
 /// Writes a JobSet's object (server-side apply, forced: the reconciler owns every field it
-/// sets) and records the result.
+/// sets) and records the result. Against a CRD older than this reconciler (no `jobSetUID`:
+/// the reconciler rolled out before the install manifest's CRD), the field is left out from then
+/// on, so that publishing goes on.
 pub async fn apply(
     api: &Api<JobSetEpoch>,
     published: &Published,
@@ -192,11 +201,41 @@ pub async fn apply(
     uid: &str,
     content: &Epochs,
 ) -> Result<(), kube::Error> {
-    let body = epochs::apply_body(&key.0, &key.1, uid, content);
+    let mut body = epochs::apply_body(&key.namespace, &key.name, uid, content);
     let params = PatchParams::apply(epochs::FIELD_MANAGER).force();
-    let written = api.patch(&key.1, &params, &Patch::Apply(&body)).await?;
+    if published.legacy_crd.load(Ordering::Acquire) {
+        strip_job_set_uid(&mut body);
+    }
+    let written = match api.patch(&key.name, &params, &Patch::Apply(&body)).await {
+        Err(e) if undeclared_job_set_uid(&e) => {
+            if !published.legacy_crd.swap(true, Ordering::AcqRel) {
+                tracing::error!(
+                    crd = epochs::CRD_NAME,
+                    error = %e,
+                    "the JobSetEpoch CRD is older than this reconciler (no jobSetUID): publishing                      without it; the API server does not refuse a move back of the epochs until                      the install manifest's CRD is applied"
+                );
+            }
+            strip_job_set_uid(&mut body);
+            api.patch(&key.name, &params, &Patch::Apply(&body)).await?
+        }
+        other => other?,
+    };
     published.record(&written);
     Ok(())
+}
+
+fn strip_job_set_uid(body: &mut serde_json::Value) {
+    if let Some(o) = body.as_object_mut() {
+        o.remove("jobSetUID");
+    }
+}
+
+/// The API server refused the apply because the CRD does not declare `jobSetUID` (a server-side
+/// apply answers 500 "field not declared in schema"; strict field validation, 422).
+fn undeclared_job_set_uid(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if matches!(s.code, 400 | 422 | 500)
+        && s.message.contains("jobSetUID")
+        && (s.message.contains("not declared") || s.message.contains("unknown field")))
 }
 
 #[cfg(test)]
@@ -220,13 +259,46 @@ mod tests {
         .expect("parses")
     }
 
+    /// What a real API server (1.35) answers to an apply of `jobSetUID` against the CRD of an
+    /// earlier version (seen in tests/real_cluster.rs before the CRD was updated).
+    #[test]
+    fn an_older_crd_is_recognised() {
+        let status = |code: u16, message: &str| {
+            kube::Error::Api(
+                kube::core::Status::failure(message, "")
+                    .with_code(code)
+                    .boxed(),
+            )
+        };
+        assert!(undeclared_job_set_uid(&status(
+            500,
+            "failed to create typed patch object (ns/js; jobset-inplace.dev/v1alpha1,              Kind=JobSetEpoch): .jobSetUID: field not declared in schema"
+        )));
+        assert!(undeclared_job_set_uid(&status(
+            422,
+            ".jobSetUID: unknown field \"jobSetUID\""
+        )));
+        assert!(!undeclared_job_set_uid(&status(
+            500,
+            "etcdserver: request timed out"
+        )));
+        assert!(!undeclared_job_set_uid(&status(
+            422,
+            "JobSetEpoch.jobset-inplace.dev \"js\" is invalid: <nil>: Invalid value: \"object\": \
+             a JobSet's epochs only grow"
+        )));
+        let mut body = epochs::apply_body("ns", "js", "u", &Epochs::default());
+        strip_job_set_uid(&mut body);
+        assert!(body.get("jobSetUID").is_none() && body.get("epochs").is_some());
+    }
+
     #[test]
     fn records_report_changes_only() {
         let p = Published::default();
         let obj = object("js", "u", 1, 2);
-        assert_eq!(p.record(&obj), Some(("ns".into(), "js".into())));
+        assert_eq!(p.record(&obj), Some(Key::new("ns", "js")));
         assert_eq!(p.record(&obj), None, "the same content again is no change");
-        assert!(p.contains(&("ns".into(), "js".into())));
+        assert!(p.contains(&Key::new("ns", "js")));
         let source = epochs::Source {
             uid: "u",
             status: EpochStatus {
@@ -236,7 +308,7 @@ mod tests {
             bypass: false,
             delegate: false,
         };
-        assert_eq!(p.next(&("ns".into(), "js".into()), &source), None);
+        assert_eq!(p.next(&Key::new("ns", "js"), &source), None);
         let source = epochs::Source {
             status: EpochStatus {
                 deprecated: Some(2),
@@ -245,7 +317,7 @@ mod tests {
             ..source
         };
         assert_eq!(
-            p.next(&("ns".into(), "js".into()), &source),
+            p.next(&Key::new("ns", "js"), &source),
             Some(Epochs {
                 deprecated: Some(2),
                 synced: Some(2),
@@ -253,7 +325,7 @@ mod tests {
                 watch_job_set: false,
             })
         );
-        p.forget(&("ns".into(), "js".into()));
+        p.forget(&Key::new("ns", "js"));
         assert!(p.is_empty());
         let unnamed: JobSetEpoch = serde_json::from_value(json!({"metadata": {}})).expect("parses");
         assert_eq!(p.record(&unnamed), None);

@@ -7,7 +7,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use tokio::sync::Notify;
 
-use super::index::Key;
+use super::key::Key;
 
 /// A set of keys to work on: each key is queued at most once, and a key that changes while a
 /// worker holds it is queued again when the worker is done. Bounded without dropping anything:
@@ -87,7 +87,7 @@ mod tests {
     use super::*;
 
     fn key(n: &str) -> Key {
-        ("ns".into(), n.into())
+        Key::new("ns", n)
     }
 
     #[tokio::test]

@@ -6,8 +6,13 @@
 //! only; a deadline for the TLS handshake and for each request head (64 KiB at most, else 431),
 //! another for each body (408, in the routes), an idle timeout between requests; at most
 //! `max_connections` connections per listener, new ones waiting for a slot while idle and stuck
-//! ones are closed to make room ([`super::conn`]); on shutdown, an optional drain that closes
-//! each connection after its next answer.
+//! ones are closed to make room ([`super::conn`]); the answer bytes a connection has not taken
+//! counted against a budget, a small socket send buffer, a connection that does not take its
+//! answer cut, and a pipelined request held until the answer before it is written (issue 21);
+//! on shutdown, an optional drain that closes each connection after its next answer.
+//!
+//! [`serve_plain`] serves a plain-HTTP router with the same connection handling: the health
+//! listener of the other components (`crate::telemetry::serve_health`).
 //!
 //! See docs/architecture.md ("Webhook").
 
@@ -24,7 +29,10 @@ use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 
 use super::Error;
-use super::conn::{Activity, Cut, Phase, Timeouts, Tracked, Watched};
+use super::conn::{
+    Activity, AnswerBudget, Cut, DEFAULT_ANSWER_BYTES_IN_FLIGHT, Phase, SEND_BUFFER_BYTES,
+    Timeouts, Tracked, Watched,
+};
 use super::metrics::Metrics;
 use super::routes::{BodyLimits, Handlers, Webhook, admission_routes, health_router};
 use super::tls::{ReloadingCert, server_config};
@@ -49,6 +57,9 @@ pub struct ServeOptions {
     pub max_connections: usize,
     /// Limits on request bodies (HTTPS listener).
     pub body: BodyLimits,
+    /// Most answer bytes not yet written, across the connections of both listeners: a larger
+    /// answer that finds no room is replaced by a 429 ([`super::conn::AnswerBudget`]).
+    pub answer_bytes_in_flight: usize,
     /// At shutdown, how long to go on serving first, not ready, each connection closed after
     /// its next answer (`Connection: close`), while whatever routes traffic here (Service
     /// endpoints) stops doing so: a client then never has a request on a connection the server
@@ -72,6 +83,7 @@ impl ServeOptions {
             idle_timeout: Duration::from_secs(120),
             max_connections: DEFAULT_MAX_CONNECTIONS,
             body: BodyLimits::default(),
+            answer_bytes_in_flight: DEFAULT_ANSWER_BYTES_IN_FLIGHT,
             shutdown_delay: Duration::ZERO,
             shutdown_grace: Duration::from_secs(25),
         }
@@ -149,24 +161,28 @@ pub async fn serve_routes(
             idle: options.idle_timeout,
         },
         max_connections: options.max_connections.max(1),
+        max_header_bytes: MAX_HEADER_BYTES,
     };
     let draining = Arc::new(AtomicBool::new(false));
+    let common = Common {
+        metrics: Some(webhook.metrics().clone()),
+        answers: AnswerBudget::new(options.answer_bytes_in_flight),
+        draining: draining.clone(),
+    };
     let https_loop = tokio::spawn(accept_loop(
         https,
         Some(acceptor),
         routes.with_state(Handlers::new(webhook.clone(), options.body)),
-        webhook.metrics().clone(),
+        common.clone(),
         limits,
-        draining.clone(),
         stop_rx.clone(),
     ));
     let health_loop = tokio::spawn(accept_loop(
         health,
         None,
         health_router(webhook.clone()),
-        webhook.metrics().clone(),
+        common,
         limits,
-        draining.clone(),
         stop_rx.clone(),
     ));
     webhook.set_ready(true);
@@ -234,6 +250,76 @@ async fn wait_stop(mut stop: watch::Receiver<bool>) {
 struct Limits {
     timeouts: Timeouts,
     max_connections: usize,
+    max_header_bytes: usize,
+}
+
+/// Limits of a plain-HTTP listener served by [`serve_plain`].
+#[derive(Clone, Copy, Debug)]
+pub struct PlainLimits {
+    /// Most connections served at once; when every slot is taken, new ones wait in the listen
+    /// backlog while idle and stuck connections are closed to make room.
+    pub max_connections: usize,
+    /// Largest request head (431 beyond it).
+    pub max_header_bytes: usize,
+    /// Longest wait for a request head: from the connection, or from its first byte after an
+    /// answer.
+    pub header_read_timeout: Duration,
+    /// Longest a keep-alive connection may sit between requests.
+    pub idle_timeout: Duration,
+    /// Most answer bytes not yet written, across connections.
+    pub answer_bytes_in_flight: usize,
+}
+
+/// Serves `router` over plain HTTP/1.1 on `listener` with the webhook's connection handling
+/// (slots, eviction of idle and stuck connections under pressure, head and idle timeouts, the
+/// answer budget and slow-reader cut) until `shutdown` resolves; then stops accepting and lets
+/// each open connection finish its request in flight, for up to `grace`.
+pub async fn serve_plain(
+    listener: TcpListener,
+    router: Router,
+    limits: PlainLimits,
+    grace: Duration,
+    shutdown: impl Future<Output = ()> + Send,
+) {
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let serving = accept_loop(
+        listener,
+        None,
+        router,
+        Common {
+            metrics: None,
+            answers: AnswerBudget::new(limits.answer_bytes_in_flight),
+            draining: Arc::new(AtomicBool::new(false)),
+        },
+        Limits {
+            timeouts: Timeouts {
+                handshake: limits.header_read_timeout,
+                header_read: limits.header_read_timeout,
+                idle: limits.idle_timeout,
+            },
+            max_connections: limits.max_connections.max(1),
+            max_header_bytes: limits.max_header_bytes,
+        },
+        stop_rx,
+    );
+    tokio::pin!(serving);
+    tokio::select! {
+        () = &mut serving => return,
+        () = shutdown => {}
+    }
+    let _ = stop_tx.send(true);
+    // Dropping the loop aborts the connections still open.
+    let _ = tokio::time::timeout(grace, serving).await;
+}
+
+/// What the listeners of one server share.
+#[derive(Clone)]
+struct Common {
+    /// The webhook's metrics (none for another component's health listener).
+    metrics: Option<Arc<Metrics>>,
+    answers: Arc<AnswerBudget>,
+    /// Set during the shutdown delay: every answer closes its connection.
+    draining: Arc<AtomicBool>,
 }
 
 /// What every connection of a listener shares.
@@ -241,10 +327,27 @@ struct Listener {
     name: &'static str,
     tls: Option<TlsAcceptor>,
     router: Router,
-    metrics: Arc<Metrics>,
+    /// The webhook's metrics (none for another component's health listener).
+    metrics: Option<Arc<Metrics>>,
+    answers: Arc<AnswerBudget>,
     timeouts: Timeouts,
+    max_header_bytes: usize,
     /// Set during the shutdown delay: every answer closes its connection.
     draining: Arc<AtomicBool>,
+}
+
+impl Listener {
+    fn cut(&self, cut: Cut) {
+        if let Some(metrics) = &self.metrics {
+            metrics.connection_cut(self.name, cut);
+        }
+    }
+
+    fn handshake_failed(&self) {
+        if let Some(metrics) = &self.metrics {
+            metrics.handshake_failed();
+        }
+    }
 }
 
 /// Accepts connections until `stop`, then waits for the open ones to finish (each told to close
@@ -260,18 +363,19 @@ async fn accept_loop(
     listener: TcpListener,
     tls: Option<TlsAcceptor>,
     router: Router,
-    metrics: Arc<Metrics>,
+    common: Common,
     limits: Limits,
-    draining: Arc<AtomicBool>,
     stop: watch::Receiver<bool>,
 ) {
     let shared = Arc::new(Listener {
         name: if tls.is_some() { "https" } else { "health" },
         tls,
         router,
-        metrics,
+        metrics: common.metrics,
+        answers: common.answers,
         timeouts: limits.timeouts,
-        draining,
+        max_header_bytes: limits.max_header_bytes,
+        draining: common.draining,
     });
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let (pressure, _) = watch::channel(0u64);
@@ -297,7 +401,9 @@ async fn accept_loop(
             Err(_) => {
                 // This connection waits (and the ones behind it in the backlog); the open ones
                 // are asked to make room.
-                shared.metrics.connection_limit_reached(shared.name);
+                if let Some(metrics) = &shared.metrics {
+                    metrics.connection_limit_reached(shared.name);
+                }
                 tracing::debug!(
                     listener = shared.name,
                     %peer,
@@ -320,6 +426,9 @@ async fn accept_loop(
             }
         };
         let _ = tcp.set_nodelay(true);
+        // What a peer that does not read leaves queued in the kernel (autotuned, it grows to
+        // megabytes per connection).
+        let _ = socket2::SockRef::from(&tcp).set_send_buffer_size(SEND_BUFFER_BYTES);
         connections.spawn(connection(
             tcp,
             peer,
@@ -354,32 +463,34 @@ async fn connection(
     stop: watch::Receiver<bool>,
     mut pressure: watch::Receiver<u64>,
 ) {
-    let metrics = &shared.metrics;
-    let _open = metrics.connection(shared.tls.is_some());
+    let _open = shared
+        .metrics
+        .as_ref()
+        .map(|metrics| metrics.connection(shared.tls.is_some()));
     match &shared.tls {
         None => {
-            let activity = Activity::new(Phase::Head);
+            let activity = Activity::new(Phase::Head, shared.answers.clone());
             drive(tcp, peer, &shared, activity, stop, pressure).await;
         }
         Some(acceptor) => {
-            let activity = Activity::new(Phase::Handshake);
+            let activity = Activity::new(Phase::Handshake, shared.answers.clone());
             let handshake = tokio::time::timeout(shared.timeouts.handshake, acceptor.accept(tcp));
             let stream = tokio::select! {
                 () = wait_stop(stop.clone()) => return,
                 () = evictable(&activity, &mut pressure) => {
-                    metrics.connection_cut(shared.name, Cut::Evicted);
+                    shared.cut(Cut::Evicted);
                     tracing::debug!(%peer, "closed a connection stuck in its TLS handshake to make room");
                     return;
                 }
                 result = handshake => match result {
                     Ok(Ok(stream)) => stream,
                     Ok(Err(e)) => {
-                        metrics.handshake_failed();
+                        shared.handshake_failed();
                         tracing::debug!(%peer, error = %e, "TLS handshake failed");
                         return;
                     }
                     Err(_) => {
-                        metrics.handshake_failed();
+                        shared.handshake_failed();
                         tracing::debug!(%peer, "TLS handshake timed out");
                         return;
                     }
@@ -408,7 +519,7 @@ async fn drive<I>(
         .timer(TokioTimer::new())
         // The head's deadline is kept below (hyper's would also cut idle connections).
         .header_read_timeout(None)
-        .max_header_size(MAX_HEADER_BYTES)
+        .max_header_size(shared.max_header_bytes)
         .keep_alive(true)
         .serve_connection(
             TokioIo::new(Watched::new(io, activity.clone())),
@@ -433,6 +544,8 @@ async fn drive<I>(
                 return;
             }
             () = tokio::time::sleep_until(wake) => {}
+            // An answer began: its drain deadline may be earlier than the wake-up.
+            () = activity.began_owing() => {}
             () = evictable(&activity, &mut pressure) => break Cut::Evicted,
             () = wait_stop(stop.clone()) => {
                 conn.as_mut().graceful_shutdown();
@@ -443,9 +556,9 @@ async fn drive<I>(
             }
         }
     };
-    shared.metrics.connection_cut(shared.name, cut);
+    shared.cut(cut);
     tracing::debug!(%peer, listener = shared.name, reason = cut.as_str(), "closing a connection");
-    if activity.get().0 == Phase::Idle {
+    if cut != Cut::SlowReader && activity.get().0 == Phase::Idle {
         // Between requests: close cleanly (TLS close_notify), briefly.
         conn.as_mut().graceful_shutdown();
         let _ = tokio::time::timeout(Duration::from_secs(1), conn).await;

@@ -11,7 +11,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
 use rustls::pki_types::CertificateDer;
 
-use crate::admission::{Endpoint, ReviewOutcome};
+use crate::admission::{Endpoint, ReviewOutcome, Rule};
 use crate::certs::not_after;
 
 /// The content type of [`Metrics::encode`]'s output.
@@ -61,144 +61,9 @@ struct CertificateLabels {
     certificate: &'static str,
 }
 
-/// The `rule` label of `jobset_inplace_admission_denials_total`: the validation rules of
-/// `admission::validate` (one per `check_*` there), named after the field a violation points at
-/// once the list indices are dropped; [`RULE_OTHER`] for a field not listed here and
-/// [`RULE_REQUEST`] for a denial that names no field (a malformed request or object). A closed
-/// list: the label's values are bounded whatever is sent.
-pub const RULES: [(&str, &[&str]); 10] = [
-    ("backoff_limit", &["backoffLimit"]),
-    ("pod_replacement_policy", &["podReplacementPolicy"]),
-    ("completions", &["completions", "parallelism"]),
-    (
-        "agent_missing",
-        &["template.spec.initContainers", "template.spec.containers"],
-    ),
-    (
-        "agent_duplicate",
-        &[
-            "template.spec.initContainers[]",
-            "template.spec.containers[]",
-        ],
-    ),
-    (
-        "restart_policy",
-        &[
-            "template.spec.initContainers[].restartPolicy",
-            "template.spec.containers[].restartPolicy",
-        ],
-    ),
-    (
-        "restart_rules",
-        &[
-            "template.spec.initContainers[].restartPolicyRules",
-            "template.spec.containers[].restartPolicyRules",
-            "template.spec.initContainers[].restartPolicyRules[].action",
-            "template.spec.containers[].restartPolicyRules[].action",
-        ],
-    ),
-    (
-        "agent_env",
-        &[
-            "template.spec.initContainers[].env",
-            "template.spec.containers[].env",
-            "template.spec.initContainers[].env[].value",
-            "template.spec.containers[].env[].value",
-        ],
-    ),
-    (
-        "barrier_probe",
-        &[
-            "template.spec.initContainers[].startupProbe",
-            "template.spec.initContainers[].startupProbe.httpGet.port",
-            "template.spec.initContainers[].startupProbe.httpGet.path",
-            "template.spec.containers[].startupProbe",
-            "template.spec.containers[].startupProbe.httpGet.port",
-            "template.spec.containers[].startupProbe.httpGet.path",
-        ],
-    ),
-    (
-        "barrier_port",
-        &[
-            "template.spec.initContainers[].ports[].containerPort",
-            "template.spec.containers[].ports[].containerPort",
-        ],
-    ),
-];
-/// A violation of a field [`RULES`] does not list.
-pub const RULE_OTHER: &str = "other";
-/// A denial without field causes (a malformed request or object).
+/// The `rule` label of a denial that breaks no rule of [`Rule`] (a malformed request or object).
+/// The label's other values are [`Rule::label`]: a closed list, bounded whatever is sent.
 pub const RULE_REQUEST: &str = "request";
-
-/// The rule of a violation's field path (`Status` cause `field`), e.g.
-/// `spec.replicatedJobs[2].template.spec.backoffLimit` → `backoff_limit`.
-pub fn rule_of(field: &str) -> &'static str {
-    let mut normalized = String::with_capacity(field.len());
-    let mut in_index = false;
-    for c in field.chars() {
-        match c {
-            '[' => {
-                in_index = true;
-                normalized.push('[');
-            }
-            ']' => {
-                in_index = false;
-                normalized.push(']');
-            }
-            _ if in_index => {}
-            _ => normalized.push(c),
-        }
-    }
-    let Some(rest) = normalized.strip_prefix("spec.replicatedJobs[].template.spec.") else {
-        return RULE_OTHER;
-    };
-    RULES
-        .iter()
-        .find(|(_, fields)| fields.contains(&rest))
-        .map_or(RULE_OTHER, |(rule, _)| rule)
-}
-
-/// The rules a denial's response body names (each once), from
-/// `response.status.details.causes[].field`; [`RULE_REQUEST`] when it names none.
-fn denial_rules(body: &[u8]) -> Vec<&'static str> {
-    #[derive(serde::Deserialize)]
-    struct Review {
-        response: Option<Response>,
-    }
-    #[derive(serde::Deserialize)]
-    struct Response {
-        status: Option<Status>,
-    }
-    #[derive(serde::Deserialize)]
-    struct Status {
-        details: Option<Details>,
-    }
-    #[derive(serde::Deserialize)]
-    struct Details {
-        #[serde(default)]
-        causes: Vec<Cause>,
-    }
-    #[derive(serde::Deserialize)]
-    struct Cause {
-        field: Option<String>,
-    }
-    let causes = serde_json::from_slice::<Review>(body)
-        .ok()
-        .and_then(|r| r.response?.status?.details)
-        .map(|d| d.causes)
-        .unwrap_or_default();
-    let mut rules: Vec<&'static str> = causes
-        .iter()
-        .filter_map(|c| c.field.as_deref())
-        .map(rule_of)
-        .collect();
-    rules.sort_unstable();
-    rules.dedup();
-    if rules.is_empty() {
-        rules.push(RULE_REQUEST);
-    }
-    rules
-}
 
 const ENDPOINTS: [Endpoint; 2] = [Endpoint::Mutate, Endpoint::Validate];
 const OUTCOMES: [ReviewOutcome; 4] = [
@@ -232,14 +97,15 @@ fn outcome_index(outcome: ReviewOutcome) -> usize {
 /// - `jobset_inplace_admission_duration_seconds{endpoint}`: time from the request's head to its
 ///   answer (reading the body included);
 /// - `jobset_inplace_admission_denials_total{endpoint,rule}`: denied requests by the rule they
-///   broke ([`RULES`], `other`, `request`); a request breaking two rules counts once for each;
+///   broke ([`Rule::label`], `request`); a request breaking two rules counts once for each;
 /// - `jobset_inplace_admission_responses_total{endpoint,code}`: HTTP status codes answered;
 /// - `jobset_inplace_admission_in_flight_requests`: requests being answered;
 /// - `jobset_inplace_tls_handshake_failures_total`: TLS handshakes that failed or timed out;
 /// - `jobset_inplace_connections_open{listener}`: open connections (`https`, `health`);
 /// - `jobset_inplace_connections_closed_by_server_total{listener,reason}`: connections the
 ///   server closed on its own: `header_timeout` (handshake or request head too slow),
-///   `idle_timeout`, `evicted` (to make room under `--max-connections`);
+///   `idle_timeout`, `evicted` (to make room under `--max-connections`), `slow_reader` (an
+///   answer not taken at the floor rate, [`crate::webhook::conn::MIN_ANSWER_BYTES_PER_SEC`]);
 /// - `jobset_inplace_connection_limit_reached_total{listener}`: times every connection slot was
 ///   taken and new connections had to wait;
 /// - `jobset_inplace_tls_certificate_reloads_total{result}`: reloads of the serving certificate
@@ -328,10 +194,7 @@ impl Metrics {
             "AdmissionReview requests denied, by endpoint and the validation rule broken",
             denials.clone(),
         );
-        let rule_names = RULES
-            .iter()
-            .map(|(rule, _)| *rule)
-            .chain([RULE_OTHER, RULE_REQUEST]);
+        let rule_names = Rule::ALL.iter().map(|r| r.label()).chain([RULE_REQUEST]);
         for rule in rule_names {
             for endpoint in ENDPOINTS {
                 let _ = denials.get_or_create(&DenialLabels {
@@ -367,7 +230,7 @@ impl Metrics {
         let closed_by_server = Family::<CutLabels, Counter>::default();
         registry.register(
             "connections_closed_by_server",
-            "Connections the server closed on its own, by listener and reason (header_timeout, idle_timeout, evicted)",
+            "Connections the server closed on its own, by listener and reason (header_timeout, idle_timeout, evicted, slow_reader)",
             closed_by_server.clone(),
         );
         let limit_reached = Family::<ListenerLabels, Counter>::default();
@@ -457,9 +320,12 @@ impl Metrics {
             .inc();
     }
 
-    /// Counts a denied request once for each rule its answer `body` (an AdmissionReview) names.
-    pub fn denied(&self, endpoint: Endpoint, body: &[u8]) {
-        for rule in denial_rules(body) {
+    /// Counts a denied request once for each rule it breaks (its decision's [`Rule`]s, each
+    /// once), or as [`RULE_REQUEST`] when it breaks none.
+    pub fn denied(&self, endpoint: Endpoint, rules: &[Rule]) {
+        let labels = rules.iter().map(|r| r.label());
+        let request = rules.is_empty().then_some(RULE_REQUEST);
+        for rule in labels.chain(request) {
             self.denials
                 .get_or_create(&DenialLabels {
                     endpoint: endpoint.as_str(),
@@ -683,60 +549,18 @@ mod tests {
     }
 
     #[test]
-    fn rules_are_named_after_the_field_without_indices() {
-        let p = "spec.replicatedJobs[3].template.spec";
-        let pod = format!("{p}.template.spec");
-        for (field, rule) in [
-            (format!("{p}.backoffLimit"), "backoff_limit"),
-            (
-                format!("{p}.podReplacementPolicy"),
-                "pod_replacement_policy",
-            ),
-            (format!("{p}.parallelism"), "completions"),
-            (format!("{pod}.initContainers"), "agent_missing"),
-            (format!("{pod}.containers[4]"), "agent_duplicate"),
-            (
-                format!("{pod}.containers[0].restartPolicy"),
-                "restart_policy",
-            ),
-            (
-                format!("{pod}.initContainers[12].restartPolicyRules[1].action"),
-                "restart_rules",
-            ),
-            (format!("{pod}.initContainers[0].env[7].value"), "agent_env"),
-            (
-                format!("{pod}.initContainers[0].startupProbe.httpGet.port"),
-                "barrier_probe",
-            ),
-            (
-                format!("{pod}.containers[1].ports[0].containerPort"),
-                "barrier_port",
-            ),
-            (format!("{pod}.volumes[0]"), RULE_OTHER),
-            ("metadata.name".to_owned(), RULE_OTHER),
-            (String::new(), RULE_OTHER),
-        ] {
-            assert_eq!(rule_of(&field), rule, "{field}");
-        }
-    }
-
-    #[test]
     fn denials_count_each_rule_once_and_bounded() {
         let metrics = Metrics::new();
-        let p = "spec.replicatedJobs[0].template.spec";
-        let body = serde_json::json!({"response": {"allowed": false, "status": {"details": {"causes": [
-            {"field": format!("{p}.backoffLimit")},
-            {"field": format!("{p}.template.spec.initContainers")},
-            {"field": "spec.replicatedJobs[1].template.spec.backoffLimit"},
-            {"field": "something.made.up[0]"},
-        ]}}}});
-        metrics.denied(Endpoint::Validate, body.to_string().as_bytes());
-        metrics.denied(Endpoint::Validate, b"not json");
+        metrics.denied(
+            Endpoint::Validate,
+            &[Rule::BackoffLimit, Rule::AgentMissing, Rule::TokenVolume],
+        );
+        metrics.denied(Endpoint::Validate, &[]);
         let text = metrics.encode();
         for (rule, n) in [
             ("backoff_limit", 1),
             ("agent_missing", 1),
-            ("other", 1),
+            ("token_volume", 1),
             ("request", 1),
             ("completions", 0),
         ] {
@@ -749,7 +573,23 @@ mod tests {
             .lines()
             .filter(|l| l.starts_with("jobset_inplace_admission_denials_total{"))
             .count();
-        assert_eq!(series, 2 * (RULES.len() + 2), "{text}");
+        assert_eq!(series, 2 * (Rule::ALL.len() + 1), "{text}");
+    }
+
+    /// Every rule has its metric label from the start (at 0), so a new rule's denials are
+    /// counted under its own name and a dashboard sees it before the first denial.
+    #[test]
+    fn every_rule_has_a_denial_series_from_the_start() {
+        let text = Metrics::new().encode();
+        for rule in Rule::ALL {
+            for endpoint in ["mutate", "validate"] {
+                let line = format!(
+                    "jobset_inplace_admission_denials_total{{endpoint=\"{endpoint}\",rule=\"{}\"}} 0",
+                    rule.label()
+                );
+                assert!(text.contains(&line), "{line}\n{text}");
+            }
+        }
     }
 
     #[test]

@@ -31,6 +31,18 @@ use crate::admission::{self, Endpoint, InjectionConfig, Reply, ReviewOutcome};
 /// beside it ~40 ms, vs ~7-8 ms when the big one goes to the blocking pool).
 pub const INLINE_REVIEW_MAX_BYTES: usize = 256 * 1024;
 
+/// Bodies larger than this are "large reviews": at most [`Handlers`]'s large-review slots of them
+/// are reviewed at once (one fewer than the runtime's workers, at least one), so that however many
+/// costly reviews peers send together (issue 21: 260 connections each sending a 27 KB JobSet of 310
+/// replicatedJobs, answered with 0.9 MB, each ~33 ms of CPU), a worker is always left for ordinary
+/// reviews, health checks and TLS. An ordinary JobSet's review (a few replicatedJobs, an UPDATE with
+/// its old object) is well below it.
+pub const LARGE_REVIEW_BYTES: usize = 16 * 1024;
+
+/// How long a large review waits for a slot before it is answered 429 with `Retry-After` (the API
+/// server retries those): a burst of large reviews is shed instead of queued without bound.
+pub const LARGE_REVIEW_WAIT: Duration = Duration::from_secs(2);
+
 /// What the handlers share: the injection config, the metrics, readiness.
 #[derive(Debug)]
 pub struct Webhook {
@@ -102,6 +114,8 @@ pub struct Handlers {
     body_read_timeout: Duration,
     /// One permit per byte of request body held.
     body_budget: Arc<Semaphore>,
+    /// One permit per large review ([`LARGE_REVIEW_BYTES`]) being reviewed.
+    large_reviews: Arc<Semaphore>,
 }
 
 impl Handlers {
@@ -113,6 +127,7 @@ impl Handlers {
             webhook,
             body_read_timeout: limits.read_timeout,
             body_budget: Arc::new(Semaphore::new(budget)),
+            large_reviews: Arc::new(Semaphore::new(large_review_slots())),
         }
     }
 
@@ -182,10 +197,12 @@ fn json_response(status: u16, body: Vec<u8>) -> Response {
     )
         .into_response();
     if code == StatusCode::TOO_MANY_REQUESTS {
-        // The API server retries a webhook call answered 429 or with Retry-After.
-        response
-            .headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        // The API server retries a webhook call answered 429 or with Retry-After. The connection
+        // is closed too: a peer that overloads the server reconnects (a TLS handshake) before it
+        // is served again, and pipelined requests behind this one are not reviewed.
+        let headers = response.headers_mut();
+        headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
     }
     response
 }
@@ -195,6 +212,7 @@ fn error_reply(code: u16, reason: &str, message: &str) -> Reply {
         http_status: code,
         body: admission::status_body(code, reason, message),
         outcome: ReviewOutcome::Error,
+        rules: Vec::new(),
     }
 }
 
@@ -240,6 +258,28 @@ fn body_timeout(timeout: Duration) -> Reply {
             timeout.as_secs_f64()
         ),
     )
+}
+
+/// One fewer than the runtime's worker threads, at least one (outside a runtime: one).
+fn large_review_slots() -> usize {
+    tokio::runtime::Handle::try_current()
+        .map(|h| h.metrics().num_workers())
+        .unwrap_or(1)
+        .saturating_sub(1)
+        .max(1)
+}
+
+/// Waits up to [`LARGE_REVIEW_WAIT`] for a large-review slot; `Err` is the 429 to answer.
+async fn large_review_slot(slots: &Arc<Semaphore>) -> Result<OwnedSemaphorePermit, Reply> {
+    match tokio::time::timeout(LARGE_REVIEW_WAIT, slots.clone().acquire_owned()).await {
+        Ok(Ok(permit)) => Ok(permit),
+        // Timed out, or the semaphore closed (never: it is not closed).
+        _ => Err(error_reply(
+            429,
+            "TooManyRequests",
+            "too many large AdmissionReviews at once; retry shortly",
+        )),
+    }
 }
 
 fn busy() -> Reply {
@@ -377,6 +417,14 @@ async fn answer(state: &Handlers, endpoint: Endpoint, request: Request) -> Reply
         Ok(body) => body,
         Err(reply) => return reply,
     };
+    let _slot = if body.bytes.len() > LARGE_REVIEW_BYTES {
+        match large_review_slot(&state.large_reviews).await {
+            Ok(permit) => Some(permit),
+            Err(reply) => return reply,
+        }
+    } else {
+        None
+    };
     if body.bytes.len() <= INLINE_REVIEW_MAX_BYTES {
         return admission::review(endpoint, &body.bytes, &state.webhook.config);
     }
@@ -404,7 +452,7 @@ async fn admit(state: &Handlers, endpoint: Endpoint, request: Request) -> Respon
         started.elapsed(),
     );
     if reply.outcome == ReviewOutcome::Denied {
-        webhook.metrics.denied(endpoint, &reply.body);
+        webhook.metrics.denied(endpoint, &reply.rules);
     }
     tracing::debug!(
         endpoint = endpoint.as_str(),
@@ -643,6 +691,48 @@ mod tests {
         let _ = holder.await.expect("holder");
         let (status, _, _) = call(router, post("/ping", None, "{}")).await;
         assert_eq!(status, 200);
+    }
+
+    /// Issue 21, item 2: costly reviews hold at most their slots; one that finds none within
+    /// [`LARGE_REVIEW_WAIT`] is shed (429, `Retry-After`, `Connection: close`) while a small one
+    /// beside it is reviewed at once.
+    #[tokio::test]
+    async fn large_reviews_past_their_slots_are_shed_and_small_ones_go_on() {
+        let handlers = Handlers::new(webhook(), BodyLimits::default());
+        let slots = handlers.large_reviews.clone();
+        let held = slots
+            .clone()
+            .acquire_many_owned(u32::try_from(large_review_slots()).expect("few slots"))
+            .await
+            .expect("slots");
+        let router = admission_routes().with_state(handlers);
+        let large = format!("{{\"padding\": \"{}\"}}", "x".repeat(LARGE_REVIEW_BYTES));
+        let started = Instant::now();
+        let response = router
+            .clone()
+            .oneshot(post("/validate", Some("application/json"), large.clone()))
+            .await
+            .expect("infallible");
+        assert!(started.elapsed() >= LARGE_REVIEW_WAIT);
+        assert_eq!(response.status(), 429);
+        assert_eq!(
+            response.headers().get(header::CONNECTION),
+            Some(&HeaderValue::from_static("close"))
+        );
+        assert!(response.headers().get(header::RETRY_AFTER).is_some());
+        // A small review does not wait for a slot (it is reviewed: 400, no uid in "{}").
+        let started = Instant::now();
+        let (status, _, _) = call(
+            router.clone(),
+            post("/validate", Some("application/json"), "{}"),
+        )
+        .await;
+        assert_eq!(status, 400);
+        assert!(started.elapsed() < LARGE_REVIEW_WAIT);
+        // Once a slot is free the large one is reviewed (400 as well).
+        drop(held);
+        let (status, _, _) = call(router, post("/validate", Some("application/json"), large)).await;
+        assert_eq!(status, 400);
     }
 
     #[tokio::test]

@@ -132,7 +132,9 @@ pub fn publish(current: Option<(Option<&str>, Epochs)>, source: &Source<'_>) -> 
 }
 
 /// The server-side apply body of a JobSet's object: its name, its owner (the JobSet, as
-/// controller, not blocking the JobSet's deletion) and its epochs.
+/// controller, not blocking the JobSet's deletion), the JobSet's UID again as `jobSetUID` (the
+/// CRD's CEL rule lets the epochs start over only when it changes: its own rules cannot read
+/// `metadata.ownerReferences`) and its epochs.
 pub fn apply_body(namespace: &str, jobset: &str, uid: &str, epochs: &Epochs) -> Value {
     let owner = OwnerReference {
         api_version: crate::jobset::API_VERSION.to_owned(),
@@ -151,6 +153,7 @@ pub fn apply_body(namespace: &str, jobset: &str, uid: &str, epochs: &Epochs) -> 
             "labels": {crate::protocol::JOBSET_NAME_LABEL: jobset},
             "ownerReferences": [owner],
         },
+        "jobSetUID": uid,
         "epochs": epochs,
     })
 }

@@ -23,7 +23,10 @@
 //!   (the barrier) and runs until the test makes it exit ([`Node::exit_worker`]);
 //! - every container exit goes through the container's `restartPolicyRules`: a
 //!   `RestartAllContainers` rule stops every container (the agent with SIGTERM, then SIGKILL
-//!   after the grace period) and starts them all again in the same pod, restart counts up; a
+//!   after 2 s whatever the pod's grace period, as the kubelet's `SyncPod`), shows each
+//!   `waiting` `RestartingAllContainers` with `lastState` 137, and starts them all again in the
+//!   same pod, restart counts up, the phase `Pending` until the worker runs again and
+//!   `Initialized` kept True; a
 //!   sidecar exit without a rule restarts the sidecar alone (`restartPolicy: Always`); a worker
 //!   exit without a rule ends the pod (`restartPolicy: Never`);
 //! - the pod status is written through `pods/{name}/status` as the kubelet writes it: phase,
@@ -569,6 +572,16 @@ impl Container {
 
     fn run(&mut self, uid: &str) {
         self.id = format!("sim://{uid}/{}/{}", self.name, self.restarts);
+        // After a group restart the removed container's status is gone with it
+        // (`kubelet_pods.go` `convertToAPIContainerStatuses`): `lastState` empty again.
+        if self
+            .last
+            .pointer("/terminated/reason")
+            .and_then(Value::as_str)
+            == Some(RESTARTING_ALL_CONTAINERS)
+        {
+            self.last = json!({});
+        }
         self.state = json!({"running": {"startedAt": now()}});
     }
 
@@ -581,7 +594,20 @@ impl Container {
         self.ready = false;
     }
 
-    /// Started again after a restart: what ended is `lastState`, restart count up.
+    /// Removed by a group restart (`convertToAPIContainerStatuses`): `waiting`
+    /// `RestartingAllContainers`, `lastState` overwritten with the same reason and 137, restart
+    /// count up.
+    fn remove(&mut self) {
+        self.last = json!({"terminated": {"exitCode": 137, "reason": RESTARTING_ALL_CONTAINERS,
+            "message": "The container is removed because RestartAllContainers in place"}});
+        self.restarts += 1;
+        self.state = json!({"waiting": {"reason": RESTARTING_ALL_CONTAINERS,
+            "message": "The container is removed because RestartAllContainers in place"}});
+        self.started = false;
+        self.ready = false;
+    }
+
+    /// Restarted alone: what ended is `lastState`, restart count up.
     fn restart(&mut self) {
         if self.state.get("terminated").is_some() {
             self.last = self.state.clone();
@@ -612,6 +638,9 @@ struct PodState {
     worker: Container,
     /// A `RestartAllContainers` rule matched and the containers are being stopped.
     restarting: bool,
+    /// `Initialized` was True once: it stays True (`status/generate.go`
+    /// `GeneratePodInitializedCondition`, with the RestartAllContainers gate).
+    initialized: bool,
     /// Condition type to (status, lastTransitionTime).
     conditions: BTreeMap<&'static str, (bool, Value)>,
 }
@@ -625,6 +654,7 @@ impl PodState {
             agent: Container::new(agent),
             worker: Container::new(worker),
             restarting: false,
+            initialized: false,
             conditions: BTreeMap::new(),
         }
     }
@@ -647,7 +677,8 @@ impl PodState {
     fn json(&mut self) -> Value {
         let terminal = matches!(self.phase, "Failed" | "Succeeded");
         let worker_started = self.worker.state.get("waiting").is_none();
-        let initialized = self.agent.started || worker_started;
+        self.initialized |= self.agent.started || worker_started;
+        let initialized = self.initialized;
         let ready = self.agent.ready && self.worker.ready && !self.restarting;
         let conditions = vec![
             self.condition("PodReadyToStartContainers", !terminal),
@@ -912,6 +943,10 @@ async fn run_pod(
             }
         };
         st.agent.run(&st.uid.clone());
+        if !worker_running {
+            // `getPhase`: the worker waits (PodInitializing) behind the agent's barrier.
+            st.phase = "Pending";
+        }
         shared.view(&name, |v| v.agent_starts += 1);
         status.set(&mut st);
         let mut probe = tokio::time::interval(shared.config.probe_period);
@@ -997,9 +1032,6 @@ async fn run_pod(
                     action.as_deref().unwrap_or("none")
                 ));
                 if action.as_deref().is_some_and(recognise::restarts_pod) {
-                    if worker_running {
-                        st.worker.terminate(137, RESTARTING_ALL_CONTAINERS);
-                    }
                     worker_running = false;
                     restart_all(&shared, &name, &mut st, &mut status, None).await;
                 } else {
@@ -1051,11 +1083,12 @@ async fn restart_all(
     shared.view(name, |v| v.worker_stopped(at));
     status.set(st);
     if let Some(agent) = agent {
-        let code = agent.stop(shared.config.termination_grace).await;
-        st.agent.terminate(code, RESTARTING_ALL_CONTAINERS);
+        // `SyncPod` kills with a grace override of 0, raised to 2 s, no preStop hook.
+        let grace = crate::kubelet::model::in_place_kill_grace(shared.config.termination_grace);
+        agent.stop(grace).await;
     }
-    st.agent.restart();
-    st.worker.restart();
+    st.agent.remove();
+    st.worker.remove();
     st.restarting = false;
     shared.view(name, |v| v.restarts += 1);
     shared.log(format!("{name}: all containers restarted in place"));
@@ -1064,6 +1097,35 @@ async fn restart_all(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn after_a_group_restart_the_pod_is_pending_at_the_barrier_and_stays_initialized() {
+        let mut st = state();
+        st.agent.run("uid-1");
+        st.agent.started = true;
+        st.worker.run("uid-1");
+        st.phase = "Running";
+        assert_eq!(condition(&st.json(), "Initialized"), "True");
+        st.worker.terminate(3, "Error");
+        st.agent.remove();
+        st.worker.remove();
+        let s = st.json();
+        assert_eq!(
+            s["containerStatuses"][0]["state"]["waiting"]["reason"],
+            RESTARTING_ALL_CONTAINERS
+        );
+        assert_eq!(
+            s["containerStatuses"][0]["lastState"]["terminated"]["exitCode"],
+            137
+        );
+        // The agent runs again, the barrier not lifted yet (what the kubelet loop does).
+        st.agent.run("uid-1");
+        st.phase = "Pending";
+        let s = st.json();
+        assert_eq!(s["phase"], "Pending");
+        assert_eq!(condition(&s, "Initialized"), "True", "kept once True");
+        assert_eq!(s["initContainerStatuses"][0]["lastState"], json!({}));
+    }
 
     fn state() -> PodState {
         PodState::new(
@@ -1123,8 +1185,8 @@ mod tests {
             s["containerStatuses"][0]["state"]["terminated"]["exitCode"],
             42
         );
-        st.agent.restart();
-        st.worker.restart();
+        st.agent.remove();
+        st.worker.remove();
         st.restarting = false;
         let s = st.json();
         assert_eq!(s["phase"], "Running", "a pod that ran stays Running");

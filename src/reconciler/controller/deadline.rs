@@ -15,12 +15,25 @@
 //!
 //! Every API call is bounded by the request timeout; each step is a Warning event on the JobSet
 //! and a count in `group_restart_deadline_steps_total{step}`. The state kept per JobSet (the
-//! clock, one timer, the Jobs still to delete after a recreation, the malformed annotation
-//! reported) goes with the JobSet ([`Deadlines::forget`]).
+//! clock, one timer, the step in flight, the Jobs still to delete after a recreation, the
+//! malformed annotation reported) goes with the JobSet ([`Deadlines::forget`]).
+//!
+//! The steps run off the reconcile workers (issue 21, item 6): a worker only decides, and hands
+//! a step to a task of its own, at most one per JobSet, so that one JobSet's deletes (two
+//! requests per pod, each up to the request timeout, on a slow or hostile API path) never hold
+//! the workers that move every other JobSet's epochs. Their pod and Job requests take a permit
+//! of their namespace and then one of the whole process (first come first served,
+//! [`super::deadline_entry::Steps`]): one namespace's deletes wait behind each other,
+//! never hold more than their share, and the requests in flight are bounded. A pass that finds a
+//! step of its JobSet in flight leaves the deadline alone; the step queues the JobSet again when
+//! it ends.
+//!
+//! Our own: kube-runtime has no per-object deadline; its `Controller`'s requeue would run the
+//! steps inside a reconcile, on the workers this module keeps them off.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
@@ -29,147 +42,34 @@ use kube::api::{
 };
 use kube::runtime::events::EventType;
 use serde_json::json;
-use tokio::task::AbortHandle;
 
-use super::{
-    JobSetState, Key, ReconcileError, Shared, bounded, emit, lock, patch_status, status_patch,
-    timeout_error, write_failed,
-};
+use super::api::{ReconcileError, retry_delay};
+use super::report::{CONTROLLER_NAME, emit};
+use super::state::{Shared, lock};
+use super::status::{patch_status, reread_status, status_patch, write_failed};
 use crate::deadline::{
     self, Action, Clock, Decision, JobView, PodRef, Step, display_duration, name_list,
 };
 use crate::jobset::JobSet;
 use crate::protocol::{Epoch, JOBSET_NAME_LABEL};
+use crate::reconciler::index::JobSetState;
+use crate::reconciler::key::Key;
 use crate::wire::WatchedPod;
 
 /// Names an event lists before it counts the rest.
 const NAMES_IN_EVENTS: usize = 8;
+
 /// Deletes in flight at once for one JobSet.
 const PARALLEL_DELETES: usize = 8;
-
-/// What the deadline keeps for one JobSet.
-#[derive(Debug, Default)]
-struct Entry {
-    clock: Option<Clock>,
-    /// `GroupRestartTimedOut` was said for this clock.
-    timed_out_reported: bool,
-    /// After a recreation to this `status.restarts`: the Jobs of earlier restarts are still to
-    /// be deleted.
-    cleanup: Option<i32>,
-    /// The pending wake-up: when (since the origin), and its task.
-    timer: Option<(Duration, AbortHandle)>,
-    /// The malformed timeout annotation last reported.
-    bad_annotation: Option<String>,
-}
-
-impl Entry {
-    fn is_empty(&self) -> bool {
-        self.clock.is_none()
-            && self.cleanup.is_none()
-            && self.bad_annotation.is_none()
-            && self
-                .timer
-                .as_ref()
-                .is_none_or(|(_, handle)| handle.is_finished())
-    }
-
-    fn set_clock(&mut self, clock: Option<Clock>) {
-        if clock.map(|c| (c.started, c.restarts)) != self.clock.map(|c| (c.started, c.restarts)) {
-            self.timed_out_reported = false;
-        }
-        if clock.is_none()
-            && let Some((_, handle)) = self.timer.take()
-        {
-            // Nothing left to wake up for.
-            handle.abort();
-        }
-        self.clock = clock;
-    }
-}
-
-/// The deadline's state of every JobSet.
-pub(super) struct Deadlines {
-    /// Times are kept as durations since this moment (the pure decision's clock).
-    origin: Instant,
-    entries: Mutex<HashMap<Key, Entry>>,
-}
-
-impl Deadlines {
-    pub(super) fn new() -> Self {
-        Deadlines {
-            origin: Instant::now(),
-            entries: Mutex::new(HashMap::new()),
-        }
-    }
-
-    fn now(&self) -> Duration {
-        self.origin.elapsed()
-    }
-
-    /// The clock follows the JobSet as watched (on every replica): started when a group restart
-    /// is first seen in progress, again after a recreation, gone once it completed or the JobSet
-    /// is no longer active. Returns the clock.
-    pub(super) fn observe(&self, key: &Key, state: &JobSetState) -> Option<Clock> {
-        let now = self.now();
-        let mut entries = lock(&self.entries);
-        let before = entries.get(key).and_then(|e| e.clock);
-        let clock = if state.active && state.unservable.is_none() {
-            deadline::track(before, state.status, state.restarts, now)
-        } else {
-            None
-        };
-        if clock.is_some() || entries.contains_key(key) {
-            let entry = entries.entry(key.clone()).or_default();
-            entry.set_clock(clock);
-            if entry.is_empty() {
-                entries.remove(key);
-            }
-        }
-        clock
-    }
-
-    /// Forgets a deleted JobSet.
-    pub(super) fn forget(&self, key: &Key) {
-        if let Some(entry) = lock(&self.entries).remove(key)
-            && let Some((_, handle)) = entry.timer
-        {
-            handle.abort();
-        }
-    }
-
-    /// JobSets with state.
-    pub(super) fn len(&self) -> usize {
-        lock(&self.entries).len()
-    }
-
-    /// Stops every pending wake-up (the controller is shutting down).
-    pub(super) fn abort_timers(&self) {
-        for entry in lock(&self.entries).values_mut() {
-            if let Some((_, handle)) = entry.timer.take() {
-                handle.abort();
-            }
-        }
-    }
-
-    fn with<T>(&self, key: &Key, f: impl FnOnce(&mut Entry) -> T) -> T {
-        let mut entries = lock(&self.entries);
-        let entry = entries.entry(key.clone()).or_default();
-        let out = f(entry);
-        if entry.is_empty() {
-            entries.remove(key);
-        }
-        out
-    }
-}
 
 /// Queues `key` again after `after`, unless an earlier wake-up is pending. The task holds the
 /// controller weakly, and is aborted with the JobSet or the controller.
 fn wake_after(shared: &Arc<Shared>, key: &Key, after: Duration) {
-    let now = shared.deadlines.now();
+    let now = shared.steps.now();
     let due = now.saturating_add(after);
     let weak = Arc::downgrade(shared);
     let woken = key.clone();
-    shared.deadlines.with(key, |entry| {
+    shared.with_deadline(key, |entry| {
         if let Some((at, handle)) = &entry.timer
             && *at <= due
             && *at > now
@@ -196,11 +96,20 @@ struct Seen {
     clock: Clock,
     timeout: Duration,
     decision: Decision,
+    /// The `resourceVersion` of each pod to delete, as the decision saw it: its `Failed` mark's
+    /// precondition, so that a pod that changed since (registered) is left alone whatever the
+    /// timing (a write sent late by a deposed leader included).
+    versions: HashMap<String, String>,
 }
 
-/// Runs the deadline of one JobSet after its evaluation, on the leader.
+/// Runs the deadline of one JobSet after its evaluation, on the leader: decides, and hands a step
+/// that needs the API to a task off the workers ([`spawn_step`]); a wait is a timer.
 pub(super) async fn reconcile(shared: &Arc<Shared>, key: &Key) -> Result<(), ReconcileError> {
-    let now = shared.deadlines.now();
+    if shared.with_deadline(key, |e| e.step_in_flight()) {
+        // It queues the JobSet again when it ends.
+        return Ok(());
+    }
+    let now = shared.steps.now();
     let seen = {
         let index = lock(&shared.index);
         // As for the epochs: no decision on a pod cache being re-listed.
@@ -210,7 +119,7 @@ pub(super) async fn reconcile(shared: &Arc<Shared>, key: &Key) -> Result<(), Rec
         let Some((state, pods)) = index.get(key) else {
             return Ok(());
         };
-        let clock = shared.deadlines.observe(key, state);
+        let clock = shared.observe_deadline(key, state);
         let (timeout, malformed) = deadline::effective_timeout(
             state.group_restart_timeout.as_deref(),
             shared.settings.group_restart_timeout,
@@ -229,24 +138,89 @@ pub(super) async fn reconcile(shared: &Arc<Shared>, key: &Key) -> Result<(), Rec
             clock,
             now,
         });
+        let versions = match &decision.action {
+            Action::DeleteUnregistered(pods) => pods
+                .iter()
+                .filter_map(|p| {
+                    let rv = index.pod_resource_version(key, &p.name)?;
+                    Some((p.name.clone(), rv.to_owned()))
+                })
+                .collect(),
+            _ => HashMap::new(),
+        };
         match (clock, timeout) {
             (Some(clock), Some(timeout)) => Some(Seen {
                 state: state.clone(),
                 clock,
                 timeout,
                 decision,
+                versions,
             }),
             _ => None,
         }
     };
-    let cleanup = shared.deadlines.with(key, |e| e.cleanup);
+    let cleanup = shared.with_deadline(key, |e| e.cleanup);
+    let action = seen.as_ref().map(|s| &s.decision.action);
+    match (action, cleanup) {
+        (None | Some(Action::None), None) => Ok(()),
+        (Some(Action::WaitFor(after)), None) => {
+            wake_after(shared, key, *after);
+            Ok(())
+        }
+        _ => {
+            spawn_step(shared, key, seen, cleanup);
+            Ok(())
+        }
+    }
+}
+
+/// Runs a step of one JobSet in a task of its own (unless one is in flight): its requests wait
+/// for their permits there, not in a worker. When it ends, the JobSet is queued again (after a
+/// backoff when it failed).
+fn spawn_step(shared: &Arc<Shared>, key: &Key, seen: Option<Seen>, cleanup: Option<i32>) {
+    let (task_shared, task_key) = (shared.clone(), key.clone());
+    shared.with_deadline(key, move |entry| {
+        if entry.step_in_flight() {
+            return;
+        }
+        let task = tokio::spawn(async move {
+            let (shared, key) = (task_shared, task_key);
+            let result = run_step(&shared, &key, seen, cleanup).await;
+            let failures = shared.with_deadline(&key, |e| {
+                e.step = None;
+                e.step_failures = match result {
+                    Ok(()) => 0,
+                    Err(_) => e.step_failures.saturating_add(1),
+                };
+                e.step_failures
+            });
+            match result {
+                Ok(()) => shared.queue.add(key),
+                Err(e) => {
+                    let delay = retry_delay(failures, e.retry_after());
+                    tracing::warn!(namespace = %key.namespace, jobset = %key.name, error = %e, retry_in = ?delay, "group-restart deadline step failed; retrying");
+                    wake_after(&shared, &key, delay);
+                }
+            }
+        });
+        entry.step = Some(task.abort_handle());
+    });
+}
+
+/// One step: the Jobs of earlier restarts still to delete, then what the decision says.
+async fn run_step(
+    shared: &Arc<Shared>,
+    key: &Key,
+    seen: Option<Seen>,
+    cleanup: Option<i32>,
+) -> Result<(), ReconcileError> {
     if let Some(restarts) = cleanup {
         let uid = lock(&shared.index)
             .jobset(key)
             .map(|s| s.uid.clone())
             .unwrap_or_default();
         delete_previous_jobs(shared, key, &uid, restarts).await?;
-        shared.deadlines.with(key, |e| e.cleanup = None);
+        shared.with_deadline(key, |e| e.cleanup = None);
     }
     let Some(seen) = seen else {
         return Ok(());
@@ -275,7 +249,7 @@ pub(super) async fn reconcile(shared: &Arc<Shared>, key: &Key) -> Result<(), Rec
             );
             if write_failed(shared, key, &seen.state, &message).await? {
                 shared.metrics.deadline_step("failed");
-                shared.deadlines.with(key, |e| e.set_clock(None));
+                shared.with_deadline(key, |e| e.set_clock(None));
                 Ok(())
             } else {
                 reread(shared, key).await
@@ -292,7 +266,7 @@ fn target(clock: &Clock) -> Epoch {
 /// Says once per value, as a Warning event, that the timeout annotation is malformed; forgets
 /// it once fixed.
 fn report_annotation(shared: &Shared, key: &Key, state: &JobSetState, malformed: Option<String>) {
-    let first = shared.deadlines.with(key, |e| {
+    let first = shared.with_deadline(key, |e| {
         let first = malformed.is_some() && e.bad_annotation != malformed;
         e.bad_annotation.clone_from(&malformed);
         first
@@ -302,7 +276,7 @@ fn report_annotation(shared: &Shared, key: &Key, state: &JobSetState, malformed:
             .settings
             .group_restart_timeout
             .map_or_else(|| "off".to_owned(), display_duration);
-        tracing::warn!(namespace = %key.0, jobset = %key.1, %error, "malformed group-restart timeout annotation; using the default");
+        tracing::warn!(namespace = %key.namespace, jobset = %key.name, %error, "malformed group-restart timeout annotation; using the default");
         emit(
             shared,
             key,
@@ -326,13 +300,13 @@ async fn delete_unregistered(
 ) -> Result<(), ReconcileError> {
     let (timeout, target) = (display_duration(seen.timeout), target(&seen.clock));
     let names: Vec<&str> = pods.iter().map(|p| p.name.as_str()).collect();
-    let say = shared.deadlines.with(key, |e| {
+    let say = shared.with_deadline(key, |e| {
         let say = !e.timed_out_reported;
         e.timed_out_reported = true;
         say
     });
     if say {
-        tracing::warn!(namespace = %key.0, jobset = %key.1, epoch = target, pods = ?names, missing = seen.decision.missing, "group restart timed out; deleting the pods that did not register");
+        tracing::warn!(namespace = %key.namespace, jobset = %key.name, epoch = target, pods = ?names, missing = seen.decision.missing, "group restart timed out; deleting the pods that did not register");
         let missing = match seen.decision.missing {
             0 => String::new(),
             n => format!(", {n} expected pod(s) missing"),
@@ -352,18 +326,20 @@ async fn delete_unregistered(
             ),
         );
     }
-    let api: Api<WatchedPod> = Api::namespaced(shared.client.clone(), &key.0);
+    let api: Api<WatchedPod> = Api::namespaced(shared.api.client.clone(), &key.namespace);
     let reason = format!(
         "did not register epoch {target} within {timeout}: failed and deleted by {} so that its \
          Job replaces it",
-        super::CONTROLLER_NAME
+        CONTROLLER_NAME
     );
     let results: Vec<(String, Result<bool, Option<kube::Error>>)> =
         futures::stream::iter(pods.iter().cloned())
             .map(|pod| {
                 let (api, reason) = (api.clone(), reason.clone());
+                let version = seen.versions.get(&pod.name).cloned();
                 async move {
-                    let result = fail_and_delete(shared, &api, &pod, &reason).await;
+                    let _permit = shared.steps.permit(&key.namespace).await;
+                    let result = fail_and_delete(shared, &api, &pod, version, &reason).await;
                     (pod.name, result)
                 }
             })
@@ -385,7 +361,7 @@ async fn delete_unregistered(
         .deadline_pods_deleted
         .inc_by(deleted.len() as u64);
     if !deleted.is_empty() {
-        tracing::warn!(namespace = %key.0, jobset = %key.1, pods = ?deleted, "unregistered pods deleted");
+        tracing::warn!(namespace = %key.namespace, jobset = %key.name, pods = ?deleted, "unregistered pods deleted");
         emit(
             shared,
             key,
@@ -402,16 +378,16 @@ async fn delete_unregistered(
     if let Some((pod, e)) = failure {
         return Err(match e {
             Some(source) => ReconcileError::Deadline {
-                namespace: key.0.clone(),
-                name: key.1.clone(),
+                namespace: key.namespace.clone(),
+                name: key.name.clone(),
                 action: format!("delete pod {pod}"),
                 source,
             },
-            None => timeout_error(shared, key, "pod_delete"),
+            None => shared.api.timeout(key, "pod_delete"),
         });
     }
-    let at = shared.deadlines.now();
-    shared.deadlines.with(key, |e| {
+    let at = shared.steps.now();
+    shared.with_deadline(key, |e| {
         if let Some(clock) = e.clock.as_mut()
             && clock.started == seen.clock.started
         {
@@ -423,8 +399,10 @@ async fn delete_unregistered(
     Ok(())
 }
 
-/// One pod of step 1: marked `Failed` (a merge patch on `status` carrying its UID, a
-/// precondition), then deleted with a grace period of 0 and its UID as a precondition. A pod is
+/// One pod of step 1: marked `Failed` (a merge patch on `status` carrying its UID and the
+/// `resourceVersion` the decision saw, preconditions: a pod that registered since is left
+/// alone), then deleted with a grace period of 0 and its UID as a precondition (a pod marked
+/// `Failed` never runs again, so nothing it does since can make its delete wrong). A pod is
 /// replaced under `podReplacementPolicy: Failed` only once it has failed (the Job controller
 /// keeps its `batch.kubernetes.io/job-tracking` finalizer until then), and a pod whose kubelet is
 /// gone never fails on its own: Kubernetes' pod garbage collector does the same for the pods it
@@ -433,6 +411,7 @@ async fn fail_and_delete(
     shared: &Shared,
     api: &Api<WatchedPod>,
     pod: &PodRef,
+    version: Option<String>,
     reason: &str,
 ) -> Result<bool, Option<kube::Error>> {
     let uid = Some(pod.uid.clone()).filter(|u| !u.is_empty());
@@ -440,17 +419,22 @@ async fn fail_and_delete(
         "status": {"phase": "Failed", "reason": "GroupRestartTimedOut", "message": reason}
     });
     if let Some(uid) = &uid {
-        failed["metadata"] = json!({ "uid": uid });
+        failed["metadata"]["uid"] = json!(uid);
     }
-    match bounded(
-        shared,
-        "pod_status_write",
-        api.patch_status(&pod.name, &PatchParams::default(), &Patch::Merge(&failed)),
-    )
-    .await
+    if let Some(version) = version.filter(|v| !v.is_empty()) {
+        failed["metadata"]["resourceVersion"] = json!(version);
+    }
+    match shared
+        .api
+        .fenced(
+            "pod_status_write",
+            api.patch_status(&pod.name, &PatchParams::default(), &Patch::Merge(&failed)),
+        )
+        .await
     {
         Ok(_) => {}
-        // Gone, or another pod of that name now.
+        // Gone, another pod of that name now, or changed since the decision (registered, say):
+        // left to the next decision.
         Err(Some(kube::Error::Api(s))) if s.code == 404 || s.code == 409 => return Ok(false),
         // Refused (say, a pod that succeeded meanwhile): deleting it is still what is due.
         Err(Some(kube::Error::Api(s))) if s.code == 422 => {}
@@ -464,7 +448,9 @@ async fn fail_and_delete(
         }),
         ..DeleteParams::default()
     };
-    bounded(shared, "pod_delete", api.delete(&pod.name, &params))
+    shared
+        .api
+        .fenced("pod_delete", api.delete(&pod.name, &params))
         .await
         .map(|_| true)
         .or_else(gone)
@@ -505,7 +491,7 @@ async fn recreate(
         .map(|p| p.name.as_str())
         .collect();
     let timeout = display_duration(seen.timeout);
-    tracing::warn!(namespace = %key.0, jobset = %key.1, epoch = target(&seen.clock), restarts, pods = ?unregistered, "group restart still incomplete after its unregistered pods were deleted; recreating every pod");
+    tracing::warn!(namespace = %key.namespace, jobset = %key.name, epoch = target(&seen.clock), restarts, pods = ?unregistered, "group restart still incomplete after its unregistered pods were deleted; recreating every pod");
     emit(
         shared,
         key,
@@ -525,13 +511,13 @@ async fn recreate(
         ),
     );
     // The new restart count starts a new clock; the Jobs of earlier restarts go, until done.
-    shared.deadlines.with(key, |e| e.cleanup = Some(restarts));
+    shared.with_deadline(key, |e| e.cleanup = Some(restarts));
     if let Some(state) = lock(&shared.index).jobset(key) {
-        shared.deadlines.observe(key, state);
+        shared.observe_deadline(key, state);
     }
     let uid = js.metadata.uid.clone().unwrap_or_default();
     delete_previous_jobs(shared, key, &uid, restarts).await?;
-    shared.deadlines.with(key, |e| e.cleanup = None);
+    shared.with_deadline(key, |e| e.cleanup = None);
     wake_after(shared, key, seen.timeout);
     Ok(())
 }
@@ -544,19 +530,23 @@ async fn delete_previous_jobs(
     jobset_uid: &str,
     restarts: i32,
 ) -> Result<(), ReconcileError> {
-    let api: Api<Job> = Api::namespaced(shared.client.clone(), &key.0);
-    let params = ListParams::default().labels(&format!("{JOBSET_NAME_LABEL}={}", key.1));
-    let list = bounded(shared, "job_list", api.list_metadata(&params))
-        .await
-        .map_err(|e| match e {
-            Some(source) => ReconcileError::Deadline {
-                namespace: key.0.clone(),
-                name: key.1.clone(),
-                action: "list the Jobs".to_owned(),
-                source,
-            },
-            None => timeout_error(shared, key, "job_list"),
-        })?;
+    let api: Api<Job> = Api::namespaced(shared.api.client.clone(), &key.namespace);
+    let params = ListParams::default().labels(&format!("{JOBSET_NAME_LABEL}={}", key.name));
+    let permit = shared.steps.permit(&key.namespace).await;
+    let list = shared
+        .api
+        .bounded("job_list", api.list_metadata(&params))
+        .await;
+    drop(permit);
+    let list = list.map_err(|e| match e {
+        Some(source) => ReconcileError::Deadline {
+            namespace: key.namespace.clone(),
+            name: key.name.clone(),
+            action: "list the Jobs".to_owned(),
+            source,
+        },
+        None => shared.api.timeout(key, "job_list"),
+    })?;
     let views: Vec<JobView<'_>> = list
         .items
         .iter()
@@ -588,6 +578,7 @@ async fn delete_previous_jobs(
         .map(|job| {
             let api = api.clone();
             async move {
+                let _permit = shared.steps.permit(&key.namespace).await;
                 let params = DeleteParams {
                     propagation_policy: Some(PropagationPolicy::Foreground),
                     preconditions: Some(Preconditions {
@@ -596,7 +587,9 @@ async fn delete_previous_jobs(
                     }),
                     ..DeleteParams::default()
                 };
-                let result = bounded(shared, "job_delete", api.delete(&job.name, &params))
+                let result = shared
+                    .api
+                    .fenced("job_delete", api.delete(&job.name, &params))
                     .await
                     .map(|_| true)
                     .or_else(gone);
@@ -616,22 +609,22 @@ async fn delete_previous_jobs(
         }
     }
     shared.metrics.deadline_jobs_deleted.inc_by(deleted);
-    tracing::info!(namespace = %key.0, jobset = %key.1, restarts, jobs = deleted, "Jobs of earlier restarts deleted; JobSet's controller creates them again");
+    tracing::info!(namespace = %key.namespace, jobset = %key.name, restarts, jobs = deleted, "Jobs of earlier restarts deleted; JobSet's controller creates them again");
     match failure {
         None => Ok(()),
         Some((job, Some(source))) => Err(ReconcileError::Deadline {
-            namespace: key.0.clone(),
-            name: key.1.clone(),
+            namespace: key.namespace.clone(),
+            name: key.name.clone(),
             action: format!("delete Job {job}"),
             source,
         }),
-        Some((_, None)) => Err(timeout_error(shared, key, "job_delete")),
+        Some((_, None)) => Err(shared.api.timeout(key, "job_delete")),
     }
 }
 
 /// After a 409: the JobSet is read again and evaluated again.
 async fn reread(shared: &Arc<Shared>, key: &Key) -> Result<(), ReconcileError> {
-    super::reread_status(shared, key).await?;
+    reread_status(shared, key).await?;
     shared.queue.add(key.clone());
     Ok(())
 }

@@ -98,9 +98,68 @@ fn pull_policy(image: &str) -> &'static str {
     }
 }
 
+/// The container restart rule actions the real server accepts with the
+/// `RestartAllContainersOnContainerExits` gate (`pkg/apis/core/validation/validation.go`
+/// `validateContainerRestartPolicy`). KEP-467's `RestartPod` is not one of them.
+const RESTART_RULE_ACTIONS: [&str; 2] = ["Restart", "RestartAllContainers"];
+
+/// The causes of a pod's 422 for restart rule actions the real server refuses, worded as
+/// upstream's `field.NotSupported`, which lists the values supported without the gate
+/// (`supportedContainerRestartRuleActions`: only `Restart`), as kube-apiserver 1.35.4 answers:
+/// `spec.containers[0].restartPolicyRules[0].action: Unsupported value: "RestartPod":
+/// supported values: "Restart"`.
+pub(crate) fn pod_restart_rule_causes(pod: &Value) -> Vec<super::schema::Cause> {
+    let mut causes = Vec::new();
+    for list in ["initContainers", "containers"] {
+        let containers = pod
+            .pointer(&format!("/spec/{list}"))
+            .and_then(Value::as_array)
+            .map_or(&[][..], Vec::as_slice);
+        for (i, c) in containers.iter().enumerate() {
+            let rules = c["restartPolicyRules"]
+                .as_array()
+                .map_or(&[][..], Vec::as_slice);
+            for (j, rule) in rules.iter().enumerate() {
+                let action = rule["action"].as_str().unwrap_or_default();
+                if !RESTART_RULE_ACTIONS.contains(&action) {
+                    causes.push(super::schema::Cause {
+                        reason: "FieldValueNotSupported",
+                        message: format!(
+                            "Unsupported value: \"{action}\": supported values: \"Restart\""
+                        ),
+                        field: format!("spec.{list}[{i}].restartPolicyRules[{j}].action"),
+                    });
+                }
+            }
+        }
+    }
+    causes
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn restart_pod_is_refused_as_the_real_server_refuses_it() {
+        let pod = json!({"spec": {
+            "initContainers": [{"name": "a", "restartPolicy": "Always", "restartPolicyRules": [
+                {"action": "RestartAllContainers", "exitCodes": {"operator": "NotIn", "values": [0]}}]}],
+            "containers": [{"name": "w", "restartPolicy": "Never", "restartPolicyRules": [
+                {"action": "Restart", "exitCodes": {"operator": "In", "values": [1]}},
+                {"action": "RestartPod", "exitCodes": {"operator": "NotIn", "values": [0]}}]}]}});
+        let causes = pod_restart_rule_causes(&pod);
+        assert_eq!(causes.len(), 1, "{causes:?}");
+        assert_eq!(
+            causes[0].field,
+            "spec.containers[0].restartPolicyRules[1].action"
+        );
+        assert_eq!(
+            causes[0].message,
+            "Unsupported value: \"RestartPod\": supported values: \"Restart\""
+        );
+        assert_eq!(causes[0].reason, "FieldValueNotSupported");
+    }
 
     #[test]
     fn a_bare_pod_gets_the_real_servers_defaults() {

@@ -1267,6 +1267,14 @@ impl Store {
 fn admit(rt: &ResourceType, obj: &mut Value, old: Option<&Value>) -> Result<(), ApiError> {
     if rt.group.is_empty() && rt.plural == "pods" {
         defaults::default_pod(obj);
+        let causes = defaults::pod_restart_rule_causes(obj);
+        if !causes.is_empty() {
+            let name = obj
+                .pointer("/metadata/name")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            return Err(ApiError::invalid_causes(rt, name, &causes));
+        }
     }
     match &rt.schema {
         Some(schema) => schema.admit(obj, old).map_err(|causes| {

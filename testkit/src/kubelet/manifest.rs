@@ -59,8 +59,10 @@ pub fn plain_jobset(c: &SimConfig) -> Value {
                 None => {
                     json!([{"action": "RestartAllContainers", "exitCodes": exit_codes("NotIn", &[0])}])
                 }
+                // No rule covers `y`: the worker's `restartPolicy: Never` ends it. (A `Terminate`
+                // action does not exist: kube-apiserver 1.35 accepts `Restart` and
+                // `RestartAllContainers` only, and so does the test API server.)
                 Some(y) => json!([
-                    {"action": "Terminate", "exitCodes": exit_codes("In", &[y])},
                     {"action": "RestartAllContainers", "exitCodes": exit_codes("NotIn", &[0, y])}
                 ]),
             };
@@ -82,6 +84,20 @@ pub fn plain_jobset(c: &SimConfig) -> Value {
             }]
         }),
     };
+    let mut pod_spec = pod_spec;
+    if !c.user_init_containers.is_empty() {
+        pod_spec["initContainers"] = c
+            .user_init_containers
+            .iter()
+            .map(|(name, sidecar)| {
+                let mut init = json!({"name": name, "image": "init:sim"});
+                if *sidecar {
+                    init["restartPolicy"] = json!("Always");
+                }
+                init
+            })
+            .collect();
+    }
     let replicated: Vec<Value> = c
         .replicated_jobs
         .iter()
@@ -113,7 +129,11 @@ pub fn plain_jobset(c: &SimConfig) -> Value {
 /// The plain JobSet with the webhook's injection applied.
 pub fn mutated_jobset(c: &SimConfig) -> Result<Value, SimError> {
     let mut jobset = plain_jobset(c);
-    let mutation = admission::mutate(&jobset, &InjectionConfig::defaults(c.dialect));
+    let mut injection = InjectionConfig::defaults(c.dialect);
+    if let Some(threshold) = c.probe_failure_threshold {
+        injection.probe_failure_threshold = threshold;
+    }
+    let mutation = admission::mutate(&jobset, &injection);
     json_patch::patch(&mut jobset, &mutation.patch)
         .map_err(|e| SimError::Setup(format!("the injection patch does not apply: {e}")))?;
     Ok(jobset)

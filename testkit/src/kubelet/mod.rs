@@ -50,9 +50,11 @@
 
 pub(crate) mod agents;
 pub mod manifest;
+pub mod model;
 mod pod;
 pub(crate) mod recognise;
 mod status;
+pub mod transitions;
 mod writers;
 
 use std::collections::{HashSet, VecDeque};
@@ -117,8 +119,18 @@ pub struct SimConfig {
     pub probe_period: Duration,
     /// Simulated time to restart a pod's containers in place.
     pub restart_delay: Duration,
-    /// SIGTERM to SIGKILL when the kubelet stops an agent container.
+    /// SIGTERM to SIGKILL when the kubelet stops an agent container (a deleted pod, a startup
+    /// probe that gave up); a group restart kills with 2 s whatever this is
+    /// ([`model::in_place_kill_grace`]).
     pub termination_grace: Duration,
+    /// User init containers (`false`) and sidecars (`true`) placed before the agent, by name:
+    /// they run (again) at every start of the pod's containers, before the agent.
+    pub user_init_containers: Vec<(String, bool)>,
+    /// How long each user init container runs (and each user sidecar takes to start).
+    pub user_container_time: Duration,
+    /// The injected startup probe's `failureThreshold` (`None`: the webhook's default, a day
+    /// of probes): the kubelet restarts the agent alone when it is reached.
+    pub probe_failure_threshold: Option<i32>,
     /// KEP-467 story 2: the worker exit code that a `podFailurePolicy` `FailJob` rule and a
     /// JobSet `FailJobSet` rule on `PodFailurePolicy` turn into a failed JobSet.
     pub fail_job_exit_code: Option<i32>,
@@ -167,6 +179,9 @@ impl SimConfig {
             probe_period: Duration::from_millis(10),
             restart_delay: Duration::from_millis(20),
             termination_grace: Duration::from_secs(2),
+            user_init_containers: Vec::new(),
+            user_container_time: Duration::from_millis(20),
+            probe_failure_threshold: None,
             fail_job_exit_code: None,
             check_invariant: true,
             check_interval: Some(Duration::from_millis(5)),

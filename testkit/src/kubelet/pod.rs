@@ -4,11 +4,12 @@
 
 use std::sync::Arc;
 
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::sync::mpsc;
 
 use super::agents::AgentRun;
 use super::manifest::{self, WORKER_CONTAINER, WORKER_CONTROL_ENV};
+use super::model::{self, PodModel};
 use super::recognise::{self, RESTART_CONTAINER, restarts_pod, rule_action};
 use super::status::StatusWriter;
 use super::{AgentMode, AgentRunner, Ctx};
@@ -57,6 +58,8 @@ pub(crate) struct PodInfo {
 
 enum Exit {
     Agent(i32),
+    /// The agent's startup probe reached its `failureThreshold`.
+    ProbeGaveUp,
     Worker(i32),
     NodeLost,
     KubeletDead,
@@ -74,6 +77,9 @@ struct Containers {
     agent: Value,
     worker: Option<Value>,
     probe_path: String,
+    probe_failure_threshold: u32,
+    /// User init containers and sidecars before the agent: (name, sidecar).
+    users: Vec<(String, bool)>,
 }
 
 fn containers(ctx: &Ctx, spec: &Value) -> Option<Containers> {
@@ -89,7 +95,51 @@ fn containers(ctx: &Ctx, spec: &Value) -> Option<Containers> {
         agent: agent.clone(),
         worker,
         probe_path,
+        probe_failure_threshold: recognise::startup_probe_failure_threshold(agent),
+        users: recognise::before_agent(spec),
     })
+}
+
+fn model_of(ctx: &Ctx, spec: &Containers) -> PodModel {
+    PodModel::new(
+        ctx.config.mode,
+        &spec.users,
+        &container_name(&spec.agent),
+        spec.worker.as_ref().map(|_| WORKER_CONTAINER),
+    )
+}
+
+/// The user init containers and sidecars before the agent run, in order, as at every start of
+/// the pod's containers (`computePodActions`: after a group restart every init container is
+/// started again): each init container runs to completion, each sidecar starts. `false` when
+/// the simulation stopped meanwhile.
+async fn run_user_containers(
+    ctx: &Ctx,
+    model: &mut PodModel,
+    status: &mut StatusWriter,
+    stop: &mut tokio::sync::watch::Receiver<bool>,
+) -> bool {
+    for i in 0..model.users.len() {
+        if let Some(u) = model.users.get_mut(i) {
+            u.container.run();
+        }
+        status.set(model.json());
+        tokio::select! {
+            _ = tokio::time::sleep(ctx.config.user_container_time) => {}
+            changed = stop.changed() => if changed.is_err() || *stop.borrow() {
+                return false;
+            },
+        }
+        if let Some(u) = model.users.get_mut(i) {
+            if u.sidecar {
+                u.container.started = true;
+                u.container.ready = true;
+            } else {
+                u.container.terminate(0, "Completed");
+            }
+        }
+    }
+    true
 }
 
 async fn kubelet(
@@ -108,17 +158,25 @@ async fn kubelet(
     };
     let mode = ctx.config.mode;
     let mut stop = ctx.stop_rx();
-    let mut restart_count: i64 = 0;
+    let mut model = model_of(ctx, &spec);
     // The simulated worker (sidecar mode) survives an agent-only restart.
     let mut worker_running = false;
+    // User init containers and sidecars run at the pod's start and after every group restart,
+    // not when the agent restarts alone.
+    let mut start_users = true;
     loop {
         if *stop.borrow() {
-            status
-                .write(terminal(ctx, "Failed", restart_count, None))
-                .await;
+            model.end("Failed", None);
+            status.write(model.json()).await;
             return PodEnd::Stopped;
         }
-        status.set(running(ctx, &spec, restart_count, worker_running, false));
+        if start_users {
+            model.starting();
+            if !run_user_containers(ctx, &mut model, status, &mut stop).await {
+                continue;
+            }
+            start_users = false;
+        }
         let Some(object) = ctx
             .server
             .get_shared("pods", &ctx.config.namespace, &pod.name)
@@ -137,8 +195,12 @@ async fn kubelet(
             }
         };
         ctx.agent_started(pod.slot);
+        model.agent_runs();
+        // Written before the probing starts: the pod at its barrier is served as such.
+        status.write(model.json()).await;
         let mut probe = tokio::time::interval(ctx.config.probe_period);
         probe.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut probe_failures: u32 = 0;
         // The worker's process group in main-container mode.
         let mut group: Option<i32> = None;
         let mut stdout = agent.take_stdout();
@@ -165,6 +227,13 @@ async fn kubelet(
                             if action.as_deref() == Some(RESTART_CONTAINER) {
                                 // The worker alone restarts: what the protocol must never need.
                                 ctx.worker_stopped(pod.slot);
+                                if let Some(w) = model.worker.as_mut() {
+                                    w.restart_alone(code, exit_reason(code));
+                                    w.run();
+                                    w.started = true;
+                                    w.ready = true;
+                                }
+                                status.set(model.json());
                                 ctx.worker_started(pod.slot, &pod.name);
                                 continue;
                             }
@@ -187,7 +256,13 @@ async fn kubelet(
                     if agent.probe(&spec.probe_path).await {
                         worker_running = true;
                         ctx.worker_started(pod.slot, &pod.name);
-                        status.set(running(ctx, &spec, restart_count, true, false));
+                        model.worker_runs();
+                        status.set(model.json());
+                    } else {
+                        probe_failures += 1;
+                        if model::probe_gives_up(probe_failures, spec.probe_failure_threshold) {
+                            break Exit::ProbeGaveUp;
+                        }
                     }
                 }
                 line = next_line(&mut stdout), if stdout.is_some() => {
@@ -198,7 +273,8 @@ async fn kubelet(
                         group = Some(pid);
                         ctx.worker_group(pid, true);
                         ctx.worker_started(pod.slot, &pod.name);
-                        status.set(running(ctx, &spec, restart_count, true, false));
+                        model.worker_runs();
+                        status.set(model.json());
                     }
                 }
             }
@@ -208,10 +284,22 @@ async fn kubelet(
                 ctx.worker_stopped(pod.slot);
                 agent.stop(ctx.config.termination_grace).await;
                 kill_group(ctx, &mut group);
-                status
-                    .write(terminal(ctx, "Failed", restart_count, None))
-                    .await;
+                model.end("Failed", None);
+                status.write(model.json()).await;
                 return PodEnd::Stopped;
+            }
+            Exit::ProbeGaveUp => {
+                // prober/worker.go: failureThreshold failures in a row; the kubelet kills the
+                // agent container (the pod's grace) and restarts it alone, by its restartPolicy
+                // (Always): the worker has not started, the other containers are left alone.
+                ctx.log(format!(
+                    "{}: the agent's startup probe gave up after {probe_failures} failures; the agent restarts alone",
+                    pod.name
+                ));
+                let code = agent.stop(ctx.config.termination_grace).await;
+                kill_group(ctx, &mut group);
+                model.agent.restart_alone(code, exit_reason(code));
+                status.set(model.json());
             }
             Exit::KubeletDead => {
                 // The node's processes are gone and nobody reports on the pod any more.
@@ -256,9 +344,8 @@ async fn kubelet(
                 kill_group(ctx, &mut group);
                 // Its containers stopped, the pod is terminal: the kubelet says so, then deletes
                 // it for good (the Job controller's finalizer keeps it until counted).
-                status
-                    .write(terminal(ctx, "Failed", restart_count, None))
-                    .await;
+                model.end("Failed", None);
+                status.write(model.json()).await;
                 status.abandon();
                 let api: kube::Api<jobset_inplace::wire::WatchedPod> =
                     kube::Api::namespaced(ctx.client.clone(), &ctx.config.namespace);
@@ -275,9 +362,8 @@ async fn kubelet(
                 agent.kill();
                 agent.wait().await;
                 kill_group(ctx, &mut group);
-                status
-                    .write(terminal(ctx, "Failed", restart_count, None))
-                    .await;
+                model.end("Failed", None);
+                status.write(model.json()).await;
                 return PodEnd::Failed {
                     container: None,
                     code: None,
@@ -298,30 +384,41 @@ async fn kubelet(
                 match mode {
                     AgentMode::Sidecar if restarts_all => {
                         worker_running = false;
-                        restart_in_place(ctx, pod, &spec, &mut agent, restart_count, status).await;
-                        restart_count += 1;
+                        model.agent.terminate(code, exit_reason(code));
+                        restart_in_place(ctx, pod, &mut agent, &mut model, status).await;
+                        start_users = true;
                     }
                     AgentMode::Sidecar if action.is_none() => {
                         // restartPolicy Always: the sidecar alone restarts, the worker runs on.
                         ctx.log(format!("{}: the agent restarts alone", pod.name));
+                        model.agent.restart_alone(code, exit_reason(code));
+                        status.set(model.json());
                     }
-                    AgentMode::MainContainer if restarts_all || restarts_self => {
+                    AgentMode::MainContainer if restarts_all => {
                         ctx.worker_stopped(pod.slot);
-                        restart_in_place(ctx, pod, &spec, &mut agent, restart_count, status).await;
-                        restart_count += 1;
+                        model.agent.terminate(code, exit_reason(code));
+                        restart_in_place(ctx, pod, &mut agent, &mut model, status).await;
+                        start_users = true;
+                    }
+                    AgentMode::MainContainer if restarts_self => {
+                        // The container alone restarts (its own rule): what ended is lastState.
+                        ctx.worker_stopped(pod.slot);
+                        model.worker_running = false;
+                        model.agent.restart_alone(code, exit_reason(code));
+                        status.set(model.json());
+                        tokio::time::sleep(ctx.config.restart_delay).await;
+                        ctx.restarted(pod.slot);
                     }
                     AgentMode::MainContainer if code == 0 => {
                         ctx.worker_stopped(pod.slot);
-                        status
-                            .write(terminal(ctx, "Succeeded", restart_count, Some(0)))
-                            .await;
+                        model.end("Succeeded", Some(0));
+                        status.write(model.json()).await;
                         return PodEnd::Succeeded;
                     }
                     _ => {
                         ctx.worker_stopped(pod.slot);
-                        status
-                            .write(terminal(ctx, "Failed", restart_count, Some(code)))
-                            .await;
+                        model.end("Failed", Some(code));
+                        status.write(model.json()).await;
                         return PodEnd::Failed {
                             container: Some(container_name(&spec.agent)),
                             code: Some(code),
@@ -337,18 +434,20 @@ async fn kubelet(
                     pod.name,
                     action.as_deref().unwrap_or("none")
                 ));
+                if let Some(w) = model.worker.as_mut() {
+                    w.terminate(code, exit_reason(code));
+                }
                 if action.as_deref().is_some_and(restarts_pod) {
-                    restart_in_place(ctx, pod, &spec, &mut agent, restart_count, status).await;
-                    restart_count += 1;
+                    restart_in_place(ctx, pod, &mut agent, &mut model, status).await;
+                    start_users = true;
                     continue;
                 }
-                // Terminate, or no rule with restartPolicy Never: the worker stays terminated,
+                // No rule with restartPolicy Never: the worker stays terminated,
                 // the sidecar is stopped, and the pod ends.
                 agent.stop(ctx.config.termination_grace).await;
                 let phase = if code == 0 { "Succeeded" } else { "Failed" };
-                status
-                    .write(terminal(ctx, phase, restart_count, Some(code)))
-                    .await;
+                model.end(phase, Some(code));
+                status.write(model.json()).await;
                 return if code == 0 {
                     PodEnd::Succeeded
                 } else {
@@ -380,22 +479,36 @@ fn kill_group(ctx: &Ctx, group: &mut Option<i32>) {
     }
 }
 
-/// RestartAllContainers: every container is stopped (the agent with its grace period), the
-/// pod shows `AllContainersRestarting`, and after the simulated restart time the caller starts
-/// them again in the same pod.
+/// RestartAllContainers (`kuberuntime_manager.go` `SyncPod`): the pod shows
+/// `AllContainersRestarting` with the exited container as it ended; every container is killed
+/// with the 2 s minimum grace and no preStop hook ([`model::in_place_kill_grace`]; the pod's
+/// `terminationGracePeriodSeconds` is not honoured), and removed (with its logs: the
+/// simulation's own log, [`super::Simulation::logs`], is the kubelet's, not the containers'):
+/// each shows `waiting` `RestartingAllContainers` with `lastState` 137; after the simulated
+/// restart time the caller starts them again in the same pod. Both statuses are awaited, as
+/// the kubelet's status manager serves each of them.
 async fn restart_in_place(
     ctx: &Ctx,
     pod: &PodInfo,
-    spec: &Containers,
     agent: &mut AgentRun,
-    restart_count: i64,
+    model: &mut PodModel,
     status: &mut StatusWriter,
 ) {
     ctx.worker_stopped(pod.slot);
-    status.set(running(ctx, spec, restart_count, false, true));
-    agent.stop(ctx.config.termination_grace).await;
+    model.restart_begins();
+    status.write(model.json()).await;
+    agent
+        .stop(model::in_place_kill_grace(ctx.config.termination_grace))
+        .await;
+    model.all_removed();
+    status.write(model.json()).await;
     tokio::time::sleep(ctx.config.restart_delay).await;
     ctx.restarted(pod.slot);
+}
+
+/// The reason the kubelet gives a container that exited with `code`.
+fn exit_reason(code: i32) -> &'static str {
+    if code == 0 { "Completed" } else { "Error" }
 }
 
 fn start_agent(
@@ -458,73 +571,4 @@ fn container_name(c: &Value) -> String {
         .and_then(Value::as_str)
         .unwrap_or_default()
         .to_owned()
-}
-
-fn container_status(name: &str, restart_count: i64, state: Value, ready: bool) -> Value {
-    json!({"name": name, "restartCount": restart_count, "ready": ready, "started": ready, "state": state})
-}
-
-/// The status of a running pod (its containers running or starting).
-fn running(
-    ctx: &Ctx,
-    spec: &Containers,
-    restart_count: i64,
-    worker_running: bool,
-    restarting: bool,
-) -> Value {
-    let flag = |b: bool| if b { "True" } else { "False" };
-    let agent_name = container_name(&spec.agent);
-    let run = json!({"running": {}});
-    let mut status = json!({
-        "phase": "Running",
-        "conditions": [
-            {"type": "AllContainersRestarting", "status": flag(restarting)},
-            {"type": "Ready", "status": flag(worker_running && !restarting)}
-        ],
-    });
-    match ctx.config.mode {
-        AgentMode::Sidecar => {
-            status["initContainerStatuses"] = json!([container_status(
-                &agent_name,
-                restart_count,
-                run.clone(),
-                worker_running
-            )]);
-            let worker_state = if worker_running {
-                run
-            } else {
-                json!({"waiting": {"reason": "PodInitializing"}})
-            };
-            status["containerStatuses"] = json!([container_status(
-                WORKER_CONTAINER,
-                restart_count,
-                worker_state,
-                worker_running
-            )]);
-        }
-        AgentMode::MainContainer => {
-            status["containerStatuses"] = json!([container_status(
-                &agent_name,
-                restart_count,
-                run,
-                worker_running
-            )]);
-        }
-    }
-    status
-}
-
-/// The status of an ended pod.
-fn terminal(ctx: &Ctx, phase: &str, restart_count: i64, code: Option<i32>) -> Value {
-    let name = match ctx.config.mode {
-        AgentMode::Sidecar => WORKER_CONTAINER,
-        AgentMode::MainContainer => manifest::MAIN_AGENT_CONTAINER,
-    };
-    let state = json!({"terminated": {"exitCode": code.unwrap_or(137)}});
-    json!({
-        "phase": phase,
-        "conditions": [{"type": "AllContainersRestarting", "status": "False"},
-                       {"type": "Ready", "status": "False"}],
-        "containerStatuses": [container_status(name, restart_count, state, false)],
-    })
 }

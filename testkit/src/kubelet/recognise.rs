@@ -99,6 +99,30 @@ pub fn startup_probe_path(container: &Value) -> Option<&str> {
         .and_then(Value::as_str)
 }
 
+/// The init containers that start before the agent (every one of them when the agent is a
+/// regular container), by name, each with whether it is a sidecar (`restartPolicy: Always`).
+pub fn before_agent(spec: &Value) -> Vec<(String, bool)> {
+    list(spec, "initContainers")
+        .iter()
+        .take_while(|c| !is_sidecar_agent(c))
+        .map(|c| {
+            (
+                c["name"].as_str().unwrap_or_default().to_owned(),
+                c["restartPolicy"].as_str() == Some("Always"),
+            )
+        })
+        .collect()
+}
+
+/// A container's startup probe `failureThreshold` (the API's default: 3).
+pub fn startup_probe_failure_threshold(container: &Value) -> u32 {
+    container
+        .pointer("/startupProbe/failureThreshold")
+        .and_then(Value::as_u64)
+        .and_then(|t| u32::try_from(t).ok())
+        .unwrap_or(3)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -127,5 +151,26 @@ mod tests {
             {"name": "w", "env": [{"name": "WORKER_COMMAND", "value": "run"}]}]});
         assert_eq!(agent(&main).map(|c| &c["name"]), Some(&json!("w")));
         assert!(agent(&json!({"containers": [{"name": "w"}]})).is_none());
+    }
+
+    #[test]
+    fn the_containers_before_the_agent_and_the_probe_threshold() {
+        let spec = json!({"initContainers": [
+            {"name": "setup"}, {"name": "proxy", "restartPolicy": "Always"},
+            {"name": "jobset-inplace-agent", "restartPolicy": "Always",
+             "startupProbe": {"failureThreshold": 86400}},
+            {"name": "after"}]});
+        assert_eq!(
+            before_agent(&spec),
+            [("setup".to_owned(), false), ("proxy".to_owned(), true)]
+        );
+        assert_eq!(
+            startup_probe_failure_threshold(&spec["initContainers"][2]),
+            86400
+        );
+        assert_eq!(
+            startup_probe_failure_threshold(&spec["initContainers"][0]),
+            3
+        );
     }
 }

@@ -1,0 +1,186 @@
+//! The reconciler's API calls, in one place that the status writes, the publication, the
+//! provisioner, the events and the group-restart deadline all import: every request bounded by
+//! the request timeout ([`Calls::bounded`]), every write fenced by the leader's write deadline
+//! ([`Calls::fenced`], [`crate::reconciler::fence`]), the errors a reconcile ends with
+//! ([`ReconcileError`]) and the delay before its retry ([`retry_delay`]).
+//!
+//! Our own code rather than kube-runtime's `Controller`: its reconciler has no notion of a write
+//! deadline shared with a lease, and its error policy cannot tell a fenced write from a timeout.
+
+use std::time::{Duration, Instant};
+
+use kube::api::Api;
+use tokio::sync::watch;
+
+use crate::jobset::JobSet;
+use crate::reconciler::fence;
+use crate::reconciler::key::Key;
+use crate::reconciler::metrics::Metrics;
+
+/// Status writes retried at once after a 409 before the key goes back to the queue.
+pub(super) const CONFLICT_RETRIES: usize = 3;
+
+/// Errors of one reconcile; the JobSet is retried with backoff.
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    #[error("cannot write the status of JobSet {namespace}/{name}: {source}")]
+    Write {
+        namespace: String,
+        name: String,
+        source: kube::Error,
+    },
+    #[error("cannot publish the epochs of JobSet {namespace}/{name}: {source}")]
+    Publish {
+        namespace: String,
+        name: String,
+        source: kube::Error,
+    },
+    #[error("JobSet {namespace}/{name} kept changing under {CONFLICT_RETRIES} status writes")]
+    Conflicts { namespace: String, name: String },
+    #[error("the API server did not answer a {call} of JobSet {namespace}/{name} within {after:?}")]
+    Timeout {
+        namespace: String,
+        name: String,
+        call: &'static str,
+        after: Duration,
+    },
+    #[error("cannot {action} of JobSet {namespace}/{name} (group-restart deadline): {source}")]
+    Deadline {
+        namespace: String,
+        name: String,
+        action: String,
+        source: kube::Error,
+    },
+}
+
+impl ReconcileError {
+    /// The delay the API server asked for, if it throttled the write.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            ReconcileError::Write { source, .. }
+            | ReconcileError::Publish { source, .. }
+            | ReconcileError::Deadline { source, .. } => crate::retry::retry_after(source),
+            ReconcileError::Conflicts { .. } | ReconcileError::Timeout { .. } => None,
+        }
+    }
+}
+
+/// What every API call of the controller needs: the client, the request timeout, the leader's
+/// write deadline, and the metrics that count timeouts and fenced writes.
+pub(super) struct Calls {
+    pub(super) client: kube::Client,
+    request_timeout: Duration,
+    /// Until when this replica may have a write in flight (the leader's fence, [`fence`]);
+    /// `None`: no leader election.
+    write_until: watch::Receiver<Option<Instant>>,
+    metrics: Metrics,
+}
+
+impl Calls {
+    pub(super) fn new(
+        client: kube::Client,
+        request_timeout: Duration,
+        write_until: watch::Receiver<Option<Instant>>,
+        metrics: Metrics,
+    ) -> Calls {
+        Calls {
+            client,
+            request_timeout,
+            write_until,
+            metrics,
+        }
+    }
+
+    /// The JobSets of one namespace.
+    pub(super) fn jobsets_in(&self, namespace: &str) -> Api<JobSet> {
+        Api::namespaced(self.client.clone(), namespace)
+    }
+
+    /// One API call bounded by the request timeout; `Err(None)` when it timed out (counted in
+    /// `api_timeouts_total{call}`).
+    pub(super) async fn bounded<T>(
+        &self,
+        call: &'static str,
+        request: impl Future<Output = Result<T, kube::Error>>,
+    ) -> Result<T, Option<kube::Error>> {
+        match tokio::time::timeout(self.request_timeout, request).await {
+            Ok(result) => result.map_err(Some),
+            Err(_) => {
+                self.metrics.api_timeout(call);
+                tracing::warn!(call, after = ?self.request_timeout, "an API request timed out");
+                Err(None)
+            }
+        }
+    }
+
+    /// One write, sent only with a timeout that ends before this replica's write deadline
+    /// ([`fence::write_budget`]: a write sent by a leader about to lose its lease cannot land
+    /// after another replica took the lease over); not sent when too little is left. `Err(None)`
+    /// when it timed out or was not sent (counted in `api_timeouts_total{call}` or
+    /// `writes_fenced_total{call}`).
+    pub(super) async fn fenced<T>(
+        &self,
+        call: &'static str,
+        request: impl Future<Output = Result<T, kube::Error>>,
+    ) -> Result<T, Option<kube::Error>> {
+        let until = *self.write_until.borrow();
+        let Some(budget) = fence::write_budget(Instant::now(), until, self.request_timeout) else {
+            self.metrics.write_fenced(call);
+            tracing::warn!(
+                call,
+                "a write not sent: the leader lease may pass to another replica before it could complete"
+            );
+            return Err(None);
+        };
+        match tokio::time::timeout(budget, request).await {
+            Ok(result) => result.map_err(Some),
+            Err(_) => {
+                self.metrics.api_timeout(call);
+                tracing::warn!(call, after = ?budget, "an API write timed out (or was cut at the leader's write deadline)");
+                Err(None)
+            }
+        }
+    }
+
+    /// A call of `key` that timed out (or was fenced).
+    pub(super) fn timeout(&self, key: &Key, call: &'static str) -> ReconcileError {
+        ReconcileError::Timeout {
+            namespace: key.namespace.clone(),
+            name: key.name.clone(),
+            call,
+            after: self.request_timeout,
+        }
+    }
+}
+
+/// A status write or read of `key` the API server refused.
+pub(super) fn write_error(key: &Key, source: kube::Error) -> ReconcileError {
+    ReconcileError::Write {
+        namespace: key.namespace.clone(),
+        name: key.name.clone(),
+        source,
+    }
+}
+
+/// The delay before the retry after `failures` consecutive failures: 400 ms doubling to 10 s,
+/// or what the API server asked for (`Retry-After`) when longer.
+pub(super) fn retry_delay(failures: u32, server: Option<Duration>) -> Duration {
+    let backoff = Duration::from_millis(200u64.saturating_mul(1 << failures.min(6)))
+        .min(Duration::from_secs(10));
+    crate::retry::delay(backoff, server)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retries_back_off_and_honour_retry_after() {
+        let ms = Duration::from_millis;
+        assert_eq!(retry_delay(1, None), ms(400));
+        assert_eq!(retry_delay(2, None), ms(800));
+        assert_eq!(retry_delay(40, None), ms(10_000));
+        assert_eq!(retry_delay(1, Some(ms(3_000))), ms(3_000));
+        assert_eq!(retry_delay(40, Some(ms(3_000))), ms(10_000));
+    }
+}

@@ -1,0 +1,70 @@
+//! The workers: each takes a JobSet from the work queue ([`crate::reconciler::queue`]) while
+//! this replica leads, evaluates it ([`reconcile`]: epochs, publication, deadline), and on failure
+//! queues it again after a backoff, at most one retry pending per JobSet.
+//!
+//! Our own loop rather than kube-runtime's `Controller`: writes happen only on the leader and
+//! stop at its write deadline, the debounce coalesces a burst of pod events, and the deadline's
+//! steps run off the workers.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::api::{ReconcileError, retry_delay};
+use super::state::Shared;
+use super::{deadline, publication, status};
+use crate::reconciler::key::Key;
+
+pub(super) async fn work(shared: Arc<Shared>) {
+    loop {
+        let mut leader = shared.leader.clone();
+        if leader.wait_for(|l| *l).await.is_err() {
+            return;
+        }
+        let key = shared.queue.next().await;
+        if !shared.settings.debounce.is_zero() {
+            tokio::time::sleep(shared.settings.debounce).await;
+        }
+        shared.queue.start(&key);
+        let result = reconcile(&shared, &key).await;
+        shared.queue.done(&key);
+        match result {
+            Ok(()) => {
+                shared.with_entry(&key, |e| e.retry = Default::default());
+            }
+            Err(e) => {
+                tracing::warn!(namespace = %key.namespace, jobset = %key.name, error = %e, "reconcile failed; retrying");
+                retry_later(&shared, key, e.retry_after());
+            }
+        }
+    }
+}
+
+/// Requeues a key after a backoff ([`retry_delay`]). At most one retry is pending per key: a
+/// key that fails again meanwhile (evaluated for a watch event) only counts the failure.
+fn retry_later(shared: &Arc<Shared>, key: Key, server: Option<Duration>) {
+    let delay = shared.with_entry(&key, |e| {
+        e.retry.failures = e.retry.failures.saturating_add(1);
+        if e.retry.pending {
+            return None;
+        }
+        e.retry.pending = true;
+        Some(retry_delay(e.retry.failures, server))
+    });
+    let Some(delay) = delay else {
+        return;
+    };
+    let shared = shared.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(delay).await;
+        shared.with_entry(&key, |e| e.retry.pending = false);
+        shared.queue.add(key);
+    });
+}
+
+/// Evaluates one JobSet, writes what changed, publishes its epochs for its agents, then runs its
+/// group-restart deadline.
+async fn reconcile(shared: &Arc<Shared>, key: &Key) -> Result<(), ReconcileError> {
+    status::reconcile_epochs(shared, key).await?;
+    publication::publish_epochs(shared, key).await?;
+    deadline::reconcile(shared, key).await
+}
