@@ -1302,13 +1302,14 @@ async fn group_restart(run: &Run, before: &Group, code: i32) -> (Group, Duration
         .filter(|r| r.container == "worker" && r.event != "start")
         .nth(old_ends);
     assert!(exit.is_some(), "the failing worker recorded its end");
+    // By time, not by the worker's `EPOCH`: the downward API resolves the annotation from the
+    // kubelet's copy of the pod, which can lag the agent's patch (a first start once saw "").
     assert!(
         recs.iter().any(|r| r.event == "exit"
             && r.pod == failing
-            && r.fields.get("code") == Some(&code.to_string())
-            && r.fields.get("epoch") == Some(&before.epoch.to_string())),
-        "{failing}'s worker exited {code} at epoch {}",
-        before.epoch
+            && r.ms >= since
+            && r.fields.get("code") == Some(&code.to_string())),
+        "{failing}'s worker exited {code} since the failure: {recs:#?}"
     );
     let took = assert_barrier(&recs, since, run.size);
     // The synced epoch follows (the reconciler writes the status after the JobSetEpoch).
