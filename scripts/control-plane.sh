@@ -7,6 +7,9 @@
 #
 #   scripts/control-plane.sh build [--node]  build the binaries once (cached), print where
 #   scripts/control-plane.sh up DIR [--node] build if needed, start everything, write DIR/kubeconfig
+#   scripts/control-plane.sh up DIR --node --install VARIANT   also the product (epoch or
+#                                            jobset-native) as dist/install-VARIANT.yaml installs it
+#   scripts/control-plane.sh install DIR VARIANT   the same on the node of an `up DIR --node`
 #   scripts/control-plane.sh down DIR        stop what `up DIR` started, remove DIR
 #   scripts/control-plane.sh load-image DIR ARCHIVE   import a docker-archive or OCI archive
 #                                            into the node of `up DIR --node`
@@ -32,6 +35,8 @@ here="$(cd "$(dirname "$0")" && pwd)"
 source "$here/lib/node.sh"
 # shellcheck source=scripts/lib/image-archive.sh
 source "$here/lib/image-archive.sh"
+# shellcheck source=scripts/lib/install-manifest.sh
+source "$here/lib/install-manifest.sh"
 module="$here/control-plane"
 jobset_module="$module/jobset"
 repo="$(cd "$here/.." && pwd)"
@@ -45,7 +50,7 @@ die() {
 }
 
 usage() {
-  sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 }
 
@@ -346,7 +351,9 @@ EOF
 }
 
 up() {
-  local dir="$1" node="${2:-}"
+  local dir="$1" node="${2:-}" variant="${3:-}"
+  [[ -z "$variant" || -n "$node" ]] || die "--install needs --node"
+  [[ -z "$variant" || -d "$repo/deploy/overlays/$variant" ]] || die "--install $variant: no deploy/overlays/$variant"
   need openssl "the throwaway PKI (apt-get install openssl)"
   need curl "the readiness checks (apt-get install curl)"
   need ss "finding free ports (apt-get install iproute2)"
@@ -446,10 +453,103 @@ up() {
 
   start_jobset "$dir" "$bin"
   [[ -z "$node" ]] || node_up "$dir" "$bin" "$api_port"
+  [[ -z "$variant" ]] || install_stops_all=1 install_product "$dir" "$variant"
   trap - ERR
 
   echo "control-plane: up in $((SECONDS - start)) s: kube-apiserver https://$api_host:$api_port, etcd, kube-controller-manager, jobset${node:+, kube-scheduler and node $NODE_NAME (DIR/node.env)}" >&2
   echo "control-plane: export KUBECONFIG=$dir/kubeconfig JOBSET_INPLACE_KUBECONFIG=$dir/kubeconfig" >&2
+}
+
+# --install VARIANT (with --node): the product as a user installs it, on the real node. The image
+# is the Dockerfile's static binary as scripts/check-image.sh builds and checks it
+# (target/check-image/rootfs-ARCH/, built here for this machine's arch when missing), packed by
+# scripts/image-archive.sh into an OCI archive under the tag the install manifests use
+# (IMAGE:<crate version>) and imported into the node. The manifest is rendered as
+# scripts/dist.sh renders dist/install-VARIANT.yaml (scripts/lib/install-manifest.sh: the same
+# overlay, the same image pin; dist.sh itself also validates schemas and packs binaries, which
+# `up` does not need), then applied with `kubectl apply --server-side -k` of a kustomization of
+# DIR/install/ that adds what this cluster needs and a user's would not carry in deploy/:
+# - the JobSet CRD patch of the epoch dialect (deploy/README.md's recipe: JobSet's CRD, which
+#   `up` installed from fixtures/, patched by components/epoch-status-fields);
+# - a toleration of the real node's taint on the two Deployments (the node keeps its taint so
+#   that tests/real_cluster.rs's pods stay unscheduled there).
+# Then waits until the webhook and reconciler Deployments are rolled out (pods Ready on the node)
+# and the webhook has set its caBundle.
+# `up --install` stops what it started; `install` on a running node leaves the node up.
+install_fail() {
+  [[ "${install_stops_all:-0}" -eq 0 ]] || stop_all "$1"
+  die "$2 (logs left in $1)"
+}
+
+install_product() {
+  local dir="$1" variant="$2" inst="$1/install" arch image_name version
+  local kubectl=(kubectl --kubeconfig "$dir/kubeconfig")
+  [[ -d "$repo/deploy/overlays/$variant" ]] || install_fail "$dir" "--install $variant: no deploy/overlays/$variant"
+  mkdir -p "$inst"
+  case "$(uname -m)" in
+    x86_64) arch=amd64 ;;
+    aarch64) arch=arm64 ;;
+    *) install_fail "$dir" "--install: no image for $(uname -m)" ;;
+  esac
+  if [[ ! -x "$repo/target/check-image/rootfs-$arch/jobset-inplace" ]]; then
+    echo "control-plane: building the image's binary (ARCHES=$arch scripts/check-image.sh --no-lint)" >&2
+    ARCHES=$arch "$repo/scripts/check-image.sh" --no-lint >"$inst/check-image.log" 2>&1 ||
+      { tail -n 30 "$inst/check-image.log" >&2; install_fail "$dir" "scripts/check-image.sh failed (log: $inst/check-image.log)"; }
+  fi
+  image_name="${IMAGE:-ghcr.io/jobset-inplace/jobset-inplace}"
+  version="$(install_manifest_version "$repo")" || install_fail "$dir" "cannot read the crate's version (cargo metadata)"
+  IMAGE="$image_name" "$repo/scripts/image-archive.sh" "$inst/image.tar" "$arch"
+  load_image "$dir" "$inst/image.tar"
+
+  install_manifest_render "$repo" "$inst/render" resources "overlays/$variant" "$image_name" "$version" \
+    >"$inst/install-$variant.yaml"
+  local crd="" component=""
+  if [[ "$variant" != jobset-native ]]; then
+    cp "$repo/fixtures/jobset-v0.12/jobset.x-k8s.io_jobsets.yaml" "$inst/jobset-crd.yaml"
+    crd="- jobset-crd.yaml"
+    component="components:
+- $(realpath --relative-to="$inst" "$repo/deploy/components/epoch-status-fields")"
+  fi
+  cat >"$inst/kustomization.yaml" <<EOF
+apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources:
+$crd
+- install-$variant.yaml
+$component
+patches:
+- target: {group: apps, kind: Deployment, namespace: jobset-inplace-system}
+  patch: |-
+    apiVersion: apps/v1
+    kind: Deployment
+    metadata: {name: any}
+    spec:
+      template:
+        spec:
+          tolerations:
+          - {key: $node_label, operator: Equal, value: "true", effect: NoSchedule}
+EOF
+  "${kubectl[@]}" apply --server-side --field-manager control-plane.sh -k "$inst" >"$inst/apply.log" ||
+    { cat "$inst/apply.log" >&2; install_fail "$dir" "kubectl apply of the $variant install failed"; }
+  local deadline=$((SECONDS + ready_timeout)) d
+  for d in jobset-inplace-webhook jobset-inplace-reconciler; do
+    "${kubectl[@]}" -n jobset-inplace-system rollout status "deploy/$d" \
+      --timeout "$((deadline - SECONDS > 1 ? deadline - SECONDS : 1))s" >&2 || {
+      "${kubectl[@]}" -n jobset-inplace-system get pods -o wide >&2 || true
+      "${kubectl[@]}" -n jobset-inplace-system describe pods >"$inst/pods.txt" 2>&1 || true
+      "${kubectl[@]}" -n jobset-inplace-system logs -l "app.kubernetes.io/name=$d" --tail 20 >&2 || true
+      install_fail "$dir" "$d not rolled out within ${ready_timeout}s (pods: $inst/pods.txt)"
+    }
+  done
+  # The self-signed webhook sets caBundle before it turns ready; check, as the API server needs it.
+  until [[ -n "$("${kubectl[@]}" get mutatingwebhookconfiguration jobset-inplace \
+    -o 'jsonpath={.webhooks[0].clientConfig.caBundle}' 2>/dev/null)" ]]; do
+    ((SECONDS < deadline)) || install_fail "$dir" "the webhook's caBundle not set within ${ready_timeout}s"
+    sleep 0.5
+  done
+  echo "INSTALL_VARIANT=$variant" >>"$dir/node.env"
+  echo "PRODUCT_IMAGE=$image_name:$version" >>"$dir/node.env"
+  echo "control-plane: installed $variant ($image_name:$version) on the node" >&2
 }
 
 down() {
@@ -470,8 +570,16 @@ node_flag() {
 
 case "${1:-}" in
   build) [[ $# -le 2 ]] || usage; build "$(node_flag "${2:-}")" >/dev/null ;;
-  up) [[ $# -eq 2 || $# -eq 3 ]] || usage; up "$2" "$(node_flag "${3:-}")" ;;
+  up)
+    [[ $# -eq 2 || $# -eq 3 || ($# -eq 5 && "$4" == --install) ]] || usage
+    up "$2" "$(node_flag "${3:-}")" "${5:-}"
+    ;;
   down) [[ $# -eq 2 ]] || usage; down "$2" ;;
   load-image) [[ $# -eq 3 ]] || usage; load_image "$2" "$3" ;;
+  install)
+    [[ $# -eq 3 && -f "$2/node.env" ]] || usage
+    [[ -d "$repo/deploy/overlays/$3" ]] || die "install $3: no deploy/overlays/$3"
+    install_product "$(cd "$2" && pwd)" "$3"
+    ;;
   *) usage ;;
 esac

@@ -35,8 +35,9 @@ fail() {
   exit 1
 }
 
-version=$(cargo metadata --no-deps --format-version 1 --offline 2>/dev/null |
-  python3 -c 'import json,sys; print(next(p["version"] for p in json.load(sys.stdin)["packages"] if p["name"] == "jobset-inplace"))') ||
+# shellcheck source=scripts/lib/install-manifest.sh
+source scripts/lib/install-manifest.sh
+version=$(install_manifest_version "$repo") ||
   fail "cannot read the jobset-inplace package's version with cargo metadata"
 image_name=${IMAGE:-ghcr.io/jobset-inplace/jobset-inplace}
 image="$image_name:$version"
@@ -50,22 +51,12 @@ echo "jobset-inplace $version, image $image"
 command -v kubectl >/dev/null || fail "kubectl is missing (its built-in kustomize renders deploy/)"
 
 # `kubectl kustomize` of a kustomization in target/dist/NAME/ that takes `what` (a resources or
-# components entry, a path relative to deploy/) and pins the image; the output goes to $2.
+# components entry, a path relative to deploy/) and pins the image (scripts/lib/install-manifest.sh,
+# shared with `control-plane.sh up DIR --node --install`); the output goes to $2.
 render() {
   local name=$1 out=$2 field=$3 path=$4
   local dir="$work/$name"
-  mkdir -p "$dir"
-  cat >"$dir/kustomization.yaml" <<EOF
-apiVersion: kustomize.config.k8s.io/v1beta1
-kind: Kustomization
-$field:
-- $(realpath --relative-to="$dir" "$repo/deploy/$path")
-images:
-- name: ghcr.io/jobset-inplace/jobset-inplace
-  newName: $image_name
-  newTag: "$version"
-EOF
-  kubectl kustomize "$dir" >"$dir/rendered.yaml"
+  install_manifest_render "$repo" "$dir" "$field" "$path" "$image_name" "$version" >"$dir/rendered.yaml"
   {
     echo "$header"
     cat "$dir/rendered.yaml"

@@ -19,6 +19,12 @@
 //!   (`testkit::kubelet::transitions`); without a node, the simulated side is compared with the
 //!   sequence the real kubelet served in a recorded run
 //!   (`transitions::REAL_KUBELET_GROUP_RESTART`), so that agreement is checked everywhere.
+//!
+//! With the product installed (`up DIR --node --install epoch`: node.env `INSTALL_VARIANT`), JobSets
+//! of 3 pods through the installed webhook: a worker's failure restarts every pod in place behind
+//! the barrier (three times in a row, none slower), a deleted pod is replaced and joins, a fatal
+//! exit code fails the JobSet (story 2), user init containers and sidecars re-run, a pod that never
+//! comes back is replaced after the group-restart deadline; `doctor` sees the node's feature.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -26,12 +32,13 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
-use jobset_inplace::protocol::Dialect;
+use jobset_inplace::protocol::Dialect as ProductDialect;
 use jobset_inplace_testkit::kubelet::transitions;
 use jobset_inplace_testkit::kubelet::{SimConfig, Simulation};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
-use kube::api::{Api, PostParams, WatchEvent, WatchParams};
+use kube::api::{Api, DynamicObject, ListParams, PostParams, WatchEvent, WatchParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::core::{ApiResource, GroupVersionKind};
 use kube::{Client, Config};
 use serde_json::json;
 
@@ -146,13 +153,22 @@ where
     F: FnOnce(Node) -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
+    with_node_for(test, LIMIT, body).await
+}
+
+/// [`with_node`] under another time limit.
+async fn with_node_for<F, Fut>(test: &str, limit: Duration, body: F)
+where
+    F: FnOnce(Node) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
     let Some(node) = node(test).await else {
         return;
     };
     let _turn = NODE_LOCK.lock().await;
-    tokio::time::timeout(LIMIT, body(node))
+    tokio::time::timeout(limit, body(node))
         .await
-        .unwrap_or_else(|_| panic!("{test} did not finish within {LIMIT:?}"));
+        .unwrap_or_else(|_| panic!("{test} did not finish within {limit:?}"));
 }
 
 /// Runs a command to its end (bounded); stdout, or why it failed.
@@ -376,17 +392,34 @@ fn restart_counts(pod: &Pod) -> BTreeMap<String, i32> {
         .collect()
 }
 
-fn all_running(pod: &Pod) -> bool {
+/// The containers (init containers too) running in `pod`.
+fn running_containers(pod: &Pod) -> Vec<String> {
     let Some(status) = pod.status.as_ref() else {
-        return false;
+        return Vec::new();
     };
-    let containers: Vec<_> = status
+    status
         .init_container_statuses
         .iter()
         .flatten()
         .chain(status.container_statuses.iter().flatten())
-        .collect();
+        .filter(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()))
+        .map(|c| c.name.clone())
+        .collect()
+}
+
+fn all_running(pod: &Pod) -> bool {
+    let Some(status) = pod.status.as_ref() else {
+        return false;
+    };
+    let containers: Vec<_> = status.container_statuses.iter().flatten().collect();
+    // Init containers: sidecars running, the others completed.
+    let inits_done = status.init_container_statuses.iter().flatten().all(|c| {
+        c.state.as_ref().is_some_and(|s| {
+            s.running.is_some() || s.terminated.as_ref().is_some_and(|t| t.exit_code == 0)
+        })
+    });
     !containers.is_empty()
+        && inits_done
         && containers
             .iter()
             .all(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()))
@@ -770,7 +803,7 @@ async fn transitions_until_running(
 /// process: one pod with the injected agent sidecar and a worker, both under
 /// `RestartAllContainers` on a non-zero exit; the worker exits 3. The normalised transitions.
 async fn simulated_group_restart() -> Vec<String> {
-    let mut config = SimConfig::new(Dialect::Epoch, 1);
+    let mut config = SimConfig::new(ProductDialect::Epoch, 1);
     config.status_writers = false;
     // Slow enough that each state is written before the next (the status writer keeps only
     // the latest state not written yet, as the kubelet's status manager does).
@@ -911,4 +944,858 @@ fn node_env_parses() {
         env.get("CTR").map(String::as_str),
         Some("ctr --address /x -n k8s.io")
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// JobSets through the installed product (`up DIR --node --install VARIANT`)
+// ---------------------------------------------------------------------------------------------
+
+/// The names the installed variant's protocol uses (node.env `INSTALL_VARIANT`).
+#[derive(Debug, Clone, Copy)]
+struct Dialect {
+    /// The pod annotation the agent writes its epoch into.
+    epoch_annotation: &'static str,
+    /// The JobSet status field of the synced epoch.
+    synced: &'static str,
+}
+
+/// The installed product's dialect, or `None` (SKIPPED, or a panic when required) when `up` ran
+/// without `--install`.
+fn installed(node: &Node, test: &str) -> Option<Dialect> {
+    match node.env.get("INSTALL_VARIANT").map(String::as_str) {
+        Some("jobset-native") => Some(Dialect {
+            epoch_annotation: "jobset.sigs.k8s.io/in-place-restart-attempt",
+            synced: "currentInPlaceRestartAttempt",
+        }),
+        Some(_) => Some(Dialect {
+            epoch_annotation: "jobset.sigs.k8s.io/epoch",
+            synced: "syncedEpoch",
+        }),
+        None if required() => {
+            panic!(
+                "{test}: {REQUIRED_ENV} is set but the product is not installed (up DIR --node --install epoch)"
+            )
+        }
+        None => {
+            eprintln!(
+                "\n!! SKIPPED {test}: the product is not installed (up DIR --node --install epoch)\n"
+            );
+            None
+        }
+    }
+}
+
+fn jobset_api(client: &Client, namespace: &str) -> Api<DynamicObject> {
+    let gvk = GroupVersionKind::gvk("jobset.x-k8s.io", "v1alpha2", "JobSet");
+    Api::namespaced_with(client.clone(), namespace, &ApiResource::from_gvk(&gvk))
+}
+
+/// A container of the test image in a JobSet: records with the epoch its pod had when it started
+/// (the downward API resolves the annotation at each container start).
+fn jobset_worker(name: &str, dialect: Dialect) -> serde_json::Value {
+    json!({
+        "name": name,
+        "image": TEST_IMAGE,
+        "imagePullPolicy": "Never",
+        "env": [
+            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": "CONTAINER_NAME", "value": name},
+            {"name": "EPOCH", "valueFrom": {"fieldRef": {
+                "fieldPath": format!("metadata.annotations['{}']", dialect.epoch_annotation)}}},
+            {"name": "RECORDS", "value": "/records"},
+            {"name": "SCRATCH", "value": "/scratch"}
+        ],
+        "volumeMounts": [
+            {"name": "records", "mountPath": "/records"},
+            {"name": "scratch", "mountPath": "/scratch"}
+        ]
+    })
+}
+
+/// The JobSet's worker as a user writes it (README, story 1): `restartPolicy: Never` and a
+/// `RestartAllContainers` rule on every exit code but `not` (the webhook injects the agent only).
+fn restarting_worker(dialect: Dialect, not: &[i32]) -> serde_json::Value {
+    let mut worker = jobset_worker("worker", dialect);
+    worker["restartPolicy"] = json!("Never");
+    worker["restartPolicyRules"] = json!([
+        {"action": "RestartAllContainers", "exitCodes": {"operator": "NotIn", "values": not}}
+    ]);
+    worker
+}
+
+/// A plain InPlaceRestart JobSet `train` of one Job of `pods` pods on the real node, as JobSet's
+/// own webhook requires it (backoffLimit MaxInt32, podReplacementPolicy Failed, completions =
+/// parallelism); `edit` changes it before it is sent.
+fn train_jobset(
+    pods: usize,
+    records: &Path,
+    dialect: Dialect,
+    edit: impl FnOnce(&mut serde_json::Value),
+) -> DynamicObject {
+    let mut js = json!({
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": {"name": "train"},
+        "spec": {
+            "failurePolicy": {"maxRestarts": 20, "restartStrategy": "InPlaceRestart"},
+            "replicatedJobs": [{
+                "name": "workers",
+                "replicas": 1,
+                "template": {"spec": {
+                    "parallelism": pods,
+                    "completions": pods,
+                    "backoffLimit": 2147483647,
+                    "podReplacementPolicy": "Failed",
+                    "template": {"spec": {
+                        "restartPolicy": "Never",
+                        "terminationGracePeriodSeconds": 30,
+                        "tolerations": [real_node_toleration()],
+                        "containers": [restarting_worker(dialect, &[0])],
+                        "volumes": [
+                            {"name": "records", "hostPath": {"path": records, "type": "Directory"}},
+                            {"name": "scratch", "emptyDir": {}}
+                        ]
+                    }}
+                }}
+            }]
+        }
+    });
+    edit(&mut js);
+    serde_json::from_value(js).expect("JobSet")
+}
+
+/// One JobSet of the test on the node: its namespace, records and APIs.
+struct Run {
+    _ns: TestNamespace,
+    records: tempfile::TempDir,
+    pods: Api<Pod>,
+    jobsets: Api<DynamicObject>,
+    dialect: Dialect,
+    size: usize,
+}
+
+impl Run {
+    /// Loads the test image, creates the namespace and the JobSet (through the installed
+    /// webhook: it must come back injected), and waits for every worker running.
+    async fn start(
+        node: &Node,
+        prefix: &str,
+        size: usize,
+        dialect: Dialect,
+        edit: impl FnOnce(&mut serde_json::Value),
+    ) -> (Self, Group) {
+        load_test_image(node).await;
+        let ns = TestNamespace::create(node, prefix).await;
+        let records = records_dir();
+        let pods: Api<Pod> = Api::namespaced(node.client.clone(), &ns.name);
+        let jobsets = jobset_api(&node.client, &ns.name);
+        let js = train_jobset(size, records.path(), dialect, edit);
+        let created = jobsets
+            .create(&PostParams::default(), &js)
+            .await
+            .unwrap_or_else(|e| panic!("create the JobSet: {e}"));
+        let spec = serde_json::to_string(&created.data["spec"]).unwrap_or_default();
+        assert!(
+            spec.contains("jobset-inplace-agent") && spec.contains("RestartAllContainers"),
+            "the installed webhook injected the agent: {spec}"
+        );
+        let run = Run {
+            _ns: ns,
+            records,
+            pods,
+            jobsets,
+            dialect,
+            size,
+        };
+        let group = run.running(None, 0, Duration::from_secs(150)).await;
+        (run, group)
+    }
+
+    fn records(&self) -> Vec<Record> {
+        read_records(self.records.path())
+    }
+
+    /// The JobSet's pods that are not terminating, by name.
+    async fn live_pods(&self) -> Result<BTreeMap<String, Pod>, String> {
+        let list = self
+            .pods
+            .list(&ListParams::default().labels("jobset.sigs.k8s.io/jobset-name=train"))
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(list
+            .items
+            .into_iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .filter(|p| {
+                !matches!(
+                    p.status.as_ref().and_then(|s| s.phase.as_deref()),
+                    Some("Failed" | "Succeeded")
+                )
+            })
+            .map(|p| (p.metadata.name.clone().unwrap_or_default(), p))
+            .collect())
+    }
+
+    /// Waits until `size` pods run every container, all at one epoch (above `above` when
+    /// given), each with its worker started since `since` (unix ms).
+    ///
+    /// The workers' own `EPOCH` (the downward API, resolved from the kubelet's copy of the pod)
+    /// is not relied on: twice a worker's last start was not recorded at its pod's epoch within
+    /// 150 s (cause not pinned down; the kubelet's copy may lag the agent's patch). Starts are
+    /// told apart by time instead, and a mismatch is printed.
+    async fn running(&self, above: Option<u64>, since: u64, limit: Duration) -> Group {
+        eventually("every worker running", limit, || async {
+            let pods = self.live_pods().await?;
+            if pods.len() != self.size {
+                return Err(format!("{} pods: {:?}", pods.len(), pods.keys()));
+            }
+            let mut epoch = None;
+            for (name, p) in &pods {
+                if !all_running(p) {
+                    return Err(format!("{name}: {}", pod_line(p)));
+                }
+                let e = pod_epoch(p, self.dialect).ok_or(format!("{name}: no epoch"))?;
+                if epoch.is_some_and(|x| x != e) || above.is_some_and(|a| e <= a) {
+                    return Err(format!("{name}: epoch {e}"));
+                }
+                epoch = Some(e);
+            }
+            let epoch = epoch.ok_or("no pods")?;
+            let recs = self.records();
+            for name in pods.keys() {
+                let last = recs
+                    .iter()
+                    .rfind(|r| r.event == "start" && r.container == "worker" && &r.pod == name)
+                    .filter(|r| r.ms >= since)
+                    .ok_or(format!("{name}: worker not started since {since}"))?;
+                let seen = last.fields.get("epoch").map(String::as_str).unwrap_or("");
+                if seen != epoch.to_string() {
+                    println!(
+                        "note: {name}'s worker started with EPOCH={seen:?}, the pod at {epoch}"
+                    );
+                }
+            }
+            Ok(Group { pods, epoch })
+        })
+        .await
+    }
+
+    /// The JobSet's synced epoch (status), if written.
+    async fn synced(&self) -> Option<u64> {
+        let js = self.jobsets.get("train").await.ok()?;
+        js.data["status"][self.dialect.synced].as_u64()
+    }
+
+    /// Tells the worker of `pod` to exit with `code`.
+    fn exit(&self, pod: &str, code: i32) {
+        std::fs::write(
+            self.records.path().join(format!("exit-{pod}-worker")),
+            code.to_string(),
+        )
+        .expect("exit file");
+    }
+}
+
+/// The group at one moment: every pod running at `epoch`.
+#[derive(Debug, Clone)]
+struct Group {
+    pods: BTreeMap<String, Pod>,
+    epoch: u64,
+}
+
+/// Now, in unix ms (the workers' records' clock: the same host).
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or_default()
+}
+
+fn pod_epoch(pod: &Pod, dialect: Dialect) -> Option<u64> {
+    pod.metadata
+        .annotations
+        .as_ref()?
+        .get(dialect.epoch_annotation)?
+        .parse()
+        .ok()
+}
+
+/// Every pod of `before` is in `after` in place: same UID, same IP, every container's
+/// `restartCount` one up.
+fn assert_in_place(before: &Group, after: &Group, except: &[&str]) {
+    for (name, b) in &before.pods {
+        if except.contains(&name.as_str()) {
+            continue;
+        }
+        let a = after
+            .pods
+            .get(name)
+            .unwrap_or_else(|| panic!("{name} was recreated: after {:?}", after.pods.keys()));
+        assert_eq!(a.metadata.uid, b.metadata.uid, "{name}: same UID");
+        let ip = |p: &Pod| p.status.as_ref().and_then(|s| s.pod_ip.clone());
+        assert_eq!(ip(a), ip(b), "{name}: same IP");
+        // Every container that ran (a completed init container re-runs, its count aside).
+        let (cb, ca) = (restart_counts(b), restart_counts(a));
+        let running = running_containers(b);
+        assert!(
+            running.len() >= 2,
+            "{name}: agent and worker running: {cb:?}"
+        );
+        for c in &running {
+            assert_eq!(
+                ca.get(c),
+                cb.get(c).map(|n| n + 1).as_ref(),
+                "{name}: {c} restarted once: {cb:?} -> {ca:?}"
+            );
+        }
+    }
+}
+
+/// The barrier from the workers' own records: every old worker recorded its end (exit or
+/// SIGTERM) since `since` (unix ms) before any new one started. Returns the time from the first end of an old
+/// worker (the failure) to the last start of a new one (every worker running again).
+fn assert_barrier(records: &[Record], since: u64, pods: usize) -> Duration {
+    let worker = |r: &&Record| r.container == "worker" && r.ms >= since;
+    // Since the failure, only old workers end and only new ones start.
+    let ends: Vec<&Record> = records
+        .iter()
+        .filter(|r| worker(r) && (r.event == "exit" || r.event == "stop"))
+        .collect();
+    let starts: Vec<&Record> = records
+        .iter()
+        .filter(|r| worker(r) && r.event == "start")
+        .collect();
+    assert_eq!(starts.len(), pods, "one new start per pod: {records:#?}");
+    assert_eq!(ends.len(), pods, "every old worker ended: {records:#?}");
+    let last_end = ends.iter().map(|r| r.ms).max().expect("old workers' ends");
+    let first_end = ends.iter().map(|r| r.ms).min().expect("old workers' ends");
+    let first_start = starts.iter().map(|r| r.ms).min().expect("new starts");
+    let last_start = starts.iter().map(|r| r.ms).max().expect("new starts");
+    assert!(
+        last_end <= first_start,
+        "no new worker started ({first_start}) before every old one ended ({last_end}): \
+         {records:#?}"
+    );
+    Duration::from_millis(last_start.saturating_sub(first_end))
+}
+
+/// One group restart: the worker of the first pod exits with `code`; waits for every worker
+/// running again one epoch up, checks it happened in place and behind the barrier, and returns
+/// the group after it and the time from the failure to every worker running.
+async fn group_restart(run: &Run, before: &Group, code: i32) -> (Group, Duration) {
+    let failing = before.pods.keys().next().expect("a pod").clone();
+    let old_ends = run
+        .records()
+        .iter()
+        .filter(|r| r.container == "worker" && r.event != "start")
+        .count();
+    let since = now_ms();
+    run.exit(&failing, code);
+    let after = run
+        .running(Some(before.epoch), since, Duration::from_secs(120))
+        .await;
+    assert_eq!(after.epoch, before.epoch + 1, "the epoch moves by one");
+    assert_in_place(before, &after, &[]);
+    let recs = run.records();
+    let exit = recs
+        .iter()
+        .filter(|r| r.container == "worker" && r.event != "start")
+        .nth(old_ends);
+    assert!(exit.is_some(), "the failing worker recorded its end");
+    // By time, not by the worker's `EPOCH`: the downward API resolves the annotation from the
+    // kubelet's copy of the pod, which can lag the agent's patch (a first start once saw "").
+    assert!(
+        recs.iter().any(|r| r.event == "exit"
+            && r.pod == failing
+            && r.ms >= since
+            && r.fields.get("code") == Some(&code.to_string())),
+        "{failing}'s worker exited {code} since the failure: {recs:#?}"
+    );
+    let took = assert_barrier(&recs, since, run.size);
+    // The synced epoch follows (the reconciler writes the status after the JobSetEpoch).
+    eventually("the synced epoch", Duration::from_secs(30), || async {
+        match run.synced().await {
+            Some(s) if s == after.epoch => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    (after, took)
+}
+
+/// 3 pods; a worker exits with the restart code (42), then with another non-zero code (3): each
+/// time every pod restarts in place, behind the barrier, one epoch up. (The webhook injects no
+/// rule on workers: the worker carries the user's `RestartAllContainers` rule, as in story 1.)
+#[tokio::test]
+async fn a_worker_failure_restarts_the_jobset_in_place_through_the_installed_product() {
+    const TEST: &str =
+        "a_worker_failure_restarts_the_jobset_in_place_through_the_installed_product";
+    with_node(TEST, |node| async move {
+        let Some(dialect) = installed(&node, TEST) else {
+            return;
+        };
+        let (run, first) = Run::start(&node, "rn-jobset", 3, dialect, |_| {}).await;
+        println!("running at epoch {}: {:?}", first.epoch, first.pods.keys());
+        let (second, took_42) = group_restart(&run, &first, 42).await;
+        println!(
+            "restart code 42: every worker running again after {} ms",
+            took_42.as_millis()
+        );
+        let (_, took_3) = group_restart(&run, &second, 3).await;
+        println!(
+            "exit code 3: every worker running again after {} ms",
+            took_3.as_millis()
+        );
+    })
+    .await;
+}
+
+/// Three group restarts in a row through the installed product: none slower than the first
+/// (sidecar mode is not backed off; CrashLoopBackOff would add 10 s, then 20 s).
+#[tokio::test]
+async fn three_jobset_group_restarts_in_a_row_are_not_backed_off() {
+    const TEST: &str = "three_jobset_group_restarts_in_a_row_are_not_backed_off";
+    with_node(TEST, |node| async move {
+        let Some(dialect) = installed(&node, TEST) else {
+            return;
+        };
+        let (run, mut group) = Run::start(&node, "rn-thrice", 3, dialect, |_| {}).await;
+        let mut took = Vec::new();
+        for round in 1..=3 {
+            let (after, t) = group_restart(&run, &group, 42).await;
+            println!(
+                "group restart {round}: every worker running again after {} ms",
+                t.as_millis()
+            );
+            took.push(t);
+            group = after;
+        }
+        let limit = took[0] + Duration::from_secs(5);
+        assert!(
+            took.iter().all(|t| *t <= limit),
+            "no group restart slower than the first by 5 s or more (back-off): {took:?}"
+        );
+    })
+    .await;
+}
+
+/// A pod deleted (the seeds' second failure source): the Job replaces it, the replacement
+/// joins one epoch up, the other pods restart in place behind the barrier.
+#[tokio::test]
+async fn a_deleted_pod_is_replaced_and_the_others_restart_in_place() {
+    const TEST: &str = "a_deleted_pod_is_replaced_and_the_others_restart_in_place";
+    with_node(TEST, |node| async move {
+        let Some(dialect) = installed(&node, TEST) else {
+            return;
+        };
+        let (run, first) = Run::start(&node, "rn-deleted", 3, dialect, |_| {}).await;
+        let victim = first.pods.keys().next().expect("a pod").clone();
+        let since = now_ms();
+        run.pods
+            .delete(&victim, &Default::default())
+            .await
+            .unwrap_or_else(|e| panic!("delete {victim}: {e}"));
+        let after = run
+            .running(Some(first.epoch), since, Duration::from_secs(150))
+            .await;
+        assert_eq!(after.epoch, first.epoch + 1, "the epoch moves by one");
+        assert!(!after.pods.contains_key(&victim), "{victim} replaced");
+        let new: Vec<_> = after
+            .pods
+            .keys()
+            .filter(|n| !first.pods.contains_key(*n))
+            .collect();
+        assert_eq!(new.len(), 1, "one replacement: {new:?}");
+        assert_in_place(&first, &after, &[victim.as_str()]);
+        let took = assert_barrier(&run.records(), since, run.size);
+        println!(
+            "pod deleted: every worker running again {} ms after the deleted pod's worker stopped",
+            took.as_millis()
+        );
+    })
+    .await;
+}
+
+/// Story 2: a worker exits with a code the Job's pod failure policy fails the Job for
+/// (FailJob, then the JobSet's FailJobSet rule): the webhook leaves that code out of the restart
+/// rule, the JobSet fails, nothing restarts in place.
+#[tokio::test]
+async fn a_fatal_exit_fails_the_jobset_and_nothing_restarts_in_place() {
+    const TEST: &str = "a_fatal_exit_fails_the_jobset_and_nothing_restarts_in_place";
+    with_node(TEST, |node| async move {
+        let Some(dialect) = installed(&node, TEST) else {
+            return;
+        };
+        let (run, first) = Run::start(&node, "rn-fatal", 3, dialect, |js| {
+            js["spec"]["failurePolicy"]["rules"] = json!([{
+                "name": "failOnUnrecoverable",
+                "action": "FailJobSet",
+                "onJobFailureReasons": ["PodFailurePolicy"]
+            }]);
+            js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"] =
+                json!([restarting_worker(dialect, &[0, 13])]);
+            js["spec"]["replicatedJobs"][0]["template"]["spec"]["podFailurePolicy"] = json!({
+                "rules": [{"action": "FailJob", "onExitCodes": {
+                    "containerName": "worker", "operator": "In", "values": [13]}}]
+            });
+        })
+        .await;
+        let failing = first.pods.keys().next().expect("a pod").clone();
+        run.exit(&failing, 13);
+        eventually("the JobSet failed", Duration::from_secs(90), || async {
+            let js = run.jobsets.get("train").await.map_err(|e| e.to_string())?;
+            let failed = js.data["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| c["type"] == "Failed" && c["status"] == "True");
+            failed
+                .then_some(())
+                .ok_or_else(|| format!("{}", js.data["status"]))
+        })
+        .await;
+        // Nothing restarted in place: no worker started again, no restart counted on any pod
+        // left, the JobSet's epoch where it was.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let recs = run.records();
+        assert_eq!(
+            starts(&recs, "worker").len(),
+            3,
+            "no worker started again: {recs:#?}"
+        );
+        let left = run
+            .pods
+            .list(&ListParams::default().labels("jobset.sigs.k8s.io/jobset-name=train"))
+            .await
+            .expect("pods");
+        for p in &left.items {
+            let counts = restart_counts(p);
+            assert!(
+                counts.values().all(|c| *c == 0),
+                "{:?} restarted: {}",
+                p.metadata.name,
+                pod_line(p)
+            );
+        }
+        // (JobSet's controller's status write on failure may wipe the field; never above.)
+        let synced = run.synced().await;
+        assert!(
+            synced.is_none_or(|s| s == first.epoch),
+            "the epoch did not move: {synced:?}"
+        );
+    })
+    .await;
+}
+
+/// A user init container and a user sidecar before the agent (the webhook appends the agent
+/// to `initContainers`): on a group restart the real kubelet runs them again, before the agent,
+/// and the barrier still holds.
+#[tokio::test]
+async fn user_init_containers_and_sidecars_re_run_and_the_barrier_holds() {
+    const TEST: &str = "user_init_containers_and_sidecars_re_run_and_the_barrier_holds";
+    with_node(TEST, |node| async move {
+        let Some(dialect) = installed(&node, TEST) else {
+            return;
+        };
+        let (run, first) = Run::start(&node, "rn-inits", 3, dialect, |js| {
+            let mut init = jobset_worker("init", dialect);
+            init["env"]
+                .as_array_mut()
+                .expect("env")
+                .push(json!({"name": "EXIT_AFTER", "value": "0"}));
+            let mut sidecar = jobset_worker("sidecar", dialect);
+            sidecar["restartPolicy"] = json!("Always");
+            js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+                ["initContainers"] = json!([init, sidecar]);
+        })
+        .await;
+        let (after, took) = group_restart(&run, &first, 42).await;
+        let recs = run.records();
+        for name in after.pods.keys() {
+            for c in ["init", "sidecar"] {
+                let n = recs
+                    .iter()
+                    .filter(|r| r.event == "start" && r.container == c && &r.pod == name)
+                    .count();
+                assert_eq!(n, 2, "{name}: {c} ran again: {recs:#?}");
+            }
+            // The user's init containers run before the new worker.
+            let worker_start = recs
+                .iter()
+                .rfind(|r| r.event == "start" && r.container == "worker" && &r.pod == name)
+                .expect("worker start");
+            let init_start = recs
+                .iter()
+                .rfind(|r| r.event == "start" && r.container == "init" && &r.pod == name)
+                .expect("init start");
+            assert!(
+                init_start.ms <= worker_start.ms,
+                "{name}: init before worker"
+            );
+        }
+        println!(
+            "with a user init container and sidecar: every worker running again after {} ms",
+            took.as_millis()
+        );
+    })
+    .await;
+}
+
+/// The group-restart deadline on a real node: one pod's restart hangs before its agent (a user
+/// init container that hangs on that pod's second run), so it never registers. After the
+/// JobSet's `jobset-inplace.dev/group-restart-timeout` the reconciler fails and deletes it
+/// (docs/protocol.md "Deadline", step 1), the Job replaces it, the replacement registers and the
+/// group completes: every worker running one epoch up or more, the other pods restarted in place.
+#[tokio::test]
+async fn a_pod_that_never_comes_back_is_replaced_after_the_deadline() {
+    const TEST: &str = "a_pod_that_never_comes_back_is_replaced_after_the_deadline";
+    with_node(TEST, |node| async move {
+        let Some(dialect) = installed(&node, TEST) else {
+            return;
+        };
+        let (run, first) = Run::start(&node, "rn-deadline", 3, dialect, |js| {
+            js["metadata"]["annotations"] =
+                json!({"jobset-inplace.dev/group-restart-timeout": "15s"});
+            // Hangs when RECORDS/hang-<pod> exists, then runs as the worker script to exit 0.
+            let mut init = jobset_worker("init", dialect);
+            init["command"] = json!([
+                "/bin/sh", "-c",
+                "if [ -f /records/hang-$POD_NAME ]; then echo hang ms=0 pod=$POD_NAME container=init >>/records/records; exec sleep 3600; fi; EXIT_AFTER=0 exec /bin/sh /worker"
+            ]);
+            js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+                ["initContainers"] = json!([init]);
+        })
+        .await;
+        let mut names = first.pods.keys();
+        let failing = names.next().expect("a pod").clone();
+        let hanging = names.next().expect("a second pod").clone();
+        std::fs::write(run.records.path().join(format!("hang-{hanging}")), "").expect("hang file");
+        let failed_at = Instant::now();
+        let since = now_ms();
+        run.exit(&failing, 42);
+        let after = run
+            .running(Some(first.epoch), since, Duration::from_secs(150))
+            .await;
+        let took = failed_at.elapsed();
+        assert!(!after.pods.contains_key(&hanging), "{hanging} replaced: {:?}", after.pods.keys());
+        assert_in_place(&first, &after, &[hanging.as_str()]);
+        assert!(
+            took >= Duration::from_secs(15),
+            "the group waited for the deadline ({took:?})"
+        );
+        let recs = run.records();
+        assert!(
+            recs.iter().any(|r| r.event == "hang" && r.pod == hanging),
+            "{hanging} hung before its agent: {recs:#?}"
+        );
+        println!(
+            "a pod that never came back: replaced after the 15 s deadline, every worker running \
+             again at epoch {} after {} ms",
+            after.epoch,
+            took.as_millis()
+        );
+    })
+    .await;
+}
+
+/// `doctor` against the real node: its kubelet runs with the gate, declares the feature
+/// (`node.status.declaredFeatures`), and `doctor`'s node check says so (its unit tests name the
+/// nodes that do not).
+#[tokio::test]
+async fn doctor_sees_the_real_node_declare_the_feature() {
+    const TEST: &str = "doctor_sees_the_real_node_declare_the_feature";
+    with_node(TEST, |node| async move {
+        if installed(&node, TEST).is_none() {
+            return;
+        }
+        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_jobset-inplace"))
+            .arg("doctor")
+            .env("KUBECONFIG", &node.kubeconfig)
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .output();
+        let out = tokio::time::timeout(COMMAND_LIMIT, out)
+            .await
+            .expect("doctor within its time")
+            .expect("run doctor");
+        let text = String::from_utf8_lossy(&out.stdout);
+        println!("{text}");
+        assert!(
+            text.lines().any(|l| l.starts_with("ok")
+                && l.contains(
+                    "node-features: all 1 node(s) declare RestartAllContainersOnContainerExits"
+                )),
+            "{text}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    })
+    .await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The headline: in place against JobSet's own recreation, same JobSet, same node, same run
+// ---------------------------------------------------------------------------------------------
+
+/// Pods of the headline's JobSets (the issue asks for at least 8).
+const HEADLINE_PODS: usize = 8;
+/// Failures measured per strategy.
+const HEADLINE_ROUNDS: usize = 3;
+
+/// Waits until `size` live pods of the JobSet `train` in `pods` each run their worker, started
+/// since `since` (unix ms) by the records; returns the pods by name.
+async fn workers_running_since(
+    pods: &Api<Pod>,
+    records: &Path,
+    size: usize,
+    since: u64,
+    limit: Duration,
+) -> BTreeMap<String, Pod> {
+    eventually("every worker running again", limit, || async {
+        let list = pods
+            .list(&ListParams::default().labels("jobset.sigs.k8s.io/jobset-name=train"))
+            .await
+            .map_err(|e| e.to_string())?;
+        let live: BTreeMap<String, Pod> = list
+            .items
+            .into_iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .filter(|p| {
+                !matches!(
+                    p.status.as_ref().and_then(|s| s.phase.as_deref()),
+                    Some("Failed" | "Succeeded")
+                )
+            })
+            .map(|p| (p.metadata.name.clone().unwrap_or_default(), p))
+            .collect();
+        if live.len() != size {
+            return Err(format!("{} live pods", live.len()));
+        }
+        let recs = read_records(records);
+        for (name, p) in &live {
+            if !all_running(p) {
+                return Err(format!("{name}: {}", pod_line(p)));
+            }
+            recs.iter()
+                .rfind(|r| r.event == "start" && r.container == "worker" && &r.pod == name)
+                .filter(|r| r.ms >= since)
+                .ok_or(format!("{name}: worker not started since {since}"))?;
+        }
+        Ok(live)
+    })
+    .await
+}
+
+/// From the failing worker's end to the last worker's start since `since`, by the records.
+fn failure_to_all_running(records: &[Record], since: u64) -> Duration {
+    let worker = |r: &&Record| r.container == "worker" && r.ms >= since;
+    let first_end = records
+        .iter()
+        .filter(|r| worker(r) && r.event != "start")
+        .map(|r| r.ms)
+        .min()
+        .expect("the failing worker's end");
+    let last_start = records
+        .iter()
+        .filter(|r| worker(r) && r.event == "start")
+        .map(|r| r.ms)
+        .max()
+        .expect("the new workers' starts");
+    Duration::from_millis(last_start.saturating_sub(first_end))
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+/// The seeds' headline on real containers: the same JobSet of 8 pods on the real node, a worker
+/// fails; the time from its failure to every worker running again, in place through the
+/// installed product against JobSet's own recreation (`restartStrategy: Recreate`: every Job
+/// and pod recreated), 3 failures each, medians and their ratio. A measurement, not a test of a
+/// bound: `JOBSET_INPLACE_KUBECONFIG=DIR/kubeconfig cargo test --test real_node --
+/// --ignored --nocapture headline` (docs/benchmarks.md "The headline").
+#[tokio::test]
+#[ignore = "a measurement: cargo test --test real_node -- --ignored --nocapture headline"]
+async fn headline_in_place_against_jobsets_recreation() {
+    const TEST: &str = "headline_in_place_against_jobsets_recreation";
+    with_node_for(TEST, Duration::from_secs(900), |node| async move {
+        let Some(dialect) = installed(&node, TEST) else {
+            return;
+        };
+        // In place, through the installed product.
+        let mut in_place = Vec::new();
+        {
+            let (run, mut group) =
+                Run::start(&node, "rn-head-ip", HEADLINE_PODS, dialect, |_| {}).await;
+            for round in 1..=HEADLINE_ROUNDS {
+                let (after, took) = group_restart(&run, &group, 42).await;
+                println!("in place, failure {round}: {} ms", took.as_millis());
+                in_place.push(took);
+                group = after;
+            }
+        }
+        // JobSet's own recreation: the same JobSet without InPlaceRestart (the webhook leaves
+        // it alone), the Job failing at its first pod failure.
+        let mut recreated = Vec::new();
+        {
+            let ns = TestNamespace::create(&node, "rn-head-rc").await;
+            let records = records_dir();
+            let pods: Api<Pod> = Api::namespaced(node.client.clone(), &ns.name);
+            let jobsets = jobset_api(&node.client, &ns.name);
+            let js = train_jobset(HEADLINE_PODS, records.path(), dialect, |js| {
+                js["spec"]["failurePolicy"] = json!({"maxRestarts": 20});
+                let job = &mut js["spec"]["replicatedJobs"][0]["template"]["spec"];
+                job["backoffLimit"] = json!(0);
+                job.as_object_mut()
+                    .map(|o| o.remove("podReplacementPolicy"));
+                job["template"]["spec"]["containers"] = json!([jobset_worker("worker", dialect)]);
+            });
+            let created = jobsets
+                .create(&PostParams::default(), &js)
+                .await
+                .unwrap_or_else(|e| panic!("create the JobSet: {e}"));
+            let spec = serde_json::to_string(&created.data["spec"]).unwrap_or_default();
+            assert!(!spec.contains("jobset-inplace-agent"), "not injected: {spec}");
+            let mut live = workers_running_since(
+                &pods,
+                records.path(),
+                HEADLINE_PODS,
+                0,
+                Duration::from_secs(150),
+            )
+            .await;
+            for round in 1..=HEADLINE_ROUNDS {
+                let failing = live.keys().next().expect("a pod").clone();
+                let since = now_ms();
+                std::fs::write(records.path().join(format!("exit-{failing}-worker")), "42")
+                    .expect("exit file");
+                live = workers_running_since(
+                    &pods,
+                    records.path(),
+                    HEADLINE_PODS,
+                    since,
+                    Duration::from_secs(240),
+                )
+                .await;
+                assert!(
+                    !live.contains_key(&failing),
+                    "recreated: {failing} is gone, {:?}",
+                    live.keys()
+                );
+                let took = failure_to_all_running(&read_records(records.path()), since);
+                println!("recreated, failure {round}: {} ms", took.as_millis());
+                recreated.push(took);
+            }
+        }
+        let (ip, rc) = (median(in_place.clone()), median(recreated.clone()));
+        println!(
+            "headline, {HEADLINE_PODS} pods, {HEADLINE_ROUNDS} failures each: in place median {} ms \
+             {in_place:?}, recreation median {} ms {recreated:?}, ratio {:.1}x",
+            ip.as_millis(),
+            rc.as_millis(),
+            rc.as_secs_f64() / ip.as_secs_f64().max(0.001)
+        );
+        assert!(ip < rc, "in place ({ip:?}) faster than recreation ({rc:?})");
+    })
+    .await;
 }

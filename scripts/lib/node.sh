@@ -341,6 +341,9 @@ registerWithTaints:
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 evictionHard: {memory.available: "100Mi", nodefs.available: "1%", imagefs.available: "1%"}
+# A shared build machine's disk runs near full: a pressure taint must go as soon as it passes
+# (the default holds it 5 minutes, and the node's pods stay unscheduled meanwhile).
+evictionPressureTransitionPeriod: 10s
 nodeStatusUpdateFrequency: 2s
 syncFrequency: 10s
 EOF

@@ -18,7 +18,10 @@ pod="${POD_NAME:-unknown}"
 container="${CONTAINER_NAME:-unknown}"
 exit_file="$records/exit-$pod-$container"
 
-now_ms() {
+# The wall clock in ms, once (touch + stat: two processes): the boot time, so that each record
+# below reads the time without starting a process (a SIGTERM's `stop` must be written within the
+# kubelet's 2 s grace however loaded the machine is).
+wall_ms() {
   touch /tmp/.now
   # "SECONDS YYYY-MM-DD hh:mm:ss.NNNNNNNNN +0000": whole seconds and the fraction of one stamp.
   # shellcheck disable=SC2046 # split on purpose
@@ -27,10 +30,24 @@ now_ms() {
   echo "$1${frac%??????}"
 }
 
+# Sets `ms` from /proc/uptime (a shell builtin read, 10 ms resolution) and the boot time.
+now_ms() {
+  read -r up _ </proc/uptime
+  cs="${up#*.}"
+  cs="${cs#0}"
+  ms=$((boot_ms + ${up%.*} * 1000 + cs * 10))
+}
+
+read -r up _ </proc/uptime
+cs="${up#*.}"
+cs="${cs#0}"
+boot_ms=$(($(wall_ms) - ${up%.*} * 1000 - cs * 10))
+
 record() {
   event="$1"
   shift
-  echo "$event ms=$(now_ms) pod=$pod container=$container epoch=${EPOCH:-} $*" >>"$records/records"
+  now_ms
+  echo "$event ms=$ms pod=$pod container=$container epoch=${EPOCH:-} $*" >>"$records/records"
 }
 
 seen=0

@@ -1,7 +1,8 @@
 //! `jobset-inplace doctor`: is the installation working? One finding per check, each from what
 //! the API server holds: the webhook configurations and their `caBundle` against the serving
 //! certificate, the days left on that certificate and on the CA, the JobSet CRD's status fields
-//! for the dialect, the reconciler's leader lease, and (with `-n`) a namespace's agent account.
+//! for the dialect, the reconciler's leader lease, the nodes that declare the kubelet feature the
+//! agent's restart rule needs, and (with `-n`) a namespace's agent account.
 //!
 //! Every check is a pure function of the objects read (and the time); [`run_checks`] reads them.
 
@@ -11,7 +12,7 @@ use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
 };
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{Node, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::RoleBinding;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::Api;
@@ -451,6 +452,76 @@ pub fn check_agent_account(
     }
 }
 
+/// The node feature the agent's `RestartAllContainers` rule needs: a kubelet that declares it
+/// (`node.status.declaredFeatures`, gate `NodeDeclaredFeatures`) has the gate
+/// `RestartAllContainersOnContainerExits` on. On a kubelet without it the rule is ignored: each
+/// container falls back to its own `restartPolicy`, so an agent would restart alone beside old
+/// workers (docs/protocol.md, "A node without the feature").
+pub const RESTART_ALL_FEATURE: &str = "RestartAllContainersOnContainerExits";
+
+/// How many node names a finding spells out.
+const NODES_NAMED: usize = 8;
+
+/// Which nodes declare [`RESTART_ALL_FEATURE`]. A node that declares nothing (a kubelet without
+/// `NodeDeclaredFeatures`) is counted as not declaring it: nothing there shows the gate is on.
+/// Some nodes without it is a warning (the scheduler keeps the JobSets' pods off them while it
+/// runs with `NodeDeclaredFeatures`), none with it a failure.
+pub fn check_nodes(nodes: &[Node]) -> Finding {
+    const CHECK: &str = "node-features";
+    if nodes.is_empty() {
+        return Finding::new(CHECK, Verdict::Warn, "no nodes registered");
+    }
+    let without: Vec<&str> = nodes
+        .iter()
+        .filter(|n| {
+            !n.status
+                .as_ref()
+                .and_then(|s| s.declared_features.as_ref())
+                .is_some_and(|f| f.iter().any(|f| f == RESTART_ALL_FEATURE))
+        })
+        .map(|n| n.metadata.name.as_deref().unwrap_or("<unnamed>"))
+        .collect();
+    let named = |names: &[&str]| {
+        let mut text = names
+            .iter()
+            .take(NODES_NAMED)
+            .copied()
+            .collect::<Vec<_>>()
+            .join(", ");
+        if names.len() > NODES_NAMED {
+            text.push_str(&format!(" and {} more", names.len() - NODES_NAMED));
+        }
+        text
+    };
+    if without.is_empty() {
+        Finding::new(
+            CHECK,
+            Verdict::Ok,
+            format!("all {} node(s) declare {RESTART_ALL_FEATURE}", nodes.len()),
+        )
+    } else if without.len() == nodes.len() {
+        Finding::new(
+            CHECK,
+            Verdict::Fail,
+            format!(
+                "no node declares {RESTART_ALL_FEATURE} (node.status.declaredFeatures): {}; a kubelet without the gate ignores the agent's restart rule, so no group restart can run in place",
+                named(&without)
+            ),
+        )
+    } else {
+        Finding::new(
+            CHECK,
+            Verdict::Warn,
+            format!(
+                "{} of {} node(s) do not declare {RESTART_ALL_FEATURE} (node.status.declaredFeatures): {}; pods of in-place JobSets must not run there (the scheduler keeps them off while it runs with NodeDeclaredFeatures)",
+                without.len(),
+                nodes.len(),
+                named(&without)
+            ),
+        )
+    }
+}
+
 /// `None` for a 404, the error otherwise.
 async fn get_opt<K>(api: Api<K>, name: &str) -> Result<Option<K>, kube::Error>
 where
@@ -574,6 +645,19 @@ pub async fn run_checks(client: &kube::Client, target: &Target, now: SystemTime)
     {
         Ok(l) => out.push(check_lease(l.as_ref(), sys, &target.lease_name, now)),
         Err(e) => out.push(read_failure("reconciler-leader", "the leader lease", &e)),
+    }
+
+    // Listing nodes is a cluster-wide read an operator may not have: a warning, not a failure.
+    match Api::<Node>::all(client.clone())
+        .list(&kube::api::ListParams::default())
+        .await
+    {
+        Ok(nodes) => out.push(check_nodes(&nodes.items)),
+        Err(e) => out.push(Finding::new(
+            "node-features",
+            Verdict::Warn,
+            format!("cannot list the nodes: {e}"),
+        )),
     }
 
     if let Some(ns) = &target.namespace {
@@ -727,6 +811,35 @@ mod tests {
         k8s_openapi::jiff::Timestamp::try_from(at)
             .expect("representable")
             .to_string()
+    }
+
+    #[test]
+    fn nodes_without_the_feature_are_named() {
+        let node = |name: &str, features: Option<&[&str]>| -> Node {
+            let mut n = json!({"metadata": {"name": name}, "status": {}});
+            if let Some(f) = features {
+                n["status"]["declaredFeatures"] = json!(f);
+            }
+            serde_json::from_value(n).expect("node")
+        };
+        let with = node("a", Some(&[RESTART_ALL_FEATURE]));
+        assert_eq!(
+            check_nodes(std::slice::from_ref(&with)).verdict,
+            Verdict::Ok
+        );
+        let f = check_nodes(&[with.clone(), node("b", Some(&[])), node("c", None)]);
+        assert_eq!(f.verdict, Verdict::Warn, "{}", f.render());
+        assert!(
+            f.detail.contains("2 of 3") && f.detail.contains("b, c"),
+            "{}",
+            f.detail
+        );
+        let f = check_nodes(&[node("b", Some(&["Other"]))]);
+        assert_eq!(f.verdict, Verdict::Fail, "{}", f.render());
+        assert!(f.detail.contains(": b;"), "{}", f.detail);
+        assert_eq!(check_nodes(&[]).verdict, Verdict::Warn);
+        let many: Vec<Node> = (0..10).map(|i| node(&format!("n{i}"), None)).collect();
+        assert!(check_nodes(&many).detail.contains("and 2 more"));
     }
 
     #[test]
