@@ -151,10 +151,14 @@ mod tests {
     /// Issue 23: an error is printed whole, not its first line only.
     #[test]
     fn missing_arguments_are_named() {
-        let err = Cli::try_parse_from(["jobset-inplace", "review", "-f", "x"]).expect_err("no mode");
+        let err =
+            Cli::try_parse_from(["jobset-inplace", "review", "-f", "x"]).expect_err("no mode");
         let line = one_line_error(&err);
         assert!(!line.contains('\n'), "{line}");
-        assert!(line.contains("--mutate") && line.contains("--validate"), "{line}");
+        assert!(
+            line.contains("--mutate") && line.contains("--validate"),
+            "{line}"
+        );
         let err = Cli::try_parse_from(["jobset-inplace", "webhook", "--cert-reload-interval"])
             .expect_err("no value");
         let line = one_line_error(&err);
@@ -175,15 +179,24 @@ mod tests {
         let Command::Webhook(args) = cli.command else {
             panic!("webhook")
         };
-        assert_eq!(args.cert_reload_interval, std::time::Duration::from_secs(5400));
+        assert_eq!(
+            args.cert_reload_interval,
+            std::time::Duration::from_secs(5400)
+        );
     }
 
     /// As kubectl's plugin the binary parses the same command line and names itself
     /// `kubectl jobset-inplace`.
     #[test]
     fn runs_as_a_kubectl_plugin() {
-        assert_eq!(bin_name("/usr/local/bin/kubectl-jobset_inplace".as_ref()), "kubectl jobset-inplace");
-        assert_eq!(bin_name("kubectl-jobset_inplace.exe".as_ref()), "kubectl jobset-inplace");
+        assert_eq!(
+            bin_name("/usr/local/bin/kubectl-jobset_inplace".as_ref()),
+            "kubectl jobset-inplace"
+        );
+        assert_eq!(
+            bin_name("kubectl-jobset_inplace.exe".as_ref()),
+            "kubectl jobset-inplace"
+        );
         assert_eq!(bin_name("/bin/jobset-inplace".as_ref()), "jobset-inplace");
         let cli = Cli::try_parse_args(["/p/kubectl-jobset_inplace", "doctor"]).expect("parses");
         assert!(matches!(cli.command, Command::Doctor(_)));
@@ -191,7 +204,10 @@ mod tests {
             .expect_err("help")
             .render()
             .to_string();
-        assert!(help.contains("Usage: kubectl jobset-inplace doctor"), "{help}");
+        assert!(
+            help.contains("Usage: kubectl jobset-inplace doctor"),
+            "{help}"
+        );
     }
 
     #[test]

@@ -636,7 +636,10 @@ fn in_group(value: &Value, group: &str) -> bool {
     value
         .get("apiVersion")
         .and_then(Value::as_str)
-        .is_some_and(|v| v.strip_prefix(group).is_some_and(|rest| rest.starts_with('/')))
+        .is_some_and(|v| {
+            v.strip_prefix(group)
+                .is_some_and(|rest| rest.starts_with('/'))
+        })
 }
 
 fn is_runtime(value: &Value) -> bool {
@@ -659,8 +662,14 @@ fn runtime_jobset(runtime: &Value) -> Value {
 }
 
 fn runtime_template(runtime: &Value) -> Value {
-    let template = runtime.pointer("/spec/template").cloned().unwrap_or_default();
-    let mut metadata = template.get("metadata").cloned().unwrap_or_else(|| Value::Object(Default::default()));
+    let template = runtime
+        .pointer("/spec/template")
+        .cloned()
+        .unwrap_or_default();
+    let mut metadata = template
+        .get("metadata")
+        .cloned()
+        .unwrap_or_else(|| Value::Object(Default::default()));
     if let (Some(meta), Some(own)) = (metadata.as_object_mut(), runtime.get("metadata")) {
         for key in ["name", "namespace"] {
             if let Some(v) = own.get(key) {
@@ -692,7 +701,10 @@ fn trainjob_jobset(trainjob: &Value, runtime: &Value) -> Value {
             };
         }
         for key in ["labels", "annotations"] {
-            if let Some(extra) = trainjob.pointer(&format!("/spec/{key}")).and_then(Value::as_object) {
+            if let Some(extra) = trainjob
+                .pointer(&format!("/spec/{key}"))
+                .and_then(Value::as_object)
+            {
                 let entry = meta
                     .entry(key.to_owned())
                     .or_insert_with(|| Value::Object(Default::default()));
@@ -710,7 +722,10 @@ fn trainjob_jobset(trainjob: &Value, runtime: &Value) -> Value {
 
 /// A TrainJob's `spec.trainer` (or a runtime's numNodes) on the trainer job of a JobSet.
 fn apply_trainer(js: &mut Value, trainer: &Value) {
-    let Some(jobs) = js.pointer_mut("/spec/replicatedJobs").and_then(Value::as_array_mut) else {
+    let Some(jobs) = js
+        .pointer_mut("/spec/replicatedJobs")
+        .and_then(Value::as_array_mut)
+    else {
         return;
     };
     let labelled = |job: &Value| {
@@ -718,15 +733,17 @@ fn apply_trainer(js: &mut Value, trainer: &Value) {
             .and_then(Value::as_str)
             == Some("trainer")
     };
-    let index = jobs
-        .iter()
-        .position(labelled)
-        .or_else(|| jobs.iter().position(|j| j.get("name").and_then(Value::as_str) == Some("node")));
+    let index = jobs.iter().position(labelled).or_else(|| {
+        jobs.iter()
+            .position(|j| j.get("name").and_then(Value::as_str) == Some("node"))
+    });
     let Some(job) = index.and_then(|i| jobs.get_mut(i)) else {
         return;
     };
     if let Some(nodes) = trainer.get("numNodes").filter(|n| n.is_u64())
-        && let Some(spec) = job.pointer_mut("/template/spec").and_then(Value::as_object_mut)
+        && let Some(spec) = job
+            .pointer_mut("/template/spec")
+            .and_then(Value::as_object_mut)
     {
         spec.insert("parallelism".to_owned(), nodes.clone());
         spec.insert("completions".to_owned(), nodes.clone());
@@ -959,7 +976,9 @@ pub fn check_inputs(
                 })?;
             }
             for subject in subjects {
-                report.checks.push(judge(path, index + 1, subject, config, inject)?);
+                report
+                    .checks
+                    .push(judge(path, index + 1, subject, config, inject)?);
             }
         }
     }
@@ -1289,10 +1308,9 @@ spec:
         assert_eq!(checks[0].object, "rt");
         assert!(!checks[0].allowed, "{}", checks[0].render());
         assert!(
-            checks[0]
-                .violations
-                .iter()
-                .any(|v| v.path == "spec.template.spec.replicatedJobs[0].template.spec.backoffLimit"),
+            checks[0].violations.iter().any(
+                |v| v.path == "spec.template.spec.replicatedJobs[0].template.spec.backoffLimit"
+            ),
             "{}",
             checks[0].render()
         );
@@ -1306,15 +1324,32 @@ spec:
             ("rt.yaml".to_owned(), runtime.clone()),
         ];
         let report = check_inputs(&inputs, &config, true).expect("checks");
-        let tj = report.checks.iter().find(|c| c.kind == "TrainJob").expect("judged");
+        let tj = report
+            .checks
+            .iter()
+            .find(|c| c.kind == "TrainJob")
+            .expect("judged");
         assert_eq!((tj.file.as_str(), tj.object.as_str()), ("tj.yaml", "ns/tj"));
-        assert_eq!(tj.runtime.as_ref().map(|r| r.file.as_str()), Some("rt.yaml"));
+        assert_eq!(
+            tj.runtime.as_ref().map(|r| r.file.as_str()),
+            Some("rt.yaml")
+        );
         assert!(!tj.allowed);
-        assert!(tj.warnings.iter().any(|w| w.contains("REPLACE_ME") && w.contains("placeholder")), "{}", tj.render());
+        assert!(
+            tj.warnings
+                .iter()
+                .any(|w| w.contains("REPLACE_ME") && w.contains("placeholder")),
+            "{}",
+            tj.render()
+        );
         // Without its runtime: not judged, and said so.
         let report = check_inputs(&inputs[..1], &config, true).expect("checks");
         assert!(report.checks.is_empty());
-        assert!(report.notes[0].contains("ClusterTrainingRuntime/rt is not in the input"), "{:?}", report.notes);
+        assert!(
+            report.notes[0].contains("ClusterTrainingRuntime/rt is not in the input"),
+            "{:?}",
+            report.notes
+        );
 
         // An AdmissionReview: the JobSet inside.
         let js: Value = serde_yaml::from_str(PLAIN).expect("yaml");
@@ -1327,7 +1362,8 @@ spec:
             checks[0]
                 .violations
                 .iter()
-                .any(|v| v.path == "request.object.spec.replicatedJobs[0].template.spec.backoffLimit"),
+                .any(|v| v.path
+                    == "request.object.spec.replicatedJobs[0].template.spec.backoffLimit"),
             "{}",
             checks[0].render()
         );
@@ -1371,7 +1407,12 @@ spec:
         );
         let js: Value = serde_yaml::from_str(&own).expect("yaml");
         let epoch = authoring_warnings(&js, Dialect::Epoch, "");
-        assert!(epoch.iter().any(|w| w.contains("speaks the attempt dialect only")), "{epoch:?}");
+        assert!(
+            epoch
+                .iter()
+                .any(|w| w.contains("speaks the attempt dialect only")),
+            "{epoch:?}"
+        );
         assert!(authoring_warnings(&js, Dialect::Attempt, "").is_empty());
     }
 
@@ -1392,7 +1433,14 @@ spec:
         let dir = tempfile::tempdir().expect("tempdir");
         let root = dir.path();
         std::fs::create_dir_all(root.join("sub/deeper")).expect("mkdir");
-        for f in ["b.yaml", "a.yml", "c.json", "notes.txt", "sub/d.yaml", "sub/deeper/e.yaml"] {
+        for f in [
+            "b.yaml",
+            "a.yml",
+            "c.json",
+            "notes.txt",
+            "sub/d.yaml",
+            "sub/deeper/e.yaml",
+        ] {
             std::fs::write(root.join(f), "").expect("write");
         }
         let names = |recursive| -> Vec<String> {
@@ -1405,7 +1453,13 @@ spec:
         assert_eq!(names(false), ["/a.yml", "/b.yaml", "/c.json"]);
         assert_eq!(
             names(true),
-            ["/a.yml", "/b.yaml", "/c.json", "/sub/d.yaml", "/sub/deeper/e.yaml"]
+            [
+                "/a.yml",
+                "/b.yaml",
+                "/c.json",
+                "/sub/d.yaml",
+                "/sub/deeper/e.yaml"
+            ]
         );
         assert_eq!(expand_input("-", true).expect("stdin"), ["-"]);
     }

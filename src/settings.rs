@@ -123,7 +123,17 @@ mod tests {
         assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
         assert_eq!(parse_duration("1s500ms"), Ok(Duration::from_millis(1500)));
         assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
-        for bad in ["", "-1", "-5s", "+5s", "5x", "m5", "s", "1h-30m", "18446744073709551616"] {
+        for bad in [
+            "",
+            "-1",
+            "-5s",
+            "+5s",
+            "5x",
+            "m5",
+            "s",
+            "1h-30m",
+            "18446744073709551616",
+        ] {
             assert!(parse_duration(bad).is_err(), "{bad}");
         }
     }

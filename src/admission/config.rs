@@ -638,7 +638,10 @@ mod tests {
             ("imagePullSecrets: a\n", "imagePullSecrets"),
             ("imagePullSecrets: [{name: Bad_Name}]\n", "imagePullSecrets"),
             ("imagePullSecrets: [{secret: a}]\n", "imagePullSecrets"),
-            ("imagePullSecrets: [{name: a, other: b}]\n", "imagePullSecrets"),
+            (
+                "imagePullSecrets: [{name: a, other: b}]\n",
+                "imagePullSecrets",
+            ),
             ("imagePullSecrets: [{name: 3}]\n", "imagePullSecrets"),
             ("imagePullSecrets: [[a]]\n", "imagePullSecrets"),
         ] {
