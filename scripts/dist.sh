@@ -10,6 +10,9 @@
 #                            scripts/check-image.sh, which replays the Dockerfile for both
 #                            architectures and runs them, the aarch64 one under qemu-user)
 #   jobset-inplace-<version>.tgz   the Helm chart charts/jobset-inplace (`helm package`)
+#   kubectl-jobset_inplace-<version>-<machine>-unknown-linux-musl.tar.gz
+#                            the kubectl plugin: the same binary as kubectl-jobset_inplace (put it
+#                            on the PATH, then `kubectl jobset-inplace doctor`), krew's layout
 #   SHA256SUMS               of everything above
 # and checks them: every image reference is the pinned one, every object of every manifest
 # validates against Kubernetes 1.35's schema (scripts/validate-manifests.py with the PyPI package
@@ -146,8 +149,26 @@ scripts/helm.sh lint --strict charts/jobset-inplace
 scripts/helm.sh package charts/jobset-inplace --destination "$dist"
 [[ -f "$dist/jobset-inplace-$version.tgz" ]] || fail "helm package did not write dist/jobset-inplace-$version.tgz"
 
+step "kubectl plugin"
+# The binary is the plugin: kubectl runs `kubectl-jobset_inplace` for `kubectl jobset-inplace`.
+for machine in x86_64 aarch64; do
+  name="kubectl-jobset_inplace-$version-$machine-unknown-linux-musl"
+  mkdir -p "$work/$name"
+  cp "$dist/jobset-inplace-$version-$machine-unknown-linux-musl" "$work/$name/kubectl-jobset_inplace"
+  tar -C "$work/$name" --owner=0 --group=0 --numeric-owner -czf "$dist/$name.tar.gz" .
+  tar -tzf "$dist/$name.tar.gz" | grep -qx './kubectl-jobset_inplace' || fail "$name.tar.gz has no plugin"
+done
+# The host's plugin answers through kubectl (tests/offline_cli.rs does the same with the debug build).
+if [[ "$(uname -m)" == x86_64 ]]; then
+  plugin_dir="$work/plugin-path"
+  mkdir -p "$plugin_dir"
+  tar -C "$plugin_dir" -xzf "$dist/kubectl-jobset_inplace-$version-x86_64-unknown-linux-musl.tar.gz" ./kubectl-jobset_inplace
+  PATH="$plugin_dir:$PATH" kubectl jobset-inplace --version | grep -qx "jobset-inplace $version" ||
+    fail "kubectl jobset-inplace --version does not run the plugin"
+fi
+
 step "SHA256SUMS"
 (cd "$dist" && sha256sum -- * >SHA256SUMS && cat SHA256SUMS)
 
-step "dist/ done: ${#variants[@]} install manifests (${variants[*]}), monitoring, dashboard, 2 binaries, the Helm chart"
+step "dist/ done: ${#variants[@]} install manifests (${variants[*]}), monitoring, dashboard, 2 binaries, 2 kubectl plugins, the Helm chart"
 ls -l "$dist"

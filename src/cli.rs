@@ -90,6 +90,41 @@ impl Cli {
     }
 }
 
+/// The file name under which kubectl finds the binary as its plugin: `kubectl jobset-inplace ...`
+/// runs `kubectl-jobset_inplace ...` from the PATH (kubectl maps the `-` of a command to `_`).
+pub const KUBECTL_PLUGIN: &str = "kubectl-jobset_inplace";
+
+/// How the binary names itself in help and errors: `kubectl jobset-inplace` when it runs as
+/// kubectl's plugin (`argv[0]`'s file name is [`KUBECTL_PLUGIN`], with any extension), else
+/// `jobset-inplace`.
+pub fn bin_name(argv0: &std::ffi::OsStr) -> &'static str {
+    let name = std::path::Path::new(argv0)
+        .file_stem()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    if name == KUBECTL_PLUGIN {
+        "kubectl jobset-inplace"
+    } else {
+        "jobset-inplace"
+    }
+}
+
+impl Cli {
+    /// Parses a command line whose first item is the program (`argv[0]`), as a plugin of kubectl
+    /// too: the same commands and flags, only the name in help and errors differs.
+    pub fn try_parse_args<I, T>(args: I) -> Result<Cli, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        use clap::{CommandFactory, FromArgMatches};
+        let args: Vec<std::ffi::OsString> = args.into_iter().map(Into::into).collect();
+        let name = args.first().map_or("jobset-inplace", |a| bin_name(a));
+        let matches = Cli::command().bin_name(name).try_get_matches_from(args)?;
+        Cli::from_arg_matches(&matches)
+    }
+}
+
 /// Renders a clap error (other than `--help`/`--version`) of this command line as ONE line that
 /// names the flag, the environment variable that can also set it, and the accepted values.
 pub fn one_line_error(err: &clap::Error) -> String {
@@ -111,6 +146,68 @@ mod tests {
         assert!(line.contains("--protocol"), "{line}");
         assert!(line.contains("JOBSET_INPLACE_PROTOCOL"), "{line}");
         assert!(line.contains("epoch, attempt"), "{line}");
+    }
+
+    /// Issue 23: an error is printed whole, not its first line only.
+    #[test]
+    fn missing_arguments_are_named() {
+        let err =
+            Cli::try_parse_from(["jobset-inplace", "review", "-f", "x"]).expect_err("no mode");
+        let line = one_line_error(&err);
+        assert!(!line.contains('\n'), "{line}");
+        assert!(
+            line.contains("--mutate") && line.contains("--validate"),
+            "{line}"
+        );
+        let err = Cli::try_parse_from(["jobset-inplace", "webhook", "--cert-reload-interval"])
+            .expect_err("no value");
+        let line = one_line_error(&err);
+        assert!(line.contains("--cert-reload-interval"), "{line}");
+        assert!(!line.contains("expected one of"), "{line}");
+    }
+
+    /// Issue 23: every duration flag takes the one grammar (`1h30m` was the deadline's only).
+    #[test]
+    fn duration_flags_take_compound_durations() {
+        let cli = Cli::try_parse_from([
+            "jobset-inplace",
+            "webhook",
+            "--cert-reload-interval",
+            "1h30m",
+        ])
+        .expect("accepted");
+        let Command::Webhook(args) = cli.command else {
+            panic!("webhook")
+        };
+        assert_eq!(
+            args.cert_reload_interval,
+            std::time::Duration::from_secs(5400)
+        );
+    }
+
+    /// As kubectl's plugin the binary parses the same command line and names itself
+    /// `kubectl jobset-inplace`.
+    #[test]
+    fn runs_as_a_kubectl_plugin() {
+        assert_eq!(
+            bin_name("/usr/local/bin/kubectl-jobset_inplace".as_ref()),
+            "kubectl jobset-inplace"
+        );
+        assert_eq!(
+            bin_name("kubectl-jobset_inplace.exe".as_ref()),
+            "kubectl jobset-inplace"
+        );
+        assert_eq!(bin_name("/bin/jobset-inplace".as_ref()), "jobset-inplace");
+        let cli = Cli::try_parse_args(["/p/kubectl-jobset_inplace", "doctor"]).expect("parses");
+        assert!(matches!(cli.command, Command::Doctor(_)));
+        let help = Cli::try_parse_args(["/p/kubectl-jobset_inplace", "doctor", "--help"])
+            .expect_err("help")
+            .render()
+            .to_string();
+        assert!(
+            help.contains("Usage: kubectl jobset-inplace doctor"),
+            "{help}"
+        );
     }
 
     #[test]

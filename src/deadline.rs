@@ -61,55 +61,23 @@ pub struct TimeoutParseError {
     pub value: String,
 }
 
-/// Parses a timeout: `0` (off), or a sequence of `<integer><unit>` with units `h`, `m`, `s` and
-/// `ms` (`90s`, `2m`, `1h30m`, `1m30s`, `500ms`; Go's `time.Duration` spelling, as `kubectl`
-/// users write it), or a bare integer of seconds. From [`MIN_TIMEOUT`] to [`MAX_TIMEOUT`], or 0.
-/// `Ok(None)` means off. Never panics, whatever the text.
+/// Parses a timeout: a duration in the grammar of every flag and annotation
+/// ([`crate::settings::parse_duration`]: `90s`, `2m`, `1h30m`, `1m30s`, `500ms`, a bare integer
+/// of seconds), in whole milliseconds, from [`MIN_TIMEOUT`] to [`MAX_TIMEOUT`], or zero (`0`,
+/// `0s`: off). `Ok(None)` means off. Never panics, whatever the text.
 pub fn parse_timeout(text: &str) -> Result<Option<Duration>, TimeoutParseError> {
     let err = || TimeoutParseError {
         value: text.chars().take(64).collect(),
     };
     let text = text.trim();
-    if text.is_empty() || text.len() > 32 {
+    if text.len() > 32 {
         return Err(err());
     }
-    let total_ms: u64 = if text.bytes().all(|b| b.is_ascii_digit()) {
-        text.parse::<u64>()
-            .ok()
-            .and_then(|s| s.checked_mul(1000))
-            .ok_or_else(err)?
-    } else {
-        let mut total: u64 = 0;
-        let mut rest = text;
-        while !rest.is_empty() {
-            let digits = rest
-                .find(|c: char| !c.is_ascii_digit())
-                .unwrap_or(rest.len());
-            if digits == 0 {
-                return Err(err());
-            }
-            let number: u64 = rest[..digits].parse().map_err(|_| err())?;
-            rest = &rest[digits..];
-            let unit_len = rest
-                .find(|c: char| c.is_ascii_digit())
-                .unwrap_or(rest.len());
-            let per_unit: u64 = match &rest[..unit_len] {
-                "h" => 3_600_000,
-                "m" => 60_000,
-                "s" => 1_000,
-                "ms" => 1,
-                _ => return Err(err()),
-            };
-            rest = &rest[unit_len..];
-            total = number
-                .checked_mul(per_unit)
-                .and_then(|ms| total.checked_add(ms))
-                .ok_or_else(err)?;
-        }
-        total
-    };
-    let timeout = Duration::from_millis(total_ms);
-    if timeout > MAX_TIMEOUT || (!timeout.is_zero() && timeout < MIN_TIMEOUT) {
+    let timeout = crate::settings::parse_duration(text).map_err(|_| err())?;
+    if timeout > MAX_TIMEOUT
+        || (!timeout.is_zero() && timeout < MIN_TIMEOUT)
+        || timeout.subsec_nanos() % 1_000_000 != 0
+    {
         return Err(err());
     }
     Ok((!timeout.is_zero()).then_some(timeout))
@@ -475,6 +443,11 @@ mod tests {
         ok("3", S(3));
         ok("24h", MAX_TIMEOUT);
         ok("5m0s", S(300));
+        // The grammar of every flag (issue 23): fractions and long unit names too.
+        ok("1.5s", Duration::from_millis(1500));
+        ok("5sec", S(5));
+        ok("2min", S(120));
+        ok("1d", MAX_TIMEOUT);
         assert_eq!(parse_timeout("0"), Ok(None));
         assert_eq!(parse_timeout("0s"), Ok(None));
         assert_eq!(parse_timeout("0h0m"), Ok(None));
@@ -484,10 +457,7 @@ mod tests {
             "-1",
             "-5s",
             "+5s",
-            "5d",
-            "1.5s",
             "s",
-            "5 s",
             "m5",
             "24h1s",
             "25h",
@@ -495,9 +465,11 @@ mod tests {
             "999ms",
             "99999999999999999999",
             "18446744073709551615h",
-            "5sec",
             "five",
             "١s",
+            "2d",
+            "1.0001s",
+            "1h 30m 1h 30m 1h 30m 1h 30m 1h 30m",
             "1h1h1h1h1h1h1h1h1h1h1h1h1h1h1h1h1h",
         ] {
             let err = parse_timeout(bad).expect_err(bad);
@@ -964,7 +936,7 @@ mod tests {
                     prop_assert!(MIN_TIMEOUT <= d && d <= MAX_TIMEOUT);
                     prop_assert_eq!(parse_timeout(&display_duration(d)), Ok(Some(d)));
                 }
-                Ok(None) => prop_assert!(text.trim().bytes().all(|b| b.is_ascii_digit() || b"hms".contains(&b))),
+                Ok(None) => prop_assert_eq!(crate::settings::parse_duration(&text), Ok(Duration::ZERO)),
                 Err(e) => prop_assert!(e.value.chars().count() <= 64),
             }
         }

@@ -2,12 +2,12 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
 use jobset_inplace::cli::{self, Cli, Command};
 use jobset_inplace::telemetry;
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    // Also run as kubectl's plugin (`kubectl jobset-inplace ...`): see cli::KUBECTL_PLUGIN.
+    let cli = match Cli::try_parse_args(std::env::args_os()) {
         Ok(cli) => cli,
         Err(e) if !e.use_stderr() => {
             // --help and --version.

@@ -59,18 +59,29 @@ pub struct InjectArgs {
 /// Flags of `jobset-inplace check`.
 #[derive(Clone, Debug, clap::Args)]
 pub struct CheckArgs {
-    /// Manifest file(s), YAML or JSON, multi-document; `-` reads stdin.
+    /// Manifest file(s) or directories, YAML or JSON, multi-document; `-` reads stdin. A
+    /// directory means its *.yaml, *.yml and *.json files (with `-R`, its subdirectories' too).
     #[arg(short = 'f', long = "filename", required = true)]
     pub files: Vec<String>,
+
+    /// Read the directories given with `-f` recursively.
+    #[arg(short = 'R', long)]
+    pub recursive: bool,
+
+    /// Accept a `-f` input with nothing to judge (no JobSet, (Cluster)TrainingRuntime, TrainJob
+    /// with its runtime, or AdmissionReview of a JobSet). Without it, that is an error (exit 1).
+    #[arg(long)]
+    pub allow_empty: bool,
 
     /// Validate the manifests as written. By default they are injected first, as the cluster's
     /// mutating webhook does before its validating webhook.
     #[arg(long)]
     pub no_inject: bool,
 
-    /// `text`: a verdict line per JobSet, then its violations and warnings. `json`: one array
-    /// with an object per JobSet (file, document, object, allowed, violations with their field
-    /// paths, warnings), for CI systems that annotate pull requests.
+    /// `text`: a verdict line per object judged, then its violations and warnings. `json`: one
+    /// array with an object per object judged (file, document, kind, object, allowed, violations
+    /// with their rule and field path in the document, warnings), for CI systems that annotate
+    /// pull requests.
     #[arg(short = 'o', long, value_enum, default_value_t = OutputFormat::Text)]
     pub output: OutputFormat,
 
@@ -97,7 +108,7 @@ pub struct ReviewArgs {
     #[arg(long)]
     pub validate: bool,
 
-    /// The AdmissionReview request (JSON); `-` reads stdin.
+    /// The AdmissionReview request, JSON or YAML; `-` reads stdin.
     #[arg(short = 'f', long = "filename", default_value = "-")]
     pub file: String,
 
@@ -123,23 +134,56 @@ impl CheckArgs {
     pub async fn run(self, global: Global) -> Result<ExitCode, Error> {
         let config = InjectionConfig::load(&self.injection, global.protocol)
             .map_err(admission::Error::from)?;
-        let mut checks = Vec::new();
-        for path in &self.files {
-            let input = read_source(path)?;
-            checks.extend(check_text(path, &input, &config, !self.no_inject)?);
+        // Every -f argument with its files, read whole first: a TrainJob's runtime may be in
+        // another file of the same invocation.
+        let mut inputs = Vec::new();
+        let mut owners = Vec::new();
+        for (arg, path) in self.files.iter().enumerate() {
+            for file in expand_input(path, self.recursive)? {
+                let text = read_source(&file)?;
+                inputs.push((file, text));
+                owners.push(arg);
+            }
         }
-        let denied = checks.iter().any(|c| !c.allowed);
-        let report = match self.output {
-            OutputFormat::Text if checks.is_empty() => "no JobSet found\n".to_owned(),
-            OutputFormat::Text => checks.iter().map(Check::render).collect(),
+        let report = check_inputs(&inputs, &config, !self.no_inject)?;
+        let mut judged = vec![0usize; self.files.len()];
+        for check in &report.checks {
+            if let Some(i) = inputs.iter().position(|(file, _)| *file == check.file) {
+                judged[owners[i]] += 1;
+            }
+        }
+        let empty: Vec<&str> = self
+            .files
+            .iter()
+            .zip(&judged)
+            .filter(|(_, n)| **n == 0)
+            .map(|(path, _)| path.as_str())
+            .collect();
+        let denied = report.checks.iter().any(|c| !c.allowed);
+        let text = match self.output {
+            OutputFormat::Text if report.checks.is_empty() => "nothing to judge\n".to_owned(),
+            OutputFormat::Text => report.checks.iter().map(Check::render).collect(),
             OutputFormat::Json => {
-                let items: Vec<Value> = checks.iter().map(Check::to_json).collect();
+                let items: Vec<Value> = report.checks.iter().map(Check::to_json).collect();
                 let mut text = serde_json::to_string_pretty(&items).map_err(Error::WriteJson)?;
                 text.push('\n');
                 text
             }
         };
-        write_stdout(report.as_bytes())?;
+        write_stdout(text.as_bytes())?;
+        for note in &report.notes {
+            eprintln!("jobset-inplace: check: {note}");
+        }
+        if !empty.is_empty() && !self.allow_empty {
+            for path in &empty {
+                eprintln!(
+                    "jobset-inplace: check: {path}: nothing to judge (no JobSet, \
+                     (Cluster)TrainingRuntime, TrainJob with its runtime, or AdmissionReview of \
+                     a JobSet); --allow-empty accepts that"
+                );
+            }
+            return Ok(ExitCode::FAILURE);
+        }
         Ok(if denied {
             ExitCode::FAILURE
         } else {
@@ -148,11 +192,54 @@ impl CheckArgs {
     }
 }
 
+/// The files one `-f` argument names: `-` (stdin) and a file as they are; a directory's
+/// *.yaml, *.yml and *.json files, sorted by name (and, with `recursive`, those of its
+/// subdirectories; symbolic links to directories are not followed).
+pub fn expand_input(path: &str, recursive: bool) -> Result<Vec<String>, Error> {
+    let read_err = |path: &std::path::Path, source: std::io::Error| Error::Read {
+        path: path.display().to_string(),
+        source,
+    };
+    if path == "-" || !std::path::Path::new(path).is_dir() {
+        return Ok(vec![path.to_owned()]);
+    }
+    let mut files = Vec::new();
+    let mut dirs = vec![std::path::PathBuf::from(path)];
+    while let Some(dir) = dirs.pop() {
+        let mut entries = Vec::new();
+        for entry in std::fs::read_dir(&dir).map_err(|e| read_err(&dir, e))? {
+            entries.push(entry.map_err(|e| read_err(&dir, e))?);
+        }
+        entries.sort_by_key(|e| e.file_name());
+        let mut subdirs = Vec::new();
+        for entry in entries {
+            let entry_path = entry.path();
+            let kind = entry.file_type().map_err(|e| read_err(&entry_path, e))?;
+            if kind.is_dir() {
+                if recursive {
+                    subdirs.push(entry_path);
+                }
+                continue;
+            }
+            let manifest = entry_path
+                .extension()
+                .and_then(|e| e.to_str())
+                .is_some_and(|e| matches!(e, "yaml" | "yml" | "json"));
+            if manifest && entry_path.is_file() {
+                files.push(entry_path.display().to_string());
+            }
+        }
+        // Depth first, in name order.
+        dirs.extend(subdirs.into_iter().rev());
+    }
+    Ok(files)
+}
+
 impl ReviewArgs {
     pub async fn run(self, global: Global) -> Result<ExitCode, Error> {
         let config = InjectionConfig::load(&self.injection, global.protocol)
             .map_err(admission::Error::from)?;
-        let body = read_source_bytes(&self.file)?;
+        let body = review_body(read_source_bytes(&self.file)?);
         let endpoint = if self.mutate {
             Endpoint::Mutate
         } else {
@@ -166,6 +253,22 @@ impl ReviewArgs {
             ExitCode::FAILURE
         })
     }
+}
+
+/// The body `review` sends down the server's path: JSON as read (byte for byte), a YAML
+/// AdmissionReview as its JSON. Anything else is passed on as it is, for the server's own
+/// answer to what it cannot read.
+fn review_body(input: Vec<u8>) -> Vec<u8> {
+    let first = input.iter().find(|b| !b.is_ascii_whitespace());
+    if matches!(first, Some(b'{') | None) {
+        return input;
+    }
+    std::str::from_utf8(&input)
+        .ok()
+        .and_then(|text| serde_yaml::from_str::<Value>(text).ok())
+        .filter(Value::is_object)
+        .and_then(|value| serde_json::to_vec(&value).ok())
+        .unwrap_or(input)
 }
 
 fn read_source_bytes(path: &str) -> Result<Vec<u8>, Error> {
@@ -424,24 +527,44 @@ pub fn inject_text(path: &str, input: &str, config: &InjectionConfig) -> Result<
     })
 }
 
-/// The outcome of `check` for one JobSet.
+/// The outcome of `check` for one object judged: a JobSet, or the JobSet inside another object.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Check {
     pub file: String,
-    /// The document of the file that holds the JobSet, from 1 (as parse errors count them).
+    /// The document of the file that holds the object, from 1 (as parse errors count them).
     pub document: usize,
+    /// The object's kind: `JobSet`, `ClusterTrainingRuntime`, `TrainingRuntime`, `TrainJob`
+    /// or `AdmissionReview`.
+    pub kind: String,
     pub object: String,
+    /// For a TrainJob: the runtime whose JobSet template was judged (`Kind/name`, where it is).
+    pub runtime: Option<RuntimeRef>,
     pub allowed: bool,
+    /// Field paths are in the document (`spec.template.spec...` in a runtime, `request.object...`
+    /// in an AdmissionReview); a TrainJob's are in its runtime's document.
     pub violations: Vec<admission::Violation>,
     pub warnings: Vec<String>,
+}
+
+/// Where a TrainJob's runtime was found.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RuntimeRef {
+    pub kind: String,
+    pub name: String,
+    pub file: String,
+    pub document: usize,
 }
 
 impl Check {
     /// Human-readable lines: a verdict, then each violation with its field path, then warnings.
     pub fn render(&self) -> String {
+        let via = self.runtime.as_ref().map_or_else(String::new, |r| {
+            format!(" (runtime {}/{} in {})", r.kind, r.name, r.file)
+        });
         let mut s = format!(
-            "{}: JobSet {}: {}\n",
+            "{}: {} {}{via}: {}\n",
             self.file,
+            self.kind,
             self.object,
             if self.allowed { "ok" } else { "denied" }
         );
@@ -465,16 +588,31 @@ impl Check {
             .iter()
             .map(|v| serde_json::json!({"rule": v.rule.label(), "field": v.path, "message": v.message}))
             .collect();
-        serde_json::json!({
+        let mut json = serde_json::json!({
             "file": self.file,
             "document": self.document,
-            "kind": crate::jobset::KIND,
+            "kind": self.kind,
             "object": self.object,
             "allowed": self.allowed,
             "violations": violations,
             "warnings": self.warnings,
-        })
+        });
+        if let (Some(r), Some(map)) = (&self.runtime, json.as_object_mut()) {
+            map.insert(
+                "runtime".to_owned(),
+                serde_json::json!({"kind": r.kind, "name": r.name, "file": r.file, "document": r.document}),
+            );
+        }
+        json
     }
+}
+
+/// What `check` found in its inputs.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CheckReport {
+    pub checks: Vec<Check>,
+    /// What was seen but could not be judged (a TrainJob whose runtime is not in the input).
+    pub notes: Vec<String>,
 }
 
 /// `check`: validates every JobSet of a manifest file (injected first unless `inject` is false).
@@ -484,56 +622,439 @@ pub fn check_text(
     config: &InjectionConfig,
     inject: bool,
 ) -> Result<Vec<Check>, Error> {
-    let (_, docs) = parse_all_documents(path, input)?;
-    let mut checks = Vec::new();
-    for (index, doc) in docs.into_iter().enumerate() {
-        let mut value = doc.value;
-        for_each_jobset(&mut value, &mut |js| {
-            let mut warnings = Vec::new();
-            if inject {
-                let injection = admission::decide(Endpoint::Mutate, &create_request(js), config);
-                if !injection.allowed {
-                    // Denied by the mutating webhook, as the cluster would: with its reasons.
-                    let mut violations = injection.violations.clone();
-                    if violations.is_empty() {
-                        violations.push(admission::Violation {
-                            // A denial that lists no field: the injection would be too large.
-                            rule: injection
-                                .rules
-                                .first()
-                                .copied()
-                                .unwrap_or(admission::Rule::TooLarge),
-                            path: String::new(),
-                            message: injection.message().unwrap_or("denied").to_owned(),
-                        });
-                    }
-                    checks.push(Check {
-                        file: path.to_owned(),
-                        document: index + 1,
-                        object: object_name(js),
-                        allowed: false,
-                        violations,
-                        warnings: injection.warnings,
-                    });
-                    return Ok(());
-                }
-                apply_injection(js, &injection)?;
-                warnings = injection.warnings;
-            }
-            let decision = admission::decide(Endpoint::Validate, &create_request(js), config);
-            warnings.extend(decision.warnings.iter().cloned());
-            checks.push(Check {
-                file: path.to_owned(),
-                document: index + 1,
-                object: object_name(js),
-                allowed: decision.allowed,
-                violations: decision.violations.clone(),
-                warnings,
-            });
-            Ok(())
-        })?;
+    Ok(check_inputs(&[(path.to_owned(), input.to_owned())], config, inject)?.checks)
+}
+
+/// Kubeflow Trainer's API group: TrainJob, TrainingRuntime, ClusterTrainingRuntime.
+const TRAINER_GROUP: &str = "trainer.kubeflow.org";
+
+fn kind_of(value: &Value) -> Option<&str> {
+    value.get("kind").and_then(Value::as_str)
+}
+
+fn in_group(value: &Value, group: &str) -> bool {
+    value
+        .get("apiVersion")
+        .and_then(Value::as_str)
+        .is_some_and(|v| {
+            v.strip_prefix(group)
+                .is_some_and(|rest| rest.starts_with('/'))
+        })
+}
+
+fn is_runtime(value: &Value) -> bool {
+    in_group(value, TRAINER_GROUP)
+        && matches!(
+            kind_of(value),
+            Some("ClusterTrainingRuntime" | "TrainingRuntime")
+        )
+}
+
+/// The JobSet a (Cluster)TrainingRuntime's `spec.template` (a JobSet template: metadata and
+/// spec) describes, named after the runtime, with `spec.mlPolicy.numNodes` (when set) as its
+/// trainer job's parallelism and completions, as Trainer sets them.
+fn runtime_jobset(runtime: &Value) -> Value {
+    let mut js = runtime_template(runtime);
+    if let Some(nodes) = runtime.pointer("/spec/mlPolicy/numNodes") {
+        apply_trainer(&mut js, &serde_json::json!({"numNodes": nodes}));
     }
-    Ok(checks)
+    js
+}
+
+fn runtime_template(runtime: &Value) -> Value {
+    let template = runtime
+        .pointer("/spec/template")
+        .cloned()
+        .unwrap_or_default();
+    let mut metadata = template
+        .get("metadata")
+        .cloned()
+        .unwrap_or_else(|| Value::Object(Default::default()));
+    if let (Some(meta), Some(own)) = (metadata.as_object_mut(), runtime.get("metadata")) {
+        for key in ["name", "namespace"] {
+            if let Some(v) = own.get(key) {
+                meta.insert(key.to_owned(), v.clone());
+            }
+        }
+    }
+    serde_json::json!({
+        "apiVersion": format!("{}/v1alpha2", crate::jobset::GROUP),
+        "kind": crate::jobset::KIND,
+        "metadata": metadata,
+        "spec": template.get("spec").cloned().unwrap_or_default(),
+    })
+}
+
+/// The JobSet Trainer makes of a TrainJob and its runtime, as far as admission looks at it:
+/// the runtime's template named after the TrainJob, with the TrainJob's `spec.labels` and
+/// `spec.annotations`, and its `spec.trainer` (`numNodes` as the trainer job's parallelism and
+/// completions; `image`, `command`, `args` on its `node` container). The trainer job is the
+/// replicatedJob labelled `trainer.kubeflow.org/trainjob-ancestor-step: trainer`, else the one
+/// named `node`.
+fn trainjob_jobset(trainjob: &Value, runtime: &Value) -> Value {
+    let mut js = runtime_jobset(runtime);
+    if let Some(meta) = js.get_mut("metadata").and_then(Value::as_object_mut) {
+        for key in ["name", "namespace"] {
+            match trainjob.pointer(&format!("/metadata/{key}")) {
+                Some(v) => meta.insert(key.to_owned(), v.clone()),
+                None => meta.remove(key),
+            };
+        }
+        for key in ["labels", "annotations"] {
+            if let Some(extra) = trainjob
+                .pointer(&format!("/spec/{key}"))
+                .and_then(Value::as_object)
+            {
+                let entry = meta
+                    .entry(key.to_owned())
+                    .or_insert_with(|| Value::Object(Default::default()));
+                if let Some(map) = entry.as_object_mut() {
+                    map.extend(extra.iter().map(|(k, v)| (k.clone(), v.clone())));
+                }
+            }
+        }
+    }
+    if let Some(trainer) = trainjob.pointer("/spec/trainer") {
+        apply_trainer(&mut js, trainer);
+    }
+    js
+}
+
+/// A TrainJob's `spec.trainer` (or a runtime's numNodes) on the trainer job of a JobSet.
+fn apply_trainer(js: &mut Value, trainer: &Value) {
+    let Some(jobs) = js
+        .pointer_mut("/spec/replicatedJobs")
+        .and_then(Value::as_array_mut)
+    else {
+        return;
+    };
+    let labelled = |job: &Value| {
+        job.pointer("/template/metadata/labels/trainer.kubeflow.org~1trainjob-ancestor-step")
+            .and_then(Value::as_str)
+            == Some("trainer")
+    };
+    let index = jobs.iter().position(labelled).or_else(|| {
+        jobs.iter()
+            .position(|j| j.get("name").and_then(Value::as_str) == Some("node"))
+    });
+    let Some(job) = index.and_then(|i| jobs.get_mut(i)) else {
+        return;
+    };
+    if let Some(nodes) = trainer.get("numNodes").filter(|n| n.is_u64())
+        && let Some(spec) = job
+            .pointer_mut("/template/spec")
+            .and_then(Value::as_object_mut)
+    {
+        spec.insert("parallelism".to_owned(), nodes.clone());
+        spec.insert("completions".to_owned(), nodes.clone());
+    }
+    if let Some(containers) = job
+        .pointer_mut("/template/spec/template/spec/containers")
+        .and_then(Value::as_array_mut)
+        && let Some(node) = containers
+            .iter_mut()
+            .find(|c| c.get("name").and_then(Value::as_str) == Some("node"))
+            .and_then(Value::as_object_mut)
+    {
+        for key in ["image", "command", "args"] {
+            if let Some(v) = trainer.get(key) {
+                node.insert(key.to_owned(), v.clone());
+            }
+        }
+    }
+}
+
+/// A field path of the judged JobSet as a path in the document that holds it.
+fn rebase(path: &str, prefix: &str) -> String {
+    if path.is_empty() || prefix.is_empty() {
+        return path.to_owned();
+    }
+    format!("{prefix}{path}")
+}
+
+/// One JobSet to judge and where it came from.
+struct Subject {
+    kind: String,
+    object: String,
+    /// Prepended to the JobSet's `metadata...`/`spec...` paths; runtimes map `spec` and
+    /// `metadata` to `spec.template.spec` and `spec.template.metadata`.
+    prefix: &'static str,
+    runtime: Option<RuntimeRef>,
+    jobset: Value,
+}
+
+/// Image values taken for placeholders left in a template: `<...>` (`<CHANGE ME>`, `<image>`);
+/// a repository path part or tag that is `CHANGE_ME`, `CHANGEME`, `CHANGE-ME`, `REPLACE_ME`,
+/// `REPLACEME`, `REPLACE-ME`, `TODO` or `FIXME` (any case); an unrendered `${VAR}` or
+/// `{{ .Values... }}`; the documentation registries `example.com`, `example.org`, `example.net`
+/// (and their subdomains).
+pub fn image_placeholder(image: &str) -> bool {
+    const WORDS: [&str; 8] = [
+        "CHANGE_ME",
+        "CHANGEME",
+        "CHANGE-ME",
+        "REPLACE_ME",
+        "REPLACEME",
+        "REPLACE-ME",
+        "TODO",
+        "FIXME",
+    ];
+    let word = image
+        .split(['/', ':', '@'])
+        .any(|part| WORDS.iter().any(|w| part.eq_ignore_ascii_case(w)));
+    let host = image.split('/').next().unwrap_or_default();
+    let doc_host = image.contains('/')
+        && ["example.com", "example.org", "example.net"]
+            .iter()
+            .any(|d| {
+                let host = host.split(':').next().unwrap_or_default();
+                host == *d || host.ends_with(&format!(".{d}"))
+            });
+    (image.contains('<') && image.contains('>'))
+        || image.contains("${")
+        || image.contains("{{")
+        || word
+        || doc_host
+}
+
+/// The released JobSet agent's container name (JobSet's own InPlaceRestart agent).
+const JOBSET_AGENT_CONTAINER: &str = "in-place-restart-agent";
+
+/// Warnings about a JobSet as written: placeholder images, and JobSet's own agent under the
+/// `epoch` dialect (it speaks `attempt` only: its group restarts would never complete).
+fn authoring_warnings(
+    jobset: &Value,
+    dialect: crate::protocol::Dialect,
+    prefix: &str,
+) -> Vec<String> {
+    let mut warnings = Vec::new();
+    let jobs = jobset
+        .pointer("/spec/replicatedJobs")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    for (i, job) in jobs.iter().enumerate() {
+        for list in ["initContainers", "containers"] {
+            let containers = job
+                .pointer(&format!("/template/spec/template/spec/{list}"))
+                .and_then(Value::as_array)
+                .map(Vec::as_slice)
+                .unwrap_or_default();
+            for (k, c) in containers.iter().enumerate() {
+                let path = rebase(
+                    &format!("spec.replicatedJobs[{i}].template.spec.template.spec.{list}[{k}]"),
+                    prefix,
+                );
+                if let Some(image) = c.get("image").and_then(Value::as_str)
+                    && image_placeholder(image)
+                {
+                    warnings.push(format!(
+                        "{path}.image: {image:?} looks like a placeholder; set the real image"
+                    ));
+                }
+                if dialect == crate::protocol::Dialect::Epoch
+                    && c.get("name").and_then(Value::as_str) == Some(JOBSET_AGENT_CONTAINER)
+                {
+                    warnings.push(format!(
+                        "{path}: JobSet's own agent ({JOBSET_AGENT_CONTAINER}) speaks the attempt \
+                         dialect only: under epoch its group restarts never complete; on a JobSet \
+                         >= v0.11 cluster check with --protocol attempt, else let the webhook \
+                         inject ours"
+                    ));
+                }
+            }
+        }
+    }
+    warnings
+}
+
+/// `check` over several files at once (a TrainJob's runtime may be in any of them): judges the
+/// JobSets (and those of a `List`), the JobSet templates of (Cluster)TrainingRuntimes, the
+/// JobSet of each TrainJob whose runtime is in the input, and the JobSet an AdmissionReview
+/// carries as `request.object`.
+pub fn check_inputs(
+    inputs: &[(String, String)],
+    config: &InjectionConfig,
+    inject: bool,
+) -> Result<CheckReport, Error> {
+    let mut parsed = Vec::new();
+    for (path, input) in inputs {
+        let (_, docs) = parse_all_documents(path, input)?;
+        parsed.push((path.as_str(), docs));
+    }
+    // The runtimes in the input, for the TrainJobs.
+    let mut runtimes: Vec<(RuntimeRef, Option<String>, &Value)> = Vec::new();
+    for (path, docs) in &parsed {
+        for (index, doc) in docs.iter().enumerate() {
+            if is_runtime(&doc.value) {
+                let meta = |k: &str| {
+                    doc.value
+                        .pointer(&format!("/metadata/{k}"))
+                        .and_then(Value::as_str)
+                        .map(str::to_owned)
+                };
+                runtimes.push((
+                    RuntimeRef {
+                        kind: kind_of(&doc.value).unwrap_or_default().to_owned(),
+                        name: meta("name").unwrap_or_default(),
+                        file: (*path).to_owned(),
+                        document: index + 1,
+                    },
+                    meta("namespace"),
+                    &doc.value,
+                ));
+            }
+        }
+    }
+    let mut report = CheckReport::default();
+    for (path, docs) in &parsed {
+        for (index, doc) in docs.iter().enumerate() {
+            let mut subjects = Vec::new();
+            let value = &doc.value;
+            if is_runtime(value) {
+                subjects.push(Subject {
+                    kind: kind_of(value).unwrap_or_default().to_owned(),
+                    object: object_name(value),
+                    prefix: "spec.template.",
+                    runtime: None,
+                    jobset: runtime_jobset(value),
+                });
+            } else if in_group(value, TRAINER_GROUP) && kind_of(value) == Some("TrainJob") {
+                let wanted_kind = value
+                    .pointer("/spec/runtimeRef/kind")
+                    .and_then(Value::as_str)
+                    .unwrap_or("ClusterTrainingRuntime");
+                let wanted = value
+                    .pointer("/spec/runtimeRef/name")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
+                let namespace = value.pointer("/metadata/namespace").and_then(Value::as_str);
+                let found = runtimes.iter().find(|(r, ns, _)| {
+                    r.kind == wanted_kind
+                        && r.name == wanted
+                        && (r.kind == "ClusterTrainingRuntime"
+                            || ns.is_none()
+                            || namespace.is_none()
+                            || ns.as_deref() == namespace)
+                });
+                match found {
+                    Some((r, _, runtime)) => subjects.push(Subject {
+                        kind: "TrainJob".to_owned(),
+                        object: object_name(value),
+                        prefix: "spec.template.",
+                        runtime: Some(r.clone()),
+                        jobset: trainjob_jobset(value, runtime),
+                    }),
+                    None => report.notes.push(format!(
+                        "{path}: document {}: TrainJob {}: its runtime {wanted_kind}/{wanted} is \
+                         not in the input; not judged",
+                        index + 1,
+                        object_name(value)
+                    )),
+                }
+            } else if kind_of(value) == Some("AdmissionReview")
+                && let Some(object) = value.pointer("/request/object").filter(|o| is_jobset(o))
+            {
+                subjects.push(Subject {
+                    kind: "AdmissionReview".to_owned(),
+                    object: object_name(object),
+                    prefix: "request.object.",
+                    runtime: None,
+                    jobset: object.clone(),
+                });
+            } else {
+                let mut value = value.clone();
+                for_each_jobset(&mut value, &mut |js| {
+                    subjects.push(Subject {
+                        kind: crate::jobset::KIND.to_owned(),
+                        object: object_name(js),
+                        prefix: "",
+                        runtime: None,
+                        jobset: js.clone(),
+                    });
+                    Ok(())
+                })?;
+            }
+            for subject in subjects {
+                report
+                    .checks
+                    .push(judge(path, index + 1, subject, config, inject)?);
+            }
+        }
+    }
+    Ok(report)
+}
+
+/// The verdict on one JobSet: injected first (unless `inject` is false) as the cluster's
+/// mutating webhook does, then validated; paths and warnings rebased into the document.
+fn judge(
+    path: &str,
+    document: usize,
+    subject: Subject,
+    config: &InjectionConfig,
+    inject: bool,
+) -> Result<Check, Error> {
+    let Subject {
+        kind,
+        object,
+        prefix,
+        runtime,
+        mut jobset,
+    } = subject;
+    let mut warnings = authoring_warnings(&jobset, config.protocol, prefix);
+    let mut check = |allowed, violations: Vec<admission::Violation>, extra: Vec<String>| {
+        // The webhook's warnings start with the JobSet's field path.
+        warnings.extend(extra.into_iter().map(|w| {
+            if w.starts_with("spec.") || w.starts_with("metadata.") {
+                rebase(&w, prefix)
+            } else {
+                w
+            }
+        }));
+        let rebased = |p: &str| rebase(p, prefix);
+        Check {
+            file: path.to_owned(),
+            document,
+            kind: kind.clone(),
+            object: object.clone(),
+            runtime: runtime.clone(),
+            allowed,
+            violations: violations
+                .into_iter()
+                .map(|v| admission::Violation {
+                    path: rebased(&v.path),
+                    ..v
+                })
+                .collect(),
+            warnings: std::mem::take(&mut warnings),
+        }
+    };
+    let mut extra = Vec::new();
+    if inject {
+        let injection = admission::decide(Endpoint::Mutate, &create_request(&jobset), config);
+        if !injection.allowed {
+            // Denied by the mutating webhook, as the cluster would: with its reasons.
+            let mut violations = injection.violations.clone();
+            if violations.is_empty() {
+                violations.push(admission::Violation {
+                    // A denial that lists no field: the injection would be too large.
+                    rule: injection
+                        .rules
+                        .first()
+                        .copied()
+                        .unwrap_or(admission::Rule::TooLarge),
+                    path: String::new(),
+                    message: injection.message().unwrap_or("denied").to_owned(),
+                });
+            }
+            return Ok(check(false, violations, injection.warnings));
+        }
+        apply_injection(&mut jobset, &injection)?;
+        extra = injection.warnings;
+    }
+    let decision = admission::decide(Endpoint::Validate, &create_request(&jobset), config);
+    extra.extend(decision.warnings.iter().cloned());
+    Ok(check(decision.allowed, decision.violations.clone(), extra))
 }
 
 #[cfg(test)]
@@ -758,6 +1279,189 @@ spec:
         );
         assert!(json["violations"][0]["message"].is_string());
         assert!(json["warnings"].is_array());
+    }
+
+    /// Issue 23: a runtime's JobSet template, a TrainJob with its runtime, an AdmissionReview are
+    /// judged, their paths in the document that holds them.
+    #[test]
+    fn check_judges_the_jobsets_inside_other_objects() {
+        let config = InjectionConfig::defaults(Dialect::Epoch);
+        let body: String = PLAIN
+            .lines()
+            .skip_while(|l| !l.starts_with("spec:"))
+            .skip(1)
+            .map(|l| format!("    {l}\n"))
+            .collect::<String>()
+            .replace("- name: w\n", "- name: node\n")
+            .replace("- name: worker\n", "- name: node\n");
+        let runtime = format!(
+            "apiVersion: trainer.kubeflow.org/v1alpha1\nkind: ClusterTrainingRuntime\n\
+             metadata: {{name: rt}}\nspec:\n  template:\n    spec:\n{}",
+            body.replace(
+                "            parallelism: 2\n",
+                "            backoffLimit: 0\n            parallelism: 2\n"
+            )
+        );
+        let checks = check_text("rt.yaml", &runtime, &config, true).expect("checks");
+        assert_eq!(checks.len(), 1, "{checks:?}");
+        assert_eq!(checks[0].kind, "ClusterTrainingRuntime");
+        assert_eq!(checks[0].object, "rt");
+        assert!(!checks[0].allowed, "{}", checks[0].render());
+        assert!(
+            checks[0].violations.iter().any(
+                |v| v.path == "spec.template.spec.replicatedJobs[0].template.spec.backoffLimit"
+            ),
+            "{}",
+            checks[0].render()
+        );
+
+        // A TrainJob whose runtime is in another input: judged as the JobSet Trainer makes.
+        let trainjob = "apiVersion: trainer.kubeflow.org/v1alpha1\nkind: TrainJob\n\
+                        metadata: {name: tj, namespace: ns}\n\
+                        spec:\n  runtimeRef: {name: rt}\n  trainer: {image: 'REPLACE_ME'}\n";
+        let inputs = [
+            ("tj.yaml".to_owned(), trainjob.to_owned()),
+            ("rt.yaml".to_owned(), runtime.clone()),
+        ];
+        let report = check_inputs(&inputs, &config, true).expect("checks");
+        let tj = report
+            .checks
+            .iter()
+            .find(|c| c.kind == "TrainJob")
+            .expect("judged");
+        assert_eq!((tj.file.as_str(), tj.object.as_str()), ("tj.yaml", "ns/tj"));
+        assert_eq!(
+            tj.runtime.as_ref().map(|r| r.file.as_str()),
+            Some("rt.yaml")
+        );
+        assert!(!tj.allowed);
+        assert!(
+            tj.warnings
+                .iter()
+                .any(|w| w.contains("REPLACE_ME") && w.contains("placeholder")),
+            "{}",
+            tj.render()
+        );
+        // Without its runtime: not judged, and said so.
+        let report = check_inputs(&inputs[..1], &config, true).expect("checks");
+        assert!(report.checks.is_empty());
+        assert!(
+            report.notes[0].contains("ClusterTrainingRuntime/rt is not in the input"),
+            "{:?}",
+            report.notes
+        );
+
+        // An AdmissionReview: the JobSet inside.
+        let js: Value = serde_yaml::from_str(PLAIN).expect("yaml");
+        let review = serde_json::json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": "u", "operation": "CREATE", "object": js}});
+        let checks = check_text("r.json", &review.to_string(), &config, false).expect("checks");
+        assert_eq!(checks.len(), 1);
+        assert_eq!(checks[0].kind, "AdmissionReview");
+        assert!(
+            checks[0]
+                .violations
+                .iter()
+                .any(|v| v.path
+                    == "request.object.spec.replicatedJobs[0].template.spec.backoffLimit"),
+            "{}",
+            checks[0].render()
+        );
+        assert_eq!(checks[0].to_json()["kind"], "AdmissionReview");
+    }
+
+    #[test]
+    fn placeholder_images() {
+        for image in [
+            "<CHANGE ME>",
+            "registry/<image>:1",
+            "REPLACE_ME",
+            "my-registry/app:TODO",
+            "change-me:1",
+            "example.com/team/train:1",
+            "registry.example.org:5000/train",
+            "${IMAGE}",
+            "{{ .Values.image }}",
+            "fixme",
+        ] {
+            assert!(image_placeholder(image), "{image}");
+        }
+        for image in [
+            "pytorch/pytorch:2.7.1",
+            "ghcr.io/todo-app/train:1",
+            "example/train:1",
+            "myexample.com/train:1",
+            "train:1",
+            "registry.k8s.io/jobset/in-place-restart-agent:v0.11.0",
+        ] {
+            assert!(!image_placeholder(image), "{image}");
+        }
+    }
+
+    /// Issue 23: JobSet's own agent under `epoch` is a warning; under `attempt` it is what it is.
+    #[test]
+    fn jobsets_own_agent_under_epoch_is_a_warning() {
+        let own = PLAIN.replace(
+            "            containers:\n",
+            "            initContainers:\n            - {name: in-place-restart-agent, image: agent:1, restartPolicy: Always}\n            containers:\n",
+        );
+        let js: Value = serde_yaml::from_str(&own).expect("yaml");
+        let epoch = authoring_warnings(&js, Dialect::Epoch, "");
+        assert!(
+            epoch
+                .iter()
+                .any(|w| w.contains("speaks the attempt dialect only")),
+            "{epoch:?}"
+        );
+        assert!(authoring_warnings(&js, Dialect::Attempt, "").is_empty());
+    }
+
+    #[test]
+    fn review_reads_yaml() {
+        let json = br#"{"kind": "AdmissionReview"}"#.to_vec();
+        assert_eq!(review_body(json.clone()), json);
+        assert_eq!(
+            review_body(b"kind: AdmissionReview\nrequest: {uid: u}\n".to_vec()),
+            br#"{"kind":"AdmissionReview","request":{"uid":"u"}}"#.to_vec()
+        );
+        // Not an object: left for the server to refuse.
+        assert_eq!(review_body(b"not json".to_vec()), b"not json".to_vec());
+    }
+
+    #[test]
+    fn directories_list_their_manifests() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path();
+        std::fs::create_dir_all(root.join("sub/deeper")).expect("mkdir");
+        for f in [
+            "b.yaml",
+            "a.yml",
+            "c.json",
+            "notes.txt",
+            "sub/d.yaml",
+            "sub/deeper/e.yaml",
+        ] {
+            std::fs::write(root.join(f), "").expect("write");
+        }
+        let names = |recursive| -> Vec<String> {
+            expand_input(&root.display().to_string(), recursive)
+                .expect("lists")
+                .into_iter()
+                .map(|p| p.trim_start_matches(&root.display().to_string()).to_owned())
+                .collect()
+        };
+        assert_eq!(names(false), ["/a.yml", "/b.yaml", "/c.json"]);
+        assert_eq!(
+            names(true),
+            [
+                "/a.yml",
+                "/b.yaml",
+                "/c.json",
+                "/sub/d.yaml",
+                "/sub/deeper/e.yaml"
+            ]
+        );
+        assert_eq!(expand_input("-", true).expect("stdin"), ["-"]);
     }
 
     #[test]

@@ -27,13 +27,20 @@ impl Global {
 pub fn one_line_error(err: &clap::Error, root: &clap::Command) -> String {
     use clap::error::{ContextKind, ContextValue};
 
+    // The whole message: clap's first paragraph (a missing argument's names are on the lines
+    // after its first), up to the blank line before its tips and usage.
     let rendered = err.render().to_string();
     let mut line = rendered
         .lines()
-        .next()
-        .unwrap_or("invalid command line")
+        .map(str::trim)
+        .take_while(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
         .trim_start_matches("error: ")
         .to_owned();
+    if line.is_empty() {
+        line.push_str("invalid command line");
+    }
     if let Some(ContextValue::String(arg)) = err.get(ContextKind::InvalidArg) {
         let long = arg
             .split_whitespace()
@@ -50,35 +57,29 @@ pub fn one_line_error(err: &clap::Error, root: &clap::Command) -> String {
             line.push_str(&format!(" (or env {env})"));
         }
     }
-    if let Some(ContextValue::Strings(values)) = err.get(ContextKind::ValidValue) {
+    if let Some(ContextValue::Strings(values)) = err.get(ContextKind::ValidValue)
+        && !values.is_empty()
+    {
         line.push_str(&format!("; expected one of: {}", values.join(", ")));
     }
     line
 }
 
-/// Parses `10s`, `500ms`, `2m`, `1h`, `90d`, or a bare number of seconds.
+/// The one duration grammar of every flag, environment variable and annotation: a sequence of
+/// `<number><unit>` as [`humantime::parse_duration`] reads it (`90s`, `2m`, `1h30m`, `1m30s`,
+/// `500ms`, `1.5s`, `90d`; units `ms`, `s`, `m`, `h`, `d`, `w` and their long names), or a bare
+/// non-negative integer of seconds (`3`, `0`). Negative values are refused; each caller refuses
+/// zero where it means nothing.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
-    let split = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let number: f64 = number
-        .parse()
-        .map_err(|_| format!("{text:?} is not a duration like 10s, 500ms, 2m"))?;
-    let seconds = match unit.trim() {
-        "" | "s" => number,
-        "ms" => number / 1000.0,
-        "m" => number * 60.0,
-        "h" => number * 3600.0,
-        "d" => number * 86_400.0,
-        other => {
-            return Err(format!(
-                "unknown unit {other:?} (expected ms, s, m, h or d)"
-            ));
-        }
-    };
-    Duration::try_from_secs_f64(seconds).map_err(|e| format!("{text:?}: {e}"))
+    if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
+        return text
+            .parse::<u64>()
+            .map(Duration::from_secs)
+            .map_err(|_| format!("{text:?} is too large"));
+    }
+    humantime::parse_duration(text)
+        .map_err(|e| format!("{text:?} is not a duration like 90s, 2m, 1h30m or 500ms ({e})"))
 }
 
 /// Parses a size in bytes: `65536`, `512Ki`, `64Mi`, `1Gi` (an optional trailing `B`).
@@ -115,7 +116,26 @@ mod tests {
         assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
         assert!(parse_duration("ten").is_err());
         assert_eq!(parse_duration("90d"), Ok(Duration::from_secs(90 * 86_400)));
-        assert!(parse_duration("5w").is_err());
+        assert_eq!(parse_duration("0s"), Ok(Duration::ZERO));
+        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+        // Issue 23: one grammar, the compound form included (it was the deadline's only).
+        assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("1s500ms"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        for bad in [
+            "",
+            "-1",
+            "-5s",
+            "+5s",
+            "5x",
+            "m5",
+            "s",
+            "1h-30m",
+            "18446744073709551616",
+        ] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -233,3 +233,256 @@ fn reconciler_refuses_a_lease_grace_not_below_its_duration() {
     );
     assert!(!err.contains("panicked"), "{err}");
 }
+
+fn fixture(path: &str) -> std::path::PathBuf {
+    fixtures::manifest_dir().join(path)
+}
+
+/// Issue 23: `check` as a CI gate. What it did not judge fails; what is inside a runtime or an
+/// AdmissionReview is judged; directories and several `-f` are read.
+#[test]
+fn check_is_a_ci_gate() {
+    // A ClusterTrainingRuntime with InPlaceRestart and backoffLimit 0, an AdmissionReview of a
+    // JobSet with backoffLimit 0: denied, with the paths in their documents.
+    for (file, kind, field) in [
+        (
+            "fixtures/check/cluster-training-runtime-backoff-limit-0.yaml",
+            "ClusterTrainingRuntime",
+            "spec.template.spec.replicatedJobs[0].template.spec.backoffLimit",
+        ),
+        (
+            "fixtures/check/admission-review.yaml",
+            "AdmissionReview",
+            "request.object.spec.replicatedJobs[0].template.spec.backoffLimit",
+        ),
+    ] {
+        let out = binary()
+            .args(["check", "-o", "json", "-f"])
+            .arg(fixture(file))
+            .output()
+            .expect("runs");
+        assert_eq!(out.status.code(), Some(1), "{file}: {out:?}");
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+        assert_eq!(report[0]["kind"], kind, "{report}");
+        assert_eq!(report[0]["document"], 1, "{report}");
+        assert_eq!(report[0]["allowed"], false, "{report}");
+        assert!(
+            report[0]["violations"].as_array().is_some_and(|v| v
+                .iter()
+                .any(|v| v["field"] == field && v["rule"].is_string())),
+            "{file}: {report}"
+        );
+    }
+
+    // Nothing to judge: an error naming the input, unless --allow-empty.
+    let empty = fixture("fixtures/check/empty.yaml");
+    let out = binary()
+        .args(["check", "-f"])
+        .arg(&empty)
+        .output()
+        .expect("runs");
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("empty.yaml: nothing to judge") && err.contains("--allow-empty"),
+        "{err}"
+    );
+    let out = binary()
+        .args(["check", "--allow-empty", "-f"])
+        .arg(&empty)
+        .output()
+        .expect("runs");
+    assert!(out.status.success(), "{out:?}");
+
+    // A TrainJob with its runtime in the input: judged, its placeholder image a warning.
+    let out = binary()
+        .args(["check", "-o", "json", "-f"])
+        .arg(fixture("fixtures/check/trainjob-with-runtime.yaml"))
+        .output()
+        .expect("runs");
+    assert!(out.status.success(), "{out:?}");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let trainjob = report
+        .as_array()
+        .and_then(|items| items.iter().find(|i| i["kind"] == "TrainJob"))
+        .expect("the TrainJob is judged");
+    assert_eq!(trainjob["object"], "team-a/llama");
+    assert_eq!(trainjob["document"], 2);
+    assert_eq!(trainjob["runtime"]["name"], "torch-in-place-ok");
+    assert!(
+        trainjob["warnings"]
+            .as_array()
+            .is_some_and(|w| w.iter().any(|w| w
+                .as_str()
+                .is_some_and(|w| w.contains("<CHANGE ME>") && w.contains("placeholder")))),
+        "{trainjob}"
+    );
+
+    // A directory (its manifests only, not its subdirectories without -R), next to a file.
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir(dir.path().join("sub")).expect("mkdir");
+    std::fs::copy(
+        fixture("fixtures/check/trainjob-with-runtime.yaml"),
+        dir.path().join("ok.yaml"),
+    )
+    .expect("copy");
+    std::fs::write(dir.path().join("README.md"), "not a manifest").expect("write");
+    std::fs::copy(
+        fixture("fixtures/check/admission-review.yaml"),
+        dir.path().join("sub/review.yml"),
+    )
+    .expect("copy");
+    let run = |args: &[&str]| {
+        let out = binary()
+            .arg("check")
+            .args(args)
+            .args(["-o", "json", "-f"])
+            .arg(dir.path())
+            .arg("-f")
+            .arg(&empty)
+            .arg("--allow-empty")
+            .output()
+            .expect("runs");
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+        let kinds: Vec<String> = report
+            .as_array()
+            .map(|items| items.iter().map(|i| i["kind"].to_string()).collect())
+            .unwrap_or_default();
+        (out.status.code(), kinds)
+    };
+    let (code, kinds) = run(&[]);
+    assert_eq!(code, Some(0), "{kinds:?}");
+    assert_eq!(kinds, ["\"ClusterTrainingRuntime\"", "\"TrainJob\""]);
+    let (code, kinds) = run(&["-R"]);
+    assert_eq!(code, Some(1), "{kinds:?}");
+    assert_eq!(
+        kinds,
+        [
+            "\"ClusterTrainingRuntime\"",
+            "\"TrainJob\"",
+            "\"AdmissionReview\""
+        ]
+    );
+}
+
+/// Issue 23: `review` reads a YAML AdmissionReview and answers exactly as for its JSON.
+#[test]
+fn review_reads_yaml() {
+    for case in fixtures::admission_cases() {
+        let yaml = serde_yaml::to_string(&case.request).expect("yaml");
+        let mut cmd = binary();
+        cmd.args(["review", "--validate", "-f", "-"]);
+        if case.dir.join("config.yaml").exists() {
+            cmd.arg("--config").arg(case.dir.join("config.yaml"));
+        }
+        let out = run_with_stdin(cmd, yaml.as_bytes());
+        let expected = admission::review(Endpoint::Validate, &case.body, &case.config);
+        assert!(out.status.success(), "{}: {out:?}", case.name);
+        assert_eq!(out.stdout, expected.body, "{}", case.name);
+    }
+}
+
+/// Issue 23: an error is printed whole: `review` without a mode names the flags it needs.
+#[test]
+fn a_missing_argument_is_named() {
+    let out = binary()
+        .args(["review", "-f", "x.json"])
+        .output()
+        .expect("runs");
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("<--mutate|--validate>"), "{err}");
+}
+
+/// Issue 23: the injection config's `imagePullSecrets` in the Kubernetes shape; the injected pod
+/// template gets it in that shape.
+#[test]
+fn image_pull_secrets_in_the_kubernetes_shape() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("config.yaml");
+    std::fs::write(&config, "imagePullSecrets:\n- name: regcred\n- mirror\n").expect("write");
+    let case = fixtures::admission_cases()
+        .into_iter()
+        .find(|c| c.name == "story1-plain")
+        .expect("fixture");
+    let jobset = serde_yaml::to_string(&case.request["request"]["object"]).expect("yaml");
+    let mut cmd = binary();
+    cmd.args(["inject", "-f", "-", "--config"]).arg(&config);
+    let out = run_with_stdin(cmd, jobset.as_bytes());
+    assert!(out.status.success(), "{out:?}");
+    let injected: serde_json::Value = serde_yaml::from_slice(&out.stdout).expect("yaml");
+    assert_eq!(
+        injected["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["imagePullSecrets"],
+        serde_json::json!([{"name": "regcred"}, {"name": "mirror"}])
+    );
+}
+
+/// Issue 23: kubectl finds the binary as its plugin `kubectl-jobset_inplace` on the PATH and runs
+/// it: `kubectl jobset-inplace ...` is the binary under another name.
+#[test]
+fn kubectl_runs_the_binary_as_its_plugin() {
+    if Command::new("kubectl")
+        .args(["version", "--client"])
+        .output()
+        .map_or(true, |o| !o.status.success())
+    {
+        eprintln!(
+            "\n!! SKIPPED: kubectl is not installed, so the kubectl plugin was NOT tested.\n"
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let plugin = dir.path().join("kubectl-jobset_inplace");
+    std::fs::copy(env!("CARGO_BIN_EXE_jobset-inplace"), &plugin).expect("copy");
+    let kubectl_dir = Command::new("sh")
+        .args(["-c", "dirname \"$(command -v kubectl)\""])
+        .output()
+        .expect("runs");
+    let path = format!(
+        "{}:{}",
+        dir.path().display(),
+        String::from_utf8_lossy(&kubectl_dir.stdout).trim()
+    );
+    let kubectl = |args: &[&str]| {
+        Command::new("kubectl")
+            .args(args)
+            .env("PATH", &path)
+            .env("KUBECONFIG", dir.path().join("no-kubeconfig"))
+            .output()
+            .expect("runs kubectl")
+    };
+    let out = kubectl(&["plugin", "list"]);
+    let listed = String::from_utf8_lossy(&out.stdout);
+    assert!(listed.contains(&plugin.display().to_string()), "{out:?}");
+    assert!(
+        !String::from_utf8_lossy(&out.stderr).contains("warning"),
+        "{out:?}"
+    );
+
+    let out = kubectl(&["jobset-inplace", "--version"]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("jobset-inplace {}", env!("CARGO_PKG_VERSION"))
+    );
+    let out = kubectl(&["jobset-inplace", "doctor", "--help"]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("Usage: kubectl jobset-inplace doctor"),
+        "{out:?}"
+    );
+    // doctor itself runs: without a cluster it says which configuration it could not load.
+    let out = kubectl(&["jobset-inplace", "doctor"]);
+    assert_ne!(out.status.code(), Some(0), "{out:?}");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !said.contains("unrecognized") && !said.contains("unknown command"),
+        "{said}"
+    );
+    assert!(!said.contains("panicked"), "{said}");
+}

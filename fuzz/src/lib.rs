@@ -147,7 +147,21 @@ pub fn offline(data: &[u8]) {
             (Ok(checks), Ok(_)) => {
                 for check in checks {
                     let report = check.render();
-                    assert!(report.starts_with("m.yaml: JobSet "), "{report}");
+                    assert!(
+                        [
+                            "JobSet",
+                            "ClusterTrainingRuntime",
+                            "TrainingRuntime",
+                            "TrainJob",
+                            "AdmissionReview"
+                        ]
+                        .contains(&check.kind.as_str()),
+                        "{report}"
+                    );
+                    assert!(
+                        report.starts_with(&format!("m.yaml: {} ", check.kind)),
+                        "{report}"
+                    );
                     assert_eq!(check.allowed, check.violations.is_empty(), "{report}");
                 }
             }

@@ -8,7 +8,7 @@
 //! ```yaml
 //! image: ghcr.io/jobset-inplace/jobset-inplace:0.1.0
 //! imagePullPolicy: IfNotPresent
-//! imagePullSecrets: [registry-credentials]
+//! imagePullSecrets: [registry-credentials]   # or, as in a pod: [{name: registry-credentials}]
 //! restartExitCode: 42
 //! barrierPort: 8080
 //! barrierFallbackPorts: 18080-18099
@@ -197,7 +197,8 @@ pub struct Resources {
 struct ConfigFile {
     image: Option<String>,
     image_pull_policy: Option<String>,
-    image_pull_secrets: Option<Vec<String>>,
+    /// Each entry a Secret name or, as a pod writes it, `{name: <Secret name>}`.
+    image_pull_secrets: Option<Vec<serde_yaml::Value>>,
     restart_exit_code: Option<i64>,
     barrier_port: Option<i64>,
     /// A string (`18080-18099`) or one port as a number.
@@ -323,7 +324,11 @@ impl InjectionConfig {
             self.image_pull_policy = v;
         }
         if let Some(v) = file.image_pull_secrets {
-            self.image_pull_secrets = v;
+            self.image_pull_secrets = v
+                .iter()
+                .map(pull_secret_name)
+                .collect::<Result<_, _>>()
+                .map_err(|reason| invalid("imagePullSecrets", reason))?;
         }
         if let Some(v) = file.restart_exit_code {
             self.restart_exit_code = u8::try_from(v)
@@ -507,6 +512,20 @@ fn is_dns_subdomain(s: &str) -> bool {
         })
 }
 
+/// One `imagePullSecrets` entry of the config file: a bare Secret name, or the Kubernetes shape
+/// `{name: <Secret name>}` (a `LocalObjectReference`, as charts and pods write it).
+fn pull_secret_name(entry: &serde_yaml::Value) -> Result<String, String> {
+    use serde_yaml::Value;
+    match entry {
+        Value::String(name) => Ok(name.clone()),
+        Value::Mapping(map) if map.len() == 1 => match map.get("name") {
+            Some(Value::String(name)) => Ok(name.clone()),
+            _ => Err("an entry {name: ...} needs a string name".to_owned()),
+        },
+        _ => Err("each entry is a Secret name or {name: <Secret name>}".to_owned()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -557,6 +576,11 @@ mod tests {
             }
         );
         assert_eq!(c.image_pull_secrets, ["a", "b.c"]);
+        // Issue 23: the Kubernetes shape users copy from charts, alone or mixed with names.
+        let shaped = from_file("imagePullSecrets: [{name: regcred}, b.c]\n").expect("valid");
+        assert_eq!(shaped.image_pull_secrets, ["regcred", "b.c"]);
+        let shaped = from_file("imagePullSecrets:\n- name: regcred\n").expect("valid");
+        assert_eq!(shaped.image_pull_secrets, ["regcred"]);
         assert_eq!(
             c.barrier_ports().collect::<Vec<_>>(),
             [8080, 9000, 9001, 9002]
@@ -612,6 +636,14 @@ mod tests {
             ("barrierFallbackPorts: [1]\n", "barrierFallbackPorts"),
             ("imagePullSecrets: [Bad_Name]\n", "imagePullSecrets"),
             ("imagePullSecrets: a\n", "imagePullSecrets"),
+            ("imagePullSecrets: [{name: Bad_Name}]\n", "imagePullSecrets"),
+            ("imagePullSecrets: [{secret: a}]\n", "imagePullSecrets"),
+            (
+                "imagePullSecrets: [{name: a, other: b}]\n",
+                "imagePullSecrets",
+            ),
+            ("imagePullSecrets: [{name: 3}]\n", "imagePullSecrets"),
+            ("imagePullSecrets: [[a]]\n", "imagePullSecrets"),
         ] {
             let err = from_file(text).expect_err(text).to_string();
             assert!(err.contains(key), "{text}: {err}");
