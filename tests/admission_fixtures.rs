@@ -187,78 +187,89 @@ fn every_fixture_case() {
     }
 }
 
-/// Our examples in the two shapes JobSet v0.12 documents (image filled in) are accepted after mutation, and the mutation
-/// adds nothing that contradicts their agent: its probe still asks where the agent listens.
+/// Our examples in the two shapes JobSet v0.12 documents (image filled in): the sidecar one is
+/// accepted after mutation, and the mutation adds nothing that contradicts its agent (its probe
+/// still asks where the agent listens); the main-container one is denied, by its own rule.
 #[test]
-fn released_examples_are_accepted_and_keep_working() {
+fn released_examples_sidecar_accepted_main_container_denied() {
     let schema = fixtures::jobset_schema();
-    for (file, sidecar) in [
-        ("jobset-sidecar-agent.yaml", true),
-        ("jobset-main-container-agent.yaml", false),
-    ] {
+    let config = admission::InjectionConfig::defaults(Default::default());
+    let read = |file: &str| -> Value {
         let text = std::fs::read_to_string(fixtures::reference_dir().join(file)).expect("example");
         let text = text.replace(
             "<CHANGE ME>",
             "registry.example/in-place-restart-agent:v0.12",
         );
-        let object: Value = serde_yaml::from_str(&text).expect("yaml");
-        let config = admission::InjectionConfig::defaults(Default::default());
-        let mutation = admission::mutate(&object, &config);
-        let mut mutated = object.clone();
-        json_patch::patch(&mut mutated, &mutation.patch).expect("applies");
-        let validation = admission::validate(&mutated, &config);
-        assert!(
-            validation.violations.is_empty(),
-            "{file}: {:#?}",
-            validation.violations
-        );
-        assert!(
-            fixtures::schema_errors(&schema, &mutated).is_empty(),
-            "{file}"
-        );
-        // Their own service account is kept; no second agent is added.
-        let pod = &mutated["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"];
-        assert_eq!(
-            pod["serviceAccountName"], "jobset-in-place-restart",
-            "{file}"
-        );
-        let agent = if sidecar {
-            assert_eq!(
-                pod["initContainers"].as_array().map(Vec::len),
-                Some(1),
-                "{file}"
-            );
-            &pod["initContainers"][0]
-        } else {
-            assert!(pod.get("initContainers").is_none(), "{file}");
-            &pod["containers"][0]
-        };
-        let env = |name: &str| {
-            agent["env"]
-                .as_array()
-                .and_then(|e| e.iter().find(|e| e["name"] == name))
-                .map(|e| e["value"].clone())
-        };
-        if sidecar {
-            // The released agent serves 8081 /barrier-is-down, which the probe asks: the env
-            // added for our agent says the same.
-            assert_eq!(env("BARRIER_PORT"), Some(Value::from("8081")), "{file}");
-            assert_eq!(
-                env("BARRIER_PATH"),
-                Some(Value::from("/barrier-is-down")),
-                "{file}"
-            );
-        } else {
-            // The released agent refuses probe settings beside WORKER_COMMAND.
-            assert_eq!(env("BARRIER_PORT"), None, "{file}");
-            assert_eq!(env("STARTUP_PROBE_PORT"), None, "{file}");
-        }
-        // Mutating again changes nothing.
-        assert!(
-            admission::mutate(&mutated, &config).patch.0.is_empty(),
-            "{file}"
-        );
-    }
+        serde_yaml::from_str(&text).expect("yaml")
+    };
+    let file = "jobset-sidecar-agent.yaml";
+    let object = read(file);
+    let mutation = admission::mutate(&object, &config);
+    let mut mutated = object.clone();
+    json_patch::patch(&mut mutated, &mutation.patch).expect("applies");
+    let validation = admission::validate(&mutated, &config);
+    assert!(
+        validation.violations.is_empty(),
+        "{file}: {:#?}",
+        validation.violations
+    );
+    assert!(
+        fixtures::schema_errors(&schema, &mutated).is_empty(),
+        "{file}"
+    );
+    // Its own service account is kept; no second agent is added.
+    let pod = &mutated["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"];
+    assert_eq!(
+        pod["serviceAccountName"], "jobset-in-place-restart",
+        "{file}"
+    );
+    assert_eq!(
+        pod["initContainers"].as_array().map(Vec::len),
+        Some(1),
+        "{file}"
+    );
+    let agent = &pod["initContainers"][0];
+    let env = |name: &str| {
+        agent["env"]
+            .as_array()
+            .and_then(|e| e.iter().find(|e| e["name"] == name))
+            .map(|e| e["value"].clone())
+    };
+    // The released agent serves 8081 /barrier-is-down, which the probe asks: the env added for
+    // our agent says the same.
+    assert_eq!(env("BARRIER_PORT"), Some(Value::from("8081")), "{file}");
+    assert_eq!(
+        env("BARRIER_PATH"),
+        Some(Value::from("/barrier-is-down")),
+        "{file}"
+    );
+    // Mutating again changes nothing.
+    assert!(
+        admission::mutate(&mutated, &config).patch.0.is_empty(),
+        "{file}"
+    );
+
+    // Main-container mode is not offered (the kubelet's back-off, docs/protocol.md): denied at
+    // its WORKER_COMMAND, for that reason alone.
+    let file = "jobset-main-container-agent.yaml";
+    let object = read(file);
+    let mut mutated = object.clone();
+    json_patch::patch(&mut mutated, &admission::mutate(&object, &config).patch).expect("applies");
+    let validation = admission::validate(&mutated, &config);
+    assert_eq!(
+        validation.rules,
+        vec![admission::Rule::MainContainerAgent],
+        "{file}: {:#?}",
+        validation.violations
+    );
+    assert_eq!(validation.violations.len(), 1, "{file}");
+    let denial = &validation.violations[0];
+    assert!(
+        denial.path.contains(".containers[0].env[")
+            && denial.message.contains("WORKER_COMMAND")
+            && denial.message.contains("agent sidecar"),
+        "{file}: {denial:?}"
+    );
 }
 
 /// The schema check has teeth: a wrong type is rejected.

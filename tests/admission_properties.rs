@@ -625,6 +625,15 @@ fn agent_violations(
     dialect: Dialect,
     v: &mut impl FnMut(String),
 ) {
+    if !sidecar {
+        // Main-container mode is not offered: denied at its WORKER_COMMAND, nothing else judged.
+        let at = agent.env(WORKER_COMMAND).map_or_else(
+            || format!("{path}.env"),
+            |(i, _)| format!("{path}.env[{i}]"),
+        );
+        v(at);
+        return;
+    }
     let code = match agent.env_any(&[EXIT, EXIT_ALIAS]) {
         None => Some(DEFAULT_EXIT_CODE),
         Some((_, None)) => None,
@@ -646,7 +655,7 @@ fn agent_violations(
     {
         v(format!("{path}.env[{index}].value"));
     }
-    if sidecar && agent.restart_policy != Some("Always") {
+    if agent.restart_policy != Some("Always") {
         v(format!("{path}.restartPolicy"));
     }
     if !agent.rules.iter().any(|r| fits(r, sidecar)) {
@@ -655,14 +664,6 @@ fn agent_violations(
         && !code_restarts(agent, sidecar, code)
     {
         v(format!("{path}.restartPolicyRules"));
-    }
-    if !sidecar {
-        for name in [PORT, PORT_ALIAS, PATH, PATH_ALIAS] {
-            if agent.env(name).is_some() {
-                v(format!("{path}.env"));
-            }
-        }
-        return;
     }
     let port = match agent.env_any(&[PORT, PORT_ALIAS]) {
         None => Some(DEFAULT_PORT),

@@ -6,14 +6,13 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use jobset_inplace::agent::{self, AgentConfig, AgentExit, BarrierState, Mode, WorkerExit};
+use jobset_inplace::agent::{self, AgentConfig, AgentExit, BarrierState};
 use jobset_inplace::protocol::Restart;
 use jobset_inplace::protocol::{DISABLE_ANNOTATION, Dialect, JOBSET_NAME_LABEL};
 use jobset_inplace::wire::epochs::{self, Epochs};
 use jobset_inplace_testkit::apiserver::{Options, TestApiServer, Verb, default_resources};
 use jobset_inplace_testkit::kubelet::{barrier_port, http_get};
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::watch;
 
 const BIN: &str = env!("CARGO_BIN_EXE_jobset-inplace");
@@ -195,10 +194,11 @@ async fn config_errors_exit_2_with_one_line_naming_the_variable() {
                 ("POD_NAME", "p"),
                 ("JOBSET_NAME", "js"),
                 ("NAMESPACE", "ns"),
-                ("WORKER_COMMAND", "true"),
-                ("STARTUP_PROBE_PORT", "1"),
+                ("WORKER_COMMAND", "exec train"),
             ],
-            "STARTUP_PROBE_PORT",
+            // An old pod spec of main-container mode fails loudly, saying why.
+            "WORKER_COMMAND is set: main-container mode (the agent running the worker) is not \
+             offered",
         ),
         (
             &[("POD_NAME", "p"), ("JOBSET_NAME", "js")],
@@ -295,169 +295,6 @@ async fn binary_registers_lifts_restarts_and_exits_on_signals() {
         .expect("exits")
         .expect("status");
     assert_eq!(status.code(), Some(143));
-}
-
-/// Main-container mode: no barrier endpoint; the worker starts once the epoch is synced, its
-/// exit code becomes the agent's, and a deprecated epoch stops it and exits with the restart
-/// code.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn binary_main_container_mode_runs_and_stops_the_worker() {
-    let server = TestApiServer::start().await;
-    let mut js = jobset("InPlaceRestart");
-    js["status"] = json!({"currentInPlaceRestartAttempt": 0});
-    create_jobset(&server, js);
-    server.create("pods", pod("p0")).expect("pod");
-    let env = |command: &str| {
-        vec![
-            ("NAMESPACE", NS.to_owned()),
-            ("POD_NAME", "p0".to_owned()),
-            ("JOBSET_NAME", "js".to_owned()),
-            ("JOBSET_INPLACE_PROTOCOL", "attempt".to_owned()),
-            ("WORKER_COMMAND", command.to_owned()),
-            ("AGENT_WORKER_GRACE_PERIOD", "5s".to_owned()),
-            ("AGENT_API_URL", server.url()),
-        ]
-    };
-    // The worker's exit code is the agent's.
-    let mut child = agent_command(&env("echo worker-up; exit 5"))
-        .spawn()
-        .expect("spawns");
-    until("attempt 1", || {
-        annotation(&server, Dialect::Attempt, "p0").as_deref() == Some("1")
-    })
-    .await;
-    set_status(&server, json!({"currentInPlaceRestartAttempt": 1}));
-    let status = tokio::time::timeout(LIMIT, child.wait())
-        .await
-        .expect("exits")
-        .expect("status");
-    assert_eq!(status.code(), Some(5));
-
-    // A deprecated epoch stops the worker (SIGTERM) and exits with the restart code.
-    let mut child = agent_command(&env("echo worker-up; exec sleep 60"))
-        .spawn()
-        .expect("spawns");
-    let mut stdout = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    until("attempt 2", || {
-        annotation(&server, Dialect::Attempt, "p0").as_deref() == Some("2")
-    })
-    .await;
-    set_status(&server, json!({"currentInPlaceRestartAttempt": 2}));
-    let line = tokio::time::timeout(LIMIT, stdout.next_line())
-        .await
-        .expect("worker output");
-    assert_eq!(line.ok().flatten().as_deref(), Some("worker-up"));
-    let started = Instant::now();
-    set_status(&server, json!({"previousInPlaceRestartAttempt": 2}));
-    let status = tokio::time::timeout(LIMIT, child.wait())
-        .await
-        .expect("exits")
-        .expect("status");
-    assert_eq!(status.code(), Some(42));
-    assert!(
-        started.elapsed() < Duration::from_secs(4),
-        "SIGTERM, not the grace period's SIGKILL"
-    );
-}
-
-/// `(state, ppid)` of every process, from `/proc`.
-fn processes() -> Vec<(u32, char, u32, String)> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .filter_map(Result::ok)
-        .filter_map(|e| {
-            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
-            let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
-            let (_, state, ppid) = agent::reaper::parse_stat(&stat)?;
-            let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
-            Some((
-                pid,
-                state,
-                ppid,
-                String::from_utf8_lossy(&cmdline).replace('\0', " "),
-            ))
-        })
-        .collect()
-}
-
-/// Main-container mode as PID 1 of its own PID namespace and /proc (as in a container): a process the
-/// worker orphans is adopted by the agent and reaped when it exits, not left a zombie. Needs
-/// `unshare` and the right to make a PID namespace (root, as in CI); says so and stops where
-/// it cannot.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn binary_as_pid_1_reaps_the_workers_orphans() {
-    let probe = std::process::Command::new("unshare")
-        .args(["--pid", "--fork", "--mount-proc", "--kill-child", "true"])
-        .output();
-    if !probe.is_ok_and(|o| o.status.success()) {
-        eprintln!("!! SKIPPED: cannot make a PID namespace here (unshare, root); not tested");
-        return;
-    }
-    let server = TestApiServer::start().await;
-    let mut js = jobset("InPlaceRestart");
-    js["status"] = json!({"currentInPlaceRestartAttempt": 0});
-    create_jobset(&server, js);
-    server.create("pods", pod("p0")).expect("pod");
-    // The subshell starts a short sleep in the background and exits at once: the sleep is
-    // orphaned, and exits 0.3 s later.
-    let command = "(sleep 0.3 &) ; echo worker-up; exec sleep 60";
-    let mut cmd = tokio::process::Command::new("unshare");
-    cmd.args([
-        "--pid",
-        "--fork",
-        "--mount-proc",
-        "--kill-child",
-        BIN,
-        "agent",
-    ])
-    .env_clear()
-    .env("NO_COLOR", "1")
-    .env("NAMESPACE", NS)
-    .env("POD_NAME", "p0")
-    .env("JOBSET_NAME", "js")
-    .env("JOBSET_INPLACE_PROTOCOL", "attempt")
-    .env("WORKER_COMMAND", command)
-    .env("AGENT_API_URL", server.url())
-    .stdin(Stdio::null())
-    .stdout(Stdio::piped())
-    .stderr(Stdio::null())
-    .kill_on_drop(true);
-    let mut child = cmd.spawn().expect("spawns");
-    let unshare_pid = child.id().expect("pid");
-    let mut stdout = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    until("attempt 1", || {
-        annotation(&server, Dialect::Attempt, "p0").as_deref() == Some("1")
-    })
-    .await;
-    set_status(&server, json!({"currentInPlaceRestartAttempt": 1}));
-    let line = tokio::time::timeout(LIMIT, stdout.next_line())
-        .await
-        .expect("worker output");
-    assert_eq!(line.ok().flatten().as_deref(), Some("worker-up"));
-    // The agent is unshare's child (PID 1 inside).
-    let agent_pid = processes()
-        .into_iter()
-        .find(|p| p.2 == unshare_pid)
-        .map(|p| p.0)
-        .expect("the agent runs");
-    // Long enough for the orphan to exit; then nothing of the agent's is a zombie.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    let zombies: Vec<_> = processes()
-        .into_iter()
-        .filter(|p| p.2 == agent_pid && p.1 == 'Z')
-        .collect();
-    assert!(zombies.is_empty(), "zombies of the agent: {zombies:?}");
-    // The worker itself still runs, as the agent's child.
-    assert!(
-        processes()
-            .iter()
-            .any(|p| p.2 == agent_pid && p.3.contains("sleep 60")),
-        "the worker runs"
-    );
-    let _ = child.start_kill();
-    let _ = tokio::time::timeout(LIMIT, child.wait()).await;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -820,20 +657,4 @@ async fn many_agents_register_and_lift() {
     set_status(&server, json!({"syncedEpoch": 1}));
     until("every barrier", || agents.iter().all(InProcess::lifted)).await;
     assert_eq!(server.counters().get(Verb::Patch, "pods"), 50);
-}
-
-#[test]
-fn main_container_config_has_no_barrier() {
-    let mut c = AgentConfig::sidecar(NS, "p", "js", Dialect::Epoch);
-    assert!(c.barrier().is_some());
-    c.mode = Mode::MainContainer {
-        command: "true".into(),
-        shell: "/bin/sh".into(),
-        grace_period: Duration::from_secs(1),
-    };
-    assert!(c.barrier().is_none());
-    assert_eq!(
-        AgentExit::WorkerExited(WorkerExit::Code(0)).exit_code(42),
-        0
-    );
 }

@@ -8,7 +8,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use jobset_inplace::protocol::Dialect;
-use jobset_inplace_testkit::kubelet::{AgentMode, SimConfig, Simulation, Snapshot};
+use jobset_inplace_testkit::kubelet::{SimConfig, Simulation, Snapshot};
 
 const BIN: &str = env!("CARGO_BIN_EXE_jobset-inplace");
 /// One wait; generous, for a loaded 2-core machine.
@@ -316,40 +316,6 @@ async fn agent_crash_causes_a_full_group_restart() {
         }
         assert_clean(&sim, &after);
         sim.shutdown().await;
-    })
-    .await;
-}
-
-/// Main-container mode: the agent runs the worker script itself. A worker failure restarts its
-/// container in place; the other agents stop their workers and restart too.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn main_container_mode_group_restart() {
-    bounded(async {
-        for dialect in Dialect::ALL {
-            let mut c = config(dialect, 2);
-            c.mode = AgentMode::MainContainer;
-            let sim = Simulation::start(c).await.expect("starts");
-            let first = running(&sim).await;
-            assert!(sim.fail_worker(0, 3));
-            let after = until(&sim, "the group restart", |s| {
-                s.all_running_after(first.synced)
-            })
-            .await;
-            assert_eq!(after.uids(), first.uids());
-            for slot in &after.slots {
-                assert_eq!(slot.state.restarts, 1, "{after}");
-                assert_eq!(slot.state.worker_runs, 2, "{after}");
-            }
-            assert_clean(&sim, &after);
-            // A worker that succeeds ends its pod successfully.
-            assert!(sim.fail_worker(1, 0));
-            let done = until(&sim, "the pod to succeed", |s| {
-                s.slots[1].phase == "Succeeded"
-            })
-            .await;
-            assert_eq!(done.slots[1].state.restarts, 1, "{done}");
-            sim.shutdown().await;
-        }
     })
     .await;
 }

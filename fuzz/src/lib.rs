@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 
 use base64::Engine as _;
 use jobset_inplace::admission::{self, Endpoint, ReviewOutcome};
-use jobset_inplace::agent::config::{Mode, from_env};
+use jobset_inplace::agent::config::from_env;
 use jobset_inplace::offline;
 use jobset_inplace::protocol::{
     self, AgentAction, AgentView, Dialect, EpochStatus, PodView, ReconcileInput,
@@ -256,7 +256,6 @@ pub fn agent_env(data: &[u8]) {
                 "BARRIER_PATH",
                 "STARTUP_PROBE_PATH",
                 "WORKER_COMMAND",
-                "AGENT_WORKER_GRACE_PERIOD",
                 "AGENT_API_TIMEOUT",
                 "AGENT_API_URL",
             ]
@@ -279,13 +278,9 @@ pub fn agent_env(data: &[u8]) {
                     "{url}"
                 );
             }
-            match &c.mode {
-                Mode::Sidecar { port, path } => {
-                    assert!(*port > 0);
-                    assert!(path.starts_with('/') && !path.contains(char::is_whitespace));
-                }
-                Mode::MainContainer { command, .. } => assert!(!command.trim().is_empty()),
-            }
+            let (port, path) = c.barrier();
+            assert!(port > 0);
+            assert!(path.starts_with('/') && !path.contains(char::is_whitespace));
         }
     }
 }

@@ -259,8 +259,8 @@ pub enum AgentMode {
     /// A native sidecar (init container with `restartPolicy: Always`) whose exit restarts the
     /// whole pod; its startup probe is the barrier.
     Sidecar,
-    /// A regular container whose env sets `WORKER_COMMAND`: the agent runs the worker as its
-    /// child and a `Restart` rule restarts the container in place.
+    /// A regular container whose env sets `WORKER_COMMAND` (main-container mode, admitted by
+    /// older versions): recognised so that validation denies it (`Rule::MainContainerAgent`).
     MainContainer,
 }
 
@@ -321,7 +321,7 @@ pub(crate) fn is_main_container_agent(c: &Container<'_>) -> bool {
 }
 
 /// Every agent of a pod spec: sidecar agents (see [`is_sidecar_agent`]; one lacking the sidecar
-/// shape is still the agent, broken, and validation says how) and main-container agents.
+/// shape is still the agent, broken, and validation says how) and main-container agents (denied).
 pub(crate) fn agents<'a>(pod_spec: &'a PodSpec<'a>) -> impl Iterator<Item = Agent<'a>> {
     all_containers(pod_spec).filter_map(|container| {
         let mode = if is_sidecar_agent(&container) {

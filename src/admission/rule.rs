@@ -35,11 +35,14 @@ pub enum Rule {
     Unreadable,
     /// The JobSet is too large to be judged (more list elements than are read).
     TooLarge,
+    /// The agent runs as the main container (`WORKER_COMMAND`): not offered, the kubelet backs
+    /// off a container restarted under a `Restart` rule (docs/protocol.md).
+    MainContainerAgent,
 }
 
 impl Rule {
     /// Every rule, in the order of their labels in metrics.
-    pub const ALL: [Rule; 14] = [
+    pub const ALL: [Rule; 15] = [
         Rule::BackoffLimit,
         Rule::PodReplacementPolicy,
         Rule::Completions,
@@ -54,6 +57,7 @@ impl Rule {
         Rule::TokenVolume,
         Rule::Unreadable,
         Rule::TooLarge,
+        Rule::MainContainerAgent,
     ];
 
     /// The `rule` label of `jobset_inplace_admission_denials_total` and `check -o json`.
@@ -73,6 +77,7 @@ impl Rule {
             Rule::TokenVolume => "token_volume",
             Rule::Unreadable => "unreadable",
             Rule::TooLarge => "too_large",
+            Rule::MainContainerAgent => "main_container_agent",
         }
     }
 }

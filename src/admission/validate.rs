@@ -5,9 +5,10 @@
 //! - `template.spec.backoffLimit` is 2147483647 ([`check_backoff_limit`]);
 //! - `template.spec.podReplacementPolicy` is `Failed` ([`check_pod_replacement_policy`]);
 //! - `template.spec.completions` and `parallelism` are set and equal ([`check_completions`]);
-//! - the pod template runs exactly one agent, sidecar or main-container mode, whose restart rule
-//!   covers its restart exit code, with the env it needs and, as a sidecar, a startup probe on its
-//!   barrier, whose port no other container of the pod declares ([`check_agent`]);
+//! - the pod template runs exactly one agent, a sidecar (a main-container agent, `WORKER_COMMAND`,
+//!   is denied: not offered), whose restart rule covers its restart exit code, with the env it
+//!   needs and a startup probe on its barrier, whose port no other container of the pod declares
+//!   ([`check_agent`]);
 //! - no restart rule uses KEP-467's `RestartPod` spelling, and every container with restart
 //!   rules sets `restartPolicy` ([`check_restart_rules`]).
 
@@ -450,12 +451,11 @@ fn check_agent(pod_prefix: &str, pod_spec: &PodSpec<'_>, dialect: Dialect, out: 
             format!(
                 "no jobset-inplace agent: the pod needs the agent sidecar (an init container \
                  with restartPolicy: Always, a {} restart rule for its exit code, {} and {} env \
-                 and a startup probe on its barrier) or a main-container agent ({} env); remove \
-                 the {}: \"false\" annotation to have it injected",
+                 and a startup probe on its barrier); remove the {}: \"false\" annotation to \
+                 have it injected",
                 pod::RESTART_ALL_CONTAINERS,
                 agent_env::POD_NAME,
                 agent_env::JOBSET_NAME,
-                agent_env::WORKER_COMMAND,
                 super::INJECT_ANNOTATION,
             ),
         );
@@ -473,6 +473,15 @@ fn check_agent(pod_prefix: &str, pod_spec: &PodSpec<'_>, dialect: Dialect, out: 
         );
     }
     let path = container_path(pod_prefix, &agent.container);
+    if agent.mode == AgentMode::MainContainer {
+        // Denied whole: what else it lacks does not matter, the mode is not offered.
+        let at = agent.container.env(agent_env::WORKER_COMMAND).map_or_else(
+            || format!("{path}.env"),
+            |e| format!("{path}.env[{}]", e.index),
+        );
+        violation(out, Rule::MainContainerAgent, at, main_container_message());
+        return;
+    }
     let exit_code = match agent
         .container
         .agent_exit_code(agent_env::DEFAULT_RESTART_EXIT_CODE)
@@ -484,43 +493,17 @@ fn check_agent(pod_prefix: &str, pod_spec: &PodSpec<'_>, dialect: Dialect, out: 
         }
     };
     check_agent_env(&path, &agent, dialect, out);
-    match agent.mode {
-        AgentMode::Sidecar => {
-            if agent.container.restart_policy() != Some("Always") {
-                violation(
-                    out,
-                    Rule::RestartPolicy,
-                    format!("{path}.restartPolicy"),
-                    "must be Always: the agent runs as a native sidecar beside the workers",
-                );
-            }
-            check_agent_rule(&path, &agent, exit_code, out);
-            check_barrier_probe(pod_prefix, pod_spec, &agent.container, out);
-        }
-        AgentMode::MainContainer => {
-            check_agent_rule(&path, &agent, exit_code, out);
-            for name in [
-                agent_env::BARRIER_PORT,
-                agent_env::BARRIER_PORT_ALIAS,
-                agent_env::BARRIER_PATH,
-                agent_env::BARRIER_PATH_ALIAS,
-            ] {
-                if agent.container.env(name).is_some() {
-                    violation(
-                        out,
-                        Rule::AgentEnv,
-                        format!("{path}.env"),
-                        format!(
-                            "{name} cannot be set with {}: in main-container mode the agent \
-                             holds the worker itself and serves no barrier probe",
-                            agent_env::WORKER_COMMAND
-                        ),
-                    );
-                }
-            }
-        }
+    if agent.container.restart_policy() != Some("Always") {
+        violation(
+            out,
+            Rule::RestartPolicy,
+            format!("{path}.restartPolicy"),
+            "must be Always: the agent runs as a native sidecar beside the workers",
+        );
     }
-    check_worker_rules(pod_prefix, pod_spec, &agent, out);
+    check_agent_rule(&path, &agent, exit_code, out);
+    check_barrier_probe(pod_prefix, pod_spec, &agent.container, out);
+    check_worker_rules(pod_prefix, pod_spec, out);
 }
 
 fn check_agent_env(path: &str, agent: &Agent<'_>, dialect: Dialect, out: &mut Validation) {
@@ -583,13 +566,8 @@ fn check_agent_rule(
             format!("{path}.restartPolicyRules"),
             format!(
                 "the agent needs a restart rule {{action: {wanted}, exitCodes: {{operator: In, \
-                 values: [{}]}}}} so that its exit restarts {} in place",
+                 values: [{}]}}}} so that its exit restarts the pod in place",
                 code.unwrap_or(agent_env::DEFAULT_RESTART_EXIT_CODE),
-                if agent.mode == AgentMode::Sidecar {
-                    "the pod"
-                } else {
-                    "its container"
-                }
             ),
         );
     } else if let Some(code) = code
@@ -764,17 +742,21 @@ fn check_barrier_port_free(
     }
 }
 
+/// Why a main-container agent (`WORKER_COMMAND`) is denied, and what to run instead. Short
+/// enough that the UPDATE ratchet's note still fits in a warning ([`MAX_MESSAGE_BYTES`]).
+fn main_container_message() -> String {
+    format!(
+        "main-container mode ({}) is not offered: the kubelet backs off a container restarted \
+         in place (CrashLoopBackOff, 10s doubling to 300s), so repeated group restarts overrun \
+         the group-restart deadline; run the worker in its own container and let the webhook \
+         inject the agent sidecar (docs/protocol.md)",
+        agent_env::WORKER_COMMAND,
+    )
+}
+
 /// Warns about workers whose crash fails the pod instead of restarting it in place.
-fn check_worker_rules(
-    pod_prefix: &str,
-    pod_spec: &PodSpec<'_>,
-    agent: &Agent<'_>,
-    out: &mut Validation,
-) {
+fn check_worker_rules(pod_prefix: &str, pod_spec: &PodSpec<'_>, out: &mut Validation) {
     for c in pod::containers(pod_spec, pod::ContainerList::Regular) {
-        if agent.mode == AgentMode::MainContainer && c.index == agent.container.index {
-            continue;
-        }
         if !c.restart_rules().iter().any(pod::RestartRule::restarts_pod) {
             warning(
                 out,
@@ -1067,18 +1049,67 @@ mod tests {
         assert_eq!(paths(&v), vec![format!("{C}.initContainers[1]")]);
     }
 
-    #[test]
-    fn main_container_agent_rejects_probe_settings() {
-        let main = json!({"name": "m", "restartPolicy": "Never",
+    /// The agent as the main container (`WORKER_COMMAND`), complete as it was admitted before.
+    fn main_container_agent() -> Value {
+        json!({"name": "m", "restartPolicy": "Never",
             "restartPolicyRules": [{"action": "Restart", "exitCodes": {"operator": "NotIn", "values": [0]}}],
-            "env": [{"name": "WORKER_COMMAND", "value": "train"}, {"name": "POD_NAME", "value": "p"},
-                    {"name": "JOBSET_NAME", "value": "js"}, {"name": "STARTUP_PROBE_PATH", "value": "/x"}]});
+            "env": [{"name": "POD_NAME", "value": "p"}, {"name": "JOBSET_NAME", "value": "js"},
+                    {"name": "WORKER_COMMAND", "value": "train"}]})
+    }
+
+    #[test]
+    fn a_main_container_agent_is_denied_with_why_and_what_to_use() {
         let v = validate(
-            &jobset(json!({"serviceAccountName": "sa", "containers": [main]})),
+            &jobset(json!({"serviceAccountName": "sa", "containers": [main_container_agent()]})),
             &config(),
         );
-        assert_eq!(paths(&v), vec![format!("{C}.containers[0].env")]);
-        assert!(v.violations[0].message.contains("STARTUP_PROBE_PATH"));
+        // One violation, at its WORKER_COMMAND: the rest of the agent is not judged.
+        assert_eq!(paths(&v), vec![format!("{C}.containers[0].env[2]")]);
+        assert_eq!(v.rules, vec![Rule::MainContainerAgent]);
+        let m = &v.violations[0].message;
+        for part in [
+            "WORKER_COMMAND",
+            "CrashLoopBackOff",
+            "deadline",
+            "agent sidecar",
+        ] {
+            assert!(m.contains(part), "{m}");
+        }
+        assert!(m.len() <= MAX_MESSAGE_BYTES, "{}", m.len());
+        // Beside a sidecar agent, it is still a second agent and still denied.
+        let v = validate(
+            &jobset(
+                json!({"serviceAccountName": "sa", "initContainers": [agent(json!({}))],
+                           "containers": [main_container_agent(), worker()]}),
+            ),
+            &config(),
+        );
+        assert_eq!(paths(&v), vec![format!("{C}.containers[0]")]);
+        assert_eq!(v.rules, vec![Rule::AgentDuplicate]);
+    }
+
+    /// A JobSet stored with a main-container agent (admitted by an older version) stays
+    /// updatable while its replicatedJob is unchanged; an edit of that replicatedJob is denied.
+    #[test]
+    fn a_stored_main_container_agent_is_ratcheted() {
+        let old =
+            jobset(json!({"serviceAccountName": "sa", "containers": [main_container_agent()]}));
+        let mut relabelled = old.clone();
+        relabelled["metadata"]["labels"] = json!({"a": "b"});
+        let v = validate_update(&relabelled, &old, &config());
+        assert!(v.violations.is_empty(), "{:?}", v.violations);
+        assert!(
+            v.warnings
+                .iter()
+                .any(|w| w.contains("WORKER_COMMAND") && w.contains("unchanged by the update")),
+            "{:?}",
+            v.warnings
+        );
+        let mut edited = old.clone();
+        edited["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"]
+            [0]["image"] = json!("train:2");
+        let v = validate_update(&edited, &old, &config());
+        assert_eq!(v.rules, vec![Rule::MainContainerAgent]);
     }
 
     #[test]

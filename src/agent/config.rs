@@ -17,7 +17,11 @@ pub struct AgentConfig {
     /// The exit code that asks for an in-place restart of the pod (1-255).
     pub restart_exit_code: u8,
     pub dialect: Dialect,
-    pub mode: Mode,
+    /// The barrier, an HTTP endpoint: the startup probe of the agent's sidecar container, which
+    /// holds the worker containers back until it answers 200. (Main-container mode,
+    /// `WORKER_COMMAND`, is not offered: [`from_env`] refuses it.)
+    pub barrier_port: u16,
+    pub barrier_path: String,
     /// Timeout of each GET and PATCH, and of opening the watch.
     pub api_timeout: Duration,
     /// A watch that delivers nothing for this long is abandoned and resumed.
@@ -26,21 +30,6 @@ pub struct AgentConfig {
     pub api_url: Option<String>,
     /// When the process started: the origin of the timings in the logs.
     pub started: Instant,
-}
-
-/// Where the worker runs, and so what the barrier is.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Mode {
-    /// The agent is a sidecar; its barrier is an HTTP endpoint, the startup probe of its
-    /// container, which holds the worker containers back until it answers 200.
-    Sidecar { port: u16, path: String },
-    /// The agent is the main container and runs the worker itself once the barrier lifts.
-    MainContainer {
-        command: String,
-        shell: String,
-        /// Between SIGTERM and SIGKILL when the agent stops the worker for a restart.
-        grace_period: Duration,
-    },
 }
 
 impl AgentConfig {
@@ -53,10 +42,8 @@ impl AgentConfig {
             jobset_name: jobset_name.to_owned(),
             restart_exit_code: agent_env::DEFAULT_RESTART_EXIT_CODE,
             dialect,
-            mode: Mode::Sidecar {
-                port: agent_env::DEFAULT_BARRIER_PORT,
-                path: agent_env::DEFAULT_BARRIER_PATH.to_owned(),
-            },
+            barrier_port: agent_env::DEFAULT_BARRIER_PORT,
+            barrier_path: agent_env::DEFAULT_BARRIER_PATH.to_owned(),
             api_timeout: agent_env::DEFAULT_API_TIMEOUT,
             watch_idle_timeout: agent_env::DEFAULT_WATCH_IDLE_TIMEOUT,
             api_url: None,
@@ -64,12 +51,9 @@ impl AgentConfig {
         }
     }
 
-    /// The barrier port and path in sidecar mode.
-    pub fn barrier(&self) -> Option<(u16, &str)> {
-        match &self.mode {
-            Mode::Sidecar { port, path } => Some((*port, path)),
-            Mode::MainContainer { .. } => None,
-        }
+    /// The barrier port and path.
+    pub fn barrier(&self) -> (u16, &str) {
+        (self.barrier_port, &self.barrier_path)
     }
 }
 
@@ -92,6 +76,13 @@ pub fn from_env(
             .or_else(|| get(alias).map(|v| (alias, v)))
     };
     let required = |name: &'static str| get(name).ok_or(Error::Missing { name });
+    // An old pod spec of main-container mode: fail loudly, before anything else, rather than run
+    // a lone agent that never starts the worker.
+    if get(agent_env::WORKER_COMMAND).is_some() {
+        return Err(Error::MainContainerMode {
+            name: agent_env::WORKER_COMMAND,
+        });
+    }
 
     let namespace = match get(agent_env::NAMESPACE) {
         Some(ns) => ns.trim().to_owned(),
@@ -123,45 +114,23 @@ pub fn from_env(
         },
     };
 
-    let port = either(agent_env::BARRIER_PORT, agent_env::BARRIER_PORT_ALIAS);
-    let path = either(agent_env::BARRIER_PATH, agent_env::BARRIER_PATH_ALIAS);
-    let mode = match get(agent_env::WORKER_COMMAND) {
-        Some(command) => {
-            if let Some((name, _)) = port.or(path) {
-                return Err(Error::Conflict { name });
+    let barrier_port = match either(agent_env::BARRIER_PORT, agent_env::BARRIER_PORT_ALIAS) {
+        None => agent_env::DEFAULT_BARRIER_PORT,
+        Some((name, v)) => match v.trim().parse::<u16>() {
+            Ok(p) if p > 0 => p,
+            _ => return Err(invalid(name, &v, "expected a port in 1-65535")),
+        },
+    };
+    let barrier_path = match either(agent_env::BARRIER_PATH, agent_env::BARRIER_PATH_ALIAS) {
+        None => agent_env::DEFAULT_BARRIER_PATH.to_owned(),
+        Some((name, v)) => {
+            let v = v.trim();
+            if !v.starts_with('/') || v.contains(char::is_whitespace) {
+                return Err(invalid(name, v, "expected a URL path starting with /"));
             }
-            let grace_period = match get(agent_env::WORKER_GRACE_PERIOD) {
-                None => agent_env::DEFAULT_WORKER_GRACE_PERIOD,
-                Some(v) => duration(agent_env::WORKER_GRACE_PERIOD, &v)?,
-            };
-            Mode::MainContainer {
-                command,
-                shell: get(agent_env::SHELL).unwrap_or_else(|| agent_env::DEFAULT_SHELL.to_owned()),
-                grace_period,
-            }
-        }
-        None => {
-            let port = match port {
-                None => agent_env::DEFAULT_BARRIER_PORT,
-                Some((name, v)) => match v.trim().parse::<u16>() {
-                    Ok(p) if p > 0 => p,
-                    _ => return Err(invalid(name, &v, "expected a port in 1-65535")),
-                },
-            };
-            let path = match path {
-                None => agent_env::DEFAULT_BARRIER_PATH.to_owned(),
-                Some((name, v)) => {
-                    let v = v.trim();
-                    if !v.starts_with('/') || v.contains(char::is_whitespace) {
-                        return Err(invalid(name, v, "expected a URL path starting with /"));
-                    }
-                    v.to_owned()
-                }
-            };
-            Mode::Sidecar { port, path }
+            v.to_owned()
         }
     };
-
     let api_timeout = match get(agent_env::API_TIMEOUT) {
         None => agent_env::DEFAULT_API_TIMEOUT,
         Some(v) => match duration(agent_env::API_TIMEOUT, &v)? {
@@ -202,7 +171,8 @@ pub fn from_env(
         jobset_name,
         restart_exit_code,
         dialect,
-        mode,
+        barrier_port,
+        barrier_path,
         api_timeout,
         watch_idle_timeout,
         api_url,
@@ -267,13 +237,7 @@ mod tests {
         assert_eq!(c.jobset_name, "js");
         assert_eq!(c.restart_exit_code, 42);
         assert_eq!(c.dialect, Dialect::Attempt);
-        assert_eq!(
-            c.mode,
-            Mode::Sidecar {
-                port: 8080,
-                path: "/barrier-is-lifted".into()
-            }
-        );
+        assert_eq!(c.barrier(), (8080, "/barrier-is-lifted"));
         assert_eq!(c.api_timeout, Duration::from_secs(10));
         assert_eq!(c.api_url, None);
     }
@@ -332,13 +296,13 @@ mod tests {
             ("STARTUP_PROBE_PATH", "/up"),
         ]))
         .expect("parses");
-        assert_eq!(c.barrier(), Some((9000, "/up")));
+        assert_eq!(c.barrier(), (9000, "/up"));
         let c = parse(&with(&[
             ("STARTUP_PROBE_PORT", "81"),
             ("BARRIER_PORT", "82"),
         ]))
         .expect("parses");
-        assert_eq!(c.barrier(), Some((82, "/barrier-is-lifted")));
+        assert_eq!(c.barrier(), (82, "/barrier-is-lifted"));
         for bad in ["0", "65536", "http"] {
             let e = message(parse(&with(&[("STARTUP_PROBE_PORT", bad)])));
             assert!(e.starts_with("STARTUP_PROBE_PORT="), "{e}");
@@ -350,46 +314,31 @@ mod tests {
         );
     }
 
+    /// An old pod spec of main-container mode (`WORKER_COMMAND`, with or without the rest of
+    /// what it used) is a configuration error naming why, not a lone agent.
     #[test]
-    fn main_container_mode() {
-        let c = parse(&with(&[
-            ("WORKER_COMMAND", "exec train"),
-            ("SHELL", "/bin/bash"),
-        ]))
-        .expect("parses");
-        assert_eq!(
-            c.mode,
-            Mode::MainContainer {
-                command: "exec train".into(),
-                shell: "/bin/bash".into(),
-                grace_period: Duration::from_secs(10),
-            }
-        );
-        assert_eq!(c.barrier(), None);
-        let c = parse(&with(&[
-            ("WORKER_COMMAND", "w"),
-            ("AGENT_WORKER_GRACE_PERIOD", "500ms"),
-        ]))
-        .expect("parses");
-        assert!(matches!(
-            c.mode,
-            Mode::MainContainer { ref shell, grace_period, .. }
-                if shell == "/bin/sh" && grace_period == Duration::from_millis(500)
-        ));
-        for conflict in [
-            "BARRIER_PORT",
-            "STARTUP_PROBE_PORT",
-            "BARRIER_PATH",
-            "STARTUP_PROBE_PATH",
+    fn main_container_mode_is_refused() {
+        for extra in [
+            &[("WORKER_COMMAND", "exec train")][..],
+            &[
+                ("WORKER_COMMAND", "w"),
+                ("AGENT_WORKER_GRACE_PERIOD", "500ms"),
+            ],
+            &[("WORKER_COMMAND", "w"), ("SHELL", "/bin/bash")],
         ] {
-            let e = message(parse(&with(&[("WORKER_COMMAND", "w"), (conflict, "1")])));
-            assert!(e.contains("WORKER_COMMAND") && e.contains(conflict), "{e}");
+            let e = message(parse(&with(extra)));
+            assert!(e.starts_with("WORKER_COMMAND is set"), "{e}");
+            assert!(
+                e.contains("main-container mode") && e.contains("CrashLoopBackOff"),
+                "{e}"
+            );
+            assert!(!e.contains('\n'), "{e}");
         }
-        let e = message(parse(&with(&[
-            ("WORKER_COMMAND", "w"),
-            ("AGENT_WORKER_GRACE_PERIOD", "soon"),
-        ])));
-        assert!(e.starts_with("AGENT_WORKER_GRACE_PERIOD="), "{e}");
+        // Before anything else it lacks.
+        let e = message(parse(&[("WORKER_COMMAND", "w")]));
+        assert!(e.starts_with("WORKER_COMMAND is set"), "{e}");
+        // Empty counts as unset, as for every variable.
+        assert!(parse(&with(&[("WORKER_COMMAND", " ")])).is_ok());
     }
 
     #[test]

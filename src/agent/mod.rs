@@ -5,7 +5,7 @@
 //! - [`config`]: parsing its environment (pure; the names and defaults are
 //!   [`crate::wire::agent_env`], shared with the webhook);
 //! - [`barrier`]: the barrier endpoint (the startup probe);
-//! - [`run`]: the protocol's I/O, and the worker of main-container mode.
+//! - [`run`]: the protocol's I/O.
 //!
 //! It runs again on every in-place restart, on thousands of nodes at once, so start-up is kept
 //! short: a current-thread runtime, the barrier bound before any API call, the pod and the
@@ -13,7 +13,6 @@
 
 pub mod barrier;
 pub mod config;
-pub mod reaper;
 pub mod run;
 
 use std::process::ExitCode;
@@ -27,8 +26,8 @@ use crate::settings::Global;
 use crate::wire::agent_env;
 
 pub use barrier::BarrierState;
-pub use config::{AgentConfig, Mode};
-pub use run::{AgentExit, Signal, WorkerExit, run_agent};
+pub use config::AgentConfig;
+pub use run::{AgentExit, Signal, run_agent};
 
 /// Exit code of a fatal configuration error (a missing or malformed variable, a barrier port
 /// that cannot be bound, no Kubernetes client config). It is neither 0 (which would restart the
@@ -56,10 +55,12 @@ pub enum Error {
     #[error("NAMESPACE is not set and {path} cannot be read: the file is empty")]
     EmptyNamespace { path: &'static str },
     #[error(
-        "WORKER_COMMAND cannot be combined with {name}: in main-container mode the agent runs \
-         the worker itself and has no barrier endpoint"
+        "{name} is set: main-container mode (the agent running the worker) is not offered, the \
+         kubelet backs off a container restarted in place (CrashLoopBackOff) past the \
+         group-restart deadline; run the worker as its own container beside the agent sidecar \
+         the webhook injects (docs/protocol.md)"
     )]
-    Conflict { name: &'static str },
+    MainContainerMode { name: &'static str },
     #[error("cannot listen on the barrier port {port} (BARRIER_PORT): {source}")]
     Bind {
         port: u16,
@@ -81,16 +82,14 @@ pub enum Error {
 ///
 /// optional: RESTART_POD_IN_PLACE_EXIT_CODE (alias IN_PLACE_RESTART_EXIT_CODE; 1-255, default
 /// 42), JOBSET_INPLACE_PROTOCOL (epoch|attempt), BARRIER_PORT (alias STARTUP_PROBE_PORT; default
-/// 8080), BARRIER_PATH (alias STARTUP_PROBE_PATH; default /barrier-is-lifted), WORKER_COMMAND
-/// (main-container mode: run it with $SHELL -c once the barrier lifts; excludes the barrier
-/// variables), AGENT_WORKER_GRACE_PERIOD (main-container mode: SIGTERM to SIGKILL, default 10s),
+/// 8080), BARRIER_PATH (alias STARTUP_PROBE_PATH; default /barrier-is-lifted),
 /// AGENT_API_TIMEOUT (per GET/PATCH and watch opening, default 10s), AGENT_WATCH_IDLE_TIMEOUT (a
 /// JobSet watch silent this long is resumed, default 90s), AGENT_API_URL (API server URL instead
 /// of the in-cluster config; for simulators and local runs).
 ///
 /// Exit codes: the restart code when the pod's epoch is deprecated; 128+N on signal N; 2 on a
-/// configuration error; in main-container mode the worker's own code (127 if it cannot start).
-/// Never 0 in sidecar mode.
+/// configuration error (WORKER_COMMAND set among them: main-container mode is not offered).
+/// Never 0.
 #[derive(Clone, Debug, clap::Args)]
 #[command(after_help = ENV_HELP)]
 pub struct Args {}
@@ -105,16 +104,14 @@ Environment (set by the webhook's injection; empty counts as unset):
   JOBSET_INPLACE_PROTOCOL        epoch | attempt (the --protocol flag)
   BARRIER_PORT, BARRIER_PATH     the barrier endpoint (default 8080, /barrier-is-lifted;
                                  aliases STARTUP_PROBE_PORT, STARTUP_PROBE_PATH)
-  WORKER_COMMAND                 main-container mode: run it with $SHELL -c (default /bin/sh)
-                                 once the barrier lifts; no barrier endpoint then
-  AGENT_WORKER_GRACE_PERIOD      main-container mode: SIGTERM to SIGKILL of the worker (10s)
+  WORKER_COMMAND                 must not be set: main-container mode is not offered (exit 2)
   AGENT_API_TIMEOUT              timeout of each GET and PATCH, and of opening the watch (10s)
   AGENT_WATCH_IDLE_TIMEOUT       a JobSet watch with no event or bookmark this long is dead:
                                  abandoned and resumed (90s)
   AGENT_API_URL                  API server URL instead of the in-cluster config (simulators)
 
 Exit codes: the restart code when the pod's epoch is deprecated; 128+N on signal N; 2 on a
-configuration error; main-container mode: the worker's own code (127 if it cannot start).";
+configuration error. Never 0.";
 
 impl Args {
     pub async fn run(self, global: Global) -> Result<ExitCode, Error> {
@@ -142,10 +139,9 @@ async fn start(config: AgentConfig) -> Result<ExitCode, Error> {
     let signals = unix_signals()?;
     let (barrier_tx, barrier_rx) = watch::channel(BarrierState::default());
     // The barrier answers (503) from the first moment, before any API call.
-    if let Some((port, path)) = config.barrier() {
-        let listener = bind_barrier(port).await?;
-        tokio::spawn(barrier::serve(listener, path.to_owned(), barrier_rx));
-    }
+    let (port, path) = config.barrier();
+    let listener = bind_barrier(port).await?;
+    tokio::spawn(barrier::serve(listener, path.to_owned(), barrier_rx));
     let client = client(&config).await?;
     let restart_exit_code = config.restart_exit_code;
     let outcome = run_agent(client, config, barrier_tx, signals).await;

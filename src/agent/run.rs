@@ -1,13 +1,12 @@
 //! The agent's I/O (docs/protocol.md): read the pod, watch its JobSet's epochs (the JobSet's
 //! `JobSetEpoch` object, or the JobSet itself where that kind is not served), register the epoch,
-//! and act on each state with [`protocol::agent_decide`]; in main-container mode, run the worker
-//! as a child.
+//! and act on each state with [`protocol::agent_decide`].
 //!
 //! Every API error is retried with a jittered exponential backoff (50 ms to 5 s, or longer when
 //! a 429's `Retry-After` asks for it, [`crate::retry`]); nothing the API server does makes the
 //! agent exit. A watch that ends or breaks after it served (an event or a bookmark, or one
 //! second open) is resumed at once: only watches that fail straight away back off. The agent ends only with an [`AgentExit`]: its pod's epoch
-//! was deprecated, a signal arrived, or (main-container mode) the worker ended.
+//! was deprecated, or a signal arrived.
 
 use std::time::{Duration, Instant};
 
@@ -18,7 +17,7 @@ use tokio::sync::watch;
 use tracing::Instrument;
 
 use super::barrier::BarrierState;
-use super::config::{AgentConfig, Mode};
+use super::config::AgentConfig;
 use crate::jobset::JobSetSummary;
 use crate::protocol::{self, AgentAction, AgentView, Dialect, Epoch, Restart};
 use crate::wire::WatchedPod;
@@ -45,23 +44,6 @@ impl Signal {
             Signal::Int => 2,
         }
     }
-
-    fn nix(self) -> nix::sys::signal::Signal {
-        match self {
-            Signal::Term => nix::sys::signal::Signal::SIGTERM,
-            Signal::Int => nix::sys::signal::Signal::SIGINT,
-        }
-    }
-}
-
-/// How the worker of main-container mode ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum WorkerExit {
-    Code(i32),
-    /// Killed by this signal.
-    Signal(i32),
-    /// The shell could not be started.
-    SpawnFailed,
 }
 
 /// Why the agent ends.
@@ -70,27 +52,17 @@ pub enum AgentExit {
     /// The pod's epoch is deprecated: exit with the restart code so the pod restarts in place
     /// (what [`protocol::agent_decide`] ordered).
     Restart(Restart),
-    /// SIGTERM or SIGINT (with no worker running).
+    /// SIGTERM or SIGINT.
     Signalled(Signal),
-    /// Main-container mode: the worker ended.
-    WorkerExited(WorkerExit),
 }
-
-/// Exit code when the worker command cannot be started (a shell's "command not found").
-pub const SPAWN_FAILED_EXIT_CODE: u8 = 127;
 
 impl AgentExit {
     /// The process exit code: the restart code only for a deprecated epoch, `128 + N` for
-    /// signal N, the worker's own code in main-container mode. Never 0 except for a worker that
-    /// succeeded.
+    /// signal N. Never 0.
     pub fn exit_code(&self, restart_exit_code: u8) -> u8 {
-        let signalled = |n: i32| u8::try_from(128 + n.clamp(1, 127)).unwrap_or(255);
         match *self {
             AgentExit::Restart(_) => restart_exit_code,
-            AgentExit::Signalled(s) => signalled(s.number()),
-            AgentExit::WorkerExited(WorkerExit::Code(c)) => u8::try_from(c & 0xff).unwrap_or(1),
-            AgentExit::WorkerExited(WorkerExit::Signal(n)) => signalled(n),
-            AgentExit::WorkerExited(WorkerExit::SpawnFailed) => SPAWN_FAILED_EXIT_CODE,
+            AgentExit::Signalled(s) => u8::try_from(128 + s.number().clamp(1, 127)).unwrap_or(255),
         }
     }
 }
@@ -130,11 +102,6 @@ where
     S: Stream<Item = Signal> + Unpin,
 {
     let mut proto = Protocol::new(client, &config, barrier);
-    let mut worker: Option<Worker> = None;
-    // Main-container mode: adopt and reap what the worker leaves behind (see `reaper`).
-    let worker_pid = super::reaper::WorkerPid::default();
-    let _reaper = matches!(config.mode, Mode::MainContainer { .. })
-        .then(|| AbortOnDrop(tokio::spawn(super::reaper::run(worker_pid.clone()))));
     let mut signals_open = true;
     loop {
         tokio::select! {
@@ -142,65 +109,20 @@ where
                 AgentAction::Restart(restart) => {
                     let Restart { epoch, deprecated } = restart;
                     tracing::info!(epoch, deprecated, "restarting: epoch {epoch} <= deprecated {deprecated}");
-                    if let (Some(w), Mode::MainContainer { grace_period, .. }) = (worker.take(), &config.mode) {
-                        w.stop(*grace_period).await;
-                    }
                     return AgentExit::Restart(restart);
                 }
-                // `next` returns the barrier's lifting once, and never `Wait`.
-                AgentAction::Wait => {}
-                AgentAction::LiftBarrier => {
-                    if let Mode::MainContainer { command, shell, .. } = &config.mode {
-                        worker_pid.spawning();
-                        match Worker::spawn(shell, command) {
-                            Ok(w) => {
-                                tracing::info!(pid = w.pid, "worker started");
-                                worker_pid.set(w.pid);
-                                worker = Some(w);
-                            }
-                            Err(e) => {
-                                worker_pid.set(None);
-                                tracing::error!(shell = %shell, error = %e, "cannot start the worker");
-                                return AgentExit::WorkerExited(WorkerExit::SpawnFailed);
-                            }
-                        }
-                    }
-                }
+                // `next` returns the barrier's lifting once (the barrier endpoint serves it),
+                // and never `Wait`.
+                AgentAction::Wait | AgentAction::LiftBarrier => {}
             },
-            exit = wait_worker(&mut worker), if worker.is_some() => {
-                tracing::info!(?exit, "worker ended");
-                return AgentExit::WorkerExited(exit);
-            }
             signal = signals.next(), if signals_open => match signal {
-                Some(s) => match &worker {
-                    Some(w) => {
-                        tracing::info!(signal = s.number(), "forwarding the signal to the worker");
-                        w.signal(s);
-                    }
-                    None => {
-                        tracing::info!(signal = s.number(), "signal received; exiting");
-                        return AgentExit::Signalled(s);
-                    }
-                },
+                Some(s) => {
+                    tracing::info!(signal = s.number(), "signal received; exiting");
+                    return AgentExit::Signalled(s);
+                }
                 None => signals_open = false,
             },
         }
-    }
-}
-
-/// Aborts a task when dropped, so that it ends with the agent's loop.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-async fn wait_worker(worker: &mut Option<Worker>) -> WorkerExit {
-    match worker {
-        Some(w) => w.wait().await,
-        None => std::future::pending().await,
     }
 }
 
@@ -684,71 +606,6 @@ impl Backoff {
     }
 }
 
-/// The worker of main-container mode: `SHELL -c COMMAND` in its own process group, so that a
-/// signal reaches everything the command started.
-struct Worker {
-    child: tokio::process::Child,
-    pid: Option<u32>,
-}
-
-impl Worker {
-    fn spawn(shell: &str, command: &str) -> std::io::Result<Worker> {
-        let child = tokio::process::Command::new(shell)
-            .arg("-c")
-            .arg(command)
-            .process_group(0)
-            .kill_on_drop(true)
-            .spawn()?;
-        let pid = child.id();
-        Ok(Worker { child, pid })
-    }
-
-    fn group(&self) -> Option<nix::unistd::Pid> {
-        self.pid
-            .and_then(|p| i32::try_from(p).ok())
-            .map(nix::unistd::Pid::from_raw)
-    }
-
-    fn signal(&self, signal: Signal) {
-        if let Some(group) = self.group()
-            && let Err(e) = nix::sys::signal::killpg(group, signal.nix())
-        {
-            tracing::warn!(error = %e, "cannot signal the worker");
-        }
-    }
-
-    async fn wait(&mut self) -> WorkerExit {
-        use std::os::unix::process::ExitStatusExt;
-        match self.child.wait().await {
-            Ok(status) => match (status.code(), status.signal()) {
-                (Some(code), _) => WorkerExit::Code(code),
-                (None, Some(signal)) => WorkerExit::Signal(signal),
-                (None, None) => WorkerExit::Code(1),
-            },
-            Err(e) => {
-                tracing::error!(error = %e, "cannot wait for the worker");
-                WorkerExit::Code(1)
-            }
-        }
-    }
-
-    /// SIGTERM, then SIGKILL after `grace`.
-    async fn stop(mut self, grace: Duration) {
-        self.signal(Signal::Term);
-        if tokio::time::timeout(grace, self.child.wait())
-            .await
-            .is_err()
-        {
-            tracing::warn!(?grace, "the worker outlived its grace period; killing it");
-            if let Some(group) = self.group() {
-                let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
-            }
-            let _ = self.child.start_kill();
-            let _ = self.child.wait().await;
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -762,42 +619,5 @@ mod tests {
         assert_eq!(restart.exit_code(42), 42);
         assert_eq!(AgentExit::Signalled(Signal::Term).exit_code(42), 143);
         assert_eq!(AgentExit::Signalled(Signal::Int).exit_code(42), 130);
-        assert_eq!(
-            AgentExit::WorkerExited(WorkerExit::Code(0)).exit_code(42),
-            0,
-            "a worker that succeeded succeeds the pod"
-        );
-        assert_eq!(
-            AgentExit::WorkerExited(WorkerExit::Code(3)).exit_code(42),
-            3
-        );
-        assert_eq!(
-            AgentExit::WorkerExited(WorkerExit::Signal(9)).exit_code(42),
-            137
-        );
-        assert_eq!(
-            AgentExit::WorkerExited(WorkerExit::SpawnFailed).exit_code(42),
-            127
-        );
-    }
-
-    #[tokio::test]
-    async fn worker_gets_sigterm_then_sigkill() {
-        let mut w = Worker::spawn("/bin/sh", "exit 3").expect("spawns");
-        assert_eq!(w.wait().await, WorkerExit::Code(3));
-        let w = Worker::spawn("/bin/sh", "trap '' TERM; sleep 30").expect("spawns");
-        // Let the shell install its trap: SIGTERM is then ignored and only SIGKILL ends it.
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        let started = Instant::now();
-        w.stop(Duration::from_millis(200)).await;
-        let took = started.elapsed();
-        assert!(
-            took >= Duration::from_millis(200),
-            "waited the grace period: {took:?}"
-        );
-        assert!(took < Duration::from_secs(20), "then killed: {took:?}");
-        let mut w = Worker::spawn("/bin/sh", "exec sleep 30").expect("spawns");
-        w.signal(Signal::Term);
-        assert_eq!(w.wait().await, WorkerExit::Signal(15));
     }
 }

@@ -26,7 +26,8 @@ pub const BARRIER_PORT_ALIAS: &str = "STARTUP_PROBE_PORT";
 pub const BARRIER_PATH: &str = "BARRIER_PATH";
 /// The released JobSet agent's name for [`BARRIER_PATH`].
 pub const BARRIER_PATH_ALIAS: &str = "STARTUP_PROBE_PATH";
-/// Set in main-container mode: the worker command the agent runs as its child.
+/// Main-container mode's worker command (the agent running the worker as its child), which is
+/// not offered: the webhook denies a container with it and the agent refuses to start.
 pub const WORKER_COMMAND: &str = "WORKER_COMMAND";
 
 /// Built-in barrier port.
@@ -42,13 +43,9 @@ pub const SERVICE_ACCOUNT_NAMESPACE_FILE: &str =
 
 /// Optional: timeout of each GET and PATCH the agent sends (a duration: `10s`, `500ms`).
 pub const API_TIMEOUT: &str = "AGENT_API_TIMEOUT";
-/// Optional, main-container mode: how long a stopped worker gets between SIGTERM and SIGKILL.
-pub const WORKER_GRACE_PERIOD: &str = "AGENT_WORKER_GRACE_PERIOD";
 /// Optional: the API server URL (`http://127.0.0.1:PORT`), instead of the in-cluster config or
 /// kubeconfig. Meant for the simulator and local runs, never needed in a cluster.
 pub const API_URL: &str = "AGENT_API_URL";
-/// The shell that runs [`WORKER_COMMAND`] (`/bin/sh` when unset).
-pub const SHELL: &str = "SHELL";
 
 /// Optional: how long the JobSet watch may deliver nothing (no event, no bookmark) before it
 /// is abandoned and resumed (a duration: `90s`).
@@ -59,7 +56,3 @@ pub const DEFAULT_WATCH_IDLE_TIMEOUT: std::time::Duration = std::time::Duration:
 
 /// Built-in per-request API timeout.
 pub const DEFAULT_API_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
-/// Built-in worker grace period.
-pub const DEFAULT_WORKER_GRACE_PERIOD: std::time::Duration = std::time::Duration::from_secs(10);
-/// The shell used when `SHELL` is unset.
-pub const DEFAULT_SHELL: &str = "/bin/sh";

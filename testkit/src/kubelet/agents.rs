@@ -21,8 +21,6 @@ use jobset_inplace::wire::agent_env;
 pub(crate) struct AgentRun {
     kind: Kind,
     exited: Option<i32>,
-    /// Lines the agent (and, in main-container mode, its worker) wrote to stdout.
-    stdout: Option<mpsc::UnboundedReceiver<String>>,
 }
 
 enum Kind {
@@ -44,7 +42,7 @@ pub(crate) type LogSink = std::sync::Arc<dyn Fn(String) + Send + Sync>;
 
 impl AgentRun {
     /// Starts `binary agent` with exactly `env` (plus `PATH`), its stdout and stderr read line by
-    /// line into `log` (stdout also into [`AgentRun::stdout_line`]).
+    /// line into `log`.
     pub(crate) fn spawn_process(
         binary: &Path,
         env: &[(String, String)],
@@ -63,7 +61,6 @@ impl AgentRun {
             .kill_on_drop(true);
         let mut child = cmd.spawn()?;
         let pid = child.id();
-        let (tx, rx) = mpsc::unbounded_channel();
         if let Some(out) = child.stdout.take() {
             let log = log.clone();
             let prefix = prefix.clone();
@@ -71,7 +68,6 @@ impl AgentRun {
                 let mut lines = BufReader::new(out).lines();
                 while let Ok(Some(line)) = lines.next_line().await {
                     log(format!("{prefix} {line}"));
-                    let _ = tx.send(line);
                 }
             });
         }
@@ -90,7 +86,6 @@ impl AgentRun {
                 barrier,
             },
             exited: None,
-            stdout: Some(rx),
         })
     }
 
@@ -128,7 +123,6 @@ impl AgentRun {
                 restart_exit_code,
             },
             exited: None,
-            stdout: None,
         })
     }
 
@@ -218,11 +212,6 @@ impl AgentRun {
             Kind::Process { barrier: None, .. } => false,
             Kind::InProcess { barrier, .. } => barrier.borrow().lifted,
         }
-    }
-
-    /// The stdout lines, taken once (child processes only).
-    pub(crate) fn take_stdout(&mut self) -> Option<mpsc::UnboundedReceiver<String>> {
-        self.stdout.take()
     }
 }
 

@@ -4,7 +4,7 @@
 
 use serde_json::{Map, Value, json};
 
-use super::{AgentMode, SimConfig, SimError};
+use super::{SimConfig, SimError};
 use jobset_inplace::admission::{self, InjectionConfig};
 use jobset_inplace::protocol::JOBSET_NAME_LABEL;
 
@@ -24,67 +24,35 @@ pub const CONTROLLER_UID_LABELS: [&str; 2] =
 /// The finalizer the Job controller puts on every pod of a Job, and removes once it has counted
 /// the pod's end (its phase `Failed` or `Succeeded`, or the Job being deleted).
 pub const JOB_TRACKING_FINALIZER: &str = "batch.kubernetes.io/job-tracking";
-/// Name of the worker container (sidecar mode).
+/// Name of the worker container.
 pub const WORKER_CONTAINER: &str = "worker";
-/// Name of the agent container in main-container mode.
-pub const MAIN_AGENT_CONTAINER: &str = "agent";
-/// Env the simulator gives a main-container-mode agent: a file whose appearance makes the
-/// worker script exit with the code written in it.
-pub const WORKER_CONTROL_ENV: &str = "WORKER_CONTROL";
-
-/// The worker of main-container mode: announces itself on stdout (the simulator reads it through
-/// the agent's inherited stdout), then exits with the code written to `$WORKER_CONTROL` once
-/// that file appears.
-pub const WORKER_SCRIPT: &str = r#"echo "worker-started $$"
-while :; do
-  if [ -f "$WORKER_CONTROL" ]; then
-    code=$(cat "$WORKER_CONTROL"); rm -f "$WORKER_CONTROL"
-    echo "worker-exiting $code"
-    exit "$code"
-  fi
-  sleep 0.02
-done"#;
 
 fn exit_codes(operator: &str, values: &[i32]) -> Value {
     json!({"operator": operator, "values": values})
 }
 
-/// The JobSet a user writes: a worker container with restart rules, no agent (sidecar mode), or
-/// the agent as the main container with `WORKER_COMMAND` (main-container mode).
+/// The JobSet a user writes: a worker container with restart rules, no agent (the injection adds
+/// the agent sidecar).
 pub fn plain_jobset(c: &SimConfig) -> Value {
     let fail_code = c.fail_job_exit_code;
-    let pod_spec = match c.mode {
-        AgentMode::Sidecar => {
-            let rules = match fail_code {
-                None => {
-                    json!([{"action": "RestartAllContainers", "exitCodes": exit_codes("NotIn", &[0])}])
-                }
-                // No rule covers `y`: the worker's `restartPolicy: Never` ends it. (A `Terminate`
-                // action does not exist: kube-apiserver 1.35 accepts `Restart` and
-                // `RestartAllContainers` only, and so does the test API server.)
-                Some(y) => json!([
-                    {"action": "RestartAllContainers", "exitCodes": exit_codes("NotIn", &[0, y])}
-                ]),
-            };
-            json!({
-                "restartPolicy": "Never",
-                "containers": [{
-                    "name": WORKER_CONTAINER, "image": "worker:sim",
-                    "restartPolicy": "Never", "restartPolicyRules": rules
-                }]
-            })
+    let rules = match fail_code {
+        None => {
+            json!([{"action": "RestartAllContainers", "exitCodes": exit_codes("NotIn", &[0])}])
         }
-        AgentMode::MainContainer => json!({
-            "restartPolicy": "Never",
-            "containers": [{
-                "name": MAIN_AGENT_CONTAINER, "image": "worker-with-agent:sim", "args": ["agent"],
-                "restartPolicy": "Never",
-                "restartPolicyRules": [{"action": "Restart", "exitCodes": exit_codes("NotIn", &[0])}],
-                "env": [{"name": jobset_inplace::wire::agent_env::WORKER_COMMAND, "value": WORKER_SCRIPT}]
-            }]
-        }),
+        // No rule covers `y`: the worker's `restartPolicy: Never` ends it. (A `Terminate`
+        // action does not exist: kube-apiserver 1.35 accepts `Restart` and
+        // `RestartAllContainers` only, and so does the test API server.)
+        Some(y) => json!([
+            {"action": "RestartAllContainers", "exitCodes": exit_codes("NotIn", &[0, y])}
+        ]),
     };
-    let mut pod_spec = pod_spec;
+    let mut pod_spec = json!({
+        "restartPolicy": "Never",
+        "containers": [{
+            "name": WORKER_CONTAINER, "image": "worker:sim",
+            "restartPolicy": "Never", "restartPolicyRules": rules
+        }]
+    });
     if !c.user_init_containers.is_empty() {
         pod_spec["initContainers"] = c
             .user_init_containers
@@ -406,9 +374,8 @@ mod tests {
 
     #[test]
     fn the_injection_gives_each_pod_an_agent() {
-        for mode in [AgentMode::Sidecar, AgentMode::MainContainer] {
-            let mut c = SimConfig::new(Dialect::Epoch, 2);
-            c.mode = mode;
+        {
+            let c = SimConfig::new(Dialect::Epoch, 2);
             let js = mutated_jobset(&c).expect("mutates");
             let slots = slots(&js);
             assert_eq!(slots.len(), 2);
@@ -424,7 +391,7 @@ mod tests {
             ));
             let config = InjectionConfig::defaults(Dialect::Epoch);
             let validation = admission::validate(&js, &config);
-            assert!(validation.violations.is_empty(), "{mode:?}: {validation:?}");
+            assert!(validation.violations.is_empty(), "{validation:?}");
         }
     }
 }

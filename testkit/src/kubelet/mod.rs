@@ -10,8 +10,7 @@
 //!   resolved), pointed at the test API server (`AGENT_API_URL`) with a barrier port of its own
 //!   (`BARRIER_PORT`: all pods share 127.0.0.1);
 //! - polls the startup probe like the kubelet (every [`SimConfig::probe_period`]) and starts a
-//!   simulated worker only once it answers 200 (main-container mode: the agent starts the real
-//!   worker script, [`manifest::WORKER_SCRIPT`], which announces itself on stdout);
+//!   simulated worker only once it answers 200;
 //! - writes the pod status through the API: phase, container statuses with `restartCount`, the
 //!   `AllContainersRestarting` condition during a restart;
 //! - applies `restartPolicyRules` to every container exit: `RestartAllContainers` restarts every
@@ -77,15 +76,6 @@ use jobset_inplace::jobset::{JobSet, JobSetSummary};
 use jobset_inplace::protocol::{Dialect, Epoch, JOBSET_NAME_LABEL};
 use jobset_inplace::reconciler;
 
-/// Where the agent runs in the pod.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AgentMode {
-    /// An injected native sidecar with a startup-probe barrier, beside a `worker` container.
-    Sidecar,
-    /// The agent is the pod's only container and runs the worker command itself.
-    MainContainer,
-}
-
 /// How agents run.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum AgentRunner {
@@ -113,7 +103,6 @@ pub struct SimConfig {
     pub replicated_jobs: Vec<ReplicatedJobSpec>,
     /// `spec.failurePolicy.maxRestarts`.
     pub max_restarts: i32,
-    pub mode: AgentMode,
     pub agents: AgentRunner,
     /// Startup probe period (the kubelet's is at least 1 s; simulations go faster).
     pub probe_period: Duration,
@@ -174,7 +163,6 @@ impl SimConfig {
                 parallelism: 1,
             }],
             max_restarts: 10,
-            mode: AgentMode::Sidecar,
             agents: AgentRunner::InProcess,
             probe_period: Duration::from_millis(10),
             restart_delay: Duration::from_millis(20),
@@ -339,7 +327,6 @@ struct State {
     slots: Vec<SlotState>,
     cmds: Vec<Option<mpsc::UnboundedSender<PodCmd>>>,
     violations: Vec<String>,
-    worker_groups: HashSet<i32>,
     /// Per Job ([`Ctx::jobs`]), the Job object its pods are created under.
     job_owners: Vec<Option<manifest::JobOwner>>,
     /// Pods whose kubelet task runs, with the UID of their Job.
@@ -372,7 +359,6 @@ pub(crate) struct Ctx {
     stop_tx: watch::Sender<bool>,
     ended_tx: mpsc::UnboundedSender<(PodInfo, PodEnd)>,
     tasks: Mutex<Vec<AbortHandle>>,
-    workdir: PathBuf,
     generation: AtomicU32,
     started: Instant,
 }
@@ -419,10 +405,6 @@ impl Ctx {
 
     pub(crate) fn stop_rx(&self) -> watch::Receiver<bool> {
         self.stop_tx.subscribe()
-    }
-
-    pub(crate) fn control_file(&self, pod: &str) -> PathBuf {
-        self.workdir.join(format!("{pod}.exit"))
     }
 
     /// One status write (merge patch of the status subresource), retried twice; see
@@ -487,15 +469,6 @@ impl Ctx {
 
     pub(crate) fn worker_stopped(&self, slot: usize) {
         self.with_slot(slot, |s| s.worker = None);
-    }
-
-    pub(crate) fn worker_group(&self, pid: i32, alive: bool) {
-        let mut state = lock(&self.state);
-        if alive {
-            state.worker_groups.insert(pid);
-        } else {
-            state.worker_groups.remove(&pid);
-        }
     }
 
     fn epoch_of(&self, pod: &Value) -> Option<Epoch> {
@@ -605,8 +578,8 @@ impl Ctx {
             .map_err(|e| SimError::Setup(format!("cannot create pod {name}: {e}")))?;
         let uid = created.metadata.uid.clone().unwrap_or_default();
         let spec = created.data.get("spec").cloned().unwrap_or(Value::Null);
-        let port = match (&self.config.agents, self.config.mode) {
-            (AgentRunner::Binary(_), AgentMode::Sidecar) => Some(
+        let port = match &self.config.agents {
+            AgentRunner::Binary(_) => Some(
                 agents::barrier_port()
                     .ok_or_else(|| SimError::Setup("no free loopback port".into()))?,
             ),
@@ -1072,11 +1045,6 @@ impl Simulation {
         server: Arc<TestApiServer>,
         config: SimConfig,
     ) -> Result<Simulation, SimError> {
-        if config.mode == AgentMode::MainContainer && config.agents == AgentRunner::InProcess {
-            return Err(SimError::Setup(
-                "main-container mode needs the agent binary (it runs the worker as a child)".into(),
-            ));
-        }
         let jobset = manifest::mutated_jobset(&config)?;
         let slots = manifest::slots(&jobset);
         let jobs = manifest::jobs(&jobset);
@@ -1096,13 +1064,6 @@ impl Simulation {
             kube::Client::try_from(kube::Config::new(url))
                 .map_err(|e| SimError::Setup(format!("a client for {black_hole_url}: {e}")))?
         };
-        let workdir = std::env::temp_dir().join(format!(
-            "jobset-inplace-sim-{}-{}",
-            std::process::id(),
-            NEXT_SIM.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&workdir)
-            .map_err(|e| SimError::Setup(format!("{}: {e}", workdir.display())))?;
         let (stop_tx, _) = watch::channel(false);
         let (ended_tx, ended_rx) = mpsc::unbounded_channel();
         let n = slots.len();
@@ -1123,7 +1084,6 @@ impl Simulation {
                 slots: vec![SlotState::default(); n],
                 cmds: vec![None; n],
                 violations: Vec::new(),
-                worker_groups: HashSet::new(),
                 job_owners: vec![None; jobs.len()],
                 live_pods: std::collections::HashMap::new(),
                 deletion_seen: HashSet::new(),
@@ -1136,7 +1096,6 @@ impl Simulation {
             stop_tx,
             ended_tx,
             tasks: Mutex::new(Vec::new()),
-            workdir,
             generation: AtomicU32::new(0),
             started: Instant::now(),
             config,
@@ -1434,8 +1393,6 @@ impl Simulation {
     }
 }
 
-static NEXT_SIM: AtomicU32 = AtomicU32::new(0);
-
 impl Drop for Simulation {
     fn drop(&mut self) {
         for task in lock(&self.ctx.tasks).drain(..) {
@@ -1444,14 +1401,6 @@ impl Drop for Simulation {
         if let Some((_, task)) = self.reconciler.take() {
             task.abort();
         }
-        // Agent processes die with their tasks (kill on drop); the worker process groups of
-        // main-container mode are not their children's children any more once an agent dies.
-        for pid in lock(&self.ctx.state).worker_groups.drain() {
-            let _ = nix::sys::signal::killpg(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-        }
-        let _ = std::fs::remove_dir_all(&self.ctx.workdir);
+        // Agent processes die with their tasks (kill on drop).
     }
 }

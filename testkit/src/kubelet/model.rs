@@ -20,8 +20,6 @@
 
 use serde_json::{Value, json};
 
-use super::AgentMode;
-
 /// The reason and the exit code the kubelet writes for a container removed by a group restart
 /// (`kubelet_pods.go`: `RestartingAllContainers`, 137).
 pub const RESTARTING_ALL_CONTAINERS: &str = "RestartingAllContainers";
@@ -131,13 +129,12 @@ pub struct UserContainer {
 /// The status of one pod as its kubelet knows it.
 #[derive(Clone, Debug)]
 pub struct PodModel {
-    pub mode: AgentMode,
     pub phase: &'static str,
     pub users: Vec<UserContainer>,
     pub agent: ContainerModel,
-    /// The worker (sidecar mode).
+    /// The worker container.
     pub worker: Option<ContainerModel>,
-    /// The worker process runs (main-container mode: inside the agent container).
+    /// The worker runs.
     pub worker_running: bool,
     /// `AllContainersRestarting`.
     pub restarting: bool,
@@ -145,14 +142,8 @@ pub struct PodModel {
 }
 
 impl PodModel {
-    pub fn new(
-        mode: AgentMode,
-        users: &[(String, bool)],
-        agent: &str,
-        worker: Option<&str>,
-    ) -> Self {
+    pub fn new(users: &[(String, bool)], agent: &str, worker: Option<&str>) -> Self {
         PodModel {
-            mode,
             phase: "Pending",
             users: users
                 .iter()
@@ -169,15 +160,9 @@ impl PodModel {
         }
     }
 
-    /// The agent container runs; main-container mode: the pod is `Running` (its one regular
-    /// container runs), sidecar mode: `Pending` until the worker runs (`getPhase`).
+    /// The agent container runs; the pod is `Pending` until the worker runs (`getPhase`).
     pub fn agent_runs(&mut self) {
         self.agent.run();
-        if self.mode == AgentMode::MainContainer {
-            self.agent.started = true;
-            self.agent.ready = true;
-            self.phase = "Running";
-        }
         self.note_initialized();
     }
 
@@ -198,29 +183,20 @@ impl PodModel {
                 c.state = json!({"waiting": {"reason": "PodInitializing"}});
             }
         }
-        let regular_runs = match self.mode {
-            AgentMode::Sidecar => self.worker.as_ref().is_some_and(ContainerModel::running),
-            AgentMode::MainContainer => self.agent.running(),
-        };
-        if !regular_runs {
+        if !self.worker.as_ref().is_some_and(ContainerModel::running) {
             self.phase = "Pending";
         }
     }
 
-    /// The startup probe answered (sidecar mode): the agent is started and the worker runs.
+    /// The startup probe answered: the agent is started and the worker runs.
     pub fn worker_runs(&mut self) {
         self.worker_running = true;
-        match self.mode {
-            AgentMode::Sidecar => {
-                self.agent.started = true;
-                self.agent.ready = true;
-                if let Some(w) = self.worker.as_mut() {
-                    w.run();
-                    w.started = true;
-                    w.ready = true;
-                }
-            }
-            AgentMode::MainContainer => {}
+        self.agent.started = true;
+        self.agent.ready = true;
+        if let Some(w) = self.worker.as_mut() {
+            w.run();
+            w.started = true;
+            w.ready = true;
         }
         self.phase = "Running";
         self.note_initialized();
@@ -231,11 +207,7 @@ impl PodModel {
             .users
             .iter()
             .all(|u| u.container.started || u.container.state.get("terminated").is_some());
-        let agent_done = match self.mode {
-            AgentMode::Sidecar => self.agent.started,
-            AgentMode::MainContainer => true,
-        };
-        if users_done && agent_done {
+        if users_done && self.agent.started {
             self.initialized = true;
         }
     }
@@ -267,18 +239,14 @@ impl PodModel {
         self.worker_running = false;
         let code = code.unwrap_or(RESTARTING_EXIT_CODE);
         let reason = if code == 0 { "Completed" } else { "Error" };
-        let main = match self.mode {
-            AgentMode::Sidecar => self.worker.as_mut(),
-            AgentMode::MainContainer => Some(&mut self.agent),
-        };
-        if let Some(c) = main {
+        if let Some(c) = self.worker.as_mut() {
             c.terminate(code, reason);
         }
         for c in self
             .users
             .iter_mut()
             .map(|u| &mut u.container)
-            .chain((self.mode == AgentMode::Sidecar).then_some(&mut self.agent))
+            .chain(std::iter::once(&mut self.agent))
         {
             if c.running() {
                 c.terminate(0, "Completed");
@@ -296,14 +264,8 @@ impl PodModel {
             && self.agent.ready
             && self.worker.as_ref().is_none_or(|w| w.ready);
         let mut init: Vec<Value> = self.users.iter().map(|u| u.container.json()).collect();
-        let mut regular = Vec::new();
-        match self.mode {
-            AgentMode::Sidecar => {
-                init.push(self.agent.json());
-                regular.extend(self.worker.iter().map(ContainerModel::json));
-            }
-            AgentMode::MainContainer => regular.push(self.agent.json()),
-        }
+        init.push(self.agent.json());
+        let regular: Vec<Value> = self.worker.iter().map(ContainerModel::json).collect();
         let mut status = json!({
             "phase": self.phase,
             "conditions": [
@@ -336,7 +298,7 @@ mod tests {
     }
 
     fn running_pod() -> PodModel {
-        let mut m = PodModel::new(AgentMode::Sidecar, &[], "agent", Some("worker"));
+        let mut m = PodModel::new(&[], "agent", Some("worker"));
         m.starting();
         m.agent_runs();
         m.worker_runs();
@@ -364,7 +326,7 @@ mod tests {
 
     #[test]
     fn a_first_start_is_pending_and_not_initialized_until_the_barrier_lifts() {
-        let mut m = PodModel::new(AgentMode::Sidecar, &[], "agent", Some("worker"));
+        let mut m = PodModel::new(&[], "agent", Some("worker"));
         m.starting();
         m.agent_runs();
         let s = m.json();
@@ -435,7 +397,7 @@ mod tests {
     #[test]
     fn user_init_containers_re_run_pending_and_count_restarts() {
         let users = [("setup".to_owned(), false), ("proxy".to_owned(), true)];
-        let mut m = PodModel::new(AgentMode::Sidecar, &users, "agent", Some("worker"));
+        let mut m = PodModel::new(&users, "agent", Some("worker"));
         m.starting();
         m.users[0].container.run();
         m.users[0].container.terminate(0, "Completed");

@@ -8,11 +8,11 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 
 use super::agents::AgentRun;
-use super::manifest::{self, WORKER_CONTAINER, WORKER_CONTROL_ENV};
+use super::manifest::{self, WORKER_CONTAINER};
 use super::model::{self, PodModel};
 use super::recognise::{self, RESTART_CONTAINER, restarts_pod, rule_action};
 use super::status::StatusWriter;
-use super::{AgentMode, AgentRunner, Ctx};
+use super::{AgentRunner, Ctx};
 use jobset_inplace::wire::agent_env;
 
 /// What a test (or the node) does to a pod.
@@ -82,15 +82,12 @@ struct Containers {
     users: Vec<(String, bool)>,
 }
 
-fn containers(ctx: &Ctx, spec: &Value) -> Option<Containers> {
+fn containers(spec: &Value) -> Option<Containers> {
     let agent = recognise::agent(spec)?;
     let probe_path = recognise::startup_probe_path(agent)
         .unwrap_or(agent_env::DEFAULT_BARRIER_PATH)
         .to_owned();
-    let worker = match ctx.config.mode {
-        AgentMode::Sidecar => recognise::regular_container(spec, WORKER_CONTAINER).cloned(),
-        AgentMode::MainContainer => None,
-    };
+    let worker = recognise::regular_container(spec, WORKER_CONTAINER).cloned();
     Some(Containers {
         agent: agent.clone(),
         worker,
@@ -100,9 +97,8 @@ fn containers(ctx: &Ctx, spec: &Value) -> Option<Containers> {
     })
 }
 
-fn model_of(ctx: &Ctx, spec: &Containers) -> PodModel {
+fn model_of(spec: &Containers) -> PodModel {
     PodModel::new(
-        ctx.config.mode,
         &spec.users,
         &container_name(&spec.agent),
         spec.worker.as_ref().map(|_| WORKER_CONTAINER),
@@ -148,7 +144,7 @@ async fn kubelet(
     cmds: &mut mpsc::UnboundedReceiver<PodCmd>,
     status: &mut StatusWriter,
 ) -> PodEnd {
-    let Some(spec) = containers(ctx, &pod.spec) else {
+    let Some(spec) = containers(&pod.spec) else {
         ctx.log(format!("{}: the pod has no agent container", pod.name));
         return PodEnd::Failed {
             container: None,
@@ -156,10 +152,9 @@ async fn kubelet(
             reason: "NoAgent".into(),
         };
     };
-    let mode = ctx.config.mode;
     let mut stop = ctx.stop_rx();
-    let mut model = model_of(ctx, &spec);
-    // The simulated worker (sidecar mode) survives an agent-only restart.
+    let mut model = model_of(&spec);
+    // The simulated worker survives an agent-only restart.
     let mut worker_running = false;
     // User init containers and sidecars run at the pod's start and after every group restart,
     // not when the agent restarts alone.
@@ -201,9 +196,6 @@ async fn kubelet(
         let mut probe = tokio::time::interval(ctx.config.probe_period);
         probe.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut probe_failures: u32 = 0;
-        // The worker's process group in main-container mode.
-        let mut group: Option<i32> = None;
-        let mut stdout = agent.take_stdout();
         let exit = loop {
             tokio::select! {
                 changed = stop.changed() => {
@@ -221,8 +213,8 @@ async fn kubelet(
                         ctx.log(format!("{}: killing the agent container", pod.name));
                         agent.kill();
                     }
-                    Some(PodCmd::WorkerExit(code)) => match mode {
-                        AgentMode::Sidecar if worker_running => {
+                    Some(PodCmd::WorkerExit(code)) => {
+                        if worker_running {
                             let action = spec.worker.as_ref().and_then(|w| rule_action(w, code));
                             if action.as_deref() == Some(RESTART_CONTAINER) {
                                 // The worker alone restarts: what the protocol must never need.
@@ -241,18 +233,10 @@ async fn kubelet(
                             ctx.worker_stopped(pod.slot);
                             break Exit::Worker(code);
                         }
-                        AgentMode::Sidecar => {
-                            ctx.log(format!("{}: no worker runs; exit {code} ignored", pod.name));
-                        }
-                        AgentMode::MainContainer => {
-                            let path = ctx.control_file(&pod.name);
-                            if let Err(e) = std::fs::write(&path, code.to_string()) {
-                                ctx.log(format!("{}: cannot write {}: {e}", pod.name, path.display()));
-                            }
-                        }
-                    },
+                        ctx.log(format!("{}: no worker runs; exit {code} ignored", pod.name));
+                    }
                 },
-                _ = probe.tick(), if mode == AgentMode::Sidecar && !worker_running => {
+                _ = probe.tick(), if !worker_running => {
                     if agent.probe(&spec.probe_path).await {
                         worker_running = true;
                         ctx.worker_started(pod.slot, &pod.name);
@@ -265,25 +249,12 @@ async fn kubelet(
                         }
                     }
                 }
-                line = next_line(&mut stdout), if stdout.is_some() => {
-                    if line.is_none() {
-                        stdout = None;
-                    }
-                    if let Some(pid) = line.as_deref().and_then(|l| l.strip_prefix("worker-started ")).and_then(|p| p.trim().parse::<i32>().ok()) {
-                        group = Some(pid);
-                        ctx.worker_group(pid, true);
-                        ctx.worker_started(pod.slot, &pod.name);
-                        model.worker_runs();
-                        status.set(model.json());
-                    }
-                }
             }
         };
         match exit {
             Exit::Stopped => {
                 ctx.worker_stopped(pod.slot);
                 agent.stop(ctx.config.termination_grace).await;
-                kill_group(ctx, &mut group);
                 model.end("Failed", None);
                 status.write(model.json()).await;
                 return PodEnd::Stopped;
@@ -297,7 +268,6 @@ async fn kubelet(
                     pod.name
                 ));
                 let code = agent.stop(ctx.config.termination_grace).await;
-                kill_group(ctx, &mut group);
                 model.agent.restart_alone(code, exit_reason(code));
                 status.set(model.json());
             }
@@ -310,7 +280,6 @@ async fn kubelet(
                 ctx.worker_stopped(pod.slot);
                 agent.kill();
                 agent.wait().await;
-                kill_group(ctx, &mut group);
                 status.abandon();
                 // Only what others write changes the pod now. Its Job replaces it once it has
                 // failed (podReplacementPolicy: Failed): deleted alone, it stays `Terminating`
@@ -341,7 +310,6 @@ async fn kubelet(
             Exit::Deleted => {
                 ctx.worker_stopped(pod.slot);
                 agent.stop(ctx.config.termination_grace).await;
-                kill_group(ctx, &mut group);
                 // Its containers stopped, the pod is terminal: the kubelet says so, then deletes
                 // it for good (the Job controller's finalizer keeps it until counted).
                 model.end("Failed", None);
@@ -361,7 +329,6 @@ async fn kubelet(
                 ctx.worker_stopped(pod.slot);
                 agent.kill();
                 agent.wait().await;
-                kill_group(ctx, &mut group);
                 model.end("Failed", None);
                 status.write(model.json()).await;
                 return PodEnd::Failed {
@@ -371,60 +338,31 @@ async fn kubelet(
                 };
             }
             Exit::Agent(code) => {
-                // The container is gone, and every process in it.
-                kill_group(ctx, &mut group);
                 let action = rule_action(&spec.agent, code);
                 ctx.log(format!(
                     "{}: agent container exited {code} (rule: {})",
                     pod.name,
                     action.as_deref().unwrap_or("none")
                 ));
-                let restarts_all = action.as_deref().is_some_and(restarts_pod);
-                let restarts_self = action.as_deref() == Some(RESTART_CONTAINER);
-                match mode {
-                    AgentMode::Sidecar if restarts_all => {
-                        worker_running = false;
-                        model.agent.terminate(code, exit_reason(code));
-                        restart_in_place(ctx, pod, &mut agent, &mut model, status).await;
-                        start_users = true;
-                    }
-                    AgentMode::Sidecar if action.is_none() => {
-                        // restartPolicy Always: the sidecar alone restarts, the worker runs on.
-                        ctx.log(format!("{}: the agent restarts alone", pod.name));
-                        model.agent.restart_alone(code, exit_reason(code));
-                        status.set(model.json());
-                    }
-                    AgentMode::MainContainer if restarts_all => {
-                        ctx.worker_stopped(pod.slot);
-                        model.agent.terminate(code, exit_reason(code));
-                        restart_in_place(ctx, pod, &mut agent, &mut model, status).await;
-                        start_users = true;
-                    }
-                    AgentMode::MainContainer if restarts_self => {
-                        // The container alone restarts (its own rule): what ended is lastState.
-                        ctx.worker_stopped(pod.slot);
-                        model.worker_running = false;
-                        model.agent.restart_alone(code, exit_reason(code));
-                        status.set(model.json());
-                        tokio::time::sleep(ctx.config.restart_delay).await;
-                        ctx.restarted(pod.slot);
-                    }
-                    AgentMode::MainContainer if code == 0 => {
-                        ctx.worker_stopped(pod.slot);
-                        model.end("Succeeded", Some(0));
-                        status.write(model.json()).await;
-                        return PodEnd::Succeeded;
-                    }
-                    _ => {
-                        ctx.worker_stopped(pod.slot);
-                        model.end("Failed", Some(code));
-                        status.write(model.json()).await;
-                        return PodEnd::Failed {
-                            container: Some(container_name(&spec.agent)),
-                            code: Some(code),
-                            reason: "Error".into(),
-                        };
-                    }
+                if action.as_deref().is_some_and(restarts_pod) {
+                    worker_running = false;
+                    model.agent.terminate(code, exit_reason(code));
+                    restart_in_place(ctx, pod, &mut agent, &mut model, status).await;
+                    start_users = true;
+                } else if action.is_none() {
+                    // restartPolicy Always: the sidecar alone restarts, the worker runs on.
+                    ctx.log(format!("{}: the agent restarts alone", pod.name));
+                    model.agent.restart_alone(code, exit_reason(code));
+                    status.set(model.json());
+                } else {
+                    ctx.worker_stopped(pod.slot);
+                    model.end("Failed", Some(code));
+                    status.write(model.json()).await;
+                    return PodEnd::Failed {
+                        container: Some(container_name(&spec.agent)),
+                        code: Some(code),
+                        reason: "Error".into(),
+                    };
                 }
             }
             Exit::Worker(code) => {
@@ -459,23 +397,6 @@ async fn kubelet(
                 };
             }
         }
-    }
-}
-
-async fn next_line(rx: &mut Option<mpsc::UnboundedReceiver<String>>) -> Option<String> {
-    match rx {
-        Some(rx) => rx.recv().await,
-        None => std::future::pending().await,
-    }
-}
-
-fn kill_group(ctx: &Ctx, group: &mut Option<i32>) {
-    if let Some(pid) = group.take() {
-        let _ = nix::sys::signal::killpg(
-            nix::unistd::Pid::from_raw(pid),
-            nix::sys::signal::Signal::SIGKILL,
-        );
-        ctx.worker_group(pid, false);
     }
 }
 
@@ -524,12 +445,6 @@ fn start_agent(
     };
     if let Some(port) = pod.port {
         set(agent_env::BARRIER_PORT, port.to_string());
-    }
-    if ctx.config.mode == AgentMode::MainContainer {
-        set(
-            WORKER_CONTROL_ENV,
-            ctx.control_file(&pod.name).display().to_string(),
-        );
     }
     // An agent cut from the API talks to a listener that closes every connection.
     let cut = ctx.api_cut(&pod.name);

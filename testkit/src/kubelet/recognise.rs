@@ -2,7 +2,7 @@
 //! reads it (container lists, names, env, `restartPolicyRules`, the startup probe) and not from
 //! the product's admission code: the simulator must not trust the code it tests. It finds the
 //! agent as the injection leaves it: a native sidecar whose exit restarts the whole pod (or that
-//! carries the agent's container name), else a regular container with `WORKER_COMMAND` in its env.
+//! carries the agent's container name).
 
 use jobset_inplace::wire::agent_env;
 use serde_json::Value;
@@ -53,6 +53,7 @@ pub fn rule_action(container: &Value, code: i32) -> Option<String> {
 }
 
 /// The container's env has a variable `name` (a literal or `valueFrom`).
+#[cfg(test)]
 pub fn has_env(container: &Value, name: &str) -> bool {
     list(container, "env")
         .iter()
@@ -67,22 +68,11 @@ fn is_sidecar_agent(container: &Value) -> bool {
         || container["name"].as_str() == Some(agent_env::CONTAINER_NAME)
 }
 
-/// A regular container that runs the worker under the agent.
-fn is_main_container_agent(container: &Value) -> bool {
-    has_env(container, agent_env::WORKER_COMMAND)
-}
-
-/// The agent container of a pod spec: a sidecar agent among the init containers first, else a
-/// main-container agent among the regular ones.
+/// The agent container of a pod spec: a sidecar agent among the init containers.
 pub fn agent(spec: &Value) -> Option<&Value> {
     list(spec, "initContainers")
         .iter()
         .find(|c| is_sidecar_agent(c))
-        .or_else(|| {
-            list(spec, "containers")
-                .iter()
-                .find(|c| is_main_container_agent(c))
-        })
 }
 
 /// The regular container named `name`.
@@ -147,9 +137,10 @@ mod tests {
                 {"action": "RestartPod", "exitCodes": {"operator": "NotIn", "values": [0]}}]},
         ], "containers": [{"name": "w"}]});
         assert_eq!(agent(&sidecar).map(|c| &c["name"]), Some(&json!("a")));
+        // Main-container mode is not offered: a regular container is never the agent.
         let main = json!({"containers": [
             {"name": "w", "env": [{"name": "WORKER_COMMAND", "value": "run"}]}]});
-        assert_eq!(agent(&main).map(|c| &c["name"]), Some(&json!("w")));
+        assert!(agent(&main).is_none());
         assert!(agent(&json!({"containers": [{"name": "w"}]})).is_none());
     }
 
