@@ -45,7 +45,9 @@ pub use tls::ReloadingCert;
 
 use crate::admission::{self, InjectionConfig, config::InjectionArgs};
 use crate::certs::{self, cluster, rotation};
+use crate::protocol::Dialect;
 use crate::settings::{Global, parse_bytes, parse_duration};
+use crate::wire::jobset_crd::{self, Choice};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -86,6 +88,8 @@ pub enum Error {
     Lifetimes(String),
     #[error(transparent)]
     Config(#[from] admission::Error),
+    #[error("cannot decide the epoch protocol dialect (--protocol auto): {0}")]
+    Dialect(String),
 }
 
 /// Flags of `jobset-inplace webhook`.
@@ -323,9 +327,39 @@ impl Args {
         ))
     }
 
+    /// The dialect to inject: `--protocol`, else the config file's `protocol`, else the
+    /// cluster's JobSet CRD; without any cluster config (a webhook run outside a cluster, no
+    /// kubeconfig) the default `epoch`.
+    async fn dialect(&self, global: Global) -> Result<Choice, Error> {
+        if let Some(d) = global.protocol {
+            return Ok(jobset_crd::explicit(d, &format!("--protocol {d}")));
+        }
+        if let Some((d, source)) = admission::config::file_protocol(&self.injection) {
+            return Ok(jobset_crd::explicit(d, &source));
+        }
+        let mut config = match kube::Config::infer().await {
+            Ok(config) => config,
+            Err(e) => {
+                return Ok(Choice {
+                    dialect: Dialect::default(),
+                    why: format!("no cluster to ask ({e}): the default"),
+                });
+            }
+        };
+        config.connect_timeout = Some(self.request_timeout);
+        config.read_timeout = Some(self.request_timeout);
+        let client = kube::Client::try_from(config).map_err(Error::Cluster)?;
+        jobset_crd::read(&client, self.request_timeout)
+            .await
+            .map_err(Error::Dialect)
+    }
+
     pub async fn run(self, global: Global) -> Result<ExitCode, Error> {
-        let config = InjectionConfig::load(&self.injection, global.protocol)
+        let mut config = InjectionConfig::load(&self.injection, global.protocol)
             .map_err(admission::Error::from)?;
+        let choice = self.dialect(global).await?;
+        tracing::info!(dialect = %choice.dialect, why = %choice.why, "epoch protocol dialect");
+        config.protocol = choice.dialect;
         let renewer = if self.self_signed {
             self.policy()?;
             let client = kube::Client::try_default().await.map_err(Error::Cluster)?;
