@@ -157,6 +157,11 @@ pub struct DoctorArgs {
     #[arg(long, value_parser = parse_duration, default_value = "2m", value_name = "DURATION")]
     pub pull_timeout: Duration,
 
+    /// Only read: skip the checks that send objects to the API server (the dry runs and the
+    /// pull check), for an account without `create` rights.
+    #[arg(long, conflicts_with = "pull_check")]
+    pub read_only: bool,
+
     #[arg(short = 'o', long, value_enum, default_value_t = Output::Text)]
     pub output: Output,
 
@@ -281,6 +286,7 @@ impl DoctorArgs {
                 .unwrap_or_else(|| "default".to_owned()),
             agent_service_account: self.agent_service_account.clone(),
             pull,
+            read_only: self.read_only,
         };
         findings.extend(preflight::run(&client, &probe).await);
         let failed = findings.iter().any(|f| f.verdict == doctor::Verdict::Fail);

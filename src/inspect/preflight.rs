@@ -589,6 +589,8 @@ pub struct Probe {
     pub namespace: String,
     pub agent_service_account: String,
     pub pull: Option<PullCheck>,
+    /// Skip the dry runs (and the pull check): only read.
+    pub read_only: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -634,12 +636,6 @@ pub async fn run(client: &kube::Client, probe: &Probe) -> Vec<Finding> {
             format!("cannot read the API server's version: {}", message(&e)),
         ),
     });
-    let ns = &probe.namespace;
-    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-    out.push(check_restart_rule(
-        &dry_run(pods.clone(), &restart_rule_pod(ns)).await,
-    ));
-
     let deployments: Api<Deployment> = Api::all(client.clone());
     let by_name = ListParams::default().fields("metadata.name=jobset-controller-manager");
     out.push(match deployments.list(&by_name).await {
@@ -650,6 +646,33 @@ pub async fn run(client: &kube::Client, probe: &Probe) -> Vec<Finding> {
             format!("cannot list Deployments: {}", message(&e)),
         ),
     });
+    let schemas: Api<FlowSchema> = Api::all(client.clone());
+    let levels: Api<PriorityLevelConfiguration> = Api::all(client.clone());
+    out.push(
+        match (
+            schemas.list(&ListParams::default()).await,
+            levels.list(&ListParams::default()).await,
+        ) {
+            (Ok(s), Ok(l)) => check_flow_schemas(&s.items, &l.items),
+            (Err(e), _) | (_, Err(e)) => Finding::new(
+                "flow-schemas",
+                Verdict::Warn,
+                format!(
+                    "cannot list FlowSchemas or priority levels: {}",
+                    message(&e)
+                ),
+            ),
+        },
+    );
+    if probe.read_only {
+        return out;
+    }
+
+    let ns = &probe.namespace;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    out.push(check_restart_rule(
+        &dry_run(pods.clone(), &restart_rule_pod(ns)).await,
+    ));
     let jobsets: Api<JobSet> = Api::namespaced(client.clone(), ns);
     let plain = classify(&dry_run(jobsets.clone(), &probe_jobset(ns, None)).await);
     out.push(check_jobset_gate(&plain));
