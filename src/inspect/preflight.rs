@@ -22,7 +22,7 @@ use crate::wire::agent_env;
 
 /// The oldest Kubernetes whose pods take a `RestartAllContainers` rule (sidecar mode).
 pub const MIN_MINOR: u64 = 35;
-/// The annotation the mutating webhook stamps on what it injected.
+/// The annotation the mutating webhook stamps on each pod template it injected.
 const INJECTED_ANNOTATION: &str = "jobset-inplace.dev/injected";
 /// Our webhooks' names, as the API server quotes them in its errors.
 const MUTATE_WEBHOOK: &str = "mutate.jobset-inplace.dev";
@@ -255,7 +255,8 @@ pub fn check_injection(answer: &JobSetAnswer) -> Finding {
     const CHECK: &str = "webhook-injection";
     match answer {
         JobSetAnswer::Accepted(object) => {
-            let pod = object.pointer("/spec/replicatedJobs/0/template/spec/template/spec");
+            let template = object.pointer("/spec/replicatedJobs/0/template/spec/template");
+            let pod = template.and_then(|t| t.get("spec"));
             let has_agent = pod
                 .into_iter()
                 .flat_map(|p| ["initContainers", "containers"].map(|k| p.get(k)))
@@ -263,8 +264,8 @@ pub fn check_injection(answer: &JobSetAnswer) -> Finding {
                 .filter_map(Value::as_array)
                 .flatten()
                 .any(|c| c["name"] == agent_env::CONTAINER_NAME);
-            let stamp = object
-                .pointer("/metadata/annotations")
+            let stamp = template
+                .and_then(|t| t.pointer("/metadata/annotations"))
                 .and_then(|a| a.get(INJECTED_ANNOTATION))
                 .and_then(Value::as_str);
             match (has_agent, stamp) {
@@ -836,9 +837,9 @@ mod tests {
 
     fn injected() -> Value {
         let mut js = probe_jobset("default", None);
-        js["metadata"]["annotations"] = json!({INJECTED_ANNOTATION: "0.1.0"});
-        js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["initContainers"] =
-            json!([{"name": agent_env::CONTAINER_NAME}]);
+        let template = &mut js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"];
+        template["metadata"] = json!({"annotations": {INJECTED_ANNOTATION: "0.1.0"}});
+        template["spec"]["initContainers"] = json!([{"name": agent_env::CONTAINER_NAME}]);
         js
     }
 

@@ -233,8 +233,8 @@ pub struct Args {
     #[arg(long, env = "JOBSET_INPLACE_CA_OVERLAP", default_value = "7d", value_parser = parse_duration, value_name = "DURATION")]
     pub ca_overlap: Duration,
 
-    /// With --self-signed: longest wait for one Kubernetes API request; past it the check fails
-    /// and is retried with backoff.
+    /// Longest wait for one Kubernetes API request: the JobSet CRD read at start (`--protocol
+    /// auto`) and, with --self-signed, each certificate check (retried with backoff).
     #[arg(long, env = "JOBSET_INPLACE_REQUEST_TIMEOUT", default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]
     pub request_timeout: Duration,
 
@@ -339,6 +339,16 @@ impl Args {
         }
         let mut config = match kube::Config::infer().await {
             Ok(config) => config,
+            // In a pod without API access (no token mounted) guessing would inject the wrong
+            // dialect into every JobSet.
+            Err(e) if std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() => {
+                return Err(Error::Dialect(format!(
+                    "cannot reach the API server to read the JobSet CRD ({e}): mount a token \
+                     with `get` on customresourcedefinitions/{}, or set the protocol \
+                     (--protocol, or `protocol` in the config file)",
+                    jobset_crd::CRD_NAME
+                )));
+            }
             Err(e) => {
                 return Ok(Choice {
                     dialect: Dialect::default(),

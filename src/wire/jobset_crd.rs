@@ -118,6 +118,37 @@ pub fn explicit(dialect: Dialect, source: &str) -> Choice {
     }
 }
 
+/// The dialect of an offline command (`check`, `inject`, `review`): `explicit` when given, else
+/// the cluster's JobSet CRD when a kubeconfig (or the in-cluster config) answers within `bound`,
+/// else the default `epoch`. Never fails: `why` says which it was.
+pub async fn for_offline(explicit_choice: Option<(Dialect, String)>, bound: Duration) -> Choice {
+    if let Some((dialect, source)) = explicit_choice {
+        return explicit(dialect, &source);
+    }
+    let fallback = |why: String| Choice {
+        dialect: Dialect::default(),
+        why: format!("{why}: the default"),
+    };
+    let mut config = match tokio::time::timeout(bound, kube::Config::infer()).await {
+        Ok(Ok(config)) => config,
+        Ok(Err(e)) => return fallback(format!("no cluster to ask ({e})")),
+        Err(_) => return fallback(format!("no kubeconfig loaded within {bound:?}")),
+    };
+    config.connect_timeout = Some(bound);
+    config.read_timeout = Some(bound);
+    let client = match kube::Client::try_from(config) {
+        Ok(c) => c,
+        Err(e) => return fallback(format!("no cluster to ask ({e})")),
+    };
+    match read(&client, bound).await {
+        Ok(choice) => Choice {
+            why: format!("from the cluster: {}", choice.why),
+            ..choice
+        },
+        Err(e) => fallback(format!("the cluster gave no dialect ({e})")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
