@@ -4260,3 +4260,48 @@ async fn the_cluster_decides_the_dialect() {
     })
     .await;
 }
+
+/// On a second control plane started with both gates off
+/// (`JOBSET_INPLACE_APISERVER_FEATURE_GATES=RestartAllContainersOnContainerExits=false
+/// JOBSET_INPLACE_JOBSET_IN_PLACE_RESTART=false scripts/control-plane.sh up DIR`), named by
+/// `JOBSET_INPLACE_GATES_OFF_KUBECONFIG`: doctor fails both gate checks with the real refusals.
+/// Skipped (loudly) without it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_names_the_gates_that_are_off() {
+    let Some(path) = std::env::var_os("JOBSET_INPLACE_GATES_OFF_KUBECONFIG") else {
+        eprintln!(
+            "!! SKIPPED doctor_names_the_gates_that_are_off: set \
+             JOBSET_INPLACE_GATES_OFF_KUBECONFIG to a control plane with both gates off"
+        );
+        return;
+    };
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_jobset-inplace"))
+        .env_clear()
+        .arg("doctor")
+        .arg("--kubeconfig")
+        .arg(&path)
+        .args(["-o", "json"])
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(120), out)
+        .await
+        .expect("doctor returns")
+        .expect("doctor runs");
+    assert_eq!(out.status.code(), Some(1));
+    let report: Value = serde_json::from_slice(&out.stdout).expect("json");
+    let rule = finding(&report, "restart-all-containers");
+    assert_eq!(rule["verdict"], "fail", "{rule:#}");
+    assert!(
+        rule["detail"].as_str().is_some_and(|d| d.contains("restartPolicyRules")),
+        "{rule:#}"
+    );
+    let gate = finding(&report, "jobset-in-place-restart-gate");
+    assert_eq!(gate["verdict"], "fail", "{gate:#}");
+    assert!(
+        gate["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("InPlaceRestart feature gate is disabled")),
+        "{gate:#}"
+    );
+}
