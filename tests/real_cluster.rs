@@ -4293,7 +4293,9 @@ async fn doctor_names_the_gates_that_are_off() {
     let rule = finding(&report, "restart-all-containers");
     assert_eq!(rule["verdict"], "fail", "{rule:#}");
     assert!(
-        rule["detail"].as_str().is_some_and(|d| d.contains("restartPolicyRules")),
+        rule["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("restartPolicyRules")),
         "{rule:#}"
     );
     let gate = finding(&report, "jobset-in-place-restart-gate");
