@@ -26,6 +26,9 @@
 # server then listens on the veth's host address (DIR/kubeconfig points there) so that pods reach
 # it through the `kubernetes` Service. DIR/node.env tells tests where everything is.
 #
+# For doctor's failing cases: JOBSET_INPLACE_APISERVER_FEATURE_GATES replaces the API server's
+# --feature-gates, JOBSET_INPLACE_JOBSET_IN_PLACE_RESTART=false turns JobSet's gate off.
+#
 # Needs: go (>= the go.mods' versions; the module proxy or a filled module cache), openssl, curl,
 # kubectl; with --node also gcc (static libc), iproute2, nsenter, apt-get.
 set -Eeuo pipefail
@@ -315,7 +318,7 @@ metrics:
 health:
   healthProbeBindAddress: 127.0.0.1:$health_port
 featureGates:
-  InPlaceRestart: true
+  InPlaceRestart: ${JOBSET_INPLACE_JOBSET_IN_PLACE_RESTART:-true}
 EOF
   start "$dir" jobset env KUBECONFIG="$dir/kubeconfig" "$bin/jobset" --config "$dir/jobset/config.yaml"
   wait_for "$dir" jobset "http://127.0.0.1:$health_port/readyz"
@@ -419,7 +422,7 @@ up() {
     --service-cluster-ip-range 10.0.0.0/24 \
     --authorization-mode Node,RBAC \
     --enable-admission-plugins MutatingAdmissionWebhook,ValidatingAdmissionWebhook,ValidatingAdmissionPolicy \
-    --feature-gates RestartAllContainersOnContainerExits=true,NodeDeclaredFeatures=true,ContainerRestartRules=true \
+    --feature-gates "${JOBSET_INPLACE_APISERVER_FEATURE_GATES:-RestartAllContainersOnContainerExits=true,NodeDeclaredFeatures=true,ContainerRestartRules=true}" \
     --profiling=false "${node_flags[@]}"
   wait_for "$dir" kube-apiserver --cacert "$pki/ca.crt" --cert "$pki/admin.crt" --key "$pki/admin.key" \
     "https://$api_host:$api_port/readyz"

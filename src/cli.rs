@@ -6,8 +6,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use crate::protocol::Dialect;
-use crate::settings::Global;
+use crate::settings::{Global, ProtocolFlag};
 use crate::telemetry::LogFormat;
 
 /// jobset-inplace makes JobSet's InPlaceRestart strategy usable: an admission webhook that
@@ -30,11 +29,12 @@ pub struct Cli {
     )]
     pub log_level: String,
 
-    /// Epoch protocol dialect: `epoch` (KEP-467 status fields deprecatedEpoch/syncedEpoch; the
-    /// default) or `attempt` (JobSet >= v0.11's previous/currentInPlaceRestartAttempt). Overrides
-    /// the `protocol` key of an injection config file.
-    #[arg(long, global = true, env = "JOBSET_INPLACE_PROTOCOL", value_enum)]
-    pub protocol: Option<Dialect>,
+    /// Epoch protocol dialect: `auto` (the default: the JobSet CRD's status fields decide, read
+    /// at start), `epoch` (KEP-467 status fields deprecatedEpoch/syncedEpoch) or `attempt`
+    /// (JobSet >= v0.11's previous/currentInPlaceRestartAttempt). A dialect overrides the
+    /// cluster and the `protocol` key of an injection config file.
+    #[arg(long, global = true, env = "JOBSET_INPLACE_PROTOCOL", value_enum, default_value_t = ProtocolFlag::Auto)]
+    pub protocol: ProtocolFlag,
 
     #[command(subcommand)]
     pub command: Command,
@@ -85,7 +85,7 @@ impl Command {
 impl Cli {
     pub fn global(&self) -> Global {
         Global {
-            protocol: self.protocol,
+            protocol: self.protocol.dialect(),
         }
     }
 }
@@ -145,7 +145,7 @@ mod tests {
         assert!(!line.contains('\n'), "{line}");
         assert!(line.contains("--protocol"), "{line}");
         assert!(line.contains("JOBSET_INPLACE_PROTOCOL"), "{line}");
-        assert!(line.contains("epoch, attempt"), "{line}");
+        assert!(line.contains("auto, epoch, attempt"), "{line}");
     }
 
     /// Issue 23: an error is printed whole, not its first line only.

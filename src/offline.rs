@@ -4,12 +4,14 @@
 
 use std::io::{Read, Write};
 use std::process::ExitCode;
+use std::time::Duration;
 
 use serde_json::Value;
 
 use crate::admission::config::InjectionArgs;
 use crate::admission::{self, Endpoint, InjectionConfig, Request};
 use crate::settings::Global;
+use crate::wire::jobset_crd;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -116,10 +118,27 @@ pub struct ReviewArgs {
     pub injection: InjectionArgs,
 }
 
+/// How long an offline command waits for a cluster to name the dialect.
+const CLUSTER_BOUND: Duration = Duration::from_secs(3);
+
+/// The injection config with the dialect of `--protocol`, the config file's `protocol`, or the
+/// cluster's JobSet CRD when one answers (else `epoch`); says on stderr which it used.
+async fn offline_config(args: &InjectionArgs, global: Global) -> Result<InjectionConfig, Error> {
+    let explicit = match global.protocol {
+        Some(d) => Some((d, format!("--protocol {d}"))),
+        None => admission::config::file_protocol(args),
+    };
+    let choice = jobset_crd::for_offline(explicit, CLUSTER_BOUND).await;
+    eprintln!(
+        "jobset-inplace: the {} protocol ({})",
+        choice.dialect, choice.why
+    );
+    Ok(InjectionConfig::load(args, Some(choice.dialect)).map_err(admission::Error::from)?)
+}
+
 impl InjectArgs {
     pub async fn run(self, global: Global) -> Result<ExitCode, Error> {
-        let config = InjectionConfig::load(&self.injection, global.protocol)
-            .map_err(admission::Error::from)?;
+        let config = offline_config(&self.injection, global).await?;
         let mut out = String::new();
         for path in &self.files {
             let input = read_source(path)?;
@@ -132,8 +151,7 @@ impl InjectArgs {
 
 impl CheckArgs {
     pub async fn run(self, global: Global) -> Result<ExitCode, Error> {
-        let config = InjectionConfig::load(&self.injection, global.protocol)
-            .map_err(admission::Error::from)?;
+        let config = offline_config(&self.injection, global).await?;
         // Every -f argument with its files, read whole first: a TrainJob's runtime may be in
         // another file of the same invocation.
         let mut inputs = Vec::new();
@@ -237,8 +255,7 @@ pub fn expand_input(path: &str, recursive: bool) -> Result<Vec<String>, Error> {
 
 impl ReviewArgs {
     pub async fn run(self, global: Global) -> Result<ExitCode, Error> {
-        let config = InjectionConfig::load(&self.injection, global.protocol)
-            .map_err(admission::Error::from)?;
+        let config = offline_config(&self.injection, global).await?;
         let body = review_body(read_source_bytes(&self.file)?);
         let endpoint = if self.mutate {
             Endpoint::Mutate

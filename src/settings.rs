@@ -10,14 +10,35 @@ use crate::protocol::Dialect;
 /// Settings every subcommand shares.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Global {
-    /// `--protocol` / `JOBSET_INPLACE_PROTOCOL`, when given.
+    /// `--protocol` / `JOBSET_INPLACE_PROTOCOL`, when it names a dialect (`None` for `auto`).
     pub protocol: Option<Dialect>,
 }
 
 impl Global {
-    /// The dialect in force for components without an injection config: the flag, else `epoch`.
+    /// The agent's dialect: the flag (the env the webhook injects), else `epoch`. Every other
+    /// component asks the cluster when the flag is `auto` (`crate::wire::jobset_crd`).
     pub fn dialect(&self) -> Dialect {
         self.protocol.unwrap_or_default()
+    }
+}
+
+/// The value of `--protocol`: a dialect, or `auto` (the cluster's JobSet CRD decides).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum ProtocolFlag {
+    #[default]
+    Auto,
+    Epoch,
+    Attempt,
+}
+
+impl ProtocolFlag {
+    /// The dialect it names; `None` for `auto`.
+    pub fn dialect(self) -> Option<Dialect> {
+        match self {
+            ProtocolFlag::Auto => None,
+            ProtocolFlag::Epoch => Some(Dialect::Epoch),
+            ProtocolFlag::Attempt => Some(Dialect::Attempt),
+        }
     }
 }
 

@@ -72,10 +72,30 @@ fn pod(name: &str, jobset: &str, epoch: &str, started: bool) -> Value {
     })
 }
 
+/// The released JobSet CRD; with `epoch_fields`, patched as the epoch variants install it.
+fn jobset_crd(epoch_fields: bool) -> Value {
+    let crd_path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/jobset-v0.12/jobset.x-k8s.io_jobsets.yaml");
+    let mut crd: Value =
+        serde_yaml::from_str(&std::fs::read_to_string(crd_path).expect("crd")).expect("yaml");
+    if epoch_fields {
+        for v in crd["spec"]["versions"].as_array_mut().expect("versions") {
+            let props = &mut v["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"];
+            props["deprecatedEpoch"] = json!({"type": "integer", "format": "int32"});
+            props["syncedEpoch"] = json!({"type": "integer", "format": "int32"});
+        }
+    }
+    crd
+}
+
 #[tokio::test]
 async fn status_lists_the_pods_the_group_waits_for_first() {
     bounded(async {
         let server = TestApiServer::start().await;
+        // Without --protocol the CRD decides: its epoch fields mean the epoch dialect.
+        server
+            .create("customresourcedefinitions", jobset_crd(true))
+            .expect("crd");
         server
             .create(
                 "jobsets",
@@ -145,6 +165,44 @@ async fn status_lists_the_pods_the_group_waits_for_first() {
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(text.contains("synced: every pod runs at epoch 3"), "{text}");
 
+        // Without a name: the namespace's InPlaceRestart JobSets, one line each; -A: every
+        // namespace's; JSON the same rows.
+        let mut elsewhere = jobset(
+            "other-team",
+            json!({"deprecatedEpoch": 0, "syncedEpoch": 1}),
+        );
+        elsewhere["metadata"]["namespace"] = json!("lab");
+        server.create("jobsets", elsewhere).expect("jobset");
+        let out = run(&server, &["status", "-n", "team"]).await;
+        assert!(out.status.success(), "{out:?}");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 3, "{text}");
+        assert!(
+            lines[0].starts_with("NAMESPACE") && lines[0].contains("SYNCEDEPOCH"),
+            "{text}"
+        );
+        assert!(
+            lines[1].starts_with("team")
+                && lines[1].contains("done")
+                && lines[1].contains("synced at 3"),
+            "{text}"
+        );
+        assert!(
+            lines[2].contains("train") && lines[2].contains("restarting to 3: waiting for 3"),
+            "{text}"
+        );
+        let out = run(&server, &["status", "-A", "-o", "json"]).await;
+        let rows: Value = serde_json::from_slice(&out.stdout).expect("json");
+        let names: Vec<&str> = rows
+            .as_array()
+            .expect("rows")
+            .iter()
+            .filter_map(|r| r["name"].as_str())
+            .collect();
+        assert_eq!(names, ["other-team", "done", "train"], "{rows}");
+        assert_eq!(rows[0]["state"]["state"], "Restarting", "{rows}");
+
         // A JobSet that does not exist: a one-line error, exit 1.
         let out = run(&server, &["status", "-n", "team", "missing"]).await;
         assert_eq!(out.status.code(), Some(1));
@@ -207,12 +265,8 @@ async fn doctor_checks_an_installation() {
                                 "ca.crt": b64(&ca.cert)}}),
             )
             .expect("secret");
-        let crd_path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("fixtures/jobset-v0.12/jobset.x-k8s.io_jobsets.yaml");
-        let crd: Value = serde_yaml::from_str(&std::fs::read_to_string(crd_path).expect("crd"))
-            .expect("yaml");
         server
-            .create("customresourcedefinitions", crd)
+            .create("customresourcedefinitions", jobset_crd(false))
             .expect("crd");
         let lease = |renewed: SystemTime| {
             json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
@@ -241,7 +295,8 @@ async fn doctor_checks_an_installation() {
             .expect("rb");
 
         // The released CRD has the attempt dialect's fields only.
-        let out = run(&server, &["--protocol", "attempt", "doctor", "-n", "team"]).await;
+        // (--read-only: the test API server has no admission chain for the dry runs.)
+        let out = run(&server, &["--protocol", "attempt", "doctor", "-n", "team", "--read-only"]).await;
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
         for check in [
@@ -265,12 +320,20 @@ async fn doctor_checks_an_installation() {
             "{text}"
         );
 
+        // Without --protocol, the CRD names the dialect (`auto`).
+        let out = run(&server, &["doctor", "--read-only"]).await;
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.lines().any(|l| l.starts_with("ok   jobset-crd: the attempt protocol (what --protocol auto picks)")),
+            "{text}"
+        );
+
         // Faults: the epoch dialect's fields are missing, the lease is stale, no account in
         // another namespace; JSON says the same.
         server
             .put("leases", lease(SystemTime::now() - Duration::from_secs(120)))
             .expect("stale lease");
-        let out = run(&server, &["doctor", "-n", "elsewhere", "-o", "json"]).await;
+        let out = run(&server, &["--protocol", "epoch", "doctor", "-n", "elsewhere", "-o", "json", "--read-only"]).await;
         assert_eq!(out.status.code(), Some(1));
         let report: Value = serde_json::from_slice(&out.stdout).expect("json");
         assert_eq!(report["ok"], false);
@@ -292,7 +355,7 @@ async fn doctor_checks_an_installation() {
             .expect("mutating");
         m["webhooks"][0]["clientConfig"]["caBundle"] = json!(b64(&other.cert));
         server.put("mutatingwebhookconfigurations", m).expect("put");
-        let out = run(&server, &["--protocol", "attempt", "doctor"]).await;
+        let out = run(&server, &["--protocol", "attempt", "doctor", "--read-only"]).await;
         let text = String::from_utf8_lossy(&out.stdout);
         assert_eq!(out.status.code(), Some(1), "{text}");
         assert!(

@@ -6,8 +6,22 @@ use std::process::{Command, Output, Stdio};
 use jobset_inplace::admission::{self, Endpoint};
 use jobset_inplace_testkit::fixtures;
 
+/// The binary with no cluster to ask (`--protocol auto` then falls back to `epoch`, whatever
+/// kubeconfig the machine has).
 fn binary() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_jobset-inplace"))
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_jobset-inplace"));
+    cmd.env("KUBECONFIG", "/nonexistent/kubeconfig")
+        .env_remove("KUBERNETES_SERVICE_HOST");
+    cmd
+}
+
+/// stderr without the note saying which dialect was used.
+fn errors(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .filter(|l| !l.starts_with("jobset-inplace: the epoch protocol ("))
+        .map(|l| format!("{l}\n"))
+        .collect()
 }
 
 fn run_with_stdin(mut cmd: Command, stdin: &[u8]) -> Output {
@@ -145,7 +159,12 @@ fn bad_input_and_flags_are_one_line_errors() {
         .output()
         .expect("runs");
     assert_eq!(out.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&out.stderr);
+    let note = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        note.starts_with("jobset-inplace: the epoch protocol (no cluster to ask"),
+        "says which dialect it used, and why: {note}"
+    );
+    let err = errors(&out);
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("/nonexistent.yaml"), "{err}");
 

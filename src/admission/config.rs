@@ -499,6 +499,20 @@ impl InjectionConfig {
     }
 }
 
+/// The `protocol` key of `--config`'s file, when the file names one: then it, not the cluster's
+/// JobSet CRD, decides the dialect (`--protocol auto`). An unreadable file names none
+/// ([`InjectionConfig::load`] reports it).
+pub fn file_protocol(args: &InjectionArgs) -> Option<(Dialect, String)> {
+    let path = args.config.as_ref()?;
+    let text = std::fs::read_to_string(path).ok()?;
+    let file: ConfigFile = serde_yaml::from_str(&text).ok()?;
+    let dialect = file.protocol?.parse().ok()?;
+    Some((
+        dialect,
+        format!("protocol: {dialect} in {}", path.display()),
+    ))
+}
+
 fn is_dns_subdomain(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 253

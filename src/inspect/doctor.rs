@@ -39,33 +39,50 @@ pub enum Verdict {
 pub struct Finding {
     pub check: String,
     pub verdict: Verdict,
+    /// What was found, and why it passes or not.
     pub detail: String,
+    /// What to do about a warning or a failure.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fix: Option<String>,
 }
 
 impl Finding {
-    fn new(check: impl Into<String>, verdict: Verdict, detail: impl Into<String>) -> Self {
+    pub fn new(check: impl Into<String>, verdict: Verdict, detail: impl Into<String>) -> Self {
         Finding {
             check: check.into(),
             verdict,
             detail: detail.into(),
+            fix: None,
         }
     }
 
-    /// `ok   webhook-configurations: ...`.
+    /// The same finding with what to do about it.
+    pub fn fix(self, fix: impl Into<String>) -> Self {
+        Finding {
+            fix: Some(fix.into()),
+            ..self
+        }
+    }
+
+    /// `ok   webhook-configurations: ...`, and `     fix: ...` on a second line.
     pub fn render(&self) -> String {
         let tag = match self.verdict {
             Verdict::Ok => "ok  ",
             Verdict::Warn => "warn",
             Verdict::Fail => "FAIL",
         };
-        format!("{tag} {}: {}", self.check, self.detail)
+        match &self.fix {
+            Some(fix) => format!("{tag} {}: {}\n     fix: {fix}", self.check, self.detail),
+            None => format!("{tag} {}: {}", self.check, self.detail),
+        }
     }
 }
 
 /// What to look for, and where.
 #[derive(Clone, Debug)]
 pub struct Target {
-    pub dialect: Dialect,
+    /// `--protocol`; `None`: the dialect the JobSet CRD implies.
+    pub dialect: Option<Dialect>,
     /// Namespace of the webhook, the reconciler and their Secret and Lease.
     pub system_namespace: String,
     /// Name of both webhook configurations.
@@ -73,12 +90,14 @@ pub struct Target {
     /// The Secret whose `tls.crt` the webhook serves.
     pub tls_secret: String,
     pub lease_name: String,
-    /// A tenant namespace whose agent account to check.
-    pub namespace: Option<String>,
+    /// Tenant namespaces whose agent account to check.
+    pub namespaces: Vec<String>,
     pub agent_service_account: String,
     pub agent_role_binding: String,
     /// A certificate with fewer days left is a warning.
     pub warn_days: u64,
+    /// `--nodes`: the training nodes' labels; the node check looks at those nodes only.
+    pub nodes: std::collections::BTreeMap<String, String>,
 }
 
 /// The caBundles of the webhook configurations, with the Service each webhook calls.
@@ -290,8 +309,8 @@ fn humantime_date(at: SystemTime) -> String {
     }
 }
 
-/// The CRD has the dialect's two status fields.
-pub fn check_crd(crd: Option<&CustomResourceDefinition>, dialect: Dialect) -> Finding {
+/// The CRD has the dialect's two status fields; without a dialect, the one it implies.
+pub fn check_crd(crd: Option<&CustomResourceDefinition>, dialect: Option<Dialect>) -> Finding {
     const CHECK: &str = "jobset-crd";
     let Some(crd_object) = crd else {
         return Finding::new(
@@ -303,6 +322,19 @@ pub fn check_crd(crd: Option<&CustomResourceDefinition>, dialect: Dialect) -> Fi
     let value = match serde_json::to_value(crd_object) {
         Ok(v) => v,
         Err(e) => return Finding::new(CHECK, Verdict::Fail, e.to_string()),
+    };
+    let Some(dialect) = dialect else {
+        return match crate::wire::jobset_crd::dialect_of(&value) {
+            Ok(choice) => Finding::new(
+                CHECK,
+                Verdict::Ok,
+                format!(
+                    "the {} protocol (what --protocol auto picks): {}",
+                    choice.dialect, choice.why
+                ),
+            ),
+            Err(e) => Finding::new(CHECK, Verdict::Fail, e),
+        };
     };
     match crd::missing_status_fields(&value, dialect) {
         Ok(()) => Finding::new(
@@ -648,8 +680,14 @@ pub async fn run_checks(client: &kube::Client, target: &Target, now: SystemTime)
     }
 
     // Listing nodes is a cluster-wide read an operator may not have: a warning, not a failure.
+    let selector = target
+        .nodes
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",");
     match Api::<Node>::all(client.clone())
-        .list(&kube::api::ListParams::default())
+        .list(&kube::api::ListParams::default().labels(&selector))
         .await
     {
         Ok(nodes) => out.push(check_nodes(&nodes.items)),
@@ -660,7 +698,7 @@ pub async fn run_checks(client: &kube::Client, target: &Target, now: SystemTime)
         )),
     }
 
-    if let Some(ns) = &target.namespace {
+    for ns in &target.namespaces {
         let sa = get_opt(
             Api::<ServiceAccount>::namespaced(client.clone(), ns),
             &target.agent_service_account,

@@ -375,6 +375,131 @@ pub async fn fetch(
     Ok(report(&jobset, &pods.items, dialect))
 }
 
+/// One InPlaceRestart JobSet of `status` without a name.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ListRow {
+    pub namespace: String,
+    pub name: String,
+    pub deprecated: Option<Epoch>,
+    pub synced: Option<Epoch>,
+    pub expected_pods: i64,
+    pub state: GroupState,
+}
+
+/// The InPlaceRestart JobSets among `jobsets` (by namespace, then name), each with its pods
+/// (grouped by their JobSet-name label). Pure.
+pub fn list(jobsets: &[JobSet], pods: &[Pod], dialect: Dialect) -> Vec<ListRow> {
+    let mut by_jobset: std::collections::BTreeMap<(String, String), Vec<Pod>> =
+        std::collections::BTreeMap::new();
+    for pod in pods {
+        let label = pod
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(JOBSET_NAME_LABEL));
+        if let Some(name) = label {
+            let ns = pod.metadata.namespace.clone().unwrap_or_default();
+            by_jobset
+                .entry((ns, name.clone()))
+                .or_default()
+                .push(pod.clone());
+        }
+    }
+    let mut rows: Vec<ListRow> = jobsets
+        .iter()
+        .filter(|js| js.is_in_place_restart())
+        .map(|js| {
+            let key = (
+                js.metadata.namespace.clone().unwrap_or_default(),
+                js.metadata.name.clone().unwrap_or_default(),
+            );
+            let own = by_jobset.get(&key).map(Vec::as_slice).unwrap_or_default();
+            let r = report(js, own, dialect);
+            ListRow {
+                namespace: r.namespace,
+                name: r.name,
+                deprecated: r.deprecated,
+                synced: r.synced,
+                expected_pods: r.expected_pods,
+                state: r.state,
+            }
+        })
+        .collect();
+    rows.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    rows
+}
+
+/// The text form of [`list`]: one line per JobSet, the dialect's field names as headers.
+pub fn render_list(rows: &[ListRow], dialect: Dialect) -> String {
+    if rows.is_empty() {
+        return "no InPlaceRestart JobSet\n".to_owned();
+    }
+    let show = |e: Option<Epoch>| e.map_or_else(|| "-".to_owned(), |e| e.to_string());
+    let mut table: Vec<[String; 6]> = vec![[
+        "NAMESPACE".to_owned(),
+        "NAME".to_owned(),
+        dialect.deprecated_field().to_uppercase(),
+        dialect.synced_field().to_uppercase(),
+        "PODS".to_owned(),
+        "STATE".to_owned(),
+    ]];
+    for r in rows {
+        table.push([
+            r.namespace.clone(),
+            r.name.clone(),
+            show(r.deprecated),
+            show(r.synced),
+            r.expected_pods.to_string(),
+            match &r.state {
+                GroupState::NotInPlaceRestart => "in-place restart disabled".to_owned(),
+                GroupState::Synced { epoch } => format!("synced at {epoch}"),
+                GroupState::Restarting { epoch, waiting } => {
+                    format!("restarting to {}: waiting for {waiting}", show(*epoch))
+                }
+            },
+        ]);
+    }
+    let mut widths = [0usize; 6];
+    for row in &table {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut s = String::new();
+    for row in &table {
+        let mut line = String::new();
+        for (cell, w) in row.iter().zip(widths) {
+            let _ = write!(line, "{cell:<w$}  ");
+        }
+        let _ = writeln!(s, "{}", line.trim_end());
+    }
+    s
+}
+
+/// Reads the JobSets of `namespace` (every namespace for `None`) and their pods.
+pub async fn fetch_list(
+    client: &kube::Client,
+    namespace: Option<&str>,
+    dialect: Dialect,
+) -> Result<Vec<ListRow>, kube::Error> {
+    let (jobsets, pods) = match namespace {
+        Some(ns) => (
+            Api::<JobSet>::namespaced(client.clone(), ns),
+            Api::<Pod>::namespaced(client.clone(), ns),
+        ),
+        None => (
+            Api::<JobSet>::all(client.clone()),
+            Api::<Pod>::all(client.clone()),
+        ),
+    };
+    let jobsets = jobsets.list(&ListParams::default()).await?;
+    let pods = pods
+        .list(&ListParams::default().labels(JOBSET_NAME_LABEL))
+        .await?;
+    Ok(list(&jobsets.items, &pods.items, dialect))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -527,5 +652,50 @@ mod tests {
         assert_eq!(r.state, GroupState::NotInPlaceRestart);
         let json = serde_json::to_value(&r).expect("json");
         assert_eq!(json["state"]["state"], "NotInPlaceRestart");
+    }
+
+    #[test]
+    fn the_list_shows_in_place_restart_jobsets_with_their_own_pods() {
+        let mut restarting = jobset(json!({"deprecatedEpoch": 1, "syncedEpoch": 1}));
+        restarting.metadata.name = Some("a".into());
+        let mut synced = jobset(json!({"deprecatedEpoch": 1, "syncedEpoch": 2}));
+        synced.metadata.name = Some("b".into());
+        let mut other: JobSet = serde_json::from_value(json!({
+            "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+            "metadata": {"name": "plain", "namespace": "team"},
+            "spec": {"replicatedJobs": []}
+        }))
+        .expect("jobset");
+        other.metadata.namespace = Some("team".into());
+        let labelled = |name: &str, js: &str, epoch: &str| {
+            let mut p = pod(name, Some(epoch), true, "Running");
+            p.metadata.labels = Some([(JOBSET_NAME_LABEL.to_owned(), js.to_owned())].into());
+            p
+        };
+        let pods: Vec<Pod> = (0..3)
+            .map(|i| labelled(&format!("b-{i}"), "b", "2"))
+            .chain([labelled("a-0", "a", "2")])
+            .collect();
+        let rows = list(&[synced, other, restarting], &pods, Dialect::Epoch);
+        let names: Vec<&str> = rows.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(names, ["a", "b"], "sorted, the plain JobSet left out");
+        assert_eq!(rows[1].state, GroupState::Synced { epoch: 2 });
+        assert_eq!(
+            rows[0].state,
+            GroupState::Restarting {
+                epoch: Some(2),
+                waiting: 3
+            },
+            "a's one pod registered 2, unsynced, and two are missing"
+        );
+        let text = render_list(&rows, Dialect::Epoch);
+        assert!(text.starts_with("NAMESPACE"), "{text}");
+        assert!(text.contains("SYNCEDEPOCH"), "{text}");
+        assert!(text.contains("synced at 2"), "{text}");
+        assert!(text.contains("restarting to 2: waiting for 3"), "{text}");
+        assert_eq!(
+            render_list(&[], Dialect::Epoch),
+            "no InPlaceRestart JobSet\n"
+        );
     }
 }

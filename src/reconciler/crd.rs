@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use crate::protocol::Dialect;
 
-pub const CRD_NAME: &str = "jobsets.jobset.x-k8s.io";
+pub use crate::wire::jobset_crd::CRD_NAME;
 
 /// Why the start-up check failed (its own type, so that this module imports nothing of its
 /// parent, which imports it).

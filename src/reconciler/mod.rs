@@ -35,7 +35,7 @@ use tokio::sync::watch;
 use crate::protocol::Dialect;
 use crate::settings::Global;
 use crate::telemetry;
-use crate::wire::epochs;
+use crate::wire::{epochs, jobset_crd};
 
 pub use crate::deadline::DEFAULT_TIMEOUT as DEFAULT_GROUP_RESTART_TIMEOUT;
 pub use controller::{Controller, DEFAULT_REQUEST_TIMEOUT, DEFAULT_WATCH_TIMEOUT, Settings};
@@ -73,6 +73,8 @@ pub enum Error {
     ZeroRequestTimeout,
     #[error("cannot load a kubeconfig or the in-cluster config: {0}")]
     Config(#[source] kube::config::InferConfigError),
+    #[error("cannot decide the epoch protocol dialect (--protocol auto): {0}")]
+    Dialect(String),
 }
 
 /// The lease's duration and renewal grace, checked: `1 <= grace < duration` (the lease manager
@@ -228,6 +230,7 @@ impl Args {
             lease_timing(self.lease_duration_seconds, self.lease_grace_seconds)?;
         let options = Options {
             settings: Settings {
+                // Replaced below by the flag's dialect or the cluster's ([`jobset_crd`]).
                 dialect: global.dialect(),
                 namespace: self.namespace.clone(),
                 workers: self.workers.max(1),
@@ -270,6 +273,15 @@ impl Args {
         // The read timeout counts from each request, not from when its pooled connection idled.
         config.reset_reader_on_write = true;
         let client = kube::Client::try_from(config).map_err(Error::Client)?;
+        let choice = match global.protocol {
+            Some(d) => jobset_crd::explicit(d, &format!("--protocol {d}")),
+            None => jobset_crd::read(&client, self.request_timeout)
+                .await
+                .map_err(Error::Dialect)?,
+        };
+        tracing::info!(dialect = %choice.dialect, why = %choice.why, "epoch protocol dialect");
+        let mut options = options;
+        options.settings.dialect = choice.dialect;
         let listener = telemetry::bind(self.health_addr, "--health-addr").await?;
         run(
             client,

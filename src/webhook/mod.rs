@@ -45,7 +45,9 @@ pub use tls::ReloadingCert;
 
 use crate::admission::{self, InjectionConfig, config::InjectionArgs};
 use crate::certs::{self, cluster, rotation};
+use crate::protocol::Dialect;
 use crate::settings::{Global, parse_bytes, parse_duration};
+use crate::wire::jobset_crd::{self, Choice};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -86,6 +88,8 @@ pub enum Error {
     Lifetimes(String),
     #[error(transparent)]
     Config(#[from] admission::Error),
+    #[error("cannot decide the epoch protocol dialect (--protocol auto): {0}")]
+    Dialect(String),
 }
 
 /// Flags of `jobset-inplace webhook`.
@@ -229,8 +233,8 @@ pub struct Args {
     #[arg(long, env = "JOBSET_INPLACE_CA_OVERLAP", default_value = "7d", value_parser = parse_duration, value_name = "DURATION")]
     pub ca_overlap: Duration,
 
-    /// With --self-signed: longest wait for one Kubernetes API request; past it the check fails
-    /// and is retried with backoff.
+    /// Longest wait for one Kubernetes API request: the JobSet CRD read at start (`--protocol
+    /// auto`) and, with --self-signed, each certificate check (retried with backoff).
     #[arg(long, env = "JOBSET_INPLACE_REQUEST_TIMEOUT", default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]
     pub request_timeout: Duration,
 
@@ -323,9 +327,49 @@ impl Args {
         ))
     }
 
+    /// The dialect to inject: `--protocol`, else the config file's `protocol`, else the
+    /// cluster's JobSet CRD; without any cluster config (a webhook run outside a cluster, no
+    /// kubeconfig) the default `epoch`.
+    async fn dialect(&self, global: Global) -> Result<Choice, Error> {
+        if let Some(d) = global.protocol {
+            return Ok(jobset_crd::explicit(d, &format!("--protocol {d}")));
+        }
+        if let Some((d, source)) = admission::config::file_protocol(&self.injection) {
+            return Ok(jobset_crd::explicit(d, &source));
+        }
+        let mut config = match kube::Config::infer().await {
+            Ok(config) => config,
+            // In a pod without API access (no token mounted) guessing would inject the wrong
+            // dialect into every JobSet.
+            Err(e) if std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() => {
+                return Err(Error::Dialect(format!(
+                    "cannot reach the API server to read the JobSet CRD ({e}): mount a token \
+                     with `get` on customresourcedefinitions/{}, or set the protocol \
+                     (--protocol, or `protocol` in the config file)",
+                    jobset_crd::CRD_NAME
+                )));
+            }
+            Err(e) => {
+                return Ok(Choice {
+                    dialect: Dialect::default(),
+                    why: format!("no cluster to ask ({e}): the default"),
+                });
+            }
+        };
+        config.connect_timeout = Some(self.request_timeout);
+        config.read_timeout = Some(self.request_timeout);
+        let client = kube::Client::try_from(config).map_err(Error::Cluster)?;
+        jobset_crd::read(&client, self.request_timeout)
+            .await
+            .map_err(Error::Dialect)
+    }
+
     pub async fn run(self, global: Global) -> Result<ExitCode, Error> {
-        let config = InjectionConfig::load(&self.injection, global.protocol)
+        let mut config = InjectionConfig::load(&self.injection, global.protocol)
             .map_err(admission::Error::from)?;
+        let choice = self.dialect(global).await?;
+        tracing::info!(dialect = %choice.dialect, why = %choice.why, "epoch protocol dialect");
+        config.protocol = choice.dialect;
         let renewer = if self.self_signed {
             self.policy()?;
             let client = kube::Client::try_default().await.map_err(Error::Cluster)?;

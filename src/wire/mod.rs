@@ -5,13 +5,15 @@
 //!
 //! - [`agent_env`]: the agent container's name, env variables and built-in defaults;
 //! - [`pod`]: [`WatchedPod`], a pod reduced to what the epoch protocol reads;
-//! - [`epochs`]: [`epochs::JobSetEpoch`], the per-JobSet copy of the two epochs its agents watch.
+//! - [`epochs`]: [`epochs::JobSetEpoch`], the per-JobSet copy of the two epochs its agents watch;
+//! - [`jobset_crd`]: which dialect the installed JobSet CRD speaks (the cluster decides it).
 //!
 //! The JobSet side of the contract (the full model and the agent's summary) is [`crate::jobset`];
 //! the annotations, labels and status fields are [`crate::protocol`].
 
 pub mod agent_env;
 pub mod epochs;
+pub mod jobset_crd;
 pub mod pod;
 
 pub use pod::WatchedPod;
