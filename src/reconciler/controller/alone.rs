@@ -10,12 +10,13 @@
 
 use std::sync::Arc;
 
+use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::Api;
 use kube::runtime::events::EventType;
 
 use super::api::ReconcileError;
 use super::deadline::fail_and_delete;
-use super::report::{CONTROLLER_NAME, emit};
+use super::report::{CONTROLLER_NAME, emit_related};
 use super::state::{Shared, lock};
 use crate::deadline::PodRef;
 use crate::protocol::AloneAgent;
@@ -70,7 +71,15 @@ pub(super) async fn fail_pods(
             Ok(true) => {
                 shared.metrics.agents_restarted_alone.inc();
                 tracing::warn!(namespace = %key.namespace, jobset = %key.name, pod = %pod.pod, node, "agent restarted without its workers (kubelet without RestartAllContainersOnContainerExits); pod failed and deleted");
-                emit(
+                let related = ObjectReference {
+                    api_version: Some("v1".to_owned()),
+                    kind: Some("Pod".to_owned()),
+                    namespace: Some(key.namespace.clone()),
+                    name: Some(pod.pod.clone()),
+                    uid: Some(pod.uid.clone()).filter(|u| !u.is_empty()),
+                    ..ObjectReference::default()
+                };
+                emit_related(
                     shared,
                     key,
                     &state,
@@ -81,6 +90,7 @@ pub(super) async fn fail_pods(
                          a pod runs",
                         pod.pod
                     ),
+                    Some(related),
                 );
             }
             Err(e) => {
