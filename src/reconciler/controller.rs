@@ -144,7 +144,8 @@ impl Controller {
 #[cfg(test)]
 mod tests {
     /// Every room of the controller, as compiled.
-    const ROOMS: [(&str, &str); 11] = [
+    const ROOMS: [(&str, &str); 12] = [
+        ("alone", include_str!("controller/alone.rs")),
         ("api", include_str!("controller/api.rs")),
         ("deadline", include_str!("controller/deadline.rs")),
         (
