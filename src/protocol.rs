@@ -252,6 +252,72 @@ pub fn agent_decide(epoch: Epoch, view: &AgentView) -> AgentAction {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Agents that restarted without their workers (a kubelet without the gate)
+// ---------------------------------------------------------------------------------------------
+
+/// One container's status as [`old_workers`] reads it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct ContainerRun {
+    /// `restartCount`.
+    pub restart_count: i32,
+    /// `state.running.startedAt` in seconds since the epoch (the API's resolution); `None`
+    /// when the container does not run (or its start time cannot be read).
+    pub running_since: Option<i64>,
+}
+
+/// What a pod's container statuses say about its workers and its agent sidecar.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum OldWorkers {
+    /// Nothing wrong seen.
+    #[default]
+    No,
+    /// A worker runs while the agent does not: on a kubelet with
+    /// `RestartAllContainersOnContainerExits` only the moment between an agent's exit and the
+    /// kill of its workers, or a status that lags the containers. No synced epoch is written
+    /// while a pod shows it, and nothing else is done.
+    AgentDown,
+    /// The agent runs again, started after a worker that still runs and with more restarts than
+    /// it: the agent restarted alone and the worker outlived it (a kubelet without the gate).
+    /// The pod is failed, and no synced epoch is written while it is there.
+    AgentRestartedAlone,
+}
+
+/// Whether a pod's agent sidecar restarted without its workers (docs/protocol.md, "A node
+/// without the feature"). `agent`: the agent sidecar's status (`None`: the pod has none, or not yet,
+/// as in main-container mode); `workers`: every regular container's.
+///
+/// On a kubelet with the gate every container of the pod is killed before the agent starts
+/// again, and a worker starts only once the agent's startup probe passed: a running worker
+/// started at or after the running agent, and has restarted as often as it (or more: a worker
+/// restarted alone by its own rule). An agent restarted alone by its startup probe giving up
+/// has more restarts, but started before the worker it let start. So a running agent started
+/// strictly later than a running worker, with more restarts than that worker, restarted alone
+/// after the worker started. `startedAt` has a resolution of one second: an agent that
+/// restarted alone within the same second as its worker started is not seen by this rule.
+pub fn old_workers(agent: Option<ContainerRun>, workers: &[ContainerRun]) -> OldWorkers {
+    let Some(agent) = agent else {
+        return OldWorkers::No;
+    };
+    let running = || {
+        workers
+            .iter()
+            .filter_map(|w| w.running_since.map(|s| (s, w)))
+    };
+    let Some(agent_since) = agent.running_since else {
+        return if running().next().is_some() {
+            OldWorkers::AgentDown
+        } else {
+            OldWorkers::No
+        };
+    };
+    if running().any(|(since, w)| agent_since > since && agent.restart_count > w.restart_count) {
+        OldWorkers::AgentRestartedAlone
+    } else {
+        OldWorkers::No
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Reconciler
 // ---------------------------------------------------------------------------------------------
 
@@ -272,6 +338,11 @@ pub struct PodView {
     /// The pod was counted when this reconciler last wrote the synced epoch
     /// ([`ReconcileInput::last_synced`]).
     pub counted_in_last_sync: bool,
+    /// What its container statuses say of its agent and workers ([`old_workers`]).
+    pub old_workers: OldWorkers,
+    /// `spec.nodeName` (empty until bound): said when the pod is failed for
+    /// [`OldWorkers::AgentRestartedAlone`].
+    pub node: String,
 }
 
 /// What the reconciler reads of one JobSet and its pods.
@@ -360,6 +431,20 @@ pub struct ReconcileDecision {
     /// When `change.synced` is set: the pods counted at that epoch (for
     /// [`PodView::counted_in_last_sync`] once the write succeeded).
     pub synced_pods: Vec<String>,
+    /// Counted pods whose agent restarted without their workers
+    /// ([`OldWorkers::AgentRestartedAlone`]): to be failed. Nothing is synced while one is there.
+    pub restarted_alone: Vec<AloneAgent>,
+    /// Whether a counted pod shows old workers ([`OldWorkers`] other than `No`): the synced epoch
+    /// is not written then.
+    pub held: bool,
+}
+
+/// A pod whose agent restarted without its workers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AloneAgent {
+    pub pod: String,
+    pub uid: String,
+    pub node: String,
 }
 
 /// Reconciler steps 1 to 5 for one JobSet that has the InPlaceRestart strategy and is neither
@@ -371,6 +456,18 @@ pub fn reconcile_decide(input: &ReconcileInput<'_>) -> ReconcileDecision {
     let mut worst_restart: Option<(&str, i32)> = None;
 
     for pod in input.pods.iter().filter(|p| !p.failed && !p.terminating) {
+        match pod.old_workers {
+            OldWorkers::No => {}
+            OldWorkers::AgentDown => decision.held = true,
+            OldWorkers::AgentRestartedAlone => {
+                decision.held = true;
+                decision.restarted_alone.push(AloneAgent {
+                    pod: pod.name.clone(),
+                    uid: pod.uid.clone(),
+                    node: pod.node.clone(),
+                });
+            }
+        }
         if worst_restart.is_none_or(|(_, c)| pod.max_restart_count > c) {
             worst_restart = Some((&pod.name, pod.max_restart_count));
         }
@@ -459,7 +556,11 @@ pub fn reconcile_decide(input: &ReconcileInput<'_>) -> ReconcileDecision {
     }
 
     // Steps 3 and 4: everyone registered at one epoch.
+    // A pod whose workers outlived its agent's restart runs workers of an older epoch than its
+    // annotation says: nothing is synced while one is seen (docs/protocol.md, "A node without
+    // the gate").
     let in_sync = input.expected_pods > 0
+        && !decision.held
         && i64::try_from(epochs.len()).unwrap_or(i64::MAX) >= input.expected_pods
         && epochs.iter().all(|e| *e == max);
     if in_sync {
@@ -901,5 +1002,229 @@ mod tests {
             Dialect::Epoch.read_status(status.as_object()),
             st(Some(3), None)
         );
+    }
+
+    /// A sidecar agent and one worker on a kubelet, as their statuses show them.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+    struct Kubelet {
+        now: i64,
+        agent: ContainerRun,
+        /// The agent's startup probe passed in its current run.
+        agent_started: bool,
+        worker: ContainerRun,
+    }
+
+    /// What a kubelet with the gate does, and (`gate: false`) what one without it does instead.
+    #[derive(Clone, Copy, Debug)]
+    enum Step {
+        /// A second passes (or less: `startedAt` has a resolution of one second).
+        Tick,
+        AgentStarts,
+        /// The startup probe passes and the worker starts.
+        WorkerStarts,
+        /// The agent (its restart code) or the worker exits: `RestartAllContainers`, or without
+        /// the gate the agent alone restarts (`restartPolicy: Always`).
+        AgentExits,
+        /// The startup probe gives up: the agent alone restarts, its worker not started.
+        ProbeGivesUp,
+        /// The worker's own `Restart` rule: it alone restarts.
+        WorkerRestartsAlone,
+    }
+
+    const STEPS: [Step; 6] = [
+        Step::Tick,
+        Step::AgentStarts,
+        Step::WorkerStarts,
+        Step::AgentExits,
+        Step::ProbeGivesUp,
+        Step::WorkerRestartsAlone,
+    ];
+
+    impl Kubelet {
+        /// `None` when the step cannot happen now.
+        fn step(mut self, step: Step, gate: bool) -> Option<Kubelet> {
+            let agent_runs = self.agent.running_since.is_some();
+            let worker_runs = self.worker.running_since.is_some();
+            match step {
+                Step::Tick => self.now += 1,
+                Step::AgentStarts if !agent_runs => self.agent.running_since = Some(self.now),
+                Step::WorkerStarts if agent_runs && !self.agent_started && !worker_runs => {
+                    self.agent_started = true;
+                    self.worker.running_since = Some(self.now);
+                }
+                Step::AgentExits if agent_runs => {
+                    self.agent.restart_count += 1;
+                    self.agent.running_since = None;
+                    self.agent_started = false;
+                    if gate {
+                        self.worker.restart_count += 1;
+                        self.worker.running_since = None;
+                    }
+                }
+                Step::ProbeGivesUp if agent_runs && !self.agent_started && !worker_runs => {
+                    self.agent.restart_count += 1;
+                    self.agent.running_since = None;
+                }
+                Step::WorkerRestartsAlone if worker_runs => {
+                    self.worker.restart_count += 1;
+                    self.worker.running_since = Some(self.now);
+                }
+                _ => return None,
+            }
+            Some(self)
+        }
+
+        fn seen(&self) -> OldWorkers {
+            old_workers(Some(self.agent), &[self.worker])
+        }
+    }
+
+    /// Every history of `depth` steps from a fresh pod, each state visited.
+    fn histories(gate: bool, depth: usize, visit: &mut impl FnMut(&[Step], &Kubelet)) {
+        fn go(
+            k: Kubelet,
+            path: &mut Vec<Step>,
+            gate: bool,
+            depth: usize,
+            visit: &mut impl FnMut(&[Step], &Kubelet),
+        ) {
+            visit(path, &k);
+            if path.len() == depth {
+                return;
+            }
+            for s in STEPS {
+                if let Some(next) = k.step(s, gate) {
+                    path.push(s);
+                    go(next, path, gate, depth, visit);
+                    path.pop();
+                }
+            }
+        }
+        go(Kubelet::default(), &mut Vec::new(), gate, depth, visit);
+    }
+
+    #[test]
+    fn a_kubelet_with_the_gate_never_shows_an_agent_restarted_alone() {
+        let mut states = 0;
+        histories(true, 9, &mut |path, k| {
+            states += 1;
+            assert_ne!(k.seen(), OldWorkers::AgentRestartedAlone, "{path:?} {k:?}");
+            // Its statuses are consistent: a running agent means no worker outlived it.
+            if k.agent.running_since.is_some() {
+                assert_eq!(k.seen(), OldWorkers::No, "{path:?} {k:?}");
+            }
+        });
+        assert!(states > 10_000, "{states}");
+    }
+
+    #[test]
+    fn an_agent_restarted_alone_a_second_or_more_after_its_worker_started_is_seen() {
+        let mut seen = 0;
+        histories(false, 9, &mut |path, k| {
+            let outlived = k.worker.running_since.is_some_and(|w| {
+                k.agent.running_since.is_some_and(|a| a > w)
+                    && k.agent.restart_count > k.worker.restart_count
+            });
+            let expected = match (k.agent.running_since, k.worker.running_since) {
+                (_, None) => OldWorkers::No,
+                (None, Some(_)) => OldWorkers::AgentDown,
+                (Some(_), Some(_)) if outlived => OldWorkers::AgentRestartedAlone,
+                (Some(_), Some(_)) => OldWorkers::No,
+            };
+            assert_eq!(k.seen(), expected, "{path:?} {k:?}");
+            if expected == OldWorkers::AgentRestartedAlone {
+                seen += 1;
+            }
+        });
+        assert!(seen > 100, "{seen}");
+        // The history the issue describes: worker runs, a second later the agent exits with its
+        // restart code and restarts alone.
+        let k = [
+            Step::AgentStarts,
+            Step::WorkerStarts,
+            Step::Tick,
+            Step::AgentExits,
+        ]
+        .into_iter()
+        .try_fold(Kubelet::default(), |k, s| k.step(s, false))
+        .expect("history");
+        assert_eq!(k.seen(), OldWorkers::AgentDown);
+        let k = k.step(Step::AgentStarts, false).expect("agent starts");
+        assert_eq!(k.seen(), OldWorkers::AgentRestartedAlone);
+        // Within the same second it is not seen (docs/protocol.md says so).
+        let k = [
+            Step::AgentStarts,
+            Step::WorkerStarts,
+            Step::AgentExits,
+            Step::AgentStarts,
+        ]
+        .into_iter()
+        .try_fold(Kubelet::default(), |k, s| k.step(s, false))
+        .expect("history");
+        assert_eq!(k.seen(), OldWorkers::No);
+    }
+
+    #[test]
+    fn old_workers_needs_an_agent_and_a_running_worker() {
+        let run = |restart_count, since| ContainerRun {
+            restart_count,
+            running_since: since,
+        };
+        assert_eq!(old_workers(None, &[run(0, Some(1))]), OldWorkers::No);
+        assert_eq!(old_workers(Some(run(1, Some(5))), &[]), OldWorkers::No);
+        assert_eq!(
+            old_workers(Some(run(1, Some(5))), &[run(0, None)]),
+            OldWorkers::No
+        );
+        assert_eq!(old_workers(Some(run(1, None)), &[]), OldWorkers::No);
+        // Any running worker of several.
+        assert_eq!(
+            old_workers(Some(run(1, Some(5))), &[run(1, Some(5)), run(0, Some(2))]),
+            OldWorkers::AgentRestartedAlone
+        );
+        assert_eq!(
+            old_workers(Some(run(1, None)), &[run(0, None), run(0, Some(2))]),
+            OldWorkers::AgentDown
+        );
+    }
+
+    #[test]
+    fn no_synced_epoch_over_old_workers() {
+        let mut pods = vec![pod("a", Some("2")), pod("b", Some("2"))];
+        let base = input(Dialect::Epoch, 2, st(Some(1), Some(1)), &pods);
+        let d = reconcile_decide(&base);
+        assert_eq!(d.change.synced, Some(2));
+        assert!(d.restarted_alone.is_empty() && !d.held);
+
+        for (seen, alone) in [
+            (OldWorkers::AgentDown, false),
+            (OldWorkers::AgentRestartedAlone, true),
+        ] {
+            pods[1].old_workers = seen;
+            pods[1].uid = "u-b".into();
+            pods[1].node = "n1".into();
+            let d = reconcile_decide(&input(Dialect::Epoch, 2, st(Some(1), Some(1)), &pods));
+            assert_eq!(d.change.synced, None, "{seen:?}");
+            assert!(d.held);
+            let expected: Vec<AloneAgent> = alone
+                .then(|| AloneAgent {
+                    pod: "b".into(),
+                    uid: "u-b".into(),
+                    node: "n1".into(),
+                })
+                .into_iter()
+                .collect();
+            assert_eq!(d.restarted_alone, expected);
+            // Deprecation goes on as before.
+            let d = reconcile_decide(&input(Dialect::Epoch, 2, st(Some(0), Some(1)), &pods));
+            assert_eq!(d.change.deprecated, Some(1));
+            assert_eq!(d.change.synced, None);
+        }
+        // A pod failed or terminating is not counted, nor held on.
+        pods[1].failed = true;
+        pods.push(pod("c", Some("2")));
+        let d = reconcile_decide(&input(Dialect::Epoch, 2, st(Some(1), Some(1)), &pods));
+        assert_eq!(d.change.synced, Some(2));
+        assert!(d.restarted_alone.is_empty() && !d.held);
     }
 }

@@ -14,7 +14,10 @@
 //!   deletes of exactly the JobSet's Jobs of earlier restarts), with JobSet's controller writing
 //!   the epochs (`--write-epoch-status=false`) and the annotation's timeout;
 //! - a malformed annotation is a Warning and the default;
-//! - a standby that takes over keeps the clock.
+//! - a standby that takes over keeps the clock;
+//! - on a kubelet without `RestartAllContainersOnContainerExits`, the pods whose agents restarted
+//!   without their workers are failed and replaced long before any deadline, and no synced epoch
+//!   is written while their old workers run.
 //!
 //! Events and metrics are checked for every step.
 
@@ -1022,6 +1025,106 @@ async fn a_pod_that_registers_while_its_failed_mark_is_on_its_way_is_left_alone(
         );
         assert_eq!(r.sample(PODS_DELETED).await, 0.0);
         r.stop().await;
+    })
+    .await;
+}
+
+/// A kubelet without `RestartAllContainersOnContainerExits` (docs/protocol.md, "A node without
+/// the feature"): the failing worker's pod ends (its rule ignored) and its Job replaces it; the
+/// other pods' agents see the deprecation and restart alone while their workers run on from
+/// epoch 1. The reconciler fails and deletes those pods (an event naming each, the metric), far
+/// within the deadline, and writes no synced epoch while a worker of an older epoch runs: the
+/// group restart completes over replacements only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_restarted_without_their_workers_are_failed_and_never_synced_over() {
+    bounded(async {
+        let mut c = sim_config(3, 10, Duration::from_secs(60));
+        c.restart_all_gate = false;
+        let (sim, r) = start_sim(c).await;
+        let before = sim.snapshot();
+        // `startedAt` has whole seconds: the agents restart a second or more after their
+        // workers started.
+        tokio::time::sleep(Duration::from_millis(1_100)).await;
+        assert!(sim.fail_worker(0, 3));
+        // A synced epoch above a running worker's, seen twice for the same worker (a snapshot
+        // reads the workers before the JobSet).
+        let over = |s: &Snapshot| -> Vec<(String, Instant)> {
+            s.slots
+                .iter()
+                .filter_map(|slot| {
+                    let w = slot.state.worker?;
+                    (s.synced > w.epoch).then(|| (slot.state.pod.clone(), w.started))
+                })
+                .collect()
+        };
+        let limit = Instant::now() + WAIT;
+        let s = loop {
+            let s = sim.snapshot();
+            let first = over(&s);
+            if !first.is_empty() {
+                let again = sim.snapshot();
+                let still: Vec<_> = over(&again)
+                    .into_iter()
+                    .filter(|w| first.contains(w))
+                    .collect();
+                assert!(
+                    still.is_empty(),
+                    "synced epoch {:?} written while workers of an older epoch run: {still:?}\n{again}",
+                    again.synced
+                );
+            }
+            if s.all_running_after(Some(1)) {
+                break s;
+            }
+            assert!(Instant::now() < limit, "the group restart did not complete\n{s}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
+        assert_eq!(s.synced, Some(2), "{s}");
+        for (slot, old) in s.slots.iter().zip(&before.slots) {
+            assert_eq!(slot.state.replacements, 1, "every pod replaced\n{s}");
+            assert_ne!(slot.state.uid, old.state.uid, "{s}");
+        }
+        // The reconciler failed and deleted the two pods whose agents restarted alone (the first
+        // pod failed on its own), and said why.
+        let mut alone = vec![
+            before.slots[1].state.pod.clone(),
+            before.slots[2].state.pod.clone(),
+        ];
+        alone.sort();
+        let mut deleted = deletes_by_reconciler(sim.server(), "pods");
+        deleted.sort();
+        assert_eq!(deleted, alone);
+        let ns = sim.config().namespace.clone();
+        note(sim.server(), &ns, "RestartedWithoutWorkers").await;
+        let wait = Instant::now() + WAIT;
+        while events(sim.server(), &ns, "RestartedWithoutWorkers").len() < 2 {
+            assert!(Instant::now() < wait, "one event per pod");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let events = events(sim.server(), &ns, "RestartedWithoutWorkers");
+        for pod in &alone {
+            let e = events
+                .iter()
+                .find(|e| e["note"].as_str().is_some_and(|n| n.contains(pod.as_str())))
+                .unwrap_or_else(|| panic!("no event names {pod}: {events:?}"));
+            assert_eq!(e["type"], "Warning");
+            let note = e["note"].as_str().unwrap_or_default();
+            assert!(
+                note.contains("RestartAllContainersOnContainerExits") && note.contains("node"),
+                "{note}"
+            );
+        }
+        assert_eq!(
+            r.sample("jobset_inplace_reconciler_agents_restarted_alone_total")
+                .await,
+            2.0
+        );
+        // Not the deadline's doing.
+        assert_eq!(r.sample(PODS_DELETED).await, 0.0);
+        assert_eq!(r.sample(&step("unregistered_pods_deleted")).await, 0.0);
+        assert_clean(&sim, &s);
+        r.stop().await;
+        sim.shutdown().await;
     })
     .await;
 }

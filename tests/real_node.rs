@@ -147,7 +147,14 @@ async fn node(test: &str) -> Option<Node> {
     })
 }
 
-/// Runs a test body on the node, alone and under a time limit.
+/// node.env `NODE_RESTART_GATE=off`: the kubelet runs without
+/// `RestartAllContainersOnContainerExits` (`JOBSET_INPLACE_NODE_RESTART_GATE=off` at `up`).
+fn gate_off(node: &Node) -> bool {
+    node.env.get("NODE_RESTART_GATE").map(String::as_str) == Some("off")
+}
+
+/// Runs a test body on the node, alone and under a time limit. On a node whose kubelet runs
+/// without the gate, only [`with_gateless_node`]'s test runs: every other one says SKIPPED.
 async fn with_node<F, Fut>(test: &str, body: F)
 where
     F: FnOnce(Node) -> Fut,
@@ -165,6 +172,38 @@ where
     let Some(node) = node(test).await else {
         return;
     };
+    if gate_off(&node) {
+        eprintln!(
+            "\n!! SKIPPED {test}: the node's kubelet runs without RestartAllContainersOnContainerExits (NODE_RESTART_GATE=off)\n"
+        );
+        return;
+    }
+    run_on(test, node, limit, body).await;
+}
+
+/// Runs a test body on a node whose kubelet runs without the gate; SKIPPED on any other node.
+async fn with_gateless_node<F, Fut>(test: &str, body: F)
+where
+    F: FnOnce(Node) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let Some(node) = node(test).await else {
+        return;
+    };
+    if !gate_off(&node) {
+        eprintln!(
+            "\n!! SKIPPED {test}: the node's kubelet runs with the gate (up with JOBSET_INPLACE_NODE_RESTART_GATE=off to run it)\n"
+        );
+        return;
+    }
+    run_on(test, node, LIMIT, body).await;
+}
+
+async fn run_on<F, Fut>(test: &str, node: Node, limit: Duration, body: F)
+where
+    F: FnOnce(Node) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
     let _turn = NODE_LOCK.lock().await;
     tokio::time::timeout(limit, body(node))
         .await
@@ -1796,6 +1835,125 @@ async fn headline_in_place_against_jobsets_recreation() {
             rc.as_secs_f64() / ip.as_secs_f64().max(0.001)
         );
         assert!(ip < rc, "in place ({ip:?}) faster than recreation ({rc:?})");
+
+/// A kubelet without `RestartAllContainersOnContainerExits` (`up` with
+/// `JOBSET_INPLACE_NODE_RESTART_GATE=off`; docs/protocol.md "A node without the feature"): the
+/// kubelet ignores the rules, so the failing worker's pod fails and is replaced, and the other
+/// pods' agents restart alone while their workers run on. The reconciler fails and deletes those
+/// pods (a `RestartedWithoutWorkers` event naming each and the node), writes no synced epoch
+/// while an old worker runs (from the workers' own records: no worker of the new epoch starts
+/// before every old one ended), and the JobSet runs again on replacements; `doctor` names the
+/// node. The pods are bound to the node by `nodeName`: the scheduler, with `NodeDeclaredFeatures`,
+/// keeps them off a node that does not declare the feature.
+#[tokio::test]
+async fn a_kubelet_without_the_gate_gets_its_pods_failed_not_synced_over() {
+    const TEST: &str = "a_kubelet_without_the_gate_gets_its_pods_failed_not_synced_over";
+    with_gateless_node(TEST, |node| async move {
+        let dialect = installed(&node, TEST)
+            .unwrap_or_else(|| panic!("{TEST}: the product must be installed (--install epoch)"));
+        let node_name = node
+            .env
+            .get("NODE_NAME")
+            .cloned()
+            .expect("node.env NODE_NAME");
+        let pinned = node_name.clone();
+        let (run, first) = Run::start(&node, "rn-nogate", 3, dialect, move |js| {
+            js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["nodeName"] =
+                json!(pinned);
+        })
+        .await;
+        // `startedAt` has whole seconds: the agents restart a second or more after their workers
+        // started.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let failing = first.pods.keys().next().expect("a pod").clone();
+        let since = now_ms();
+        run.exit(&failing, 3);
+        // Every pod replaced (none restarts in place here), every worker running one epoch up.
+        let after = run
+            .running(Some(first.epoch), since, Duration::from_secs(150))
+            .await;
+        assert_eq!(after.epoch, first.epoch + 1, "the epoch moves by one");
+        for name in first.pods.keys() {
+            assert!(
+                !after.pods.contains_key(name),
+                "{name} was failed and replaced: {:?}",
+                after.pods.keys()
+            );
+        }
+        // From the workers' own records: every old worker ended before any new one started.
+        let took = assert_barrier(&run.records(), since, run.size);
+        println!(
+            "kubelet without the gate: every worker running again on replacements after {} ms",
+            took.as_millis()
+        );
+        // The synced epoch was written for the replacements only.
+        eventually("the synced epoch", Duration::from_secs(30), || async {
+            match run.synced().await {
+                Some(s) if s == after.epoch => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        })
+        .await;
+        // The reconciler said why, for each pod whose agent restarted alone (every pod but the
+        // failing one, which failed on its own).
+        let events: Api<DynamicObject> = Api::namespaced_with(
+            node.client.clone(),
+            &run._ns.name,
+            &ApiResource::from_gvk(&GroupVersionKind::gvk("events.k8s.io", "v1", "Event")),
+        );
+        let alone: Vec<&String> = first.pods.keys().filter(|n| **n != failing).collect();
+        let notes = eventually(
+            "a RestartedWithoutWorkers event per pod",
+            Duration::from_secs(30),
+            || async {
+                let list = events
+                    .list(&ListParams::default())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let notes: Vec<String> = list
+                    .items
+                    .iter()
+                    .filter(|e| e.data["reason"] == "RestartedWithoutWorkers")
+                    .filter_map(|e| e.data["note"].as_str().map(str::to_owned))
+                    .collect();
+                if alone
+                    .iter()
+                    .all(|p| notes.iter().any(|n| n.contains(p.as_str())))
+                {
+                    Ok(notes)
+                } else {
+                    Err(format!("{notes:?}"))
+                }
+            },
+        )
+        .await;
+        assert!(
+            notes
+                .iter()
+                .all(|n| n.contains(&node_name)
+                    && n.contains("RestartAllContainersOnContainerExits")),
+            "{notes:?}"
+        );
+        // doctor names the node.
+        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_jobset-inplace"))
+            .arg("doctor")
+            .env("KUBECONFIG", &node.kubeconfig)
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .output();
+        let out = tokio::time::timeout(COMMAND_LIMIT, out)
+            .await
+            .expect("doctor within its time")
+            .expect("run doctor");
+        let text = String::from_utf8_lossy(&out.stdout);
+        println!("{text}");
+        assert!(
+            text.lines().any(|l| l.contains("node-features")
+                && !l.starts_with("ok")
+                && l.contains(&node_name)),
+            "{text}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     })
     .await;
 }

@@ -346,6 +346,7 @@ pub fn epoch(data: &[u8]) {
             epoch_annotation: annotation,
             max_restart_count: (i % 3) as i32,
             counted_in_last_sync: false,
+            ..PodView::default()
         });
     }
 

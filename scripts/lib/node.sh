@@ -173,9 +173,20 @@ extendedKeyUsage=clientAuth"
 
 # The gates of README "Compatibility" (the same as the API server's).
 node_gates="RestartAllContainersOnContainerExits=true,NodeDeclaredFeatures=true,ContainerRestartRules=true"
+# JOBSET_INPLACE_NODE_RESTART_GATE=off: the kubelet alone runs without
+# RestartAllContainersOnContainerExits, and without NodeDeclaredFeatures (with it, its admission
+# rejects every pod using the rule: PodFeatureUnsupported), as a kubelet that predates both does
+# (docs/protocol.md "A node without the feature"). The API server and the scheduler keep every
+# gate: pods meant to meet that kubelet are bound by nodeName. node.env says NODE_RESTART_GATE=off.
+node_restart_gate="${JOBSET_INPLACE_NODE_RESTART_GATE:-on}"
 
 node_up() {
-  local dir="$1" bin="$2" api_port="$3" nd="$1/node" pki="$1/pki"
+  local dir="$1" bin="$2" api_port="$3" nd="$1/node" pki="$1/pki" node_restart_gate_value
+  case "$node_restart_gate" in
+    on) node_restart_gate_value=true ;;
+    off) node_restart_gate_value=false ;;
+    *) die "JOBSET_INPLACE_NODE_RESTART_GATE must be on or off, not $node_restart_gate" ;;
+  esac
   local kubectl=(kubectl --kubeconfig "$dir/kubeconfig")
   mkdir -p "$nd"/{containerd,cni/net.d,cni/ipam,kubelet,pod-logs,volume-plugins,runc}
 
@@ -298,6 +309,7 @@ NODE_POD_CIDR=$NODE_POD_CIDR
 NODE_DIR=$nd
 PAUSE_IMAGE=$pause_image
 NODE_TAINT=$node_label=true:NoSchedule
+NODE_RESTART_GATE=$node_restart_gate
 EOF
 
   kubeconfig "$pki" "$api_port" "$NODE_HOST_IP" node >"$nd/kubelet.kubeconfig"
@@ -315,8 +327,8 @@ failCgroupV1: false
 cgroupDriver: cgroupfs
 cgroupRoot: /$NODE_CGROUP
 featureGates:
-  RestartAllContainersOnContainerExits: true
-  NodeDeclaredFeatures: true
+  RestartAllContainersOnContainerExits: $node_restart_gate_value
+  NodeDeclaredFeatures: $node_restart_gate_value
   ContainerRestartRules: true
 containerRuntimeEndpoint: unix://$nd/containerd.sock
 podLogsDir: $nd/pod-logs

@@ -10,6 +10,7 @@
 //! - `report.rs`: events, progress (metrics, log lines), observe mode, malformed and unservable
 //!   JobSets;
 //! - `deadline.rs`: the group-restart deadline carried out (`deadline_entry.rs` is what it keeps);
+//! - `alone.rs`: pods whose agent restarted without their workers, failed and deleted;
 //! - `provisioning.rs`: the agent's ServiceAccount and RoleBinding per namespace;
 //! - `api.rs`: every API call, bounded by the request timeout and fenced by the lease, and the
 //!   errors a reconcile ends with;
@@ -31,6 +32,7 @@ use tokio::task::JoinSet;
 
 use super::metrics::Metrics;
 
+mod alone;
 mod api;
 mod deadline;
 mod deadline_entry;
@@ -142,7 +144,8 @@ impl Controller {
 #[cfg(test)]
 mod tests {
     /// Every room of the controller, as compiled.
-    const ROOMS: [(&str, &str); 11] = [
+    const ROOMS: [(&str, &str); 12] = [
+        ("alone", include_str!("controller/alone.rs")),
         ("api", include_str!("controller/api.rs")),
         ("deadline", include_str!("controller/deadline.rs")),
         (

@@ -49,6 +49,9 @@ pub struct Metrics {
     pub deadline_pods_deleted: Counter,
     /// Jobs the deadline's recreations deleted.
     pub deadline_jobs_deleted: Counter,
+    /// Pods failed and deleted because their agent restarted without their workers (a node
+    /// whose kubelet lacks `RestartAllContainersOnContainerExits`).
+    pub agents_restarted_alone: Counter,
     /// Failed provisionings (or removals) of a namespace's agent account and binding, by reason.
     pub provision_failures: Family<ReasonLabels, Counter>,
     /// Namespaces whose provisioning fails now (each retried with its own backoff).
@@ -108,6 +111,7 @@ impl Metrics {
             deadline_steps: Family::default(),
             deadline_pods_deleted: Counter::default(),
             deadline_jobs_deleted: Counter::default(),
+            agents_restarted_alone: Counter::default(),
             provision_failures: Family::default(),
             provision_failing_namespaces: Gauge::default(),
             writes_fenced: Family::default(),
@@ -178,6 +182,11 @@ impl Metrics {
             "deadline_jobs_deleted",
             "Jobs deleted to recreate a JobSet whose group restart did not complete",
             m.deadline_jobs_deleted.clone(),
+        );
+        r.register(
+            "agents_restarted_alone",
+            "Pods failed and deleted because their agent restarted without their workers (a node whose kubelet lacks RestartAllContainersOnContainerExits)",
+            m.agents_restarted_alone.clone(),
         );
         r.register(
             "provision_failures",

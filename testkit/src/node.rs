@@ -114,6 +114,11 @@ pub struct NodeConfig {
     pub api_timeout: Duration,
     /// `status.capacity` (and `allocatable`) of the `Node`.
     pub capacity: BTreeMap<String, String>,
+    /// The kubelet runs with `RestartAllContainersOnContainerExits` (the default). Without it a
+    /// `RestartAllContainers` rule is ignored and each container follows its own
+    /// `restartPolicy`: the agent sidecar restarts alone beside its running worker, a worker
+    /// that exits ends its pod (kubelet v1.35).
+    pub restart_all_gate: bool,
 }
 
 impl NodeConfig {
@@ -141,6 +146,7 @@ impl NodeConfig {
             termination_grace: Duration::from_secs(5),
             api_timeout: Duration::from_secs(10),
             capacity,
+            restart_all_gate: true,
         }
     }
 }
@@ -1026,7 +1032,7 @@ async fn run_pod(
             }
             Exit::Agent(code) => {
                 st.agent.terminate(code, "Error");
-                let action = rule_action(&agent_spec, code);
+                let action = applied_rule(&shared.config, &agent_spec, code);
                 shared.log(format!(
                     "{name}: agent exited {code} (rule: {})",
                     action.as_deref().unwrap_or("none")
@@ -1046,7 +1052,7 @@ async fn run_pod(
                 worker_running = false;
                 let at = shared.started.elapsed();
                 shared.view(&name, |v| v.worker_stopped(at));
-                let action = rule_action(&worker_spec, code);
+                let action = applied_rule(&shared.config, &worker_spec, code);
                 shared.log(format!(
                     "{name}: worker exited {code} (rule: {})",
                     action.as_deref().unwrap_or("none")
@@ -1066,6 +1072,12 @@ async fn run_pod(
             }
         }
     }
+}
+
+/// The action of the rule that covers `code`, as this kubelet applies it: without the gate
+/// ([`NodeConfig::restart_all_gate`]) a `RestartAllContainers` rule is ignored.
+fn applied_rule(config: &NodeConfig, container: &Value, code: i32) -> Option<String> {
+    rule_action(container, code).filter(|a| config.restart_all_gate || !recognise::restarts_pod(a))
 }
 
 /// `RestartAllContainers`: every container still running is stopped (the agent with its grace

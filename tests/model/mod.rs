@@ -563,6 +563,7 @@ impl ProtocolModel {
                     epoch_annotation: s.annotation.map(|e| e.to_string()),
                     max_restart_count: 0,
                     counted_in_last_sync: r.counted,
+                    ..PodView::default()
                 })
             })
             .collect();

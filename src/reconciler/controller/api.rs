@@ -51,6 +51,15 @@ pub enum ReconcileError {
         action: String,
         source: kube::Error,
     },
+    #[error(
+        "cannot fail pod {pod} of JobSet {namespace}/{name} (its agent restarted without its workers): {source}"
+    )]
+    FailPod {
+        namespace: String,
+        name: String,
+        pod: String,
+        source: kube::Error,
+    },
 }
 
 impl ReconcileError {
@@ -59,7 +68,8 @@ impl ReconcileError {
         match self {
             ReconcileError::Write { source, .. }
             | ReconcileError::Publish { source, .. }
-            | ReconcileError::Deadline { source, .. } => crate::retry::retry_after(source),
+            | ReconcileError::Deadline { source, .. }
+            | ReconcileError::FailPod { source, .. } => crate::retry::retry_after(source),
             ReconcileError::Conflicts { .. } | ReconcileError::Timeout { .. } => None,
         }
     }

@@ -339,7 +339,14 @@ async fn delete_unregistered(
                 let version = seen.versions.get(&pod.name).cloned();
                 async move {
                     let _permit = shared.steps.permit(&key.namespace).await;
-                    let result = fail_and_delete(shared, &api, &pod, version, &reason).await;
+                    let result = fail_and_delete(
+                        shared,
+                        &api,
+                        &pod,
+                        version,
+                        ("GroupRestartTimedOut", &reason),
+                    )
+                    .await;
                     (pod.name, result)
                 }
             })
@@ -406,17 +413,18 @@ async fn delete_unregistered(
 /// replaced under `podReplacementPolicy: Failed` only once it has failed (the Job controller
 /// keeps its `batch.kubernetes.io/job-tracking` finalizer until then), and a pod whose kubelet is
 /// gone never fails on its own: Kubernetes' pod garbage collector does the same for the pods it
-/// removes. `Ok(false)`: the pod was already gone or replaced.
-async fn fail_and_delete(
+/// removes. `Ok(false)`: the pod was already gone or replaced. `(reason, message)`: the pod
+/// status's. Also step 0 of an agent that restarted alone (`alone.rs`).
+pub(super) async fn fail_and_delete(
     shared: &Shared,
     api: &Api<WatchedPod>,
     pod: &PodRef,
     version: Option<String>,
-    reason: &str,
+    (reason, message): (&str, &str),
 ) -> Result<bool, Option<kube::Error>> {
     let uid = Some(pod.uid.clone()).filter(|u| !u.is_empty());
     let mut failed = json!({
-        "status": {"phase": "Failed", "reason": "GroupRestartTimedOut", "message": reason}
+        "status": {"phase": "Failed", "reason": reason, "message": message}
     });
     if let Some(uid) = &uid {
         failed["metadata"]["uid"] = json!(uid);

@@ -188,6 +188,20 @@ pub(super) fn emit(
     reason: &str,
     note: String,
 ) {
+    emit_related(shared, key, state, type_, reason, note, None);
+}
+
+/// [`emit`] with a related object (`related`): the events of one reason on one JobSet are one
+/// series per related object (the recorder's key), so that each pod's event is kept.
+pub(super) fn emit_related(
+    shared: &Shared,
+    key: &Key,
+    state: &JobSetState,
+    type_: EventType,
+    reason: &str,
+    note: String,
+    related: Option<ObjectReference>,
+) {
     let reference = ObjectReference {
         api_version: Some(jobset::API_VERSION.to_owned()),
         kind: Some(jobset::KIND.to_owned()),
@@ -201,7 +215,7 @@ pub(super) fn emit(
         reason: reason.to_owned(),
         note: Some(note),
         action: "Reconcile".to_owned(),
-        secondary: None,
+        secondary: related,
     };
     if shared.events.try_send((reference, event)).is_err() {
         tracing::warn!(namespace = %key.namespace, jobset = %key.name, reason, "event queue full; event dropped");

@@ -20,7 +20,7 @@ use super::publication::{publish_status, publishing};
 use super::report::{emit, observe, record_progress, report_malformed, report_unservable};
 use super::state::{Shared, lock};
 use crate::jobset::JobSet;
-use crate::protocol::{EpochStatus, ReconcileDecision, StatusChange, reconcile_decide};
+use crate::protocol::{AloneAgent, EpochStatus, ReconcileDecision, StatusChange, reconcile_decide};
 use crate::reconciler::index::{JobSetState, reconcile_input};
 use crate::reconciler::key::Key;
 use kube::runtime::events::EventType;
@@ -29,11 +29,12 @@ use kube::runtime::events::EventType;
 pub const REACHED_MAX_RESTARTS: &str = "ReachedMaxRestarts";
 
 /// Evaluates one JobSet's epochs and writes what changed (or, leaving them to JobSet's own
-/// controller, observes them).
+/// controller, observes them). Returns the pods the last decision found with an agent that
+/// restarted without their workers (`alone.rs` fails them).
 pub(super) async fn reconcile_epochs(
     shared: &Arc<Shared>,
     key: &Key,
-) -> Result<(), ReconcileError> {
+) -> Result<Vec<AloneAgent>, ReconcileError> {
     if shared.settings.publish_epochs
         && shared.settings.write_epoch_status
         && !shared.published.is_unavailable()
@@ -41,31 +42,31 @@ pub(super) async fn reconcile_epochs(
     {
         // Decisions are published before they are written, and nothing can be published before
         // the objects are listed: wait (the list's end queues every InPlaceRestart JobSet).
-        return Ok(());
+        return Ok(Vec::new());
     }
     for _ in 0..CONFLICT_RETRIES {
         let Some((state, decision)) = decide(shared, key) else {
-            return Ok(());
+            return Ok(Vec::new());
         };
         if let Some(reason) = &state.unservable {
             report_unservable(shared, key, &state, reason);
-            return Ok(());
+            return Ok(Vec::new());
         }
         shared.with_entry(key, |e| e.unservable = None);
         report_malformed(shared, key, &state, &decision);
         if !shared.settings.write_epoch_status {
             observe(shared, key, &state, &decision);
-            return Ok(());
+            return Ok(Vec::new());
         }
         let written = if let Some(fail) = &decision.fail {
             write_failed(shared, key, &state, &fail.to_string()).await?
         } else if !decision.change.is_empty() {
             write_epochs(shared, key, &state, &decision).await?
         } else {
-            return Ok(());
+            true
         };
         if written {
-            return Ok(());
+            return Ok(decision.restarted_alone);
         }
         // 409: re-read the JobSet and decide again on what is there now.
         reread_status(shared, key).await?;

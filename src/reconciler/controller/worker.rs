@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use super::api::{ReconcileError, retry_delay};
 use super::state::Shared;
-use super::{deadline, publication, status};
+use super::{alone, deadline, publication, status};
 use crate::reconciler::key::Key;
 
 pub(super) async fn work(shared: Arc<Shared>) {
@@ -61,10 +61,11 @@ fn retry_later(shared: &Arc<Shared>, key: Key, server: Option<Duration>) {
     });
 }
 
-/// Evaluates one JobSet, writes what changed, publishes its epochs for its agents, then runs its
-/// group-restart deadline.
+/// Evaluates one JobSet, writes what changed, publishes its epochs for its agents, fails the pods
+/// whose agent restarted without their workers, then runs its group-restart deadline.
 async fn reconcile(shared: &Arc<Shared>, key: &Key) -> Result<(), ReconcileError> {
-    status::reconcile_epochs(shared, key).await?;
+    let restarted_alone = status::reconcile_epochs(shared, key).await?;
     publication::publish_epochs(shared, key).await?;
+    alone::fail_pods(shared, key, &restarted_alone).await?;
     deadline::reconcile(shared, key).await
 }

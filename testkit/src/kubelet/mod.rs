@@ -120,6 +120,12 @@ pub struct SimConfig {
     /// The injected startup probe's `failureThreshold` (`None`: the webhook's default, a day
     /// of probes): the kubelet restarts the agent alone when it is reached.
     pub probe_failure_threshold: Option<i32>,
+    /// The kubelet runs with the `RestartAllContainersOnContainerExits` feature gate (the
+    /// default). Without it the kubelet ignores `RestartAllContainers` rules and each container
+    /// follows its own `restartPolicy`, as kubelet v1.35 does: an agent sidecar that exits
+    /// restarts alone while its worker runs on, a worker that exits ends its pod
+    /// (`restartPolicy: Never`), which its Job replaces.
+    pub restart_all_gate: bool,
     /// KEP-467 story 2: the worker exit code that a `podFailurePolicy` `FailJob` rule and a
     /// JobSet `FailJobSet` rule on `PodFailurePolicy` turn into a failed JobSet.
     pub fail_job_exit_code: Option<i32>,
@@ -170,6 +176,7 @@ impl SimConfig {
             user_init_containers: Vec::new(),
             user_container_time: Duration::from_millis(20),
             probe_failure_threshold: None,
+            restart_all_gate: true,
             fail_job_exit_code: None,
             check_invariant: true,
             check_interval: Some(Duration::from_millis(5)),

@@ -47,6 +47,14 @@ pub fn probe_gives_up(failures_in_a_row: u32, failure_threshold: u32) -> bool {
     failures_in_a_row >= failure_threshold.max(1)
 }
 
+/// The time now as the API shows a container's `startedAt`: RFC 3339, whole seconds.
+fn now_in_seconds() -> String {
+    let now = k8s_openapi::jiff::Timestamp::now();
+    k8s_openapi::jiff::Timestamp::from_second(now.as_second())
+        .unwrap_or(now)
+        .to_string()
+}
+
 /// One container's status.
 #[derive(Clone, Debug)]
 pub struct ContainerModel {
@@ -85,7 +93,7 @@ impl ContainerModel {
         {
             self.last = json!({});
         }
-        self.state = json!({"running": {}});
+        self.state = json!({"running": {"startedAt": now_in_seconds()}});
     }
 
     pub fn terminate(&mut self, code: i32, reason: &str) {

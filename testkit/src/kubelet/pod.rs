@@ -215,7 +215,7 @@ async fn kubelet(
                     }
                     Some(PodCmd::WorkerExit(code)) => {
                         if worker_running {
-                            let action = spec.worker.as_ref().and_then(|w| rule_action(w, code));
+                            let action = spec.worker.as_ref().and_then(|w| applied_rule(ctx, w, code));
                             if action.as_deref() == Some(RESTART_CONTAINER) {
                                 // The worker alone restarts: what the protocol must never need.
                                 ctx.worker_stopped(pod.slot);
@@ -338,7 +338,7 @@ async fn kubelet(
                 };
             }
             Exit::Agent(code) => {
-                let action = rule_action(&spec.agent, code);
+                let action = applied_rule(ctx, &spec.agent, code);
                 ctx.log(format!(
                     "{}: agent container exited {code} (rule: {})",
                     pod.name,
@@ -366,7 +366,10 @@ async fn kubelet(
                 }
             }
             Exit::Worker(code) => {
-                let action = spec.worker.as_ref().and_then(|w| rule_action(w, code));
+                let action = spec
+                    .worker
+                    .as_ref()
+                    .and_then(|w| applied_rule(ctx, w, code));
                 ctx.log(format!(
                     "{}: worker exited {code} (rule: {})",
                     pod.name,
@@ -425,6 +428,14 @@ async fn restart_in_place(
     status.write(model.json()).await;
     tokio::time::sleep(ctx.config.restart_delay).await;
     ctx.restarted(pod.slot);
+}
+
+/// The action of the rule that covers `code`, as this kubelet applies it: without the gate
+/// ([`super::SimConfig::restart_all_gate`]) a `RestartAllContainers` rule is ignored and the
+/// container follows its own `restartPolicy` (the agent sidecar, `Always`, restarts alone; a
+/// worker under the pod's `Never` stays terminated and the pod ends).
+fn applied_rule(ctx: &Ctx, container: &Value, code: i32) -> Option<String> {
+    rule_action(container, code).filter(|a| ctx.config.restart_all_gate || !restarts_pod(a))
 }
 
 /// The reason the kubelet gives a container that exited with `code`.
