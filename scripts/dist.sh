@@ -9,6 +9,13 @@
 #                            the static binaries, exactly the container image's (built by
 #                            scripts/check-image.sh, which replays the Dockerfile for both
 #                            architectures and runs them, the aarch64 one under qemu-user)
+#   jobset-inplace-<version>-oci.tar   the container image for linux/amd64 and linux/arm64: an
+#                            OCI image layout archive of one multi-arch index
+#                            (scripts/image-archive.sh, from the rootfs-ARCH/ check-image.sh
+#                            checked), checked and pushed to a loopback registry by
+#                            scripts/check-oci-archive.sh (skopeo, Debian's docker-registry)
+#   jobset-inplace-<version>.cdx.json   the SBOM (CycloneDX JSON) of the crates the binary links,
+#                            from Cargo.lock by cargo-cyclonedx (pinned; installed when missing)
 #   jobset-inplace-<version>.tgz   the Helm chart charts/jobset-inplace (`helm package`)
 #   SHA256SUMS               of everything above
 # and checks them: every image reference is the pinned one, every object of every manifest
@@ -139,6 +146,58 @@ for pair in amd64:x86_64 arm64:aarch64; do
   esac
 done
 
+step "OCI image archive (linux/amd64, linux/arm64)"
+# The image of the binaries above (the same rootfs-ARCH/ trees), tagged IMAGE:<version> for
+# `ctr images import`; its checks and a push to a registry on loopback: scripts/check-oci-archive.sh.
+oci="$dist/jobset-inplace-$version-oci.tar"
+IMAGE="$image_name" scripts/image-archive.sh "$oci" amd64 arm64
+scripts/check-oci-archive.sh "$oci" "$version" amd64 arm64 || fail "the OCI image archive"
+
+step "SBOM (cargo-cyclonedx)"
+# The crates the shipped binary links, from Cargo.lock: cargo-cyclonedx (CycloneDX's own tool)
+# resolves the jobset-inplace package for each musl target without dev- and build-dependencies;
+# both targets must give the same crates (one SBOM for both images). Pinned, so that a new
+# release cannot change the output (update it by hand).
+cyclonedx_version=0.5.9
+if [[ "$(cargo cyclonedx --version 2>/dev/null || true)" != *"$cyclonedx_version"* ]]; then
+  cargo install --locked --version "$cyclonedx_version" cargo-cyclonedx
+fi
+sbom="$dist/jobset-inplace-$version.cdx.json"
+for target in x86_64-unknown-linux-musl aarch64-unknown-linux-musl; do
+  # It writes <package>.cdx.json beside each Cargo.toml of the workspace: moved out at once.
+  SOURCE_DATE_EPOCH=0 cargo cyclonedx --manifest-path Cargo.toml --format json --spec-version 1.5 \
+    --target "$target" --no-build-deps --override-filename "sbom-$target" -qq ||
+    fail "cargo cyclonedx --target $target"
+  mv sbom-"$target".json "$work/sbom-$target.cdx.json"
+  find . -path ./target -prune -o -name "sbom-$target.json" -print -delete >/dev/null
+done
+"$venv/bin/python" - "$work/sbom-x86_64-unknown-linux-musl.cdx.json" \
+  "$work/sbom-aarch64-unknown-linux-musl.cdx.json" "$version" <<'PY' || fail "the SBOM"
+import json, sys
+amd, arm = (json.load(open(p)) for p in sys.argv[1:3])
+version = sys.argv[3]
+def crates(bom):
+    return sorted((c["name"], c.get("version")) for c in bom.get("components", []))
+a, b = crates(amd), crates(arm)
+if a != b:
+    sys.exit(f"the targets' crates differ: only amd64 {sorted(set(a) - set(b))}, only arm64 {sorted(set(b) - set(a))}")
+top = amd["metadata"]["component"]
+names = {n for n, _ in a}
+errors = []
+if (top["name"], top.get("version")) != ("jobset-inplace", version):
+    errors.append(f"describes {top['name']} {top.get('version')}, not jobset-inplace {version}")
+for want in ("kube", "kube-client", "rustls", "tokio", "k8s-openapi"):
+    if want not in names:
+        errors.append(f"{want} (linked by the binary) missing")
+for dev in ("jobset-inplace-testkit", "proptest", "stateright", "rstest"):
+    if dev in names:
+        errors.append(f"{dev} is dev-only, yet listed")
+if errors:
+    sys.exit("\n".join(errors))
+print(f"{len(a)} crates, CycloneDX {amd['specVersion']}: kube, rustls, tokio, k8s-openapi in; testkit, proptest, stateright, rstest out")
+PY
+cp "$work/sbom-x86_64-unknown-linux-musl.cdx.json" "$sbom"
+
 step "Helm chart"
 # charts/jobset-inplace packaged as is (its version and appVersion are the crate's: tests/helm.rs);
 # helm is built from its pinned Go module by scripts/helm.sh (cached).
@@ -149,5 +208,5 @@ scripts/helm.sh package charts/jobset-inplace --destination "$dist"
 step "SHA256SUMS"
 (cd "$dist" && sha256sum -- * >SHA256SUMS && cat SHA256SUMS)
 
-step "dist/ done: ${#variants[@]} install manifests (${variants[*]}), monitoring, dashboard, 2 binaries, the Helm chart"
+step "dist/ done: ${#variants[@]} install manifests (${variants[*]}), monitoring, dashboard, 2 binaries, the OCI image, the SBOM, the Helm chart"
 ls -l "$dist"
