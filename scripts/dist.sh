@@ -63,6 +63,7 @@ command -v kubectl >/dev/null || fail "kubectl is missing (its built-in kustomiz
 render() {
   local name=$1 out=$2 field=$3 path=$4
   local dir="$work/$name"
+  mkdir -p "$dir" # before the redirection below (install_manifest_render makes it too late for that)
   install_manifest_render "$repo" "$dir" "$field" "$path" "$image_name" "$version" >"$dir/rendered.yaml"
   {
     echo "$header"
