@@ -9,6 +9,7 @@
 #   scripts/control-plane.sh up DIR [--node] build if needed, start everything, write DIR/kubeconfig
 #   scripts/control-plane.sh up DIR --node --install VARIANT   also the product (epoch or
 #                                            jobset-native) as dist/install-VARIANT.yaml installs it
+#                                            (env PRODUCT_IMAGE_ARCHIVE: dist/'s OCI image archive)
 #   scripts/control-plane.sh install DIR VARIANT   the same on the node of an `up DIR --node`
 #   scripts/control-plane.sh down DIR        stop what `up DIR` started, remove DIR
 #   scripts/control-plane.sh load-image DIR ARCHIVE   import a docker-archive or OCI archive
@@ -466,10 +467,12 @@ up() {
   echo "control-plane: export KUBECONFIG=$dir/kubeconfig JOBSET_INPLACE_KUBECONFIG=$dir/kubeconfig" >&2
 }
 
-# --install VARIANT (with --node): the product as a user installs it, on the real node. The image
-# is the Dockerfile's static binary as scripts/check-image.sh builds and checks it
+# --install VARIANT (with --node): the product as a user installs it, on the real node. The image:
+# with env PRODUCT_IMAGE_ARCHIVE=dist/jobset-inplace-<version>-oci.tar, the release's own (as
+# scripts/dist.sh wrote and checked it; .ci/run passes it), imported as is; without it (local use,
+# no dist/), the Dockerfile's static binary as scripts/check-image.sh builds and checks it
 # (target/check-image/rootfs-ARCH/, built here for this machine's arch when missing), packed by
-# scripts/image-archive.sh into an OCI archive under the tag the install manifests use
+# scripts/image-archive.sh into an OCI archive. Either way tagged as the install manifests name it
 # (IMAGE:<crate version>) and imported into the node. The manifest is rendered as
 # scripts/dist.sh renders dist/install-VARIANT.yaml (scripts/lib/install-manifest.sh: the same
 # overlay, the same image pin; dist.sh itself also validates schemas and packs binaries, which
@@ -497,15 +500,30 @@ install_product() {
     aarch64) arch=arm64 ;;
     *) install_fail "$dir" "--install: no image for $(uname -m)" ;;
   esac
-  if [[ ! -x "$repo/target/check-image/rootfs-$arch/jobset-inplace" ]]; then
-    echo "control-plane: building the image's binary (ARCHES=$arch scripts/check-image.sh --no-lint)" >&2
-    ARCHES=$arch "$repo/scripts/check-image.sh" --no-lint >"$inst/check-image.log" 2>&1 ||
-      { tail -n 30 "$inst/check-image.log" >&2; install_fail "$dir" "scripts/check-image.sh failed (log: $inst/check-image.log)"; }
-  fi
   image_name="${IMAGE:-ghcr.io/jobset-inplace/jobset-inplace}"
   version="$(install_manifest_version "$repo")" || install_fail "$dir" "cannot read the crate's version (cargo metadata)"
-  IMAGE="$image_name" "$repo/scripts/image-archive.sh" "$inst/image.tar" "$arch"
-  load_image "$dir" "$inst/image.tar"
+  if [[ -n "${PRODUCT_IMAGE_ARCHIVE:-}" ]]; then
+    # The release's image as dist.sh wrote it (both architectures; ctr unpacks this machine's):
+    # it must be tagged as the manifests name it.
+    local archive name
+    archive="$(realpath "$PRODUCT_IMAGE_ARCHIVE")" || install_fail "$dir" "PRODUCT_IMAGE_ARCHIVE=$PRODUCT_IMAGE_ARCHIVE: no such file"
+    [[ -f "$archive" ]] || install_fail "$dir" "PRODUCT_IMAGE_ARCHIVE=$PRODUCT_IMAGE_ARCHIVE: no such file"
+    name="$(tar -xOf "$archive" index.json | python3 -c 'import json, sys
+print(" ".join(m.get("annotations", {}).get("io.containerd.image.name", "") for m in json.load(sys.stdin)["manifests"]))')" ||
+      install_fail "$dir" "$archive: no readable index.json (an OCI image archive of scripts/image-archive.sh?)"
+    [[ "$name" == "$image_name:$version" ]] ||
+      install_fail "$dir" "$archive is tagged '$name', the manifests name $image_name:$version"
+    echo "control-plane: the product's image from $archive ($name)" >&2
+    load_image "$dir" "$archive"
+  else
+    if [[ ! -x "$repo/target/check-image/rootfs-$arch/jobset-inplace" ]]; then
+      echo "control-plane: building the image's binary (ARCHES=$arch scripts/check-image.sh --no-lint)" >&2
+      ARCHES=$arch "$repo/scripts/check-image.sh" --no-lint >"$inst/check-image.log" 2>&1 ||
+        { tail -n 30 "$inst/check-image.log" >&2; install_fail "$dir" "scripts/check-image.sh failed (log: $inst/check-image.log)"; }
+    fi
+    IMAGE="$image_name" "$repo/scripts/image-archive.sh" "$inst/image.tar" "$arch"
+    load_image "$dir" "$inst/image.tar"
+  fi
 
   install_manifest_render "$repo" "$inst/render" resources "overlays/$variant" "$image_name" "$version" \
     >"$inst/install-$variant.yaml"

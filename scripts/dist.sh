@@ -9,6 +9,14 @@
 #                            the static binaries, exactly the container image's (built by
 #                            scripts/check-image.sh, which replays the Dockerfile for both
 #                            architectures and runs them, the aarch64 one under qemu-user)
+#   jobset-inplace-<version>-oci.tar   the container image for linux/amd64 and linux/arm64: an
+#                            OCI image layout archive of one multi-arch index
+#                            (scripts/image-archive.sh, from the rootfs-ARCH/ check-image.sh
+#                            checked), checked and pushed to a loopback registry by
+#                            scripts/check-oci-archive.sh (skopeo, Debian's docker-registry)
+#   jobset-inplace-<version>-<target>.cdx.json   per binary, the SBOM (CycloneDX JSON) of the
+#                            crates it links, from Cargo.lock by cargo-cyclonedx (pinned;
+#                            installed when missing)
 #   jobset-inplace-<version>.tgz   the Helm chart charts/jobset-inplace (`helm package`)
 #   kubectl-jobset_inplace-<version>-<machine>-unknown-linux-musl.tar.gz
 #                            the kubectl plugin: the same binary as kubectl-jobset_inplace (put it
@@ -59,6 +67,7 @@ command -v kubectl >/dev/null || fail "kubectl is missing (its built-in kustomiz
 render() {
   local name=$1 out=$2 field=$3 path=$4
   local dir="$work/$name"
+  mkdir -p "$dir" # before the redirection below (install_manifest_render makes it too late for that)
   install_manifest_render "$repo" "$dir" "$field" "$path" "$image_name" "$version" >"$dir/rendered.yaml"
   {
     echo "$header"
@@ -142,6 +151,52 @@ for pair in amd64:x86_64 arm64:aarch64; do
   esac
 done
 
+step "OCI image archive (linux/amd64, linux/arm64)"
+# The image of the binaries above (the same rootfs-ARCH/ trees), tagged IMAGE:<version> for
+# `ctr images import`; its checks and a push to a registry on loopback: scripts/check-oci-archive.sh.
+oci="$dist/jobset-inplace-$version-oci.tar"
+IMAGE="$image_name" scripts/image-archive.sh "$oci" amd64 arm64
+scripts/check-oci-archive.sh "$oci" "$version" amd64 arm64 || fail "the OCI image archive"
+
+step "SBOM (cargo-cyclonedx)"
+# The crates each shipped binary links, from Cargo.lock: cargo-cyclonedx (CycloneDX's own tool)
+# resolves the jobset-inplace package for that musl target, without dev- and build-dependencies
+# (one SBOM per target: x86_64 links cpufeatures and core_detect, aarch64 does not). Pinned, so
+# that a new release cannot change the output (update it by hand).
+cyclonedx_version=0.5.9
+if [[ "$(cargo cyclonedx --version 2>/dev/null || true)" != *"$cyclonedx_version"* ]]; then
+  cargo install --locked --version "$cyclonedx_version" cargo-cyclonedx
+fi
+for target in x86_64-unknown-linux-musl aarch64-unknown-linux-musl; do
+  sbom="$dist/jobset-inplace-$version-$target.cdx.json"
+  # It writes <name>.json beside each Cargo.toml of the workspace: moved out at once.
+  SOURCE_DATE_EPOCH=0 cargo cyclonedx --manifest-path Cargo.toml --format json --spec-version 1.5 \
+    --target "$target" --no-build-deps --override-filename "sbom-$target" -qq ||
+    fail "cargo cyclonedx --target $target"
+  mv "sbom-$target.json" "$sbom"
+  find . -name "sbom-$target.json" -not -path './target/*' -delete
+  "$venv/bin/python" - "$sbom" "$version" <<'PY' || fail "the SBOM $sbom"
+import json, sys
+path, version = sys.argv[1:3]
+bom = json.load(open(path))
+names = {c["name"] for c in bom.get("components", [])}
+top = bom["metadata"]["component"]
+errors = []
+if (top["name"], top.get("version")) != ("jobset-inplace", version):
+    errors.append(f"describes {top['name']} {top.get('version')}, not jobset-inplace {version}")
+for want in ("kube", "kube-client", "rustls", "tokio", "k8s-openapi"):
+    if want not in names:
+        errors.append(f"{want} (linked by the binary) missing")
+for dev in ("jobset-inplace-testkit", "proptest", "stateright", "rstest"):
+    if dev in names:
+        errors.append(f"{dev} is dev-only, yet listed")
+if errors:
+    sys.exit("\n".join(errors))
+print(f"{path.rsplit('/', 1)[-1]}: {len(names)} crates, CycloneDX {bom['specVersion']}: "
+      "kube, kube-client, rustls, tokio, k8s-openapi in; testkit, proptest, stateright, rstest out")
+PY
+done
+
 step "Helm chart"
 # charts/jobset-inplace packaged as is (its version and appVersion are the crate's: tests/helm.rs);
 # helm is built from its pinned Go module by scripts/helm.sh (cached).
@@ -170,5 +225,5 @@ fi
 step "SHA256SUMS"
 (cd "$dist" && sha256sum -- * >SHA256SUMS && cat SHA256SUMS)
 
-step "dist/ done: ${#variants[@]} install manifests (${variants[*]}), monitoring, dashboard, 2 binaries, 2 kubectl plugins, the Helm chart"
+step "dist/ done: ${#variants[@]} install manifests (${variants[*]}), monitoring, dashboard, 2 binaries, 2 kubectl plugins, the OCI image, 2 SBOMs, the Helm chart"
 ls -l "$dist"
