@@ -4046,7 +4046,12 @@ async fn mutations(webhook: &Webhook) -> f64 {
 
 /// The agent's name in the pod template of each Job of JobSet `name` (its first init
 /// container), or an error while there are fewer than `jobs` Jobs.
-async fn jobs_agents(client: &Client, namespace: &str, name: &str, jobs: usize) -> Result<Vec<String>, String> {
+async fn jobs_agents(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    jobs: usize,
+) -> Result<Vec<String>, String> {
     let api: Api<k8s_openapi::api::batch::v1::Job> = Api::namespaced(client.clone(), namespace);
     let list = api
         .list(&ListParams::default().labels(&format!("jobset.sigs.k8s.io/jobset-name={name}")))
@@ -4071,20 +4076,24 @@ async fn jobs_agents(client: &Client, namespace: &str, name: &str, jobs: usize) 
 /// Waits until `name`'s resourceVersion stays the same for 3 s (the controllers are done with
 /// it), and returns the object.
 async fn settled(jobsets: &Api<DynamicObject>, name: &str) -> DynamicObject {
-    eventually(&format!("{name} settles"), Duration::from_secs(60), || async {
-        let before = jobsets.get(name).await.map_err(|e| e.to_string())?;
-        tokio::time::sleep(Duration::from_secs(3)).await;
-        let after = jobsets.get(name).await.map_err(|e| e.to_string())?;
-        (before.metadata.resource_version == after.metadata.resource_version)
-            .then_some(after)
-            .ok_or_else(|| "still changing".to_owned())
-    })
+    eventually(
+        &format!("{name} settles"),
+        Duration::from_secs(60),
+        || async {
+            let before = jobsets.get(name).await.map_err(|e| e.to_string())?;
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            let after = jobsets.get(name).await.map_err(|e| e.to_string())?;
+            (before.metadata.resource_version == after.metadata.resource_version)
+                .then_some(after)
+                .ok_or_else(|| "still changing".to_owned())
+        },
+    )
     .await
 }
 
 fn agent_of_template(js: &DynamicObject) -> String {
-    js.data["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
-        ["initContainers"][0]["name"]
+    js.data["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["initContainers"]
+        [0]["name"]
         .as_str()
         .unwrap_or("none")
         .to_owned()
@@ -4098,7 +4107,8 @@ fn agent_of_template(js: &DynamicObject) -> String {
 /// templates carry the agent. Pods never run here (no kubelet).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_trainjob_from_an_in_place_restart_runtime_is_injected_and_re_applied_unchanged() {
-    const TEST: &str = "a_trainjob_from_an_in_place_restart_runtime_is_injected_and_re_applied_unchanged";
+    const TEST: &str =
+        "a_trainjob_from_an_in_place_restart_runtime_is_injected_and_re_applied_unchanged";
     with_cluster(TEST, |cluster| async move {
         if !addon_started(&cluster, TEST, "trainer") {
             return;
@@ -4217,15 +4227,20 @@ async fn a_trainjob_from_an_in_place_restart_runtime_is_injected_and_re_applied_
 
 /// The InPlaceRestart JobSet `name` of 2 pods asking 1 CPU each, in Kueue's LocalQueue `queue`
 /// (at `priority` when given).
-fn queued_jobset(namespace: &str, name: &str, queue: &str, priority: Option<&str>) -> DynamicObject {
+fn queued_jobset(
+    namespace: &str,
+    name: &str,
+    queue: &str,
+    priority: Option<&str>,
+) -> DynamicObject {
     let mut js = serde_json::to_value(train_jobset(namespace, 2)).expect("json");
     js["metadata"]["name"] = json!(name);
     js["metadata"]["labels"] = json!({"kueue.x-k8s.io/queue-name": queue});
     if let Some(p) = priority {
         js["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] = json!(p);
     }
-    js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]
-        ["resources"] = json!({"requests": {"cpu": "1"}, "limits": {"cpu": "1"}});
+    js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]["resources"] =
+        json!({"requests": {"cpu": "1"}, "limits": {"cpu": "1"}});
     serde_json::from_value(js).expect("JobSet")
 }
 
@@ -4276,7 +4291,8 @@ async fn suspended(jobsets: &Api<DynamicObject>, name: &str) -> Result<bool, Str
 /// it the reconciler counts no group restart and the JobSet's epochs stay level (a suspension is
 /// not a restart) and JobSet counts no restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_jobset_admitted_preempted_and_readmitted_by_kueue_keeps_its_injection_and_counts_no_restart() {
+async fn a_jobset_admitted_preempted_and_readmitted_by_kueue_keeps_its_injection_and_counts_no_restart()
+ {
     const TEST: &str = "a_jobset_admitted_preempted_and_readmitted_by_kueue_keeps_its_injection_and_counts_no_restart";
     with_cluster(TEST, |cluster| async move {
         if !addon_started(&cluster, TEST, "kueue") {
@@ -4300,29 +4316,48 @@ async fn a_jobset_admitted_preempted_and_readmitted_by_kueue_keeps_its_injection
         let create = |api: Api<DynamicObject>, object: Value| async move {
             let object: DynamicObject = serde_json::from_value(object).expect("object");
             eventually("a Kueue object", Duration::from_secs(60), || async {
-                api.create(&PostParams::default(), &object).await.map(|_| ()).map_err(|e| e.to_string())
+                api.create(&PostParams::default(), &object)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
             })
             .await;
         };
-        create(api_of(&cluster.client, RESOURCE_FLAVOR, None), json!({
+        create(
+            api_of(&cluster.client, RESOURCE_FLAVOR, None),
+            json!({
             "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
-            "metadata": {"name": flavor}})).await;
-        create(api_of(&cluster.client, PRIORITY_CLASS, None), json!({
+            "metadata": {"name": flavor}}),
+        )
+        .await;
+        create(
+            api_of(&cluster.client, PRIORITY_CLASS, None),
+            json!({
             "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "WorkloadPriorityClass",
-            "metadata": {"name": high}, "value": 1000})).await;
+            "metadata": {"name": high}, "value": 1000}),
+        )
+        .await;
         // Quota for one JobSet of 2 CPUs.
-        create(api_of(&cluster.client, CLUSTER_QUEUE, None), json!({
+        create(
+            api_of(&cluster.client, CLUSTER_QUEUE, None),
+            json!({
             "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue",
             "metadata": {"name": queue},
             "spec": {
                 "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns.name}},
                 "preemption": {"withinClusterQueue": "LowerPriority"},
                 "resourceGroups": [{"coveredResources": ["cpu"], "flavors": [{"name": flavor,
-                    "resources": [{"name": "cpu", "nominalQuota": "2"}]}]}]}})).await;
-        create(api_of(&cluster.client, LOCAL_QUEUE, Some(&ns.name)), json!({
+                    "resources": [{"name": "cpu", "nominalQuota": "2"}]}]}]}}),
+        )
+        .await;
+        create(
+            api_of(&cluster.client, LOCAL_QUEUE, Some(&ns.name)),
+            json!({
             "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
             "metadata": {"name": "lq", "namespace": ns.name},
-            "spec": {"clusterQueue": queue}})).await;
+            "spec": {"clusterQueue": queue}}),
+        )
+        .await;
 
         let jobsets = jobset_api(&cluster.client, &ns.name);
         create_injected(&jobsets, &queued_jobset(&ns.name, "low", "lq", None))
@@ -4344,25 +4379,41 @@ async fn a_jobset_admitted_preempted_and_readmitted_by_kueue_keeps_its_injection
             jobs_agents(&cluster.client, &ns.name, "low", 1)
         })
         .await;
-        assert!(agents.iter().all(|a| a == "jobset-inplace-agent"), "{agents:?}");
+        assert!(
+            agents.iter().all(|a| a == "jobset-inplace-agent"),
+            "{agents:?}"
+        );
 
         // Preempted by a JobSet that needs the whole quota: low is evicted, suspended (its Jobs
         // go), and requeued; high runs.
-        create_injected(&jobsets, &queued_jobset(&ns.name, "high", "lq", Some(&high)))
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        eventually("low evicted, suspended and requeued", Duration::from_secs(90), || async {
-            let (conditions, _) = workload_of(&cluster.client, &ns.name, "low").await?;
-            let preempted = conditions.get("Preempted").is_some_and(|c| c.0 == "True")
-                || conditions.get("Evicted").is_some_and(|c| c.1 == "Preempted");
-            let reserved = conditions.get("QuotaReserved").is_some_and(|c| c.0 == "True");
-            (preempted && !reserved && suspended(&jobsets, "low").await?)
-                .then_some(())
-                .ok_or(format!("{conditions:?}"))
-        })
+        create_injected(
+            &jobsets,
+            &queued_jobset(&ns.name, "high", "lq", Some(&high)),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+        eventually(
+            "low evicted, suspended and requeued",
+            Duration::from_secs(90),
+            || async {
+                let (conditions, _) = workload_of(&cluster.client, &ns.name, "low").await?;
+                let preempted = conditions.get("Preempted").is_some_and(|c| c.0 == "True")
+                    || conditions
+                        .get("Evicted")
+                        .is_some_and(|c| c.1 == "Preempted");
+                let reserved = conditions
+                    .get("QuotaReserved")
+                    .is_some_and(|c| c.0 == "True");
+                (preempted && !reserved && suspended(&jobsets, "low").await?)
+                    .then_some(())
+                    .ok_or(format!("{conditions:?}"))
+            },
+        )
         .await;
         eventually("high admitted", Duration::from_secs(90), || async {
-            (!suspended(&jobsets, "high").await?).then_some(()).ok_or("suspended".to_owned())
+            (!suspended(&jobsets, "high").await?)
+                .then_some(())
+                .ok_or("suspended".to_owned())
         })
         .await;
         eventually("low's Jobs gone", Duration::from_secs(60), || async {
@@ -4374,7 +4425,10 @@ async fn a_jobset_admitted_preempted_and_readmitted_by_kueue_keeps_its_injection
         .await;
 
         // The quota free again: low is admitted again and resumed, injected as before.
-        jobsets.delete("high", &DeleteParams::background()).await.expect("delete high");
+        jobsets
+            .delete("high", &DeleteParams::background())
+            .await
+            .expect("delete high");
         eventually("low readmitted", Duration::from_secs(120), || async {
             let (conditions, _) = workload_of(&cluster.client, &ns.name, "low").await?;
             let admitted = conditions.get("Admitted").is_some_and(|c| c.0 == "True");
@@ -4387,17 +4441,37 @@ async fn a_jobset_admitted_preempted_and_readmitted_by_kueue_keeps_its_injection
             jobs_agents(&cluster.client, &ns.name, "low", 1)
         })
         .await;
-        assert!(agents.iter().all(|a| a == "jobset-inplace-agent"), "{agents:?}");
+        assert!(
+            agents.iter().all(|a| a == "jobset-inplace-agent"),
+            "{agents:?}"
+        );
         let low = settled(&jobsets, "low").await;
         assert_eq!(agent_of_template(&low), "jobset-inplace-agent");
-        assert_eq!(low.data["spec"]["failurePolicy"]["restartStrategy"], "InPlaceRestart");
+        assert_eq!(
+            low.data["spec"]["failurePolicy"]["restartStrategy"],
+            "InPlaceRestart"
+        );
 
         // No group restart: none counted by the reconciler, none by JobSet, epochs level.
-        let restarts = metric_sum(reconciler.health, "jobset_inplace_reconciler_group_restarts_total", &[])
-            .await
-            .unwrap_or_else(|e| panic!("the reconciler's metrics: {e}"));
-        assert_eq!(restarts, 0.0, "a suspension counted as a group restart\n{}", reconciler.log_tail());
-        assert_eq!(low.data["status"]["restarts"].as_i64().unwrap_or(0), 0, "{:?}", low.data["status"]);
+        let restarts = metric_sum(
+            reconciler.health,
+            "jobset_inplace_reconciler_group_restarts_total",
+            &[],
+        )
+        .await
+        .unwrap_or_else(|e| panic!("the reconciler's metrics: {e}"));
+        assert_eq!(
+            restarts,
+            0.0,
+            "a suspension counted as a group restart\n{}",
+            reconciler.log_tail()
+        );
+        assert_eq!(
+            low.data["status"]["restarts"].as_i64().unwrap_or(0),
+            0,
+            "{:?}",
+            low.data["status"]
+        );
         let (deprecated, synced) = epochs(&jobsets, "low").await.expect("epochs");
         assert!(
             deprecated.unwrap_or(0) <= synced.unwrap_or(0),
@@ -4405,6 +4479,226 @@ async fn a_jobset_admitted_preempted_and_readmitted_by_kueue_keeps_its_injection
         );
 
         reconciler.kill().await;
+        webhook.stop().await;
+        delete_webhook_configurations(&cluster).await;
+        drop(ns);
+    })
+    .await;
+}
+
+/// The `waitForPodsReady.recoveryTimeout` Kueue runs with here (`DIR/kueue/config.yaml`).
+fn kueue_recovery_timeout(cluster: &Cluster) -> Duration {
+    let path = cluster
+        .kubeconfig
+        .parent()
+        .map(|d| d.join("kueue/config.yaml"))
+        .unwrap_or_default();
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let value = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("recoveryTimeout:"))
+        .map(str::trim)
+        .and_then(|v| v.strip_suffix('s'))
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("{}: no recoveryTimeout in whole seconds", path.display()));
+    Duration::from_secs(value)
+}
+
+/// Writes `pod`'s status as a kubelet would for a running pod, ready or not (the containers of
+/// a group restart are not).
+async fn set_ready(pods: &Api<Pod>, pod: &str, ready: bool) -> Result<(), String> {
+    let status = if ready { "True" } else { "False" };
+    pods.patch_status(
+        pod,
+        &PatchParams::default(),
+        &merge(json!({"status": {"phase": "Running", "conditions": [
+            {"type": "Initialized", "status": "True"},
+            {"type": "ContainersReady", "status": status},
+            {"type": "Ready", "status": status}]}})),
+    )
+    .await
+    .map(|_| ())
+    .map_err(|e| format!("{pod}: {e}"))
+}
+
+/// Kueue's `waitForPodsReady` against a group restart, with the pods' status written as a kubelet
+/// writes it (no kubelet runs here): once the JobSet's pods were ready, a stretch of unready pods
+/// (what a group restart is, until every worker runs again) shorter than `recoveryTimeout` leaves
+/// the workload admitted (`PodsReady` back to True, reason `Recovered`); one longer gets it evicted
+/// (`PodsReadyTimeout`) no earlier than `recoveryTimeout` after the pods went unready, the JobSet
+/// suspended and requeued. docs/operations.md says which setting a group restart needs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kueue_evicts_a_jobset_whose_pods_stay_unready_past_recovery_timeout_only() {
+    const TEST: &str = "kueue_evicts_a_jobset_whose_pods_stay_unready_past_recovery_timeout_only";
+    with_cluster(TEST, |cluster| async move {
+        if !addon_started(&cluster, TEST, "kueue") {
+            return;
+        }
+        let recovery = kueue_recovery_timeout(&cluster);
+        let webhook = serve_webhook(&cluster).await;
+        let ns = TestNamespace::create(&cluster, "rc-podsready").await;
+        let (flavor, queue) = (format!("{}-flavor", ns.name), format!("{}-cq", ns.name));
+        let _leftovers = ClusterLeftovers {
+            kubeconfig: cluster.kubeconfig.clone(),
+            objects: vec![
+                ("resourceflavor.kueue.x-k8s.io", flavor.clone()),
+                ("clusterqueue.kueue.x-k8s.io", queue.clone()),
+            ],
+        };
+        // The agent's ServiceAccount, which the reconciler would provision: the pods name it.
+        let account: ServiceAccount = serde_json::from_value(
+            json!({"metadata": {"name": AGENT_SERVICE_ACCOUNT, "namespace": ns.name}}),
+        )
+        .expect("ServiceAccount");
+        Api::<ServiceAccount>::namespaced(cluster.client.clone(), &ns.name)
+            .create(&PostParams::default(), &account)
+            .await
+            .expect("the agent's ServiceAccount");
+        for (api, object) in [
+            (
+                api_of(&cluster.client, RESOURCE_FLAVOR, None),
+                json!({
+                "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
+                "metadata": {"name": flavor}}),
+            ),
+            (
+                api_of(&cluster.client, CLUSTER_QUEUE, None),
+                json!({
+                "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue",
+                "metadata": {"name": queue},
+                "spec": {
+                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns.name}},
+                    "resourceGroups": [{"coveredResources": ["cpu"], "flavors": [{"name": flavor,
+                        "resources": [{"name": "cpu", "nominalQuota": "2"}]}]}]}}),
+            ),
+            (
+                api_of(&cluster.client, LOCAL_QUEUE, Some(&ns.name)),
+                json!({
+                "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
+                "metadata": {"name": "lq", "namespace": ns.name},
+                "spec": {"clusterQueue": queue}}),
+            ),
+        ] {
+            let object: DynamicObject = serde_json::from_value(object).expect("object");
+            eventually("a Kueue object", Duration::from_secs(60), || async {
+                api.create(&PostParams::default(), &object)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            })
+            .await;
+        }
+        let jobsets = jobset_api(&cluster.client, &ns.name);
+        create_injected(&jobsets, &queued_jobset(&ns.name, "train", "lq", None))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), &ns.name);
+        let selector = ListParams::default().labels("jobset.sigs.k8s.io/jobset-name=train");
+        let running = || async {
+            let list = pods.list(&selector).await.map_err(|e| e.to_string())?;
+            let names: Vec<String> = list
+                .items
+                .iter()
+                .filter(|p| p.metadata.deletion_timestamp.is_none())
+                .filter_map(|p| p.metadata.name.clone())
+                .collect();
+            (names.len() == 2)
+                .then_some(names)
+                .ok_or(format!("{} pods", list.items.len()))
+        };
+        let names = eventually(
+            "2 pods of the admitted JobSet",
+            Duration::from_secs(90),
+            running,
+        )
+        .await;
+        let pods_ready = |want: &'static str| {
+            let client = cluster.client.clone();
+            let ns = ns.name.clone();
+            move || {
+                let (client, ns) = (client.clone(), ns.clone());
+                async move {
+                    let (conditions, _) = workload_of(&client, &ns, "train").await?;
+                    let got = conditions.get("PodsReady").cloned().unwrap_or_default();
+                    let evicted = conditions.get("Evicted").is_some_and(|c| c.0 == "True");
+                    (got.0 == want && !evicted)
+                        .then_some(got.1.clone())
+                        .ok_or(format!("{conditions:?}"))
+                }
+            }
+        };
+        for p in &names {
+            set_ready(&pods, p, true)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        eventually("PodsReady", Duration::from_secs(60), pods_ready("True")).await;
+
+        // A group restart shorter than recoveryTimeout: unready, then ready again; not evicted.
+        for p in &names {
+            set_ready(&pods, p, false)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        let reason = eventually(
+            "PodsReady False",
+            Duration::from_secs(30),
+            pods_ready("False"),
+        )
+        .await;
+        assert_eq!(reason, "WaitForRecovery");
+        for p in &names {
+            set_ready(&pods, p, true)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        let reason = eventually(
+            "PodsReady again",
+            Duration::from_secs(30),
+            pods_ready("True"),
+        )
+        .await;
+        assert_eq!(reason, "Recovered");
+
+        // One longer than recoveryTimeout: evicted, not before it, suspended and requeued.
+        let unready = Instant::now();
+        for p in &names {
+            set_ready(&pods, p, false)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        let reason = eventually(
+            "evicted for PodsReadyTimeout",
+            recovery + Duration::from_secs(60),
+            || async {
+                let (conditions, _) = workload_of(&cluster.client, &ns.name, "train").await?;
+                match conditions.get("Evicted") {
+                    Some((status, reason)) if status == "True" => Ok(reason.clone()),
+                    _ => Err(format!("{conditions:?}")),
+                }
+            },
+        )
+        .await;
+        let after = unready.elapsed();
+        assert_eq!(reason, "PodsReadyTimeout");
+        assert!(
+            after + Duration::from_secs(1) >= recovery,
+            "evicted {after:?} after the pods went unready, before recoveryTimeout {recovery:?}"
+        );
+        eprintln!("evicted {after:?} after the pods went unready (recoveryTimeout {recovery:?})");
+        eventually(
+            "requeued and admitted again",
+            Duration::from_secs(120),
+            || async {
+                let (conditions, _) = workload_of(&cluster.client, &ns.name, "train").await?;
+                let admitted = conditions.get("Admitted").is_some_and(|c| c.0 == "True");
+                (admitted && !suspended(&jobsets, "train").await?)
+                    .then_some(())
+                    .ok_or(format!("{conditions:?}"))
+            },
+        )
+        .await;
+
         webhook.stop().await;
         delete_webhook_configurations(&cluster).await;
         drop(ns);
