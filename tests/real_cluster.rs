@@ -910,7 +910,8 @@ async fn http_ok(port: u16, path: &str) -> Result<(), String> {
 }
 
 impl Webhook {
-    async fn start() -> Self {
+    /// With `extra` arguments (an injection config's flags).
+    async fn start_with(extra: &[&str]) -> Self {
         let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
         let port = free_port();
         let health = free_port();
@@ -925,6 +926,7 @@ impl Webhook {
                 "--cert-dir",
                 &dir.path().display().to_string(),
             ])
+            .args(extra)
             .stdin(Stdio::null())
             .kill_on_drop(true)
             .spawn()
@@ -951,6 +953,11 @@ impl Webhook {
 /// Installs the `epoch` overlay and serves the webhook binary on loopback behind the overlay's
 /// own webhook configurations (only their client config pointed at it).
 async fn serve_webhook(cluster: &Cluster) -> Webhook {
+    serve_webhook_with(cluster, &[]).await
+}
+
+/// The same with more arguments to the webhook binary.
+async fn serve_webhook_with(cluster: &Cluster, extra: &[&str]) -> Webhook {
     let configurations: Vec<Value> = install(cluster, "epoch")
         .await
         .into_iter()
@@ -959,7 +966,7 @@ async fn serve_webhook(cluster: &Cluster) -> Webhook {
                 || o["kind"] == "ValidatingWebhookConfiguration"
         })
         .collect();
-    let webhook = Webhook::start().await;
+    let webhook = Webhook::start_with(extra).await;
     apply(cluster, &pointed_at(&configurations, &webhook))
         .await
         .expect("webhook configurations");
@@ -4099,6 +4106,35 @@ fn agent_of_template(js: &DynamicObject) -> String {
         .to_owned()
 }
 
+/// A ClusterTrainingRuntime whose JobSet template uses InPlaceRestart: one replicated job `node`
+/// (Trainer's `trainer` step) of 2 pods, as a user writes it (nothing injected).
+fn in_place_runtime(name: &str) -> DynamicObject {
+    serde_json::from_value(json!({
+        "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "ClusterTrainingRuntime",
+        "metadata": {"name": name},
+        "spec": {"template": {"spec": {
+            "failurePolicy": {"maxRestarts": 3, "restartStrategy": "InPlaceRestart"},
+            "replicatedJobs": [{"name": "node", "replicas": 1, "template": {
+                "metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
+                "spec": {"parallelism": 2, "completions": 2, "template": {"spec": {
+                    "restartPolicy": "Never",
+                    "containers": [{"name": "node", "image": "registry.example/train:1",
+                                    "command": ["python", "-m", "train"]}]}}}}}]}}},
+    }))
+    .expect("ClusterTrainingRuntime")
+}
+
+/// A TrainJob `name` of ClusterTrainingRuntime `runtime`.
+fn train_job(name: &str, runtime: &str, suspend: bool) -> DynamicObject {
+    serde_json::from_value(json!({
+        "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+        "metadata": {"name": name},
+        "spec": {"suspend": suspend, "runtimeRef": {"name": runtime,
+            "kind": "ClusterTrainingRuntime", "apiGroup": "trainer.kubeflow.org"}},
+    }))
+    .expect("TrainJob")
+}
+
 /// Kubeflow Trainer v2 turns a TrainJob into a JobSet from a ClusterTrainingRuntime whose template
 /// uses InPlaceRestart: the JobSet it creates is injected by our webhook, and its re-applies
 /// (server-side apply, field manager `trainer`, on every reconcile while the TrainJob or the
@@ -4118,77 +4154,97 @@ async fn a_trainjob_from_an_in_place_restart_runtime_is_injected_and_re_applied_
         let runtime = format!("{}-inplace", ns.name);
         let _leftovers = ClusterLeftovers {
             kubeconfig: cluster.kubeconfig.clone(),
-            objects: vec![("clustertrainingruntime.trainer.kubeflow.org", runtime.clone())],
+            objects: vec![(
+                "clustertrainingruntime.trainer.kubeflow.org",
+                runtime.clone(),
+            )],
         };
         let pp = PostParams::default();
         let runtimes = api_of(&cluster.client, TRAINING_RUNTIME, None);
-        let template: DynamicObject = serde_json::from_value(json!({
-            "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "ClusterTrainingRuntime",
-            "metadata": {"name": runtime},
-            "spec": {"template": {"spec": {
-                "failurePolicy": {"maxRestarts": 3, "restartStrategy": "InPlaceRestart"},
-                "replicatedJobs": [{"name": "node", "replicas": 1, "template": {
-                    "metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
-                    "spec": {"parallelism": 2, "completions": 2, "template": {"spec": {
-                        "restartPolicy": "Never",
-                        "containers": [{"name": "node", "image": "registry.example/train:1",
-                                        "command": ["python", "-m", "train"]}]}}}}}]}}},
-        }))
-        .expect("ClusterTrainingRuntime");
-        eventually("the ClusterTrainingRuntime", Duration::from_secs(60), || async {
-            runtimes.create(&pp, &template).await.map(|_| ()).map_err(|e| e.to_string())
-        })
+        let template = in_place_runtime(&runtime);
+        eventually(
+            "the ClusterTrainingRuntime",
+            Duration::from_secs(60),
+            || async {
+                runtimes
+                    .create(&pp, &template)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            },
+        )
         .await;
 
         // Suspended, as Kueue (or a user) would submit it: Trainer applies the JobSet again on
         // every reconcile until it runs.
         let trainjobs = api_of(&cluster.client, TRAIN_JOB, Some(&ns.name));
-        let trainjob: DynamicObject = serde_json::from_value(json!({
-            "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
-            "metadata": {"name": "train"},
-            "spec": {"suspend": true, "runtimeRef": {"name": runtime,
-                "kind": "ClusterTrainingRuntime", "apiGroup": "trainer.kubeflow.org"}},
-        }))
-        .expect("TrainJob");
+        let trainjob = train_job("train", &runtime, true);
         // Our webhook's configurations may take a moment: the JobSet must come out injected.
         eventually("the TrainJob", Duration::from_secs(60), || async {
-            trainjobs.create(&pp, &trainjob).await.map(|_| ()).map_err(|e| e.to_string())
+            trainjobs
+                .create(&pp, &trainjob)
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string())
         })
         .await;
         let jobsets = jobset_api(&cluster.client, &ns.name);
-        eventually("Trainer's JobSet, injected", Duration::from_secs(60), || async {
-            let js = jobsets.get("train").await.map_err(|e| e.to_string())?;
-            js.metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(INJECTED_ANNOTATION))
-                .map(|_| ())
-                .ok_or_else(|| format!("not injected: {:?}", js.metadata.annotations))
-        })
+        eventually(
+            "Trainer's JobSet, injected",
+            Duration::from_secs(60),
+            || async {
+                let js = jobsets.get("train").await.map_err(|e| e.to_string())?;
+                js.metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(INJECTED_ANNOTATION))
+                    .map(|_| ())
+                    .ok_or_else(|| format!("not injected: {:?}", js.metadata.annotations))
+            },
+        )
         .await;
         let before = settled(&jobsets, "train").await;
-        assert_eq!(agent_of_template(&before), "jobset-inplace-agent", "{:?}", before.data);
-        assert_eq!(before.data["spec"]["failurePolicy"]["restartStrategy"], "InPlaceRestart");
+        assert_eq!(
+            agent_of_template(&before),
+            "jobset-inplace-agent",
+            "{:?}",
+            before.data
+        );
+        assert_eq!(
+            before.data["spec"]["failurePolicy"]["restartStrategy"],
+            "InPlaceRestart"
+        );
 
         // Each TrainJob change makes Trainer reconcile and apply the JobSet again: a mutating
         // review on our webhook each time, and nothing stored.
         for i in 0..3 {
             let seen = mutations(&webhook).await;
             trainjobs
-                .patch("train", &PatchParams::default(),
-                    &merge(json!({"metadata": {"annotations": {"rc-touch": i.to_string()}}})))
+                .patch(
+                    "train",
+                    &PatchParams::default(),
+                    &merge(json!({"metadata": {"annotations": {"rc-touch": i.to_string()}}})),
+                )
                 .await
                 .expect("touch the TrainJob");
-            eventually(&format!("Trainer's re-apply {i}"), Duration::from_secs(60), || async {
-                let now = mutations(&webhook).await;
-                (now > seen).then_some(()).ok_or(format!("mutations {now}"))
-            })
+            eventually(
+                &format!("Trainer's re-apply {i}"),
+                Duration::from_secs(60),
+                || async {
+                    let now = mutations(&webhook).await;
+                    (now > seen).then_some(()).ok_or(format!("mutations {now}"))
+                },
+            )
             .await;
         }
         let after = settled(&jobsets, "train").await;
-        assert_eq!(after.metadata.generation, before.metadata.generation, "generation moved");
         assert_eq!(
-            after.metadata.resource_version, before.metadata.resource_version,
+            after.metadata.generation, before.metadata.generation,
+            "generation moved"
+        );
+        assert_eq!(
+            after.metadata.resource_version,
+            before.metadata.resource_version,
             "Trainer's re-applies stored something: {}",
             serde_json::to_string(&after.data["spec"]).unwrap_or_default()
         );
@@ -4197,26 +4253,41 @@ async fn a_trainjob_from_an_in_place_restart_runtime_is_injected_and_re_applied_
         // Resumed: Trainer applies it unsuspended once; JobSet's controller makes the Jobs, whose
         // pod templates carry the agent.
         trainjobs
-            .patch("train", &PatchParams::default(), &merge(json!({"spec": {"suspend": false}})))
+            .patch(
+                "train",
+                &PatchParams::default(),
+                &merge(json!({"spec": {"suspend": false}})),
+            )
             .await
             .expect("resume the TrainJob");
-        let agents = eventually("the Jobs of the resumed JobSet", Duration::from_secs(60), || {
-            jobs_agents(&cluster.client, &ns.name, "train", 1)
-        })
+        let agents = eventually(
+            "the Jobs of the resumed JobSet",
+            Duration::from_secs(60),
+            || jobs_agents(&cluster.client, &ns.name, "train", 1),
+        )
         .await;
-        assert!(agents.iter().all(|a| a == "jobset-inplace-agent"), "{agents:?}");
+        assert!(
+            agents.iter().all(|a| a == "jobset-inplace-agent"),
+            "{agents:?}"
+        );
         let running = settled(&jobsets, "train").await;
         assert_eq!(running.data["spec"]["suspend"], false);
         assert_eq!(agent_of_template(&running), "jobset-inplace-agent");
         let generation = running.metadata.generation;
         trainjobs
-            .patch("train", &PatchParams::default(),
-                &merge(json!({"metadata": {"annotations": {"rc-touch": "running"}}})))
+            .patch(
+                "train",
+                &PatchParams::default(),
+                &merge(json!({"metadata": {"annotations": {"rc-touch": "running"}}})),
+            )
             .await
             .expect("touch the TrainJob");
         tokio::time::sleep(Duration::from_secs(3)).await;
         let still = jobsets.get("train").await.expect("JobSet");
-        assert_eq!(still.metadata.generation, generation, "a running JobSet's spec moved");
+        assert_eq!(
+            still.metadata.generation, generation,
+            "a running JobSet's spec moved"
+        );
 
         webhook.stop().await;
         delete_webhook_configurations(&cluster).await;
@@ -4700,6 +4771,170 @@ async fn kueue_evicts_a_jobset_whose_pods_stay_unready_past_recovery_timeout_onl
         .await;
 
         webhook.stop().await;
+        delete_webhook_configurations(&cluster).await;
+        drop(ns);
+    })
+    .await;
+}
+
+fn agent_image(js: &DynamicObject) -> String {
+    js.data["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["initContainers"]
+        [0]["image"]
+        .as_str()
+        .unwrap_or("none")
+        .to_owned()
+}
+
+/// An upgrade of jobset-inplace under Kubeflow Trainer: the webhook replaced by one that injects
+/// a newer agent (a new image tag). A running TrainJob's JobSet keeps the injection it was
+/// created with (Trainer v2.3 applies a running JobSet no more, and nothing else writes it); a
+/// suspended TrainJob's JobSet, which Trainer applies again on its next reconcile, gets the new
+/// one (its pod template may change while suspended); a TrainJob created after the upgrade gets
+/// the new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trainjobs_across_an_upgrade_keep_a_running_injection_and_take_the_new_one_where_they_may()
+{
+    const TEST: &str =
+        "trainjobs_across_an_upgrade_keep_a_running_injection_and_take_the_new_one_where_they_may";
+    const NEW_IMAGE: &str = "registry.example/jobset-inplace:99.0.0";
+    with_cluster(TEST, |cluster| async move {
+        if !addon_started(&cluster, TEST, "trainer") {
+            return;
+        }
+        let old = serve_webhook(&cluster).await;
+        let ns = TestNamespace::create(&cluster, "rc-upgrade").await;
+        let runtime = format!("{}-inplace", ns.name);
+        let _leftovers = ClusterLeftovers {
+            kubeconfig: cluster.kubeconfig.clone(),
+            objects: vec![(
+                "clustertrainingruntime.trainer.kubeflow.org",
+                runtime.clone(),
+            )],
+        };
+        let pp = PostParams::default();
+        let runtimes = api_of(&cluster.client, TRAINING_RUNTIME, None);
+        let template = in_place_runtime(&runtime);
+        eventually(
+            "the ClusterTrainingRuntime",
+            Duration::from_secs(60),
+            || async {
+                runtimes
+                    .create(&pp, &template)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            },
+        )
+        .await;
+        let trainjobs = api_of(&cluster.client, TRAIN_JOB, Some(&ns.name));
+        let jobsets = jobset_api(&cluster.client, &ns.name);
+        let injected_image = |name: &'static str| {
+            let jobsets = jobsets.clone();
+            move || {
+                let jobsets = jobsets.clone();
+                async move {
+                    let js = jobsets.get(name).await.map_err(|e| e.to_string())?;
+                    let image = agent_image(&js);
+                    (image != "none")
+                        .then_some(image)
+                        .ok_or("not injected".to_owned())
+                }
+            }
+        };
+        for (name, suspend) in [("running", false), ("waiting", true)] {
+            let tj = train_job(name, &runtime, suspend);
+            eventually("a TrainJob", Duration::from_secs(60), || async {
+                trainjobs
+                    .create(&pp, &tj)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            })
+            .await;
+        }
+        let before = eventually(
+            "running injected",
+            Duration::from_secs(60),
+            injected_image("running"),
+        )
+        .await;
+        let waiting = eventually(
+            "waiting injected",
+            Duration::from_secs(60),
+            injected_image("waiting"),
+        )
+        .await;
+        assert_eq!(before, waiting);
+        assert_ne!(before, NEW_IMAGE);
+        let running = settled(&jobsets, "running").await;
+        assert_eq!(running.data["spec"]["suspend"], false);
+
+        // The upgrade: the webhook replaced by one injecting NEW_IMAGE, in force once a dry run
+        // comes back with it.
+        old.stop().await;
+        let new = serve_webhook_with(&cluster, &["--agent-image", NEW_IMAGE]).await;
+        let probe = train_jobset(&ns.name, 2);
+        eventually(
+            "the new webhook in force",
+            Duration::from_secs(60),
+            || async {
+                let dry_run = PostParams {
+                    dry_run: true,
+                    ..Default::default()
+                };
+                let js = jobsets
+                    .create(&dry_run, &probe)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let image = agent_image(&js);
+                (image == NEW_IMAGE).then_some(()).ok_or(image)
+            },
+        )
+        .await;
+
+        // Trainer reconciles both; it applies the suspended one again.
+        for name in ["running", "waiting"] {
+            trainjobs
+                .patch(
+                    name,
+                    &PatchParams::default(),
+                    &merge(json!({"metadata": {"annotations": {"rc-touch": "upgraded"}}})),
+                )
+                .await
+                .expect("touch the TrainJob");
+        }
+        eventually(
+            "the suspended JobSet takes the new agent",
+            Duration::from_secs(60),
+            || async {
+                let image = injected_image("waiting")().await?;
+                (image == NEW_IMAGE).then_some(()).ok_or(image)
+            },
+        )
+        .await;
+        let still = settled(&jobsets, "running").await;
+        assert_eq!(
+            agent_image(&still),
+            before,
+            "the running JobSet's injection changed"
+        );
+        assert_eq!(still.metadata.generation, running.metadata.generation);
+
+        // A TrainJob created after the upgrade.
+        let fresh = train_job("fresh", &runtime, false);
+        trainjobs
+            .create(&pp, &fresh)
+            .await
+            .expect("a TrainJob after the upgrade");
+        let image = eventually(
+            "fresh injected",
+            Duration::from_secs(60),
+            injected_image("fresh"),
+        )
+        .await;
+        assert_eq!(image, NEW_IMAGE);
+
+        new.stop().await;
         delete_webhook_configurations(&cluster).await;
         drop(ns);
     })
