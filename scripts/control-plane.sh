@@ -415,16 +415,22 @@ EOF
 }
 
 # Renders the kustomization at SRC with every webhook client config (admission and CRD
-# conversion) pointed at https://127.0.0.1:PORT and the test CA, the way JobSet's are.
+# conversion) pointed at https://127.0.0.1:PORT and the test CA, the way JobSet's are. Only a
+# `service:` right under `clientConfig:` is one (CRD schemas have `service` properties: gRPC
+# probes').
 render_loopback() {
-  local src="$1" port="$2" ca="$3" out="$4"
+  local src="$1" port="$2" ca="$3" out="$4" configs urls
   kubectl kustomize "$src" |
     awk -v base="https://127.0.0.1:$port" -v ca="$ca" '
-      /^ *service:$/ { indent = substr($0, 1, index($0, "s") - 1); service = 1; next }
+      /^ *service:$/ && prev ~ /^ *clientConfig:$/ {
+        indent = substr($0, 1, index($0, "s") - 1); service = 1; prev = $0; next }
+      { prev = $0 }
       service && /^ *(name|namespace|port):/ { next }
       service && /^ *path:/ { print indent "url: " base $2; print indent "caBundle: " ca; service = 0; next }
       { print }' >"$out"
-  ! grep -q "^ *service:$" "$out" || die "$out still names a Service"
+  configs="$(grep -c '^ *clientConfig:$' "$out" || true)"
+  urls="$(grep -c "^ *url: https://127.0.0.1:$port/" "$out" || true)"
+  [[ "$configs" == "$urls" ]] || die "$out: $urls of $configs client configs pointed at loopback"
 }
 
 # Waits until every CRD in FILE is established.
