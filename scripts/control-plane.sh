@@ -462,8 +462,9 @@ subjectAltName=IP:127.0.0.1"
 
 # Kueue: its CRDs (conversion webhooks included) and webhook configurations from its module's
 # config/components, pointed at 127.0.0.1; its controller manager as the admin in namespace
-# kueue-system: leader election off, no metrics, no visibility server, the JobSet and TrainJob
-# integrations only (queue-name label required), waitForPodsReady on with a short recoveryTimeout
+# kueue-system: leader election off, no metrics, no visibility server, the Job, JobSet and TrainJob
+# integrations only (a queue-name label required; without batch/job its Job webhook panics on the
+# Jobs JobSet creates), waitForPodsReady on with a short recoveryTimeout
 # (JOBSET_INPLACE_KUEUE_RECOVERY_TIMEOUT, default 20s) and a short requeuing backoff, so that
 # tests see an eviction and a requeue within seconds.
 start_kueue() {
@@ -519,6 +520,7 @@ waitForPodsReady:
     backoffMaxSeconds: 2
 integrations:
   frameworks:
+  - batch/job
   - jobset.x-k8s.io/jobset
   - trainer.kubeflow.org/trainjob
 EOF

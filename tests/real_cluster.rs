@@ -4194,12 +4194,10 @@ async fn a_trainjob_from_an_in_place_restart_runtime_is_injected_and_re_applied_
             Duration::from_secs(60),
             || async {
                 let js = jobsets.get("train").await.map_err(|e| e.to_string())?;
-                js.metadata
-                    .annotations
-                    .as_ref()
-                    .and_then(|a| a.get(INJECTED_ANNOTATION))
-                    .map(|_| ())
-                    .ok_or_else(|| format!("not injected: {:?}", js.metadata.annotations))
+                let agent = agent_of_template(&js);
+                (agent == "jobset-inplace-agent")
+                    .then_some(())
+                    .ok_or_else(|| format!("not injected: {agent}"))
             },
         )
         .await;
@@ -4315,6 +4313,14 @@ fn queued_jobset(
     serde_json::from_value(js).expect("JobSet")
 }
 
+/// A ClusterQueue's resource group: room for one `queued_jobset` (2 pods of 1 CPU each, plus
+/// what the injected agent requests: it counts against the quota like any container), not two.
+fn kueue_quota(flavor: &str) -> Value {
+    json!({"coveredResources": ["cpu", "memory"], "flavors": [{"name": flavor,
+        "resources": [{"name": "cpu", "nominalQuota": "3"},
+                      {"name": "memory", "nominalQuota": "64Gi"}]}]})
+}
+
 /// Kueue's Workload of JobSet `name`: (its conditions by type as (status, reason), the whole).
 async fn workload_of(
     client: &Client,
@@ -4408,7 +4414,7 @@ async fn a_jobset_admitted_preempted_and_readmitted_by_kueue_keeps_its_injection
             "metadata": {"name": high}, "value": 1000}),
         )
         .await;
-        // Quota for one JobSet of 2 CPUs.
+        // Quota for one JobSet, not two.
         create(
             api_of(&cluster.client, CLUSTER_QUEUE, None),
             json!({
@@ -4417,8 +4423,7 @@ async fn a_jobset_admitted_preempted_and_readmitted_by_kueue_keeps_its_injection
             "spec": {
                 "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns.name}},
                 "preemption": {"withinClusterQueue": "LowerPriority"},
-                "resourceGroups": [{"coveredResources": ["cpu"], "flavors": [{"name": flavor,
-                    "resources": [{"name": "cpu", "nominalQuota": "2"}]}]}]}}),
+                "resourceGroups": [kueue_quota(&flavor)]}}),
         )
         .await;
         create(
@@ -4639,8 +4644,7 @@ async fn kueue_evicts_a_jobset_whose_pods_stay_unready_past_recovery_timeout_onl
                 "metadata": {"name": queue},
                 "spec": {
                     "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns.name}},
-                    "resourceGroups": [{"coveredResources": ["cpu"], "flavors": [{"name": flavor,
-                        "resources": [{"name": "cpu", "nominalQuota": "2"}]}]}]}}),
+                    "resourceGroups": [kueue_quota(&flavor)]}}),
             ),
             (
                 api_of(&cluster.client, LOCAL_QUEUE, Some(&ns.name)),
