@@ -4896,7 +4896,8 @@ async fn trainjobs_across_an_upgrade_keep_a_running_injection_and_take_the_new_o
         )
         .await;
 
-        // Trainer reconciles both; it applies the suspended one again.
+        // Trainer reconciles both; it applies the suspended one again (a mutating review).
+        let seen = mutations(&new).await;
         for name in ["running", "waiting"] {
             trainjobs
                 .patch(
@@ -4907,6 +4908,11 @@ async fn trainjobs_across_an_upgrade_keep_a_running_injection_and_take_the_new_o
                 .await
                 .expect("touch the TrainJob");
         }
+        eventually("Trainer's re-apply", Duration::from_secs(60), || async {
+            let now = mutations(&new).await;
+            (now > seen).then_some(()).ok_or(format!("mutations {now}"))
+        })
+        .await;
         eventually(
             "the suspended JobSet takes the new agent",
             Duration::from_secs(60),
