@@ -4213,18 +4213,19 @@ async fn a_trainjob_from_an_in_place_restart_runtime_is_injected_and_re_applied_
             "InPlaceRestart"
         );
 
-        // Each TrainJob change makes Trainer reconcile and apply the JobSet again: a mutating
-        // review on our webhook each time, and nothing stored.
+        // Trainer watches its JobSets: each change of one (a label: metadata, which does not reach
+        // our webhook) makes Trainer reconcile and apply it again, a mutating review on our
+        // webhook each time, which stores nothing.
         for i in 0..3 {
             let seen = mutations(&webhook).await;
-            trainjobs
+            let touched = jobsets
                 .patch(
                     "train",
                     &PatchParams::default(),
-                    &merge(json!({"metadata": {"annotations": {"rc-touch": i.to_string()}}})),
+                    &merge(json!({"metadata": {"labels": {"rc-touch": i.to_string()}}})),
                 )
                 .await
-                .expect("touch the TrainJob");
+                .expect("touch the JobSet");
             eventually(
                 &format!("Trainer's re-apply {i}"),
                 Duration::from_secs(60),
@@ -4234,19 +4235,15 @@ async fn a_trainjob_from_an_in_place_restart_runtime_is_injected_and_re_applied_
                 },
             )
             .await;
+            let after = settled(&jobsets, "train").await;
+            assert_eq!(after.metadata.generation, before.metadata.generation);
+            assert_eq!(
+                after.metadata.resource_version, touched.metadata.resource_version,
+                "Trainer's re-apply {i} stored something: {}",
+                serde_json::to_string(&after.data["spec"]).unwrap_or_default()
+            );
+            assert_eq!(after.data["spec"], before.data["spec"]);
         }
-        let after = settled(&jobsets, "train").await;
-        assert_eq!(
-            after.metadata.generation, before.metadata.generation,
-            "generation moved"
-        );
-        assert_eq!(
-            after.metadata.resource_version,
-            before.metadata.resource_version,
-            "Trainer's re-applies stored something: {}",
-            serde_json::to_string(&after.data["spec"]).unwrap_or_default()
-        );
-        assert_eq!(after.data["spec"], before.data["spec"]);
 
         // Resumed: Trainer applies it unsuspended once; JobSet's controller makes the Jobs, whose
         // pod templates carry the agent.
@@ -4492,11 +4489,18 @@ async fn a_jobset_admitted_preempted_and_readmitted_by_kueue_keeps_its_injection
                 .ok_or("suspended".to_owned())
         })
         .await;
-        eventually("low's Jobs gone", Duration::from_secs(60), || async {
-            match jobs_agents(&cluster.client, &ns.name, "low", 1).await {
-                Ok(jobs) => Err(format!("{} Jobs", jobs.len())),
-                Err(_) => Ok(()),
-            }
+        eventually("low's Jobs suspended", Duration::from_secs(60), || async {
+            let jobs: Api<k8s_openapi::api::batch::v1::Job> =
+                Api::namespaced(cluster.client.clone(), &ns.name);
+            let list = jobs
+                .list(&ListParams::default().labels("jobset.sigs.k8s.io/jobset-name=low"))
+                .await
+                .map_err(|e| e.to_string())?;
+            list.items
+                .iter()
+                .all(|j| j.spec.as_ref().and_then(|s| s.suspend) == Some(true))
+                .then_some(())
+                .ok_or(format!("{} Jobs, not all suspended", list.items.len()))
         })
         .await;
 
@@ -4899,14 +4903,14 @@ async fn trainjobs_across_an_upgrade_keep_a_running_injection_and_take_the_new_o
         // Trainer reconciles both; it applies the suspended one again (a mutating review).
         let seen = mutations(&new).await;
         for name in ["running", "waiting"] {
-            trainjobs
+            jobsets
                 .patch(
                     name,
                     &PatchParams::default(),
-                    &merge(json!({"metadata": {"annotations": {"rc-touch": "upgraded"}}})),
+                    &merge(json!({"metadata": {"labels": {"rc-touch": "upgraded"}}})),
                 )
                 .await
-                .expect("touch the TrainJob");
+                .expect("touch the JobSet");
         }
         eventually("Trainer's re-apply", Duration::from_secs(60), || async {
             let now = mutations(&new).await;
