@@ -4238,7 +4238,8 @@ async fn a_trainjob_from_an_in_place_restart_runtime_is_injected_and_re_applied_
             let after = settled(&jobsets, "train").await;
             assert_eq!(after.metadata.generation, before.metadata.generation);
             assert_eq!(
-                after.metadata.resource_version, touched.metadata.resource_version,
+                after.metadata.resource_version,
+                touched.metadata.resource_version,
                 "Trainer's re-apply {i} stored something: {}",
                 serde_json::to_string(&after.data["spec"]).unwrap_or_default()
             );
