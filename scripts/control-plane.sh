@@ -5,15 +5,23 @@
 # scripts/control-plane/jobset/go.mod) and the JobSet CRD, a throwaway PKI, service-account
 # signing keys.
 #
-#   scripts/control-plane.sh build [--node]  build the binaries once (cached), print where
-#   scripts/control-plane.sh up DIR [--node] build if needed, start everything, write DIR/kubeconfig
-#   scripts/control-plane.sh up DIR --node --install VARIANT   also the product (epoch or
-#                                            jobset-native) as dist/install-VARIANT.yaml installs it
-#                                            (env PRODUCT_IMAGE_ARCHIVE: dist/'s OCI image archive)
+#   scripts/control-plane.sh build [--node] [--with kueue,trainer]
+#                                            build the binaries once (cached)
+#   scripts/control-plane.sh up DIR [--node [--install VARIANT]] [--with kueue,trainer]
+#                                            build if needed, start everything, write DIR/kubeconfig;
+#                                            --install: also the product (epoch or jobset-native)
+#                                            as dist/install-VARIANT.yaml installs it (env
+#                                            PRODUCT_IMAGE_ARCHIVE: dist/'s OCI image archive)
 #   scripts/control-plane.sh install DIR VARIANT   the same on the node of an `up DIR --node`
 #   scripts/control-plane.sh down DIR        stop what `up DIR` started, remove DIR
 #   scripts/control-plane.sh load-image DIR ARCHIVE   import a docker-archive or OCI archive
 #                                            into the node of `up DIR --node`
+#
+# --with kueue,trainer also starts Kueue v0.17's and Kubeflow Trainer v2.3's controller managers
+# (scripts/control-plane/kueue/go.mod, scripts/control-plane/trainer/go.mod), their CRDs and
+# webhook configurations from their modules' manifests pointed at loopback, and writes DIR/addons
+# naming them (tests/real_cluster.rs runs the addons' tests where it names them). Their binaries
+# are cached under a key of their own, in .../jobset-inplace/control-plane-addons/.
 #
 # The binaries are cached by version under
 # ${JOBSET_INPLACE_CONTROL_PLANE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/jobset-inplace/control-plane}/<versions>/
@@ -57,7 +65,7 @@ die() {
 }
 
 usage() {
-  sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 }
 
@@ -144,6 +152,67 @@ build() {
   du -sh "$cache_root" "$(go env GOCACHE)" "$(go env GOMODCACHE)" 2>/dev/null |
     sed 's/^/control-plane: disk: /' >&2
   echo "$dir"
+}
+
+# The addons (`--with kueue,trainer`): Kueue's and Kubeflow Trainer v2's controller managers, each
+# built from a module of its own (scripts/control-plane/<addon>/go.mod: they pin their own
+# Kubernetes libraries) and cached under a key of its own beside the control plane's (a new addon
+# pin rebuilds that addon only).
+addon_root="${cache_root%/}-addons"
+addon_package() {
+  case "$1" in
+    kueue) echo sigs.k8s.io/kueue ;;
+    trainer) echo github.com/kubeflow/trainer/v2 ;;
+    *) die "unknown addon '$1' (kueue, trainer)" ;;
+  esac
+}
+addon_main() {
+  case "$1" in
+    kueue) echo sigs.k8s.io/kueue/cmd/kueue ;;
+    trainer) echo github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager ;;
+  esac
+}
+addon_version() {
+  (cd "$module/$1" && go list -m -f '{{.Version}}' "$(addon_package "$1")")
+}
+addon_key() {
+  local sum
+  sum="$( (cat "$module/$1/go.mod" "$module/$1/go.sum"; echo "$build_flags") | sha256sum | cut -c1-12)"
+  echo "$1-$(addon_version "$1")_go-$(go env GOVERSION)_${sum}"
+}
+# The module's own directory in the module cache (its config manifests), downloaded if missing.
+addon_dir() {
+  (cd "$module/$1" && go mod download -json "$(addon_package "$1")" |
+    sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
+}
+
+# Prints the path of ADDON's binary, building it first when its cache does not have it.
+build_addon() {
+  need go "Go toolchain, to build the addons from their modules"
+  local addon="$1" key dir tmp start
+  key="$(addon_key "$addon")"
+  dir="$addon_root/$key"
+  if [[ -x "$dir/$addon" ]]; then
+    echo "control-plane: cached $addon in $dir" >&2
+    echo "$dir/$addon"
+    return
+  fi
+  mkdir -p "$addon_root"
+  tmp="$(mktemp -d "$addon_root/.build.XXXXXX")"
+  start=$SECONDS
+  echo "control-plane: building $key ..." >&2
+  if ! (cd "$module/$addon" && CGO_ENABLED=0 go build -mod=readonly -trimpath -ldflags='-s -w' \
+      -o "$tmp/$addon" "$(addon_main "$addon")") >&2; then
+    rm -rf "$tmp"
+    die "go build of $addon failed (above)"
+  fi
+  rm -rf "$dir"
+  mv "$tmp" "$dir"
+  echo "control-plane: built $addon in $((SECONDS - start)) s into $dir" >&2
+  # Other versions of this addon go.
+  find "$addon_root" -mindepth 1 -maxdepth 1 -type d -name "$addon-*" ! -name "$key" \
+    -exec rm -rf {} +
+  echo "$dir/$addon"
 }
 
 # A TCP port nothing listens on now, below the kernel's ephemeral range (where outgoing
@@ -269,7 +338,7 @@ stop_all() {
     node_down "$dir"
   fi
   # Reverse start order: the controller manager, the API server, then etcd.
-  for name in kube-scheduler jobset kube-controller-manager kube-apiserver etcd; do
+  for name in trainer kueue kube-scheduler jobset kube-controller-manager kube-apiserver etcd; do
     [[ -f "$dir/$name.pid" ]] || continue
     pid="$(cat "$dir/$name.pid")"
     if kill -0 "$pid" 2>/dev/null; then
@@ -357,8 +426,172 @@ EOF
     -f "$dir/jobset/webhook/rendered.yaml" >/dev/null
 }
 
+# Renders the kustomization at SRC with every webhook client config (admission and CRD
+# conversion) pointed at https://127.0.0.1:PORT and the test CA, the way JobSet's are. Only a
+# `service:` right under `clientConfig:` is one (CRD schemas have `service` properties: gRPC
+# probes').
+render_loopback() {
+  local src="$1" port="$2" ca="$3" out="$4" configs urls
+  kubectl kustomize "$src" |
+    awk -v base="https://127.0.0.1:$port" -v ca="$ca" '
+      /^ *service:$/ && prev ~ /^ *clientConfig:$/ {
+        indent = substr($0, 1, index($0, "s") - 1); service = 1; prev = $0; next }
+      { prev = $0 }
+      service && /^ *(name|namespace|port):/ { next }
+      service && /^ *path:/ { print indent "url: " base $2; print indent "caBundle: " ca; service = 0; next }
+      { print }' >"$out"
+  configs="$(grep -c '^ *clientConfig:$' "$out" || true)"
+  urls="$(grep -c "^ *url: https://127.0.0.1:$port/" "$out" || true)"
+  [[ "$configs" == "$urls" ]] || die "$out: $urls of $configs client configs pointed at loopback"
+}
+
+# Waits until every CRD in FILE is established.
+wait_established() {
+  local dir="$1" file="$2" name deadline=$((SECONDS + 60))
+  local kubectl=(kubectl --kubeconfig "$dir/kubeconfig")
+  for name in $("${kubectl[@]}" get -f "$file" -o name); do
+    until "${kubectl[@]}" get "$name" \
+        -o 'jsonpath={.status.conditions[?(@.type=="Established")].status}' 2>/dev/null |
+        grep -q True; do
+      ((SECONDS < deadline)) || fail "$dir" kube-apiserver "did not establish $name"
+      sleep 0.5
+    done
+  done
+}
+
+# A serving certificate for an addon's webhook at 127.0.0.1, as CERTS/tls.{crt,key}.
+addon_certs() {
+  local dir="$1" name="$2" certs="$3"
+  issue "$dir/pki" "$name-webhook" "/CN=$name-webhook" \
+    "basicConstraints=CA:FALSE
+keyUsage=critical,digitalSignature,keyEncipherment
+extendedKeyUsage=serverAuth
+subjectAltName=IP:127.0.0.1"
+  mkdir -p "$certs"
+  cp "$dir/pki/$name-webhook.crt" "$certs/tls.crt"
+  cp "$dir/pki/$name-webhook.key" "$certs/tls.key"
+}
+
+# Kueue: its CRDs (conversion webhooks included) and webhook configurations from its module's
+# config/components, pointed at 127.0.0.1; its controller manager as the admin in namespace
+# kueue-system: leader election off, no metrics, no visibility server, the Job, JobSet and TrainJob
+# integrations only (a queue-name label required; without batch/job its Job webhook panics on the
+# Jobs JobSet creates), waitForPodsReady on with a short recoveryTimeout
+# (JOBSET_INPLACE_KUEUE_RECOVERY_TIMEOUT, default 20s) and a short requeuing backoff, so that
+# tests see an eviction and a requeue within seconds.
+start_kueue() {
+  local dir="$1" bin="$2" src webhook_port health_port ca
+  local kubectl=(kubectl --kubeconfig "$dir/kubeconfig")
+  src="$(addon_dir kueue)/config/components"
+  [[ -d "$src" ]] || fail "$dir" kube-apiserver "no Kueue module in the module cache ($src)"
+  webhook_port="$(free_port)"
+  health_port="$(free_port)"
+  printf 'kueue-webhook=%s\nkueue-health=%s\n' "$webhook_port" "$health_port" >>"$dir/ports"
+  mkdir -p "$dir/kueue/webhook"
+  addon_certs "$dir" kueue "$dir/kueue/certs"
+  # With its own certificate management off, Kueue reads a metrics certificate from this fixed
+  # path at start, even with metrics off (cmd/kueue/main.go). Any pair does: it is never served.
+  local metrics_certs=/etc/kueue/metrics/certs
+  if [[ ! -s "$metrics_certs/tls.key" ]]; then
+    mkdir -p /etc/kueue/metrics 2>/dev/null ||
+      fail "$dir" kube-apiserver "Kueue needs $metrics_certs (run as root, or create it)"
+    local staged
+    staged="$(mktemp -d /etc/kueue/metrics/.certs.XXXXXX)"
+    cp "$dir/kueue/certs/tls.crt" "$dir/kueue/certs/tls.key" "$staged/"
+    mv -T "$staged" "$metrics_certs" 2>/dev/null || rm -rf "$staged"
+  fi
+  ca="$(base64 -w0 "$dir/pki/ca.crt")"
+  render_loopback "$src/crd" "$webhook_port" "$ca" "$dir/kueue/crds.yaml"
+  "${kubectl[@]}" apply --server-side --field-manager control-plane.sh \
+    -f "$dir/kueue/crds.yaml" >/dev/null
+  wait_established "$dir" "$dir/kueue/crds.yaml"
+  "${kubectl[@]}" create namespace kueue-system >/dev/null
+  cat >"$dir/kueue/config.yaml" <<EOF
+apiVersion: config.kueue.x-k8s.io/v1beta2
+kind: Configuration
+namespace: kueue-system
+leaderElection:
+  leaderElect: false
+internalCertManagement:
+  enable: false
+webhook:
+  host: 127.0.0.1
+  port: $webhook_port
+  certDir: $dir/kueue/certs
+metrics:
+  bindAddress: "0"
+health:
+  healthProbeBindAddress: 127.0.0.1:$health_port
+manageJobsWithoutQueueName: false
+waitForPodsReady:
+  timeout: 10m
+  recoveryTimeout: ${JOBSET_INPLACE_KUEUE_RECOVERY_TIMEOUT:-20s}
+  requeuingStrategy:
+    timestamp: Eviction
+    backoffBaseSeconds: 1
+    backoffMaxSeconds: 2
+integrations:
+  frameworks:
+  - batch/job
+  - jobset.x-k8s.io/jobset
+  - trainer.kubeflow.org/trainjob
+EOF
+  start "$dir" kueue env KUBECONFIG="$dir/kubeconfig" "$bin" --config "$dir/kueue/config.yaml" \
+    --feature-gates VisibilityOnDemand=false
+  wait_for "$dir" kueue "http://127.0.0.1:$health_port/readyz"
+  cp "$src/webhook/manifests.yaml" "$dir/kueue/webhook/"
+  chmod u+w "$dir/kueue/webhook/manifests.yaml"
+  printf 'resources:\n- manifests.yaml\nnamePrefix: kueue-\n' >"$dir/kueue/webhook/kustomization.yaml"
+  render_loopback "$dir/kueue/webhook" "$webhook_port" "$ca" "$dir/kueue/webhooks.yaml"
+  "${kubectl[@]}" apply --server-side --field-manager control-plane.sh \
+    -f "$dir/kueue/webhooks.yaml" >/dev/null
+}
+
+# Kubeflow Trainer v2: its CRDs and webhook configurations from its module's manifests/base,
+# pointed at 127.0.0.1; its controller manager as the admin: leader election and its own
+# certificate management off (it then serves the pair in $TMPDIR/k8s-webhook-server/serving-certs,
+# controller-runtime's default), no metrics.
+start_trainer() {
+  local dir="$1" bin="$2" src webhook_port health_port ca
+  local kubectl=(kubectl --kubeconfig "$dir/kubeconfig")
+  src="$(addon_dir trainer)/manifests/base"
+  [[ -d "$src" ]] || fail "$dir" kube-apiserver "no Trainer module in the module cache ($src)"
+  webhook_port="$(free_port)"
+  health_port="$(free_port)"
+  printf 'trainer-webhook=%s\ntrainer-health=%s\n' "$webhook_port" "$health_port" >>"$dir/ports"
+  addon_certs "$dir" trainer "$dir/trainer/tmp/k8s-webhook-server/serving-certs"
+  ca="$(base64 -w0 "$dir/pki/ca.crt")"
+  kubectl kustomize "$src/crds" >"$dir/trainer/crds.yaml"
+  "${kubectl[@]}" apply --server-side --field-manager control-plane.sh \
+    -f "$dir/trainer/crds.yaml" >/dev/null
+  wait_established "$dir" "$dir/trainer/crds.yaml"
+  cat >"$dir/trainer/config.yaml" <<EOF
+apiVersion: config.trainer.kubeflow.org/v1alpha1
+kind: Configuration
+leaderElection:
+  leaderElect: false
+certManagement:
+  enable: false
+webhook:
+  host: 127.0.0.1
+  port: $webhook_port
+metrics:
+  bindAddress: "0"
+health:
+  healthProbeBindAddress: 127.0.0.1:$health_port
+EOF
+  start "$dir" trainer env KUBECONFIG="$dir/kubeconfig" TMPDIR="$dir/trainer/tmp" "$bin" \
+    --config "$dir/trainer/config.yaml"
+  wait_for "$dir" trainer "http://127.0.0.1:$health_port/readyz"
+  render_loopback "$src/webhook" "$webhook_port" "$ca" "$dir/trainer/webhooks.yaml"
+  "${kubectl[@]}" apply --server-side --field-manager control-plane.sh \
+    -f "$dir/trainer/webhooks.yaml" >/dev/null
+}
+
 up() {
   local dir="$1" node="${2:-}" variant="${3:-}"
+  shift 3
+  local addons=("$@") addon
   [[ -z "$variant" || -n "$node" ]] || die "--install needs --node"
   [[ -z "$variant" || -d "$repo/deploy/overlays/$variant" ]] || die "--install $variant: no deploy/overlays/$variant"
   need openssl "the throwaway PKI (apt-get install openssl)"
@@ -367,8 +600,9 @@ up() {
   need kubectl "installing the JobSet CRD and webhook configurations"
   [[ ! -e "$dir/kubeconfig" ]] || die "$dir already holds a control plane (run down first)"
   [[ -z "$node" ]] || node_need
-  local bin
+  local bin addon_bins=()
   bin="$(build "$node")"
+  for addon in "${addons[@]}"; do addon_bins+=("$(build_addon "$addon")"); done
   mkdir -p "$dir"
   dir="$(cd "$dir" && pwd)"
   touch "$dir/.jobset-inplace-control-plane"
@@ -459,11 +693,18 @@ up() {
     --key "$pki/admin.key" "https://$api_host:$api_port/api/v1/namespaces/default/serviceaccounts/default"
 
   start_jobset "$dir" "$bin"
+  # The addons, and DIR/addons naming them (tests/real_cluster.rs: required where named).
+  : >"$dir/addons"
+  local i
+  for i in "${!addons[@]}"; do
+    "start_${addons[$i]}" "$dir" "${addon_bins[$i]}"
+    echo "${addons[$i]}" >>"$dir/addons"
+  done
   [[ -z "$node" ]] || node_up "$dir" "$bin" "$api_port"
   [[ -z "$variant" ]] || install_stops_all=1 install_product "$dir" "$variant"
   trap - ERR
 
-  echo "control-plane: up in $((SECONDS - start)) s: kube-apiserver https://$api_host:$api_port, etcd, kube-controller-manager, jobset${node:+, kube-scheduler and node $NODE_NAME (DIR/node.env)}" >&2
+  echo "control-plane: up in $((SECONDS - start)) s: kube-apiserver https://$api_host:$api_port, etcd, kube-controller-manager, jobset${addons[*]:+, ${addons[*]}}${node:+, kube-scheduler and node $NODE_NAME (DIR/node.env)}" >&2
   echo "control-plane: export KUBECONFIG=$dir/kubeconfig JOBSET_INPLACE_KUBECONFIG=$dir/kubeconfig" >&2
 }
 
@@ -584,19 +825,48 @@ down() {
   rm -rf "$dir"
 }
 
-node_flag() {
-  case "${1:-}" in
-    "") ;;
-    --node) echo node ;;
-    *) usage ;;
-  esac
+# The options of build and up: --node, --with ADDON[,ADDON]; sets node and addons.
+node=""
+variant=""
+addons=()
+parse_options() {
+  while (($#)); do
+    case "$1" in
+      --node) node=node ;;
+      --install)
+        [[ $# -ge 2 ]] || usage
+        variant="$2"
+        shift
+        ;;
+      --with)
+        [[ $# -ge 2 ]] || usage
+        local a
+        IFS=, read -r -a a <<<"$2"
+        for name in "${a[@]}"; do
+          addon_package "$name" >/dev/null
+          addons+=("$name")
+        done
+        shift
+        ;;
+      *) usage ;;
+    esac
+    shift
+  done
 }
 
 case "${1:-}" in
-  build) [[ $# -le 2 ]] || usage; build "$(node_flag "${2:-}")" >/dev/null ;;
+  build)
+    shift
+    parse_options "$@"
+    build "$node" >/dev/null
+    for a in "${addons[@]}"; do build_addon "$a" >/dev/null; done
+    ;;
   up)
-    [[ $# -eq 2 || $# -eq 3 || ($# -eq 5 && "$4" == --install) ]] || usage
-    up "$2" "$(node_flag "${3:-}")" "${5:-}"
+    [[ $# -ge 2 ]] || usage
+    dir="$2"
+    shift 2
+    parse_options "$@"
+    up "$dir" "$node" "$variant" "${addons[@]}"
     ;;
   down) [[ $# -eq 2 ]] || usage; down "$2" ;;
   load-image) [[ $# -eq 3 ]] || usage; load_image "$2" "$3" ;;

@@ -875,6 +875,8 @@ async fn the_agent_may_move_only_its_own_pods_epoch_forward() {
 struct Webhook {
     child: tokio::process::Child,
     port: u16,
+    /// `/healthz`, `/readyz`, `/metrics`.
+    health: u16,
     ca_pem: Vec<u8>,
     _dir: tempfile::TempDir,
 }
@@ -908,7 +910,8 @@ async fn http_ok(port: u16, path: &str) -> Result<(), String> {
 }
 
 impl Webhook {
-    async fn start() -> Self {
+    /// With `extra` arguments (an injection config's flags).
+    async fn start_with(extra: &[&str]) -> Self {
         let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
         let port = free_port();
         let health = free_port();
@@ -923,6 +926,7 @@ impl Webhook {
                 "--cert-dir",
                 &dir.path().display().to_string(),
             ])
+            .args(extra)
             .stdin(Stdio::null())
             .kill_on_drop(true)
             .spawn()
@@ -935,6 +939,7 @@ impl Webhook {
         Webhook {
             child,
             port,
+            health,
             ca_pem,
             _dir: dir,
         }
@@ -948,6 +953,11 @@ impl Webhook {
 /// Installs the `epoch` overlay and serves the webhook binary on loopback behind the overlay's
 /// own webhook configurations (only their client config pointed at it).
 async fn serve_webhook(cluster: &Cluster) -> Webhook {
+    serve_webhook_with(cluster, &[]).await
+}
+
+/// The same with more arguments to the webhook binary.
+async fn serve_webhook_with(cluster: &Cluster, extra: &[&str]) -> Webhook {
     let configurations: Vec<Value> = install(cluster, "epoch")
         .await
         .into_iter()
@@ -956,7 +966,7 @@ async fn serve_webhook(cluster: &Cluster) -> Webhook {
                 || o["kind"] == "ValidatingWebhookConfiguration"
         })
         .collect();
-    let webhook = Webhook::start().await;
+    let webhook = Webhook::start_with(extra).await;
     apply(cluster, &pointed_at(&configurations, &webhook))
         .await
         .expect("webhook configurations");
@@ -4306,4 +4316,1035 @@ async fn doctor_names_the_gates_that_are_off() {
             .is_some_and(|d| d.contains("InPlaceRestart feature gate is disabled")),
         "{gate:#}"
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// k. The addons of `scripts/control-plane.sh up DIR --with kueue,trainer`: Kubeflow Trainer v2
+//    and Kueue, built from their Go modules, writing JobSets through our webhook
+// ---------------------------------------------------------------------------------------------
+
+/// The addons a run requires (CI: `kueue,trainer`): a test of one that was not started then
+/// fails instead of skipping.
+const ADDONS_ENV: &str = "JOBSET_INPLACE_REAL_CLUSTER_ADDONS";
+
+/// Whether `addon` was started beside the control plane: `DIR/addons` (written by `up --with`,
+/// beside `DIR/kubeconfig`) names it. When it does not: SKIPPED loudly, or a failure where
+/// `JOBSET_INPLACE_REAL_CLUSTER_ADDONS` names the addon.
+fn addon_started(cluster: &Cluster, test: &str, addon: &str) -> bool {
+    let file = cluster
+        .kubeconfig
+        .parent()
+        .map(|d| d.join("addons"))
+        .unwrap_or_default();
+    let started = std::fs::read_to_string(&file)
+        .map(|text| text.lines().any(|l| l.trim() == addon))
+        .unwrap_or(false);
+    if started {
+        return true;
+    }
+    let required = std::env::var(ADDONS_ENV).unwrap_or_default();
+    if required.split(',').any(|a| a.trim() == addon) {
+        panic!(
+            "{test}: {ADDONS_ENV}={required} but {} does not name {addon} \
+             (scripts/control-plane.sh up DIR --with {addon})",
+            file.display()
+        );
+    }
+    eprintln!(
+        "\n!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n\
+         !! SKIPPED {test}: {addon} was not started with the control plane\n\
+         !! (scripts/control-plane.sh up DIR --with {addon}; {} does not name it)\n\
+         !!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n",
+        file.display()
+    );
+    false
+}
+
+/// An API of any kind, namespaced or cluster-wide.
+fn api_of(
+    client: &Client,
+    (group, version, kind): (&str, &str, &str),
+    namespace: Option<&str>,
+) -> Api<DynamicObject> {
+    let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, kind));
+    match namespace {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
+        None => Api::all_with(client.clone(), &resource),
+    }
+}
+
+const TRAINING_RUNTIME: (&str, &str, &str) =
+    ("trainer.kubeflow.org", "v1alpha1", "ClusterTrainingRuntime");
+const TRAIN_JOB: (&str, &str, &str) = ("trainer.kubeflow.org", "v1alpha1", "TrainJob");
+const RESOURCE_FLAVOR: (&str, &str, &str) = ("kueue.x-k8s.io", "v1beta2", "ResourceFlavor");
+const CLUSTER_QUEUE: (&str, &str, &str) = ("kueue.x-k8s.io", "v1beta2", "ClusterQueue");
+const LOCAL_QUEUE: (&str, &str, &str) = ("kueue.x-k8s.io", "v1beta2", "LocalQueue");
+const WORKLOAD: (&str, &str, &str) = ("kueue.x-k8s.io", "v1beta2", "Workload");
+const PRIORITY_CLASS: (&str, &str, &str) = ("kueue.x-k8s.io", "v1beta2", "WorkloadPriorityClass");
+
+/// Deletes cluster-scoped objects (KIND, NAME) with kubectl when dropped, also on a panic.
+struct ClusterLeftovers {
+    kubeconfig: PathBuf,
+    objects: Vec<(&'static str, String)>,
+}
+
+impl Drop for ClusterLeftovers {
+    fn drop(&mut self) {
+        for (kind, name) in self.objects.iter().rev() {
+            delete_now(&self.kubeconfig, kind, name);
+        }
+    }
+}
+
+/// GET `path` on loopback HTTP: the body of a 200 answer.
+async fn http_get(port: u16, path: &str) -> Result<String, String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .map_err(|e| e.to_string())?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut answer))
+        .await
+        .map_err(|_| format!("GET {path}: no answer within 10 s"))?
+        .map_err(|e| e.to_string())?;
+    let answer = String::from_utf8_lossy(&answer);
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
+    if head.starts_with("HTTP/1.1 200") || head.starts_with("HTTP/1.0 200") {
+        Ok(body.to_owned())
+    } else {
+        Err(head.lines().next().unwrap_or("").to_owned())
+    }
+}
+
+/// The sum of metric `name` over its series whose labels include `labels`, from `/metrics` on
+/// loopback `port`.
+async fn metric_sum(port: u16, name: &str, labels: &[(&str, &str)]) -> Result<f64, String> {
+    let text = http_get(port, "/metrics").await?;
+    Ok(text
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(metric_line)
+        .filter(|(n, l, _)| {
+            *n == name
+                && labels
+                    .iter()
+                    .all(|(k, v)| l.get(*k).map(String::as_str) == Some(*v))
+        })
+        .map(|(_, _, v)| v)
+        .sum())
+}
+
+/// The mutating reviews our webhook answered so far.
+async fn mutations(webhook: &Webhook) -> f64 {
+    metric_sum(
+        webhook.health,
+        "jobset_inplace_admission_requests_total",
+        &[("endpoint", "mutate")],
+    )
+    .await
+    .expect("the webhook's metrics")
+}
+
+/// The agent's name in the pod template of each Job of JobSet `name` (its first init
+/// container), or an error while there are fewer than `jobs` Jobs.
+async fn jobs_agents(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    jobs: usize,
+) -> Result<Vec<String>, String> {
+    let api: Api<k8s_openapi::api::batch::v1::Job> = Api::namespaced(client.clone(), namespace);
+    let list = api
+        .list(&ListParams::default().labels(&format!("jobset.sigs.k8s.io/jobset-name={name}")))
+        .await
+        .map_err(|e| e.to_string())?;
+    if list.items.len() < jobs {
+        return Err(format!("{} of {jobs} Jobs of {name}", list.items.len()));
+    }
+    Ok(list
+        .items
+        .iter()
+        .map(|job| {
+            let spec = serde_json::to_value(&job.spec).unwrap_or_default();
+            spec["template"]["spec"]["initContainers"][0]["name"]
+                .as_str()
+                .unwrap_or("none")
+                .to_owned()
+        })
+        .collect())
+}
+
+/// Waits until `name`'s resourceVersion stays the same for 3 s (the controllers are done with
+/// it), and returns the object.
+async fn settled(jobsets: &Api<DynamicObject>, name: &str) -> DynamicObject {
+    eventually(
+        &format!("{name} settles"),
+        Duration::from_secs(60),
+        || async {
+            let before = jobsets.get(name).await.map_err(|e| e.to_string())?;
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            let after = jobsets.get(name).await.map_err(|e| e.to_string())?;
+            (before.metadata.resource_version == after.metadata.resource_version)
+                .then_some(after)
+                .ok_or_else(|| "still changing".to_owned())
+        },
+    )
+    .await
+}
+
+fn agent_of_template(js: &DynamicObject) -> String {
+    js.data["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["initContainers"]
+        [0]["name"]
+        .as_str()
+        .unwrap_or("none")
+        .to_owned()
+}
+
+/// A ClusterTrainingRuntime whose JobSet template uses InPlaceRestart: one replicated job `node`
+/// (Trainer's `trainer` step) of 2 pods, as a user writes it (nothing injected).
+fn in_place_runtime(name: &str) -> DynamicObject {
+    serde_json::from_value(json!({
+        "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "ClusterTrainingRuntime",
+        "metadata": {"name": name},
+        "spec": {"template": {"spec": {
+            "failurePolicy": {"maxRestarts": 3, "restartStrategy": "InPlaceRestart"},
+            "replicatedJobs": [{"name": "node", "replicas": 1, "template": {
+                "metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
+                "spec": {"parallelism": 2, "completions": 2, "template": {"spec": {
+                    "restartPolicy": "Never",
+                    "containers": [{"name": "node", "image": "registry.example/train:1",
+                                    "command": ["python", "-m", "train"]}]}}}}}]}}},
+    }))
+    .expect("ClusterTrainingRuntime")
+}
+
+/// A TrainJob `name` of ClusterTrainingRuntime `runtime`.
+fn train_job(name: &str, runtime: &str, suspend: bool) -> DynamicObject {
+    serde_json::from_value(json!({
+        "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+        "metadata": {"name": name},
+        "spec": {"suspend": suspend, "runtimeRef": {"name": runtime,
+            "kind": "ClusterTrainingRuntime", "apiGroup": "trainer.kubeflow.org"}},
+    }))
+    .expect("TrainJob")
+}
+
+/// Kubeflow Trainer v2 turns a TrainJob into a JobSet from a ClusterTrainingRuntime whose template
+/// uses InPlaceRestart: the JobSet it creates is injected by our webhook, and its re-applies
+/// (server-side apply, field manager `trainer`, on every reconcile while the TrainJob or the
+/// JobSet is suspended; v2.3 leaves a running JobSet alone) reach our webhook and store nothing
+/// new: the JobSet's generation and resourceVersion do not move. Resumed, its Jobs' pod
+/// templates carry the agent. Pods never run here (no kubelet).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trainjob_from_an_in_place_restart_runtime_is_injected_and_re_applied_unchanged() {
+    const TEST: &str =
+        "a_trainjob_from_an_in_place_restart_runtime_is_injected_and_re_applied_unchanged";
+    with_cluster(TEST, |cluster| async move {
+        if !addon_started(&cluster, TEST, "trainer") {
+            return;
+        }
+        let webhook = serve_webhook(&cluster).await;
+        let ns = TestNamespace::create(&cluster, "rc-trainer").await;
+        let runtime = format!("{}-inplace", ns.name);
+        let _leftovers = ClusterLeftovers {
+            kubeconfig: cluster.kubeconfig.clone(),
+            objects: vec![(
+                "clustertrainingruntime.trainer.kubeflow.org",
+                runtime.clone(),
+            )],
+        };
+        let pp = PostParams::default();
+        let runtimes = api_of(&cluster.client, TRAINING_RUNTIME, None);
+        let template = in_place_runtime(&runtime);
+        eventually(
+            "the ClusterTrainingRuntime",
+            Duration::from_secs(60),
+            || async {
+                runtimes
+                    .create(&pp, &template)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            },
+        )
+        .await;
+
+        // Suspended, as Kueue (or a user) would submit it: Trainer applies the JobSet again on
+        // every reconcile until it runs.
+        let trainjobs = api_of(&cluster.client, TRAIN_JOB, Some(&ns.name));
+        let trainjob = train_job("train", &runtime, true);
+        // Our webhook's configurations may take a moment: the JobSet must come out injected.
+        eventually("the TrainJob", Duration::from_secs(60), || async {
+            trainjobs
+                .create(&pp, &trainjob)
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        })
+        .await;
+        let jobsets = jobset_api(&cluster.client, &ns.name);
+        eventually(
+            "Trainer's JobSet, injected",
+            Duration::from_secs(60),
+            || async {
+                let js = jobsets.get("train").await.map_err(|e| e.to_string())?;
+                let agent = agent_of_template(&js);
+                (agent == "jobset-inplace-agent")
+                    .then_some(())
+                    .ok_or_else(|| format!("not injected: {agent}"))
+            },
+        )
+        .await;
+        let before = settled(&jobsets, "train").await;
+        assert_eq!(
+            agent_of_template(&before),
+            "jobset-inplace-agent",
+            "{:?}",
+            before.data
+        );
+        assert_eq!(
+            before.data["spec"]["failurePolicy"]["restartStrategy"],
+            "InPlaceRestart"
+        );
+
+        // Trainer watches its JobSets: each change of one (a label: metadata, which does not reach
+        // our webhook) makes Trainer reconcile and apply it again, which stores nothing.
+        for i in 0..3 {
+            let touched = jobsets
+                .patch(
+                    "train",
+                    &PatchParams::default(),
+                    &merge(json!({"metadata": {"labels": {"rc-touch": i.to_string()}}})),
+                )
+                .await
+                .expect("touch the JobSet");
+            // Trainer's apply of an unchanged spec does not reach our webhook (its
+            // matchConditions skip an UPDATE that leaves the spec as it was): give it time.
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            let after = settled(&jobsets, "train").await;
+            assert_eq!(after.metadata.generation, before.metadata.generation);
+            assert_eq!(
+                after.metadata.resource_version,
+                touched.metadata.resource_version,
+                "Trainer's re-apply {i} stored something: {}",
+                serde_json::to_string(&after.data["spec"]).unwrap_or_default()
+            );
+            assert_eq!(after.data["spec"], before.data["spec"]);
+        }
+
+        // Resumed: Trainer applies it unsuspended once; JobSet's controller makes the Jobs, whose
+        // pod templates carry the agent.
+        trainjobs
+            .patch(
+                "train",
+                &PatchParams::default(),
+                &merge(json!({"spec": {"suspend": false}})),
+            )
+            .await
+            .expect("resume the TrainJob");
+        let agents = eventually(
+            "the Jobs of the resumed JobSet",
+            Duration::from_secs(60),
+            || jobs_agents(&cluster.client, &ns.name, "train", 1),
+        )
+        .await;
+        assert!(
+            agents.iter().all(|a| a == "jobset-inplace-agent"),
+            "{agents:?}"
+        );
+        let running = settled(&jobsets, "train").await;
+        assert_eq!(running.data["spec"]["suspend"], false);
+        assert_eq!(agent_of_template(&running), "jobset-inplace-agent");
+        let generation = running.metadata.generation;
+        trainjobs
+            .patch(
+                "train",
+                &PatchParams::default(),
+                &merge(json!({"metadata": {"annotations": {"rc-touch": "running"}}})),
+            )
+            .await
+            .expect("touch the TrainJob");
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let still = jobsets.get("train").await.expect("JobSet");
+        assert_eq!(
+            still.metadata.generation, generation,
+            "a running JobSet's spec moved"
+        );
+
+        webhook.stop().await;
+        delete_webhook_configurations(&cluster).await;
+        drop(ns);
+    })
+    .await;
+}
+
+/// The InPlaceRestart JobSet `name` of 2 pods asking 1 CPU each, in Kueue's LocalQueue `queue`
+/// (at `priority` when given).
+fn queued_jobset(
+    namespace: &str,
+    name: &str,
+    queue: &str,
+    priority: Option<&str>,
+) -> DynamicObject {
+    let mut js = serde_json::to_value(train_jobset(namespace, 2)).expect("json");
+    js["metadata"]["name"] = json!(name);
+    js["metadata"]["labels"] = json!({"kueue.x-k8s.io/queue-name": queue});
+    if let Some(p) = priority {
+        js["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] = json!(p);
+    }
+    js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]["resources"] =
+        json!({"requests": {"cpu": "1"}, "limits": {"cpu": "1"}});
+    serde_json::from_value(js).expect("JobSet")
+}
+
+/// A ClusterQueue's resource group: room for one `queued_jobset` (2 pods of 1 CPU each, plus
+/// what the injected agent requests: it counts against the quota like any container), not two.
+fn kueue_quota(flavor: &str) -> Value {
+    json!({"coveredResources": ["cpu", "memory"], "flavors": [{"name": flavor,
+        "resources": [{"name": "cpu", "nominalQuota": "3"},
+                      {"name": "memory", "nominalQuota": "64Gi"}]}]})
+}
+
+/// Kueue's Workload of JobSet `name`: (its conditions by type as (status, reason), the whole).
+async fn workload_of(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+) -> Result<(std::collections::BTreeMap<String, (String, String)>, Value), String> {
+    let list = api_of(client, WORKLOAD, Some(namespace))
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| e.to_string())?;
+    let w = list
+        .items
+        .into_iter()
+        .find(|w| {
+            w.metadata
+                .owner_references
+                .as_ref()
+                .is_some_and(|o| o.iter().any(|r| r.kind == "JobSet" && r.name == name))
+        })
+        .ok_or_else(|| format!("no Workload of {name} yet"))?;
+    let conditions = w.data["status"]["conditions"]
+        .as_array()
+        .map(|cs| {
+            cs.iter()
+                .map(|c| {
+                    let field = |k: &str| c[k].as_str().unwrap_or("").to_owned();
+                    (field("type"), (field("status"), field("reason")))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    Ok((conditions, w.data))
+}
+
+async fn suspended(jobsets: &Api<DynamicObject>, name: &str) -> Result<bool, String> {
+    let js = jobsets.get(name).await.map_err(|e| e.to_string())?;
+    Ok(js.data["spec"]["suspend"].as_bool().unwrap_or(false))
+}
+
+/// Kueue in front of InPlaceRestart JobSets: a JobSet in a LocalQueue is created suspended
+/// (Kueue's webhook) and injected (ours); admitted by its ClusterQueue it is resumed and its
+/// Jobs' pod templates carry the agent. Preempted by a JobSet of a higher WorkloadPriorityClass
+/// that needs the whole quota, it is evicted (suspended: its Jobs go) and requeued; once the
+/// quota is free again it is admitted and resumed with the agent still injected. Through all of
+/// it the reconciler counts no group restart and the JobSet's epochs stay level (a suspension is
+/// not a restart) and JobSet counts no restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jobset_admitted_preempted_and_readmitted_by_kueue_keeps_its_injection_and_counts_no_restart()
+ {
+    const TEST: &str = "a_jobset_admitted_preempted_and_readmitted_by_kueue_keeps_its_injection_and_counts_no_restart";
+    with_cluster(TEST, |cluster| async move {
+        if !addon_started(&cluster, TEST, "kueue") {
+            return;
+        }
+        let webhook = serve_webhook(&cluster).await;
+        let ns = TestNamespace::create(&cluster, "rc-kueue").await;
+        let (flavor, queue, high) = (
+            format!("{}-flavor", ns.name),
+            format!("{}-cq", ns.name),
+            format!("{}-high", ns.name),
+        );
+        let _leftovers = ClusterLeftovers {
+            kubeconfig: cluster.kubeconfig.clone(),
+            objects: vec![
+                ("resourceflavor.kueue.x-k8s.io", flavor.clone()),
+                ("workloadpriorityclass.kueue.x-k8s.io", high.clone()),
+                ("clusterqueue.kueue.x-k8s.io", queue.clone()),
+            ],
+        };
+        let create = |api: Api<DynamicObject>, object: Value| async move {
+            let object: DynamicObject = serde_json::from_value(object).expect("object");
+            eventually("a Kueue object", Duration::from_secs(60), || async {
+                api.create(&PostParams::default(), &object)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            })
+            .await;
+        };
+        create(
+            api_of(&cluster.client, RESOURCE_FLAVOR, None),
+            json!({
+            "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
+            "metadata": {"name": flavor}}),
+        )
+        .await;
+        create(
+            api_of(&cluster.client, PRIORITY_CLASS, None),
+            json!({
+            "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "WorkloadPriorityClass",
+            "metadata": {"name": high}, "value": 1000}),
+        )
+        .await;
+        // Quota for one JobSet, not two.
+        create(
+            api_of(&cluster.client, CLUSTER_QUEUE, None),
+            json!({
+            "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue",
+            "metadata": {"name": queue},
+            "spec": {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns.name}},
+                "preemption": {"withinClusterQueue": "LowerPriority"},
+                "resourceGroups": [kueue_quota(&flavor)]}}),
+        )
+        .await;
+        create(
+            api_of(&cluster.client, LOCAL_QUEUE, Some(&ns.name)),
+            json!({
+            "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
+            "metadata": {"name": "lq", "namespace": ns.name},
+            "spec": {"clusterQueue": queue}}),
+        )
+        .await;
+
+        let jobsets = jobset_api(&cluster.client, &ns.name);
+        create_injected(&jobsets, &queued_jobset(&ns.name, "low", "lq", None))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let reconciler = Reconciler::start(&cluster, "real-cluster-kueue").await;
+        reconciler.ready().await;
+
+        // Admitted: resumed, and the Jobs' pod templates carry the agent.
+        eventually("low admitted", Duration::from_secs(90), || async {
+            let (conditions, _) = workload_of(&cluster.client, &ns.name, "low").await?;
+            let admitted = conditions.get("Admitted").is_some_and(|c| c.0 == "True");
+            (admitted && !suspended(&jobsets, "low").await?)
+                .then_some(())
+                .ok_or(format!("{conditions:?}"))
+        })
+        .await;
+        let agents = eventually("the Jobs of low", Duration::from_secs(60), || {
+            jobs_agents(&cluster.client, &ns.name, "low", 1)
+        })
+        .await;
+        assert!(
+            agents.iter().all(|a| a == "jobset-inplace-agent"),
+            "{agents:?}"
+        );
+
+        // Preempted by a JobSet that needs the whole quota: low is evicted, suspended (its Jobs
+        // go), and requeued; high runs.
+        create_injected(
+            &jobsets,
+            &queued_jobset(&ns.name, "high", "lq", Some(&high)),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+        eventually(
+            "low evicted, suspended and requeued",
+            Duration::from_secs(90),
+            || async {
+                let (conditions, _) = workload_of(&cluster.client, &ns.name, "low").await?;
+                let preempted = conditions.get("Preempted").is_some_and(|c| c.0 == "True")
+                    || conditions
+                        .get("Evicted")
+                        .is_some_and(|c| c.1 == "Preempted");
+                let reserved = conditions
+                    .get("QuotaReserved")
+                    .is_some_and(|c| c.0 == "True");
+                (preempted && !reserved && suspended(&jobsets, "low").await?)
+                    .then_some(())
+                    .ok_or(format!("{conditions:?}"))
+            },
+        )
+        .await;
+        eventually("high admitted", Duration::from_secs(90), || async {
+            (!suspended(&jobsets, "high").await?)
+                .then_some(())
+                .ok_or("suspended".to_owned())
+        })
+        .await;
+        eventually("low's Jobs suspended", Duration::from_secs(60), || async {
+            let jobs: Api<k8s_openapi::api::batch::v1::Job> =
+                Api::namespaced(cluster.client.clone(), &ns.name);
+            let list = jobs
+                .list(&ListParams::default().labels("jobset.sigs.k8s.io/jobset-name=low"))
+                .await
+                .map_err(|e| e.to_string())?;
+            list.items
+                .iter()
+                .all(|j| j.spec.as_ref().and_then(|s| s.suspend) == Some(true))
+                .then_some(())
+                .ok_or(format!("{} Jobs, not all suspended", list.items.len()))
+        })
+        .await;
+
+        // The quota free again: low is admitted again and resumed, injected as before.
+        jobsets
+            .delete("high", &DeleteParams::background())
+            .await
+            .expect("delete high");
+        eventually("low readmitted", Duration::from_secs(120), || async {
+            let (conditions, _) = workload_of(&cluster.client, &ns.name, "low").await?;
+            let admitted = conditions.get("Admitted").is_some_and(|c| c.0 == "True");
+            (admitted && !suspended(&jobsets, "low").await?)
+                .then_some(())
+                .ok_or(format!("{conditions:?}"))
+        })
+        .await;
+        let agents = eventually("the Jobs of low again", Duration::from_secs(60), || {
+            jobs_agents(&cluster.client, &ns.name, "low", 1)
+        })
+        .await;
+        assert!(
+            agents.iter().all(|a| a == "jobset-inplace-agent"),
+            "{agents:?}"
+        );
+        let low = settled(&jobsets, "low").await;
+        assert_eq!(agent_of_template(&low), "jobset-inplace-agent");
+        assert_eq!(
+            low.data["spec"]["failurePolicy"]["restartStrategy"],
+            "InPlaceRestart"
+        );
+
+        // No group restart: none counted by the reconciler, none by JobSet, epochs level.
+        let restarts = metric_sum(
+            reconciler.health,
+            "jobset_inplace_reconciler_group_restarts_total",
+            &[],
+        )
+        .await
+        .unwrap_or_else(|e| panic!("the reconciler's metrics: {e}"));
+        assert_eq!(
+            restarts,
+            0.0,
+            "a suspension counted as a group restart\n{}",
+            reconciler.log_tail()
+        );
+        assert_eq!(
+            low.data["status"]["restarts"].as_i64().unwrap_or(0),
+            0,
+            "{:?}",
+            low.data["status"]
+        );
+        let (deprecated, synced) = epochs(&jobsets, "low").await.expect("epochs");
+        assert!(
+            deprecated.unwrap_or(0) <= synced.unwrap_or(0),
+            "a restart in progress after a resume: deprecated {deprecated:?}, synced {synced:?}"
+        );
+
+        reconciler.kill().await;
+        webhook.stop().await;
+        delete_webhook_configurations(&cluster).await;
+        drop(ns);
+    })
+    .await;
+}
+
+/// The `waitForPodsReady.recoveryTimeout` Kueue runs with here (`DIR/kueue/config.yaml`).
+fn kueue_recovery_timeout(cluster: &Cluster) -> Duration {
+    let path = cluster
+        .kubeconfig
+        .parent()
+        .map(|d| d.join("kueue/config.yaml"))
+        .unwrap_or_default();
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let value = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("recoveryTimeout:"))
+        .map(str::trim)
+        .and_then(|v| v.strip_suffix('s'))
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("{}: no recoveryTimeout in whole seconds", path.display()));
+    Duration::from_secs(value)
+}
+
+/// Writes `pod`'s status as a kubelet would for a running pod, ready or not (the containers of
+/// a group restart are not).
+async fn set_ready(pods: &Api<Pod>, pod: &str, ready: bool) -> Result<(), String> {
+    let status = if ready { "True" } else { "False" };
+    pods.patch_status(
+        pod,
+        &PatchParams::default(),
+        &merge(json!({"status": {"phase": "Running", "conditions": [
+            {"type": "Initialized", "status": "True"},
+            {"type": "ContainersReady", "status": status},
+            {"type": "Ready", "status": status}]}})),
+    )
+    .await
+    .map(|_| ())
+    .map_err(|e| format!("{pod}: {e}"))
+}
+
+/// Kueue's `waitForPodsReady` against a group restart, with the pods' status written as a kubelet
+/// writes it (no kubelet runs here): once the JobSet's pods were ready, a stretch of unready pods
+/// (what a group restart is, until every worker runs again) shorter than `recoveryTimeout` leaves
+/// the workload admitted (`PodsReady` back to True, reason `Recovered`); one longer gets it evicted
+/// (`PodsReadyTimeout`) no earlier than `recoveryTimeout` after the pods went unready, the JobSet
+/// suspended and requeued. docs/operations.md says which setting a group restart needs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kueue_evicts_a_jobset_whose_pods_stay_unready_past_recovery_timeout_only() {
+    const TEST: &str = "kueue_evicts_a_jobset_whose_pods_stay_unready_past_recovery_timeout_only";
+    with_cluster(TEST, |cluster| async move {
+        if !addon_started(&cluster, TEST, "kueue") {
+            return;
+        }
+        let recovery = kueue_recovery_timeout(&cluster);
+        let webhook = serve_webhook(&cluster).await;
+        let ns = TestNamespace::create(&cluster, "rc-podsready").await;
+        let (flavor, queue) = (format!("{}-flavor", ns.name), format!("{}-cq", ns.name));
+        let _leftovers = ClusterLeftovers {
+            kubeconfig: cluster.kubeconfig.clone(),
+            objects: vec![
+                ("resourceflavor.kueue.x-k8s.io", flavor.clone()),
+                ("clusterqueue.kueue.x-k8s.io", queue.clone()),
+            ],
+        };
+        // The agent's ServiceAccount, which the reconciler would provision: the pods name it.
+        let account: ServiceAccount = serde_json::from_value(
+            json!({"metadata": {"name": AGENT_SERVICE_ACCOUNT, "namespace": ns.name}}),
+        )
+        .expect("ServiceAccount");
+        Api::<ServiceAccount>::namespaced(cluster.client.clone(), &ns.name)
+            .create(&PostParams::default(), &account)
+            .await
+            .expect("the agent's ServiceAccount");
+        for (api, object) in [
+            (
+                api_of(&cluster.client, RESOURCE_FLAVOR, None),
+                json!({
+                "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
+                "metadata": {"name": flavor}}),
+            ),
+            (
+                api_of(&cluster.client, CLUSTER_QUEUE, None),
+                json!({
+                "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue",
+                "metadata": {"name": queue},
+                "spec": {
+                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns.name}},
+                    "resourceGroups": [kueue_quota(&flavor)]}}),
+            ),
+            (
+                api_of(&cluster.client, LOCAL_QUEUE, Some(&ns.name)),
+                json!({
+                "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
+                "metadata": {"name": "lq", "namespace": ns.name},
+                "spec": {"clusterQueue": queue}}),
+            ),
+        ] {
+            let object: DynamicObject = serde_json::from_value(object).expect("object");
+            eventually("a Kueue object", Duration::from_secs(60), || async {
+                api.create(&PostParams::default(), &object)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            })
+            .await;
+        }
+        let jobsets = jobset_api(&cluster.client, &ns.name);
+        create_injected(&jobsets, &queued_jobset(&ns.name, "train", "lq", None))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), &ns.name);
+        let selector = ListParams::default().labels("jobset.sigs.k8s.io/jobset-name=train");
+        let running = || async {
+            let list = pods.list(&selector).await.map_err(|e| e.to_string())?;
+            let names: Vec<String> = list
+                .items
+                .iter()
+                .filter(|p| p.metadata.deletion_timestamp.is_none())
+                .filter_map(|p| p.metadata.name.clone())
+                .collect();
+            (names.len() == 2)
+                .then_some(names)
+                .ok_or(format!("{} pods", list.items.len()))
+        };
+        let names = eventually(
+            "2 pods of the admitted JobSet",
+            Duration::from_secs(90),
+            running,
+        )
+        .await;
+        let pods_ready = |want: &'static str| {
+            let client = cluster.client.clone();
+            let ns = ns.name.clone();
+            move || {
+                let (client, ns) = (client.clone(), ns.clone());
+                async move {
+                    let (conditions, _) = workload_of(&client, &ns, "train").await?;
+                    let got = conditions.get("PodsReady").cloned().unwrap_or_default();
+                    let evicted = conditions.get("Evicted").is_some_and(|c| c.0 == "True");
+                    (got.0 == want && !evicted)
+                        .then_some(got.1.clone())
+                        .ok_or(format!("{conditions:?}"))
+                }
+            }
+        };
+        for p in &names {
+            set_ready(&pods, p, true)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        eventually("PodsReady", Duration::from_secs(60), pods_ready("True")).await;
+
+        // A group restart shorter than recoveryTimeout: unready, then ready again; not evicted.
+        for p in &names {
+            set_ready(&pods, p, false)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        let reason = eventually(
+            "PodsReady False",
+            Duration::from_secs(30),
+            pods_ready("False"),
+        )
+        .await;
+        assert_eq!(reason, "WaitForRecovery");
+        for p in &names {
+            set_ready(&pods, p, true)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        let reason = eventually(
+            "PodsReady again",
+            Duration::from_secs(30),
+            pods_ready("True"),
+        )
+        .await;
+        assert_eq!(reason, "Recovered");
+
+        // One longer than recoveryTimeout: evicted, not before it, suspended and requeued.
+        let unready = Instant::now();
+        for p in &names {
+            set_ready(&pods, p, false)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        let reason = eventually(
+            "evicted for PodsReadyTimeout",
+            recovery + Duration::from_secs(60),
+            || async {
+                let (conditions, _) = workload_of(&cluster.client, &ns.name, "train").await?;
+                match conditions.get("Evicted") {
+                    Some((status, reason)) if status == "True" => Ok(reason.clone()),
+                    _ => Err(format!("{conditions:?}")),
+                }
+            },
+        )
+        .await;
+        let after = unready.elapsed();
+        assert_eq!(reason, "PodsReadyTimeout");
+        assert!(
+            after + Duration::from_secs(1) >= recovery,
+            "evicted {after:?} after the pods went unready, before recoveryTimeout {recovery:?}"
+        );
+        eprintln!("evicted {after:?} after the pods went unready (recoveryTimeout {recovery:?})");
+        eventually(
+            "requeued and admitted again",
+            Duration::from_secs(120),
+            || async {
+                let (conditions, _) = workload_of(&cluster.client, &ns.name, "train").await?;
+                let admitted = conditions.get("Admitted").is_some_and(|c| c.0 == "True");
+                (admitted && !suspended(&jobsets, "train").await?)
+                    .then_some(())
+                    .ok_or(format!("{conditions:?}"))
+            },
+        )
+        .await;
+
+        webhook.stop().await;
+        delete_webhook_configurations(&cluster).await;
+        drop(ns);
+    })
+    .await;
+}
+
+fn agent_image(js: &DynamicObject) -> String {
+    js.data["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["initContainers"]
+        [0]["image"]
+        .as_str()
+        .unwrap_or("none")
+        .to_owned()
+}
+
+/// An upgrade of jobset-inplace under Kubeflow Trainer: the webhook replaced by one that injects
+/// a newer agent (a new image tag). A running TrainJob's JobSet keeps the injection it was
+/// created with (Trainer v2.3 applies a running JobSet no more, and nothing else writes it); a
+/// suspended TrainJob's JobSet, which Trainer applies again on its next reconcile, gets the new
+/// one (its pod template may change while suspended); a TrainJob created after the upgrade gets
+/// the new one.
+// Not passing yet: Trainer's re-apply of the suspended JobSet leaves its spec as stored, so our
+// webhook (matchConditions: spec changes only) is not called and the old injection stays; the
+// expectation for a suspended JobSet is to be settled with the inject branch (issue 23).
+#[ignore = "suspended-JobSet expectation unsettled (issue 23 upgrade); run with --ignored"]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trainjobs_across_an_upgrade_keep_a_running_injection_and_take_the_new_one_where_they_may()
+{
+    const TEST: &str =
+        "trainjobs_across_an_upgrade_keep_a_running_injection_and_take_the_new_one_where_they_may";
+    const NEW_IMAGE: &str = "registry.example/jobset-inplace:99.0.0";
+    with_cluster(TEST, |cluster| async move {
+        if !addon_started(&cluster, TEST, "trainer") {
+            return;
+        }
+        let old = serve_webhook(&cluster).await;
+        let ns = TestNamespace::create(&cluster, "rc-upgrade").await;
+        let runtime = format!("{}-inplace", ns.name);
+        let _leftovers = ClusterLeftovers {
+            kubeconfig: cluster.kubeconfig.clone(),
+            objects: vec![(
+                "clustertrainingruntime.trainer.kubeflow.org",
+                runtime.clone(),
+            )],
+        };
+        let pp = PostParams::default();
+        let runtimes = api_of(&cluster.client, TRAINING_RUNTIME, None);
+        let template = in_place_runtime(&runtime);
+        eventually(
+            "the ClusterTrainingRuntime",
+            Duration::from_secs(60),
+            || async {
+                runtimes
+                    .create(&pp, &template)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            },
+        )
+        .await;
+        let trainjobs = api_of(&cluster.client, TRAIN_JOB, Some(&ns.name));
+        let jobsets = jobset_api(&cluster.client, &ns.name);
+        let injected_image = |name: &'static str| {
+            let jobsets = jobsets.clone();
+            move || {
+                let jobsets = jobsets.clone();
+                async move {
+                    let js = jobsets.get(name).await.map_err(|e| e.to_string())?;
+                    let image = agent_image(&js);
+                    (image != "none")
+                        .then_some(image)
+                        .ok_or("not injected".to_owned())
+                }
+            }
+        };
+        for (name, suspend) in [("running", false), ("waiting", true)] {
+            let tj = train_job(name, &runtime, suspend);
+            eventually("a TrainJob", Duration::from_secs(60), || async {
+                trainjobs
+                    .create(&pp, &tj)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            })
+            .await;
+        }
+        let before = eventually(
+            "running injected",
+            Duration::from_secs(60),
+            injected_image("running"),
+        )
+        .await;
+        let waiting = eventually(
+            "waiting injected",
+            Duration::from_secs(60),
+            injected_image("waiting"),
+        )
+        .await;
+        assert_eq!(before, waiting);
+        assert_ne!(before, NEW_IMAGE);
+        let running = settled(&jobsets, "running").await;
+        assert_eq!(running.data["spec"]["suspend"], false);
+
+        // The upgrade: the webhook replaced by one injecting NEW_IMAGE, in force once a dry run
+        // comes back with it.
+        old.stop().await;
+        let new = serve_webhook_with(&cluster, &["--agent-image", NEW_IMAGE]).await;
+        let probe = train_jobset(&ns.name, 2);
+        eventually(
+            "the new webhook in force",
+            Duration::from_secs(60),
+            || async {
+                let dry_run = PostParams {
+                    dry_run: true,
+                    ..Default::default()
+                };
+                let js = jobsets
+                    .create(&dry_run, &probe)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let image = agent_image(&js);
+                (image == NEW_IMAGE).then_some(()).ok_or(image)
+            },
+        )
+        .await;
+
+        // Trainer reconciles both; it applies the suspended one again (a mutating review).
+        let seen = mutations(&new).await;
+        for name in ["running", "waiting"] {
+            jobsets
+                .patch(
+                    name,
+                    &PatchParams::default(),
+                    &merge(json!({"metadata": {"labels": {"rc-touch": "upgraded"}}})),
+                )
+                .await
+                .expect("touch the JobSet");
+        }
+        eventually("Trainer's re-apply", Duration::from_secs(60), || async {
+            let now = mutations(&new).await;
+            (now > seen).then_some(()).ok_or(format!("mutations {now}"))
+        })
+        .await;
+        eventually(
+            "the suspended JobSet takes the new agent",
+            Duration::from_secs(60),
+            || async {
+                let image = injected_image("waiting")().await?;
+                (image == NEW_IMAGE).then_some(()).ok_or(image)
+            },
+        )
+        .await;
+        let still = settled(&jobsets, "running").await;
+        assert_eq!(
+            agent_image(&still),
+            before,
+            "the running JobSet's injection changed"
+        );
+        assert_eq!(still.metadata.generation, running.metadata.generation);
+
+        // A TrainJob created after the upgrade.
+        let fresh = train_job("fresh", &runtime, false);
+        trainjobs
+            .create(&pp, &fresh)
+            .await
+            .expect("a TrainJob after the upgrade");
+        let image = eventually(
+            "fresh injected",
+            Duration::from_secs(60),
+            injected_image("fresh"),
+        )
+        .await;
+        assert_eq!(image, NEW_IMAGE);
+
+        new.stop().await;
+        delete_webhook_configurations(&cluster).await;
+        drop(ns);
+    })
+    .await;
 }
