@@ -252,6 +252,7 @@ pub(crate) fn mutate_view(
                     job_spec.pod_failure_policy.as_ref(),
                     main_agent,
                     i,
+                    MAX_PATCH_BYTES,
                     &mut out,
                     &mut warnings,
                 );

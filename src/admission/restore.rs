@@ -12,7 +12,9 @@
 //! `serviceAccountName`, `automountServiceAccountToken`, the agent init container, the agent's
 //! token volume and `imagePullSecrets`; in every container (matched by name) `restartPolicy`,
 //! `restartPolicyRules`, the agent's env entries and the token volume's mount. Only additions:
-//! what the object sent has is never written over.
+//! what the object sent has is never written over (but for another value of the annotation).
+
+use std::collections::{HashMap, HashSet};
 
 use serde_json::{Map, Value};
 
@@ -101,7 +103,8 @@ fn copy_keys(
     }
 }
 
-/// The `jobset-inplace.dev/injected` annotation as stored (the version that injected).
+/// The `jobset-inplace.dev/injected` annotation as stored (the version that injected), also over
+/// another value the object sent carries.
 fn restore_annotation(
     template_ptr: &Ptr,
     new: &Map<String, Value>,
@@ -126,7 +129,9 @@ fn restore_annotation(
             template_ptr.keys(&["metadata", "annotations"]),
             to_json(&serde_json::json!({INJECTED_ANNOTATION: stored})),
         )),
-        (Some(_), Some(Value::Object(a))) if !a.contains_key(INJECTED_ANNOTATION) => {
+        // Another value (a client that copied an older injected template): the stored one, as
+        // the stored template is what JobSet compares with.
+        (Some(_), Some(Value::Object(a))) if a.get(INJECTED_ANNOTATION) != Some(stored) => {
             ops.push(add(
                 template_ptr.keys(&["metadata", "annotations", INJECTED_ANNOTATION]),
                 to_json(stored),
@@ -159,13 +164,10 @@ fn copy_named(
         // Not a list: nothing can be added to it without writing over it.
         Some(_) => return,
     };
+    let present: HashSet<&str> = new_list.into_iter().flatten().filter_map(name).collect();
     let missing: Vec<&Value> = old
         .iter()
-        .filter(|e| {
-            name(e).is_some_and(|n| {
-                wanted(n) && !new_list.is_some_and(|l| l.iter().any(|x| name(x) == Some(n)))
-            })
-        })
+        .filter(|e| name(e).is_some_and(|n| wanted(n) && !present.contains(n)))
         .collect();
     if missing.is_empty() {
         return;
@@ -194,14 +196,25 @@ fn restore_containers(
     ) else {
         return;
     };
+    let mut stored: HashMap<&str, &Map<String, Value>> = HashMap::new();
+    for c in old {
+        if let (Some(n), Some(o)) = (name(c), c.as_object()) {
+            stored.entry(n).or_insert(o);
+        }
+    }
     for (index, container) in new.iter().enumerate() {
         let Some(new_c) = container.as_object() else {
             continue;
         };
-        let Some(old_c) = name(container)
-            .and_then(|n| old.iter().find(|o| name(o) == Some(n)))
+        // The stored container at the same place under the same name (a client writing its
+        // lists again writes them in their order, duplicate or missing names included), else
+        // the first stored one of that name.
+        let old_c = old
+            .get(index)
+            .filter(|o| name(o) == name(container))
             .and_then(Value::as_object)
-        else {
+            .or_else(|| stored.get(name(container)?).copied());
+        let Some(old_c) = old_c else {
             continue;
         };
         let at = list_ptr.idx(index);
@@ -285,7 +298,7 @@ mod tests {
         );
         let new = job(
             json!({"containers": [{"name": "w", "restartPolicy": "OnFailure"}], "serviceAccountName": "b"}),
-            json!({INJECTED_ANNOTATION: "0.0.8"}),
+            json!({INJECTED_ANNOTATION: "0.0.9"}),
         );
         assert_eq!(restored(&new, &old), new);
         let mut other = new.clone();
