@@ -910,7 +910,7 @@ async fn http_ok(port: u16, path: &str) -> Result<(), String> {
 }
 
 impl Webhook {
-    /// With `extra` arguments (an injection config's flags).
+    /// With more `webhook` arguments (an injection setting, an injection config's flags).
     async fn start_with(extra: &[&str]) -> Self {
         let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
         let port = free_port();
@@ -1469,6 +1469,170 @@ async fn a_jobset_written_again_without_its_injection_is_stored_unchanged() {
             })
             .await;
 
+            delete_webhook_configurations(&cluster).await;
+            drop(ns);
+        },
+    )
+    .await;
+}
+
+/// `story1-plain` as JobSet accepts it, renamed, as a Go client (Kubeflow Trainer) writes it:
+/// quantities as strings, the form JobSet's defaulting webhook gives them on CREATE (an apply of
+/// `4` over `"4"` would change the spec whatever the injection does).
+fn plain_as_go_writes(name: &str, namespace: &str, suspend: bool) -> DynamicObject {
+    let mut js = serde_json::to_value(jobset_valid_for_jobset("story1-plain", name, namespace))
+        .expect("json");
+    for c in js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"]
+        .as_array_mut()
+        .expect("containers")
+    {
+        for kind in ["requests", "limits"] {
+            for q in c["resources"][kind].as_object_mut().into_iter().flatten() {
+                if let Value::Number(n) = q.1 {
+                    *q.1 = Value::String(n.to_string());
+                }
+            }
+        }
+    }
+    if suspend {
+        js["spec"]["suspend"] = json!(true);
+    }
+    serde_json::from_value(js).expect("JobSet")
+}
+
+/// The injected agent's image in a JobSet (its first replicatedJob).
+fn agent_image(js: &DynamicObject) -> Option<String> {
+    js.data["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["initContainers"]
+        .as_array()?
+        .iter()
+        .find(|c| c["name"] == "jobset-inplace-agent")?["image"]
+        .as_str()
+        .map(str::to_owned)
+}
+
+/// An upgrade of jobset-inplace under running (and suspended) JobSets, against the real API
+/// server with JobSet's own webhooks, which hold a replicatedJob's containers immutable, suspended
+/// or not: the webhook first injects an older agent image; replaced by one that injects another,
+/// a client's re-apply (server-side apply as Kubeflow Trainer does) and update of each JobSet as
+/// it built it are admitted and leave the stored injection as it was; a JobSet created after the
+/// upgrade gets the new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_keeps_the_stored_injection_of_running_jobsets() {
+    with_cluster(
+        "an_upgrade_keeps_the_stored_injection_of_running_jobsets",
+        |cluster| async move {
+            const OLD: &str = "ghcr.io/jobset-inplace/jobset-inplace:0.0.9";
+            let ns = TestNamespace::create(&cluster, "rc-upgrade").await;
+            let jobsets = jobset_api(&cluster.client, &ns.name);
+            let configurations: Vec<Value> = install(&cluster, "epoch")
+                .await
+                .into_iter()
+                .filter(|o| {
+                    o["kind"] == "MutatingWebhookConfiguration"
+                        || o["kind"] == "ValidatingWebhookConfiguration"
+                })
+                .collect();
+            // The webhook injects `image` once its configurations point at it.
+            let serve = |webhook: &Webhook, image: String| {
+                let pointed = pointed_at(&configurations, webhook);
+                let cluster = &cluster;
+                let jobsets = &jobsets;
+                let ns = ns.name.clone();
+                async move {
+                    apply(cluster, &pointed)
+                        .await
+                        .expect("webhook configurations");
+                    let dry_run = PostParams {
+                        dry_run: true,
+                        ..Default::default()
+                    };
+                    eventually("the webhook in force", Duration::from_secs(30), || async {
+                        let js = jobsets
+                            .create(&dry_run, &plain_as_go_writes("probe", &ns, false))
+                            .await
+                            .map_err(|e| e.to_string())?;
+                        match agent_image(&js) {
+                            Some(i) if i == image => Ok(()),
+                            other => Err(format!("injects {other:?}")),
+                        }
+                    })
+                    .await;
+                }
+            };
+            let old = Webhook::start_with(&["--agent-image", OLD]).await;
+            serve(&old, OLD.to_owned()).await;
+            let trainer = PatchParams::apply("trainer").force();
+            let mut stored = Vec::new();
+            for (name, suspend) in [("running", false), ("queued", true)] {
+                let plain = plain_as_go_writes(name, &ns.name, suspend);
+                let created = jobsets
+                    .patch(name, &trainer, &Patch::Apply(&plain))
+                    .await
+                    .expect("created by an apply, injected by the old webhook");
+                assert_eq!(agent_image(&created).as_deref(), Some(OLD), "{name}");
+                stored.push((name, suspend, plain, created));
+            }
+
+            // The upgrade: the webhook replaced by one that injects another image.
+            old.stop().await;
+            let new = Webhook::start().await;
+            let new_image = jobset_inplace::admission::InjectionConfig::defaults(
+                jobset_inplace::protocol::Dialect::Epoch,
+            )
+            .image;
+            assert_ne!(new_image, OLD);
+            serve(&new, new_image.clone()).await;
+
+            for (name, suspend, plain, created) in &stored {
+                let reapplied = jobsets
+                    .patch(name, &trainer, &Patch::Apply(plain))
+                    .await
+                    .unwrap_or_else(|e| panic!("{name}: the re-apply after the upgrade: {e}"));
+                assert_eq!(reapplied.data["spec"], created.data["spec"], "{name}");
+                assert_eq!(
+                    reapplied.metadata.generation, created.metadata.generation,
+                    "{name}"
+                );
+                // An update without any of the injection (a client writing back what it built).
+                let updated = eventually("the update admitted", Duration::from_secs(30), || async {
+                    let mut written = jobsets.get(name).await.map_err(|e| e.to_string())?;
+                    let template = &mut written.data["spec"]["replicatedJobs"][0]["template"]
+                        ["spec"]["template"];
+                    if let Some(a) = template["metadata"]["annotations"].as_object_mut() {
+                        a.remove(INJECTED_ANNOTATION);
+                    }
+                    let pod = template["spec"].as_object_mut().expect("pod spec");
+                    for key in [
+                        "initContainers",
+                        "serviceAccountName",
+                        "automountServiceAccountToken",
+                        "volumes",
+                    ] {
+                        assert!(pod.remove(key).is_some(), "{name}: {key} was injected");
+                    }
+                    match jobsets.replace(name, &PostParams::default(), &written).await {
+                        Ok(js) => Ok(js),
+                        Err(kube::Error::Api(e)) if e.code == 409 => Err(e.message),
+                        Err(e) => panic!("{name} (suspended: {suspend}): the update: {e}"),
+                    }
+                })
+                .await;
+                assert_eq!(updated.data["spec"], created.data["spec"], "{name}");
+                assert_eq!(agent_image(&updated).as_deref(), Some(OLD), "{name}");
+            }
+
+            // A JobSet created after the upgrade gets the new injection.
+            let fresh = jobsets
+                .patch(
+                    "fresh",
+                    &trainer,
+                    &Patch::Apply(&plain_as_go_writes("fresh", &ns.name, false)),
+                )
+                .await
+                .expect("a new JobSet");
+            assert_eq!(agent_image(&fresh).as_deref(), Some(new_image.as_str()));
+
+            new.stop().await;
             delete_webhook_configurations(&cluster).await;
             drop(ns);
         },

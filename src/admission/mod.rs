@@ -12,6 +12,8 @@
 //! - [`view`]: the views of a review and its JobSet the rules read, decoded straight from the
 //!   body (no `Value` of the whole review is ever built) by the lenient reader ([`lenient`]);
 //! - [`raw`]: the replicatedJobs as written, for the UPDATE ratchet;
+//! - [`restore`]: an UPDATE gets the stored injection back, as stored;
+//! - [`worker`]: the workers' restart rule and the exit codes it leaves to the Job;
 //! - [`config`]: the injection config (file, flags, env).
 
 pub mod config;
@@ -20,6 +22,7 @@ pub mod mutate;
 pub(crate) mod patch;
 pub mod pod;
 pub(crate) mod raw;
+pub(crate) mod restore;
 pub mod review;
 pub mod rule;
 pub mod sidecar;
@@ -27,6 +30,7 @@ pub(crate) mod token;
 pub mod validate;
 pub(crate) mod view;
 pub(crate) mod warnings;
+pub(crate) mod worker;
 
 pub use config::InjectionConfig;
 #[cfg(any(test, feature = "test-api"))]
@@ -38,6 +42,9 @@ pub use validate::{validate, validate_update};
 
 /// JobSet annotation that opts a JobSet out of the injection (value `"false"`).
 pub const INJECT_ANNOTATION: &str = "jobset-inplace.dev/inject";
+/// JobSet annotation that opts a JobSet out of the workers' injected `restartPolicyRules` (value
+/// `"false"`; the agent is still injected).
+pub const WORKER_RULES_ANNOTATION: &str = "jobset-inplace.dev/worker-restart-rules";
 /// Pod template annotation recording the version that injected it.
 pub const INJECTED_ANNOTATION: &str = "jobset-inplace.dev/injected";
 

@@ -48,16 +48,19 @@ pub fn mutate(jobset: &Value, config: &InjectionConfig) -> Mutation {
 }
 
 #[cfg(any(test, feature = "test-api"))]
-/// The injection patch for an UPDATE of the stored JobSet `old` to `jobset`: what [`mutate`]
-/// adds, into the replicatedJobs whose pod template `old` shows injected (the
-/// `jobset-inplace.dev/injected` annotation of an InPlaceRestart JobSet), so that a client that
-/// writes the JobSet without what the webhook added (an apply or an update of the JobSet as the
-/// client built it) changes nothing. Other replicatedJobs are left as they are: JobSet holds
-/// them immutable, and one admitted uninjected (before the webhook was installed, or opted out)
-/// must stay editable.
+/// The injection patch for an UPDATE of the stored JobSet `old` to `jobset`: into the
+/// replicatedJobs whose pod template `old` shows injected (the `jobset-inplace.dev/injected`
+/// annotation of an InPlaceRestart JobSet), what `old` carries of the injection, as stored
+/// (`restore.rs`): whatever version injected it, a client that writes the JobSet without what
+/// the webhook added (an apply or an update of the JobSet as the client built it) changes
+/// nothing. Other replicatedJobs are left as they are: JobSet holds them immutable, and one
+/// admitted uninjected (before the webhook was installed, or opted out) must stay editable.
 pub fn mutate_update(jobset: &Value, old: &Value, config: &InjectionConfig) -> Mutation {
-    let old = JobSetView::from_value(old);
-    mutate_in(jobset, config, Scope::Update(&old))
+    let old_view = JobSetView::from_value(old);
+    let new_jobs = super::validate::replicated_jobs(jobset);
+    let old_jobs = super::validate::replicated_jobs(old);
+    let jobs = |i: usize| Some((new_jobs.get(i)?.clone(), old_jobs.get(i)?.clone()));
+    mutate_in(jobset, config, Scope::Update(&old_view, &jobs))
 }
 
 #[cfg(any(test, feature = "test-api"))]
@@ -81,21 +84,25 @@ fn mutate_in(jobset: &Value, config: &InjectionConfig, scope: Scope<'_, '_>) -> 
 }
 
 /// Which request the injection answers.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy)]
 pub(crate) enum Scope<'v, 'a> {
     /// A CREATE: every replicatedJob.
     Create,
     /// An UPDATE from this stored JobSet: the replicatedJobs it shows injected (see
-    /// [`mutate_update`]).
-    Update(&'v JobSetView<'a>),
+    /// [`mutate_update`]), with `spec.replicatedJobs[i]` of the object sent and of the stored one
+    /// (read when one is injected).
+    Update(&'v JobSetView<'a>, &'v JobPair<'v>),
 }
+
+/// `spec.replicatedJobs[i]` of the object of an UPDATE and of the stored object, as values.
+pub(crate) type JobPair<'v> = dyn Fn(usize) -> Option<(Value, Value)> + 'v;
 
 impl Scope<'_, '_> {
     /// `spec.replicatedJobs[i]` is injected.
     fn covers(&self, i: usize) -> bool {
         match self {
             Scope::Create => true,
-            Scope::Update(old) => {
+            Scope::Update(old, _) => {
                 old.in_place_restart()
                     && old
                         .replicated_jobs()
@@ -137,7 +144,7 @@ pub(crate) fn mutate_view(
     if !jobset.in_place_restart() || jobset.inject_annotation() == Some("false") {
         return Ok((out, warnings));
     }
-    if let Scope::Update(old) = scope
+    if let Scope::Update(old, _) = scope
         && !(0..old.replicated_jobs().len()).any(|i| scope.covers(i))
     {
         // Nothing was injected: nothing to put back.
@@ -181,6 +188,23 @@ pub(crate) fn mutate_view(
             // Validation denies it, naming what it cannot read; nothing is added to it.
             continue;
         }
+        if let Scope::Update(_, jobs) = scope {
+            if let Some(template) = &job_spec.template
+                && let Some(pod_spec) = &template.spec
+            {
+                rewrite_restart_pod(
+                    &job_ptr.key("template").key("spec"),
+                    pod_spec,
+                    &mut out,
+                    &mut warnings,
+                    i,
+                );
+            }
+            if let Some((new, old)) = jobs(i) {
+                super::restore::restore(&job_ptr, &new, &old, &mut out);
+            }
+            continue;
+        }
         let ops_before = out.len();
         if job_spec.backoff_limit.is_none() {
             out.push(add(job_ptr.key("backoffLimit"), BACKOFF_LIMIT.to_string()));
@@ -216,7 +240,24 @@ pub(crate) fn mutate_view(
                 continue;
             }
             rewrite_restart_pod(&pod_ptr, pod_spec, &mut out, &mut warnings, i);
-            let runs_ours = match pod::agent(pod_spec) {
+            let existing_agent = pod::agent(pod_spec);
+            if jobset.worker_rules_annotation() != Some("false") {
+                let main_agent = existing_agent
+                    .as_ref()
+                    .filter(|a| a.container.list == ContainerList::Regular)
+                    .map(|a| a.container.index);
+                super::worker::add_worker_rules(
+                    &pod_ptr,
+                    pod_spec,
+                    job_spec.pod_failure_policy.as_ref(),
+                    main_agent,
+                    i,
+                    MAX_PATCH_BYTES,
+                    &mut out,
+                    &mut warnings,
+                );
+            }
+            let runs_ours = match existing_agent {
                 None => {
                     let Some(port) = barrier_port(pod_spec, config) else {
                         rule::note(&mut refused_rules, Rule::BarrierPort);

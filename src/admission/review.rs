@@ -125,6 +125,7 @@ pub fn decide(endpoint: Endpoint, request: &Request<'_>, config: &InjectionConfi
         view.as_ref(),
         old_view.as_ref(),
         |i| new_jobs.get(i).is_some() && new_jobs.get(i) == old_jobs.get(i),
+        &|i| Some((new_jobs.get(i)?.clone(), old_jobs.get(i)?.clone())),
         config,
         size,
     )
@@ -133,7 +134,9 @@ pub fn decide(endpoint: Endpoint, request: &Request<'_>, config: &InjectionConfi
 
 /// [`decide`] over the views of the object and the old object (present when they are objects);
 /// `unchanged(i)`: `spec.replicatedJobs[i]` is in both and equal (asked by the UPDATE ratchet
-/// only); `size`: the object's size in bytes as written (an upper bound).
+/// only); `jobs(i)`: `spec.replicatedJobs[i]` of both, as values (asked by the mutation of an
+/// UPDATE of an injected JobSet only); `size`: the object's size in bytes as written (an upper
+/// bound).
 #[allow(clippy::too_many_arguments)]
 fn decide_view(
     endpoint: Endpoint,
@@ -143,6 +146,7 @@ fn decide_view(
     object: Option<&JobSetView<'_>>,
     old_object: Option<&JobSetView<'_>>,
     unchanged: impl FnMut(usize) -> bool,
+    jobs: &mutate::JobPair<'_>,
     config: &InjectionConfig,
     size: usize,
 ) -> Answer {
@@ -168,7 +172,7 @@ fn decide_view(
         Endpoint::Mutate => {
             let scope = match (operation, old_object) {
                 ("CREATE", _) => mutate::Scope::Create,
-                ("UPDATE", Some(old)) => mutate::Scope::Update(old),
+                ("UPDATE", Some(old)) => mutate::Scope::Update(old, jobs),
                 // An UPDATE without the stored object: nothing says what was injected.
                 _ => return Answer::allow(),
             };
@@ -313,7 +317,8 @@ pub fn review(endpoint: Endpoint, body: &[u8], config: &InjectionConfig) -> Repl
             s.map_or("", |s| s.as_ref())
         }
         let group_kind = request.kind.as_ref();
-        let mut jobs = None;
+        let jobs = std::cell::OnceCell::new();
+        let body_jobs = || jobs.get_or_init(|| BodyJobs::read(body));
         decide_view(
             endpoint,
             text(request.operation.as_ref()),
@@ -321,10 +326,8 @@ pub fn review(endpoint: Endpoint, body: &[u8], config: &InjectionConfig) -> Repl
             text(group_kind.and_then(|k| k.kind.as_ref())),
             request.object.as_ref(),
             request.old_object.as_ref(),
-            |i| {
-                jobs.get_or_insert_with(|| BodyJobs::read(body))
-                    .unchanged(i)
-            },
+            |i| body_jobs().unchanged(i),
+            &|i| body_jobs().pair(i),
             config,
             // An UPDATE's body holds the stored object too: the new one is what gets injected.
             if endpoint == Endpoint::Mutate && text(request.operation.as_ref()) == "UPDATE" {
@@ -384,6 +387,19 @@ impl<'a> BodyJobs<'a> {
                 .to_vec()
         };
         BodyJobs::Values(jobs("object"), jobs("oldObject"))
+    }
+
+    /// `spec.replicatedJobs[i]` of the object and of the old object, as values.
+    fn pair(&self, i: usize) -> Option<(Value, Value)> {
+        match self {
+            BodyJobs::Raw(raw) => {
+                let value = |raw: &serde_json::value::RawValue| {
+                    serde_json::from_str::<Value>(raw.get()).ok()
+                };
+                Some((value(raw.object.get(i)?)?, value(raw.old_object.get(i)?)?))
+            }
+            BodyJobs::Values(new, old) => Some((new.get(i)?.clone(), old.get(i)?.clone())),
+        }
     }
 
     fn unchanged(&self, i: usize) -> bool {

@@ -118,6 +118,16 @@ impl<'a> JobSetView<'a> {
             .as_deref()
     }
 
+    /// `metadata.annotations["jobset-inplace.dev/worker-restart-rules"]`, if a string.
+    pub fn worker_rules_annotation(&self) -> Option<&str> {
+        self.metadata
+            .as_ref()?
+            .annotations
+            .as_ref()?
+            .worker_rules
+            .as_deref()
+    }
+
     /// `metadata.name`, else `metadata.generateName`, else "".
     pub fn name(&self) -> &str {
         let meta = self.metadata.as_ref();
@@ -144,7 +154,7 @@ object_view!(Meta {
     "annotations" => annotations: checked,
 });
 
-/// The two annotations admission reads (their string values).
+/// The annotations admission reads (their string values).
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Annotations<'a> {
     /// Fields present with another JSON type than the rules need.
@@ -153,11 +163,14 @@ pub(crate) struct Annotations<'a> {
     pub inject: Option<Str<'a>>,
     /// `jobset-inplace.dev/injected`
     pub injected: Option<Str<'a>>,
+    /// `jobset-inplace.dev/worker-restart-rules`
+    pub worker_rules: Option<Str<'a>>,
 }
 
 object_view!(Annotations {
     super::INJECT_ANNOTATION => inject: lenient_in,
     super::INJECTED_ANNOTATION => injected: lenient_in,
+    super::WORKER_RULES_ANNOTATION => worker_rules: lenient_in,
 });
 
 /// `spec` of a JobSet.
@@ -242,6 +255,8 @@ pub(crate) struct JobSpec<'a> {
     pub parallelism: Option<i64>,
     /// Present when it is an object.
     pub template: Option<PodTemplate<'a>>,
+    /// Present when it is an object.
+    pub pod_failure_policy: Option<PodFailurePolicy<'a>>,
     pub wrong: Wrong,
 }
 
@@ -253,6 +268,7 @@ object_view!(
         "completions" => 3,
         "parallelism" => 4,
         "template" => 5,
+        "podFailurePolicy" => 6,
         _ => 0,
     },
     |v, field, map| match field {
@@ -260,9 +276,55 @@ object_view!(
         2 => v.pod_replacement_policy = any_value(map, &mut v.wrong, "podReplacementPolicy")?,
         3 => v.completions = checked(map, &mut v.wrong, "completions")?,
         4 => v.parallelism = checked(map, &mut v.wrong, "parallelism")?,
+        6 => v.pod_failure_policy = checked(map, &mut v.wrong, "podFailurePolicy")?,
         _ => v.template = checked(map, &mut v.wrong, "template")?,
     }
 );
+
+/// `podFailurePolicy` of a Job spec.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct PodFailurePolicy<'a> {
+    /// Fields present with another JSON type than the rules need.
+    pub wrong: Wrong,
+    /// Present when it is an array.
+    pub rules: Option<List<PodFailureRule<'a>>>,
+}
+
+object_view!(PodFailurePolicy {
+    "rules" => rules: checked,
+});
+
+/// One `podFailurePolicy.rules` entry.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct PodFailureRule<'a> {
+    /// Fields present with another JSON type than the rules need.
+    pub wrong: Wrong,
+    pub action: Option<Str<'a>>,
+    /// Present when it is an object.
+    pub on_exit_codes: Option<OnExitCodes<'a>>,
+}
+
+object_view!(PodFailureRule {
+    "action" => action: checked,
+    "onExitCodes" => on_exit_codes: checked,
+});
+
+/// `onExitCodes` of a pod failure policy rule.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct OnExitCodes<'a> {
+    /// Fields present with another JSON type than the rules need.
+    pub wrong: Wrong,
+    pub container_name: Option<Str<'a>>,
+    pub operator: Option<Str<'a>>,
+    /// Present when it is an array; its integers.
+    pub values: Option<Ints>,
+}
+
+object_view!(OnExitCodes {
+    "containerName" => container_name: checked,
+    "operator" => operator: checked,
+    "values" => values: checked,
+});
 
 /// The pod template of a Job.
 #[derive(Clone, Debug, Default)]
@@ -287,6 +349,7 @@ pub(crate) struct PodSpec<'a> {
     pub wrong: Wrong,
     pub service_account_name: Option<Str<'a>>,
     pub service_account: Option<Str<'a>>,
+    pub restart_policy: Option<Str<'a>>,
     /// Present when it is an array.
     pub init_containers: Option<List<ContainerView<'a>>>,
     pub containers: Option<List<ContainerView<'a>>>,
@@ -301,6 +364,7 @@ pub(crate) struct PodSpec<'a> {
 object_view!(PodSpec {
     "serviceAccountName" => service_account_name: checked,
     "serviceAccount" => service_account: checked,
+    "restartPolicy" => restart_policy: checked,
     "initContainers" => init_containers: checked,
     "containers" => containers: checked,
     "automountServiceAccountToken" => automount_token: any_value,
