@@ -5353,10 +5353,11 @@ fn agent_image(js: &DynamicObject) -> String {
 /// suspended TrainJob's JobSet, which Trainer applies again on its next reconcile, gets the new
 /// one (its pod template may change while suspended); a TrainJob created after the upgrade gets
 /// the new one.
-// Not passing yet: Trainer's re-apply of the suspended JobSet leaves its spec as stored, so our
-// webhook (matchConditions: spec changes only) is not called and the old injection stays; the
-// expectation for a suspended JobSet is to be settled with the inject branch (issue 23).
-#[ignore = "suspended-JobSet expectation unsettled (issue 23 upgrade); run with --ignored"]
+// Its expectation for the suspended JobSet is wrong: JobSet v0.12 holds a replicatedJob's
+// containers immutable while suspended too ("spec.replicatedJobs: field is immutable", tried on
+// the real control plane), so the webhook keeps the stored injection on every UPDATE
+// (`an_upgrade_keeps_the_stored_injection_of_running_jobsets`). To be rewritten to expect that.
+#[ignore = "expects a suspended JobSet to take the new injection, which JobSet v0.12 refuses: to be rewritten"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn trainjobs_across_an_upgrade_keep_a_running_injection_and_take_the_new_one_where_they_may()
 {
