@@ -910,6 +910,10 @@ async fn http_ok(port: u16, path: &str) -> Result<(), String> {
 }
 
 impl Webhook {
+    async fn start() -> Self {
+        Self::start_with(&[]).await
+    }
+
     /// With more `webhook` arguments (an injection setting, an injection config's flags).
     async fn start_with(extra: &[&str]) -> Self {
         let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
@@ -5339,7 +5343,7 @@ async fn kueue_evicts_a_jobset_whose_pods_stay_unready_past_recovery_timeout_onl
     .await;
 }
 
-fn agent_image(js: &DynamicObject) -> String {
+fn addon_agent_image(js: &DynamicObject) -> String {
     js.data["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["initContainers"]
         [0]["image"]
         .as_str()
@@ -5401,7 +5405,7 @@ async fn trainjobs_across_an_upgrade_keep_a_running_injection_and_take_the_new_o
                 let jobsets = jobsets.clone();
                 async move {
                     let js = jobsets.get(name).await.map_err(|e| e.to_string())?;
-                    let image = agent_image(&js);
+                    let image = addon_agent_image(&js);
                     (image != "none")
                         .then_some(image)
                         .ok_or("not injected".to_owned())
@@ -5453,7 +5457,7 @@ async fn trainjobs_across_an_upgrade_keep_a_running_injection_and_take_the_new_o
                     .create(&dry_run, &probe)
                     .await
                     .map_err(|e| e.to_string())?;
-                let image = agent_image(&js);
+                let image = addon_agent_image(&js);
                 (image == NEW_IMAGE).then_some(()).ok_or(image)
             },
         )
@@ -5487,7 +5491,7 @@ async fn trainjobs_across_an_upgrade_keep_a_running_injection_and_take_the_new_o
         .await;
         let still = settled(&jobsets, "running").await;
         assert_eq!(
-            agent_image(&still),
+            addon_agent_image(&still),
             before,
             "the running JobSet's injection changed"
         );

@@ -1835,6 +1835,9 @@ async fn headline_in_place_against_jobsets_recreation() {
             rc.as_secs_f64() / ip.as_secs_f64().max(0.001)
         );
         assert!(ip < rc, "in place ({ip:?}) faster than recreation ({rc:?})");
+    })
+    .await;
+}
 
 /// A kubelet without `RestartAllContainersOnContainerExits` (`up` with
 /// `JOBSET_INPLACE_NODE_RESTART_GATE=off`; docs/protocol.md "A node without the feature"): the
