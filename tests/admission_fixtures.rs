@@ -109,7 +109,7 @@ fn every_fixture_case() {
             json_patch::patch(&mut mutated, patch).expect("the patch applies");
             let path = case.mutated_path();
             if update {
-                let text = serde_yaml::to_string(&mutated).expect("yaml");
+                let text = serde_saphyr::to_string(&mutated).expect("yaml");
                 std::fs::write(&path, text).expect("write mutated.yaml");
             }
             let expected = fixtures::read_yaml(&path);
@@ -201,7 +201,7 @@ fn released_examples_are_accepted_and_keep_working() {
             "<CHANGE ME>",
             "registry.example/in-place-restart-agent:v0.12",
         );
-        let object: Value = serde_yaml::from_str(&text).expect("yaml");
+        let object: Value = serde_saphyr::from_str(&text).expect("yaml");
         let config = admission::InjectionConfig::defaults(Default::default());
         let mutation = admission::mutate(&object, &config);
         let mut mutated = object.clone();

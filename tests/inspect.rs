@@ -209,7 +209,7 @@ async fn doctor_checks_an_installation() {
             .expect("secret");
         let crd_path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("fixtures/jobset-v0.12/jobset.x-k8s.io_jobsets.yaml");
-        let crd: Value = serde_yaml::from_str(&std::fs::read_to_string(crd_path).expect("crd"))
+        let crd: Value = serde_saphyr::from_str(&std::fs::read_to_string(crd_path).expect("crd"))
             .expect("yaml");
         server
             .create("customresourcedefinitions", crd)
