@@ -162,12 +162,15 @@ pub(super) fn write_error(key: &Key, source: kube::Error) -> ReconcileError {
     }
 }
 
-/// The delay before the retry after `failures` consecutive failures: 400 ms doubling to 10 s,
-/// or what the API server asked for (`Retry-After`) when longer.
+/// The delay before the retry after `failures` consecutive failures: 400 ms doubling to 10 s
+/// ([`crate::retry::nth_delay`]), or what the API server asked for (`Retry-After`) when longer.
 pub(super) fn retry_delay(failures: u32, server: Option<Duration>) -> Duration {
-    let backoff = Duration::from_millis(200u64.saturating_mul(1 << failures.min(6)))
-        .min(Duration::from_secs(10));
-    crate::retry::delay(backoff, server)
+    crate::retry::nth_delay(
+        Duration::from_millis(400),
+        Duration::from_secs(10),
+        failures,
+        server,
+    )
 }
 
 #[cfg(test)]
