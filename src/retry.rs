@@ -1,6 +1,6 @@
-//! What the agent and the reconciler share about API calls: the one backoff (`backon`'s,
-//! kube-runtime's own: [`Backoff`], [`nth_delay`], [`WatchBackoff`]) and the server's
-//! `Retry-After`.
+//! What the agent and the reconciler share about API calls: the one timeout wrapper
+//! ([`bounded`]), the one backoff (`backon`'s, kube-runtime's own: [`Backoff`], [`nth_delay`],
+//! [`WatchBackoff`]) and the server's `Retry-After`.
 //!
 //! Both use kube's client with its default retry layer: a `429 TooManyRequests`, `503` or `504`
 //! is retried inside the client (up to 15 times, waiting the `Retry-After` header when it asks
@@ -15,6 +15,37 @@ use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 
 /// The longest server-requested delay honoured; a larger `Retry-After` is cut to this.
 pub const RETRY_AFTER_MAX: Duration = Duration::from_secs(60);
+
+/// An API call that failed, or did not answer within its limit ([`bounded`]).
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    #[error(transparent)]
+    Api(kube::Error),
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+}
+
+impl CallError {
+    /// The delay the API server asked for ([`retry_after`]).
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            CallError::Api(e) => retry_after(e),
+            CallError::Timeout(_) => None,
+        }
+    }
+}
+
+/// One API call bounded by `limit`: the one timeout wrapper of the agent, the reconciler and the
+/// certificate manager.
+pub async fn bounded<T>(
+    limit: Duration,
+    call: impl Future<Output = Result<T, kube::Error>>,
+) -> Result<T, CallError> {
+    match tokio::time::timeout(limit, call).await {
+        Ok(result) => result.map_err(CallError::Api),
+        Err(_) => Err(CallError::Timeout(limit)),
+    }
+}
 
 /// The delay the API server asked for with this error (`429` or `503` with
 /// `details.retryAfterSeconds`), at most [`RETRY_AFTER_MAX`].
@@ -243,6 +274,25 @@ mod tests {
         // An error long after the last one is not part of the burst.
         let later = b.next_at(t0 + Duration::from_secs(11) + WatchBackoff::QUIET * 2);
         assert!(later <= WatchBackoff::MIN, "{later:?}");
+    }
+
+    #[tokio::test]
+    async fn bounded_calls_answer_or_time_out() {
+        let limit = Duration::from_millis(50);
+        let answered = bounded(limit, async { Ok::<_, kube::Error>(7) }).await;
+        assert!(matches!(answered, Ok(7)), "{answered:?}");
+        let refused = bounded(limit, async { Err::<(), _>(status(429, Some(3))) }).await;
+        assert_eq!(
+            refused.as_ref().err().and_then(CallError::retry_after),
+            Some(Duration::from_secs(3))
+        );
+        let start = Instant::now();
+        let silent = bounded(limit, std::future::pending::<Result<(), kube::Error>>()).await;
+        assert!(
+            matches!(silent, Err(CallError::Timeout(d)) if d == limit),
+            "{silent:?}"
+        );
+        assert!(start.elapsed() >= limit, "{:?}", start.elapsed());
     }
 
     #[test]

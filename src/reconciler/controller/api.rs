@@ -16,6 +16,7 @@ use crate::jobset::JobSet;
 use crate::reconciler::fence;
 use crate::reconciler::key::Key;
 use crate::reconciler::metrics::Metrics;
+use crate::retry::CallError;
 
 /// Status writes retried at once after a 409 before the key goes back to the queue.
 pub(super) const CONFLICT_RETRIES: usize = 3;
@@ -103,9 +104,10 @@ impl Calls {
         call: &'static str,
         request: impl Future<Output = Result<T, kube::Error>>,
     ) -> Result<T, Option<kube::Error>> {
-        match tokio::time::timeout(self.request_timeout, request).await {
-            Ok(result) => result.map_err(Some),
-            Err(_) => {
+        match crate::retry::bounded(self.request_timeout, request).await {
+            Ok(v) => Ok(v),
+            Err(CallError::Api(e)) => Err(Some(e)),
+            Err(CallError::Timeout(_)) => {
                 self.metrics.api_timeout(call);
                 tracing::warn!(call, after = ?self.request_timeout, "an API request timed out");
                 Err(None)
@@ -132,9 +134,10 @@ impl Calls {
             );
             return Err(None);
         };
-        match tokio::time::timeout(budget, request).await {
-            Ok(result) => result.map_err(Some),
-            Err(_) => {
+        match crate::retry::bounded(budget, request).await {
+            Ok(v) => Ok(v),
+            Err(CallError::Api(e)) => Err(Some(e)),
+            Err(CallError::Timeout(_)) => {
                 self.metrics.api_timeout(call);
                 tracing::warn!(call, after = ?budget, "an API write timed out (or was cut at the leader's write deadline)");
                 Err(None)
