@@ -500,7 +500,7 @@ mod tests {
             "jobset-main-container-agent.yaml",
         ] {
             let text = std::fs::read_to_string(dir.join(name)).expect("example fixture");
-            let v: Value = serde_yaml::from_str(&text).expect("yaml");
+            let v: Value = serde_saphyr::from_str(&text).expect("yaml");
             let js: JobSet = serde_json::from_value(v.clone()).expect("jobset");
             assert_eq!(serde_json::to_value(&js).expect("serializes"), v, "{name}");
             assert_eq!(js.expected_pods(), 4, "{name}");

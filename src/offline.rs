@@ -32,7 +32,7 @@ pub enum Error {
     #[error("cannot write the output: {0}")]
     Write(#[source] std::io::Error),
     #[error("cannot write the output: {0}")]
-    WriteYaml(#[source] serde_yaml::Error),
+    WriteYaml(#[source] serde_saphyr::ser::Error),
     #[error("cannot write the output: {0}")]
     WriteJson(#[source] serde_json::Error),
     #[error("cannot apply the injection patch to {object}: {source}")]
@@ -282,7 +282,7 @@ fn review_body(input: Vec<u8>) -> Vec<u8> {
     }
     std::str::from_utf8(&input)
         .ok()
-        .and_then(|text| serde_yaml::from_str::<Value>(text).ok())
+        .and_then(|text| crate::settings::from_yaml::<Value>(text).ok())
         .filter(Value::is_object)
         .and_then(|value| serde_json::to_vec(&value).ok())
         .unwrap_or(input)
@@ -372,7 +372,7 @@ fn parse_all_documents(path: &str, input: &str) -> Result<(Format, Vec<Document>
     let mut docs = Vec::new();
     for (i, (raw, text)) in split_yaml_raw(input).into_iter().enumerate() {
         let value: Value =
-            serde_yaml::from_str(&text).map_err(|e| parse_err(i + 1, e.to_string()))?;
+            crate::settings::from_yaml(&text).map_err(|e| parse_err(i + 1, e.to_string()))?;
         docs.push(Document { text, raw, value });
     }
     Ok((Format::Yaml, docs))
@@ -529,7 +529,7 @@ pub fn inject_text(path: &str, input: &str, config: &InjectionConfig) -> Result<
                     out.push('\n');
                 }
                 out.push_str(marker_line(&doc.raw));
-                out.push_str(&serde_yaml::to_string(&value).map_err(Error::WriteYaml)?);
+                out.push_str(&serde_saphyr::to_string(&value).map_err(Error::WriteYaml)?);
             }
             Format::Json => {
                 json.push_str(&serde_json::to_string_pretty(&value).map_err(Error::WriteJson)?);
@@ -1170,7 +1170,7 @@ spec:
     #[test]
     fn inject_json_and_lists() {
         let config = InjectionConfig::defaults(Dialect::Epoch);
-        let js: Value = serde_yaml::from_str(PLAIN).expect("yaml");
+        let js: Value = crate::settings::from_yaml(PLAIN).expect("yaml");
         let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": [js]});
         let out = inject_text("l.json", &list.to_string(), &config).expect("injects");
         let (format, docs) = parse_documents("out", &out).expect("parses");
@@ -1369,7 +1369,7 @@ spec:
         );
 
         // An AdmissionReview: the JobSet inside.
-        let js: Value = serde_yaml::from_str(PLAIN).expect("yaml");
+        let js: Value = crate::settings::from_yaml(PLAIN).expect("yaml");
         let review = serde_json::json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
             "request": {"uid": "u", "operation": "CREATE", "object": js}});
         let checks = check_text("r.json", &review.to_string(), &config, false).expect("checks");
@@ -1422,7 +1422,7 @@ spec:
             "            containers:\n",
             "            initContainers:\n            - {name: in-place-restart-agent, image: agent:1, restartPolicy: Always}\n            containers:\n",
         );
-        let js: Value = serde_yaml::from_str(&own).expect("yaml");
+        let js: Value = crate::settings::from_yaml(&own).expect("yaml");
         let epoch = authoring_warnings(&js, Dialect::Epoch, "");
         assert!(
             epoch

@@ -1,5 +1,6 @@
 //! Settings every subcommand shares: the global flags ([`Global`]), the parsers of durations and
-//! sizes their flags and env use, and the one-line rendering of a command-line error. At the
+//! sizes their flags and env use, the YAML reader of config files and manifests ([`from_yaml`]),
+//! and the one-line rendering of a command-line error. At the
 //! bottom of the crate: every component reads these, none of them is read from here. See
 //! docs/architecture.md ("Layers").
 
@@ -125,8 +126,52 @@ pub fn parse_bytes(text: &str) -> Result<usize, String> {
         .ok_or_else(|| format!("{text:?} is too large"))
 }
 
+/// One YAML document (config files, `check`/`inject` manifests) through `serde-saphyr`, kube's
+/// own YAML crate, read as the YAML 1.2 core schema (`yes`, `on`, `0755`, `1_000` stay strings,
+/// as for `serde_yaml`, which this replaced; a duplicate key is an error), with one-line errors
+/// (no snippet of the input). Its default budget bounds aliases, depth and size.
+pub fn from_yaml<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, serde_saphyr::Error> {
+    let options = serde_saphyr::options! {
+        strict_booleans: true,
+        leading_zero_numbers_as_strings: true,
+        underscored_numbers_as_strings: true,
+        with_snippet: false,
+    };
+    serde_saphyr::from_str_with_options(text, options)
+}
+
 #[cfg(test)]
 mod tests {
+    use serde_json::{Value, json};
+
+    #[test]
+    fn yaml_reads_the_core_schema_with_one_line_errors() {
+        let v: Value =
+            from_yaml("a: yes\nb: on\nc: 0755\nd: 1_000\ne: true\nf: 12\ng: ~\n").expect("yaml");
+        assert_eq!(
+            v,
+            json!({"a": "yes", "b": "on", "c": "0755", "d": "1_000", "e": true, "f": 12, "g": null})
+        );
+        let e = from_yaml::<Value>("a: 1\na: 2\n").expect_err("a duplicate key");
+        assert!(!e.to_string().contains('\n'), "{e}");
+        let e = from_yaml::<Value>("a: [1, 2\n").expect_err("unclosed");
+        assert!(!e.to_string().trim_end().contains('\n'), "{e}");
+    }
+
+    #[test]
+    fn yaml_written_reads_back_as_the_same_strings() {
+        let v = json!({"a": "yes", "b": "on", "c": "0755", "d": "1", "e": "null", "f": "~",
+            "g": "two\nlines", "h": "", "i": "- x", "j": "a: b", "k": "1_000", "l": 1.5, "m": false});
+        let text = serde_saphyr::to_string(&v).expect("yaml");
+        assert_eq!(from_yaml::<Value>(&text).expect("reads back"), v, "{text}");
+        for strict in ["yes", "on", "y", "no", "off"] {
+            assert!(
+                !text.contains(&format!(": {strict}\n")),
+                "{strict} unquoted in {text}"
+            );
+        }
+    }
+
     use super::*;
 
     #[test]

@@ -109,7 +109,7 @@ fn every_fixture_case() {
             json_patch::patch(&mut mutated, patch).expect("the patch applies");
             let path = case.mutated_path();
             if update {
-                let text = serde_yaml::to_string(&mutated).expect("yaml");
+                let text = serde_saphyr::to_string(&mutated).expect("yaml");
                 std::fs::write(&path, text).expect("write mutated.yaml");
             }
             let expected = fixtures::read_yaml(&path);
@@ -200,7 +200,7 @@ fn released_examples_sidecar_accepted_main_container_denied() {
             "<CHANGE ME>",
             "registry.example/in-place-restart-agent:v0.12",
         );
-        serde_yaml::from_str(&text).expect("yaml")
+        serde_saphyr::from_str(&text).expect("yaml")
     };
     let file = "jobset-sidecar-agent.yaml";
     let object = read(file);

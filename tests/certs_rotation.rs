@@ -52,8 +52,7 @@ async fn api_server() -> TestApiServer {
     let text =
         std::fs::read_to_string(manifest_dir().join("deploy/base/webhook-configurations.yaml"))
             .expect("webhook configurations");
-    for doc in serde_yaml::Deserializer::from_str(&text) {
-        let object: Value = serde::Deserialize::deserialize(doc).expect("yaml");
+    for object in serde_saphyr::from_multiple::<Value>(&text).expect("yaml") {
         let resource = match object["kind"].as_str() {
             Some("MutatingWebhookConfiguration") => "mutatingwebhookconfigurations",
             Some("ValidatingWebhookConfiguration") => "validatingwebhookconfigurations",

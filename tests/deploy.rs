@@ -125,11 +125,9 @@ fn kustomize(dir: &Path) -> Vec<Value> {
         RENDER_LIMIT,
     )
     .unwrap_or_else(|e| panic!("{e}"));
-    serde_yaml::Deserializer::from_str(&text)
-        .map(|doc| {
-            <Value as serde::Deserialize>::deserialize(doc)
-                .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        })
+    serde_saphyr::from_multiple::<Value>(&text)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .into_iter()
         .filter(|v| !v.is_null())
         .collect()
 }
@@ -592,9 +590,9 @@ fn the_injection_config_loads_with_each_overlays_dialect() {
 
 #[test]
 fn the_attempt_config_is_the_epoch_config_but_for_the_protocol() {
-    let read = |p: &str| -> serde_yaml::Mapping {
+    let read = |p: &str| -> serde_json::Map<String, Value> {
         let text = std::fs::read_to_string(deploy_dir().join(p)).expect("read");
-        let mut map: serde_yaml::Mapping = serde_yaml::from_str(&text).expect("yaml");
+        let mut map: serde_json::Map<String, Value> = serde_saphyr::from_str(&text).expect("yaml");
         map.remove("protocol").expect("names its protocol");
         map
     };
@@ -973,8 +971,7 @@ fn jobset_objects() -> Vec<(String, Value)> {
     ] {
         let path = fixtures::reference_dir().join(file);
         let text = std::fs::read_to_string(&path).expect("example fixture");
-        for doc in serde_yaml::Deserializer::from_str(&text) {
-            let v = <Value as serde::Deserialize>::deserialize(doc).expect("yaml");
+        for v in serde_saphyr::from_multiple::<Value>(&text).expect("yaml") {
             if v["kind"] == "JobSet" {
                 out.push((file.to_owned(), v));
             }
@@ -1655,8 +1652,9 @@ fn the_agent_policy_allows_only_the_agents_own_epoch_annotation() {
 #[test]
 fn the_agent_policy_file_evaluates_for_both_dialects() {
     let text = std::fs::read_to_string(deploy_dir().join("base/agent-policy.yaml")).expect("read");
-    let policy = serde_yaml::Deserializer::from_str(&text)
-        .map(|d| <Value as serde::Deserialize>::deserialize(d).expect("yaml"))
+    let policy = serde_saphyr::from_multiple::<Value>(&text)
+        .expect("yaml")
+        .into_iter()
         .find(|v| v["kind"] == "ValidatingAdmissionPolicy")
         .expect("policy");
     for dialect in Dialect::ALL {
@@ -3679,7 +3677,7 @@ fn flow_schemas_name_the_reconciler_as_it_runs() {
 fn the_jobsetepoch_crd_refuses_to_move_an_epoch_back() {
     let text =
         std::fs::read_to_string(deploy_dir().join("base/jobsetepoch-crd.yaml")).expect("the CRD");
-    let crd: Value = serde_yaml::from_str(&text).expect("yaml");
+    let crd: Value = serde_saphyr::from_str(&text).expect("yaml");
     let rules =
         &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["x-kubernetes-validations"];
     let rules = rules.as_array().expect("the CRD has CEL rules at its root");

@@ -57,7 +57,7 @@ fn fixture_seeds() -> Vec<(PathBuf, Vec<u8>)> {
         if !object.is_object() {
             continue;
         }
-        let manifest = serde_yaml::to_string(object).expect("YAML");
+        let manifest = serde_saphyr::to_string(object).expect("YAML");
         let path = corpus_dir("offline").join(format!("fixture-{}.yaml", case.name));
         seeds.push((path, manifest.into_bytes()));
         if case.mutated_path().exists() {

@@ -143,11 +143,9 @@ fn run_helm(helm: &Path, args: &[&str]) -> Result<String, String> {
 }
 
 fn parse_yaml_stream(text: &str, what: &str) -> Vec<Value> {
-    serde_yaml::Deserializer::from_str(text)
-        .map(|doc| {
-            <Value as serde::Deserialize>::deserialize(doc)
-                .unwrap_or_else(|e| panic!("{what}: {e}"))
-        })
+    serde_saphyr::from_multiple::<Value>(text)
+        .unwrap_or_else(|e| panic!("{what}: {e}"))
+        .into_iter()
         .filter(|v| !v.is_null())
         .collect()
 }
@@ -328,7 +326,7 @@ fn normalized(objects: &[Value]) -> BTreeMap<(String, String), Value> {
         if o["kind"] == "ConfigMap"
             && let Some(text) = o["data"]["config.yaml"].as_str()
         {
-            let parsed: Value = serde_yaml::from_str(text).expect("config.yaml is YAML");
+            let parsed: Value = serde_saphyr::from_str(text).expect("config.yaml is YAML");
             o["data"]["config.yaml"] = parsed;
         }
         let key = (
@@ -433,7 +431,7 @@ fn env_value(container: &Value, name: &str) -> Option<String> {
 #[test]
 fn the_charts_version_and_app_version_are_the_crates() {
     let text = std::fs::read_to_string(chart_dir().join("Chart.yaml")).expect("Chart.yaml");
-    let chart: Value = serde_yaml::from_str(&text).expect("Chart.yaml is YAML");
+    let chart: Value = serde_saphyr::from_str(&text).expect("Chart.yaml is YAML");
     let version = env!("CARGO_PKG_VERSION");
     assert_eq!(chart["version"], version, "Chart.yaml version");
     assert_eq!(chart["appVersion"], version, "Chart.yaml appVersion");
@@ -628,8 +626,9 @@ fn values_reach_the_objects_and_the_binary_accepts_them() {
     load_config(&objects, Dialect::Attempt);
     let cm = object(&objects, "ConfigMap", "jobset-inplace-config");
     assert_eq!(cm["data"]["protocol"], "attempt");
-    let text: Value = serde_yaml::from_str(cm["data"]["config.yaml"].as_str().unwrap_or_default())
-        .expect("config YAML");
+    let text: Value =
+        serde_saphyr::from_str(cm["data"]["config.yaml"].as_str().unwrap_or_default())
+            .expect("config YAML");
     assert_eq!(text["protocol"], "attempt");
     assert_eq!(text["restartExitCode"], 7);
     assert_eq!(text["barrierPort"], 9000);

@@ -77,7 +77,7 @@ fn jobset_crd(epoch_fields: bool) -> Value {
     let crd_path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("fixtures/jobset-v0.12/jobset.x-k8s.io_jobsets.yaml");
     let mut crd: Value =
-        serde_yaml::from_str(&std::fs::read_to_string(crd_path).expect("crd")).expect("yaml");
+        serde_saphyr::from_str(&std::fs::read_to_string(crd_path).expect("crd")).expect("yaml");
     if epoch_fields {
         for v in crd["spec"]["versions"].as_array_mut().expect("versions") {
             let props = &mut v["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"];

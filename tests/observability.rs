@@ -200,7 +200,7 @@ fn the_name_lexer_gets_promql_right() {
 fn rule_exprs() -> Vec<(String, String)> {
     let path = repo().join("deploy/components/monitoring/prometheusrule.yaml");
     let text = std::fs::read_to_string(&path).expect("read the PrometheusRule");
-    let rule: Value = serde_yaml::from_str(&text).expect("PrometheusRule YAML");
+    let rule: Value = serde_saphyr::from_str(&text).expect("PrometheusRule YAML");
     assert_eq!(rule["kind"], "PrometheusRule");
     let mut out = Vec::new();
     for group in rule["spec"]["groups"].as_array().expect("groups") {

@@ -79,7 +79,7 @@ fn inject_and_check_a_plain_jobset() {
         .into_iter()
         .find(|c| c.name == "story1-plain")
         .expect("fixture");
-    let jobset = serde_yaml::to_string(&case.request["request"]["object"]).expect("yaml");
+    let jobset = serde_saphyr::to_string(&case.request["request"]["object"]).expect("yaml");
     let dir = tempfile::tempdir().expect("tempdir");
     let plain = dir.path().join("plain.yaml");
     std::fs::write(
@@ -197,7 +197,7 @@ fn check_json_and_inject_passthrough() {
         .into_iter()
         .find(|c| c.name == "story1-plain")
         .expect("fixture");
-    let jobset = serde_yaml::to_string(&case.request["request"]["object"]).expect("yaml");
+    let jobset = serde_saphyr::to_string(&case.request["request"]["object"]).expect("yaml");
     let mut cmd = binary();
     cmd.args(["check", "--no-inject", "--output", "json", "-f", "-"]);
     let out = run_with_stdin(cmd, jobset.as_bytes());
@@ -221,7 +221,7 @@ fn check_json_and_inject_passthrough() {
     );
     let text = format!(
         "# keep me\n{}---\nkind: ConfigMap\ndata:\n  run.sh: |\n    echo done",
-        serde_yaml::to_string(&other["request"]["object"]).expect("yaml")
+        serde_saphyr::to_string(&other["request"]["object"]).expect("yaml")
     );
     let mut cmd = binary();
     cmd.args(["inject", "-f", "-"]);
@@ -388,7 +388,7 @@ fn check_is_a_ci_gate() {
 #[test]
 fn review_reads_yaml() {
     for case in fixtures::admission_cases() {
-        let yaml = serde_yaml::to_string(&case.request).expect("yaml");
+        let yaml = serde_saphyr::to_string(&case.request).expect("yaml");
         let mut cmd = binary();
         cmd.args(["review", "--validate", "-f", "-"]);
         if case.dir.join("config.yaml").exists() {
@@ -425,12 +425,12 @@ fn image_pull_secrets_in_the_kubernetes_shape() {
         .into_iter()
         .find(|c| c.name == "story1-plain")
         .expect("fixture");
-    let jobset = serde_yaml::to_string(&case.request["request"]["object"]).expect("yaml");
+    let jobset = serde_saphyr::to_string(&case.request["request"]["object"]).expect("yaml");
     let mut cmd = binary();
     cmd.args(["inject", "-f", "-", "--config"]).arg(&config);
     let out = run_with_stdin(cmd, jobset.as_bytes());
     assert!(out.status.success(), "{out:?}");
-    let injected: serde_json::Value = serde_yaml::from_slice(&out.stdout).expect("yaml");
+    let injected: serde_json::Value = serde_saphyr::from_slice(&out.stdout).expect("yaml");
     assert_eq!(
         injected["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["imagePullSecrets"],
         serde_json::json!([{"name": "regcred"}, {"name": "mirror"}])

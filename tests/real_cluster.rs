@@ -313,8 +313,9 @@ async fn render_install(overlay: &str) -> Vec<Value> {
     let text = kubectl(None, &["kustomize", &dir.path().display().to_string()])
         .await
         .unwrap_or_else(|e| panic!("{overlay}: {e}"));
-    serde_yaml::Deserializer::from_str(&text)
-        .map(|doc| <Value as serde::Deserialize>::deserialize(doc).expect("yaml"))
+    serde_saphyr::from_multiple::<Value>(&text)
+        .expect("yaml")
+        .into_iter()
         .filter(|v| !v.is_null())
         .collect()
 }
@@ -1052,7 +1053,7 @@ fn fixture_yaml(case: &str, file: &str) -> Value {
         .join("fixtures/admission")
         .join(case)
         .join(file);
-    serde_yaml::from_str(&std::fs::read_to_string(&path).expect("fixture")).expect("yaml")
+    serde_saphyr::from_str(&std::fs::read_to_string(&path).expect("fixture")).expect("yaml")
 }
 
 /// A fixture's JobSet, renamed, in `namespace`.
@@ -3466,7 +3467,7 @@ async fn ensure_epoch_status_fields(cluster: &Cluster) {
         manifest_dir().join("deploy/components/epoch-status-fields/crd-status-fields.yaml"),
     )
     .expect("component patch");
-    let patch: json_patch::Patch = serde_yaml::from_str(&text).expect("JSON patch");
+    let patch: json_patch::Patch = serde_saphyr::from_str(&text).expect("JSON patch");
     crds.patch(
         "jobsets.jobset.x-k8s.io",
         &PatchParams::default(),
@@ -3988,7 +3989,7 @@ async fn the_jobsetepoch_crd_refuses_to_move_an_epoch_back() {
                 Api::all(cluster.client.clone());
             let text = std::fs::read_to_string(manifest_dir().join("deploy/base/jobsetepoch-crd.yaml"))
                 .expect("the CRD");
-            let mut old: Value = serde_yaml::from_str(&text).expect("yaml");
+            let mut old: Value = serde_saphyr::from_str(&text).expect("yaml");
             let schema = &mut old["spec"]["versions"][0]["schema"]["openAPIV3Schema"];
             schema.as_object_mut().map(|o| o.remove("x-kubernetes-validations"));
             schema["properties"].as_object_mut().map(|o| o.remove("jobSetUID"));
@@ -4018,7 +4019,7 @@ async fn the_jobsetepoch_crd_refuses_to_move_an_epoch_back() {
                     .map_err(|e| e.to_string())
             })
             .await;
-            let current: Value = serde_yaml::from_str(&text).expect("yaml");
+            let current: Value = serde_saphyr::from_str(&text).expect("yaml");
             apply_crd(current).await;
         },
     )
@@ -4277,7 +4278,7 @@ async fn set_jobset_crd_fields(cluster: &Cluster, attempt: bool, epoch: bool) {
             "CustomResourceDefinition",
         )),
     );
-    let released: Value = serde_yaml::from_str(
+    let released: Value = serde_saphyr::from_str(
         &std::fs::read_to_string(
             manifest_dir().join("fixtures/jobset-v0.12/jobset.x-k8s.io_jobsets.yaml"),
         )

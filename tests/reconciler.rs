@@ -839,7 +839,7 @@ async fn crd_without_the_dialect_fields_stops_the_reconciler() {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("fixtures/jobset-v0.12/jobset.x-k8s.io_jobsets.yaml");
         let crd: Value =
-            serde_yaml::from_str(&std::fs::read_to_string(path).expect("crd")).expect("yaml");
+            serde_saphyr::from_str(&std::fs::read_to_string(path).expect("crd")).expect("yaml");
         server
             .create("customresourcedefinitions", crd)
             .expect("crd");

@@ -115,12 +115,8 @@ pub enum ConfigError {
         #[source]
         source: std::io::Error,
     },
-    #[error("invalid injection config {path}: {source}")]
-    Parse {
-        path: String,
-        #[source]
-        source: serde_yaml::Error,
-    },
+    #[error("invalid injection config {path}: {reason}")]
+    Parse { path: String, reason: String },
     #[error("invalid injection setting {key}: {reason}")]
     Invalid { key: String, reason: String },
 }
@@ -198,11 +194,11 @@ struct ConfigFile {
     image: Option<String>,
     image_pull_policy: Option<String>,
     /// Each entry a Secret name or, as a pod writes it, `{name: <Secret name>}`.
-    image_pull_secrets: Option<Vec<serde_yaml::Value>>,
+    image_pull_secrets: Option<Vec<serde_json::Value>>,
     restart_exit_code: Option<i64>,
     barrier_port: Option<i64>,
     /// A string (`18080-18099`) or one port as a number.
-    barrier_fallback_ports: Option<serde_yaml::Value>,
+    barrier_fallback_ports: Option<serde_json::Value>,
     barrier_path: Option<String>,
     probe_period_seconds: Option<i64>,
     probe_failure_threshold: Option<i64>,
@@ -308,10 +304,15 @@ impl InjectionConfig {
         let file: ConfigFile = if text.trim().is_empty() {
             ConfigFile::default()
         } else {
-            serde_yaml::from_str(text).map_err(|source| ConfigError::Parse {
+            // YAML to a value, then to the file's fields naming the one that does not fit
+            // (serde-saphyr's typed errors give a line and column, not the key).
+            let parse = |reason: String| ConfigError::Parse {
                 path: path.display().to_string(),
-                source,
-            })?
+                reason,
+            };
+            let value: serde_json::Value =
+                crate::settings::from_yaml(text).map_err(|e| parse(e.to_string()))?;
+            serde_path_to_error::deserialize(value).map_err(|e| parse(e.to_string()))?
         };
         let invalid = |key: &str, reason: String| ConfigError::Invalid {
             key: format!("{key} (in {})", path.display()),
@@ -340,8 +341,8 @@ impl InjectionConfig {
         }
         if let Some(v) = file.barrier_fallback_ports {
             let text = match &v {
-                serde_yaml::Value::String(s) => s.clone(),
-                serde_yaml::Value::Number(n) => n.to_string(),
+                serde_json::Value::String(s) => s.clone(),
+                serde_json::Value::Number(n) => n.to_string(),
                 _ => String::from("?"),
             };
             self.barrier_fallback_ports = text.parse().map_err(|e: String| {
@@ -505,7 +506,7 @@ impl InjectionConfig {
 pub fn file_protocol(args: &InjectionArgs) -> Option<(Dialect, String)> {
     let path = args.config.as_ref()?;
     let text = std::fs::read_to_string(path).ok()?;
-    let file: ConfigFile = serde_yaml::from_str(&text).ok()?;
+    let file: ConfigFile = crate::settings::from_yaml(&text).ok()?;
     let dialect = file.protocol?.parse().ok()?;
     Some((
         dialect,
@@ -528,11 +529,11 @@ fn is_dns_subdomain(s: &str) -> bool {
 
 /// One `imagePullSecrets` entry of the config file: a bare Secret name, or the Kubernetes shape
 /// `{name: <Secret name>}` (a `LocalObjectReference`, as charts and pods write it).
-fn pull_secret_name(entry: &serde_yaml::Value) -> Result<String, String> {
-    use serde_yaml::Value;
+fn pull_secret_name(entry: &serde_json::Value) -> Result<String, String> {
+    use serde_json::Value;
     match entry {
         Value::String(name) => Ok(name.clone()),
-        Value::Mapping(map) if map.len() == 1 => match map.get("name") {
+        Value::Object(map) if map.len() == 1 => match map.get("name") {
             Some(Value::String(name)) => Ok(name.clone()),
             _ => Err("an entry {name: ...} needs a string name".to_owned()),
         },

@@ -20,6 +20,7 @@ use super::barrier::BarrierState;
 use super::config::AgentConfig;
 use crate::jobset::JobSetSummary;
 use crate::protocol::{self, AgentAction, AgentView, Dialect, Epoch, Restart};
+use crate::retry::{CallError, bounded};
 use crate::wire::WatchedPod;
 use crate::wire::epochs::JobSetEpoch;
 
@@ -329,7 +330,7 @@ impl Protocol {
 
     /// Step 1: reads the pod's own epoch annotation.
     async fn read_pod(&mut self) {
-        match with_timeout(self.api_timeout, self.pods.get(&self.pod_name)).await {
+        match bounded(self.api_timeout, self.pods.get(&self.pod_name)).await {
             Ok(pod) => {
                 let annotations = pod.metadata.annotations.iter().flatten();
                 let own = match self.dialect.read_pod_epoch(annotations) {
@@ -355,7 +356,7 @@ impl Protocol {
         let params = PatchParams::default();
         loop {
             let sent = self.pods.patch(&self.pod_name, &params, &patch);
-            match with_timeout(self.api_timeout, sent).await {
+            match bounded(self.api_timeout, sent).await {
                 Ok(_) => {
                     self.registered = true;
                     self.backoff.reset();
@@ -404,7 +405,7 @@ impl Protocol {
             Source::Epochs => {
                 let api = self.epochs.clone();
                 async move {
-                    let stream = with_timeout(limit, api.watch(&params, &from)).await?;
+                    let stream = bounded(limit, api.watch(&params, &from)).await?;
                     Ok(stream
                         .map(|r| {
                             r.map(|e| match e {
@@ -422,7 +423,7 @@ impl Protocol {
                 let api = self.jobsets.clone();
                 let dialect = self.dialect;
                 async move {
-                    let stream = with_timeout(limit, api.watch(&params, &from)).await?;
+                    let stream = bounded(limit, api.watch(&params, &from)).await?;
                     Ok(stream
                         .map(move |r| r.map(|e| seen(e, |js| js.agent_view(dialect))))
                         .boxed())
@@ -542,36 +543,6 @@ impl Protocol {
                     self.backoff.wait(None).await;
                 }
             }
-        }
-    }
-}
-
-/// An API call bounded by the agent's API timeout.
-async fn with_timeout<T>(
-    limit: Duration,
-    call: impl Future<Output = kube::Result<T>>,
-) -> Result<T, CallError> {
-    match tokio::time::timeout(limit, call).await {
-        Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) => Err(CallError::Api(e)),
-        Err(_) => Err(CallError::Timeout(limit)),
-    }
-}
-
-#[derive(Debug, thiserror::Error)]
-enum CallError {
-    #[error(transparent)]
-    Api(kube::Error),
-    #[error("no answer within {0:?} (AGENT_API_TIMEOUT)")]
-    Timeout(Duration),
-}
-
-impl CallError {
-    /// The delay a 429 asked for ([`crate::retry::retry_after`]).
-    fn retry_after(&self) -> Option<Duration> {
-        match self {
-            CallError::Api(e) => crate::retry::retry_after(e),
-            CallError::Timeout(_) => None,
         }
     }
 }

@@ -26,6 +26,7 @@ use serde_json::{Value, json};
 
 use super::rotation::{self, FILES, Material, NEXT_SINCE, PREVIOUS_SINCE, Policy, Step};
 use super::{CA_CERT_FILE, CA_KEY_FILE, Error, TLS_CERT_FILE, TLS_KEY_FILE, write_atomic};
+use crate::retry::CallError;
 
 /// Writes (and lost races) in one step before giving up: a fresh Secret takes one, a renewal
 /// that falls due with a rotation two; each 409 (another replica wrote first) takes one more.
@@ -136,11 +137,12 @@ impl Renewer {
         what: &str,
         call: impl Future<Output = Result<T, kube::Error>>,
     ) -> Result<T, Error> {
-        match tokio::time::timeout(self.request_timeout, call).await {
-            Ok(result) => result.map_err(kube_error(what)),
-            Err(_) => Err(Error::Timeout {
+        match crate::retry::bounded(self.request_timeout, call).await {
+            Ok(v) => Ok(v),
+            Err(CallError::Api(e)) => Err(kube_error(what)(e)),
+            Err(CallError::Timeout(after)) => Err(Error::Timeout {
                 what: what.to_owned(),
-                after: self.request_timeout,
+                after,
             }),
         }
     }

@@ -118,14 +118,14 @@ pub async fn watch(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let fence = match tokio::time::timeout(request_timeout, api.get_opt(&name)).await {
-            Ok(Ok(Some(lease))) => read(&lease, &identity, duration, margin),
-            Ok(Ok(None)) => Fence::NotHeld,
-            Ok(Err(e)) => {
+        let fence = match crate::retry::bounded(request_timeout, api.get_opt(&name)).await {
+            Ok(Some(lease)) => read(&lease, &identity, duration, margin),
+            Ok(None) => Fence::NotHeld,
+            Err(crate::retry::CallError::Api(e)) => {
                 tracing::debug!(error = %e, "cannot read the leader lease");
                 Fence::Unknown
             }
-            Err(_) => {
+            Err(crate::retry::CallError::Timeout(_)) => {
                 tracing::debug!(after = ?request_timeout, "the leader lease read timed out");
                 Fence::Unknown
             }

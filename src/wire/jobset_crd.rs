@@ -157,7 +157,7 @@ mod tests {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("fixtures/jobset-v0.12/jobset.x-k8s.io_jobsets.yaml");
         let text = std::fs::read_to_string(path).expect("released CRD fixture");
-        serde_yaml::from_str(&text).expect("yaml")
+        crate::settings::from_yaml(&text).expect("yaml")
     }
 
     fn status_properties(crd: &mut Value) -> Vec<&mut Value> {

@@ -38,7 +38,7 @@ pub fn reference_dir() -> PathBuf {
 pub fn read_yaml(path: &Path) -> Value {
     let text = std::fs::read_to_string(path)
         .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
-    serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    serde_saphyr::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 /// One case of `fixtures/admission/<case>/`.
@@ -178,7 +178,7 @@ pub fn fixture_requests() -> Vec<Fixture> {
         } else if let Some(yaml) = yaml {
             let text = std::fs::read_to_string(&yaml).expect("read request.yaml");
             let value: serde_json::Value =
-                serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", yaml.display()));
+                serde_saphyr::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", yaml.display()));
             serde_json::to_vec(&value).expect("to json")
         } else {
             continue;

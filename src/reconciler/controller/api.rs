@@ -16,6 +16,7 @@ use crate::jobset::JobSet;
 use crate::reconciler::fence;
 use crate::reconciler::key::Key;
 use crate::reconciler::metrics::Metrics;
+use crate::retry::CallError;
 
 /// Status writes retried at once after a 409 before the key goes back to the queue.
 pub(super) const CONFLICT_RETRIES: usize = 3;
@@ -113,9 +114,10 @@ impl Calls {
         call: &'static str,
         request: impl Future<Output = Result<T, kube::Error>>,
     ) -> Result<T, Option<kube::Error>> {
-        match tokio::time::timeout(self.request_timeout, request).await {
-            Ok(result) => result.map_err(Some),
-            Err(_) => {
+        match crate::retry::bounded(self.request_timeout, request).await {
+            Ok(v) => Ok(v),
+            Err(CallError::Api(e)) => Err(Some(e)),
+            Err(CallError::Timeout(_)) => {
                 self.metrics.api_timeout(call);
                 tracing::warn!(call, after = ?self.request_timeout, "an API request timed out");
                 Err(None)
@@ -142,9 +144,10 @@ impl Calls {
             );
             return Err(None);
         };
-        match tokio::time::timeout(budget, request).await {
-            Ok(result) => result.map_err(Some),
-            Err(_) => {
+        match crate::retry::bounded(budget, request).await {
+            Ok(v) => Ok(v),
+            Err(CallError::Api(e)) => Err(Some(e)),
+            Err(CallError::Timeout(_)) => {
                 self.metrics.api_timeout(call);
                 tracing::warn!(call, after = ?budget, "an API write timed out (or was cut at the leader's write deadline)");
                 Err(None)
@@ -172,12 +175,15 @@ pub(super) fn write_error(key: &Key, source: kube::Error) -> ReconcileError {
     }
 }
 
-/// The delay before the retry after `failures` consecutive failures: 400 ms doubling to 10 s,
-/// or what the API server asked for (`Retry-After`) when longer.
+/// The delay before the retry after `failures` consecutive failures: 400 ms doubling to 10 s
+/// ([`crate::retry::nth_delay`]), or what the API server asked for (`Retry-After`) when longer.
 pub(super) fn retry_delay(failures: u32, server: Option<Duration>) -> Duration {
-    let backoff = Duration::from_millis(200u64.saturating_mul(1 << failures.min(6)))
-        .min(Duration::from_secs(10));
-    crate::retry::delay(backoff, server)
+    crate::retry::nth_delay(
+        Duration::from_millis(400),
+        Duration::from_secs(10),
+        failures,
+        server,
+    )
 }
 
 #[cfg(test)]

@@ -53,7 +53,7 @@ fn parse_object(body: &[u8]) -> Result<Value, ApiError> {
 pub fn parse_apply(body: &[u8]) -> Result<Value, ApiError> {
     let v: Value = match serde_json::from_slice(body) {
         Ok(v) => v,
-        Err(_) => serde_yaml::from_slice(body)
+        Err(_) => serde_saphyr::from_slice(body)
             .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?,
     };
     if v.is_object() {

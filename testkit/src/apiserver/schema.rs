@@ -300,9 +300,9 @@ const EPOCH_STATUS_FIELDS: &str =
 const JOBSET_EPOCH_CRD: &str = include_str!("../../../deploy/base/jobsetepoch-crd.yaml");
 
 fn compile(crd: &str, patch: Option<&str>, version: &str) -> Arc<CrdSchema> {
-    let mut crd: Value = serde_yaml::from_str(crd).expect("the CRD fixture is YAML");
+    let mut crd: Value = serde_saphyr::from_str(crd).expect("the CRD fixture is YAML");
     if let Some(patch) = patch {
-        let patch: json_patch::Patch = serde_yaml::from_str(patch).expect("a JSON patch");
+        let patch: json_patch::Patch = serde_saphyr::from_str(patch).expect("a JSON patch");
         json_patch::patch(&mut crd, &patch).expect("the patch applies to the CRD");
     }
     Arc::new(CrdSchema::from_crd(&crd, version).expect("the CRD schema compiles"))
@@ -483,7 +483,7 @@ mod tests {
     fn compiled_once_and_cheap_per_write() {
         assert!(Arc::ptr_eq(&jobset(), &jobset()));
         let text = include_str!("../../../fixtures/jobset-v0.12/jobset-sidecar-agent.yaml");
-        let mut js: Value = serde_yaml::from_str(text).expect("yaml");
+        let mut js: Value = serde_saphyr::from_str(text).expect("yaml");
         js["status"] = json!({"restarts": 1, "syncedEpoch": 2, "deprecatedEpoch": 1});
         let rt = &default_resources()[1];
         let start = std::time::Instant::now();
