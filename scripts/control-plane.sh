@@ -600,6 +600,11 @@ up() {
   need kubectl "installing the JobSet CRD and webhook configurations"
   [[ ! -e "$dir/kubeconfig" ]] || die "$dir already holds a control plane (run down first)"
   [[ -z "$node" ]] || node_need
+  # One node per machine: the kubelet's device-plugin directory and containerd 1.6's shim sockets
+  # are fixed paths that a second node would share, and its `down` would take from the first.
+  if [[ -n "$node" ]] && ip netns list 2>/dev/null | grep -q '^jobset-inplace-node-'; then
+    die "a real node is already up on this machine ($(ip netns list | grep -o '^jobset-inplace-node-[0-9]*' | head -n 1)): down its DIR first"
+  fi
   local bin addon_bins=()
   bin="$(build "$node")"
   for addon in "${addons[@]}"; do addon_bins+=("$(build_addon "$addon")"); done
