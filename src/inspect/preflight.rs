@@ -478,7 +478,9 @@ pub fn check_flow_schemas(
     }
 }
 
-/// The pod `--pull-check` runs: the agent image printing its version, on a training node.
+/// The pod `--pull-check` runs: the agent image printing its version, on a training node. It
+/// tolerates every taint (training nodes are commonly tainted, `nvidia.com/gpu:NoSchedule`): the
+/// nodes are chosen by `--nodes`, and the pod lives seconds.
 pub fn pull_pod(
     namespace: &str,
     image: &str,
@@ -489,6 +491,7 @@ pub fn pull_pod(
         "restartPolicy": "Never",
         "automountServiceAccountToken": false,
         "terminationGracePeriodSeconds": 0,
+        "tolerations": [{"operator": "Exists"}],
         "containers": [{"name": "pull-check", "image": image, "imagePullPolicy": "Always",
             "args": ["--version"],
             "resources": {"requests": {"cpu": "10m", "memory": "16Mi"},
@@ -686,25 +689,6 @@ pub async fn run(client: &kube::Client, probe: &Probe) -> Vec<Finding> {
         .await,
     );
     out.push(check_validation(&refused));
-
-    let schemas: Api<FlowSchema> = Api::all(client.clone());
-    let levels: Api<PriorityLevelConfiguration> = Api::all(client.clone());
-    out.push(
-        match (
-            schemas.list(&ListParams::default()).await,
-            levels.list(&ListParams::default()).await,
-        ) {
-            (Ok(s), Ok(l)) => check_flow_schemas(&s.items, &l.items),
-            (Err(e), _) | (_, Err(e)) => Finding::new(
-                "flow-schemas",
-                Verdict::Warn,
-                format!(
-                    "cannot list FlowSchemas or priority levels: {}",
-                    message(&e)
-                ),
-            ),
-        },
-    );
     if let Some(pull) = &probe.pull {
         out.push(pull_check(&pods, ns, pull).await);
     }
@@ -1034,6 +1018,10 @@ mod tests {
         let selector = BTreeMap::from([("pool".to_owned(), "train".to_owned())]);
         let pod = pull_pod("ns", "img:1", &selector, &["regcred".to_owned()]);
         assert_eq!(pod["spec"]["nodeSelector"]["pool"], "train");
+        assert_eq!(
+            pod["spec"]["tolerations"][0]["operator"], "Exists",
+            "tainted nodes too"
+        );
         assert_eq!(pod["spec"]["imagePullSecrets"][0]["name"], "regcred");
         assert_eq!(pod["spec"]["containers"][0]["image"], "img:1");
         assert!(serde_json::from_value::<Pod>(pod).is_ok());
