@@ -1961,3 +1961,53 @@ async fn a_kubelet_without_the_gate_gets_its_pods_failed_not_synced_over() {
     })
     .await;
 }
+
+/// `doctor --pull-check` on a real kubelet: an agent image the node cannot pull (a registry on the
+/// node's own loopback, where nothing listens) is a failure naming `ErrImagePull` with the
+/// kubelet's message; the pull-check pod lands on the tainted node (it tolerates every taint) and
+/// is deleted afterwards.
+#[tokio::test]
+async fn doctor_pull_check_reports_an_image_the_node_cannot_pull() {
+    const TEST: &str = "doctor_pull_check_reports_an_image_the_node_cannot_pull";
+    with_node(TEST, |node| async move {
+        if installed(&node, TEST).is_none() {
+            return;
+        }
+        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_jobset-inplace"))
+            .args(["doctor", "--pull-check", "--pull-timeout", "90s"])
+            .args(["--agent-image", "127.0.0.1:1/jobset-inplace/nope:1"])
+            .args(["--nodes", "jobset-inplace.dev/real-node=true"])
+            .env("KUBECONFIG", &node.kubeconfig)
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .output();
+        let out = tokio::time::timeout(COMMAND_LIMIT, out)
+            .await
+            .expect("doctor within its time")
+            .expect("run doctor");
+        let text = String::from_utf8_lossy(&out.stdout);
+        println!("{text}");
+        assert!(
+            text.lines().any(|l| l.starts_with("FAIL agent-image-pull")
+                && l.contains("127.0.0.1:1/jobset-inplace/nope:1")
+                && (l.contains("ErrImagePull") || l.contains("ImagePullBackOff"))),
+            "{text}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(out.status.code(), Some(1), "a failed check exits 1");
+        let left = Api::<Pod>::namespaced(node.client.clone(), "default")
+            .list(&ListParams::default().labels("app.kubernetes.io/name"))
+            .await
+            .expect("list pods");
+        assert!(
+            !left.items.iter().any(|p| p
+                .metadata
+                .name
+                .as_deref()
+                .is_some_and(|n| n.contains("-pull-"))
+                && p.metadata.deletion_timestamp.is_none()),
+            "the pull-check pod is deleted"
+        );
+    })
+    .await;
+}
