@@ -38,25 +38,10 @@ pub async fn exists(client: &kube::Client, name: &str) -> Result<bool, CrdError>
 /// `Ok` when the `v1alpha2` schema's `status` has both epoch fields of the dialect (or keeps
 /// unknown fields); otherwise a message naming what is missing and what to install.
 pub fn missing_status_fields(crd: &Value, dialect: Dialect) -> Result<(), String> {
-    let version = crd
-        .pointer("/spec/versions")
-        .and_then(Value::as_array)
-        .and_then(|v| v.iter().find(|v| v["name"] == crate::jobset::VERSION))
-        .ok_or_else(|| {
-            format!(
-                "the JobSet CRD {CRD_NAME} serves no {} version",
-                crate::jobset::VERSION
-            )
-        })?;
-    let status = version.pointer("/schema/openAPIV3Schema/properties/status");
-    if status
-        .and_then(|s| s.get("x-kubernetes-preserve-unknown-fields"))
-        .and_then(Value::as_bool)
-        == Some(true)
-    {
-        return Ok(());
-    }
-    let properties = status.and_then(|s| s.get("properties"));
+    let properties = match crate::wire::jobset_crd::status_schema(crd)? {
+        crate::wire::jobset_crd::StatusSchema::KeepsUnknown => return Ok(()),
+        crate::wire::jobset_crd::StatusSchema::Properties(p) => p,
+    };
     let missing: Vec<&str> = [dialect.deprecated_field(), dialect.synced_field()]
         .into_iter()
         .filter(|f| properties.and_then(|p| p.get(*f)).is_none())

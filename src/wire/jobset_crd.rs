@@ -24,8 +24,18 @@ pub struct Choice {
     pub why: String,
 }
 
-/// Which dialect the CRD's `v1alpha2` status schema speaks, or why none fits. Pure.
-pub fn dialect_of(crd: &Value) -> Result<Choice, String> {
+/// The JobSet CRD's `v1alpha2` status schema, as far as the dialects care. Pure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StatusSchema<'a> {
+    /// `x-kubernetes-preserve-unknown-fields`: any status field is stored.
+    KeepsUnknown,
+    /// The schema's `properties` (`None` when it has none).
+    Properties(Option<&'a Value>),
+}
+
+/// The CRD's `v1alpha2` status schema, or a message naming the missing version. Shared by the
+/// dialect choice below and the reconciler's start-up check of the fields it writes. Pure.
+pub fn status_schema(crd: &Value) -> Result<StatusSchema<'_>, String> {
     let version = crd
         .pointer("/spec/versions")
         .and_then(Value::as_array)
@@ -42,12 +52,24 @@ pub fn dialect_of(crd: &Value) -> Result<Choice, String> {
         .and_then(Value::as_bool)
         == Some(true)
     {
-        return Err(format!(
-            "the JobSet CRD {CRD_NAME} keeps any status field, so it does not say which dialect \
-             the cluster speaks: choose one with --protocol epoch or --protocol attempt"
-        ));
+        return Ok(StatusSchema::KeepsUnknown);
     }
-    let properties = status.and_then(|s| s.get("properties"));
+    Ok(StatusSchema::Properties(
+        status.and_then(|s| s.get("properties")),
+    ))
+}
+
+/// Which dialect the CRD's `v1alpha2` status schema speaks, or why none fits. Pure.
+pub fn dialect_of(crd: &Value) -> Result<Choice, String> {
+    let properties = match status_schema(crd)? {
+        StatusSchema::KeepsUnknown => {
+            return Err(format!(
+                "the JobSet CRD {CRD_NAME} keeps any status field, so it does not say which \
+                 dialect the cluster speaks: choose one with --protocol epoch or --protocol attempt"
+            ));
+        }
+        StatusSchema::Properties(p) => p,
+    };
     let has = |d: Dialect| {
         [d.deprecated_field(), d.synced_field()]
             .iter()
