@@ -126,6 +126,6 @@ watcher=""
 
 say "after the group restart: the same 3 pods, every one restarted in place"
 kubectl -n demo get pods -o wide
-kubectl -n demo get pods -o jsonpath='{range .items[*]}{.metadata.name}: restarts {.status.initContainerStatuses[0].restartCount} (agent) {.status.containerStatuses[0].restartCount} (worker), last exit {.status.containerStatuses[0].lastState.terminated.reason} {.status.containerStatuses[0].lastState.terminated.exitCode}{"\n"}{end}'
+kubectl -n demo get pods -o jsonpath='{range .items[*]}{.metadata.name} (uid {.metadata.uid}): restarts {.status.initContainerStatuses[0].restartCount} (agent) {.status.containerStatuses[0].restartCount} (worker){"\n"}{end}'
 say "what each worker recorded (start/exit/stop, unix ms)"
 cat "$records/records"
