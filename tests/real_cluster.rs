@@ -5345,11 +5345,7 @@ async fn kueue_evicts_a_jobset_whose_pods_stay_unready_past_recovery_timeout_onl
 }
 
 fn addon_agent_image(js: &DynamicObject) -> String {
-    js.data["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["initContainers"]
-        [0]["image"]
-        .as_str()
-        .unwrap_or("none")
-        .to_owned()
+    agent_image(js).unwrap_or_else(|| "none".to_owned())
 }
 
 /// An upgrade of jobset-inplace under Kubeflow Trainer: the webhook replaced by one that injects
