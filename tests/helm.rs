@@ -21,9 +21,10 @@
 //! (.ci/run sets it), which makes them fail instead. A helm build that fails always fails them.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
+
+use jobset_inplace_testkit::process::run_bounded;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -64,48 +65,6 @@ fn chart_dir() -> PathBuf {
 // ---------------------------------------------------------------------------------------------
 // Running helm and kubectl
 // ---------------------------------------------------------------------------------------------
-
-/// Runs a command with a time limit; stdout on success, a one-line reason (with stderr) otherwise.
-fn run_bounded(cmd: &mut Command, limit: Duration) -> Result<String, String> {
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("cannot start {cmd:?}: {e}"))?;
-    let mut stdout = child.stdout.take().ok_or("no stdout")?;
-    let mut stderr = child.stderr.take().ok_or("no stderr")?;
-    let out = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = stdout.read_to_string(&mut s);
-        s
-    });
-    let err = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = stderr.read_to_string(&mut s);
-        s
-    });
-    let deadline = Instant::now() + limit;
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break status,
-            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
-            Ok(None) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(format!("{cmd:?} did not finish within {limit:?}"));
-            }
-            Err(e) => return Err(format!("{cmd:?}: {e}")),
-        }
-    };
-    let out = out.join().unwrap_or_default();
-    let err = err.join().unwrap_or_default();
-    if status.success() {
-        Ok(out)
-    } else {
-        Err(format!("{cmd:?} failed ({status}): {err}"))
-    }
-}
 
 /// The helm binary `scripts/helm.sh build` made (built once per test binary), or `None` (and a
 /// loud SKIPPED) when Go is missing and helm is not required.

@@ -104,6 +104,51 @@ pub fn proc_status_kib(pid: u32, field: &str) -> Option<u64> {
         .ok()
 }
 
+/// Runs a command to its end under a time limit (killed past it); stdout on success, a one-line
+/// reason with stderr otherwise. For tests that run kubectl, helm and scripts.
+pub fn run_bounded(cmd: &mut Command, limit: std::time::Duration) -> Result<String, String> {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot start {cmd:?}: {e}"))?;
+    let mut stdout = child.stdout.take().ok_or("no stdout")?;
+    let mut stderr = child.stderr.take().ok_or("no stderr")?;
+    let out = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(&mut stdout, &mut s);
+        s
+    });
+    let err = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(&mut stderr, &mut s);
+        s
+    });
+    let deadline = std::time::Instant::now() + limit;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(20))
+            }
+            Ok(None) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("{cmd:?} did not finish within {limit:?}"));
+            }
+            Err(e) => return Err(format!("{cmd:?}: {e}")),
+        }
+    };
+    let out = out.join().unwrap_or_default();
+    let err = err.join().unwrap_or_default();
+    if status.success() {
+        Ok(out)
+    } else {
+        Err(format!("{cmd:?} failed ({status}): {err}"))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
