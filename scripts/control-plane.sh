@@ -39,7 +39,10 @@
 # keep them): tests/real_node.rs then checks what docs/protocol.md says of such a node.
 #
 # For doctor's failing cases: JOBSET_INPLACE_APISERVER_FEATURE_GATES replaces the API server's
-# --feature-gates, JOBSET_INPLACE_JOBSET_IN_PLACE_RESTART=false turns JobSet's gate off.
+# --feature-gates, JOBSET_INPLACE_JOBSET_IN_PLACE_RESTART=false turns JobSet's gate off, and
+# JOBSET_INPLACE_APISERVER_EMULATED_VERSION=1.34 starts the API server as that older release
+# (`--emulated-version`: its APIs and feature gates; pass gates that release has, e.g.
+# JOBSET_INPLACE_APISERVER_FEATURE_GATES=ContainerRestartRules=true).
 #
 # Needs: go (>= the go.mods' versions; the module proxy or a filled module cache), openssl, curl,
 # kubectl; with --node also gcc (static libc), iproute2, nsenter, apt-get.
@@ -650,6 +653,9 @@ up() {
   # endpoint address); with one, the API server writes its veth address there and calls the
   # kubelet and webhook Services' endpoints (pods) directly.
   local node_flags=(--endpoint-reconciler-type none)
+  local version_flags=()
+  [[ -z "${JOBSET_INPLACE_APISERVER_EMULATED_VERSION:-}" ]] ||
+    version_flags=(--emulated-version "$JOBSET_INPLACE_APISERVER_EMULATED_VERSION")
   [[ -z "$node" ]] || node_flags=(--endpoint-reconciler-type lease --enable-aggregator-routing=true
     --kubelet-client-certificate "$pki/apiserver-kubelet-client.crt"
     --kubelet-client-key "$pki/apiserver-kubelet-client.key"
@@ -666,7 +672,7 @@ up() {
     --authorization-mode Node,RBAC \
     --enable-admission-plugins MutatingAdmissionWebhook,ValidatingAdmissionWebhook,ValidatingAdmissionPolicy \
     --feature-gates "${JOBSET_INPLACE_APISERVER_FEATURE_GATES:-RestartAllContainersOnContainerExits=true,NodeDeclaredFeatures=true,ContainerRestartRules=true}" \
-    --profiling=false "${node_flags[@]}"
+    --profiling=false "${node_flags[@]}" "${version_flags[@]}"
   wait_for "$dir" kube-apiserver --cacert "$pki/ca.crt" --cert "$pki/admin.crt" --key "$pki/admin.key" \
     "https://$api_host:$api_port/readyz"
   kubeconfig "$pki" "$api_port" "$api_host" >"$dir/kubeconfig"

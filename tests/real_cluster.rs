@@ -4487,6 +4487,54 @@ async fn doctor_names_the_gates_that_are_off() {
     );
 }
 
+/// On a third control plane whose API server emulates Kubernetes 1.34
+/// (`JOBSET_INPLACE_APISERVER_EMULATED_VERSION=1.34
+/// JOBSET_INPLACE_APISERVER_FEATURE_GATES=ContainerRestartRules=true scripts/control-plane.sh up
+/// DIR`: kube-apiserver 1.35's `--emulated-version`, which serves 1.34's APIs and feature gates),
+/// named by `JOBSET_INPLACE_OLD_KUBERNETES_KUBECONFIG`: doctor fails the version check, naming
+/// the emulated release, and the restart-rule dry run, which 1.34 refuses. Skipped (loudly)
+/// without it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_fails_an_api_server_older_than_1_35() {
+    let Some(path) = std::env::var_os("JOBSET_INPLACE_OLD_KUBERNETES_KUBECONFIG") else {
+        eprintln!(
+            "!! SKIPPED doctor_fails_an_api_server_older_than_1_35: set \
+             JOBSET_INPLACE_OLD_KUBERNETES_KUBECONFIG to a control plane emulating 1.34"
+        );
+        return;
+    };
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_jobset-inplace"))
+        .env_clear()
+        .arg("doctor")
+        .arg("--kubeconfig")
+        .arg(&path)
+        .args(["-o", "json"])
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(120), out)
+        .await
+        .expect("doctor returns")
+        .expect("doctor runs");
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).expect("json");
+    let version = finding(&report, "kubernetes-version");
+    assert_eq!(version["verdict"], "fail", "{version:#}");
+    assert!(
+        version["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("emulating 1.34") && d.contains(">= 1.35")),
+        "{version:#}"
+    );
+    let rule = finding(&report, "restart-all-containers");
+    assert_eq!(rule["verdict"], "fail", "{rule:#}");
+}
+
 // ---------------------------------------------------------------------------------------------
 // k. The addons of `scripts/control-plane.sh up DIR --with kueue,trainer`: Kubeflow Trainer v2
 //    and Kueue, built from their Go modules, writing JobSets through our webhook

@@ -37,7 +37,9 @@ const PROBE_IMAGE: &str = "registry.k8s.io/pause:3.10";
 /// What the API server answered a request: the object, or its error's message.
 pub type Answer = Result<Value, String>;
 
-/// `kubernetes-version`: at least 1.35.
+/// `kubernetes-version`: at least 1.35. An API server started with `--emulated-version` behaves
+/// as that version (its APIs and feature gates are the emulated release's) and says so in
+/// `/version`'s `emulationMajor`/`emulationMinor`: that is the version judged.
 pub fn check_version(info: &Info) -> Finding {
     const CHECK: &str = "kubernetes-version";
     let digits = |s: &str| -> Option<u64> {
@@ -47,22 +49,33 @@ pub fn check_version(info: &Info) -> Finding {
             .parse()
             .ok()
     };
-    match (digits(&info.major), digits(&info.minor)) {
+    let emulated = match (&info.emulation_major, &info.emulation_minor) {
+        (Some(major), Some(minor)) if !major.is_empty() && !minor.is_empty() => {
+            Some((major.as_str(), minor.as_str()))
+        }
+        _ => None,
+    };
+    let (major, minor) = emulated.unwrap_or((info.major.as_str(), info.minor.as_str()));
+    let runs = match emulated {
+        Some((major, minor))
+            if digits(major) != digits(&info.major) || digits(minor) != digits(&info.minor) =>
+        {
+            format!("{} emulating {major}.{minor}", info.git_version)
+        }
+        _ => info.git_version.clone(),
+    };
+    match (digits(major), digits(minor)) {
         (Some(major), Some(minor)) if major > 1 || minor >= MIN_MINOR => Finding::new(
             CHECK,
             Verdict::Ok,
-            format!(
-                "the API server runs {} (>= 1.{MIN_MINOR}: pods take restartPolicyRules)",
-                info.git_version
-            ),
+            format!("the API server runs {runs} (>= 1.{MIN_MINOR}: pods take restartPolicyRules)"),
         ),
         (Some(_), Some(_)) => Finding::new(
             CHECK,
             Verdict::Fail,
             format!(
-                "the API server runs {}: sidecar mode needs Kubernetes >= 1.{MIN_MINOR} (the \
-                 RestartAllContainers rule)",
-                info.git_version
+                "the API server runs {runs}: sidecar mode needs Kubernetes >= 1.{MIN_MINOR} (the \
+                 RestartAllContainers rule)"
             ),
         )
         .fix(format!(
@@ -72,8 +85,8 @@ pub fn check_version(info: &Info) -> Finding {
             CHECK,
             Verdict::Warn,
             format!(
-                "cannot read the version {:?}.{:?} ({})",
-                info.major, info.minor, info.git_version
+                "cannot read the version {major:?}.{minor:?} ({})",
+                info.git_version
             ),
         ),
     }
@@ -784,6 +797,32 @@ mod tests {
         assert!(old.detail.contains(">= 1.35"), "{}", old.detail);
         assert!(old.fix.is_some());
         assert_eq!(check_version(&info("")).verdict, Verdict::Warn);
+    }
+
+    #[test]
+    fn an_api_server_emulating_an_older_release_is_judged_as_that_release() {
+        let emulating = |minor: &str| Info {
+            emulation_major: Some("1".into()),
+            emulation_minor: Some(minor.into()),
+            ..info("35")
+        };
+        let old = check_version(&emulating("34"));
+        assert_eq!(old.verdict, Verdict::Fail, "{}", old.render());
+        assert!(
+            old.detail.contains("v1.35.0 emulating 1.34"),
+            "{}",
+            old.detail
+        );
+        let same = check_version(&emulating("35"));
+        assert_eq!(same.verdict, Verdict::Ok, "{}", same.render());
+        assert!(!same.detail.contains("emulating"), "{}", same.detail);
+        // Empty emulation fields (older API servers leave them out) fall back to major/minor.
+        let empty = Info {
+            emulation_major: Some(String::new()),
+            emulation_minor: Some(String::new()),
+            ..info("35")
+        };
+        assert_eq!(check_version(&empty).verdict, Verdict::Ok);
     }
 
     #[test]
