@@ -1024,6 +1024,37 @@ fn installed(node: &Node, test: &str) -> Option<Dialect> {
     }
 }
 
+/// The product was installed as node.env's `INSTALL_METHOD` says (`up --install VARIANT`:
+/// `manifest`; `--install helm:VARIANT`: `helm`): the webhook and reconciler Deployments carry
+/// Helm's `managed-by` label exactly when Helm installed them.
+async fn assert_install_method(node: &Node) {
+    let method = node
+        .env
+        .get("INSTALL_METHOD")
+        .map(String::as_str)
+        .unwrap_or("manifest");
+    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
+        Api::namespaced(node.client.clone(), "jobset-inplace-system");
+    for name in ["jobset-inplace-webhook", "jobset-inplace-reconciler"] {
+        let d = deployments
+            .get(name)
+            .await
+            .unwrap_or_else(|e| panic!("the installed {name}: {e}"));
+        let managed_by = d
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("app.kubernetes.io/managed-by"))
+            .cloned();
+        assert_eq!(
+            managed_by.as_deref() == Some("Helm"),
+            method == "helm",
+            "{name} installed with {method}: managed-by {managed_by:?}"
+        );
+    }
+    println!("the product installed with {method}");
+}
+
 fn jobset_api(client: &Client, namespace: &str) -> Api<DynamicObject> {
     let gvk = GroupVersionKind::gvk("jobset.x-k8s.io", "v1alpha2", "JobSet");
     Api::namespaced_with(client.clone(), namespace, &ApiResource::from_gvk(&gvk))
@@ -1111,6 +1142,8 @@ struct Run {
     jobsets: Api<DynamicObject>,
     dialect: Dialect,
     size: usize,
+    /// The name of the worker container (its records' `container`, its exit file).
+    worker: &'static str,
 }
 
 impl Run {
@@ -1123,32 +1156,37 @@ impl Run {
         dialect: Dialect,
         edit: impl FnOnce(&mut serde_json::Value),
     ) -> (Self, Group) {
+        let run = Run::prepare(node, prefix, size, dialect).await;
+        let js = train_jobset(size, run.records.path(), dialect, edit);
+        let created = run
+            .jobsets
+            .create(&PostParams::default(), &js)
+            .await
+            .unwrap_or_else(|e| panic!("create the JobSet: {e}"));
+        assert_injected(&created);
+        let group = run.running(None, 0, Duration::from_secs(150)).await;
+        (run, group)
+    }
+
+    /// The test image loaded, the namespace and the records made; no JobSet yet (the test
+    /// creates `train`, or has it created).
+    async fn prepare(node: &Node, prefix: &str, size: usize, dialect: Dialect) -> Self {
         load_test_image(node).await;
         let ns = TestNamespace::create(node, prefix).await;
         let records = records_dir();
         let pods: Api<Pod> = Api::namespaced(node.client.clone(), &ns.name);
         let jobsets = jobset_api(&node.client, &ns.name);
-        let js = train_jobset(size, records.path(), dialect, edit);
-        let created = jobsets
-            .create(&PostParams::default(), &js)
-            .await
-            .unwrap_or_else(|e| panic!("create the JobSet: {e}"));
-        let spec = serde_json::to_string(&created.data["spec"]).unwrap_or_default();
-        assert!(
-            spec.contains("jobset-inplace-agent") && spec.contains("RestartAllContainers"),
-            "the installed webhook injected the agent: {spec}"
-        );
-        let run = Run {
+        Run {
             _ns: ns,
             records,
             pods,
             jobsets,
             dialect,
             size,
-        };
-        let group = run.running(None, 0, Duration::from_secs(150)).await;
-        (run, group)
+            worker: "worker",
+        }
     }
+
 
     fn records(&self) -> Vec<Record> {
         read_records(self.records.path())
@@ -1204,7 +1242,7 @@ impl Run {
             for name in pods.keys() {
                 let last = recs
                     .iter()
-                    .rfind(|r| r.event == "start" && r.container == "worker" && &r.pod == name)
+                    .rfind(|r| r.event == "start" && r.container == self.worker && &r.pod == name)
                     .filter(|r| r.ms >= since)
                     .ok_or(format!("{name}: worker not started since {since}"))?;
                 let seen = last.fields.get("epoch").map(String::as_str).unwrap_or("");
@@ -1228,11 +1266,22 @@ impl Run {
     /// Tells the worker of `pod` to exit with `code`.
     fn exit(&self, pod: &str, code: i32) {
         std::fs::write(
-            self.records.path().join(format!("exit-{pod}-worker")),
+            self.records
+                .path()
+                .join(format!("exit-{pod}-{}", self.worker)),
             code.to_string(),
         )
         .expect("exit file");
     }
+}
+
+/// The installed webhook injected the agent and a `RestartAllContainers` rule into `js`.
+fn assert_injected(js: &DynamicObject) {
+    let spec = serde_json::to_string(&js.data["spec"]).unwrap_or_default();
+    assert!(
+        spec.contains("jobset-inplace-agent") && spec.contains("RestartAllContainers"),
+        "the installed webhook injected the agent: {spec}"
+    );
 }
 
 /// The group at one moment: every pod running at `epoch`.
@@ -1294,7 +1343,12 @@ fn assert_in_place(before: &Group, after: &Group, except: &[&str]) {
 /// SIGTERM) since `since` (unix ms) before any new one started. Returns the time from the first end of an old
 /// worker (the failure) to the last start of a new one (every worker running again).
 fn assert_barrier(records: &[Record], since: u64, pods: usize) -> Duration {
-    let worker = |r: &&Record| r.container == "worker" && r.ms >= since;
+    assert_barrier_of(records, since, pods, "worker")
+}
+
+/// [`assert_barrier`] of the workers named `container`.
+fn assert_barrier_of(records: &[Record], since: u64, pods: usize, container: &str) -> Duration {
+    let worker = |r: &&Record| r.container == container && r.ms >= since;
     // Since the failure, only old workers end and only new ones start.
     let ends: Vec<&Record> = records
         .iter()
@@ -1326,7 +1380,7 @@ async fn group_restart(run: &Run, before: &Group, code: i32) -> (Group, Duration
     let old_ends = run
         .records()
         .iter()
-        .filter(|r| r.container == "worker" && r.event != "start")
+        .filter(|r| r.container == run.worker && r.event != "start")
         .count();
     let since = now_ms();
     run.exit(&failing, code);
@@ -1338,7 +1392,7 @@ async fn group_restart(run: &Run, before: &Group, code: i32) -> (Group, Duration
     let recs = run.records();
     let exit = recs
         .iter()
-        .filter(|r| r.container == "worker" && r.event != "start")
+        .filter(|r| r.container == run.worker && r.event != "start")
         .nth(old_ends);
     assert!(exit.is_some(), "the failing worker recorded its end");
     // By time, not by the worker's `EPOCH`: the downward API resolves the annotation from the
@@ -1350,7 +1404,7 @@ async fn group_restart(run: &Run, before: &Group, code: i32) -> (Group, Duration
             && r.fields.get("code") == Some(&code.to_string())),
         "{failing}'s worker exited {code} since the failure: {recs:#?}"
     );
-    let took = assert_barrier(&recs, since, run.size);
+    let took = assert_barrier_of(&recs, since, run.size, run.worker);
     // The synced epoch follows (the reconciler writes the status after the JobSetEpoch).
     eventually("the synced epoch", Duration::from_secs(30), || async {
         match run.synced().await {
@@ -1363,8 +1417,10 @@ async fn group_restart(run: &Run, before: &Group, code: i32) -> (Group, Duration
 }
 
 /// 3 pods; a worker exits with the restart code (42), then with another non-zero code (3): each
-/// time every pod restarts in place, behind the barrier, one epoch up. (The webhook injects no
-/// rule on workers: the worker carries the user's `RestartAllContainers` rule, as in story 1.)
+/// time every pod restarts in place, behind the barrier, one epoch up. (The worker carries the
+/// user's `RestartAllContainers` rule, as in story 1.) The product came in as node.env's
+/// `INSTALL_METHOD` says (.ci/run: the release manifest for epoch, the Helm chart for
+/// jobset-native).
 #[tokio::test]
 async fn a_worker_failure_restarts_the_jobset_in_place_through_the_installed_product() {
     const TEST: &str =
@@ -1373,6 +1429,7 @@ async fn a_worker_failure_restarts_the_jobset_in_place_through_the_installed_pro
         let Some(dialect) = installed(&node, TEST) else {
             return;
         };
+        assert_install_method(&node).await;
         let (run, first) = Run::start(&node, "rn-jobset", 3, dialect, |_| {}).await;
         println!("running at epoch {}: {:?}", first.epoch, first.pods.keys());
         let (second, took_42) = group_restart(&run, &first, 42).await;
