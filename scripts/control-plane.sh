@@ -7,12 +7,14 @@
 #
 #   scripts/control-plane.sh build [--node] [--with kueue,trainer]
 #                                            build the binaries once (cached)
-#   scripts/control-plane.sh up DIR [--node [--install VARIANT]] [--with kueue,trainer]
+#   scripts/control-plane.sh up DIR [--node [--install [helm:]VARIANT]] [--with kueue,trainer]
 #                                            build if needed, start everything, write DIR/kubeconfig;
 #                                            --install: also the product (epoch or jobset-native)
-#                                            as dist/install-VARIANT.yaml installs it (env
-#                                            PRODUCT_IMAGE_ARCHIVE: dist/'s OCI image archive)
-#   scripts/control-plane.sh install DIR VARIANT   the same on the node of an `up DIR --node`
+#                                            as dist/install-VARIANT.yaml installs it, or with
+#                                            helm:VARIANT by `helm install` of the chart (dist/'s
+#                                            tgz, else charts/jobset-inplace) with dialect=VARIANT
+#                                            (env PRODUCT_IMAGE_ARCHIVE: dist/'s OCI image archive)
+#   scripts/control-plane.sh install DIR [helm:]VARIANT   the same on the node of an `up DIR --node`
 #   scripts/control-plane.sh down DIR        stop what `up DIR` started, remove DIR
 #   scripts/control-plane.sh load-image DIR ARCHIVE   import a docker-archive or OCI archive
 #                                            into the node of `up DIR --node`
@@ -68,7 +70,7 @@ die() {
 }
 
 usage() {
-  sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 }
 
@@ -596,7 +598,7 @@ up() {
   shift 3
   local addons=("$@") addon
   [[ -z "$variant" || -n "$node" ]] || die "--install needs --node"
-  [[ -z "$variant" || -d "$repo/deploy/overlays/$variant" ]] || die "--install $variant: no deploy/overlays/$variant"
+  [[ -z "$variant" || -d "$repo/deploy/overlays/${variant#helm:}" ]] || die "--install $variant: no deploy/overlays/${variant#helm:}"
   need openssl "the throwaway PKI (apt-get install openssl)"
   need curl "the readiness checks (apt-get install curl)"
   need ss "finding free ports (apt-get install iproute2)"
@@ -736,6 +738,9 @@ up() {
 #   that tests/real_cluster.rs's pods stay unscheduled there).
 # Then waits until the webhook and reconciler Deployments are rolled out (pods Ready on the node)
 # and the webhook has set its caBundle.
+# With helm:VARIANT the same image, and `helm install` of the chart in place of the manifest
+# (install_helm). DIR/node.env then says INSTALL_VARIANT, INSTALL_METHOD (manifest or helm) and
+# PRODUCT_IMAGE.
 # `up --install` stops what it started; `install` on a running node leaves the node up.
 install_fail() {
   [[ "${install_stops_all:-0}" -eq 0 ]] || stop_all "$1"
@@ -743,8 +748,11 @@ install_fail() {
 }
 
 install_product() {
-  local dir="$1" variant="$2" inst="$1/install" arch image_name version
-  local kubectl=(kubectl --kubeconfig "$dir/kubeconfig")
+  local dir="$1" variant="$2" inst="$1/install" arch image_name version method=manifest
+  if [[ "$variant" == helm:* ]]; then
+    method=helm
+    variant="${variant#helm:}"
+  fi
   [[ -d "$repo/deploy/overlays/$variant" ]] || install_fail "$dir" "--install $variant: no deploy/overlays/$variant"
   mkdir -p "$inst"
   case "$(uname -m)" in
@@ -777,6 +785,22 @@ print(" ".join(m.get("annotations", {}).get("io.containerd.image.name", "") for 
     load_image "$dir" "$inst/image.tar"
   fi
 
+  if [[ "$method" == helm ]]; then
+    install_helm "$dir" "$variant" "$image_name" "$version"
+  else
+    install_manifest "$dir" "$variant" "$image_name" "$version"
+  fi
+  install_wait "$dir"
+  printf '%s\n' "INSTALL_VARIANT=$variant" "INSTALL_METHOD=$method" \
+    "PRODUCT_IMAGE=$image_name:$version" >>"$dir/node.env"
+  echo "control-plane: installed $variant ($image_name:$version) on the node with $method" >&2
+}
+
+# The release's manifest, rendered as dist.sh renders it (DIR/install/install-VARIANT.yaml),
+# applied with the CRD patch (epoch) and the node's toleration.
+install_manifest() {
+  local dir="$1" variant="$2" image_name="$3" version="$4" inst="$1/install"
+  local kubectl=(kubectl --kubeconfig "$dir/kubeconfig")
   install_manifest_render "$repo" "$inst/render" resources "overlays/$variant" "$image_name" "$version" \
     >"$inst/install-$variant.yaml"
   local crd="" component=""
@@ -807,7 +831,44 @@ patches:
 EOF
   "${kubectl[@]}" apply --server-side --field-manager control-plane.sh -k "$inst" >"$inst/apply.log" ||
     { cat "$inst/apply.log" >&2; install_fail "$dir" "kubectl apply of the $variant install failed"; }
-  local deadline=$((SECONDS + ready_timeout)) d
+}
+
+# The chart as a platform team installs it (deploy/README.md "With Helm"): dist/'s packaged chart
+# dist/jobset-inplace-VERSION.tgz when there is one, else charts/jobset-inplace; epoch: the JobSet
+# CRD patched first (the chart does not carry the patch); the namespace with its Pod Security
+# labels; then `scripts/helm.sh install` with values naming the loaded image, the dialect and the
+# node's toleration (DIR/install/values.yaml). Helm's own state goes under DIR/install/helm/.
+install_helm() {
+  local dir="$1" variant="$2" image_name="$3" version="$4" inst="$1/install"
+  local kubectl=(kubectl --kubeconfig "$dir/kubeconfig") chart="$repo/dist/jobset-inplace-$version.tgz"
+  [[ -f "$chart" ]] || chart="$repo/charts/jobset-inplace"
+  if [[ "$variant" != jobset-native ]]; then
+    mkdir -p "$inst/crd"
+    cp "$repo/fixtures/jobset-v0.12/jobset.x-k8s.io_jobsets.yaml" "$inst/crd/jobset-crd.yaml"
+    printf 'apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n- jobset-crd.yaml\ncomponents:\n- %s\n' \
+      "$(realpath --relative-to="$inst/crd" "$repo/deploy/components/epoch-status-fields")" \
+      >"$inst/crd/kustomization.yaml"
+    "${kubectl[@]}" apply --server-side --field-manager control-plane.sh -k "$inst/crd" >"$inst/apply.log" ||
+      { cat "$inst/apply.log" >&2; install_fail "$dir" "kubectl apply of the JobSet CRD's epoch patch failed"; }
+  fi
+  "${kubectl[@]}" create namespace jobset-inplace-system >/dev/null
+  "${kubectl[@]}" label namespace jobset-inplace-system pod-security.kubernetes.io/enforce=restricted \
+    pod-security.kubernetes.io/audit=restricted pod-security.kubernetes.io/warn=restricted >/dev/null
+  local toleration="{key: $node_label, operator: Equal, value: \"true\", effect: NoSchedule}"
+  printf '%s\n' "dialect: $variant" "image:" "  registry: \"\"" "  repository: $image_name" \
+    "  tag: \"$version\"" "webhook:" "  tolerations: [$toleration]" "reconciler:" \
+    "  tolerations: [$toleration]" >"$inst/values.yaml"
+  echo "control-plane: helm install jobset-inplace $chart (values: $inst/values.yaml)" >&2
+  HELM_CACHE_HOME="$inst/helm/cache" HELM_CONFIG_HOME="$inst/helm/config" HELM_DATA_HOME="$inst/helm/data" \
+    "$repo/scripts/helm.sh" install jobset-inplace "$chart" --kubeconfig "$dir/kubeconfig" \
+    --namespace jobset-inplace-system -f "$inst/values.yaml" >"$inst/helm-install.log" 2>&1 ||
+    { cat "$inst/helm-install.log" >&2; install_fail "$dir" "helm install of the $variant chart failed"; }
+}
+
+# Until the webhook and reconciler Deployments are rolled out and the webhook's caBundle is set.
+install_wait() {
+  local dir="$1" inst="$1/install" deadline=$((SECONDS + ready_timeout)) d
+  local kubectl=(kubectl --kubeconfig "$dir/kubeconfig")
   for d in jobset-inplace-webhook jobset-inplace-reconciler; do
     "${kubectl[@]}" -n jobset-inplace-system rollout status "deploy/$d" \
       --timeout "$((deadline - SECONDS > 1 ? deadline - SECONDS : 1))s" >&2 || {
@@ -823,9 +884,6 @@ EOF
     ((SECONDS < deadline)) || install_fail "$dir" "the webhook's caBundle not set within ${ready_timeout}s"
     sleep 0.5
   done
-  echo "INSTALL_VARIANT=$variant" >>"$dir/node.env"
-  echo "PRODUCT_IMAGE=$image_name:$version" >>"$dir/node.env"
-  echo "control-plane: installed $variant ($image_name:$version) on the node" >&2
 }
 
 down() {
@@ -883,7 +941,7 @@ case "${1:-}" in
   load-image) [[ $# -eq 3 ]] || usage; load_image "$2" "$3" ;;
   install)
     [[ $# -eq 3 && -f "$2/node.env" ]] || usage
-    [[ -d "$repo/deploy/overlays/$3" ]] || die "install $3: no deploy/overlays/$3"
+    [[ -d "$repo/deploy/overlays/${3#helm:}" ]] || die "install $3: no deploy/overlays/${3#helm:}"
     install_product "$(cd "$2" && pwd)" "$3"
     ;;
   *) usage ;;

@@ -25,6 +25,14 @@
 //! the barrier (three times in a row, none slower), a deleted pod is replaced and joins, a fatal
 //! exit code fails the JobSet (story 2), user init containers and sidecars re-run, a pod that never
 //! comes back is replaced after the group-restart deadline; `doctor` sees the node's feature.
+//! With `--install helm:VARIANT` the same tests run on the product Helm installed from the chart
+//! (node.env `INSTALL_METHOD=helm`, checked).
+//!
+//! With Kueue and Kubeflow Trainer started beside it (`up ... --with kueue,trainer`: DIR/addons
+//! names them; `JOBSET_INPLACE_REAL_CLUSTER_ADDONS` makes their tests required, as in
+//! tests/real_cluster.rs): a TrainJob of an InPlaceRestart ClusterTrainingRuntime runs on the
+//! node and group-restarts in place; a JobSet admitted by a Kueue ClusterQueue (`waitForPodsReady`
+//! on) group-restarts in place without being evicted or requeued.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -1024,6 +1032,37 @@ fn installed(node: &Node, test: &str) -> Option<Dialect> {
     }
 }
 
+/// The product was installed as node.env's `INSTALL_METHOD` says (`up --install VARIANT`:
+/// `manifest`; `--install helm:VARIANT`: `helm`): the webhook and reconciler Deployments carry
+/// Helm's `managed-by` label exactly when Helm installed them.
+async fn assert_install_method(node: &Node) {
+    let method = node
+        .env
+        .get("INSTALL_METHOD")
+        .map(String::as_str)
+        .unwrap_or("manifest");
+    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
+        Api::namespaced(node.client.clone(), "jobset-inplace-system");
+    for name in ["jobset-inplace-webhook", "jobset-inplace-reconciler"] {
+        let d = deployments
+            .get(name)
+            .await
+            .unwrap_or_else(|e| panic!("the installed {name}: {e}"));
+        let managed_by = d
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("app.kubernetes.io/managed-by"))
+            .cloned();
+        assert_eq!(
+            managed_by.as_deref() == Some("Helm"),
+            method == "helm",
+            "{name} installed with {method}: managed-by {managed_by:?}"
+        );
+    }
+    println!("the product installed with {method}");
+}
+
 fn jobset_api(client: &Client, namespace: &str) -> Api<DynamicObject> {
     let gvk = GroupVersionKind::gvk("jobset.x-k8s.io", "v1alpha2", "JobSet");
     Api::namespaced_with(client.clone(), namespace, &ApiResource::from_gvk(&gvk))
@@ -1111,6 +1150,8 @@ struct Run {
     jobsets: Api<DynamicObject>,
     dialect: Dialect,
     size: usize,
+    /// The name of the worker container (its records' `container`, its exit file).
+    worker: &'static str,
 }
 
 impl Run {
@@ -1123,31 +1164,44 @@ impl Run {
         dialect: Dialect,
         edit: impl FnOnce(&mut serde_json::Value),
     ) -> (Self, Group) {
+        let run = Run::prepare(node, prefix, size, dialect).await;
+        let js = train_jobset(size, run.records.path(), dialect, edit);
+        let created = run
+            .jobsets
+            .create(&PostParams::default(), &js)
+            .await
+            .unwrap_or_else(|e| panic!("create the JobSet: {e}"));
+        assert_injected(&created);
+        let group = run.running(None, 0, Duration::from_secs(150)).await;
+        (run, group)
+    }
+
+    /// The test image loaded, the namespace and the records made; no JobSet yet (the test
+    /// creates `train`, or has it created).
+    async fn prepare(node: &Node, prefix: &str, size: usize, dialect: Dialect) -> Self {
         load_test_image(node).await;
         let ns = TestNamespace::create(node, prefix).await;
         let records = records_dir();
         let pods: Api<Pod> = Api::namespaced(node.client.clone(), &ns.name);
         let jobsets = jobset_api(&node.client, &ns.name);
-        let js = train_jobset(size, records.path(), dialect, edit);
-        let created = jobsets
-            .create(&PostParams::default(), &js)
-            .await
-            .unwrap_or_else(|e| panic!("create the JobSet: {e}"));
-        let spec = serde_json::to_string(&created.data["spec"]).unwrap_or_default();
-        assert!(
-            spec.contains("jobset-inplace-agent") && spec.contains("RestartAllContainers"),
-            "the installed webhook injected the agent: {spec}"
-        );
-        let run = Run {
+        Run {
             _ns: ns,
             records,
             pods,
             jobsets,
             dialect,
             size,
-        };
-        let group = run.running(None, 0, Duration::from_secs(150)).await;
-        (run, group)
+            worker: "worker",
+        }
+    }
+
+    /// The worker container is `name` (not `worker`).
+    fn set_worker(&mut self, name: &'static str) {
+        self.worker = name;
+    }
+
+    fn namespace(&self) -> &str {
+        &self._ns.name
     }
 
     fn records(&self) -> Vec<Record> {
@@ -1204,7 +1258,7 @@ impl Run {
             for name in pods.keys() {
                 let last = recs
                     .iter()
-                    .rfind(|r| r.event == "start" && r.container == "worker" && &r.pod == name)
+                    .rfind(|r| r.event == "start" && r.container == self.worker && &r.pod == name)
                     .filter(|r| r.ms >= since)
                     .ok_or(format!("{name}: worker not started since {since}"))?;
                 let seen = last.fields.get("epoch").map(String::as_str).unwrap_or("");
@@ -1228,11 +1282,22 @@ impl Run {
     /// Tells the worker of `pod` to exit with `code`.
     fn exit(&self, pod: &str, code: i32) {
         std::fs::write(
-            self.records.path().join(format!("exit-{pod}-worker")),
+            self.records
+                .path()
+                .join(format!("exit-{pod}-{}", self.worker)),
             code.to_string(),
         )
         .expect("exit file");
     }
+}
+
+/// The installed webhook injected the agent and a `RestartAllContainers` rule into `js`.
+fn assert_injected(js: &DynamicObject) {
+    let spec = serde_json::to_string(&js.data["spec"]).unwrap_or_default();
+    assert!(
+        spec.contains("jobset-inplace-agent") && spec.contains("RestartAllContainers"),
+        "the installed webhook injected the agent: {spec}"
+    );
 }
 
 /// The group at one moment: every pod running at `epoch`.
@@ -1294,7 +1359,12 @@ fn assert_in_place(before: &Group, after: &Group, except: &[&str]) {
 /// SIGTERM) since `since` (unix ms) before any new one started. Returns the time from the first end of an old
 /// worker (the failure) to the last start of a new one (every worker running again).
 fn assert_barrier(records: &[Record], since: u64, pods: usize) -> Duration {
-    let worker = |r: &&Record| r.container == "worker" && r.ms >= since;
+    assert_barrier_of(records, since, pods, "worker")
+}
+
+/// [`assert_barrier`] of the workers named `container`.
+fn assert_barrier_of(records: &[Record], since: u64, pods: usize, container: &str) -> Duration {
+    let worker = |r: &&Record| r.container == container && r.ms >= since;
     // Since the failure, only old workers end and only new ones start.
     let ends: Vec<&Record> = records
         .iter()
@@ -1326,7 +1396,7 @@ async fn group_restart(run: &Run, before: &Group, code: i32) -> (Group, Duration
     let old_ends = run
         .records()
         .iter()
-        .filter(|r| r.container == "worker" && r.event != "start")
+        .filter(|r| r.container == run.worker && r.event != "start")
         .count();
     let since = now_ms();
     run.exit(&failing, code);
@@ -1338,7 +1408,7 @@ async fn group_restart(run: &Run, before: &Group, code: i32) -> (Group, Duration
     let recs = run.records();
     let exit = recs
         .iter()
-        .filter(|r| r.container == "worker" && r.event != "start")
+        .filter(|r| r.container == run.worker && r.event != "start")
         .nth(old_ends);
     assert!(exit.is_some(), "the failing worker recorded its end");
     // By time, not by the worker's `EPOCH`: the downward API resolves the annotation from the
@@ -1350,7 +1420,7 @@ async fn group_restart(run: &Run, before: &Group, code: i32) -> (Group, Duration
             && r.fields.get("code") == Some(&code.to_string())),
         "{failing}'s worker exited {code} since the failure: {recs:#?}"
     );
-    let took = assert_barrier(&recs, since, run.size);
+    let took = assert_barrier_of(&recs, since, run.size, run.worker);
     // The synced epoch follows (the reconciler writes the status after the JobSetEpoch).
     eventually("the synced epoch", Duration::from_secs(30), || async {
         match run.synced().await {
@@ -1363,8 +1433,10 @@ async fn group_restart(run: &Run, before: &Group, code: i32) -> (Group, Duration
 }
 
 /// 3 pods; a worker exits with the restart code (42), then with another non-zero code (3): each
-/// time every pod restarts in place, behind the barrier, one epoch up. (The webhook injects no
-/// rule on workers: the worker carries the user's `RestartAllContainers` rule, as in story 1.)
+/// time every pod restarts in place, behind the barrier, one epoch up. (The worker carries the
+/// user's `RestartAllContainers` rule, as in story 1.) The product came in as node.env's
+/// `INSTALL_METHOD` says (.ci/run: the release manifest for epoch, the Helm chart for
+/// jobset-native).
 #[tokio::test]
 async fn a_worker_failure_restarts_the_jobset_in_place_through_the_installed_product() {
     const TEST: &str =
@@ -1373,6 +1445,7 @@ async fn a_worker_failure_restarts_the_jobset_in_place_through_the_installed_pro
         let Some(dialect) = installed(&node, TEST) else {
             return;
         };
+        assert_install_method(&node).await;
         let (run, first) = Run::start(&node, "rn-jobset", 3, dialect, |_| {}).await;
         println!("running at epoch {}: {:?}", first.epoch, first.pods.keys());
         let (second, took_42) = group_restart(&run, &first, 42).await;
@@ -2007,6 +2080,406 @@ async fn doctor_pull_check_reports_an_image_the_node_cannot_pull() {
                 .is_some_and(|n| n.contains("-pull-"))
                 && p.metadata.deletion_timestamp.is_none()),
             "the pull-check pod is deleted"
+        );
+    })
+    .await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Kubeflow Trainer and Kueue on the real node (`up DIR --node --install epoch --with
+// kueue,trainer`): their controller managers beside the control plane, the pods on the node
+// ---------------------------------------------------------------------------------------------
+
+/// The addons a run requires (as tests/real_cluster.rs: CI sets `kueue,trainer`): a test of one
+/// that was not started then fails instead of skipping.
+const ADDONS_ENV: &str = "JOBSET_INPLACE_REAL_CLUSTER_ADDONS";
+
+/// Whether `addon` was started with the node (`DIR/addons`, written by `up --with`, names it).
+/// When not: SKIPPED loudly, or a panic where `JOBSET_INPLACE_REAL_CLUSTER_ADDONS` names it.
+fn addon_started(node: &Node, test: &str, addon: &str) -> bool {
+    let file = node.dir.join("addons");
+    let started = std::fs::read_to_string(&file)
+        .map(|text| text.lines().any(|l| l.trim() == addon))
+        .unwrap_or(false);
+    if started {
+        return true;
+    }
+    let required = std::env::var(ADDONS_ENV).unwrap_or_default();
+    if required.split(',').any(|a| a.trim() == addon) {
+        panic!(
+            "{test}: {ADDONS_ENV}={required} but {} does not name {addon} \
+             (scripts/control-plane.sh up DIR --node --install epoch --with {addon})",
+            file.display()
+        );
+    }
+    eprintln!(
+        "\n!! SKIPPED {test}: {addon} was not started with the node \
+         (up DIR --node --install epoch --with {addon}; {} does not name it)\n",
+        file.display()
+    );
+    false
+}
+
+/// An API of any kind, namespaced or cluster-wide.
+fn api_of(
+    client: &Client,
+    (group, version, kind): (&str, &str, &str),
+    namespace: Option<&str>,
+) -> Api<DynamicObject> {
+    let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, kind));
+    match namespace {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
+        None => Api::all_with(client.clone(), &resource),
+    }
+}
+
+const TRAINING_RUNTIME: (&str, &str, &str) =
+    ("trainer.kubeflow.org", "v1alpha1", "ClusterTrainingRuntime");
+const TRAIN_JOB: (&str, &str, &str) = ("trainer.kubeflow.org", "v1alpha1", "TrainJob");
+const RESOURCE_FLAVOR: (&str, &str, &str) = ("kueue.x-k8s.io", "v1beta2", "ResourceFlavor");
+const CLUSTER_QUEUE: (&str, &str, &str) = ("kueue.x-k8s.io", "v1beta2", "ClusterQueue");
+const LOCAL_QUEUE: (&str, &str, &str) = ("kueue.x-k8s.io", "v1beta2", "LocalQueue");
+const WORKLOAD: (&str, &str, &str) = ("kueue.x-k8s.io", "v1beta2", "Workload");
+
+/// Cluster-scoped objects (KIND, NAME) deleted with kubectl when dropped, also on a panic.
+struct ClusterObjects {
+    kubeconfig: PathBuf,
+    objects: Vec<(&'static str, String)>,
+}
+
+impl Drop for ClusterObjects {
+    fn drop(&mut self) {
+        for (kind, name) in self.objects.iter().rev() {
+            let _ = std::process::Command::new("kubectl")
+                .arg("--kubeconfig")
+                .arg(&self.kubeconfig)
+                .args(["delete", kind, name, "--ignore-not-found", "--wait=false"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+}
+
+/// Creates `object`, retrying while the addon's webhooks or CRDs are not answering yet.
+async fn create_eventually(api: &Api<DynamicObject>, object: serde_json::Value) -> DynamicObject {
+    let object: DynamicObject = serde_json::from_value(object).expect("object");
+    let what = format!(
+        "create {} {}",
+        object.types.as_ref().map(|t| t.kind.as_str()).unwrap_or(""),
+        object.metadata.name.as_deref().unwrap_or("")
+    );
+    eventually(&what, Duration::from_secs(60), || async {
+        api.create(&PostParams::default(), &object)
+            .await
+            .map_err(|e| e.to_string())
+    })
+    .await
+}
+
+/// A TrainJob from a ClusterTrainingRuntime whose JobSet template uses InPlaceRestart, as a user
+/// writes it (the shape of tests/real_cluster.rs's Trainer test: one replicated job `node`,
+/// Trainer's `trainer` step, `restartPolicy: Never`, nothing injected; here of the test image on
+/// the real node): Trainer makes the JobSet, which comes out injected by the installed webhook;
+/// its pods run on the node; a worker fails and every pod restarts in place (same UIDs and IPs,
+/// every container's `restartCount` one up, behind the barrier, the epoch one up and synced).
+#[tokio::test]
+async fn a_trainjob_from_an_in_place_restart_runtime_restarts_in_place_on_the_real_node() {
+    const TEST: &str =
+        "a_trainjob_from_an_in_place_restart_runtime_restarts_in_place_on_the_real_node";
+    with_node(TEST, |node| async move {
+        let Some(dialect) = installed(&node, TEST) else {
+            return;
+        };
+        if !addon_started(&node, TEST, "trainer") {
+            return;
+        }
+        let mut run = Run::prepare(&node, "rn-trainer", 2, dialect).await;
+        // Trainer's `trainer` step must have a container named `node` (its runtime webhook).
+        run.set_worker("node");
+        let runtime = format!("{}-inplace", run.namespace());
+        let _objects = ClusterObjects {
+            kubeconfig: node.kubeconfig.clone(),
+            objects: vec![(
+                "clustertrainingruntime.trainer.kubeflow.org",
+                runtime.clone(),
+            )],
+        };
+        // The JobSet `train_jobset` makes, as a runtime's template: the worker without a rule of
+        // its own (the webhook gives it one), in Trainer's `trainer` step.
+        let mut template =
+            serde_json::to_value(train_jobset(run.size, run.records.path(), dialect, |_| {}))
+                .expect("json")["spec"]
+                .clone();
+        let job = &mut template["replicatedJobs"][0];
+        job["name"] = json!("node");
+        job["template"]["metadata"] =
+            json!({"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}});
+        let pod = &mut job["template"]["spec"]["template"]["spec"];
+        pod["containers"] = json!([jobset_worker("node", dialect)]);
+        for field in ["backoffLimit", "podReplacementPolicy"] {
+            if let Some(o) = job["template"]["spec"].as_object_mut() {
+                o.remove(field);
+            }
+        }
+        create_eventually(
+            &api_of(&node.client, TRAINING_RUNTIME, None),
+            json!({"apiVersion": "trainer.kubeflow.org/v1alpha1",
+                   "kind": "ClusterTrainingRuntime",
+                   "metadata": {"name": runtime},
+                   "spec": {"template": {"spec": template}}}),
+        )
+        .await;
+        create_eventually(
+            &api_of(&node.client, TRAIN_JOB, Some(run.namespace())),
+            json!({"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+                   "metadata": {"name": "train"},
+                   "spec": {"runtimeRef": {"name": runtime,
+                       "kind": "ClusterTrainingRuntime",
+                       "apiGroup": "trainer.kubeflow.org"}}}),
+        )
+        .await;
+        let js = eventually("Trainer's JobSet", Duration::from_secs(60), || async {
+            run.jobsets.get("train").await.map_err(|e| e.to_string())
+        })
+        .await;
+        assert_injected(&js);
+        assert!(
+            js.metadata
+                .owner_references
+                .as_ref()
+                .is_some_and(|o| o.iter().any(|r| r.kind == "TrainJob")),
+            "the JobSet is Trainer's: {:?}",
+            js.metadata
+        );
+        let first = run.running(None, 0, Duration::from_secs(150)).await;
+        println!("TrainJob's pods running at epoch {}", first.epoch);
+        let (_, took) = group_restart(&run, &first, 3).await;
+        println!(
+            "TrainJob: every worker running again after {} ms",
+            took.as_millis()
+        );
+    })
+    .await;
+}
+
+/// Kueue's Workload of JobSet `name`: its conditions by type as (status, reason), and the
+/// whole object.
+async fn workload_of(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+) -> Result<(BTreeMap<String, (String, String)>, serde_json::Value), String> {
+    let list = api_of(client, WORKLOAD, Some(namespace))
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| e.to_string())?;
+    let w = list
+        .items
+        .into_iter()
+        .find(|w| {
+            w.metadata
+                .owner_references
+                .as_ref()
+                .is_some_and(|o| o.iter().any(|r| r.kind == "JobSet" && r.name == name))
+        })
+        .ok_or_else(|| format!("no Workload of {name} yet"))?;
+    let conditions = w.data["status"]["conditions"]
+        .as_array()
+        .map(|cs| {
+            cs.iter()
+                .map(|c| {
+                    let field = |k: &str| c[k].as_str().unwrap_or("").to_owned();
+                    (field("type"), (field("status"), field("reason")))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    Ok((conditions, w.data))
+}
+
+/// One sample of what Kueue and JobSet say while a group restart runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct KueueView {
+    /// The Workload's conditions by type: (status, reason).
+    conditions: BTreeMap<String, (String, String)>,
+    /// The Workload's `status.requeueState`, as JSON (null when never requeued).
+    requeue: String,
+    /// The JobSet's `spec.suspend`.
+    suspended: bool,
+}
+
+/// A JobSet in a Kueue LocalQueue (ClusterQueue quota for it, `waitForPodsReady` on as
+/// `up --with kueue` configures it: DIR/kueue/config.yaml) on the real node: created suspended by
+/// Kueue's webhook and injected by ours, admitted and resumed, its pods run; a worker fails and
+/// the JobSet group-restarts in place while Kueue neither evicts nor requeues it (the Workload
+/// stays Admitted, never Evicted, no requeueState, the JobSet never suspended). The Workload's
+/// conditions through the restart are printed (how `PodsReady` moves; docs/operations.md).
+#[tokio::test]
+async fn a_jobset_admitted_by_kueue_group_restarts_in_place_without_eviction() {
+    const TEST: &str = "a_jobset_admitted_by_kueue_group_restarts_in_place_without_eviction";
+    with_node(TEST, |node| async move {
+        let Some(dialect) = installed(&node, TEST) else {
+            return;
+        };
+        if !addon_started(&node, TEST, "kueue") {
+            return;
+        }
+        let kueue_config = std::fs::read_to_string(node.dir.join("kueue/config.yaml"))
+            .unwrap_or_else(|e| panic!("DIR/kueue/config.yaml: {e}"));
+        let wait_for_pods_ready: Vec<&str> = kueue_config
+            .lines()
+            .skip_while(|l| !l.starts_with("waitForPodsReady:"))
+            .take_while(|l| l.starts_with("waitForPodsReady:") || l.starts_with(' '))
+            .collect();
+        assert!(
+            !wait_for_pods_ready.is_empty(),
+            "Kueue runs with waitForPodsReady: {kueue_config}"
+        );
+        println!("Kueue's {}", wait_for_pods_ready.join("\n"));
+        let run = Run::prepare(&node, "rn-kueue", 3, dialect).await;
+        let ns = run.namespace().to_owned();
+        let (flavor, queue) = (format!("{ns}-flavor"), format!("{ns}-cq"));
+        let _objects = ClusterObjects {
+            kubeconfig: node.kubeconfig.clone(),
+            objects: vec![
+                ("resourceflavor.kueue.x-k8s.io", flavor.clone()),
+                ("clusterqueue.kueue.x-k8s.io", queue.clone()),
+            ],
+        };
+        create_eventually(
+            &api_of(&node.client, RESOURCE_FLAVOR, None),
+            json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
+                   "metadata": {"name": flavor}}),
+        )
+        .await;
+        create_eventually(
+            &api_of(&node.client, CLUSTER_QUEUE, None),
+            json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue",
+                   "metadata": {"name": queue},
+                   "spec": {
+                       "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+                       "resourceGroups": [{"coveredResources": ["cpu", "memory"],
+                           "flavors": [{"name": flavor, "resources": [
+                               {"name": "cpu", "nominalQuota": "8"},
+                               {"name": "memory", "nominalQuota": "16Gi"}]}]}]}}),
+        )
+        .await;
+        create_eventually(
+            &api_of(&node.client, LOCAL_QUEUE, Some(&ns)),
+            json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
+                   "metadata": {"name": "lq", "namespace": ns},
+                   "spec": {"clusterQueue": queue}}),
+        )
+        .await;
+        let js = train_jobset(run.size, run.records.path(), dialect, |js| {
+            js["metadata"]["labels"] = json!({"kueue.x-k8s.io/queue-name": "lq"});
+        });
+        let created = run
+            .jobsets
+            .create(&PostParams::default(), &js)
+            .await
+            .unwrap_or_else(|e| panic!("create the JobSet: {e}"));
+        assert_injected(&created);
+        assert_eq!(
+            created.data["spec"]["suspend"], true,
+            "Kueue's webhook suspended the JobSet until admission"
+        );
+        let first = run.running(None, 0, Duration::from_secs(150)).await;
+        let view = || async {
+            let (conditions, w) = workload_of(&node.client, &ns, "train").await?;
+            let suspended = run
+                .jobsets
+                .get("train")
+                .await
+                .map_err(|e| e.to_string())?
+                .data["spec"]["suspend"]
+                .as_bool()
+                .unwrap_or(false);
+            Ok::<_, String>(KueueView {
+                conditions,
+                requeue: w["status"]["requeueState"].to_string(),
+                suspended,
+            })
+        };
+        let ready = eventually(
+            "the Workload admitted, PodsReady",
+            Duration::from_secs(60),
+            || async {
+                let v = view().await?;
+                let is = |t: &str| v.conditions.get(t).is_some_and(|c| c.0 == "True");
+                (is("Admitted") && is("PodsReady"))
+                    .then_some(v.clone())
+                    .ok_or(format!("{v:?}"))
+            },
+        )
+        .await;
+        println!("admitted: {ready:?}");
+
+        // The group restart, with Kueue's view sampled every 100 ms until PodsReady is back.
+        let sampling = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let samples = {
+            let sampling = sampling.clone();
+            async move {
+                let start = Instant::now();
+                let mut seen: Vec<(Duration, KueueView)> = Vec::new();
+                while sampling.load(std::sync::atomic::Ordering::Relaxed) {
+                    if let Ok(v) = view().await
+                        && seen.last().is_none_or(|(_, last)| *last != v)
+                    {
+                        seen.push((start.elapsed(), v));
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                seen
+            }
+        };
+        let restart = async {
+            let (after, took) = group_restart(&run, &first, 3).await;
+            // Until Kueue has seen the pods ready again (or 60 s: then the loop below says).
+            let _ = tokio::time::timeout(Duration::from_secs(60), async {
+                loop {
+                    if let Ok(v) = view().await
+                        && v.conditions.get("PodsReady").is_some_and(|c| c.0 == "True")
+                    {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            })
+            .await;
+            // A few seconds more: an eviction decided late would show.
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            sampling.store(false, std::sync::atomic::Ordering::Relaxed);
+            (after, took)
+        };
+        let (seen, (after, took)) = tokio::join!(samples, restart);
+        println!(
+            "group restart under Kueue: every worker running again after {} ms, epoch {}",
+            took.as_millis(),
+            after.epoch
+        );
+        for (at, v) in &seen {
+            println!("  +{:>5} ms {v:?}", at.as_millis());
+        }
+        assert!(!seen.is_empty(), "Kueue's view sampled");
+        for (at, v) in &seen {
+            let status = |t: &str| v.conditions.get(t).map(|c| c.0.as_str());
+            assert_ne!(status("Evicted"), Some("True"), "+{at:?}: evicted: {v:?}");
+            assert_eq!(status("Admitted"), Some("True"), "+{at:?}: {v:?}");
+            assert_eq!(
+                status("Requeued"),
+                ready.conditions.get("Requeued").map(|c| c.0.as_str()),
+                "+{at:?}: requeued: {v:?}"
+            );
+            assert_eq!(v.requeue, "null", "+{at:?}: requeueState: {v:?}");
+            assert!(!v.suspended, "+{at:?}: the JobSet suspended: {v:?}");
+        }
+        let last = &seen[seen.len() - 1].1;
+        assert_eq!(
+            last.conditions.get("PodsReady").map(|c| c.0.as_str()),
+            Some("True"),
+            "PodsReady again after the group restart: {last:?}"
         );
     })
     .await;
