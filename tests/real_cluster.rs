@@ -5344,6 +5344,107 @@ async fn kueue_evicts_a_jobset_whose_pods_stay_unready_past_recovery_timeout_onl
     .await;
 }
 
+/// Kueue's configuration where its release keeps it (`up --with kueue` writes it there too).
+const KUEUE_CONFIG_MAP: &str = "kueue-manager-config";
+const KUEUE_CONFIG_KEY: &str = "controller_manager_config.yaml";
+
+/// `doctor`'s `kueue-wait-for-pods-ready` on the real control plane, from Kueue's ConfigMap
+/// `kueue-system/kueue-manager-config` (no reconciler Deployment here: the group-restart timeout
+/// is the default 2m, so recoveryTimeout must exceed 4m): the configuration Kueue runs with here
+/// (recoveryTimeout 20s) warns with what to set; the ConfigMap changed to a recoveryTimeout of 5m
+/// passes, to 4m warns, to `0s` passes; a namespace without the ConfigMap (no Kueue) passes and
+/// says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_warns_where_kueue_would_evict_a_group_restart() {
+    const TEST: &str = "doctor_warns_where_kueue_would_evict_a_group_restart";
+    with_cluster(TEST, |cluster| async move {
+        if !addon_started(&cluster, TEST, "kueue") {
+            return;
+        }
+        let recovery = kueue_recovery_timeout(&cluster);
+        assert!(recovery < Duration::from_secs(240), "{recovery:?}");
+        let maps: Api<k8s_openapi::api::core::v1::ConfigMap> =
+            Api::namespaced(cluster.client.clone(), "kueue-system");
+        let original = maps
+            .get(KUEUE_CONFIG_MAP)
+            .await
+            .expect("kueue-system/kueue-manager-config, written by control-plane.sh");
+        let text = original
+            .data
+            .as_ref()
+            .and_then(|d| d.get(KUEUE_CONFIG_KEY))
+            .cloned()
+            .expect("controller_manager_config.yaml");
+        let check = || async {
+            let (report, _) = doctor(&cluster, &[], &["--read-only"]).await;
+            finding(&report, "kueue-wait-for-pods-ready")
+        };
+        let with_recovery = |value: &str| {
+            let lines: Vec<String> = text
+                .lines()
+                .map(|l| match l.split_once("recoveryTimeout:") {
+                    Some((indent, _)) => format!("{indent}recoveryTimeout: {value}"),
+                    None => l.to_owned(),
+                })
+                .collect();
+            merge(json!({"data": {KUEUE_CONFIG_KEY: lines.join("\n")}}))
+        };
+
+        let f = check().await;
+        assert_eq!(f["verdict"], "warn", "{f:#}");
+        let detail = f["detail"].as_str().unwrap_or_default();
+        assert!(
+            detail.contains(&format!("recoveryTimeout {}s", recovery.as_secs()))
+                && detail.contains("PodsReadyTimeout")
+                && detail.contains("the reconciler's default 2m"),
+            "{f:#}"
+        );
+        assert!(
+            f["fix"]
+                .as_str()
+                .is_some_and(|x| x.contains("above 4m") && x.contains("kueue-manager-config")),
+            "{f:#}"
+        );
+
+        for (value, verdict) in [("5m", "ok"), ("4m", "warn"), ("0s", "ok")] {
+            maps.patch(
+                KUEUE_CONFIG_MAP,
+                &PatchParams::default(),
+                &with_recovery(value),
+            )
+            .await
+            .expect("change the ConfigMap");
+            let f = check().await;
+            assert_eq!(f["verdict"], verdict, "recoveryTimeout {value}: {f:#}");
+        }
+        maps.patch(
+            KUEUE_CONFIG_MAP,
+            &PatchParams::default(),
+            &merge(json!({"data": {KUEUE_CONFIG_KEY: text}})),
+        )
+        .await
+        .expect("restore the ConfigMap");
+
+        let ns = TestNamespace::create(&cluster, "rc-nokueue").await;
+        let (report, _) = doctor(
+            &cluster,
+            &[],
+            &["--read-only", "--kueue-namespace", &ns.name],
+        )
+        .await;
+        let f = finding(&report, "kueue-wait-for-pods-ready");
+        assert_eq!(f["verdict"], "ok", "{f:#}");
+        assert!(
+            f["detail"]
+                .as_str()
+                .is_some_and(|d| d.contains("no ConfigMap") && d.contains("nothing to check")),
+            "{f:#}"
+        );
+        drop(ns);
+    })
+    .await;
+}
+
 fn addon_agent_image(js: &DynamicObject) -> String {
     agent_image(js).unwrap_or_else(|| "none".to_owned())
 }
