@@ -483,7 +483,8 @@ subjectAltName=IP:127.0.0.1"
 # integrations only (a queue-name label required; without batch/job its Job webhook panics on the
 # Jobs JobSet creates), waitForPodsReady on with a short recoveryTimeout
 # (JOBSET_INPLACE_KUEUE_RECOVERY_TIMEOUT, default 20s) and a short requeuing backoff, so that
-# tests see an eviction and a requeue within seconds.
+# tests see an eviction and a requeue within seconds. That configuration is also written where
+# Kueue's release keeps it: ConfigMap kueue-system/kueue-manager-config.
 start_kueue() {
   local dir="$1" bin="$2" src webhook_port health_port ca
   local kubectl=(kubectl --kubeconfig "$dir/kubeconfig")
@@ -541,6 +542,9 @@ integrations:
   - jobset.x-k8s.io/jobset
   - trainer.kubeflow.org/trainjob
 EOF
+  # The same configuration where Kueue's release keeps it (doctor reads it there).
+  "${kubectl[@]}" -n kueue-system create configmap kueue-manager-config \
+    --from-file=controller_manager_config.yaml="$dir/kueue/config.yaml" >/dev/null
   start "$dir" kueue env KUBECONFIG="$dir/kubeconfig" "$bin" --config "$dir/kueue/config.yaml" \
     --feature-gates VisibilityOnDemand=false
   wait_for "$dir" kueue "http://127.0.0.1:$health_port/readyz"

@@ -5392,33 +5392,200 @@ async fn kueue_evicts_a_jobset_whose_pods_stay_unready_past_recovery_timeout_onl
     .await;
 }
 
+/// Kueue's configuration where its release keeps it (`up --with kueue` writes it there too).
+const KUEUE_CONFIG_MAP: &str = "kueue-manager-config";
+const KUEUE_CONFIG_KEY: &str = "controller_manager_config.yaml";
+
+/// `doctor`'s `kueue-wait-for-pods-ready` on the real control plane, from Kueue's ConfigMap
+/// `kueue-system/kueue-manager-config` (no reconciler Deployment here: the group-restart timeout
+/// is the default 2m, so recoveryTimeout must exceed 4m): the configuration Kueue runs with here
+/// (recoveryTimeout 20s) warns with what to set; the ConfigMap changed to a recoveryTimeout of 5m
+/// passes, to 4m warns, to `0s` passes; a namespace without the ConfigMap (no Kueue) passes and
+/// says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_warns_where_kueue_would_evict_a_group_restart() {
+    const TEST: &str = "doctor_warns_where_kueue_would_evict_a_group_restart";
+    with_cluster(TEST, |cluster| async move {
+        if !addon_started(&cluster, TEST, "kueue") {
+            return;
+        }
+        let recovery = kueue_recovery_timeout(&cluster);
+        assert!(recovery < Duration::from_secs(240), "{recovery:?}");
+        let maps: Api<k8s_openapi::api::core::v1::ConfigMap> =
+            Api::namespaced(cluster.client.clone(), "kueue-system");
+        let original = maps
+            .get(KUEUE_CONFIG_MAP)
+            .await
+            .expect("kueue-system/kueue-manager-config, written by control-plane.sh");
+        let text = original
+            .data
+            .as_ref()
+            .and_then(|d| d.get(KUEUE_CONFIG_KEY))
+            .cloned()
+            .expect("controller_manager_config.yaml");
+        let check = || async {
+            let (report, _) = doctor(&cluster, &[], &["--read-only"]).await;
+            finding(&report, "kueue-wait-for-pods-ready")
+        };
+        let with_recovery = |value: &str| {
+            let lines: Vec<String> = text
+                .lines()
+                .map(|l| match l.split_once("recoveryTimeout:") {
+                    Some((indent, _)) => format!("{indent}recoveryTimeout: {value}"),
+                    None => l.to_owned(),
+                })
+                .collect();
+            merge(json!({"data": {KUEUE_CONFIG_KEY: lines.join("\n")}}))
+        };
+
+        let f = check().await;
+        assert_eq!(f["verdict"], "warn", "{f:#}");
+        let detail = f["detail"].as_str().unwrap_or_default();
+        assert!(
+            detail.contains(&format!("recoveryTimeout {}s", recovery.as_secs()))
+                && detail.contains("PodsReadyTimeout")
+                && detail.contains("the reconciler's default 2m"),
+            "{f:#}"
+        );
+        assert!(
+            f["fix"]
+                .as_str()
+                .is_some_and(|x| x.contains("above 4m") && x.contains("kueue-manager-config")),
+            "{f:#}"
+        );
+
+        for (value, verdict) in [("5m", "ok"), ("4m", "warn"), ("0s", "ok")] {
+            maps.patch(
+                KUEUE_CONFIG_MAP,
+                &PatchParams::default(),
+                &with_recovery(value),
+            )
+            .await
+            .expect("change the ConfigMap");
+            let f = check().await;
+            assert_eq!(f["verdict"], verdict, "recoveryTimeout {value}: {f:#}");
+        }
+        maps.patch(
+            KUEUE_CONFIG_MAP,
+            &PatchParams::default(),
+            &merge(json!({"data": {KUEUE_CONFIG_KEY: text}})),
+        )
+        .await
+        .expect("restore the ConfigMap");
+
+        let ns = TestNamespace::create(&cluster, "rc-nokueue").await;
+        let (report, _) = doctor(
+            &cluster,
+            &[],
+            &["--read-only", "--kueue-namespace", &ns.name],
+        )
+        .await;
+        let f = finding(&report, "kueue-wait-for-pods-ready");
+        assert_eq!(f["verdict"], "ok", "{f:#}");
+        assert!(
+            f["detail"]
+                .as_str()
+                .is_some_and(|d| d.contains("no ConfigMap") && d.contains("nothing to check")),
+            "{f:#}"
+        );
+        drop(ns);
+    })
+    .await;
+}
+
 fn addon_agent_image(js: &DynamicObject) -> String {
     agent_image(js).unwrap_or_else(|| "none".to_owned())
 }
 
-/// An upgrade of jobset-inplace under Kubeflow Trainer: the webhook replaced by one that injects
-/// a newer agent (a new image tag). A running TrainJob's JobSet keeps the injection it was
-/// created with (Trainer v2.3 applies a running JobSet no more, and nothing else writes it); a
-/// suspended TrainJob's JobSet, which Trainer applies again on its next reconcile, gets the new
-/// one (its pod template may change while suspended); a TrainJob created after the upgrade gets
-/// the new one.
-// Its expectation for the suspended JobSet is wrong: JobSet v0.12 holds a replicatedJob's
-// containers immutable while suspended too ("spec.replicatedJobs: field is immutable", tried on
-// the real control plane), so the webhook keeps the stored injection on every UPDATE
-// (`an_upgrade_keeps_the_stored_injection_of_running_jobsets`). To be rewritten to expect that.
-#[ignore = "expects a suspended JobSet to take the new injection, which JobSet v0.12 refuses: to be rewritten"]
+/// What Trainer reported of its TrainJobs' reconciles in `namespace`: its Warning events
+/// `TrainJobResourcesCreationFailed` (a refused JobSet apply), as "TRAINJOB: NOTE".
+async fn trainer_failures(client: &Client, namespace: &str) -> Result<Vec<String>, String> {
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(client.clone(), namespace);
+    Ok(events
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| e.to_string())?
+        .items
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some("TrainJobResourcesCreationFailed"))
+        .map(|e| {
+            format!(
+                "{}: {}",
+                e.regarding
+                    .as_ref()
+                    .and_then(|r| r.name.as_deref())
+                    .unwrap_or("?"),
+                e.note.as_deref().unwrap_or("")
+            )
+        })
+        .collect())
+}
+
+/// The agent's image in the pod template of each Job of JobSet `name`, or an error while it has
+/// no Job.
+async fn jobs_agent_images(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+) -> Result<Vec<String>, String> {
+    let api: Api<k8s_openapi::api::batch::v1::Job> = Api::namespaced(client.clone(), namespace);
+    let list = api
+        .list(&ListParams::default().labels(&format!("jobset.sigs.k8s.io/jobset-name={name}")))
+        .await
+        .map_err(|e| e.to_string())?;
+    if list.items.is_empty() {
+        return Err(format!("no Job of {name} yet"));
+    }
+    Ok(list
+        .items
+        .iter()
+        .map(|job| {
+            let spec = serde_json::to_value(&job.spec).unwrap_or_default();
+            spec["template"]["spec"]["initContainers"]
+                .as_array()
+                .and_then(|cs| cs.iter().find(|c| c["name"] == "jobset-inplace-agent"))
+                .and_then(|c| c["image"].as_str())
+                .unwrap_or("none")
+                .to_owned()
+        })
+        .collect())
+}
+
+/// The version stamp of a JobSet's injection (its first replicatedJob's pod template).
+fn injected_stamp(js: &DynamicObject) -> Value {
+    js.data["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["metadata"]["annotations"]
+        [INJECTED_ANNOTATION]
+        .clone()
+}
+
+/// An upgrade of jobset-inplace under Kubeflow Trainer v2.3: the webhook that injected an older
+/// agent (image tag 0.0.9) replaced by this version's. Then, with Trainer reconciling every
+/// TrainJob again (each JobSet and TrainJob touched):
+/// - a running TrainJob's JobSet keeps its stored injection (image, stamp, spec, generation) and
+///   Trainer reports no failed reconcile (v2.3 applies a running JobSet no more);
+/// - a suspended TrainJob's JobSet keeps its stored injection too, because JobSet v0.12 holds a
+///   replicatedJob's pod template immutable even while suspended: Trainer's re-applies while
+///   suspended and the one that resumes it are admitted (no failed reconcile) and the Jobs it
+///   then gets run the old agent, until the TrainJob is recreated;
+/// - a TrainJob created after the upgrade gets the new injection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn trainjobs_across_an_upgrade_keep_a_running_injection_and_take_the_new_one_where_they_may()
 {
     const TEST: &str =
         "trainjobs_across_an_upgrade_keep_a_running_injection_and_take_the_new_one_where_they_may";
-    const NEW_IMAGE: &str = "registry.example/jobset-inplace:99.0.0";
+    const OLD_IMAGE: &str = "ghcr.io/jobset-inplace/jobset-inplace:0.0.9";
     with_cluster(TEST, |cluster| async move {
         if !addon_started(&cluster, TEST, "trainer") {
             return;
         }
-        let old = serve_webhook(&cluster).await;
-        let ns = TestNamespace::create(&cluster, "rc-upgrade").await;
+        let new_image = jobset_inplace::admission::InjectionConfig::defaults(
+            jobset_inplace::protocol::Dialect::Epoch,
+        )
+        .image;
+        assert_ne!(new_image, OLD_IMAGE);
+        let old = serve_webhook_with(&cluster, &["--agent-image", OLD_IMAGE]).await;
+        let ns = TestNamespace::create(&cluster, "rc-trainer-upgrade").await;
         let runtime = format!("{}-inplace", ns.name);
         let _leftovers = ClusterLeftovers {
             kubeconfig: cluster.kubeconfig.clone(),
@@ -5457,39 +5624,54 @@ async fn trainjobs_across_an_upgrade_keep_a_running_injection_and_take_the_new_o
                 }
             }
         };
-        for (name, suspend) in [("running", false), ("waiting", true)] {
-            let tj = train_job(name, &runtime, suspend);
-            eventually("a TrainJob", Duration::from_secs(60), || async {
-                trainjobs
-                    .create(&pp, &tj)
+        // The old webhook in force before the TrainJobs: their JobSets must come out injected.
+        eventually(
+            "the old webhook in force",
+            Duration::from_secs(60),
+            || async {
+                let dry_run = PostParams {
+                    dry_run: true,
+                    ..Default::default()
+                };
+                let js = jobsets
+                    .create(&dry_run, &train_jobset(&ns.name, 2))
                     .await
-                    .map(|_| ())
-                    .map_err(|e| e.to_string())
-            })
+                    .map_err(|e| e.to_string())?;
+                let image = addon_agent_image(&js);
+                (image == OLD_IMAGE).then_some(()).ok_or(image)
+            },
+        )
+        .await;
+        for (name, suspend) in [("running", false), ("waiting", true)] {
+            trainjobs
+                .create(&pp, &train_job(name, &runtime, suspend))
+                .await
+                .unwrap_or_else(|e| panic!("TrainJob {name}: {e}"));
+            let image = eventually(
+                &format!("{name} injected"),
+                Duration::from_secs(60),
+                injected_image(name),
+            )
             .await;
+            assert_eq!(image, OLD_IMAGE, "{name}");
         }
-        let before = eventually(
-            "running injected",
+        let agents = eventually(
+            "the Jobs of the running JobSet",
             Duration::from_secs(60),
-            injected_image("running"),
+            || jobs_agent_images(&cluster.client, &ns.name, "running"),
         )
         .await;
-        let waiting = eventually(
-            "waiting injected",
-            Duration::from_secs(60),
-            injected_image("waiting"),
-        )
-        .await;
-        assert_eq!(before, waiting);
-        assert_ne!(before, NEW_IMAGE);
+        assert!(agents.iter().all(|a| a == OLD_IMAGE), "{agents:?}");
         let running = settled(&jobsets, "running").await;
+        let waiting = settled(&jobsets, "waiting").await;
         assert_eq!(running.data["spec"]["suspend"], false);
+        assert_eq!(waiting.data["spec"]["suspend"], true);
+        assert!(injected_stamp(&running).is_string(), "{:?}", running.data);
 
-        // The upgrade: the webhook replaced by one injecting NEW_IMAGE, in force once a dry run
-        // comes back with it.
+        // The upgrade: the webhook replaced by this version's, in force once a dry run comes back
+        // with the new agent.
         old.stop().await;
-        let new = serve_webhook_with(&cluster, &["--agent-image", NEW_IMAGE]).await;
-        let probe = train_jobset(&ns.name, 2);
+        let new = serve_webhook(&cluster).await;
         eventually(
             "the new webhook in force",
             Duration::from_secs(60),
@@ -5499,53 +5681,91 @@ async fn trainjobs_across_an_upgrade_keep_a_running_injection_and_take_the_new_o
                     ..Default::default()
                 };
                 let js = jobsets
-                    .create(&dry_run, &probe)
+                    .create(&dry_run, &train_jobset(&ns.name, 2))
                     .await
                     .map_err(|e| e.to_string())?;
                 let image = addon_agent_image(&js);
-                (image == NEW_IMAGE).then_some(()).ok_or(image)
+                (image == new_image).then_some(()).ok_or(image)
             },
         )
         .await;
 
-        // Trainer reconciles both; it applies the suspended one again (a mutating review).
-        let seen = mutations(&new).await;
+        // Trainer reconciles both TrainJobs again (it watches their JobSets and them).
         for name in ["running", "waiting"] {
+            let touch = merge(json!({"metadata": {"labels": {"rc-touch": "upgraded"}}}));
             jobsets
-                .patch(
-                    name,
-                    &PatchParams::default(),
-                    &merge(json!({"metadata": {"labels": {"rc-touch": "upgraded"}}})),
-                )
+                .patch(name, &PatchParams::default(), &touch)
                 .await
                 .expect("touch the JobSet");
+            trainjobs
+                .patch(name, &PatchParams::default(), &touch)
+                .await
+                .expect("touch the TrainJob");
         }
-        eventually("Trainer's re-apply", Duration::from_secs(60), || async {
-            let now = mutations(&new).await;
-            (now > seen).then_some(()).ok_or(format!("mutations {now}"))
-        })
-        .await;
-        eventually(
-            "the suspended JobSet takes the new agent",
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        for (name, before) in [("running", &running), ("waiting", &waiting)] {
+            let after = settled(&jobsets, name).await;
+            assert_eq!(after.data["spec"], before.data["spec"], "{name}");
+            assert_eq!(
+                after.metadata.generation, before.metadata.generation,
+                "{name}"
+            );
+            assert_eq!(addon_agent_image(&after), OLD_IMAGE, "{name}");
+            assert_eq!(injected_stamp(&after), injected_stamp(before), "{name}");
+        }
+        let failures = trainer_failures(&cluster.client, &ns.name)
+            .await
+            .expect("events");
+        assert!(
+            failures.is_empty(),
+            "Trainer's reconciles failed: {failures:?}"
+        );
+
+        // The suspended TrainJob resumed: Trainer applies its JobSet unsuspended (a spec change,
+        // through both webhooks), which keeps the stored injection; its Jobs run the old agent.
+        let seen = mutations(&new).await;
+        trainjobs
+            .patch(
+                "waiting",
+                &PatchParams::default(),
+                &merge(json!({"spec": {"suspend": false}})),
+            )
+            .await
+            .expect("resume the TrainJob");
+        let agents = eventually(
+            "the Jobs of the resumed JobSet",
             Duration::from_secs(60),
+            || jobs_agent_images(&cluster.client, &ns.name, "waiting"),
+        )
+        .await;
+        assert!(agents.iter().all(|a| a == OLD_IMAGE), "{agents:?}");
+        // That apply went through the new webhook (its counter moves once it has answered).
+        eventually(
+            "Trainer's resuming apply reviewed by the new webhook",
+            Duration::from_secs(10),
             || async {
-                let image = injected_image("waiting")().await?;
-                (image == NEW_IMAGE).then_some(()).ok_or(image)
+                let now = mutations(&new).await;
+                (now > seen)
+                    .then_some(())
+                    .ok_or(format!("mutations {seen} -> {now}"))
             },
         )
         .await;
-        let still = settled(&jobsets, "running").await;
-        assert_eq!(
-            addon_agent_image(&still),
-            before,
-            "the running JobSet's injection changed"
+        let resumed = settled(&jobsets, "waiting").await;
+        assert_eq!(resumed.data["spec"]["suspend"], false);
+        assert_eq!(addon_agent_image(&resumed), OLD_IMAGE);
+        assert_eq!(injected_stamp(&resumed), injected_stamp(&waiting));
+        let failures = trainer_failures(&cluster.client, &ns.name)
+            .await
+            .expect("events");
+        assert!(
+            failures.is_empty(),
+            "Trainer's reconciles failed: {failures:?}"
         );
-        assert_eq!(still.metadata.generation, running.metadata.generation);
 
-        // A TrainJob created after the upgrade.
-        let fresh = train_job("fresh", &runtime, false);
+        // A TrainJob created after the upgrade gets the new injection, and its Jobs the new agent.
         trainjobs
-            .create(&pp, &fresh)
+            .create(&pp, &train_job("fresh", &runtime, false))
             .await
             .expect("a TrainJob after the upgrade");
         let image = eventually(
@@ -5554,7 +5774,14 @@ async fn trainjobs_across_an_upgrade_keep_a_running_injection_and_take_the_new_o
             injected_image("fresh"),
         )
         .await;
-        assert_eq!(image, NEW_IMAGE);
+        assert_eq!(image, new_image);
+        let agents = eventually(
+            "the Jobs of the fresh JobSet",
+            Duration::from_secs(60),
+            || jobs_agent_images(&cluster.client, &ns.name, "fresh"),
+        )
+        .await;
+        assert!(agents.iter().all(|a| *a == new_image), "{agents:?}");
 
         new.stop().await;
         delete_webhook_configurations(&cluster).await;

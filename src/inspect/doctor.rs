@@ -19,6 +19,7 @@ use kube::api::Api;
 use rustls::pki_types::CertificateDer;
 use serde::Serialize;
 
+use super::kueue;
 use crate::certs;
 use crate::protocol::Dialect;
 use crate::reconciler::crd;
@@ -98,6 +99,8 @@ pub struct Target {
     pub warn_days: u64,
     /// `--nodes`: the training nodes' labels; the node check looks at those nodes only.
     pub nodes: std::collections::BTreeMap<String, String>,
+    /// Namespace of Kueue's `kueue-manager-config` ConfigMap.
+    pub kueue_namespace: String,
 }
 
 /// The caBundles of the webhook configurations, with the Service each webhook calls.
@@ -698,6 +701,8 @@ pub async fn run_checks(client: &kube::Client, target: &Target, now: SystemTime)
         )),
     }
 
+    out.push(kueue_check(client, target).await);
+
     for ns in &target.namespaces {
         let sa = get_opt(
             Api::<ServiceAccount>::namespaced(client.clone(), ns),
@@ -723,6 +728,41 @@ pub async fn run_checks(client: &kube::Client, target: &Target, now: SystemTime)
         }
     }
     out
+}
+
+/// `kueue-wait-for-pods-ready`: Kueue's ConfigMap and the reconciler's Deployment, read.
+async fn kueue_check(client: &kube::Client, target: &Target) -> Finding {
+    use k8s_openapi::api::apps::v1::Deployment;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let ns = &target.kueue_namespace;
+    let config = match get_opt(
+        Api::<ConfigMap>::namespaced(client.clone(), ns),
+        kueue::CONFIG_MAP,
+    )
+    .await
+    {
+        Ok(None) => None,
+        Ok(Some(cm)) => Some(
+            cm.data
+                .and_then(|mut d| d.remove(kueue::CONFIG_KEY))
+                .ok_or_else(|| format!("no key {}", kueue::CONFIG_KEY)),
+        ),
+        Err(e) => Some(Err(e.to_string())),
+    };
+    let sys = &target.system_namespace;
+    let restart = match get_opt(
+        Api::<Deployment>::namespaced(client.clone(), sys),
+        kueue::RECONCILER_DEPLOYMENT,
+    )
+    .await
+    {
+        Ok(d) => kueue::group_restart_timeout(d.as_ref(), sys),
+        Err(e) => (
+            Err(e.to_string()),
+            format!("of Deployment {sys}/{}", kueue::RECONCILER_DEPLOYMENT),
+        ),
+    };
+    kueue::check_pods_ready(config, ns, restart)
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@
 //! - [`status`]: the JobSet's epoch fields and its pods, the pods the group waits for first.
 
 pub mod doctor;
+pub mod kueue;
 pub mod preflight;
 pub mod status;
 
@@ -136,6 +137,11 @@ pub struct DoctorArgs {
     #[arg(long, default_value_t = 30)]
     pub warn_days: u64,
 
+    /// Namespace of Kueue's ConfigMap `kueue-manager-config` (its release's), whose
+    /// `waitForPodsReady` the kueue-wait-for-pods-ready check reads.
+    #[arg(long, default_value = "kueue-system")]
+    pub kueue_namespace: String,
+
     /// Run a short-lived pod with the agent image on a training node (see --nodes) and report
     /// whether the node could pull it; the pod is deleted.
     #[arg(long)]
@@ -237,6 +243,7 @@ impl DoctorArgs {
             agent_role_binding: crate::reconciler::provision::ROLE_BINDING.to_owned(),
             warn_days: self.warn_days,
             nodes: self.nodes.clone().unwrap_or_default(),
+            kueue_namespace: self.kueue_namespace.clone(),
         }
     }
 
