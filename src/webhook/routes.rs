@@ -385,7 +385,7 @@ async fn read_body(
 /// The body of the request is read (or given up on): the connection is answering now, no longer
 /// judged by the rate it sends at.
 fn body_done(parts: &axum::http::request::Parts) {
-    if let Some(progress) = parts.extensions.get::<super::conn::BodyProgress>() {
+    if let Some(progress) = parts.extensions.get::<crate::serving::conn::BodyProgress>() {
         progress.done();
     }
 }

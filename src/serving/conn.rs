@@ -529,7 +529,7 @@ fn owe(activity: &Activity, response: Response) -> Response {
         bytes,
         "answer budget full: answering 429 instead of an answer of this size"
     );
-    let body = crate::admission::status_body(
+    let body = super::status_body(
         429,
         "TooManyRequests",
         "too many answers waiting to be read; retry shortly",
