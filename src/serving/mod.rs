@@ -20,6 +20,11 @@
 //!   failed call;
 //! - the answer budget and the slow-reader cut: no layer sees how many answer bytes are still
 //!   unwritten on a socket, which is what a reader that does not read holds.
+//! - the stop: each connection's own `graceful_shutdown` at its next answer, because the same
+//!   connection future must also be cut at once on a deadline or an eviction, which hyper-util's
+//!   `GracefulShutdown` (it takes the connection over) does not allow.
+//!
+//! Taken from hyper: HTTP/1.1 parsing, keep-alive, the head size limit (`max_header_size`: 431).
 //!
 //! It sits below the webhook and the telemetry, which both use it, and knows neither: what it
 //! counts it reports through [`Events`].
@@ -56,20 +61,7 @@ pub trait Events: Send + Sync {
     fn handshake_failed(&self);
 }
 
-/// A Kubernetes `Status` object (`kind: Status`, `status: Failure`) as the body of an HTTP error
-/// reply.
-pub fn status_body(code: u16, reason: &str, message: &str) -> Vec<u8> {
-    let status = serde_json::json!({
-        "apiVersion": "v1",
-        "kind": "Status",
-        "metadata": {},
-        "status": "Failure",
-        "message": message,
-        "reason": reason,
-        "code": code,
-    });
-    serde_json::to_vec(&status).unwrap_or_default()
-}
+pub use conn::status_body;
 
 /// Resolves once `stop` says so (or its sender is gone).
 pub async fn wait_stop(mut stop: watch::Receiver<bool>) {

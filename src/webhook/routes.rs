@@ -6,6 +6,13 @@
 //!   bodies, on the blocking pool, and the metrics observed;
 //! - [`health_router`]: the plain-HTTP routes, `/healthz`, `/readyz`, `/metrics`.
 //!
+//! The body read is ours, not tower-http's: `RequestBodyLimitLayer` caps one request's body but
+//! answers 413 in plain text, not the Kubernetes `Status` the API server reports, and shares no
+//! budget between requests (ours reserves a body's bytes across every request before reading
+//! them); `TimeoutLayer` bounds the whole request, review included, with an empty 408, where the
+//! deadline here is the body's alone and a slow body is also evictable
+//! ([`crate::serving::conn::BodyProgress`]).
+//!
 //! See docs/architecture.md ("Webhook").
 
 use std::sync::Arc;
