@@ -33,6 +33,7 @@ pub mod offline;
 pub mod protocol;
 pub mod reconciler;
 pub mod retry;
+pub mod serving;
 pub mod settings;
 pub mod shutdown;
 pub mod telemetry;

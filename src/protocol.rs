@@ -191,7 +191,7 @@ impl StatusChange {
 // Agent
 // ---------------------------------------------------------------------------------------------
 
-/// Agent step 2: the epoch a starting agent registers, `max(synced + 1, own + 1)`, an absent value
+/// The epoch a starting agent registers (docs/protocol.md, "Guarantees" 1 and 3), `max(synced + 1, own + 1)`, an absent value
 /// putting no constraint, and the dialect's first epoch when both are absent.
 pub fn agent_epoch(dialect: Dialect, own: Option<Epoch>, synced: Option<Epoch>) -> Epoch {
     let next = |e: Epoch| e.saturating_add(1);
@@ -234,7 +234,8 @@ pub enum AgentAction {
     Wait,
 }
 
-/// Agent step 4, for one observed JobSet state.
+/// What a registered agent does on one observed state of its JobSet's epochs: lift its barrier,
+/// exit to restart, or wait (docs/protocol.md, "State").
 pub fn agent_decide(epoch: Epoch, view: &AgentView) -> AgentAction {
     if !view.in_place_restart || view.disabled {
         return AgentAction::LiftBarrier;
@@ -447,8 +448,10 @@ pub struct AloneAgent {
     pub node: String,
 }
 
-/// Reconciler steps 1 to 5 for one JobSet that has the InPlaceRestart strategy and is neither
-/// finished nor suspended (the caller checks that).
+/// The reconciler's decision for one JobSet that has the InPlaceRestart strategy and is neither
+/// finished nor suspended (the caller checks that): the `maxRestarts` bound, then the synced
+/// epoch once every expected pod is registered at one epoch, else the deprecation of every epoch
+/// below the newest (docs/protocol.md, "Guarantees").
 pub fn reconcile_decide(input: &ReconcileInput<'_>) -> ReconcileDecision {
     let first = input.dialect.first_epoch();
     let mut decision = ReconcileDecision::default();
@@ -484,7 +487,7 @@ pub fn reconcile_decide(input: &ReconcileInput<'_>) -> ReconcileDecision {
     let max_epoch = epochs.iter().copied().max();
     decision.max_epoch = max_epoch;
 
-    // Step 2: max restarts, by epoch and by container restart count.
+    // The bound: max restarts, by epoch and by container restart count.
     let max_restarts = input.max_restarts.max(0);
     if let Some(max) = max_epoch {
         let not_counted = i64::from(input.restarts) - i64::from(input.restarts_count_towards_max);
@@ -555,7 +558,7 @@ pub fn reconcile_decide(input: &ReconcileInput<'_>) -> ReconcileDecision {
         }
     }
 
-    // Steps 3 and 4: everyone registered at one epoch.
+    // Synced: everyone registered at one epoch.
     // A pod whose workers outlived its agent's restart runs workers of an older epoch than its
     // annotation says: nothing is synced while one is seen (docs/protocol.md, "A node without
     // the gate").
@@ -583,7 +586,7 @@ pub fn reconcile_decide(input: &ReconcileInput<'_>) -> ReconcileDecision {
         // agents acted on it: found by tests/chaos.rs), is raised to it even while in sync.
         decision.change.deprecated = raise((max > first).then(|| max - 1));
     } else {
-        // Step 5: deprecate everything below the newest epoch.
+        // Else: deprecate everything below the newest epoch.
         let candidate = max.saturating_sub(1);
         decision.change.deprecated = raise((candidate >= first).then_some(candidate));
     }

@@ -133,7 +133,7 @@ pub fn health_router(health: Health) -> axum::Router {
 
 /// Limits of the plain-HTTP health listener: it answers probes and scrapes, so a connection
 /// that is slow to ask, or too many at once, cannot hold it (issues 11 and 21). It is the
-/// webhook's listener ([`crate::webhook::listener::serve_plain`]): when every slot is taken,
+/// webhook's connection loop ([`crate::serving::serve_plain`]): when every slot is taken,
 /// connections idle or stuck in a head are closed to make room, so hundreds of partial heads do
 /// not keep the kubelet's probe waiting.
 #[derive(Clone, Copy, Debug)]
@@ -153,7 +153,7 @@ pub struct HealthLimits {
 impl Default for HealthLimits {
     fn default() -> Self {
         HealthLimits {
-            max_connections: crate::webhook::listener::DEFAULT_MAX_CONNECTIONS,
+            max_connections: crate::serving::DEFAULT_MAX_CONNECTIONS,
             max_header_bytes: 16 * 1024,
             header_read_timeout: std::time::Duration::from_secs(5),
             idle_timeout: std::time::Duration::from_secs(60),
@@ -178,15 +178,15 @@ pub async fn serve_health_with(
     limits: HealthLimits,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) {
-    crate::webhook::listener::serve_plain(
+    crate::serving::serve_plain(
         listener,
         health_router(health),
-        crate::webhook::listener::PlainLimits {
+        crate::serving::PlainLimits {
             max_connections: limits.max_connections,
             max_header_bytes: limits.max_header_bytes,
             header_read_timeout: limits.header_read_timeout,
             idle_timeout: limits.idle_timeout,
-            answer_bytes_in_flight: crate::webhook::conn::DEFAULT_ANSWER_BYTES_IN_FLIGHT,
+            answer_bytes_in_flight: crate::serving::conn::DEFAULT_ANSWER_BYTES_IN_FLIGHT,
         },
         std::time::Duration::from_secs(1),
         shutdown,

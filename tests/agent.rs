@@ -447,6 +447,29 @@ async fn served_watches_that_are_cut_resume_at_once() {
     until("the barrier to lift", || a.lifted()).await;
 }
 
+/// A server that ends every watch as soon as it opens (before an event, a bookmark or a second)
+/// is not flooded: such watches did not serve, and the agent backs off before the next one
+/// (why its watch is not `kube::runtime::watcher`, which re-opens an ended watch at once).
+#[tokio::test]
+async fn watches_ended_at_once_are_reopened_after_a_backoff() {
+    let server = TestApiServer::start().await;
+    create_jobset(&server, jobset("InPlaceRestart"));
+    server.create("pods", pod("p0")).expect("pod");
+    let a = InProcess::start(&server, Dialect::Epoch, "p0");
+    until("the registration", || a.barrier.borrow().registered).await;
+    server.reset_counters();
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(3) {
+        server.cut_watches();
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let watches = server.counters().get(Verb::Watch, "jobsetepochs");
+    // A backoff from 50 ms, doubling, allows about 7 in 3 s; re-opened at once, thousands.
+    assert!((1..=20).contains(&watches), "{watches} watches in 3 s");
+    set_status(&server, json!({"syncedEpoch": 1}));
+    until("the barrier to lift", || a.lifted()).await;
+}
+
 /// The pod's own epoch keeps a restarted pod ahead of its old epoch even when the status was
 /// wiped; a cut watch is resumed and an expired resourceVersion (410) is re-read, without
 /// missing the state that matters.

@@ -146,18 +146,7 @@ pub struct Mutation {
 /// Largest AdmissionReview body accepted; larger bodies get HTTP 413 from the server.
 pub const MAX_BODY_BYTES: usize = 7 * 1024 * 1024;
 
-/// A Kubernetes `Status` object (`kind: Status`, `status: Failure`) as the body of an HTTP error
-/// reply (400 when no uid can be read, 413 for a body over [`MAX_BODY_BYTES`], 415 for a content
-/// type other than `application/json`).
-pub fn status_body(code: u16, reason: &str, message: &str) -> Vec<u8> {
-    let status = serde_json::json!({
-        "apiVersion": "v1",
-        "kind": "Status",
-        "metadata": {},
-        "status": "Failure",
-        "message": message,
-        "reason": reason,
-        "code": code,
-    });
-    serde_json::to_vec(&status).unwrap_or_default()
-}
+/// A Kubernetes `Status` object as the body of an HTTP error reply (400 when no uid can be
+/// read, 413 for a body over [`MAX_BODY_BYTES`], 415 for a content type other than
+/// `application/json`): the connection loop's ([`crate::serving::status_body`]).
+pub use crate::serving::status_body;

@@ -5,8 +5,15 @@
 //! Every API error is retried with a jittered exponential backoff (50 ms to 5 s, or longer when
 //! a 429's `Retry-After` asks for it, [`crate::retry`]); nothing the API server does makes the
 //! agent exit. A watch that ends or breaks after it served (an event or a bookmark, or one
-//! second open) is resumed at once: only watches that fail straight away back off. The agent ends only with an [`AgentExit`]: its pod's epoch
-//! was deprecated, or a signal arrived.
+//! second open) is resumed at once: only watches that fail straight away back off. A watch that
+//! delivers nothing (not even a bookmark) for `watch_idle_timeout` is abandoned and resumed. The
+//! agent ends only with an [`AgentExit`]: its pod's epoch was deprecated, or a signal arrived.
+//!
+//! The watch is kube's `Api::watch` with its resume kept here, not `kube::runtime::watcher`,
+//! because the watcher re-opens a watch that ended inside its own step, without yielding an item
+//! that a backoff could see, so a server that closes every watch at once would get requests in a
+//! hot loop (its default list-then-watch would also make a start four requests, not three; its
+//! `streaming_lists()` would keep one watch, as kube-apiserver 1.35 serves it).
 
 use std::time::{Duration, Instant};
 
@@ -328,7 +335,7 @@ impl Protocol {
         }
     }
 
-    /// Step 1: reads the pod's own epoch annotation.
+    /// Reads the pod's own epoch annotation (the first of a start's three requests).
     async fn read_pod(&mut self) {
         match bounded(self.api_timeout, self.pods.get(&self.pod_name)).await {
             Ok(pod) => {
@@ -350,7 +357,7 @@ impl Protocol {
         }
     }
 
-    /// Step 3: the annotation, as a JSON merge patch.
+    /// Registers `epoch`: the pod's annotation, as a JSON merge patch (the third request).
     async fn register(&mut self, epoch: Epoch) {
         let patch = Patch::Merge(self.dialect.pod_epoch_merge_patch(epoch));
         let params = PatchParams::default();
@@ -433,7 +440,8 @@ impl Protocol {
         }
     }
 
-    /// Step 2 and 4: one event of the watch of the epochs (opening or resuming it as needed).
+    /// One event of the watch of the epochs (the second request, held open), opening or resuming
+    /// it as needed.
     async fn watch_step(&mut self) {
         let source = self.source.name();
         let stream = match &mut self.stream {

@@ -105,7 +105,7 @@ fn outcome_index(outcome: ReviewOutcome) -> usize {
 /// - `jobset_inplace_connections_closed_by_server_total{listener,reason}`: connections the
 ///   server closed on its own: `header_timeout` (handshake or request head too slow),
 ///   `idle_timeout`, `evicted` (to make room under `--max-connections`), `slow_reader` (an
-///   answer not taken at the floor rate, [`crate::webhook::conn::MIN_ANSWER_BYTES_PER_SEC`]);
+///   answer not taken at the floor rate, [`crate::serving::conn::MIN_ANSWER_BYTES_PER_SEC`]);
 /// - `jobset_inplace_connection_limit_reached_total{listener}`: times every connection slot was
 ///   taken and new connections had to wait;
 /// - `jobset_inplace_tls_certificate_reloads_total{result}`: reloads of the serving certificate
@@ -353,7 +353,7 @@ impl Metrics {
     }
 
     /// Counts a connection the server closed on its own.
-    pub fn connection_cut(&self, listener: &'static str, cut: crate::webhook::conn::Cut) {
+    pub fn connection_cut(&self, listener: &'static str, cut: crate::serving::conn::Cut) {
         self.closed_by_server
             .get_or_create(&CutLabels {
                 listener,
@@ -451,6 +451,22 @@ fn new_duration_histogram() -> Histogram {
     // after its timeout (5 s in deploy/base/webhook-configurations.yaml, 10 s at most), and a
     // request near it must land in a bucket of its own, not in +Inf.
     Histogram::new(exponential_buckets(0.00005, 2.0, 16).chain([2.5, 5.0, 10.0]))
+}
+
+/// The listeners' connections, counted (`crate::serving` reports them through this).
+impl crate::serving::Events for Metrics {
+    fn connection(&self, tls: bool) -> Box<dyn Send> {
+        Box::new(Metrics::connection(self, tls))
+    }
+    fn connection_cut(&self, listener: &'static str, cut: crate::serving::conn::Cut) {
+        Metrics::connection_cut(self, listener, cut);
+    }
+    fn connection_limit_reached(&self, listener: &'static str) {
+        Metrics::connection_limit_reached(self, listener);
+    }
+    fn handshake_failed(&self) {
+        Metrics::handshake_failed(self);
+    }
 }
 
 /// Decrements a gauge when dropped.

@@ -16,13 +16,12 @@
 //! `127.0.0.1:0`).
 //!
 //! - [`routes`]: the routes and their handlers (body limits, the review, metrics);
-//! - [`listener`]: the connection loops, TLS, limits and graceful shutdown;
-//! - [`conn`]: the connection states the listener watches to evict idle and stuck connections;
+//! - [`listener`]: the HTTPS and health listeners on [`crate::serving`]'s connection loop, TLS,
+//!   graceful shutdown;
 //! - [`tls`]: the serving certificate, reloaded when its files change;
 //! - [`self_signed`]: `--self-signed`, certificates from a Secret the replicas keep renewed;
 //! - [`metrics`]: the Prometheus metrics.
 
-pub mod conn;
 pub mod listener;
 pub mod metrics;
 pub mod routes;

@@ -6,6 +6,13 @@
 //!   bodies, on the blocking pool, and the metrics observed;
 //! - [`health_router`]: the plain-HTTP routes, `/healthz`, `/readyz`, `/metrics`.
 //!
+//! The body read is ours, not tower-http's: `RequestBodyLimitLayer` caps one request's body but
+//! answers 413 in plain text, not the Kubernetes `Status` the API server reports, and shares no
+//! budget between requests (ours reserves a body's bytes across every request before reading
+//! them); `TimeoutLayer` bounds the whole request, review included, with an empty 408, where the
+//! deadline here is the body's alone and a slow body is also evictable
+//! ([`crate::serving::conn::BodyProgress`]).
+//!
 //! See docs/architecture.md ("Webhook").
 
 use std::sync::Arc;
@@ -385,7 +392,7 @@ async fn read_body(
 /// The body of the request is read (or given up on): the connection is answering now, no longer
 /// judged by the rate it sends at.
 fn body_done(parts: &axum::http::request::Parts) {
-    if let Some(progress) = parts.extensions.get::<super::conn::BodyProgress>() {
+    if let Some(progress) = parts.extensions.get::<crate::serving::conn::BodyProgress>() {
         progress.done();
     }
 }

@@ -529,7 +529,7 @@ fn owe(activity: &Activity, response: Response) -> Response {
         bytes,
         "answer budget full: answering 429 instead of an answer of this size"
     );
-    let body = crate::admission::status_body(
+    let body = status_body(
         429,
         "TooManyRequests",
         "too many answers waiting to be read; retry shortly",
@@ -548,6 +548,21 @@ fn owe(activity: &Activity, response: Response) -> Response {
     // Small: always fits.
     let _ = activity.answer(busy.body().size_hint().lower() as usize);
     busy
+}
+
+/// A Kubernetes `Status` object (`kind: Status`, `status: Failure`) as the body of an HTTP error
+/// reply.
+pub fn status_body(code: u16, reason: &str, message: &str) -> Vec<u8> {
+    let status = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Status",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    });
+    serde_json::to_vec(&status).unwrap_or_default()
 }
 
 #[cfg(test)]

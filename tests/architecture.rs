@@ -1,0 +1,241 @@
+//! docs/architecture.md against the tree: its module table ("Layers") lists every top-level
+//! module of `src/` and no other, with its layer; no import runs from a lower layer up to a
+//! higher one, and no two modules import each other, directly or through others; every file of
+//! `src/` is named on the page, and every `*.rs` file the page names exists.
+//!
+//! Imports are read as text: every `crate::<module>` path outside comments, in the files of a
+//! module (`src/<module>.rs` or `src/<module>/`).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+
+fn doc() -> String {
+    std::fs::read_to_string(Path::new(ROOT).join("docs/architecture.md")).expect("architecture.md")
+}
+
+/// The module table: module name (no `.rs`, no `/`) to its layer.
+fn layers(doc: &str) -> BTreeMap<String, u32> {
+    let section = doc
+        .split("\n## ")
+        .find(|s| s.starts_with("Layers"))
+        .expect("a \"Layers\" section");
+    let mut out = BTreeMap::new();
+    for line in section.lines() {
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        // "| `name` | N label | what |" splits into ["", "`name`", "N label", "what", ""].
+        let [_, name, layer, ..] = cells.as_slice() else {
+            continue;
+        };
+        let Some(name) = name.strip_prefix('`').and_then(|n| n.strip_suffix('`')) else {
+            continue;
+        };
+        let layer: u32 = layer
+            .split_whitespace()
+            .next()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{name}: no layer number in {line:?}"));
+        let name = name.trim_end_matches('/').trim_end_matches(".rs");
+        assert!(
+            out.insert(name.to_owned(), layer).is_none(),
+            "{name} listed twice"
+        );
+    }
+    out
+}
+
+fn rs_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).expect("read_dir").flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(path);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+fn src() -> PathBuf {
+    Path::new(ROOT).join("src")
+}
+
+/// The top-level modules of `src/`: its `*.rs` files and its folders.
+fn modules() -> BTreeSet<String> {
+    std::fs::read_dir(src())
+        .expect("src")
+        .flatten()
+        .filter_map(|e| {
+            let path = e.path();
+            let name = path.file_name()?.to_str()?.to_owned();
+            if path.is_dir() {
+                Some(name)
+            } else {
+                name.strip_suffix(".rs").map(str::to_owned)
+            }
+        })
+        .collect()
+}
+
+/// Module to the other top-level modules its files import (`crate::<module>` outside comments).
+fn imports(modules: &BTreeSet<String>) -> BTreeMap<String, BTreeSet<String>> {
+    let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for file in rs_files(&src()) {
+        let rel = file.strip_prefix(src()).expect("under src");
+        let first = rel.iter().next().and_then(|c| c.to_str()).expect("name");
+        let module = first.trim_end_matches(".rs").to_owned();
+        let text = std::fs::read_to_string(&file).expect("read");
+        let used = out.entry(module.clone()).or_default();
+        for line in text.lines() {
+            let code = line.split("//").next().unwrap_or_default();
+            for (at, _) in code.match_indices("crate::") {
+                let name: String = code[at + "crate::".len()..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                if name != module && modules.contains(&name) {
+                    used.insert(name);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The modules of one circle of `graph`, if any (depth-first search).
+fn circle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
+    fn visit(
+        node: &str,
+        graph: &BTreeMap<String, BTreeSet<String>>,
+        path: &mut Vec<String>,
+        done: &mut BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(at) = path.iter().position(|n| n == node) {
+            return Some(path[at..].to_vec());
+        }
+        if done.contains(node) {
+            return None;
+        }
+        path.push(node.to_owned());
+        for next in graph.get(node).into_iter().flatten() {
+            if let Some(found) = visit(next, graph, path, done) {
+                return Some(found);
+            }
+        }
+        path.pop();
+        done.insert(node.to_owned());
+        None
+    }
+    let mut done = BTreeSet::new();
+    graph
+        .keys()
+        .find_map(|node| visit(node, graph, &mut Vec::new(), &mut done))
+}
+
+#[test]
+fn the_module_table_lists_every_module_of_src_and_no_other() {
+    let listed: BTreeSet<String> = layers(&doc()).into_keys().collect();
+    let present = modules();
+    let missing: Vec<_> = present.difference(&listed).collect();
+    let gone: Vec<_> = listed.difference(&present).collect();
+    assert!(
+        missing.is_empty() && gone.is_empty(),
+        "docs/architecture.md's module table: not listed {missing:?}; listed but gone {gone:?}"
+    );
+}
+
+#[test]
+fn no_import_runs_up_a_layer_and_no_module_is_in_a_circle() {
+    let layers = layers(&doc());
+    let graph = imports(&modules());
+    let mut up = Vec::new();
+    for (from, to) in &graph {
+        for target in to {
+            if let (Some(a), Some(b)) = (layers.get(from), layers.get(target))
+                && b > a
+            {
+                up.push(format!("{from} (layer {a}) imports {target} (layer {b})"));
+            }
+        }
+    }
+    assert!(up.is_empty(), "imports that run up: {up:#?}");
+    assert_eq!(circle(&graph), None, "a circle of imports");
+}
+
+#[test]
+fn every_file_is_named_and_every_named_file_exists() {
+    let doc = doc();
+    let named: BTreeSet<&str> = doc
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|t| t.ends_with(".rs") && !t.contains(' '))
+        .collect();
+    let relative = |base: &Path, files: Vec<PathBuf>| -> Vec<String> {
+        files
+            .iter()
+            .filter_map(|f| f.strip_prefix(base).ok()?.to_str().map(str::to_owned))
+            .collect()
+    };
+    let src_files = relative(&src(), rs_files(&src()));
+    // `a/b.rs` is named by `b.rs`, `a/b.rs` or `src/a/b.rs`.
+    let names = |file: &str, token: &str| {
+        let token = token.trim_start_matches("src/");
+        file == token || file.ends_with(&format!("/{token}"))
+    };
+    let unnamed: Vec<_> = src_files
+        .iter()
+        .filter(|f| !named.iter().any(|t| names(f, t)))
+        .collect();
+    assert!(
+        unnamed.is_empty(),
+        "files of src/ named nowhere in docs/architecture.md: {unnamed:?}"
+    );
+    // What the page names may also be a file of the test kit, or of tests/ or benches/.
+    let root = Path::new(ROOT);
+    let mut known = src_files.clone();
+    known.extend(relative(
+        &root.join("testkit/src"),
+        rs_files(&root.join("testkit/src")),
+    ));
+    for dir in ["tests", "benches", "testkit/src"] {
+        known.extend(relative(root, rs_files(&root.join(dir))));
+    }
+    let gone: Vec<_> = named
+        .iter()
+        .filter(|t| !known.iter().any(|f| names(f, t)))
+        .collect();
+    assert!(
+        gone.is_empty(),
+        "files docs/architecture.md names that do not exist: {gone:?}"
+    );
+}
+
+/// The checks themselves: a circle is found, a table row is read.
+#[test]
+fn the_checks_see_what_they_look_for() {
+    let graph: BTreeMap<String, BTreeSet<String>> = [
+        ("a", vec!["b"]),
+        ("b", vec!["c"]),
+        ("c", vec!["a"]),
+        ("d", vec![]),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.into_iter().map(str::to_owned).collect()))
+    .collect();
+    assert_eq!(
+        circle(&graph),
+        Some(vec!["a".to_owned(), "b".to_owned(), "c".to_owned()])
+    );
+    let table = "x\n## Layers\n\n| Module | Layer | What |\n|---|---|---|\n| `web/` | 3 serve | w |\n| `p.rs` | 0 base | p |\n## Next\n";
+    let read = layers(table);
+    assert_eq!(read.get("web"), Some(&3));
+    assert_eq!(read.get("p"), Some(&0));
+    assert_eq!(read.len(), 2);
+}
