@@ -161,6 +161,7 @@ build_controllers() {
   local jobset kueue trainer
   read -r jobset kueue trainer < <(cd "$tools_module" && go list -m -f '{{.Version}}' \
     sigs.k8s.io/jobset sigs.k8s.io/kueue github.com/kubeflow/trainer/v2 | paste -sd' ')
+  [[ -n "$trainer" ]] || die "go list -m in $tools_module failed"
   prefix="jobset-${jobset}_kueue-${kueue}_trainer-${trainer}"
   go_tool_build "$tools_module" "$controllers_root" "$prefix" "-s -w" "${specs[@]}"
 }
