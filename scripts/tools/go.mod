@@ -8,7 +8,9 @@
 // (docs/testing.md "CI's time"). The versions are what `go get -tool` chose for
 // sigs.k8s.io/jobset@v0.12.0, sigs.k8s.io/kueue/cmd/kueue@v0.17.0,
 // github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager@v2.3.0 and
-// helm.sh/helm/v3/cmd/helm@v3.21.4 (the newest helm on Kubernetes v0.36; v3.22 takes v0.37).
+// helm.sh/helm/v3/cmd/helm@v3.21.4 (the newest helm on Kubernetes v0.36; v3.22 takes v0.37):
+// k8s.io/* v0.36.2 and controller-runtime v0.24.1 (Trainer's), JobSet v0.12.0 and Trainer v2.3.0
+// for Kueue too (it pins v0.11.1 and v2.2.0, and compiles against these as is; no replace).
 // The control plane's own graph (scripts/control-plane/go.mod) stays apart: k8s.io/kubernetes
 // pins v0.35.
 module jobset-inplace.local/tools
