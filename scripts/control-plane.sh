@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # A real Kubernetes control plane on loopback for tests/real_cluster.rs: etcd, kube-apiserver and
 # kube-controller-manager built from their upstream Go modules (pinned in
-# scripts/control-plane/go.mod), JobSet's controller manager with its webhooks (pinned in
-# scripts/control-plane/jobset/go.mod) and the JobSet CRD, a throwaway PKI, service-account
+# scripts/control-plane/go.mod), JobSet's controller manager with its webhooks (pinned in the
+# controllers' graph scripts/tools/go.mod) and the JobSet CRD, a throwaway PKI, service-account
 # signing keys.
 #
 #   scripts/control-plane.sh build [--node] [--with kueue,trainer]
@@ -19,14 +19,17 @@
 #   scripts/control-plane.sh load-image DIR ARCHIVE   import a docker-archive or OCI archive
 #                                            into the node of `up DIR --node`
 #
-# --with kueue,trainer also starts Kueue v0.17's and Kubeflow Trainer v2.3's controller managers
-# (scripts/control-plane/kueue/go.mod, scripts/control-plane/trainer/go.mod), their CRDs and
-# webhook configurations from their modules' manifests pointed at loopback, and writes DIR/addons
-# naming them (tests/real_cluster.rs runs the addons' tests where it names them). Their binaries
-# are cached under a key of their own, in .../jobset-inplace/control-plane-addons/.
+# --with kueue,trainer also starts Kueue v0.17's and Kubeflow Trainer v2.3's controller managers,
+# their CRDs and webhook configurations from their modules' manifests pointed at loopback, and
+# writes DIR/addons naming them (tests/real_cluster.rs runs the addons' tests where it names them).
 #
-# The binaries are cached by version under
-# ${JOBSET_INPLACE_CONTROL_PLANE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/jobset-inplace/control-plane}/<versions>/
+# Two Go module graphs, each built by go_tool_build (scripts/lib/go-tool.sh) into a cache
+# directory keyed by its go.mod + go.sum: the control plane's (scripts/control-plane/go.mod:
+# k8s.io/kubernetes pins its Kubernetes libraries at v0.35) under
+# ${JOBSET_INPLACE_CONTROL_PLANE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/jobset-inplace/control-plane}/<versions+key>/,
+# and the controllers' (scripts/tools/go.mod: JobSet, Kueue, Trainer, and helm for scripts/helm.sh,
+# on one set of Kubernetes libraries, v0.36, and one controller-runtime, so that those compile once)
+# under ${JOBSET_INPLACE_CONTROLLERS_CACHE:-<that cache's parent>/controllers}/<versions+key>/.
 # Everything listens on 127.0.0.1 (ports chosen free at start-up, written to DIR/ports). No
 # kubelet and no scheduler: pods exist but never run.
 #
@@ -57,8 +60,10 @@ source "$here/lib/node.sh"
 source "$here/lib/image-archive.sh"
 # shellcheck source=scripts/lib/install-manifest.sh
 source "$here/lib/install-manifest.sh"
+# shellcheck source=scripts/lib/go-tool.sh
+source "$here/lib/go-tool.sh"
 module="$here/control-plane"
-jobset_module="$module/jobset"
+tools_module="$here/tools"
 repo="$(cd "$here/.." && pwd)"
 cache_root="${JOBSET_INPLACE_CONTROL_PLANE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/jobset-inplace/control-plane}"
 # How long `up` waits for each component to become ready.
@@ -78,22 +83,20 @@ need() {
   command -v "$1" >/dev/null 2>&1 || die "$1 is required ($2)"
 }
 
-# How the binaries are built (part of the cache key: change it, and they are built again).
-build_flags="CGO_ENABLED=0 -trimpath -ldflags=-s -w + version_ldflags"
-
-# The cache key: the pinned versions plus a hash of the go.mods/go.sums and the build flags (a
-# change of any pin rebuilds).
+# The control plane's graph (scripts/control-plane/go.mod: k8s.io/kubernetes pins its own
+# Kubernetes libraries) and the controllers' (scripts/tools/go.mod, with helm's scripts/helm.sh:
+# JobSet, Kueue, Trainer on one set of Kubernetes libraries), each built by go_tool_build
+# (scripts/lib/go-tool.sh) into a cache directory keyed by its go.mod + go.sum.
 k8s_version() {
   (cd "$module" && go list -m -f '{{.Version}}' k8s.io/kubernetes)
 }
 
+# The control plane's cache directory prefix: its pinned versions (the key adds Go's version and
+# the hash of the go.mod/go.sum and build flags).
 versions() {
-  local etcd jobset sum
+  local etcd
   etcd="$(cd "$module" && go list -m -f '{{.Version}}' go.etcd.io/etcd/server/v3)"
-  jobset="$(cd "$jobset_module" && go list -m -f '{{.Version}}' sigs.k8s.io/jobset)"
-  sum="$( (cat "$module/go.mod" "$module/go.sum" "$jobset_module/go.mod" "$jobset_module/go.sum"
-    echo "$build_flags") | sha256sum | cut -c1-12)"
-  echo "kubernetes-$(k8s_version)_etcd-${etcd}_jobset-${jobset}_go-$(go env GOVERSION)_${sum}"
+  echo "kubernetes-$(k8s_version)_etcd-${etcd}"
 }
 
 # What Kubernetes' own build stamps into its binaries (hack/lib/version.sh), so that /version
@@ -111,59 +114,31 @@ version_ldflags() {
   echo "$flags"
 }
 
+# The control plane's link flags (-s -w: small binaries; Kubernetes' version stamp).
+control_plane_ldflags() {
+  echo "-s -w$(version_ldflags "$(k8s_version)")"
+}
+
 # Prints the directory holding etcd, kube-apiserver and kube-controller-manager, building them
 # first when the cache does not have them (with --node also the node's binaries, into the same
 # directory: scripts/lib/node.sh). Progress goes to stderr.
 build() {
   need go "Go toolchain, to build the control plane from its modules"
-  local node="${1:-}" key dir tmp start
-  key="$(versions)"
-  dir="$cache_root/$key"
-  if [[ -x "$dir/etcd" && -x "$dir/kube-apiserver" && -x "$dir/kube-controller-manager" &&
-    -x "$dir/jobset" ]]; then
-    echo "control-plane: cached binaries in $dir" >&2
-    [[ -z "$node" ]] || node_build "$dir"
-    du -sh "$cache_root" | sed 's/^/control-plane: cache size: /' >&2
-    echo "$dir"
-    return
-  fi
-  mkdir -p "$cache_root"
-  tmp="$(mktemp -d "$cache_root/.build.XXXXXX")"
-  start=$SECONDS
-  echo "control-plane: building $key (a cold build takes long on 2 cores) ..." >&2
-  # CGO off: static binaries, no C toolchain needed. -trimpath and -s -w keep them small.
-  if ! (cd "$module" && CGO_ENABLED=0 go build -mod=readonly -trimpath \
-      -ldflags="-s -w $(version_ldflags "$(k8s_version)")" -o "$tmp/" \
-      go.etcd.io/etcd/server/v3 \
-      k8s.io/kubernetes/cmd/kube-apiserver \
-      k8s.io/kubernetes/cmd/kube-controller-manager) >&2; then
-    rm -rf "$tmp"
-    die "go build failed (above)"
-  fi
-  if ! (cd "$jobset_module" && CGO_ENABLED=0 go build -mod=readonly -trimpath -ldflags='-s -w' \
-      -o "$tmp/" sigs.k8s.io/jobset) >&2; then
-    rm -rf "$tmp"
-    die "go build of JobSet failed (above)"
-  fi
-  # `go build` names the etcd main package after its directory, `server`.
-  mv "$tmp/server" "$tmp/etcd"
-  rm -rf "$dir"
-  mv "$tmp" "$dir"
-  echo "control-plane: built in $((SECONDS - start)) s into $dir" >&2
-  # Keep disk lean: binaries of other versions go.
-  find "$cache_root" -mindepth 1 -maxdepth 1 -type d ! -name "$key" ! -name '.build.*' \
-    -exec rm -rf {} +
+  local node="${1:-}" dir
+  dir="$(go_tool_build "$module" "$cache_root" "$(versions)" "$(control_plane_ldflags)" \
+    etcd=go.etcd.io/etcd/server/v3 \
+    kube-apiserver=k8s.io/kubernetes/cmd/kube-apiserver \
+    kube-controller-manager=k8s.io/kubernetes/cmd/kube-controller-manager)"
   [[ -z "$node" ]] || node_build "$dir"
-  du -sh "$cache_root" "$(go env GOCACHE)" "$(go env GOMODCACHE)" 2>/dev/null |
+  du -sh "$cache_root" "$controllers_root" "$(go env GOCACHE)" "$(go env GOMODCACHE)" 2>/dev/null |
     sed 's/^/control-plane: disk: /' >&2
   echo "$dir"
 }
 
-# The addons (`--with kueue,trainer`): Kueue's and Kubeflow Trainer v2's controller managers, each
-# built from a module of its own (scripts/control-plane/<addon>/go.mod: they pin their own
-# Kubernetes libraries) and cached under a key of its own beside the control plane's (a new addon
-# pin rebuilds that addon only).
-addon_root="${cache_root%/}-addons"
+# The controllers (scripts/tools/go.mod): JobSet's always, and the addons of `--with`
+# (Kueue's and Kubeflow Trainer v2's controller managers), cached under the module's own key in
+# .../jobset-inplace/controllers/ (a new pin rebuilds them, not the control plane).
+controllers_root="${JOBSET_INPLACE_CONTROLLERS_CACHE:-${cache_root%/*}/controllers}"
 addon_package() {
   case "$1" in
     kueue) echo sigs.k8s.io/kueue ;;
@@ -177,47 +152,23 @@ addon_main() {
     trainer) echo github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager ;;
   esac
 }
-addon_version() {
-  (cd "$module/$1" && go list -m -f '{{.Version}}' "$(addon_package "$1")")
-}
-addon_key() {
-  local sum
-  sum="$( (cat "$module/$1/go.mod" "$module/$1/go.sum"; echo "$build_flags") | sha256sum | cut -c1-12)"
-  echo "$1-$(addon_version "$1")_go-$(go env GOVERSION)_${sum}"
-}
 # The module's own directory in the module cache (its config manifests), downloaded if missing.
-addon_dir() {
-  (cd "$module/$1" && go mod download -json "$(addon_package "$1")" |
+module_dir() {
+  (cd "$tools_module" && go mod download -json "$1" |
     sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
 }
 
-# Prints the path of ADDON's binary, building it first when its cache does not have it.
-build_addon() {
-  need go "Go toolchain, to build the addons from their modules"
-  local addon="$1" key dir tmp start
-  key="$(addon_key "$addon")"
-  dir="$addon_root/$key"
-  if [[ -x "$dir/$addon" ]]; then
-    echo "control-plane: cached $addon in $dir" >&2
-    echo "$dir/$addon"
-    return
-  fi
-  mkdir -p "$addon_root"
-  tmp="$(mktemp -d "$addon_root/.build.XXXXXX")"
-  start=$SECONDS
-  echo "control-plane: building $key ..." >&2
-  if ! (cd "$module/$addon" && CGO_ENABLED=0 go build -mod=readonly -trimpath -ldflags='-s -w' \
-      -o "$tmp/$addon" "$(addon_main "$addon")") >&2; then
-    rm -rf "$tmp"
-    die "go build of $addon failed (above)"
-  fi
-  rm -rf "$dir"
-  mv "$tmp" "$dir"
-  echo "control-plane: built $addon in $((SECONDS - start)) s into $dir" >&2
-  # Other versions of this addon go.
-  find "$addon_root" -mindepth 1 -maxdepth 1 -type d -name "$addon-*" ! -name "$key" \
-    -exec rm -rf {} +
-  echo "$dir/$addon"
+# Prints the directory holding `jobset` and each ADDON's binary, building what it lacks.
+build_controllers() {
+  need go "Go toolchain, to build the controllers from their modules"
+  local specs=(jobset=sigs.k8s.io/jobset) addon prefix
+  for addon in "$@"; do specs+=("$addon=$(addon_main "$addon")"); done
+  local jobset kueue trainer
+  read -r jobset kueue trainer < <(cd "$tools_module" && go list -m -f '{{.Version}}' \
+    sigs.k8s.io/jobset sigs.k8s.io/kueue github.com/kubeflow/trainer/v2 | paste -sd' ')
+  [[ -n "$trainer" ]] || die "go list -m in $tools_module failed"
+  prefix="jobset-${jobset}_kueue-${kueue}_trainer-${trainer}"
+  go_tool_build "$tools_module" "$controllers_root" "$prefix" "-s -w" "${specs[@]}"
 }
 
 # A TCP port nothing listens on now, below the kernel's ephemeral range (where outgoing
@@ -398,12 +349,12 @@ health:
 featureGates:
   InPlaceRestart: ${JOBSET_INPLACE_JOBSET_IN_PLACE_RESTART:-true}
 EOF
-  start "$dir" jobset env KUBECONFIG="$dir/kubeconfig" "$bin/jobset" --config "$dir/jobset/config.yaml"
+  start "$dir" jobset env KUBECONFIG="$dir/kubeconfig" "$bin" --config "$dir/jobset/config.yaml"
   wait_for "$dir" jobset "http://127.0.0.1:$health_port/readyz"
 
   # The webhook configurations as JobSet's config/components/webhook makes them, but for the
   # Service: the client config is the loopback URL and our CA.
-  src="$(cd "$jobset_module" && go list -m -f '{{.Dir}}' sigs.k8s.io/jobset)/config/components/webhook"
+  src="$(module_dir sigs.k8s.io/jobset)/config/components/webhook"
   mkdir -p "$dir/jobset/webhook/patches"
   cp "$src/manifests.yaml" "$dir/jobset/webhook/"
   cp "$src"/patches/*.yaml "$dir/jobset/webhook/patches/"
@@ -488,7 +439,7 @@ subjectAltName=IP:127.0.0.1"
 start_kueue() {
   local dir="$1" bin="$2" src webhook_port health_port ca
   local kubectl=(kubectl --kubeconfig "$dir/kubeconfig")
-  src="$(addon_dir kueue)/config/components"
+  src="$(module_dir sigs.k8s.io/kueue)/config/components"
   [[ -d "$src" ]] || fail "$dir" kube-apiserver "no Kueue module in the module cache ($src)"
   webhook_port="$(free_port)"
   health_port="$(free_port)"
@@ -563,7 +514,7 @@ EOF
 start_trainer() {
   local dir="$1" bin="$2" src webhook_port health_port ca
   local kubectl=(kubectl --kubeconfig "$dir/kubeconfig")
-  src="$(addon_dir trainer)/manifests/base"
+  src="$(module_dir github.com/kubeflow/trainer/v2)/manifests/base"
   [[ -d "$src" ]] || fail "$dir" kube-apiserver "no Trainer module in the module cache ($src)"
   webhook_port="$(free_port)"
   health_port="$(free_port)"
@@ -614,9 +565,9 @@ up() {
   if [[ -n "$node" ]] && ip netns list 2>/dev/null | grep -q '^jobset-inplace-node-'; then
     die "a real node is already up on this machine ($(ip netns list | grep -o '^jobset-inplace-node-[0-9]*' | head -n 1)): down its DIR first"
   fi
-  local bin addon_bins=()
+  local bin controller_bin
   bin="$(build "$node")"
-  for addon in "${addons[@]}"; do addon_bins+=("$(build_addon "$addon")"); done
+  controller_bin="$(build_controllers "${addons[@]}")"
   mkdir -p "$dir"
   dir="$(cd "$dir" && pwd)"
   touch "$dir/.jobset-inplace-control-plane"
@@ -709,13 +660,12 @@ up() {
   wait_for "$dir" kube-controller-manager --cacert "$pki/ca.crt" --cert "$pki/admin.crt" \
     --key "$pki/admin.key" "https://$api_host:$api_port/api/v1/namespaces/default/serviceaccounts/default"
 
-  start_jobset "$dir" "$bin"
+  start_jobset "$dir" "$controller_bin/jobset"
   # The addons, and DIR/addons naming them (tests/real_cluster.rs: required where named).
   : >"$dir/addons"
-  local i
-  for i in "${!addons[@]}"; do
-    "start_${addons[$i]}" "$dir" "${addon_bins[$i]}"
-    echo "${addons[$i]}" >>"$dir/addons"
+  for addon in "${addons[@]}"; do
+    "start_$addon" "$dir" "$controller_bin/$addon"
+    echo "$addon" >>"$dir/addons"
   done
   [[ -z "$node" ]] || node_up "$dir" "$bin" "$api_port"
   [[ -z "$variant" ]] || install_stops_all=1 install_product "$dir" "$variant"
@@ -932,7 +882,7 @@ case "${1:-}" in
     shift
     parse_options "$@"
     build "$node" >/dev/null
-    for a in "${addons[@]}"; do build_addon "$a" >/dev/null; done
+    build_controllers "${addons[@]}" >/dev/null
     ;;
   up)
     [[ $# -ge 2 ]] || usage

@@ -1,31 +1,25 @@
 #!/usr/bin/env bash
-# Runs helm, built once from its upstream Go module (helm.sh/helm/v3, pinned in
-# scripts/helm/go.mod + go.sum; no Go source of ours) and cached by version under
-# ${JOBSET_INPLACE_HELM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/jobset-inplace/helm}/<version+sum>/.
+# Runs helm, built once from its upstream Go module (helm.sh/helm/v3, pinned in the controllers'
+# graph scripts/tools/go.mod + go.sum, beside JobSet, Kueue and Trainer, so that it shares their
+# Kubernetes libraries; no Go source of ours) by go_tool_build (scripts/lib/go-tool.sh) and cached
+# under ${JOBSET_INPLACE_HELM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/jobset-inplace/helm}/<versions+key>/.
 #
 #   scripts/helm.sh build            build if needed, print the binary's path
 #   scripts/helm.sh ARGS...          build if needed, run `helm ARGS...`
 #                                    (e.g. scripts/helm.sh lint --strict charts/jobset-inplace)
 #
-# Built like scripts/control-plane.sh builds the control plane (CGO_ENABLED=0, -trimpath), sharing
-# Go's module and build caches. Needs: go (>= the go.mod's version; the module proxy or a filled
-# module cache).
+# Needs: go (>= the go.mod's version; the module proxy or a filled module cache).
 set -Eeuo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
-module="$here/helm"
+# shellcheck source=scripts/lib/go-tool.sh
+source "$here/lib/go-tool.sh"
+module="$here/tools"
 cache_root="${JOBSET_INPLACE_HELM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/jobset-inplace/helm}"
 
 die() {
   echo "helm.sh: $*" >&2
   exit 1
-}
-
-# How helm is built (part of the cache key: change it, and it is built again).
-build_flags="CGO_ENABLED=0 -trimpath -ldflags=-s -w + helm_ldflags"
-
-helm_version() {
-  (cd "$module" && go list -m -f '{{.Version}}' helm.sh/helm/v3)
 }
 
 # What Helm's own Makefile stamps into its binary: its version (else `helm version` says
@@ -48,35 +42,14 @@ helm_ldflags() {
 
 build() {
   command -v go >/dev/null 2>&1 || die "go is required (Go toolchain, to build helm from its module)"
-  local version key dir tmp start
-  version="$(helm_version)"
-  key="helm-${version}_go-$(go env GOVERSION)_$( (cat "$module/go.mod" "$module/go.sum"
-    echo "$build_flags") | sha256sum | cut -c1-12)"
-  dir="$cache_root/$key"
-  if [[ -x "$dir/helm" ]]; then
-    echo "$dir/helm"
-    return
-  fi
-  mkdir -p "$cache_root"
-  tmp="$(mktemp -d "$cache_root/.build.XXXXXX")"
-  start=$SECONDS
-  echo "helm.sh: building $key ..." >&2
-  if ! (cd "$module" && CGO_ENABLED=0 go build -mod=readonly -trimpath \
-      -ldflags="$(helm_ldflags "$version")" \
-      -o "$tmp/helm" helm.sh/helm/v3/cmd/helm) >&2; then
-    rm -rf "$tmp"
-    die "go build failed (above)"
-  fi
-  rm -rf "$dir"
-  mv "$tmp" "$dir"
-  echo "helm.sh: built in $((SECONDS - start)) s into $dir" >&2
-  # Keep disk lean: builds of other versions go.
-  find "$cache_root" -mindepth 1 -maxdepth 1 -type d ! -name "$key" ! -name '.build.*' \
-    -exec rm -rf {} +
+  local version dir
+  version="$(cd "$module" && go list -m -f '{{.Version}}' helm.sh/helm/v3)"
+  dir="$(go_tool_build "$module" "$cache_root" "helm-$version" "$(helm_ldflags "$version")" \
+    helm=helm.sh/helm/v3/cmd/helm)"
   echo "$dir/helm"
 }
 
-[[ $# -gt 0 ]] || { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+[[ $# -gt 0 ]] || { sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 helm="$(build)"
 [[ "$1" == build ]] && { echo "$helm"; exit 0; }
 exec "$helm" "$@"

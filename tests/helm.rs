@@ -1,5 +1,5 @@
 //! The Helm chart `charts/jobset-inplace/`, with helm built from its Go module by
-//! `scripts/helm.sh` (pinned in `scripts/helm/go.mod`, cached):
+//! `scripts/helm.sh` (pinned in `scripts/tools/go.mod`, cached):
 //!
 //! - `helm lint --strict` passes for every variant;
 //! - `helm template` of each variant renders the objects `kubectl kustomize` renders of the

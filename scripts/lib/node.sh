@@ -79,15 +79,14 @@ node_build() {
   fi
   start=$SECONDS
   echo "control-plane: building kubelet, kube-proxy, kube-scheduler and the pause image ..." >&2
+  # Into the control plane's directory BIN: the same module, key and link flags.
+  [[ "$(go_tool_build "$module" "$cache_root" "$(versions)" "$(control_plane_ldflags)" \
+    kubelet=k8s.io/kubernetes/cmd/kubelet \
+    kube-proxy=k8s.io/kubernetes/cmd/kube-proxy \
+    kube-scheduler=k8s.io/kubernetes/cmd/kube-scheduler)" == "$bin" ]] ||
+    die "the node's binaries were not built into $bin"
+  [[ -f "$bin/pause.tar" ]] && return
   tmp="$(mktemp -d "$bin/.node.XXXXXX")"
-  if ! (cd "$module" && CGO_ENABLED=0 go build -mod=readonly -trimpath \
-      -ldflags="-s -w $(version_ldflags "$(k8s_version)")" -o "$tmp/" \
-      k8s.io/kubernetes/cmd/kubelet \
-      k8s.io/kubernetes/cmd/kube-proxy \
-      k8s.io/kubernetes/cmd/kube-scheduler) >&2; then
-    rm -rf "$tmp"
-    die "go build of the node's binaries failed (above)"
-  fi
   src="$(cd "$module" && go list -m -f '{{.Dir}}' k8s.io/kubernetes)/build/pause/linux/pause.c"
   mkdir -p "$tmp/pause-root"
   gcc -Os -static -Wall -Werror -DVERSION="v$pause_tag-jobset-inplace" -o "$tmp/pause-root/pause" \
