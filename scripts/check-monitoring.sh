@@ -4,7 +4,7 @@
 # `promtool check rules`, and the cases of tests/monitoring/rules-test.yaml pass
 # `promtool test rules` (every alert fires on what should fire it, and only then). The Grafana
 # dashboard must be valid JSON with a uid and panels. That the alerts and the dashboard only read
-# metrics the binaries export is tests/observability.rs (a cargo test).
+# metrics the binaries export is tests/it/observability.rs (a cargo test).
 #
 # promtool comes from Debian's `prometheus` package (installed with apt-get, without the
 # recommended node exporter, when missing and running as root; its service is not started: this

@@ -213,7 +213,7 @@ for machine in x86_64 aarch64; do
   tar -C "$work/$name" --owner=0 --group=0 --numeric-owner -czf "$dist/$name.tar.gz" .
   tar -tzf "$dist/$name.tar.gz" | grep -qx './kubectl-jobset_inplace' || fail "$name.tar.gz has no plugin"
 done
-# The host's plugin answers through kubectl (tests/offline_cli.rs does the same with the debug build).
+# The host's plugin answers through kubectl (tests/it/cli/offline.rs does the same with the debug build).
 if [[ "$(uname -m)" == x86_64 ]]; then
   plugin_dir="$work/plugin-path"
   mkdir -p "$plugin_dir"

@@ -879,7 +879,7 @@ mod tests {
 
     proptest! {
         // A failure prints its minimal input; it becomes a unit test (as in the property tests
-        // of tests/admission_properties.rs, nothing is persisted).
+        // of tests/it/admission/properties.rs, nothing is persisted).
         #![proptest_config(ProptestConfig {
             cases: 512,
             failure_persistence: None,

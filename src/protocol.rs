@@ -520,7 +520,7 @@ pub fn reconcile_decide(input: &ReconcileInput<'_>) -> ReconcileDecision {
     // replacement) then starts over at the first epoch, at or below the pods that run. It
     // restarted all the same, so every pod must: everything up to the last synced epoch is
     // deprecated, and nothing is synced while such a pod is there. (Found by the model check,
-    // tests/model_check.rs: a lost node while the fields were wiped.)
+    // tests/it/model_check.rs: a lost node while the fields were wiped.)
     // A wiped deprecated field is rewritten, never below what this reconciler wrote before.
     let wiped_floor = input
         .status
@@ -583,7 +583,7 @@ pub fn reconcile_decide(input: &ReconcileInput<'_>) -> ReconcileDecision {
         }
         // Every epoch below the one all pods are at is deprecated: a deprecated field that was
         // wiped, or left below it (its write failed after the decision was published and the
-        // agents acted on it: found by tests/chaos.rs), is raised to it even while in sync.
+        // agents acted on it: found by tests/it/system/chaos.rs), is raised to it even while in sync.
         decision.change.deprecated = raise((max > first).then(|| max - 1));
     } else {
         // Else: deprecate everything below the newest epoch.
@@ -870,7 +870,7 @@ mod tests {
         );
     }
 
-    /// tests/chaos.rs, attempt dialect: deprecated 1 was published and acted on, but its status
+    /// tests/it/system/chaos.rs, attempt dialect: deprecated 1 was published and acted on, but its status
     /// write failed (an injected 500); every pod restarted and registered 2. The sync to 2 also
     /// raises the deprecated field left at 0 (an agent reading the status would otherwise see
     /// previous 0, current 2).
@@ -916,7 +916,7 @@ mod tests {
         assert!(d.change.is_empty());
     }
 
-    /// The model check's trace (tests/model_check.rs,
+    /// The model check's trace (tests/it/model_check.rs,
     /// `regression_wipe_then_lost_node_restarts_every_pod`): pods a and b synced and ran at 1,
     /// the status was wiped, b's node was lost and its replacement c read no synced epoch and
     /// registered 1 too. Without memory the reconciler rewrote S=1 and c ran beside a, which

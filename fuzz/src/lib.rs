@@ -11,7 +11,7 @@
 //!   pod's annotation, the JobSet status, the reconciler's and the agent's decisions).
 //!
 //! The binaries in `fuzz_targets/` run them under AFL++ (`cargo afl build --features afl`) or
-//! replay files; `tests/fuzz_corpus.rs` in the main crate includes this file and replays
+//! replay files; `tests/it/fuzz_corpus.rs` in the main crate includes this file and replays
 //! `fuzz/corpus/<target>/` in `cargo test`. See `fuzz/README.md`.
 #![forbid(unsafe_code)]
 

@@ -376,7 +376,7 @@ impl Protocol {
                     // The admission policy refuses an epoch below the pod's annotation: a
                     // registration of this pod's previous agent, still in flight when it was
                     // killed, landed after this agent read the pod. Read again and register above
-                    // it (found by the model check, tests/model_check.rs).
+                    // it (found by the model check, tests/it/model_check.rs).
                     tracing::warn!(epoch, error = %e, "the epoch was refused; reading the pod again");
                     self.own = None;
                     self.epoch = None;

@@ -14,6 +14,7 @@
 //! - [`oracle`]: a second, independent way to compute an answer the product computes (admission
 //!   through a `Value`), for equivalence tests and fuzzing;
 //! - [`generators`]: data shared by property tests, fuzz targets and benches;
+//! - [`reconciler`]: the options of a reconciler started in-process;
 //! - [`webhook_harness`]: a webhook in-process or as a child process, and a TLS client for it.
 //!
 //! See docs/architecture.md ("Test kit").
@@ -26,4 +27,5 @@ pub mod kubelet;
 pub mod node;
 pub mod oracle;
 pub mod process;
+pub mod reconciler;
 pub mod webhook_harness;

@@ -83,7 +83,7 @@ pub(super) fn decide(shared: &Shared, key: &Key) -> Option<(JobSetState, Reconci
     // While the pod watch re-lists, some pods are listed anew and others are as they were: a
     // pod created since the last event seen may be missing while a pod that failed since still
     // counts, so the synced epoch could be written with a registered pod left out (found by the
-    // model check, tests/model_check.rs). The keys are queued again when the list is complete.
+    // model check, tests/it/model_check.rs). The keys are queued again when the list is complete.
     if index.pods_relisting_in_progress() {
         return None;
     }
@@ -129,7 +129,7 @@ pub(super) async fn write_epochs(
         // Agents read the published epochs, not the status: publish the decision first, so
         // that what they read never lags the status (a new pod reading a synced epoch older
         // than the status's could register an epoch synced without it: found by the model
-        // check, tests/model_check.rs). A decision whose status write then conflicts is
+        // check, tests/it/model_check.rs). A decision whose status write then conflicts is
         // published all the same; it was made on the pods, which the conflict is not about.
         let decided = EpochStatus {
             deprecated: change.deprecated.or(state.status.deprecated),

@@ -1113,23 +1113,10 @@ impl Simulation {
         };
         if ctx.config.run_reconciler {
             let (stop, stopped) = oneshot::channel::<()>();
-            let options = reconciler::Options {
-                settings: reconciler::Settings {
-                    dialect: ctx.config.dialect,
-                    namespace: Some(ctx.config.namespace.clone()),
-                    workers: 2,
-                    debounce: ctx.config.reconciler_debounce,
-                    identity: "sim".to_owned(),
-                    provision: None,
-                    request_timeout: reconciler::DEFAULT_REQUEST_TIMEOUT,
-                    watch_timeout: reconciler::DEFAULT_WATCH_TIMEOUT,
-                    write_epoch_status: true,
-                    publish_epochs: true,
-                    group_restart_timeout: ctx.config.group_restart_timeout,
-                },
-                leader_election: None,
-                check_crd: false,
-            };
+            let mut options = crate::reconciler::options(ctx.config.dialect, "sim");
+            options.settings.namespace = Some(ctx.config.namespace.clone());
+            options.settings.debounce = ctx.config.reconciler_debounce;
+            options.settings.group_restart_timeout = ctx.config.group_restart_timeout;
             let task = tokio::spawn(reconciler::run(server.client(), options, None, async {
                 let _ = stopped.await;
             }));

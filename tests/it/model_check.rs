@@ -1,5 +1,5 @@
 //! Model checking of the epoch protocol (docs/protocol.md) with stateright: the model in
-//! `tests/model/` runs the shipped decisions (`agent_epoch`, `agent_decide`, `reconcile_decide`)
+//! `tests/it/model_check/model/` runs the shipped decisions (`agent_epoch`, `agent_decide`, `reconcile_decide`)
 //! inside a state machine of agents, workers, kubelet, Job controller, reconciler caches and
 //! faults, and the checker explores every interleaving breadth-first.
 //!
@@ -22,7 +22,7 @@
 //!   check that liveness rests on.)
 //!
 //! CI runs the configurations below in debug builds (a few seconds to a minute each); the
-//! larger ones are `#[ignore]`d: `cargo test --release --test model_check -- --ignored
+//! larger ones are `#[ignore]`d: `cargo test --release --test it model_check:: -- --ignored
 //! --nocapture`.
 
 mod model;
@@ -188,7 +188,7 @@ fn agents_watching_the_jobset_attempt_dialect_two_pods_one_failure_one_wipe() {
 }
 
 #[test]
-#[ignore = "seconds in release: cargo test --release --test model_check -- --ignored"]
+#[ignore = "seconds in release: cargo test --release --test it model_check:: -- --ignored"]
 fn agents_watching_the_jobset_epoch_dialect_three_pods_two_failures() {
     check(watching_the_jobset(config(Dialect::Epoch, 3, 2, 0)));
 }
@@ -206,19 +206,19 @@ fn published_epochs_shield_agents_from_wipes() {
 // The full bound: 2 and 3 pods, up to 2 failures, a wipe.
 
 #[test]
-#[ignore = "seconds in release: cargo test --release --test model_check -- --ignored"]
+#[ignore = "seconds in release: cargo test --release --test it model_check:: -- --ignored"]
 fn epoch_dialect_two_pods_two_failures_one_wipe() {
     check(config(Dialect::Epoch, 2, 2, 1));
 }
 
 #[test]
-#[ignore = "seconds in release: cargo test --release --test model_check -- --ignored"]
+#[ignore = "seconds in release: cargo test --release --test it model_check:: -- --ignored"]
 fn attempt_dialect_two_pods_two_failures_one_wipe() {
     check(config(Dialect::Attempt, 2, 2, 1));
 }
 
 #[test]
-#[ignore = "seconds in release: cargo test --release --test model_check -- --ignored"]
+#[ignore = "seconds in release: cargo test --release --test it model_check:: -- --ignored"]
 fn epoch_dialect_three_pods_one_failure_one_wipe() {
     check(config(Dialect::Epoch, 3, 1, 1));
 }
@@ -231,7 +231,7 @@ fn epoch_dialect_three_pods_two_failures() {
 }
 
 #[test]
-#[ignore = "about 3 minutes in release: cargo test --release --test model_check -- --ignored"]
+#[ignore = "about 3 minutes in release: cargo test --release --test it model_check:: -- --ignored"]
 fn epoch_dialect_three_pods_two_failures_one_wipe() {
     check(config(Dialect::Epoch, 3, 2, 1));
 }
@@ -392,7 +392,7 @@ fn regression_no_decision_during_a_relist() {
 /// refuses it, and an agent whose own registration is refused must read again, not retry the
 /// same epoch forever. Fixed in the agent (`register`).
 #[test]
-#[ignore = "seconds in release: cargo test --release --test model_check -- --ignored"]
+#[ignore = "seconds in release: cargo test --release --test it model_check:: -- --ignored"]
 fn regression_a_refused_registration_is_read_again() {
     caught(
         Variant::AgentRetriesRefusedEpoch,
@@ -416,7 +416,7 @@ fn without_the_admission_policy_a_late_registration_moves_an_epoch_back() {
 /// `MODEL_FAILURES`, `MODEL_NODE_LOSS` (0|1), `MODEL_WIPES`, `MODEL_RECONCILER_RESTARTS`,
 /// `MODEL_LATE_REGISTRATIONS` (0|1), `MODEL_AGENTS_WATCH_JOBSET` (0|1);
 /// `MODEL_ALL_TRACES=1` prints every counterexample.
-/// `MODEL_PODS=3 MODEL_FAILURES=2 cargo test --release --test model_check -- --ignored explore --nocapture`
+/// `MODEL_PODS=3 MODEL_FAILURES=2 cargo test --release --test it model_check::explore -- --ignored --nocapture`
 #[test]
 #[ignore = "configured from the environment"]
 fn explore() {

@@ -201,6 +201,14 @@ fn status_kib(field: &str) -> usize {
         .expect("field")
 }
 
+/// `one_case_in_a_child`'s name as the test binary knows it: its module path without the crate.
+fn child_test_name() -> String {
+    match module_path!().split_once("::") {
+        Some((_, module)) => format!("{module}::one_case_in_a_child"),
+        None => "one_case_in_a_child".to_owned(),
+    }
+}
+
 const CHILD_CASE: &str = "JOBSET_INPLACE_BOUNDS_CASE";
 const CHILD_ENDPOINT: &str = "JOBSET_INPLACE_BOUNDS_ENDPOINT";
 
@@ -254,7 +262,7 @@ fn every_hostile_body_is_answered_within_bounds() {
             let out = std::process::Command::new(&exe)
                 .args([
                     "--exact",
-                    "one_case_in_a_child",
+                    &child_test_name(),
                     "--nocapture",
                     "--test-threads=1",
                 ])

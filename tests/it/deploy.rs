@@ -3061,7 +3061,7 @@ fn the_crd_component_gives_the_released_crd_the_epoch_fields() {
         assert_eq!(rest, alone.objects.iter().collect::<Vec<_>>());
     }
 
-    // The status schema (the whole object's is checked by tests/admission_fixtures.rs).
+    // The status schema (the whole object's is checked by tests/it/admission/fixtures.rs).
     let schema = v1alpha2_status_schema(crd);
     let accepts = |status: Value| fixtures::schema_errors(&schema, &status);
     assert_eq!(accepts(json!({})), Vec::<String>::new());

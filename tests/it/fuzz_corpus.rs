@@ -3,9 +3,9 @@
 //! and what the fuzzer kept without building or running the fuzzer (see `fuzz/README.md`).
 //!
 //! The seeds derived from the admission fixtures are written by `UPDATE_FUZZ_CORPUS=1 cargo test
-//! --test fuzz_corpus`; the hand-written seeds and the fuzzer's minimized findings are committed
+//! --test it fuzz_corpus`; the hand-written seeds and the fuzzer's minimized findings are committed
 //! as they are.
-#[path = "../fuzz/src/lib.rs"]
+#[path = "../../fuzz/src/lib.rs"]
 #[allow(dead_code)] // `replay` is for the binaries
 mod targets;
 
@@ -44,7 +44,7 @@ fn every_corpus_input_passes_its_target() {
 /// `review/fixture-<case>.json`: each fixture's request body; `offline/fixture-<case>.yaml`: its
 /// object as a manifest (and the mutated one where there is one). The `hostile-*` cases (hundreds
 /// of KB each, built to be expensive) are left out: seeds that large would slow every fuzzing
-/// run, and `tests/admission_fixtures.rs` and `tests/admission_bounds.rs` replay them.
+/// run, and `tests/it/admission/fixtures.rs` and `tests/it/admission/bounds.rs` replay them.
 fn fixture_seeds() -> Vec<(PathBuf, Vec<u8>)> {
     let mut seeds = Vec::new();
     for case in fixtures::admission_cases() {
@@ -91,6 +91,6 @@ fn the_fixture_seeds_are_current() {
     assert!(
         stale.is_empty(),
         "stale or missing seeds (write them with `UPDATE_FUZZ_CORPUS=1 cargo test --test \
-         fuzz_corpus`): {stale:#?}"
+         it fuzz_corpus`): {stale:#?}"
     );
 }

@@ -8,33 +8,23 @@ use std::time::Duration;
 use jobset_inplace::protocol::{Dialect, JOBSET_NAME_LABEL};
 use jobset_inplace::reconciler::controller::StateSizes;
 use jobset_inplace::reconciler::metrics::Metrics;
-use jobset_inplace::reconciler::{self, Controller, LeaderElection, Options, Settings};
+use jobset_inplace::reconciler::{self, Controller, LeaderElection, Options};
+use jobset_inplace_testkit as testkit;
 use jobset_inplace_testkit::apiserver::{
     Chaos, Options as ServerOptions, TestApiServer, Verb, default_resources,
 };
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
+use crate::logs;
+
 const NS: &str = "team-a";
 const LIMIT: Duration = Duration::from_secs(20);
 
 fn options(dialect: Dialect, identity: &str, leader: Option<LeaderElection>) -> Options {
     Options {
-        settings: Settings {
-            dialect,
-            namespace: None,
-            workers: 2,
-            debounce: Duration::from_millis(5),
-            identity: identity.to_owned(),
-            provision: None,
-            request_timeout: reconciler::DEFAULT_REQUEST_TIMEOUT,
-            watch_timeout: reconciler::DEFAULT_WATCH_TIMEOUT,
-            write_epoch_status: true,
-            publish_epochs: true,
-            group_restart_timeout: Some(reconciler::DEFAULT_GROUP_RESTART_TIMEOUT),
-        },
         leader_election: leader,
-        check_crd: false,
+        ..testkit::reconciler::options(dialect, identity)
     }
 }
 
@@ -50,8 +40,25 @@ impl Running {
     }
 
     fn start_with(client: kube::Client, options: Options) -> Running {
+        Running::spawn(client, options, None)
+    }
+
+    /// With its health and metrics listener on a free loopback port: the port's address.
+    async fn serving(client: kube::Client, options: Options) -> (Running, std::net::SocketAddr) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        (Running::spawn(client, options, Some(listener)), addr)
+    }
+
+    fn spawn(
+        client: kube::Client,
+        options: Options,
+        listener: Option<tokio::net::TcpListener>,
+    ) -> Running {
         let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(reconciler::run(client, options, None, async {
+        let task = tokio::spawn(reconciler::run(client, options, listener, async {
             let _ = stopped.await;
         }));
         Running {
@@ -85,6 +92,16 @@ impl Running {
 impl Drop for Running {
     fn drop(&mut self) {
         self.task.abort();
+    }
+}
+
+/// The reconciler's lease, `jobset-inplace-system/jobset-inplace-reconciler`.
+fn lease(duration: Duration, grace: Duration) -> LeaderElection {
+    LeaderElection {
+        lease_name: "jobset-inplace-reconciler".into(),
+        lease_namespace: "jobset-inplace-system".into(),
+        duration,
+        grace,
     }
 }
 
@@ -169,6 +186,19 @@ impl World {
             dialect,
             jobset: name.to_owned(),
         }
+    }
+
+    /// A reconciler of this world's dialect, without leader election.
+    fn start(&self, identity: &str) -> Running {
+        Running::start(&self.server, options(self.dialect, identity, None))
+    }
+
+    /// Pods `0..pods` move to `epoch`; waits until the status says it is synced.
+    async fn sync_pods(&self, pods: usize, epoch: i64, what: &str) {
+        for i in 0..pods {
+            self.set_epoch(i, epoch);
+        }
+        self.until(what, |w| w.synced() == Some(epoch)).await;
     }
 
     fn first(&self) -> i64 {
@@ -261,12 +291,9 @@ async fn bounded<F: Future<Output = ()>>(f: F) {
 /// most two status writes per group restart; events for each step.
 async fn kep_timeline(dialect: Dialect) {
     let w = World::new(dialect, &[(2, 2)], 10).await;
-    let r = Running::start(&w.server, options(dialect, "r1", None));
+    let r = w.start("r1");
     let first = w.first();
-    for i in 0..4 {
-        w.set_epoch(i, first);
-    }
-    w.until("first sync", |w| w.synced() == Some(first)).await;
+    w.sync_pods(4, first, "first sync").await;
     assert_eq!(w.deprecated(), None, "no restart yet");
     w.quiet("all pods in sync").await;
 
@@ -309,10 +336,8 @@ async fn without_the_jobsetepoch_kind_the_status_is_written_alone() {
         })
         .await;
         let w = World::on(server, Dialect::Epoch, &[(2, 1)], 10);
-        let r = Running::start(&w.server, options(Dialect::Epoch, "r1", None));
-        w.set_epoch(0, 1);
-        w.set_epoch(1, 1);
-        w.until("first sync", |w| w.synced() == Some(1)).await;
+        let r = w.start("r1");
+        w.sync_pods(2, 1, "first sync").await;
         w.set_epoch(0, 2);
         w.until("deprecated", |w| w.deprecated() == Some(1)).await;
         w.set_epoch(1, 2);
@@ -336,7 +361,7 @@ async fn kep_integration_plan_attempt_dialect() {
 async fn unregistered_failed_and_terminating_pods() {
     bounded(async {
         let w = World::new(Dialect::Epoch, &[(1, 3)], 10).await;
-        let _r = Running::start(&w.server, options(Dialect::Epoch, "r1", None));
+        let _r = w.start("r1");
         w.set_epoch(0, 1);
         w.set_epoch(1, 1);
         w.quiet("a pod is not registered").await;
@@ -368,7 +393,7 @@ async fn unregistered_failed_and_terminating_pods() {
 async fn malformed_annotation_is_a_warning_event() {
     bounded(async {
         let w = World::new(Dialect::Epoch, &[(1, 2)], 10).await;
-        let _r = Running::start(&w.server, options(Dialect::Epoch, "r1", None));
+        let _r = w.start("r1");
         w.set_epoch(0, 1);
         w.set_raw_epoch(1, "one");
         w.until("warning", |w| {
@@ -388,13 +413,9 @@ async fn malformed_annotation_is_a_warning_event() {
 async fn max_restarts_by_epoch_and_by_restart_count() {
     bounded(async {
         let w = World::new(Dialect::Epoch, &[(1, 2)], 1).await;
-        let _r = Running::start(&w.server, options(Dialect::Epoch, "r1", None));
-        w.set_epoch(0, 1);
-        w.set_epoch(1, 1);
-        w.until("sync", |w| w.synced() == Some(1)).await;
-        w.set_epoch(0, 2);
-        w.set_epoch(1, 2);
-        w.until("sync 2", |w| w.synced() == Some(2)).await;
+        let _r = w.start("r1");
+        w.sync_pods(2, 1, "sync").await;
+        w.sync_pods(2, 2, "sync 2").await;
         w.set_epoch(0, 3); // a second restart: 2 > maxRestarts 1
         w.until("failed", |w| {
             w.jobset()["status"]["conditions"]
@@ -413,7 +434,7 @@ async fn max_restarts_by_epoch_and_by_restart_count() {
         w.quiet("finished").await;
 
         let w = World::new(Dialect::Epoch, &[(1, 2)], 2).await;
-        let _r2 = Running::start(&w.server, options(Dialect::Epoch, "r2", None));
+        let _r2 = w.start("r2");
         w.set_epoch(0, 1);
         w.patch_pod(
             1,
@@ -439,7 +460,7 @@ async fn restarts_that_do_not_count_and_wiped_fields() {
                 &json!({"status": {"restarts": 2, "restartsCountTowardsMax": 0}}),
             )
             .expect("status");
-        let _r = Running::start(&w.server, options(Dialect::Epoch, "r1", None));
+        let _r = w.start("r1");
         w.set_epoch(0, 3);
         w.set_epoch(1, 3);
         // 2 epoch restarts, 2 that do not count: not failed; both fields written (a wiped status).
@@ -460,7 +481,7 @@ async fn restarts_that_do_not_count_and_wiped_fields() {
 async fn multiple_replicated_jobs() {
     bounded(async {
         let w = World::new(Dialect::Attempt, &[(1, 1), (2, 3)], 10).await;
-        let _r = Running::start(&w.server, options(Dialect::Attempt, "r1", None));
+        let _r = w.start("r1");
         for i in 0..6 {
             w.set_epoch(i, 0);
         }
@@ -475,10 +496,8 @@ async fn multiple_replicated_jobs() {
 async fn rides_through_faults() {
     bounded(async {
         let w = World::new(Dialect::Epoch, &[(1, 2)], 10).await;
-        let _r = Running::start(&w.server, options(Dialect::Epoch, "r1", None));
-        w.set_epoch(0, 1);
-        w.set_epoch(1, 1);
-        w.until("sync", |w| w.synced() == Some(1)).await;
+        let _r = w.start("r1");
+        w.sync_pods(2, 1, "sync").await;
 
         // Every watch is cut; changes made meanwhile are still seen.
         w.server.cut_watches();
@@ -513,18 +532,8 @@ async fn silent_requests_and_watches_are_abandoned() {
         let mut opts = options(Dialect::Epoch, "r1", None);
         opts.settings.request_timeout = Duration::from_millis(300);
         opts.settings.watch_timeout = Duration::from_secs(1);
-        let (stop, stopped) = oneshot::channel::<()>();
-        let client = w.server.client();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        let run = tokio::spawn(reconciler::run(client, opts, Some(listener), async {
-            let _ = stopped.await;
-        }));
-        w.set_epoch(0, 1);
-        w.set_epoch(1, 1);
-        w.until("sync", |w| w.synced() == Some(1)).await;
+        let (r, addr) = Running::serving(w.server.client(), opts).await;
+        w.sync_pods(2, 1, "sync").await;
 
         // The next status write, and the read that checks whether it applied, go unanswered.
         w.server.silence_next(1, Verb::Patch, "jobsets/status");
@@ -560,8 +569,7 @@ async fn silent_requests_and_watches_are_abandoned() {
             metrics.contains(r#"jobset_inplace_reconciler_status_writes_total{field="deprecated",result="timeout"} 1"#),
             "{metrics}"
         );
-        let _ = stop.send(());
-        run.await.expect("joins").expect("stops cleanly");
+        r.stop().await.expect("stops cleanly");
     })
     .await;
 }
@@ -576,10 +584,8 @@ async fn lost_write_answers_are_confirmed_by_a_read() {
         let mut chaos = Chaos::none(1);
         chaos.lost_response = 1.0;
         w.server.set_chaos(Some(chaos));
-        let _r = Running::start(&w.server, options(Dialect::Epoch, "r1", None));
-        w.set_epoch(0, 1);
-        w.set_epoch(1, 1);
-        w.until("sync", |w| w.synced() == Some(1)).await;
+        let _r = w.start("r1");
+        w.sync_pods(2, 1, "sync").await;
         w.set_epoch(0, 2);
         w.until("deprecated", |w| w.deprecated() == Some(1)).await;
         w.set_epoch(1, 2);
@@ -604,10 +610,8 @@ async fn lost_write_answers_are_confirmed_by_a_read() {
 async fn repeated_watch_failures_pause_the_pod_watch_briefly() {
     bounded(async {
         let w = World::new(Dialect::Epoch, &[(1, 2)], 10).await;
-        let _r = Running::start(&w.server, options(Dialect::Epoch, "r1", None));
-        w.set_epoch(0, 1);
-        w.set_epoch(1, 1);
-        w.until("sync", |w| w.synced() == Some(1)).await;
+        let _r = w.start("r1");
+        w.sync_pods(2, 1, "sync").await;
         let started = tokio::time::Instant::now();
         for _ in 0..4 {
             let watches = w.server.counters().get(Verb::Watch, "pods");
@@ -633,16 +637,9 @@ async fn repeated_watch_failures_pause_the_pod_watch_briefly() {
 async fn leader_change_picks_up_where_the_old_leader_left() {
     bounded(async {
         let w = World::new(Dialect::Epoch, &[(1, 2)], 10).await;
-        let lease = |_: &str| LeaderElection {
-            lease_name: "jobset-inplace-reconciler".into(),
-            lease_namespace: "jobset-inplace-system".into(),
-            duration: Duration::from_secs(2),
-            grace: Duration::from_secs(1),
-        };
+        let lease = |_: &str| lease(Duration::from_secs(2), Duration::from_secs(1));
         let a = Running::start(&w.server, options(Dialect::Epoch, "a", Some(lease("a"))));
-        w.set_epoch(0, 1);
-        w.set_epoch(1, 1);
-        w.until("sync by a", |w| w.synced() == Some(1)).await;
+        w.sync_pods(2, 1, "sync by a").await;
         let b = Running::start(&w.server, options(Dialect::Epoch, "b", Some(lease("b"))));
         tokio::time::sleep(Duration::from_millis(300)).await;
         w.set_epoch(0, 2);
@@ -684,19 +681,12 @@ async fn leader_change_picks_up_where_the_old_leader_left() {
 async fn a_leader_cut_off_from_its_lease_stops_before_the_next_one_writes() {
     bounded(async {
         let w = World::new(Dialect::Epoch, &[(1, 2)], 1_000).await;
-        let lease = || LeaderElection {
-            lease_name: "jobset-inplace-reconciler".into(),
-            lease_namespace: "jobset-inplace-system".into(),
-            duration: Duration::from_secs(4),
-            grace: Duration::from_secs(2),
-        };
+        let lease = || lease(Duration::from_secs(4), Duration::from_secs(2));
         let a = Running::start_with(
             w.server.client_named("a"),
             options(Dialect::Epoch, "a", Some(lease())),
         );
-        w.set_epoch(0, 1);
-        w.set_epoch(1, 1);
-        w.until("sync by a", |w| w.synced() == Some(1)).await;
+        w.sync_pods(2, 1, "sync by a").await;
         let _b = Running::start_with(
             w.server.client_named("b"),
             options(Dialect::Epoch, "b", Some(lease())),
@@ -767,7 +757,7 @@ async fn jobsets_the_protocol_cannot_serve_get_no_write_and_an_event() {
             js["spec"]["replicatedJobs"][0]["template"]["spec"]["completions"] =
                 completions.clone();
             w.server.put("jobsets", js).expect("put");
-            let _r = Running::start(&w.server, options(Dialect::Epoch, "r1", None));
+            let _r = w.start("r1");
             w.set_epoch(0, 1);
             w.set_epoch(1, 1);
             w.until("the event", |w| w.has_event("InPlaceRestartNotServable"))
@@ -851,15 +841,9 @@ async fn crd_without_the_dialect_fields_stops_the_reconciler() {
         assert!(err.to_string().contains("syncedEpoch"), "{err}");
         // The attempt dialect's fields are there.
         opts.settings.dialect = Dialect::Attempt;
-        let (stop, stopped) = oneshot::channel::<()>();
-        let run = tokio::spawn(reconciler::run(server.client(), opts, None, async {
-            let _ = stopped.await;
-        }));
+        let r = Running::start(&server, opts);
         tokio::time::sleep(Duration::from_millis(200)).await;
-        let _ = stop.send(());
-        run.await
-            .expect("joins")
-            .expect("runs with the attempt dialect");
+        r.stop().await.expect("runs with the attempt dialect");
     })
     .await;
 }
@@ -876,19 +860,8 @@ async fn a_held_health_port_still_answers_the_liveness_probe() {
     const PROBES: usize = 8;
     bounded(async {
         let w = World::new(Dialect::Epoch, &[(1, 1)], 10).await;
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        let (stop, stopped) = oneshot::channel::<()>();
-        let run = tokio::spawn(reconciler::run(
-            w.server.client(),
-            options(Dialect::Epoch, "r1", None),
-            Some(listener),
-            async {
-                let _ = stopped.await;
-            },
-        ));
+        let (r, addr) =
+            Running::serving(w.server.client(), options(Dialect::Epoch, "r1", None)).await;
         let probe = move || async move {
             let started = std::time::Instant::now();
             let answered = tokio::time::timeout(Duration::from_secs(1), async {
@@ -964,8 +937,7 @@ async fn a_held_health_port_still_answers_the_liveness_probe() {
              {answered} of {PROBES} probes answered within 1 s: {answers:?}"
         );
         assert_eq!(answered, PROBES, "{answers:?}");
-        let _ = stop.send(());
-        run.await.expect("joins").expect("clean stop");
+        r.stop().await.expect("clean stop");
     })
     .await;
 }
@@ -974,19 +946,8 @@ async fn a_held_health_port_still_answers_the_liveness_probe() {
 async fn readiness_and_metrics_on_the_health_port() {
     bounded(async {
         let w = World::new(Dialect::Epoch, &[(1, 2)], 10).await;
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        let (stop, stopped) = oneshot::channel::<()>();
-        let run = tokio::spawn(reconciler::run(
-            w.server.client(),
-            options(Dialect::Epoch, "r1", None),
-            Some(listener),
-            async {
-                let _ = stopped.await;
-            },
-        ));
+        let (r, addr) =
+            Running::serving(w.server.client(), options(Dialect::Epoch, "r1", None)).await;
         let get = |path: &str| {
             let url = format!("http://{addr}{path}");
             async move {
@@ -1000,12 +961,8 @@ async fn readiness_and_metrics_on_the_health_port() {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         assert_eq!(get("/healthz").await.0, 200);
-        w.set_epoch(0, 1);
-        w.set_epoch(1, 1);
-        w.until("sync", |w| w.synced() == Some(1)).await;
-        w.set_epoch(0, 2);
-        w.set_epoch(1, 2);
-        w.until("sync 2", |w| w.synced() == Some(2)).await;
+        w.sync_pods(2, 1, "sync").await;
+        w.sync_pods(2, 2, "sync 2").await;
         // JobSet's own controller drops both fields with its status writes (twice here): the
         // reconciler writes them again, and that is no new group restart.
         for _ in 0..2 {
@@ -1031,8 +988,7 @@ async fn readiness_and_metrics_on_the_health_port() {
             ),
             "{metrics}"
         );
-        let _ = stop.send(());
-        run.await.expect("joins").expect("clean stop");
+        r.stop().await.expect("clean stop");
     })
     .await;
 }
@@ -1054,16 +1010,9 @@ async fn a_restarted_leader_with_the_same_identity_keeps_leading() {
                                 "acquireTime": old.to_string(), "renewTime": old.to_string()}}),
             )
             .expect("lease");
-        let lease = LeaderElection {
-            lease_name: "jobset-inplace-reconciler".into(),
-            lease_namespace: "jobset-inplace-system".into(),
-            duration: Duration::from_secs(2),
-            grace: Duration::from_secs(1),
-        };
+        let lease = lease(Duration::from_secs(2), Duration::from_secs(1));
         let r = Running::start(&w.server, options(Dialect::Epoch, "a", Some(lease)));
-        w.set_epoch(0, 1);
-        w.set_epoch(1, 1);
-        w.until("sync", |w| w.synced() == Some(1)).await;
+        w.sync_pods(2, 1, "sync").await;
         tokio::time::sleep(Duration::from_secs(5)).await;
         assert!(!r.task.is_finished(), "the leader stepped down");
         w.set_epoch(0, 2);
@@ -1077,16 +1026,9 @@ async fn a_restarted_leader_with_the_same_identity_keeps_leading() {
 async fn losing_the_lease_stops_with_an_error() {
     bounded(async {
         let w = World::new(Dialect::Epoch, &[(1, 2)], 10).await;
-        let lease = LeaderElection {
-            lease_name: "jobset-inplace-reconciler".into(),
-            lease_namespace: "jobset-inplace-system".into(),
-            duration: Duration::from_secs(2),
-            grace: Duration::from_secs(1),
-        };
+        let lease = lease(Duration::from_secs(2), Duration::from_secs(1));
         let r = Running::start(&w.server, options(Dialect::Epoch, "a", Some(lease)));
-        w.set_epoch(0, 1);
-        w.set_epoch(1, 1);
-        w.until("sync", |w| w.synced() == Some(1)).await;
+        w.sync_pods(2, 1, "sync").await;
         // Another holder takes the lease over (as after a long pause of this process).
         let now = k8s_openapi::jiff::Timestamp::now();
         w.server
@@ -1208,19 +1150,8 @@ async fn provisions_the_agent_service_account_and_binding() {
 async fn bursts_coalesce_and_irrelevant_updates_cost_nothing() {
     bounded(async {
         let w = World::new(Dialect::Epoch, &[(4, 50)], 10).await;
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        let (stop, stopped) = oneshot::channel::<()>();
-        let run = tokio::spawn(reconciler::run(
-            w.server.client(),
-            options(Dialect::Epoch, "r1", None),
-            Some(listener),
-            async {
-                let _ = stopped.await;
-            },
-        ));
+        let (r, addr) =
+            Running::serving(w.server.client(), options(Dialect::Epoch, "r1", None)).await;
         let reconciles = || async move {
             let text = reqwest::get(format!("http://{addr}/metrics"))
                 .await
@@ -1234,10 +1165,7 @@ async fn bursts_coalesce_and_irrelevant_updates_cost_nothing() {
                 .and_then(|v| v.parse::<u64>().ok())
                 .unwrap_or(0)
         };
-        for i in 0..200 {
-            w.set_epoch(i, 1);
-        }
-        w.until("sync", |w| w.synced() == Some(1)).await;
+        w.sync_pods(200, 1, "sync").await;
         tokio::time::sleep(Duration::from_millis(200)).await;
         let after_burst = reconciles().await;
         assert!(
@@ -1253,8 +1181,7 @@ async fn bursts_coalesce_and_irrelevant_updates_cost_nothing() {
             after_burst,
             "label changes are not the algorithm's input"
         );
-        let _ = stop.send(());
-        run.await.expect("joins").expect("clean stop");
+        r.stop().await.expect("clean stop");
     })
     .await;
 }
@@ -1295,9 +1222,7 @@ async fn sizes_until(c: &Controller, what: &str, f: impl Fn(&StateSizes) -> bool
 /// controller holds state for the JobSet. Deletes of its pods and of the JobSet, seen by the
 /// watches, empty every per-JobSet map and the queue.
 async fn hold_state_for_a_jobset(w: &World, c: &Controller) {
-    w.set_epoch(0, 1);
-    w.set_epoch(1, 1);
-    w.until("sync", |w| w.synced() == Some(1)).await;
+    w.sync_pods(2, 1, "sync").await;
     w.set_epoch(0, 2);
     w.until("deprecated", |w| w.deprecated() == Some(1)).await;
     w.set_raw_epoch(1, "two");
@@ -1386,51 +1311,6 @@ async fn fixed_malformed_annotations_are_forgotten() {
     .await;
 }
 
-/// The WARN lines the reconciler logs, captured for the tests that count them (every test of this
-/// file logs into it; each counts only the lines of its own namespace).
-fn captured_logs() -> &'static std::sync::Mutex<Vec<u8>> {
-    static LOGS: std::sync::OnceLock<&'static std::sync::Mutex<Vec<u8>>> =
-        std::sync::OnceLock::new();
-    LOGS.get_or_init(|| {
-        let logs: &'static std::sync::Mutex<Vec<u8>> =
-            Box::leak(Box::new(std::sync::Mutex::new(Vec::new())));
-        let subscriber = tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::WARN)
-            .with_ansi(false)
-            .with_writer(move || Capture(logs))
-            .finish();
-        let _ = tracing::subscriber::set_global_default(subscriber);
-        logs
-    })
-}
-
-struct Capture(&'static std::sync::Mutex<Vec<u8>>);
-
-impl std::io::Write for Capture {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-fn warnings_about(namespace: &str, text: &str) -> usize {
-    let logs = captured_logs().lock().unwrap_or_else(|p| p.into_inner());
-    String::from_utf8_lossy(&logs)
-        .lines()
-        .filter(|l| {
-            l.contains(text)
-                && (l.contains(&format!("namespace=\"{namespace}\""))
-                    || l.contains(&format!("namespace={namespace} ")))
-        })
-        .count()
-}
-
 fn events_in(server: &TestApiServer, ns: &str, reason: &str) -> Vec<Value> {
     server
         .list("events.events.k8s.io", Some(ns))
@@ -1446,7 +1326,7 @@ fn events_in(server: &TestApiServer, ns: &str, reason: &str) -> Vec<Value> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn provisioning_failures_back_off_and_are_said_once() {
     bounded(async {
-        captured_logs();
+        logs::captured();
         const P: &str = "team-p";
         let server = TestApiServer::start().await;
         let mut js = jobset("js", &[(1, 1)], 10);
@@ -1459,7 +1339,7 @@ async fn provisioning_failures_back_off_and_are_said_once() {
         let window = Duration::from_secs(8);
         tokio::time::sleep(window).await;
         let attempts = server.counters().get(Verb::Patch, "rolebindings");
-        let warned = warnings_about(P, "cannot provision");
+        let warned = logs::warnings_about(P, "cannot provision");
         let events = events_in(&server, P, "AgentProvisioningFailed");
         eprintln!(
             "over {window:?}: {attempts} attempts, {warned} WARN lines, {} events",
@@ -1584,19 +1464,12 @@ async fn a_leader_s_write_in_flight_does_not_land_after_its_lease_could_pass() {
     bounded(async {
         let w = World::new(Dialect::Epoch, &[(1, 2)], 1_000).await;
         let duration = Duration::from_secs(4);
-        let lease = || LeaderElection {
-            lease_name: "jobset-inplace-reconciler".into(),
-            lease_namespace: "jobset-inplace-system".into(),
-            duration,
-            grace: Duration::from_secs(2),
-        };
+        let lease = || lease(duration, Duration::from_secs(2));
         let a = Running::start_with(
             w.server.client_named("a"),
             options(Dialect::Epoch, "a", Some(lease())),
         );
-        w.set_epoch(0, 1);
-        w.set_epoch(1, 1);
-        w.until("sync by a", |w| w.synced() == Some(1)).await;
+        w.sync_pods(2, 1, "sync by a").await;
         w.server.silence_client("a", None, "leases");
         w.server
             .set_latency_for(Verb::Patch, "jobsetepochs", Duration::from_secs(6));

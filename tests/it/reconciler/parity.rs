@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use jobset_inplace::protocol::{Dialect, JOBSET_NAME_LABEL};
 use jobset_inplace::reconciler::metrics::Metrics;
-use jobset_inplace::reconciler::{self, Controller, Settings};
+use jobset_inplace::reconciler::{Controller, Settings};
 use jobset_inplace_testkit::apiserver::{TestApiServer, Verb};
 use serde_json::{Value, json};
 
@@ -568,17 +568,8 @@ fn events(server: &TestApiServer, ns: &str) -> Vec<String> {
 
 fn settings(write_epoch_status: bool) -> Settings {
     Settings {
-        dialect: Dialect::Attempt,
-        namespace: None,
-        workers: 2,
-        debounce: Duration::from_millis(5),
-        identity: "parity".to_owned(),
-        provision: None,
-        request_timeout: reconciler::DEFAULT_REQUEST_TIMEOUT,
-        watch_timeout: reconciler::DEFAULT_WATCH_TIMEOUT,
         write_epoch_status,
-        publish_epochs: true,
-        group_restart_timeout: Some(reconciler::DEFAULT_GROUP_RESTART_TIMEOUT),
+        ..jobset_inplace_testkit::reconciler::settings(Dialect::Attempt, "parity")
     }
 }
 

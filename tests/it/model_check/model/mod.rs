@@ -41,7 +41,7 @@
 //! Safety properties are state predicates ([`Property::always`]); properties of transitions
 //! ("never backwards") are recorded as violation flags by the step that breaks them. Liveness is
 //! checked as "every quiescent state is converged" together with a progress order that every
-//! non-fault step must strictly increase (see `tests/model_check.rs`).
+//! non-fault step must strictly increase (see `tests/it/model_check.rs`).
 
 use std::cmp::Ordering;
 use std::fmt;

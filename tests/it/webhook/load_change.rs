@@ -12,7 +12,7 @@
 //! after a connection error. `JOBSET_INPLACE_LOAD_SHUTDOWN_DELAY=0s` shows the difference (a few
 //! retried requests, still no failure for this retrying client).
 //!
-//! About 8 s by default; `JOBSET_INPLACE_LOAD_SECS=60 cargo test --test webhook_load_change --
+//! About 8 s by default; `JOBSET_INPLACE_LOAD_SECS=60 cargo test --test it webhook::load_change --
 //! --nocapture` runs longer, repeating the certificate change and the rolling restart for as long
 //! as it runs.
 

@@ -1,7 +1,7 @@
 //! Bounded work per request over TLS (docs/security.md): the webhook binary, as deployed (its own
 //! process), answers four hostile 3 MiB reviews at once, again and again, with answers of at most
 //! 1 MiB each, and its peak resident set (`VmHWM`) stays under 200 MiB (before: four 1.9 MB
-//! requests took it to 271 MiB, over the deployed 256Mi limit). `tests/admission_bounds.rs`
+//! requests took it to 271 MiB, over the deployed 256Mi limit). `tests/it/admission/bounds.rs`
 //! holds one review to 64 MiB and 1 s offline. Slow readers (issue 21): hundreds of connections
 //! that pipeline reviews with large answers and never read them stay under the same bound, and
 //! well-behaved reviews are answered within a second meanwhile.

@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use jobset_inplace::protocol::{Dialect, JOBSET_NAME_LABEL};
-use jobset_inplace::reconciler::{self, Options, Settings};
+use jobset_inplace::reconciler;
 use jobset_inplace_testkit::apiserver::TestApiServer;
 use jobset_inplace_testkit::webhook_harness as support;
 use serde_json::{Value, json};
@@ -339,23 +339,7 @@ async fn reconciler_metrics() -> String {
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
-    let options = Options {
-        settings: Settings {
-            dialect,
-            namespace: None,
-            workers: 2,
-            debounce: Duration::from_millis(5),
-            identity: "r1".to_owned(),
-            provision: None,
-            request_timeout: reconciler::DEFAULT_REQUEST_TIMEOUT,
-            watch_timeout: reconciler::DEFAULT_WATCH_TIMEOUT,
-            write_epoch_status: true,
-            publish_epochs: true,
-            group_restart_timeout: Some(reconciler::DEFAULT_GROUP_RESTART_TIMEOUT),
-        },
-        leader_election: None,
-        check_crd: false,
-    };
+    let options = jobset_inplace_testkit::reconciler::options(dialect, "r1");
     let (stop, stopped) = oneshot::channel::<()>();
     let run = tokio::spawn(reconciler::run(
         server.client(),

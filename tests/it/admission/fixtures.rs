@@ -3,7 +3,7 @@
 //! folder: `request.yaml` (an AdmissionReview), `expected.yaml`, `mutated.yaml` when the
 //! mutation patches, and optionally `config.yaml` (an injection config file).
 //!
-//! `UPDATE_FIXTURES=1 cargo test --test admission_fixtures` rewrites the `mutated.yaml` files;
+//! `UPDATE_FIXTURES=1 cargo test --test it admission::fixtures` rewrites the `mutated.yaml` files;
 //! review their diff before committing.
 
 use base64::Engine;

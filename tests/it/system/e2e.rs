@@ -19,7 +19,7 @@ const TEST: Duration = Duration::from_secs(80);
 /// Without the Job and JobSet controllers' status writes: these tests read the epoch fields at
 /// given moments, and JobSet's controller drops them (epoch dialect) until the reconciler writes
 /// them again, or for good once the JobSet has failed. `group_restarts_beside_the_controllers_
-/// status_writes` runs with them; so does tests/chaos.rs.
+/// status_writes` runs with them; so does tests/it/system/chaos.rs.
 fn config(dialect: Dialect, pods: i64) -> SimConfig {
     let mut c = SimConfig::new(dialect, pods).with_binary(BIN);
     c.status_writers = false;

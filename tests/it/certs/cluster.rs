@@ -3,7 +3,7 @@
 //! that no longer fits is replaced under a resourceVersion precondition, the caBundle is set by
 //! a targeted JSON Patch before the files are installed, a lost race is decided again, and
 //! every request is bounded by the request timeout. Renewal and rotation over time, with a
-//! webhook serving TLS: tests/certs_rotation.rs.
+//! webhook serving TLS: tests/it/certs/rotation.rs.
 
 use std::time::Duration;
 

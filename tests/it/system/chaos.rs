@@ -1,4 +1,4 @@
-//! Chaos: the end-to-end group restarts of `tests/e2e.rs` (the real agent binary in every
+//! Chaos: the end-to-end group restarts of `tests/it/system/e2e.rs` (the real agent binary in every
 //! simulated pod, the real reconciler in-process) while the test API server injects faults at
 //! random into every request of the agents and the reconciler: 500s, 409s on writes, 429s with
 //! `Retry-After`, writes whose answer is lost, latency spikes, and every watch cut after a random
@@ -13,7 +13,7 @@
 //! The soak (`#[ignore]`) runs many seeds in a row:
 //!
 //! ```text
-//! JOBSET_INPLACE_CHAOS_ROUNDS=100 cargo test --test chaos -- --ignored --nocapture soak
+//! JOBSET_INPLACE_CHAOS_ROUNDS=100 cargo test --test it system::chaos::soak -- --ignored --nocapture
 //! ```
 //!
 //! (`JOBSET_INPLACE_CHAOS_SECS=<s>` bounds it by time instead.) Round `r` uses the soak's seed
@@ -57,7 +57,7 @@ fn seed(test: &str) -> u64 {
         ""
     };
     println!(
-        "chaos seed {seed} ({test}); replay: JOBSET_INPLACE_CHAOS_SEED={seed} cargo test --test chaos {test}{ignored}"
+        "chaos seed {seed} ({test}); replay: JOBSET_INPLACE_CHAOS_SEED={seed} cargo test --test it system::chaos::{test}{ignored}"
     );
     seed
 }
@@ -150,11 +150,7 @@ fn intense(seed: u64, factor: f64) -> Chaos {
 async fn run_with(chaos: Chaos, dialect: Dialect, pods: i64, faults: &[Fault]) -> Outcome {
     let seed = chaos.seed;
     if std::env::var_os("JOBSET_INPLACE_CHAOS_LOGS").is_some() {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::new("jobset_inplace=info"))
-            .with_timer(tracing_subscriber::fmt::time::uptime())
-            .with_ansi(false)
-            .try_init();
+        crate::logs::captured();
     }
     let server = TestApiServer::start().await;
     server.set_chaos(Some(chaos));
@@ -315,7 +311,7 @@ async fn agent_crash_under_chaos() {
 /// the default fault rates times 1, 2 or 3): `JOBSET_INPLACE_CHAOS_ROUNDS` rounds (default 20)
 /// or `JOBSET_INPLACE_CHAOS_SECS` seconds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "long: JOBSET_INPLACE_CHAOS_ROUNDS=100 cargo test --test chaos -- --ignored --nocapture soak"]
+#[ignore = "long: JOBSET_INPLACE_CHAOS_ROUNDS=100 cargo test --test it system::chaos::soak -- --ignored --nocapture"]
 async fn soak() {
     let env = |name: &str| {
         std::env::var(name)

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use jobset_inplace::deadline::{RESTART_ATTEMPT_LABEL, TIMEOUT_ANNOTATION};
 use jobset_inplace::protocol::{Dialect, JOBSET_NAME_LABEL};
-use jobset_inplace::reconciler::{self, LeaderElection, Options, Settings};
+use jobset_inplace::reconciler::{self, LeaderElection, Options};
 use jobset_inplace_testkit::apiserver::{TestApiServer, Verb};
 use jobset_inplace_testkit::kubelet::{SimConfig, Simulation, Snapshot, http_get};
 use serde_json::{Value, json};
@@ -48,23 +48,9 @@ async fn bounded<F: Future<Output = ()>>(test: F) {
 }
 
 fn options(dialect: Dialect, timeout: Option<Duration>, identity: &str) -> Options {
-    Options {
-        settings: Settings {
-            dialect,
-            namespace: None,
-            workers: 2,
-            debounce: Duration::from_millis(5),
-            identity: identity.to_owned(),
-            provision: None,
-            request_timeout: reconciler::DEFAULT_REQUEST_TIMEOUT,
-            watch_timeout: reconciler::DEFAULT_WATCH_TIMEOUT,
-            write_epoch_status: true,
-            publish_epochs: true,
-            group_restart_timeout: timeout,
-        },
-        leader_election: None,
-        check_crd: false,
-    }
+    let mut options = jobset_inplace_testkit::reconciler::options(dialect, identity);
+    options.settings.group_restart_timeout = timeout;
+    options
 }
 
 /// A reconciler in this process with its health port, stopped when dropped.

@@ -1,0 +1,4 @@
+//! The binary's commands as a user runs them: the offline ones and `doctor`/`status`.
+
+mod inspect;
+mod offline;

@@ -1,0 +1,23 @@
+//! The integration tests, one binary (`cargo test --test it [filter]`), one module per area; a
+//! test's name is its path: `cargo test --test it reconciler::deadline::`. `tests/real_cluster.rs`,
+//! `tests/real_node.rs` and `tests/helm.rs` stay binaries of their own: CI runs them by name
+//! against a real control plane or node.
+//!
+//! One process runs every test here (two at a time, as `cargo test` sets the threads), so a test
+//! sets no process-wide state of its own: no environment variables, one tracing subscriber for
+//! all ([`logs`]), and a child process re-runs a test by its full name (`admission::bounds`).
+
+mod admission;
+mod agent;
+mod architecture;
+mod apiserver;
+mod certs;
+mod cli;
+mod deploy;
+mod fuzz_corpus;
+mod logs;
+mod model_check;
+mod observability;
+mod reconciler;
+mod system;
+mod webhook;
