@@ -9,8 +9,8 @@
 
 mod admission;
 mod agent;
-mod architecture;
 mod apiserver;
+mod architecture;
 mod certs;
 mod cli;
 mod deploy;
