@@ -4440,6 +4440,27 @@ async fn the_cluster_decides_the_dialect() {
     .await;
 }
 
+/// `doctor -o json` against the control plane of the kubeconfig at `path` (another than the
+/// tests' own): its report, exit code and stderr.
+async fn doctor_at(path: &std::ffi::OsStr) -> (Value, Option<i32>, String) {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_jobset-inplace"))
+        .env_clear()
+        .arg("doctor")
+        .arg("--kubeconfig")
+        .arg(path)
+        .args(["-o", "json"])
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(120), out)
+        .await
+        .expect("doctor returns")
+        .expect("doctor runs");
+    let report: Value = serde_json::from_slice(&out.stdout).expect("json");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    (report, out.status.code(), stderr)
+}
+
 /// On a second control plane started with both gates off
 /// (`JOBSET_INPLACE_APISERVER_FEATURE_GATES=RestartAllContainersOnContainerExits=false
 /// JOBSET_INPLACE_JOBSET_IN_PLACE_RESTART=false scripts/control-plane.sh up DIR`), named by
@@ -4454,21 +4475,8 @@ async fn doctor_names_the_gates_that_are_off() {
         );
         return;
     };
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_jobset-inplace"))
-        .env_clear()
-        .arg("doctor")
-        .arg("--kubeconfig")
-        .arg(&path)
-        .args(["-o", "json"])
-        .stdin(Stdio::null())
-        .kill_on_drop(true)
-        .output();
-    let out = tokio::time::timeout(Duration::from_secs(120), out)
-        .await
-        .expect("doctor returns")
-        .expect("doctor runs");
-    assert_eq!(out.status.code(), Some(1));
-    let report: Value = serde_json::from_slice(&out.stdout).expect("json");
+    let (report, code, stderr) = doctor_at(&path).await;
+    assert_eq!(code, Some(1), "{stderr}");
     let rule = finding(&report, "restart-all-containers");
     assert_eq!(rule["verdict"], "fail", "{rule:#}");
     assert!(
@@ -4503,26 +4511,8 @@ async fn doctor_fails_an_api_server_older_than_1_35() {
         );
         return;
     };
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_jobset-inplace"))
-        .env_clear()
-        .arg("doctor")
-        .arg("--kubeconfig")
-        .arg(&path)
-        .args(["-o", "json"])
-        .stdin(Stdio::null())
-        .kill_on_drop(true)
-        .output();
-    let out = tokio::time::timeout(Duration::from_secs(120), out)
-        .await
-        .expect("doctor returns")
-        .expect("doctor runs");
-    assert_eq!(
-        out.status.code(),
-        Some(1),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: Value = serde_json::from_slice(&out.stdout).expect("json");
+    let (report, code, stderr) = doctor_at(&path).await;
+    assert_eq!(code, Some(1), "{stderr}");
     let version = finding(&report, "kubernetes-version");
     assert_eq!(version["verdict"], "fail", "{version:#}");
     assert!(
