@@ -20,6 +20,8 @@
 //! The test API server, the simulated kubelet and the other test helpers are the
 //! `jobset-inplace-testkit` crate (`testkit/`), never built into the binary.
 #![forbid(unsafe_code)]
+// No panic on input from the network, a file or the environment: shipped code returns errors.
+#![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 pub mod admission;
 pub mod agent;

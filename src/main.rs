@@ -1,4 +1,6 @@
 #![forbid(unsafe_code)]
+// No panic on input from the network, a file or the environment: shipped code returns errors.
+#![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::process::ExitCode;
 
