@@ -46,7 +46,9 @@ command -v aarch64-linux-gnu-gcc >/dev/null || need+=(gcc-aarch64-linux-gnu libc
 command -v qemu-aarch64-static >/dev/null || command -v qemu-aarch64 >/dev/null || need+=(qemu-user-static)
 if [[ ${#need[@]} -gt 0 ]]; then
   if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}"
+    # shellcheck source=scripts/lib/apt.sh
+    source scripts/lib/apt.sh
+    apt_get update -qq && apt_get install -y -qq --no-install-recommends "${need[@]}"
   else
     fail "missing: ${need[*]} (Debian packages)"
   fi

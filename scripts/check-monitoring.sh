@@ -34,8 +34,10 @@ if ! command -v promtool >/dev/null && [[ $(id -u) -eq 0 ]] && command -v apt-ge
     printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod +x "$policy"
     trap 'rm -f "$policy"' EXIT
   fi
-  if apt-get update -qq &&
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >"$work/apt.log" 2>&1; then
+  # shellcheck source=scripts/lib/apt.sh
+  source scripts/lib/apt.sh
+  if apt_get update -qq &&
+    apt_get install -y -qq --no-install-recommends prometheus >"$work/apt.log" 2>&1; then
     echo "installed Debian's prometheus package (for promtool)"
   else
     tail -n 20 "$work/apt.log" >&2 || true

@@ -55,7 +55,9 @@ if [[ ${#need[@]} -gt 0 ]]; then
     printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod +x "$policy"
     trap 'rm -f "$policy"; cleanup' EXIT
   fi
-  if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}"; } >"$tmp/apt.log" 2>&1; then
+  # shellcheck source=scripts/lib/apt.sh
+  source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/lib/apt.sh"
+  if ! { apt_get update -qq && apt_get install -y -qq --no-install-recommends "${need[@]}"; } >"$tmp/apt.log" 2>&1; then
     tail -n 20 "$tmp/apt.log" >&2
     fail "apt-get install ${need[*]}"
   fi

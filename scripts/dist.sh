@@ -162,11 +162,8 @@ step "SBOM (cargo-cyclonedx)"
 # The crates each shipped binary links, from Cargo.lock: cargo-cyclonedx (CycloneDX's own tool)
 # resolves the jobset-inplace package for that musl target, without dev- and build-dependencies
 # (one SBOM per target: x86_64 links cpufeatures and core_detect, aarch64 does not). Pinned, so
-# that a new release cannot change the output (update it by hand).
-cyclonedx_version=0.5.9
-if [[ "$(cargo cyclonedx --version 2>/dev/null || true)" != *"$cyclonedx_version"* ]]; then
-  cargo install --locked --version "$cyclonedx_version" cargo-cyclonedx
-fi
+# that a new release cannot change the output (scripts/cargo-tool.sh holds the pin).
+scripts/cargo-tool.sh cyclonedx
 for target in x86_64-unknown-linux-musl aarch64-unknown-linux-musl; do
   sbom="$dist/jobset-inplace-$version-$target.cdx.json"
   # It writes <name>.json beside each Cargo.toml of the workspace: moved out at once.

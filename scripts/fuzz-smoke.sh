@@ -8,7 +8,8 @@
 #   scripts/fuzz-smoke.sh                     # every target, 20 s each
 #   FUZZ_SECONDS=300 scripts/fuzz-smoke.sh review offline
 #
-# Environment: FUZZ_SECONDS (per target), FUZZ_TIMEOUT_MS (a run over it is a hang; default
+# Environment: FUZZ_BUILD_ONLY=1 (install and build, then stop: .ci/run does that in the
+# background long before the run), FUZZ_SECONDS (per target), FUZZ_TIMEOUT_MS (a run over it is a hang; default
 # 1000), AFL_OPT_LEVEL (the targets' opt-level, default 3; 1 builds faster), CARGO_AFL_VERSION
 # (default 0.18.2).
 set -euo pipefail
@@ -35,6 +36,10 @@ cargo afl config --build >/dev/null 2>&1 || true
 
 stamp "building the targets with AFL++ instrumentation"
 cargo afl build --release --locked --features afl
+if [ "${FUZZ_BUILD_ONLY:-}" = 1 ]; then
+    stamp "built (FUZZ_BUILD_ONLY)"
+    exit 0
+fi
 
 # No core-dump helper, no CPU frequency or affinity tuning on shared CI machines; no UI.
 export AFL_SKIP_CPUFREQ=1 AFL_I_DONT_CARE_ABOUT_MISSING_CRASHES=1 AFL_NO_AFFINITY=1 \

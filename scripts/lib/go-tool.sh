@@ -11,7 +11,9 @@
 # toolchain), -mod=readonly (the go.sum is the pin), -trimpath and LDFLAGS (callers pass -s -w to
 # keep them small). KEY is PREFIX_go-<go version>_<hash of MODULE's go.mod and go.sum, these build
 # flags and LDFLAGS>: a changed pin, Go or flag builds again. ROOT is this build's alone: its
-# other directories (older keys) are removed after a build. Progress goes to stderr.
+# other directories (older keys) are removed after a build. Progress goes to stderr. Calls on one
+# ROOT take turns (flock on ROOT/.lock): one that waited finds the binaries the other built
+# (.ci/run builds helm in the background while tests/helm.rs may ask for it).
 # Go's module and build caches are Go's own (GOMODCACHE, GOCACHE): the graphs share them.
 
 go_tool_flags="CGO_ENABLED=0 go build -mod=readonly -trimpath"
@@ -39,8 +41,22 @@ go_tool_build() {
   local module="$1" root="$2" prefix="$3" ldflags="$4"
   shift 4
   command -v go >/dev/null 2>&1 || die "go is required (Go toolchain, to build from $module)"
-  local key dir spec name pkg tmp start missing=() pkgs=()
+  local key lock_fd
   key="${prefix}_$(go_tool_key "$module" "$ldflags")"
+  mkdir -p "$root"
+  exec {lock_fd}>"$root/.lock"
+  flock "$lock_fd"
+  local rc=0
+  go_tool_build_locked "$module" "$root" "$key" "$ldflags" "$@" || rc=$?
+  exec {lock_fd}>&-
+  return "$rc"
+}
+
+# go_tool_build's work, under its lock: KEY instead of PREFIX.
+go_tool_build_locked() {
+  local module="$1" root="$2" key="$3" ldflags="$4"
+  shift 4
+  local dir spec name pkg tmp start missing=() pkgs=()
   dir="$root/$key"
   for spec in "$@"; do
     name="${spec%%=*}"
@@ -51,7 +67,6 @@ go_tool_build() {
     echo "$dir"
     return
   fi
-  mkdir -p "$root"
   tmp="$(mktemp -d "$root/.build.XXXXXX")"
   start=$SECONDS
   echo "go-tool: building ${missing[*]%%=*} into $dir (cold: long on 2 cores) ..." >&2

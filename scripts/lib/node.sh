@@ -62,10 +62,12 @@ node_need() {
   ((${#missing[@]} == 0)) && return
   need apt-get "installing ${missing[*]}"
   echo "control-plane: installing ${missing[*]} (apt-get)" >&2
-  DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2 ||
+  # shellcheck source=scripts/lib/apt.sh
+  source "$(dirname "${BASH_SOURCE[0]}")/apt.sh"
+  apt_get update -qq >&2 ||
     die "apt-get update failed"
   # shellcheck disable=SC2046 # one word per package
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+  apt_get install -y -qq --no-install-recommends \
     $(printf '%s\n' "${missing[@]}" | sort -u) >&2 || die "apt-get install ${missing[*]} failed"
 }
 
