@@ -51,7 +51,7 @@ python=python3
 if ! python3 -c 'import yaml' 2>/dev/null; then
   venv="$repo/target/tools-venv"
   [[ -x "$venv/bin/python" ]] || python3 -m venv "$venv"
-  "$venv/bin/pip" install -q --disable-pip-version-check pyyaml
+  "$venv/bin/pip" install -q --disable-pip-version-check "pyyaml==6.0.4"
   python="$venv/bin/python"
 fi
 

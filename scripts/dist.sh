@@ -96,9 +96,12 @@ cp deploy/grafana/jobset-inplace.json "$dist/grafana-dashboard.json"
 
 step "tools: kubernetes-validate in target/tools-venv"
 venv="$repo/target/tools-venv"
-if [[ ! -x "$venv/bin/python" ]] || ! "$venv/bin/python" -c 'import kubernetes_validate' 2>/dev/null; then
+# Pinned: its schemas are what the manifests are checked against (update it by hand).
+kubernetes_validate_version=1.37.0
+if [[ ! -x "$venv/bin/python" ]] ||
+  [[ "$("$venv/bin/python" -c 'import kubernetes_validate as k; print(k.__version__)' 2>/dev/null)" != "$kubernetes_validate_version" ]]; then
   python3 -m venv "$venv"
-  "$venv/bin/pip" install -q --disable-pip-version-check kubernetes-validate
+  "$venv/bin/pip" install -q --disable-pip-version-check "kubernetes-validate==$kubernetes_validate_version"
 fi
 "$venv/bin/python" -c 'import kubernetes_validate as k; print("kubernetes-validate", k.__version__)'
 

@@ -438,7 +438,14 @@ fn the_builder_image_and_the_ci_tools_are_pinned() {
     }
     assert!(images >= 1, "no base image found");
     let mut installs = 0;
-    for file in [".ci/run", "scripts/check-image.sh", "scripts/fuzz-smoke.sh"] {
+    for file in [
+        ".ci/run",
+        "scripts/cargo-tool.sh",
+        "scripts/check-image.sh",
+        "scripts/check-monitoring.sh",
+        "scripts/dist.sh",
+        "scripts/fuzz-smoke.sh",
+    ] {
         for line in read(file)
             .lines()
             .filter(|l| !l.trim_start().starts_with('#'))
