@@ -29,9 +29,13 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use jobset_inplace::wire::epochs::JobSetEpoch;
+use jobset_inplace_testkit::cluster::{
+    ClusterObjects, ControlPlane, KueueQueue, PRIORITY_CLASS, TRAIN_JOB, TRAINING_RUNTIME,
+    TestNamespace, api_of, create_eventually, delete_now, eventually, try_eventually, workload_of,
+};
 use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
 use kube::api::{
     Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams, WatchParams,
 };
@@ -66,6 +70,15 @@ struct Cluster {
     server: String,
     /// The API server's CA, base64 as in a kubeconfig.
     ca_data: String,
+}
+
+impl ControlPlane for Cluster {
+    fn client(&self) -> &Client {
+        &self.client
+    }
+    fn kubeconfig(&self) -> &Path {
+        &self.kubeconfig
+    }
 }
 
 /// The cluster of `JOBSET_INPLACE_KUBECONFIG`, or `None` (and a loud SKIPPED) without one.
@@ -158,77 +171,6 @@ async fn kubectl(kubeconfig: Option<&Path>, args: &[&str]) -> Result<String, Str
             String::from_utf8_lossy(&out.stderr)
         ))
     }
-}
-
-/// Polls `check` every 200 ms until it returns `Ok`, or panics with `what` after `limit`.
-async fn eventually<T, F, Fut>(what: &str, limit: Duration, check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, String>>,
-{
-    try_eventually(limit, check)
-        .await
-        .unwrap_or_else(|e| panic!("{what}: not within {limit:?}: {e}"))
-}
-
-/// Polls `check` every 200 ms until it returns `Ok`; its last error after `limit`.
-async fn try_eventually<T, F, Fut>(limit: Duration, mut check: F) -> Result<T, String>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, String>>,
-{
-    let deadline = Instant::now() + limit;
-    loop {
-        match check().await {
-            Ok(v) => return Ok(v),
-            Err(e) if Instant::now() >= deadline => return Err(e),
-            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
-        }
-    }
-}
-
-/// A namespace of the test's own, deleted when dropped (also when the test panics).
-struct TestNamespace {
-    kubeconfig: PathBuf,
-    name: String,
-}
-
-impl TestNamespace {
-    async fn create(cluster: &Cluster, prefix: &str) -> Self {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or_default();
-        let name = format!("{prefix}-{}-{nanos}", std::process::id());
-        let ns: Namespace =
-            serde_json::from_value(json!({"metadata": {"name": name}})).expect("namespace");
-        Api::<Namespace>::all(cluster.client.clone())
-            .create(&PostParams::default(), &ns)
-            .await
-            .unwrap_or_else(|e| panic!("create namespace {name}: {e}"));
-        TestNamespace {
-            kubeconfig: cluster.kubeconfig.clone(),
-            name,
-        }
-    }
-}
-
-impl Drop for TestNamespace {
-    fn drop(&mut self) {
-        // Synchronous on purpose: runs during a panic too. The namespace controller finishes it.
-        delete_now(&self.kubeconfig, "namespace", &self.name);
-    }
-}
-
-/// `kubectl delete KIND NAME --wait=false`, synchronously (for `Drop`, also during a panic).
-fn delete_now(kubeconfig: &Path, kind: &str, name: &str) {
-    let _ = std::process::Command::new("kubectl")
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .args(["delete", kind, name, "--wait=false", "--ignore-not-found"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status();
 }
 
 /// The API error of a result: (HTTP code, reason, message, the causes' fields).
@@ -4567,42 +4509,6 @@ fn addon_started(cluster: &Cluster, test: &str, addon: &str) -> bool {
     false
 }
 
-/// An API of any kind, namespaced or cluster-wide.
-fn api_of(
-    client: &Client,
-    (group, version, kind): (&str, &str, &str),
-    namespace: Option<&str>,
-) -> Api<DynamicObject> {
-    let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, kind));
-    match namespace {
-        Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
-        None => Api::all_with(client.clone(), &resource),
-    }
-}
-
-const TRAINING_RUNTIME: (&str, &str, &str) =
-    ("trainer.kubeflow.org", "v1alpha1", "ClusterTrainingRuntime");
-const TRAIN_JOB: (&str, &str, &str) = ("trainer.kubeflow.org", "v1alpha1", "TrainJob");
-const RESOURCE_FLAVOR: (&str, &str, &str) = ("kueue.x-k8s.io", "v1beta2", "ResourceFlavor");
-const CLUSTER_QUEUE: (&str, &str, &str) = ("kueue.x-k8s.io", "v1beta2", "ClusterQueue");
-const LOCAL_QUEUE: (&str, &str, &str) = ("kueue.x-k8s.io", "v1beta2", "LocalQueue");
-const WORKLOAD: (&str, &str, &str) = ("kueue.x-k8s.io", "v1beta2", "Workload");
-const PRIORITY_CLASS: (&str, &str, &str) = ("kueue.x-k8s.io", "v1beta2", "WorkloadPriorityClass");
-
-/// Deletes cluster-scoped objects (KIND, NAME) with kubectl when dropped, also on a panic.
-struct ClusterLeftovers {
-    kubeconfig: PathBuf,
-    objects: Vec<(&'static str, String)>,
-}
-
-impl Drop for ClusterLeftovers {
-    fn drop(&mut self) {
-        for (kind, name) in self.objects.iter().rev() {
-            delete_now(&self.kubeconfig, kind, name);
-        }
-    }
-}
-
 /// GET `path` on loopback HTTP: the body of a 200 answer.
 async fn http_get(port: u16, path: &str) -> Result<String, String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -4756,7 +4662,7 @@ async fn a_trainjob_from_an_in_place_restart_runtime_is_injected_and_re_applied_
         let webhook = serve_webhook(&cluster).await;
         let ns = TestNamespace::create(&cluster, "rc-trainer").await;
         let runtime = format!("{}-inplace", ns.name);
-        let _leftovers = ClusterLeftovers {
+        let _leftovers = ClusterObjects {
             kubeconfig: cluster.kubeconfig.clone(),
             objects: vec![(
                 "clustertrainingruntime.trainer.kubeflow.org",
@@ -4910,43 +4816,7 @@ fn queued_jobset(
 /// A ClusterQueue's resource group: room for one `queued_jobset` (2 pods of 1 CPU each, plus
 /// what the injected agent requests: it counts against the quota like any container), not two.
 fn kueue_quota(flavor: &str) -> Value {
-    json!({"coveredResources": ["cpu", "memory"], "flavors": [{"name": flavor,
-        "resources": [{"name": "cpu", "nominalQuota": "3"},
-                      {"name": "memory", "nominalQuota": "64Gi"}]}]})
-}
-
-/// Kueue's Workload of JobSet `name`: (its conditions by type as (status, reason), the whole).
-async fn workload_of(
-    client: &Client,
-    namespace: &str,
-    name: &str,
-) -> Result<(std::collections::BTreeMap<String, (String, String)>, Value), String> {
-    let list = api_of(client, WORKLOAD, Some(namespace))
-        .list(&ListParams::default())
-        .await
-        .map_err(|e| e.to_string())?;
-    let w = list
-        .items
-        .into_iter()
-        .find(|w| {
-            w.metadata
-                .owner_references
-                .as_ref()
-                .is_some_and(|o| o.iter().any(|r| r.kind == "JobSet" && r.name == name))
-        })
-        .ok_or_else(|| format!("no Workload of {name} yet"))?;
-    let conditions = w.data["status"]["conditions"]
-        .as_array()
-        .map(|cs| {
-            cs.iter()
-                .map(|c| {
-                    let field = |k: &str| c[k].as_str().unwrap_or("").to_owned();
-                    (field("type"), (field("status"), field("reason")))
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    Ok((conditions, w.data))
+    KueueQueue::quota(flavor, "3", "64Gi")
 }
 
 async fn suspended(jobsets: &Api<DynamicObject>, name: &str) -> Result<bool, String> {
@@ -4971,61 +4841,24 @@ async fn a_jobset_admitted_preempted_and_readmitted_by_kueue_keeps_its_injection
         }
         let webhook = serve_webhook(&cluster).await;
         let ns = TestNamespace::create(&cluster, "rc-kueue").await;
-        let (flavor, queue, high) = (
-            format!("{}-flavor", ns.name),
-            format!("{}-cq", ns.name),
-            format!("{}-high", ns.name),
-        );
-        let _leftovers = ClusterLeftovers {
+        let high = format!("{}-high", ns.name);
+        let _leftovers = ClusterObjects {
             kubeconfig: cluster.kubeconfig.clone(),
-            objects: vec![
-                ("resourceflavor.kueue.x-k8s.io", flavor.clone()),
-                ("workloadpriorityclass.kueue.x-k8s.io", high.clone()),
-                ("clusterqueue.kueue.x-k8s.io", queue.clone()),
-            ],
+            objects: vec![("workloadpriorityclass.kueue.x-k8s.io", high.clone())],
         };
-        let create = |api: Api<DynamicObject>, object: Value| async move {
-            let object: DynamicObject = serde_json::from_value(object).expect("object");
-            eventually("a Kueue object", Duration::from_secs(60), || async {
-                api.create(&PostParams::default(), &object)
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| e.to_string())
-            })
-            .await;
-        };
-        create(
-            api_of(&cluster.client, RESOURCE_FLAVOR, None),
-            json!({
-            "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
-            "metadata": {"name": flavor}}),
-        )
-        .await;
-        create(
-            api_of(&cluster.client, PRIORITY_CLASS, None),
+        create_eventually(
+            &api_of(&cluster.client, PRIORITY_CLASS, None),
             json!({
             "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "WorkloadPriorityClass",
             "metadata": {"name": high}, "value": 1000}),
         )
         .await;
         // Quota for one JobSet, not two.
-        create(
-            api_of(&cluster.client, CLUSTER_QUEUE, None),
-            json!({
-            "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue",
-            "metadata": {"name": queue},
-            "spec": {
-                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns.name}},
-                "preemption": {"withinClusterQueue": "LowerPriority"},
-                "resourceGroups": [kueue_quota(&flavor)]}}),
-        )
-        .await;
-        create(
-            api_of(&cluster.client, LOCAL_QUEUE, Some(&ns.name)),
-            json!({
-            "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
-            "metadata": {"name": "lq", "namespace": ns.name},
-            "spec": {"clusterQueue": queue}}),
+        let _queue = KueueQueue::create(
+            &cluster,
+            &ns.name,
+            kueue_quota,
+            json!({"preemption": {"withinClusterQueue": "LowerPriority"}}),
         )
         .await;
 
@@ -5214,14 +5047,6 @@ async fn kueue_evicts_a_jobset_whose_pods_stay_unready_past_recovery_timeout_onl
         let recovery = kueue_recovery_timeout(&cluster);
         let webhook = serve_webhook(&cluster).await;
         let ns = TestNamespace::create(&cluster, "rc-podsready").await;
-        let (flavor, queue) = (format!("{}-flavor", ns.name), format!("{}-cq", ns.name));
-        let _leftovers = ClusterLeftovers {
-            kubeconfig: cluster.kubeconfig.clone(),
-            objects: vec![
-                ("resourceflavor.kueue.x-k8s.io", flavor.clone()),
-                ("clusterqueue.kueue.x-k8s.io", queue.clone()),
-            ],
-        };
         // The agent's ServiceAccount, which the reconciler would provision: the pods name it.
         let account: ServiceAccount = serde_json::from_value(
             json!({"metadata": {"name": AGENT_SERVICE_ACCOUNT, "namespace": ns.name}}),
@@ -5231,39 +5056,7 @@ async fn kueue_evicts_a_jobset_whose_pods_stay_unready_past_recovery_timeout_onl
             .create(&PostParams::default(), &account)
             .await
             .expect("the agent's ServiceAccount");
-        for (api, object) in [
-            (
-                api_of(&cluster.client, RESOURCE_FLAVOR, None),
-                json!({
-                "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
-                "metadata": {"name": flavor}}),
-            ),
-            (
-                api_of(&cluster.client, CLUSTER_QUEUE, None),
-                json!({
-                "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue",
-                "metadata": {"name": queue},
-                "spec": {
-                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns.name}},
-                    "resourceGroups": [kueue_quota(&flavor)]}}),
-            ),
-            (
-                api_of(&cluster.client, LOCAL_QUEUE, Some(&ns.name)),
-                json!({
-                "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
-                "metadata": {"name": "lq", "namespace": ns.name},
-                "spec": {"clusterQueue": queue}}),
-            ),
-        ] {
-            let object: DynamicObject = serde_json::from_value(object).expect("object");
-            eventually("a Kueue object", Duration::from_secs(60), || async {
-                api.create(&PostParams::default(), &object)
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| e.to_string())
-            })
-            .await;
-        }
+        let _queue = KueueQueue::create(&cluster, &ns.name, kueue_quota, json!({})).await;
         let jobsets = jobset_api(&cluster.client, &ns.name);
         create_injected(&jobsets, &queued_jobset(&ns.name, "train", "lq", None))
             .await
@@ -5577,7 +5370,7 @@ async fn trainjobs_across_an_upgrade_keep_a_running_injection_and_take_the_new_o
         let old = serve_webhook_with(&cluster, &["--agent-image", OLD_IMAGE]).await;
         let ns = TestNamespace::create(&cluster, "rc-trainer-upgrade").await;
         let runtime = format!("{}-inplace", ns.name);
-        let _leftovers = ClusterLeftovers {
+        let _leftovers = ClusterObjects {
             kubeconfig: cluster.kubeconfig.clone(),
             objects: vec![(
                 "clustertrainingruntime.trainer.kubeflow.org",

@@ -41,9 +41,13 @@ use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
 use jobset_inplace::protocol::Dialect as ProductDialect;
+use jobset_inplace_testkit::cluster::{
+    ClusterObjects, ControlPlane, KueueQueue, TRAIN_JOB, TRAINING_RUNTIME, TestNamespace, api_of,
+    create_eventually, eventually, workload_of,
+};
 use jobset_inplace_testkit::kubelet::transitions;
 use jobset_inplace_testkit::kubelet::{SimConfig, Simulation};
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DynamicObject, ListParams, PostParams, WatchEvent, WatchParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::core::{ApiResource, GroupVersionKind};
@@ -81,6 +85,15 @@ struct Node {
     client: Client,
     /// DIR/node.env, parsed.
     env: BTreeMap<String, String>,
+}
+
+impl ControlPlane for Node {
+    fn client(&self) -> &Client {
+        &self.client
+    }
+    fn kubeconfig(&self) -> &Path {
+        &self.kubeconfig
+    }
 }
 
 fn required() -> bool {
@@ -267,63 +280,6 @@ async fn load_test_image(node: &Node) {
     .unwrap_or_else(|e| panic!("load the test image: {e}"));
 }
 
-/// Polls `check` every 100 ms until it returns `Ok`, or panics with `what` after `limit`.
-async fn eventually<T, F, Fut>(what: &str, limit: Duration, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, String>>,
-{
-    let deadline = Instant::now() + limit;
-    loop {
-        match check().await {
-            Ok(v) => return v,
-            Err(e) if Instant::now() >= deadline => panic!("{what}: not within {limit:?}: {e}"),
-            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-        }
-    }
-}
-
-/// A namespace of the test's own, deleted when dropped (also when the test panics).
-struct TestNamespace {
-    kubeconfig: PathBuf,
-    name: String,
-}
-
-impl TestNamespace {
-    async fn create(node: &Node, prefix: &str) -> Self {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or_default();
-        let name = format!("{prefix}-{}-{nanos}", std::process::id());
-        let ns: Namespace =
-            serde_json::from_value(json!({"metadata": {"name": name}})).expect("namespace");
-        Api::<Namespace>::all(node.client.clone())
-            .create(&PostParams::default(), &ns)
-            .await
-            .unwrap_or_else(|e| panic!("create namespace {name}: {e}"));
-        TestNamespace {
-            kubeconfig: node.kubeconfig.clone(),
-            name,
-        }
-    }
-}
-
-impl Drop for TestNamespace {
-    fn drop(&mut self) {
-        // Synchronous on purpose: runs during a panic too. The namespace controller and the
-        // kubelet finish it.
-        let _ = std::process::Command::new("kubectl")
-            .arg("--kubeconfig")
-            .arg(&self.kubeconfig)
-            .args(["delete", "namespace", &self.name, "--wait=false"])
-            .args(["--ignore-not-found"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
-    }
-}
-
 // ---------------------------------------------------------------------------------------------
 // The workers' records
 // ---------------------------------------------------------------------------------------------
@@ -331,6 +287,9 @@ impl Drop for TestNamespace {
 /// One line of a worker's records (scripts/test-image/worker.sh).
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Record {
+    /// The line's index in the records file: the order of writing, the test's clock (see
+    /// [`records_mark`]).
+    seq: usize,
     event: String,
     ms: u64,
     pod: String,
@@ -342,7 +301,8 @@ struct Record {
 /// that do not parse are left out.
 fn parse_records(text: &str) -> Vec<Record> {
     text.lines()
-        .filter_map(|line| {
+        .enumerate()
+        .filter_map(|(seq, line)| {
             let mut words = line.split_whitespace();
             let event = words.next()?.to_owned();
             let mut fields: BTreeMap<String, String> = words
@@ -353,6 +313,7 @@ fn parse_records(text: &str) -> Vec<Record> {
             let pod = fields.remove("pod")?;
             let container = fields.remove("container")?;
             Some(Record {
+                seq,
                 event,
                 ms,
                 pod,
@@ -365,6 +326,19 @@ fn parse_records(text: &str) -> Vec<Record> {
 
 fn read_records(dir: &Path) -> Vec<Record> {
     parse_records(&std::fs::read_to_string(dir.join("records")).unwrap_or_default())
+}
+
+/// The records' mark now: the number of lines written so far (a line being written counts: it
+/// is an event from before the mark). A record is "since the mark" when its `seq` is at least
+/// the mark. The workers' `ms` cannot order events against the test's clock: worker.sh reads
+/// the time from /proc/uptime and a file's mtime (10 ms and the kernel's coarse clock), so a
+/// worker that saw its exit file at once once recorded its exit a few ms before the test's
+/// `SystemTime::now()` taken before writing that file (CI, stop 28).
+fn records_mark(dir: &Path) -> usize {
+    std::fs::read_to_string(dir.join("records"))
+        .unwrap_or_default()
+        .lines()
+        .count()
 }
 
 fn starts<'a>(records: &'a [Record], container: &str) -> Vec<&'a Record> {
@@ -981,6 +955,39 @@ fn records_parse() {
     assert_eq!(recs[0].fields.get("seen").map(String::as_str), Some("0"));
     assert_eq!(recs[1].fields.get("code").map(String::as_str), Some("7"));
     assert_eq!(recs[1].fields.get("epoch").map(String::as_str), Some(""));
+    // The order of writing: the garbage line keeps its place.
+    assert_eq!((recs[0].seq, recs[1].seq), (0, 2));
+}
+
+#[test]
+fn the_records_mark_orders_by_writing_not_by_the_workers_clock() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    assert_eq!(records_mark(dir.path()), 0, "no records yet");
+    // The exit was written after the mark though its clock reads earlier.
+    std::fs::write(
+        dir.path().join("records"),
+        "start ms=1000 pod=p container=worker epoch=1 seen=0\n",
+    )
+    .expect("records");
+    let mark = records_mark(dir.path());
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(dir.path().join("records"))
+        .expect("open");
+    std::io::Write::write_all(
+        &mut f,
+        b"exit ms=999 pod=p container=worker epoch=1 code=3\nstart ms=20",
+    )
+    .expect("append");
+    let recs = read_records(dir.path());
+    let since: Vec<&str> = recs
+        .iter()
+        .filter(|r| r.seq >= mark)
+        .map(|r| r.event.as_str())
+        .collect();
+    assert_eq!(since, ["exit"], "the line being written does not parse yet");
+    // A line being written counts as written.
+    assert_eq!(records_mark(dir.path()), 3);
 }
 
 #[test]
@@ -1208,6 +1215,11 @@ impl Run {
         read_records(self.records.path())
     }
 
+    /// The records' mark now ([`records_mark`]).
+    fn mark(&self) -> usize {
+        records_mark(self.records.path())
+    }
+
     /// The JobSet's pods that are not terminating, by name.
     async fn live_pods(&self) -> Result<BTreeMap<String, Pod>, String> {
         let list = self
@@ -1230,13 +1242,13 @@ impl Run {
     }
 
     /// Waits until `size` pods run every container, all at one epoch (above `above` when
-    /// given), each with its worker started since `since` (unix ms).
+    /// given), each with its worker started since the records' mark `since` ([`records_mark`]).
     ///
     /// The workers' own `EPOCH` (the downward API, resolved from the kubelet's copy of the pod)
     /// is not relied on: twice a worker's last start was not recorded at its pod's epoch within
     /// 150 s (cause not pinned down; the kubelet's copy may lag the agent's patch). Starts are
-    /// told apart by time instead, and a mismatch is printed.
-    async fn running(&self, above: Option<u64>, since: u64, limit: Duration) -> Group {
+    /// told apart by the records' order instead, and a mismatch is printed.
+    async fn running(&self, above: Option<u64>, since: usize, limit: Duration) -> Group {
         eventually("every worker running", limit, || async {
             let pods = self.live_pods().await?;
             if pods.len() != self.size {
@@ -1259,7 +1271,7 @@ impl Run {
                 let last = recs
                     .iter()
                     .rfind(|r| r.event == "start" && r.container == self.worker && &r.pod == name)
-                    .filter(|r| r.ms >= since)
+                    .filter(|r| r.seq >= since)
                     .ok_or(format!("{name}: worker not started since {since}"))?;
                 let seen = last.fields.get("epoch").map(String::as_str).unwrap_or("");
                 if seen != epoch.to_string() {
@@ -1307,14 +1319,6 @@ struct Group {
     epoch: u64,
 }
 
-/// Now, in unix ms (the workers' records' clock: the same host).
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or_default()
-}
-
 fn pod_epoch(pod: &Pod, dialect: Dialect) -> Option<u64> {
     pod.metadata
         .annotations
@@ -1356,15 +1360,15 @@ fn assert_in_place(before: &Group, after: &Group, except: &[&str]) {
 }
 
 /// The barrier from the workers' own records: every old worker recorded its end (exit or
-/// SIGTERM) since `since` (unix ms) before any new one started. Returns the time from the first end of an old
+/// SIGTERM) since the records' mark `since` before any new one started. Returns the time from the first end of an old
 /// worker (the failure) to the last start of a new one (every worker running again).
-fn assert_barrier(records: &[Record], since: u64, pods: usize) -> Duration {
+fn assert_barrier(records: &[Record], since: usize, pods: usize) -> Duration {
     assert_barrier_of(records, since, pods, "worker")
 }
 
 /// [`assert_barrier`] of the workers named `container`.
-fn assert_barrier_of(records: &[Record], since: u64, pods: usize, container: &str) -> Duration {
-    let worker = |r: &&Record| r.container == container && r.ms >= since;
+fn assert_barrier_of(records: &[Record], since: usize, pods: usize, container: &str) -> Duration {
+    let worker = |r: &&Record| r.container == container && r.seq >= since;
     // Since the failure, only old workers end and only new ones start.
     let ends: Vec<&Record> = records
         .iter()
@@ -1398,7 +1402,7 @@ async fn group_restart(run: &Run, before: &Group, code: i32) -> (Group, Duration
         .iter()
         .filter(|r| r.container == run.worker && r.event != "start")
         .count();
-    let since = now_ms();
+    let since = run.mark();
     run.exit(&failing, code);
     let after = run
         .running(Some(before.epoch), since, Duration::from_secs(120))
@@ -1411,12 +1415,12 @@ async fn group_restart(run: &Run, before: &Group, code: i32) -> (Group, Duration
         .filter(|r| r.container == run.worker && r.event != "start")
         .nth(old_ends);
     assert!(exit.is_some(), "the failing worker recorded its end");
-    // By time, not by the worker's `EPOCH`: the downward API resolves the annotation from the
+    // By the records' order, not by the worker's `EPOCH`: the downward API resolves the annotation from the
     // kubelet's copy of the pod, which can lag the agent's patch (a first start once saw "").
     assert!(
         recs.iter().any(|r| r.event == "exit"
             && r.pod == failing
-            && r.ms >= since
+            && r.seq >= since
             && r.fields.get("code") == Some(&code.to_string())),
         "{failing}'s worker exited {code} since the failure: {recs:#?}"
     );
@@ -1502,7 +1506,7 @@ async fn a_deleted_pod_is_replaced_and_the_others_restart_in_place() {
         };
         let (run, first) = Run::start(&node, "rn-deleted", 3, dialect, |_| {}).await;
         let victim = first.pods.keys().next().expect("a pod").clone();
-        let since = now_ms();
+        let since = run.mark();
         run.pods
             .delete(&victim, &Default::default())
             .await
@@ -1683,7 +1687,7 @@ async fn a_pod_that_never_comes_back_is_replaced_after_the_deadline() {
         let hanging = names.next().expect("a second pod").clone();
         std::fs::write(run.records.path().join(format!("hang-{hanging}")), "").expect("hang file");
         let failed_at = Instant::now();
-        let since = now_ms();
+        let since = run.mark();
         run.exit(&failing, 42);
         let after = run
             .running(Some(first.epoch), since, Duration::from_secs(150))
@@ -1754,12 +1758,12 @@ const HEADLINE_PODS: usize = 8;
 const HEADLINE_ROUNDS: usize = 3;
 
 /// Waits until `size` live pods of the JobSet `train` in `pods` each run their worker, started
-/// since `since` (unix ms) by the records; returns the pods by name.
+/// since the records' mark `since` ([`records_mark`]); returns the pods by name.
 async fn workers_running_since(
     pods: &Api<Pod>,
     records: &Path,
     size: usize,
-    since: u64,
+    since: usize,
     limit: Duration,
 ) -> BTreeMap<String, Pod> {
     eventually("every worker running again", limit, || async {
@@ -1789,7 +1793,7 @@ async fn workers_running_since(
             }
             recs.iter()
                 .rfind(|r| r.event == "start" && r.container == "worker" && &r.pod == name)
-                .filter(|r| r.ms >= since)
+                .filter(|r| r.seq >= since)
                 .ok_or(format!("{name}: worker not started since {since}"))?;
         }
         Ok(live)
@@ -1798,8 +1802,8 @@ async fn workers_running_since(
 }
 
 /// From the failing worker's end to the last worker's start since `since`, by the records.
-fn failure_to_all_running(records: &[Record], since: u64) -> Duration {
-    let worker = |r: &&Record| r.container == "worker" && r.ms >= since;
+fn failure_to_all_running(records: &[Record], since: usize) -> Duration {
+    let worker = |r: &&Record| r.container == "worker" && r.seq >= since;
     let first_end = records
         .iter()
         .filter(|r| worker(r) && r.event != "start")
@@ -1878,7 +1882,7 @@ async fn headline_in_place_against_jobsets_recreation() {
             .await;
             for round in 1..=HEADLINE_ROUNDS {
                 let failing = live.keys().next().expect("a pod").clone();
-                let since = now_ms();
+                let since = records_mark(records.path());
                 std::fs::write(records.path().join(format!("exit-{failing}-worker")), "42")
                     .expect("exit file");
                 live = workers_running_since(
@@ -1943,7 +1947,7 @@ async fn a_kubelet_without_the_gate_gets_its_pods_failed_not_synced_over() {
         // started.
         tokio::time::sleep(Duration::from_secs(2)).await;
         let failing = first.pods.keys().next().expect("a pod").clone();
-        let since = now_ms();
+        let since = run.mark();
         run.exit(&failing, 3);
         // Every pod replaced (none restarts in place here), every worker running one epoch up.
         let after = run
@@ -2120,63 +2124,6 @@ fn addon_started(node: &Node, test: &str, addon: &str) -> bool {
     false
 }
 
-/// An API of any kind, namespaced or cluster-wide.
-fn api_of(
-    client: &Client,
-    (group, version, kind): (&str, &str, &str),
-    namespace: Option<&str>,
-) -> Api<DynamicObject> {
-    let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, kind));
-    match namespace {
-        Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
-        None => Api::all_with(client.clone(), &resource),
-    }
-}
-
-const TRAINING_RUNTIME: (&str, &str, &str) =
-    ("trainer.kubeflow.org", "v1alpha1", "ClusterTrainingRuntime");
-const TRAIN_JOB: (&str, &str, &str) = ("trainer.kubeflow.org", "v1alpha1", "TrainJob");
-const RESOURCE_FLAVOR: (&str, &str, &str) = ("kueue.x-k8s.io", "v1beta2", "ResourceFlavor");
-const CLUSTER_QUEUE: (&str, &str, &str) = ("kueue.x-k8s.io", "v1beta2", "ClusterQueue");
-const LOCAL_QUEUE: (&str, &str, &str) = ("kueue.x-k8s.io", "v1beta2", "LocalQueue");
-const WORKLOAD: (&str, &str, &str) = ("kueue.x-k8s.io", "v1beta2", "Workload");
-
-/// Cluster-scoped objects (KIND, NAME) deleted with kubectl when dropped, also on a panic.
-struct ClusterObjects {
-    kubeconfig: PathBuf,
-    objects: Vec<(&'static str, String)>,
-}
-
-impl Drop for ClusterObjects {
-    fn drop(&mut self) {
-        for (kind, name) in self.objects.iter().rev() {
-            let _ = std::process::Command::new("kubectl")
-                .arg("--kubeconfig")
-                .arg(&self.kubeconfig)
-                .args(["delete", kind, name, "--ignore-not-found", "--wait=false"])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status();
-        }
-    }
-}
-
-/// Creates `object`, retrying while the addon's webhooks or CRDs are not answering yet.
-async fn create_eventually(api: &Api<DynamicObject>, object: serde_json::Value) -> DynamicObject {
-    let object: DynamicObject = serde_json::from_value(object).expect("object");
-    let what = format!(
-        "create {} {}",
-        object.types.as_ref().map(|t| t.kind.as_str()).unwrap_or(""),
-        object.metadata.name.as_deref().unwrap_or("")
-    );
-    eventually(&what, Duration::from_secs(60), || async {
-        api.create(&PostParams::default(), &object)
-            .await
-            .map_err(|e| e.to_string())
-    })
-    .await
-}
-
 /// A TrainJob from a ClusterTrainingRuntime whose JobSet template uses InPlaceRestart, as a user
 /// writes it (the shape of tests/real_cluster.rs's Trainer test: one replicated job `node`,
 /// Trainer's `trainer` step, `restartPolicy: Never`, nothing injected; here of the test image on
@@ -2264,40 +2211,6 @@ async fn a_trainjob_from_an_in_place_restart_runtime_restarts_in_place_on_the_re
 }
 
 /// Kueue's Workload of JobSet `name`: its conditions by type as (status, reason), and the
-/// whole object.
-async fn workload_of(
-    client: &Client,
-    namespace: &str,
-    name: &str,
-) -> Result<(BTreeMap<String, (String, String)>, serde_json::Value), String> {
-    let list = api_of(client, WORKLOAD, Some(namespace))
-        .list(&ListParams::default())
-        .await
-        .map_err(|e| e.to_string())?;
-    let w = list
-        .items
-        .into_iter()
-        .find(|w| {
-            w.metadata
-                .owner_references
-                .as_ref()
-                .is_some_and(|o| o.iter().any(|r| r.kind == "JobSet" && r.name == name))
-        })
-        .ok_or_else(|| format!("no Workload of {name} yet"))?;
-    let conditions = w.data["status"]["conditions"]
-        .as_array()
-        .map(|cs| {
-            cs.iter()
-                .map(|c| {
-                    let field = |k: &str| c[k].as_str().unwrap_or("").to_owned();
-                    (field("type"), (field("status"), field("reason")))
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    Ok((conditions, w.data))
-}
-
 /// One sample of what Kueue and JobSet say while a group restart runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct KueueView {
@@ -2339,41 +2252,15 @@ async fn a_jobset_admitted_by_kueue_group_restarts_in_place_without_eviction() {
         println!("Kueue's {}", wait_for_pods_ready.join("\n"));
         let run = Run::prepare(&node, "rn-kueue", 3, dialect).await;
         let ns = run.namespace().to_owned();
-        let (flavor, queue) = (format!("{ns}-flavor"), format!("{ns}-cq"));
-        let _objects = ClusterObjects {
-            kubeconfig: node.kubeconfig.clone(),
-            objects: vec![
-                ("resourceflavor.kueue.x-k8s.io", flavor.clone()),
-                ("clusterqueue.kueue.x-k8s.io", queue.clone()),
-            ],
-        };
-        create_eventually(
-            &api_of(&node.client, RESOURCE_FLAVOR, None),
-            json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
-                   "metadata": {"name": flavor}}),
-        )
-        .await;
-        create_eventually(
-            &api_of(&node.client, CLUSTER_QUEUE, None),
-            json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue",
-                   "metadata": {"name": queue},
-                   "spec": {
-                       "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
-                       "resourceGroups": [{"coveredResources": ["cpu", "memory"],
-                           "flavors": [{"name": flavor, "resources": [
-                               {"name": "cpu", "nominalQuota": "8"},
-                               {"name": "memory", "nominalQuota": "16Gi"}]}]}]}}),
-        )
-        .await;
-        create_eventually(
-            &api_of(&node.client, LOCAL_QUEUE, Some(&ns)),
-            json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
-                   "metadata": {"name": "lq", "namespace": ns},
-                   "spec": {"clusterQueue": queue}}),
+        let queue = KueueQueue::create(
+            &node,
+            &ns,
+            |flavor| KueueQueue::quota(flavor, "8", "16Gi"),
+            json!({}),
         )
         .await;
         let js = train_jobset(run.size, run.records.path(), dialect, |js| {
-            js["metadata"]["labels"] = json!({"kueue.x-k8s.io/queue-name": "lq"});
+            js["metadata"]["labels"] = json!({"kueue.x-k8s.io/queue-name": queue.local_queue});
         });
         let created = run
             .jobsets

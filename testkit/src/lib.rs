@@ -10,6 +10,8 @@
 //!   names, env, restart rules), never through the product's admission code;
 //! - [`node`]: a kubelet for any API server (only a `kube::Client`): it registers a `Node`, binds
 //!   and runs a namespace's pods with the real agent binary, as `tests/real_cluster.rs` needs;
+//! - [`cluster`]: what the tests against a real control plane share (polling, namespaces and
+//!   objects deleted on drop, Kueue's queues);
 //! - [`fixtures`]: the repository's fixtures (`fixtures/`) as tests read them;
 //! - [`oracle`]: a second, independent way to compute an answer the product computes (admission
 //!   through a `Value`), for equivalence tests and fuzzing;
@@ -21,6 +23,7 @@
 #![forbid(unsafe_code)]
 
 pub mod apiserver;
+pub mod cluster;
 pub mod fixtures;
 pub mod generators;
 pub mod kubelet;
