@@ -130,8 +130,14 @@ build() {
     kube-apiserver=k8s.io/kubernetes/cmd/kube-apiserver \
     kube-controller-manager=k8s.io/kubernetes/cmd/kube-controller-manager)"
   [[ -z "$node" ]] || node_build "$dir"
-  du -sh "$cache_root" "$controllers_root" "$(go env GOCACHE)" "$(go env GOMODCACHE)" 2>/dev/null |
-    sed 's/^/control-plane: disk: /' >&2
+  # The caches that exist (on a fresh machine the controllers' is not there yet: du would fail
+  # the pipeline, and with it `build`, as a first cold CI run with the builds in the background
+  # found).
+  local cache caches=()
+  for cache in "$cache_root" "$controllers_root" "$(go env GOCACHE)" "$(go env GOMODCACHE)"; do
+    [[ -d "$cache" ]] && caches+=("$cache")
+  done
+  du -sh "${caches[@]}" | sed 's/^/control-plane: disk: /' >&2
   echo "$dir"
 }
 

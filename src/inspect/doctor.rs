@@ -17,67 +17,13 @@ use k8s_openapi::api::rbac::v1::RoleBinding;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::Api;
 use rustls::pki_types::CertificateDer;
-use serde::Serialize;
 
+pub use super::finding::{Finding, Verdict};
 use super::kueue;
 use crate::certs;
 use crate::protocol::Dialect;
 use crate::reconciler::crd;
 use crate::wire::epochs;
-
-/// How one check came out.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Verdict {
-    Ok,
-    /// Works today, needs attention soon (a certificate near expiry).
-    Warn,
-    Fail,
-}
-
-/// One line of the report.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Finding {
-    pub check: String,
-    pub verdict: Verdict,
-    /// What was found, and why it passes or not.
-    pub detail: String,
-    /// What to do about a warning or a failure.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub fix: Option<String>,
-}
-
-impl Finding {
-    pub fn new(check: impl Into<String>, verdict: Verdict, detail: impl Into<String>) -> Self {
-        Finding {
-            check: check.into(),
-            verdict,
-            detail: detail.into(),
-            fix: None,
-        }
-    }
-
-    /// The same finding with what to do about it.
-    pub fn fix(self, fix: impl Into<String>) -> Self {
-        Finding {
-            fix: Some(fix.into()),
-            ..self
-        }
-    }
-
-    /// `ok   webhook-configurations: ...`, and `     fix: ...` on a second line.
-    pub fn render(&self) -> String {
-        let tag = match self.verdict {
-            Verdict::Ok => "ok  ",
-            Verdict::Warn => "warn",
-            Verdict::Fail => "FAIL",
-        };
-        match &self.fix {
-            Some(fix) => format!("{tag} {}: {}\n     fix: {fix}", self.check, self.detail),
-            None => format!("{tag} {}: {}", self.check, self.detail),
-        }
-    }
-}
 
 /// What to look for, and where.
 #[derive(Clone, Debug)]

@@ -19,7 +19,7 @@ use std::time::Duration;
 use k8s_openapi::api::apps::v1::Deployment;
 use serde_json::Value;
 
-use super::doctor::{Finding, Verdict};
+use super::finding::{Finding, Verdict};
 use crate::deadline::{DEFAULT_TIMEOUT, display_duration, parse_timeout};
 
 pub const CHECK: &str = "kueue-wait-for-pods-ready";

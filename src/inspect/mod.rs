@@ -5,6 +5,7 @@
 //! - [`status`]: the JobSet's epoch fields and its pods, the pods the group waits for first.
 
 pub mod doctor;
+pub mod finding;
 pub mod kueue;
 pub mod preflight;
 pub mod status;

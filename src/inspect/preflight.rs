@@ -16,7 +16,7 @@ use k8s_openapi::apimachinery::pkg::version::Info;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::{Value, json};
 
-use super::doctor::{Finding, Verdict};
+use super::finding::{Finding, Verdict};
 use crate::jobset::JobSet;
 use crate::wire::agent_env;
 

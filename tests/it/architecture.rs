@@ -1,6 +1,7 @@
 //! docs/architecture.md against the tree: its module table ("Layers") lists every top-level
 //! module of `src/` and no other, with its layer; no import runs from a lower layer up to a
-//! higher one, and no two modules import each other, directly or through others; every file of
+//! higher one, and no two modules import each other, directly or through others, nor two files
+//! of one folder (`super::<file>` or `crate::<folder>::<file>` between siblings); every file of
 //! `src/` is named on the page, and every `*.rs` file the page names exists.
 //!
 //! Imports are read as text: every `crate::<module>` path outside comments, in the files of a
@@ -138,6 +139,56 @@ fn circle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
         .find_map(|node| visit(node, graph, &mut Vec::new(), &mut done))
 }
 
+/// Within each folder of `src/`: a file (not `mod.rs`) to the sibling files or folders it imports,
+/// as `super::<sibling>` or `crate::<folder path>::<sibling>` outside comments. Keys are paths
+/// relative to `src/` without `.rs` (`inspect/doctor`).
+fn sibling_imports() -> BTreeMap<String, BTreeSet<String>> {
+    let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for file in rs_files(&src()) {
+        let rel = file.strip_prefix(src()).expect("under src");
+        let Some(dir) = rel.parent().filter(|d| !d.as_os_str().is_empty()) else {
+            continue;
+        };
+        let stem = rel.file_stem().and_then(|s| s.to_str()).expect("name");
+        if stem == "mod" {
+            continue;
+        }
+        let dir_path = dir.to_str().expect("utf-8").replace('\\', "/");
+        let siblings: BTreeSet<String> = std::fs::read_dir(src().join(dir))
+            .expect("folder")
+            .flatten()
+            .filter_map(|e| {
+                let name = e.file_name().to_str()?.to_owned();
+                let name = name.strip_suffix(".rs").unwrap_or(&name).to_owned();
+                (name != "mod" && name != stem).then_some(name)
+            })
+            .collect();
+        let prefixes = [
+            "super::".to_owned(),
+            format!("crate::{}::", dir_path.replace('/', "::")),
+        ];
+        let key = format!("{dir_path}/{stem}");
+        let used = out.entry(key).or_default();
+        let text = std::fs::read_to_string(&file).expect("read");
+        for line in text.lines() {
+            let code = line.split("//").next().unwrap_or_default();
+            for prefix in &prefixes {
+                for (at, _) in code.match_indices(prefix.as_str()) {
+                    // `super::` inside a longer path (`crate::x::super::`) does not occur.
+                    let name: String = code[at + prefix.len()..]
+                        .chars()
+                        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                        .collect();
+                    if siblings.contains(&name) {
+                        used.insert(format!("{dir_path}/{name}"));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
 #[test]
 fn the_module_table_lists_every_module_of_src_and_no_other() {
     let listed: BTreeSet<String> = layers(&doc()).into_keys().collect();
@@ -238,4 +289,18 @@ fn the_checks_see_what_they_look_for() {
     assert_eq!(read.get("web"), Some(&3));
     assert_eq!(read.get("p"), Some(&0));
     assert_eq!(read.len(), 2);
+}
+
+#[test]
+fn no_two_files_of_one_folder_import_each_other() {
+    let graph = sibling_imports();
+    assert!(
+        graph.values().any(|to| !to.is_empty()),
+        "sibling imports were found at all: {graph:#?}"
+    );
+    assert_eq!(
+        circle(&graph),
+        None,
+        "files of one folder in a circle of imports (move what both need below them)"
+    );
 }
