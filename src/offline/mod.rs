@@ -1,0 +1,743 @@
+//! Offline `inject`, `check` and `review`: the webhook's decisions without a cluster, so a user's
+//! CI can run admission tests. All three go through [`crate::admission::decide`] (and `review`
+//! through [`crate::admission::review`] itself), the server's own code path.
+
+use std::io::{Read, Write};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::admission::config::InjectionArgs;
+use crate::admission::{self, Endpoint, InjectionConfig};
+use crate::settings::Global;
+use crate::wire::jobset_crd;
+
+mod check;
+mod documents;
+mod inject;
+mod trainer;
+
+pub use check::{Check, CheckReport, RuntimeRef, check_inputs, check_text, image_placeholder};
+pub use documents::{Document, Format, parse_documents, split_yaml, split_yaml_raw};
+pub use inject::inject_text;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot read {path}: not UTF-8 text")]
+    NotText { path: String },
+    #[error("{path}: document {document}: {reason}")]
+    Parse {
+        path: String,
+        document: usize,
+        reason: String,
+    },
+    #[error("cannot write the output: {0}")]
+    Write(#[source] std::io::Error),
+    #[error("cannot write the output: {0}")]
+    WriteYaml(#[source] serde_saphyr::ser::Error),
+    #[error("cannot write the output: {0}")]
+    WriteJson(#[source] serde_json::Error),
+    #[error("cannot apply the injection patch to {object}: {source}")]
+    Patch {
+        object: String,
+        #[source]
+        source: json_patch::PatchError,
+    },
+    #[error("cannot inject {object}: {message}")]
+    Denied { object: String, message: String },
+    #[error(transparent)]
+    Config(#[from] admission::Error),
+}
+
+/// Flags of `jobset-inplace inject`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct InjectArgs {
+    /// Manifest file(s), YAML or JSON, multi-document; `-` reads stdin.
+    #[arg(short = 'f', long = "filename", required = true)]
+    pub files: Vec<String>,
+
+    #[command(flatten)]
+    pub injection: InjectionArgs,
+}
+
+/// Flags of `jobset-inplace check`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct CheckArgs {
+    /// Manifest file(s) or directories, YAML or JSON, multi-document; `-` reads stdin. A
+    /// directory means its *.yaml, *.yml and *.json files (with `-R`, its subdirectories' too).
+    #[arg(short = 'f', long = "filename", required = true)]
+    pub files: Vec<String>,
+
+    /// Read the directories given with `-f` recursively.
+    #[arg(short = 'R', long)]
+    pub recursive: bool,
+
+    /// Accept a `-f` input with nothing to judge (no JobSet, (Cluster)TrainingRuntime, TrainJob
+    /// with its runtime, or AdmissionReview of a JobSet). Without it, that is an error (exit 1).
+    #[arg(long)]
+    pub allow_empty: bool,
+
+    /// Validate the manifests as written. By default they are injected first, as the cluster's
+    /// mutating webhook does before its validating webhook.
+    #[arg(long)]
+    pub no_inject: bool,
+
+    /// `text`: a verdict line per object judged, then its violations and warnings. `json`: one
+    /// array with an object per object judged (file, document, kind, object, allowed, violations
+    /// with their rule and field path in the document, warnings), for CI systems that annotate
+    /// pull requests.
+    #[arg(short = 'o', long, value_enum, default_value_t = OutputFormat::Text)]
+    pub output: OutputFormat,
+
+    #[command(flatten)]
+    pub injection: InjectionArgs,
+}
+
+/// How `check` reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum OutputFormat {
+    Text,
+    Json,
+}
+
+/// Flags of `jobset-inplace review`.
+#[derive(Clone, Debug, clap::Args)]
+#[command(group(clap::ArgGroup::new("endpoint").required(true).args(["mutate", "validate"])))]
+pub struct ReviewArgs {
+    /// Answer as `POST /mutate`.
+    #[arg(long)]
+    pub mutate: bool,
+
+    /// Answer as `POST /validate`.
+    #[arg(long)]
+    pub validate: bool,
+
+    /// The AdmissionReview request, JSON or YAML; `-` reads stdin.
+    #[arg(short = 'f', long = "filename", default_value = "-")]
+    pub file: String,
+
+    #[command(flatten)]
+    pub injection: InjectionArgs,
+}
+
+/// How long an offline command waits for a cluster to name the dialect.
+const CLUSTER_BOUND: Duration = Duration::from_secs(3);
+
+/// The injection config with the dialect of `--protocol`, the config file's `protocol`, or the
+/// cluster's JobSet CRD when one answers (else `epoch`); says on stderr which it used.
+async fn offline_config(args: &InjectionArgs, global: Global) -> Result<InjectionConfig, Error> {
+    let explicit = match global.protocol {
+        Some(d) => Some((d, format!("--protocol {d}"))),
+        None => admission::config::file_protocol(args),
+    };
+    let choice = jobset_crd::for_offline(explicit, CLUSTER_BOUND).await;
+    eprintln!(
+        "jobset-inplace: the {} protocol ({})",
+        choice.dialect, choice.why
+    );
+    Ok(InjectionConfig::load(args, Some(choice.dialect)).map_err(admission::Error::from)?)
+}
+
+impl InjectArgs {
+    pub async fn run(self, global: Global) -> Result<ExitCode, Error> {
+        let config = offline_config(&self.injection, global).await?;
+        let mut out = String::new();
+        for path in &self.files {
+            let input = read_source(path)?;
+            out.push_str(&inject_text(path, &input, &config)?);
+        }
+        write_stdout(out.as_bytes())?;
+        Ok(ExitCode::SUCCESS)
+    }
+}
+
+impl CheckArgs {
+    pub async fn run(self, global: Global) -> Result<ExitCode, Error> {
+        let config = offline_config(&self.injection, global).await?;
+        // Every -f argument with its files, read whole first: a TrainJob's runtime may be in
+        // another file of the same invocation.
+        let mut inputs = Vec::new();
+        let mut owners = Vec::new();
+        for (arg, path) in self.files.iter().enumerate() {
+            for file in expand_input(path, self.recursive)? {
+                let text = read_source(&file)?;
+                inputs.push((file, text));
+                owners.push(arg);
+            }
+        }
+        let report = check_inputs(&inputs, &config, !self.no_inject)?;
+        let mut judged = vec![0usize; self.files.len()];
+        for check in &report.checks {
+            if let Some(i) = inputs.iter().position(|(file, _)| *file == check.file) {
+                judged[owners[i]] += 1;
+            }
+        }
+        let empty: Vec<&str> = self
+            .files
+            .iter()
+            .zip(&judged)
+            .filter(|(_, n)| **n == 0)
+            .map(|(path, _)| path.as_str())
+            .collect();
+        let denied = report.checks.iter().any(|c| !c.allowed);
+        let text = match self.output {
+            OutputFormat::Text if report.checks.is_empty() => "nothing to judge\n".to_owned(),
+            OutputFormat::Text => report.checks.iter().map(Check::render).collect(),
+            OutputFormat::Json => {
+                let items: Vec<Value> = report.checks.iter().map(Check::to_json).collect();
+                let mut text = serde_json::to_string_pretty(&items).map_err(Error::WriteJson)?;
+                text.push('\n');
+                text
+            }
+        };
+        write_stdout(text.as_bytes())?;
+        for note in &report.notes {
+            eprintln!("jobset-inplace: check: {note}");
+        }
+        if !empty.is_empty() && !self.allow_empty {
+            for path in &empty {
+                eprintln!(
+                    "jobset-inplace: check: {path}: nothing to judge (no JobSet, \
+                     (Cluster)TrainingRuntime, TrainJob with its runtime, or AdmissionReview of \
+                     a JobSet); --allow-empty accepts that"
+                );
+            }
+            return Ok(ExitCode::FAILURE);
+        }
+        Ok(if denied {
+            ExitCode::FAILURE
+        } else {
+            ExitCode::SUCCESS
+        })
+    }
+}
+
+/// The files one `-f` argument names: `-` (stdin) and a file as they are; a directory's
+/// *.yaml, *.yml and *.json files, sorted by name (and, with `recursive`, those of its
+/// subdirectories; symbolic links to directories are not followed).
+pub fn expand_input(path: &str, recursive: bool) -> Result<Vec<String>, Error> {
+    let read_err = |path: &std::path::Path, source: std::io::Error| Error::Read {
+        path: path.display().to_string(),
+        source,
+    };
+    if path == "-" || !std::path::Path::new(path).is_dir() {
+        return Ok(vec![path.to_owned()]);
+    }
+    let mut files = Vec::new();
+    let mut dirs = vec![std::path::PathBuf::from(path)];
+    while let Some(dir) = dirs.pop() {
+        let mut entries = Vec::new();
+        for entry in std::fs::read_dir(&dir).map_err(|e| read_err(&dir, e))? {
+            entries.push(entry.map_err(|e| read_err(&dir, e))?);
+        }
+        entries.sort_by_key(|e| e.file_name());
+        let mut subdirs = Vec::new();
+        for entry in entries {
+            let entry_path = entry.path();
+            let kind = entry.file_type().map_err(|e| read_err(&entry_path, e))?;
+            if kind.is_dir() {
+                if recursive {
+                    subdirs.push(entry_path);
+                }
+                continue;
+            }
+            let manifest = entry_path
+                .extension()
+                .and_then(|e| e.to_str())
+                .is_some_and(|e| matches!(e, "yaml" | "yml" | "json"));
+            if manifest && entry_path.is_file() {
+                files.push(entry_path.display().to_string());
+            }
+        }
+        // Depth first, in name order.
+        dirs.extend(subdirs.into_iter().rev());
+    }
+    Ok(files)
+}
+
+impl ReviewArgs {
+    pub async fn run(self, global: Global) -> Result<ExitCode, Error> {
+        let config = offline_config(&self.injection, global).await?;
+        let body = review_body(read_source_bytes(&self.file)?);
+        let endpoint = if self.mutate {
+            Endpoint::Mutate
+        } else {
+            Endpoint::Validate
+        };
+        let reply = admission::review(endpoint, &body, &config);
+        write_stdout(&reply.body)?;
+        Ok(if reply.http_status == 200 {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        })
+    }
+}
+
+/// The body `review` sends down the server's path: JSON as read (byte for byte), a YAML
+/// AdmissionReview as its JSON. Anything else is passed on as it is, for the server's own
+/// answer to what it cannot read.
+fn review_body(input: Vec<u8>) -> Vec<u8> {
+    let first = input.iter().find(|b| !b.is_ascii_whitespace());
+    if matches!(first, Some(b'{') | None) {
+        return input;
+    }
+    std::str::from_utf8(&input)
+        .ok()
+        .and_then(|text| crate::settings::from_yaml::<Value>(text).ok())
+        .filter(Value::is_object)
+        .and_then(|value| serde_json::to_vec(&value).ok())
+        .unwrap_or(input)
+}
+
+fn read_source_bytes(path: &str) -> Result<Vec<u8>, Error> {
+    let read_err = |source: std::io::Error| Error::Read {
+        path: path.to_owned(),
+        source,
+    };
+    if path == "-" {
+        let mut buf = Vec::new();
+        std::io::stdin().read_to_end(&mut buf).map_err(read_err)?;
+        Ok(buf)
+    } else {
+        std::fs::read(path).map_err(read_err)
+    }
+}
+
+fn read_source(path: &str) -> Result<String, Error> {
+    String::from_utf8(read_source_bytes(path)?).map_err(|_| Error::NotText {
+        path: path.to_owned(),
+    })
+}
+
+fn write_stdout(bytes: &[u8]) -> Result<(), Error> {
+    let mut out = std::io::stdout().lock();
+    out.write_all(bytes)
+        .and_then(|()| out.flush())
+        .map_err(Error::Write)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check::*;
+    use super::*;
+    use crate::protocol::Dialect;
+
+    const PLAIN: &str = "\
+apiVersion: jobset.x-k8s.io/v1alpha2
+kind: JobSet
+metadata:
+  name: js
+spec:
+  failurePolicy: {maxRestarts: 3, restartStrategy: InPlaceRestart}
+  replicatedJobs:
+  - name: w
+    replicas: 2
+    template:
+      spec:
+        parallelism: 2
+        completions: 2
+        template:
+          spec:
+            restartPolicy: Never
+            containers:
+            - name: worker
+              image: train:1
+";
+
+    #[test]
+    fn split_keeps_text_and_markers() {
+        let docs = split_yaml("a: 1\n---\nb: 2 # keep\n--- # c\n...\n---\n");
+        assert_eq!(docs, vec!["a: 1\n", "b: 2 # keep\n", "", ""]);
+        let docs = split_yaml("--- {a: 1}\n");
+        assert_eq!(docs, vec!["", "{a: 1}\n"]);
+        for input in [
+            "a: 1\n---\nb: 2 # keep\n--- # c\n...\n---\n",
+            "--- {a: 1}",
+            "x: |\n  y",
+        ] {
+            let raw: String = split_yaml_raw(input)
+                .into_iter()
+                .map(|(raw, _)| raw)
+                .collect();
+            assert_eq!(raw, input);
+        }
+    }
+
+    #[test]
+    fn inject_prints_untouched_documents_byte_for_byte() {
+        let config = InjectionConfig::defaults(Dialect::Epoch);
+        // No newline at the end of a block scalar, odd markers, a comment-only document, a
+        // JobSet that is not an InPlaceRestart one: nothing to inject, so the file comes back.
+        let not_ours = "apiVersion: jobset.x-k8s.io/v1alpha2\nkind: JobSet\nmetadata: {name: r}\n\
+                        spec:\n  replicatedJobs: []\n";
+        for input in [
+            format!(
+                "--- # first\n{not_ours}...\n---\n# only a comment\n---\nkind: ConfigMap\ndata:\n  s: |\n    last line"
+            ),
+            format!("{not_ours}---\nscript: |\n  echo done"),
+            "{\"kind\": \"ConfigMap\",   \"data\": {}}".to_owned(),
+        ] {
+            assert_eq!(inject_text("m", &input, &config).expect("injects"), input);
+        }
+        // Beside an injected JobSet, the others keep their bytes, the last one its missing
+        // newline and its marker's comment.
+        let tail = "--- # tail\nkind: ConfigMap\ndata:\n  s: |\n    no newline";
+        let input = format!("{PLAIN}{tail}");
+        let out = inject_text("m", &input, &config).expect("injects");
+        assert!(out.ends_with(tail), "{out}");
+        assert_ne!(out, input);
+        let input = format!("{tail}\n---\n{PLAIN}");
+        let out = inject_text("m", &input, &config).expect("injects");
+        assert!(out.starts_with(&format!("{tail}\n---\n")), "{out}");
+    }
+
+    #[test]
+    fn inject_passes_other_documents_through_untouched() {
+        let config = InjectionConfig::defaults(Dialect::Epoch);
+        let cm =
+            "# a comment that survives\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n";
+        let input = format!("{cm}---\n{PLAIN}");
+        let out = inject_text("m.yaml", &input, &config).expect("injects");
+        assert!(out.starts_with(cm), "{out}");
+        let (_, docs) = parse_documents("out", &out).expect("parses");
+        assert_eq!(docs.len(), 2);
+        let js = &docs[1].value;
+        assert_eq!(
+            js.pointer("/spec/replicatedJobs/0/template/spec/template/spec/initContainers/0/name"),
+            Some(&Value::from("jobset-inplace-agent"))
+        );
+        // Injecting the output again changes nothing.
+        assert_eq!(inject_text("out", &out, &config).expect("again"), out);
+    }
+
+    #[test]
+    fn inject_json_and_lists() {
+        let config = InjectionConfig::defaults(Dialect::Epoch);
+        let js: Value = crate::settings::from_yaml(PLAIN).expect("yaml");
+        let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": [js]});
+        let out = inject_text("l.json", &list.to_string(), &config).expect("injects");
+        let (format, docs) = parse_documents("out", &out).expect("parses");
+        assert_eq!(format, Format::Json);
+        assert!(
+            docs[0]
+                .value
+                .pointer("/items/0/spec/replicatedJobs/0/template/spec/backoffLimit")
+                .is_some()
+        );
+    }
+
+    /// Issue 11: what cannot be read is not "ok".
+    #[test]
+    fn check_denies_what_it_cannot_read() {
+        let config = InjectionConfig::defaults(Dialect::Epoch);
+        for (edit, path, expected) in [
+            (
+                PLAIN.replace("            containers:\n            - name: worker\n              image: train:1\n", "            containers: worker\n"),
+                "spec.replicatedJobs[0].template.spec.template.spec.containers",
+                "must be an array, is a string",
+            ),
+            (
+                "apiVersion: jobset.x-k8s.io/v1alpha2\nkind: JobSet\nmetadata: {name: js}\nspec:\n  failurePolicy: {maxRestarts: 3, restartStrategy: InPlaceRestart}\n  replicatedJobs: {w: {}}\n".to_owned(),
+                "spec.replicatedJobs",
+                "must be an array, is an object",
+            ),
+        ] {
+            let checks = check_text("m.yaml", &edit, &config, true).expect("checks");
+            assert!(!checks[0].allowed, "{}", checks[0].render());
+            assert!(
+                checks[0]
+                    .violations
+                    .iter()
+                    .any(|v| v.path == path && v.message.contains(expected)),
+                "{}",
+                checks[0].render()
+            );
+        }
+    }
+
+    /// `check` and `inject` answer as the webhook: a barrier port taken by the worker moves
+    /// the injected agent; no port left denies the JobSet with the pod template's path.
+    #[test]
+    fn check_and_inject_move_the_barrier_or_deny_as_the_webhook_does() {
+        let mut config = InjectionConfig::defaults(Dialect::Epoch);
+        let taken = PLAIN.replace(
+            "              image: train:1\n",
+            "              image: train:1\n              ports: [{containerPort: 8080}]\n",
+        );
+        let checks = check_text("m.yaml", &taken, &config, true).expect("checks");
+        assert!(checks[0].allowed, "{}", checks[0].render());
+        let out = inject_text("m.yaml", &taken, &config).expect("injects");
+        let (_, docs) = parse_documents("out", &out).expect("parses");
+        let agent = docs[0]
+            .value
+            .pointer("/spec/replicatedJobs/0/template/spec/template/spec/initContainers/0")
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(agent["startupProbe"]["httpGet"]["port"], 18080);
+        assert!(
+            agent["env"].as_array().is_some_and(
+                |e| e.contains(&serde_json::json!({"name": "BARRIER_PORT", "value": "18080"}))
+            ),
+            "{agent}"
+        );
+
+        config.barrier_fallback_ports = crate::admission::config::PortRange::NONE;
+        let checks = check_text("m.yaml", &taken, &config, true).expect("checks");
+        assert!(!checks[0].allowed);
+        let text = checks[0].render();
+        assert!(
+            text.contains(
+                "denied: spec.replicatedJobs[0].template.spec.template.spec.initContainers: no \
+                 port for the injected agent's barrier"
+            ),
+            "{text}"
+        );
+        let err = inject_text("m.yaml", &taken, &config)
+            .expect_err("denied")
+            .to_string();
+        assert!(
+            err.contains("cannot inject js") && err.contains("barrier"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn check_reports_paths() {
+        let config = InjectionConfig::defaults(Dialect::Epoch);
+        let checks = check_text("m.yaml", PLAIN, &config, true).expect("checks");
+        assert_eq!(checks.len(), 1);
+        assert!(checks[0].allowed, "{}", checks[0].render());
+        let checks = check_text("m.yaml", PLAIN, &config, false).expect("checks");
+        assert!(!checks[0].allowed);
+        let text = checks[0].render();
+        assert!(
+            text.contains("denied: spec.replicatedJobs[0].template.spec.backoffLimit"),
+            "{text}"
+        );
+        assert!(text.contains("initContainers"), "{text}");
+    }
+
+    #[test]
+    fn check_json_has_an_object_per_jobset_with_field_paths() {
+        let config = InjectionConfig::defaults(Dialect::Epoch);
+        let input = format!("kind: ConfigMap\n---\n{PLAIN}");
+        let checks = check_text("m.yaml", &input, &config, false).expect("checks");
+        let json = checks[0].to_json();
+        assert_eq!(json["file"], "m.yaml");
+        assert_eq!(json["document"], 2);
+        assert_eq!(json["object"], "js");
+        assert_eq!(json["allowed"], false);
+        let fields: Vec<&str> = json["violations"]
+            .as_array()
+            .expect("violations")
+            .iter()
+            .filter_map(|v| v["field"].as_str())
+            .collect();
+        assert!(
+            fields.contains(&"spec.replicatedJobs[0].template.spec.backoffLimit"),
+            "{fields:?}"
+        );
+        assert!(json["violations"][0]["message"].is_string());
+        assert!(json["warnings"].is_array());
+    }
+
+    /// Issue 23: a runtime's JobSet template, a TrainJob with its runtime, an AdmissionReview are
+    /// judged, their paths in the document that holds them.
+    #[test]
+    fn check_judges_the_jobsets_inside_other_objects() {
+        let config = InjectionConfig::defaults(Dialect::Epoch);
+        let body: String = PLAIN
+            .lines()
+            .skip_while(|l| !l.starts_with("spec:"))
+            .skip(1)
+            .map(|l| format!("    {l}\n"))
+            .collect::<String>()
+            .replace("- name: w\n", "- name: node\n")
+            .replace("- name: worker\n", "- name: node\n");
+        let runtime = format!(
+            "apiVersion: trainer.kubeflow.org/v1alpha1\nkind: ClusterTrainingRuntime\n\
+             metadata: {{name: rt}}\nspec:\n  template:\n    spec:\n{}",
+            body.replace(
+                "            parallelism: 2\n",
+                "            backoffLimit: 0\n            parallelism: 2\n"
+            )
+        );
+        let checks = check_text("rt.yaml", &runtime, &config, true).expect("checks");
+        assert_eq!(checks.len(), 1, "{checks:?}");
+        assert_eq!(checks[0].kind, "ClusterTrainingRuntime");
+        assert_eq!(checks[0].object, "rt");
+        assert!(!checks[0].allowed, "{}", checks[0].render());
+        assert!(
+            checks[0].violations.iter().any(
+                |v| v.path == "spec.template.spec.replicatedJobs[0].template.spec.backoffLimit"
+            ),
+            "{}",
+            checks[0].render()
+        );
+
+        // A TrainJob whose runtime is in another input: judged as the JobSet Trainer makes.
+        let trainjob = "apiVersion: trainer.kubeflow.org/v1alpha1\nkind: TrainJob\n\
+                        metadata: {name: tj, namespace: ns}\n\
+                        spec:\n  runtimeRef: {name: rt}\n  trainer: {image: 'REPLACE_ME'}\n";
+        let inputs = [
+            ("tj.yaml".to_owned(), trainjob.to_owned()),
+            ("rt.yaml".to_owned(), runtime.clone()),
+        ];
+        let report = check_inputs(&inputs, &config, true).expect("checks");
+        let tj = report
+            .checks
+            .iter()
+            .find(|c| c.kind == "TrainJob")
+            .expect("judged");
+        assert_eq!((tj.file.as_str(), tj.object.as_str()), ("tj.yaml", "ns/tj"));
+        assert_eq!(
+            tj.runtime.as_ref().map(|r| r.file.as_str()),
+            Some("rt.yaml")
+        );
+        assert!(!tj.allowed);
+        assert!(
+            tj.warnings
+                .iter()
+                .any(|w| w.contains("REPLACE_ME") && w.contains("placeholder")),
+            "{}",
+            tj.render()
+        );
+        // Without its runtime: not judged, and said so.
+        let report = check_inputs(&inputs[..1], &config, true).expect("checks");
+        assert!(report.checks.is_empty());
+        assert!(
+            report.notes[0].contains("ClusterTrainingRuntime/rt is not in the input"),
+            "{:?}",
+            report.notes
+        );
+
+        // An AdmissionReview: the JobSet inside.
+        let js: Value = crate::settings::from_yaml(PLAIN).expect("yaml");
+        let review = serde_json::json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": "u", "operation": "CREATE", "object": js}});
+        let checks = check_text("r.json", &review.to_string(), &config, false).expect("checks");
+        assert_eq!(checks.len(), 1);
+        assert_eq!(checks[0].kind, "AdmissionReview");
+        assert!(
+            checks[0]
+                .violations
+                .iter()
+                .any(|v| v.path
+                    == "request.object.spec.replicatedJobs[0].template.spec.backoffLimit"),
+            "{}",
+            checks[0].render()
+        );
+        assert_eq!(checks[0].to_json()["kind"], "AdmissionReview");
+    }
+
+    #[test]
+    fn placeholder_images() {
+        for image in [
+            "<CHANGE ME>",
+            "registry/<image>:1",
+            "REPLACE_ME",
+            "my-registry/app:TODO",
+            "change-me:1",
+            "example.com/team/train:1",
+            "registry.example.org:5000/train",
+            "${IMAGE}",
+            "{{ .Values.image }}",
+            "fixme",
+        ] {
+            assert!(image_placeholder(image), "{image}");
+        }
+        for image in [
+            "pytorch/pytorch:2.7.1",
+            "ghcr.io/todo-app/train:1",
+            "example/train:1",
+            "myexample.com/train:1",
+            "train:1",
+            "registry.k8s.io/jobset/in-place-restart-agent:v0.11.0",
+        ] {
+            assert!(!image_placeholder(image), "{image}");
+        }
+    }
+
+    /// Issue 23: JobSet's own agent under `epoch` is a warning; under `attempt` it is what it is.
+    #[test]
+    fn jobsets_own_agent_under_epoch_is_a_warning() {
+        let own = PLAIN.replace(
+            "            containers:\n",
+            "            initContainers:\n            - {name: in-place-restart-agent, image: agent:1, restartPolicy: Always}\n            containers:\n",
+        );
+        let js: Value = crate::settings::from_yaml(&own).expect("yaml");
+        let epoch = authoring_warnings(&js, Dialect::Epoch, "");
+        assert!(
+            epoch
+                .iter()
+                .any(|w| w.contains("speaks the attempt dialect only")),
+            "{epoch:?}"
+        );
+        assert!(authoring_warnings(&js, Dialect::Attempt, "").is_empty());
+    }
+
+    #[test]
+    fn review_reads_yaml() {
+        let json = br#"{"kind": "AdmissionReview"}"#.to_vec();
+        assert_eq!(review_body(json.clone()), json);
+        assert_eq!(
+            review_body(b"kind: AdmissionReview\nrequest: {uid: u}\n".to_vec()),
+            br#"{"kind":"AdmissionReview","request":{"uid":"u"}}"#.to_vec()
+        );
+        // Not an object: left for the server to refuse.
+        assert_eq!(review_body(b"not json".to_vec()), b"not json".to_vec());
+    }
+
+    #[test]
+    fn directories_list_their_manifests() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path();
+        std::fs::create_dir_all(root.join("sub/deeper")).expect("mkdir");
+        for f in [
+            "b.yaml",
+            "a.yml",
+            "c.json",
+            "notes.txt",
+            "sub/d.yaml",
+            "sub/deeper/e.yaml",
+        ] {
+            std::fs::write(root.join(f), "").expect("write");
+        }
+        let names = |recursive| -> Vec<String> {
+            expand_input(&root.display().to_string(), recursive)
+                .expect("lists")
+                .into_iter()
+                .map(|p| p.trim_start_matches(&root.display().to_string()).to_owned())
+                .collect()
+        };
+        assert_eq!(names(false), ["/a.yml", "/b.yaml", "/c.json"]);
+        assert_eq!(
+            names(true),
+            [
+                "/a.yml",
+                "/b.yaml",
+                "/c.json",
+                "/sub/d.yaml",
+                "/sub/deeper/e.yaml"
+            ]
+        );
+        assert_eq!(expand_input("-", true).expect("stdin"), ["-"]);
+    }
+
+    #[test]
+    fn bad_yaml_names_file_and_document() {
+        let config = InjectionConfig::defaults(Dialect::Epoch);
+        let err = inject_text("m.yaml", "a: 1\n---\nb: [\n", &config)
+            .expect_err("bad")
+            .to_string();
+        assert!(err.starts_with("m.yaml: document 2:"), "{err}");
+    }
+}
