@@ -2,7 +2,8 @@
 //! module of `src/` and no other, with its layer; no import runs from a lower layer up to a
 //! higher one, and no two modules import each other, directly or through others, nor two files
 //! of one folder (`super::<file>` or `crate::<folder>::<file>` between siblings); every file of
-//! `src/` is named on the page, and every `*.rs` file the page names exists.
+//! `src/` is named on the page, and every `*.rs` file the page names exists; no file of `src/` has
+//! over about 800 lines of code before its tests.
 //!
 //! Imports are read as text: every `crate::<module>` path outside comments, in the files of a
 //! module (`src/<module>.rs` or `src/<module>/`).
@@ -302,5 +303,28 @@ fn no_two_files_of_one_folder_import_each_other() {
         circle(&graph),
         None,
         "files of one folder in a circle of imports (move what both need below them)"
+    );
+}
+
+/// The house's rule for its rooms: no file of `src/` over about 800 lines that is not mostly
+/// tests. Counted up to the file's `#[cfg(test)]` module (the tests beside the code are free).
+const MOST_CODE_LINES: usize = 850;
+
+#[test]
+fn no_file_of_src_has_over_about_800_lines_of_code() {
+    let big: Vec<String> = rs_files(&src())
+        .into_iter()
+        .filter_map(|file| {
+            let text = std::fs::read_to_string(&file).expect("read");
+            let code = text
+                .lines()
+                .take_while(|l| !l.starts_with("#[cfg(test)]"))
+                .count();
+            (code > MOST_CODE_LINES).then(|| format!("{}: {code} lines", file.display()))
+        })
+        .collect();
+    assert!(
+        big.is_empty(),
+        "files over {MOST_CODE_LINES} lines before their tests (split them by job): {big:#?}"
     );
 }
