@@ -1453,18 +1453,20 @@ async fn a_binding_of_ours_for_another_role_is_replaced_and_a_users_is_left_alon
 
 /// Issue 21, item 7: a write the leader has in flight when its lease runs out must not land after
 /// the lease could pass to another replica. The leader's lease requests go unanswered, and the API
-/// server takes 6 s to answer the JobSetEpoch write of the group restart it then decides (longer
-/// than what is left of its lease, shorter than the 10 s request timeout). Each write is sent with
-/// a timeout that ends before the leader's write deadline, so the write is abandoned (and with its
-/// connection, cancelled) in time: in the server's write log no write of the old leader comes
-/// later than its last lease renewal plus the lease duration. Before, the write was sent with the
-/// 10 s request timeout and landed 6 s later, after the lease had expired.
+/// server takes 9 s to answer the JobSetEpoch write of the group restart it then decides (longer
+/// than what is left of its 8 s lease, shorter than the 10 s request timeout). Each write is sent
+/// with a timeout that ends before the leader's write deadline, so the write is abandoned (and
+/// with its connection, cancelled) in time: in the server's write log no write of the old leader
+/// comes later than its last lease renewal plus the lease duration. Before, the write was sent
+/// with the 10 s request timeout and landed after the lease had expired. (An 8 s lease renewed 4 s
+/// before expiry: with a 4 s one renewed every 2 s, a cold CI run's load once delayed a renewal
+/// past the leader's deadline before its first sync, and it stepped down as it should.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_s_write_in_flight_does_not_land_after_its_lease_could_pass() {
     bounded(async {
         let w = World::new(Dialect::Epoch, &[(1, 2)], 1_000).await;
-        let duration = Duration::from_secs(4);
-        let lease = || lease(duration, Duration::from_secs(2));
+        let duration = Duration::from_secs(8);
+        let lease = || lease(duration, Duration::from_secs(4));
         let a = Running::start_with(
             w.server.client_named("a"),
             options(Dialect::Epoch, "a", Some(lease())),
@@ -1472,8 +1474,8 @@ async fn a_leader_s_write_in_flight_does_not_land_after_its_lease_could_pass() {
         w.sync_pods(2, 1, "sync by a").await;
         w.server.silence_client("a", None, "leases");
         w.server
-            .set_latency_for(Verb::Patch, "jobsetepochs", Duration::from_secs(6));
-        // A group restart for a to publish (its write waits 6 s in the server).
+            .set_latency_for(Verb::Patch, "jobsetepochs", Duration::from_secs(9));
+        // A group restart for a to publish (its write waits 9 s in the server).
         w.set_epoch(0, 2);
         let err = tokio::time::timeout(LIMIT, a.task_result())
             .await
@@ -1483,8 +1485,8 @@ async fn a_leader_s_write_in_flight_does_not_land_after_its_lease_could_pass() {
             matches!(err, reconciler::Error::LeaseNotRenewed { .. }),
             "{err}"
         );
-        // Past the 6 s the write would have taken.
-        tokio::time::sleep(Duration::from_secs(4)).await;
+        // Past the 9 s the write would have taken (a stops 3 s or more after the silence began).
+        tokio::time::sleep(Duration::from_secs(7)).await;
         let writes = w.server.writes();
         let last_renewal = writes
             .iter()
