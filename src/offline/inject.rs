@@ -41,10 +41,7 @@ pub(super) fn create_request(object: &Value) -> Request<'_> {
 
 /// Applies the mutating webhook's decision to a JobSet; returns whether it changed and its
 /// warnings.
-fn inject_object(
-    object: &mut Value,
-    config: &InjectionConfig,
-) -> Result<Vec<String>, Error> {
+fn inject_object(object: &mut Value, config: &InjectionConfig) -> Result<Vec<String>, Error> {
     let decision = admission::decide(Endpoint::Mutate, &create_request(object), config);
     if !decision.allowed {
         return Err(Error::Denied {
