@@ -935,6 +935,23 @@ mod tests {
         assert!(pod_of(&out, 0).get("volumes").is_none());
     }
 
+    /// A container that is not an object (the API server's schema refuses it after the mutating
+    /// webhooks): the worker rule goes only to the containers that are, and the patch applies
+    /// (the offline fuzz target found a `restartPolicy` added into a string).
+    #[test]
+    fn a_container_that_is_not_an_object_gets_nothing_patched_into_it() {
+        let js = jobset(json!({"restartPolicy": "Never",
+            "containers": ["not a container", {"name": "w", "image": "i"}]}));
+        let out = apply(&js, &InjectionConfig::defaults(Dialect::Epoch));
+        let containers =
+            &out["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"];
+        assert_eq!(containers[0], "not a container");
+        assert!(
+            containers[1]["restartPolicyRules"].is_array(),
+            "{containers}"
+        );
+    }
+
     #[test]
     fn injected_agent_uses_the_config() {
         let mut config = InjectionConfig::defaults(Dialect::Attempt);

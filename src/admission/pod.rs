@@ -38,6 +38,9 @@ pub(crate) struct Container<'a> {
     pub list: ContainerList,
     pub index: usize,
     pub view: &'a ContainerView<'a>,
+    /// The list's element is not an object (it reads as all absent): nothing may be patched
+    /// into it.
+    pub malformed: bool,
 }
 
 /// One `restartPolicyRules` entry.
@@ -240,12 +243,18 @@ pub(crate) fn containers<'a>(
         ContainerList::Init => &pod_spec.init_containers,
         ContainerList::Regular => &pod_spec.containers,
     };
+    let bad = items.as_ref().map(|l| &l.1);
     items
         .as_ref()
         .map_or(&[][..], |l| l.0.as_slice())
         .iter()
         .enumerate()
-        .map(move |(index, view)| Container { list, index, view })
+        .map(move |(index, view)| Container {
+            list,
+            index,
+            view,
+            malformed: bad.is_some_and(|b| b.contains(index)),
+        })
 }
 
 /// Every container of a pod spec, init containers first.
@@ -372,6 +381,7 @@ mod tests {
             list: ContainerList::Init,
             index: 0,
             view: &view,
+            malformed: false,
         };
         let rules = c.restart_rules();
         assert_eq!(rules.len(), 3);
@@ -426,6 +436,7 @@ mod tests {
             list: ContainerList::Init,
             index: 0,
             view: &view,
+            malformed: false,
         };
         assert_eq!(
             c.agent_exit_code(42),

@@ -176,6 +176,7 @@ pub(crate) fn worker_rule(policy: Option<&PodFailurePolicy<'_>>, container: &str
 /// `Never` (a container restarted by itself is left to it), read whole.
 fn takes_rule(c: &Container<'_>, agent: Option<usize>) -> bool {
     c.list == ContainerList::Regular
+        && !c.malformed
         && Some(c.index) != agent
         && c.view.wrong.is_empty()
         && c.view.restart_policy_rules.is_none()
