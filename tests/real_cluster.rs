@@ -4036,14 +4036,26 @@ async fn provisioning_replaces_only_its_own_binding_when_the_role_changes() {
 // Issue 24: doctor before the first JobSet; issue 23: the cluster decides the dialect
 // ---------------------------------------------------------------------------------------------
 
-/// `jobset-inplace [global] doctor -o json --kubeconfig K [args]`: its report and exit code.
+/// `jobset-inplace [global] doctor -o json --kubeconfig K [args]` against the cluster: its report
+/// and exit code.
 async fn doctor(cluster: &Cluster, global: &[&str], args: &[&str]) -> (Value, Option<i32>) {
+    let (report, code, _) = run_doctor(&cluster.kubeconfig, global, args).await;
+    (report, code)
+}
+
+/// `jobset-inplace [global] doctor -o json --kubeconfig KUBECONFIG [args]`: its report, exit code
+/// and stderr.
+async fn run_doctor(
+    kubeconfig: &Path,
+    global: &[&str],
+    args: &[&str],
+) -> (Value, Option<i32>, String) {
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_jobset-inplace"))
         .env_clear()
         .args(global)
         .arg("doctor")
         .arg("--kubeconfig")
-        .arg(&cluster.kubeconfig)
+        .arg(kubeconfig)
         .args(["-o", "json"])
         .args(args)
         .stdin(Stdio::null())
@@ -4060,7 +4072,8 @@ async fn doctor(cluster: &Cluster, global: &[&str], args: &[&str]) -> (Value, Op
             String::from_utf8_lossy(&out.stderr)
         )
     });
-    (report, out.status.code())
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    (report, out.status.code(), stderr)
 }
 
 /// The finding of `check` in a doctor report.
@@ -4385,22 +4398,7 @@ async fn the_cluster_decides_the_dialect() {
 /// `doctor -o json` against the control plane of the kubeconfig at `path` (another than the
 /// tests' own): its report, exit code and stderr.
 async fn doctor_at(path: &std::ffi::OsStr) -> (Value, Option<i32>, String) {
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_jobset-inplace"))
-        .env_clear()
-        .arg("doctor")
-        .arg("--kubeconfig")
-        .arg(path)
-        .args(["-o", "json"])
-        .stdin(Stdio::null())
-        .kill_on_drop(true)
-        .output();
-    let out = tokio::time::timeout(Duration::from_secs(120), out)
-        .await
-        .expect("doctor returns")
-        .expect("doctor runs");
-    let report: Value = serde_json::from_slice(&out.stdout).expect("json");
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    (report, out.status.code(), stderr)
+    run_doctor(Path::new(path), &[], &[]).await
 }
 
 /// On a second control plane started with both gates off
