@@ -64,6 +64,7 @@ static CLUSTER_LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 // The cluster
 // ---------------------------------------------------------------------------------------------
 
+#[derive(Clone)]
 struct Cluster {
     kubeconfig: PathBuf,
     client: Client,
@@ -1701,6 +1702,83 @@ impl Reconciler {
 
     async fn kill(mut self) {
         self.child.kill().await.expect("kill the reconciler");
+    }
+}
+
+/// The reconciler as its Deployment runs it: when the process exits (a replica that saw no
+/// renewal of its Lease in time steps down and exits, as it must), it is started again after
+/// the kubelet's first crash-loop back-off (10 s), with a fresh token. For the measurements,
+/// where the API server under thousands of pods can miss a Lease; without it, a step-down
+/// stalled every later group restart. Dropping it kills the running process.
+struct SupervisedReconciler {
+    task: tokio::task::JoinHandle<()>,
+    /// The first run's /readyz port, and every run's log so far.
+    health: u16,
+    logs: std::sync::Arc<std::sync::Mutex<Vec<PathBuf>>>,
+    restarts: std::sync::Arc<std::sync::atomic::AtomicU32>,
+}
+
+impl SupervisedReconciler {
+    async fn start(cluster: &Cluster, identity: &str, duration: u64, grace: u64) -> Self {
+        let first = Reconciler::start_with_lease(cluster, identity, duration, grace).await;
+        let health = first.health;
+        let logs = std::sync::Arc::new(std::sync::Mutex::new(vec![first.dir.path().join("log")]));
+        let restarts = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let (cluster, identity) = (cluster.clone(), identity.to_owned());
+        let (task_logs, task_restarts) = (logs.clone(), restarts.clone());
+        let task = tokio::spawn(async move {
+            // Every run's directory is kept (its log) until the supervisor ends.
+            let mut dirs = Vec::new();
+            let mut run = first;
+            loop {
+                let _ = run.child.wait().await;
+                dirs.push(run.dir);
+                tokio::time::sleep(Duration::from_secs(10)).await;
+                run = Reconciler::start_with_lease(&cluster, &identity, duration, grace).await;
+                task_restarts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if let Ok(mut logs) = task_logs.lock() {
+                    logs.push(run.dir.path().join("log"));
+                }
+            }
+        });
+        SupervisedReconciler {
+            task,
+            health,
+            logs,
+            restarts,
+        }
+    }
+
+    /// Waits for the first run's /readyz.
+    async fn ready(&self) {
+        try_eventually(Duration::from_secs(60), || http_ok(self.health, "/readyz"))
+            .await
+            .unwrap_or_else(|e| panic!("the reconciler is not ready: {e}\n{}", self.log_tail()));
+    }
+
+    fn restarts(&self) -> u32 {
+        self.restarts.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Every run's log without the lease renewals, the last 80 lines.
+    fn log_tail(&self) -> String {
+        let paths = self.logs.lock().map(|l| l.clone()).unwrap_or_default();
+        let mut lines = Vec::new();
+        for (run, path) in paths.iter().enumerate() {
+            lines.push(format!("-- run {}", run + 1));
+            let text = std::fs::read_to_string(path).unwrap_or_default();
+            lines.extend(
+                text.lines()
+                    .filter(|l| !l.contains("DEBUG kube_lease_manager"))
+                    .map(str::to_owned),
+            );
+        }
+        lines[lines.len().saturating_sub(80)..].join("\n")
+    }
+
+    async fn kill(self) {
+        self.task.abort();
+        let _ = self.task.await;
     }
 }
 
@@ -3589,7 +3667,7 @@ async fn measure_group_restart(cluster: &Cluster, pods: usize) -> Result<String,
     // reconciler exited as it must (nothing restarts it here, so the restart stalled). See
     // docs/benchmarks.md.
     let reconciler =
-        Reconciler::start_with_lease(cluster, &format!("real-cluster-scale-{pods}"), 60, 20).await;
+        SupervisedReconciler::start(cluster, &format!("real-cluster-scale-{pods}"), 60, 20).await;
     reconciler.ready().await;
     let node_name = format!("node-{}", ns.name);
     let _node_cleanup = NodeCleanup {
@@ -3604,7 +3682,20 @@ async fn measure_group_restart(cluster: &Cluster, pods: usize) -> Result<String,
         &cluster.ca_data,
         env!("CARGO_TARGET_TMPDIR"),
     );
-    config.agents = NodeAgents::InProcess(cluster.client.clone());
+    // Each agent on a client of its own with its pod-bound token, as in a pod: the API server
+    // rate-limits agents as service accounts (API Priority and Fairness); on the admin's client
+    // they were exempt, and at 5,000 pods their abandoned and retried requests kept the API
+    // server past every timeout.
+    config.agents = NodeAgents::InProcessBound;
+    config.calls_in_flight = 8;
+    // On 2 cores shared by everything, 5,000 agents' first requests wait longer than the
+    // agents' 10 s; each one abandoned is done again. `JOBSET_INPLACE_REAL_SCALE_AGENT_TIMEOUT`
+    // gives them longer (the figures say which).
+    if let Ok(t) = std::env::var("JOBSET_INPLACE_REAL_SCALE_AGENT_TIMEOUT") {
+        config
+            .agent_env
+            .push((jobset_inplace::wire::agent_env::API_TIMEOUT.to_owned(), t));
+    }
     config.probe_period = Duration::from_millis(200);
     config.api_timeout = Duration::from_secs(30);
     config
@@ -3756,6 +3847,12 @@ async fn measure_group_restart(cluster: &Cluster, pods: usize) -> Result<String,
             metrics_delta(&after.watch_bytes, &idle.watch_bytes),
         )),
     ));
+    out.push_str(&format!(
+        "{pods:>6} pods: reconciler restarts (stepped down, started again) {}; agents' API \
+         timeout {}\n",
+        reconciler.restarts(),
+        std::env::var("JOBSET_INPLACE_REAL_SCALE_AGENT_TIMEOUT").unwrap_or_else(|_| "10s".into())
+    ));
 
     if std::env::var_os("JOBSET_INPLACE_REAL_SCALE_LOGS").is_some() {
         out.push_str(&format!(
@@ -3836,7 +3933,8 @@ async fn measure_a_group_restart_on_the_real_api_server() {
     let webhook = serve_webhook(&cluster).await;
     let mut report = String::from(
         "one group restart on kube-apiserver 1.35 with the Job and JobSet controllers; agents \
-         in-process on the node (one shared admin client); per pod, everyone's requests\n",
+         in-process on the node (a client each, with its pod-bound token); per pod, everyone's \
+         requests\n",
     );
     let mut failed = Vec::new();
     let mut seen = 0;

@@ -17,8 +17,9 @@
 //!   `status.podIP` 127.0.0.1). Every pod shares 127.0.0.1, so each agent gets a barrier port of
 //!   its own through `BARRIER_PORT` (the only variable set beside the spec's, with `KUBECONFIG`
 //!   and the log settings), and the startup probe is polled on that port (for measurements of
-//!   many pods, [`NodeAgents::InProcess`] runs the agent's code as a task on one shared client
-//!   instead, without a token of its own);
+//!   many pods, [`NodeAgents::InProcessBound`] runs the agent's code as a task instead, on a
+//!   client of its own with the pod-bound token, and [`NodeAgents::InProcess`] on one shared
+//!   client without a token of its own);
 //! - the worker container is simulated: it starts once the agent's startup probe answers 200
 //!   (the barrier) and runs until the test makes it exit ([`Node::exit_worker`]);
 //! - every container exit goes through the container's `restartPolicyRules`: a
@@ -29,7 +30,9 @@
 //!   `Initialized` kept True; a
 //!   sidecar exit without a rule restarts the sidecar alone (`restartPolicy: Always`); a worker
 //!   exit without a rule ends the pod (`restartPolicy: Never`);
-//! - the pod status is written through `pods/{name}/status` as the kubelet writes it: phase,
+//! - the pod status is written through `pods/{name}/status` as the kubelet writes it (tried
+//!   again until written, a few calls in flight for the node: [`NodeConfig::calls_in_flight`]):
+//!   phase,
 //!   the conditions (`PodReadyToStartContainers`, `Initialized`, `ContainersReady`, `Ready`,
 //!   `PodScheduled`, and `AllContainersRestarting`, which a 1.35 kubelet with the feature gate
 //!   always reports), `initContainerStatuses` for the sidecar and `containerStatuses` with their
@@ -78,6 +81,12 @@ pub enum NodeAgents {
     /// given (no token of its own: for measurements of many pods, not for rights), configured
     /// from the container's env by the agent's own parser; the barrier read from its state.
     InProcess(kube::Client),
+    /// [`jobset_inplace::agent::run_agent`] as a task of this process per pod, each on a client
+    /// of its own with the token bound to its pod (as [`NodeAgents::Binary`] gets): the API
+    /// server authenticates, authorizes, admits and rate-limits each agent as the agent of its
+    /// pod (API Priority and Fairness classifies it as a service account, not as the exempt
+    /// `system:masters` of the admin's client). For measurements of many pods as they are.
+    InProcessBound,
 }
 
 impl std::fmt::Debug for NodeAgents {
@@ -85,6 +94,7 @@ impl std::fmt::Debug for NodeAgents {
         match self {
             NodeAgents::Binary(path) => f.debug_tuple("Binary").field(path).finish(),
             NodeAgents::InProcess(_) => f.write_str("InProcess"),
+            NodeAgents::InProcessBound => f.write_str("InProcessBound"),
         }
     }
 }
@@ -119,6 +129,16 @@ pub struct NodeConfig {
     /// `restartPolicy`: the agent sidecar restarts alone beside its running worker, a worker
     /// that exits ends its pod (kubelet v1.35).
     pub restart_all_gate: bool,
+    /// API calls in flight at once, for the whole node (bindings, token requests, status
+    /// writes, deletions; not its watch). A kubelet's status manager writes one pod at a time
+    /// (`syncBatch`) and its client holds to 50 QPS; the scheduler binds with a parallelism of
+    /// 16. This node stands in for many nodes in measurements, so it allows a few calls at
+    /// once, but never one per pod: 5,000 status writes at once kept a 2-core API server past
+    /// every client's timeout, and each abandoned write was done again.
+    pub calls_in_flight: usize,
+    /// Set in every agent's env beside the container's own (after them: they win), as an
+    /// operator's patch of the injected container would.
+    pub agent_env: Vec<(String, String)>,
 }
 
 impl NodeConfig {
@@ -147,6 +167,8 @@ impl NodeConfig {
             api_timeout: Duration::from_secs(10),
             capacity,
             restart_all_gate: true,
+            calls_in_flight: 4,
+            agent_env: Vec::new(),
         }
     }
 }
@@ -211,6 +233,8 @@ struct Shared {
     log: Mutex<VecDeque<String>>,
     views: Mutex<BTreeMap<String, PodView>>,
     dir: tempfile::TempDir,
+    /// See [`NodeConfig::calls_in_flight`].
+    call_slots: Arc<tokio::sync::Semaphore>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -245,6 +269,10 @@ impl Shared {
     where
         F: std::future::Future<Output = Result<T, kube::Error>>,
     {
+        // Waiting for a slot is not the call's time: the timeout starts with the request.
+        let Ok(_slot) = self.call_slots.acquire().await else {
+            return Err("the node stopped".to_owned());
+        };
         match tokio::time::timeout(self.config.api_timeout, call).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(e.to_string()),
@@ -270,9 +298,11 @@ impl Node {
     pub async fn start(client: kube::Client, config: NodeConfig) -> Result<Node, NodeError> {
         std::fs::create_dir_all(&config.work_dir)?;
         let dir = tempfile::tempdir_in(&config.work_dir)?;
+        let call_slots = Arc::new(tokio::sync::Semaphore::new(config.calls_in_flight.max(1)));
         let shared = Arc::new(Shared {
             config,
             client,
+            call_slots,
             started: Instant::now(),
             log: Mutex::new(VecDeque::new()),
             views: Mutex::new(BTreeMap::new()),
@@ -707,12 +737,18 @@ impl PodState {
 }
 
 /// A pod's status writes, beside its lifecycle as the kubelet's status manager does them: a
-/// status not written yet is replaced by a newer one.
+/// status not written yet is replaced by a newer one, and a write that fails is tried again
+/// (backing off up to the status manager's 10 s sync period) until the API server has it, the
+/// pod is gone, or a newer status replaces it. The kubelet never gives a status up: it writes
+/// until the API server's copy matches (`status_manager.go`, `syncBatch`/`needsUpdate`).
 struct StatusWriter {
     pending: watch::Sender<(u64, Option<Value>)>,
     written: watch::Receiver<u64>,
     seq: u64,
 }
+
+/// The status manager's sync period: the longest wait between two tries of one write.
+const STATUS_RETRY_MAX: Duration = Duration::from_secs(10);
 
 impl StatusWriter {
     fn start(shared: &Arc<Shared>, name: &str) -> StatusWriter {
@@ -722,25 +758,33 @@ impl StatusWriter {
         tokio::spawn(async move {
             let api = shared.pods();
             while next.changed().await.is_ok() {
-                let (seq, status) = next.borrow_and_update().clone();
-                if let Some(status) = status {
-                    let patch = json!({"status": status});
-                    for attempt in 1..=5 {
-                        let params = PatchParams::default();
-                        match shared
-                            .call(api.patch_status(&name, &params, &Patch::Merge(&patch)))
-                            .await
-                        {
-                            Ok(_) => break,
-                            Err(e) => {
-                                shared.log(format!("{name}: status write {attempt}/5: {e}"));
-                                if e.contains("NotFound") || e.contains("not found") {
-                                    break;
-                                }
-                                tokio::time::sleep(Duration::from_millis(200)).await;
-                            }
-                        }
+                let (mut seq, mut status) = next.borrow_and_update().clone();
+                let mut wait = Duration::from_millis(100);
+                let mut attempt = 0u32;
+                while let Some(body) = status.take() {
+                    attempt += 1;
+                    let patch = json!({"status": body});
+                    let params = PatchParams::default();
+                    let outcome = shared
+                        .call(api.patch_status(&name, &params, &Patch::Merge(&patch)))
+                        .await;
+                    let Err(e) = outcome else { break };
+                    shared.log(format!("{name}: status write, try {attempt}: {e}"));
+                    if e.contains("NotFound") || e.contains("not found") {
+                        break;
                     }
+                    // Again after the back-off, or at once with a newer status.
+                    status = Some(patch["status"].clone());
+                    match tokio::time::timeout(wait, next.changed()).await {
+                        Ok(Ok(())) => {
+                            (seq, status) = next.borrow_and_update().clone();
+                            attempt = 0;
+                        }
+                        // The pod's kubelet loop ended (the node stopped): nobody writes for it.
+                        Ok(Err(_)) => return,
+                        Err(_) => {}
+                    }
+                    wait = (wait * 2).min(STATUS_RETRY_MAX);
                 }
                 done.send_replace(seq);
             }
@@ -823,11 +867,23 @@ async fn pod_kubeconfig(shared: &Shared, pod: &Value) -> Result<PathBuf, String>
     Ok(path)
 }
 
+/// A client from a pod's kubeconfig (its bound token), as the agent's `Client::try_default`
+/// builds one from `KUBECONFIG`.
+async fn client_of(kubeconfig: &Path) -> Result<kube::Client, String> {
+    let file = kube::config::Kubeconfig::read_from(kubeconfig).map_err(|e| e.to_string())?;
+    let config =
+        kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
+            .await
+            .map_err(|e| e.to_string())?;
+    kube::Client::try_from(config).map_err(|e| e.to_string())
+}
+
 fn spawn_agent(
     shared: &Arc<Shared>,
     pod: &Value,
     agent: &Value,
     kubeconfig: Option<&Path>,
+    own_client: Option<&kube::Client>,
 ) -> Result<AgentRun, String> {
     let name = pod
         .pointer("/metadata/name")
@@ -838,14 +894,20 @@ fn spawn_agent(
         env.retain(|(n, _)| n != k);
         env.push((k.to_owned(), v));
     };
-    match &shared.config.agents {
-        NodeAgents::InProcess(client) => AgentRun::spawn_in_process(
-            client.clone(),
-            &env,
-            jobset_inplace::protocol::Dialect::Epoch,
-        )
-        .map_err(|e| format!("cannot start the agent of {name}: {e}")),
-        NodeAgents::Binary(binary) => {
+    for (k, v) in &shared.config.agent_env {
+        set(k, v.clone());
+    }
+    match (&shared.config.agents, own_client) {
+        (NodeAgents::InProcess(client), _) | (NodeAgents::InProcessBound, Some(client)) => {
+            AgentRun::spawn_in_process(
+                client.clone(),
+                &env,
+                jobset_inplace::protocol::Dialect::Epoch,
+            )
+            .map_err(|e| format!("cannot start the agent of {name}: {e}"))
+        }
+        (NodeAgents::InProcessBound, None) => Err(format!("no client for the agent of {name}")),
+        (NodeAgents::Binary(binary), _) => {
             let port = barrier_port().ok_or("no free loopback port for the barrier")?;
             set(agent_env::BARRIER_PORT, port.to_string());
             if let Some(path) = kubeconfig {
@@ -919,7 +981,7 @@ async fn run_pod(
     status.set(&mut st);
 
     // The projected token: asked for once per pod, as the kubelet mounts it for the pod's life
-    // (in-process agents use the node's client instead).
+    // (in-process agents on the node's client need none; bound ones get a client on it).
     let in_process = matches!(shared.config.agents, NodeAgents::InProcess(_));
     let kubeconfig = loop {
         if in_process {
@@ -938,10 +1000,27 @@ async fn run_pod(
         }
     };
 
+    let own_client = match (&shared.config.agents, kubeconfig.as_deref()) {
+        (NodeAgents::InProcessBound, Some(path)) => match client_of(path).await {
+            Ok(client) => Some(client),
+            Err(e) => {
+                shared.log(format!("{name}: the agent's client: {e}"));
+                return;
+            }
+        },
+        _ => None,
+    };
     let mut worker_running = false;
     loop {
         // A run of the agent container.
-        let mut agent = match spawn_agent(&shared, &pod, &agent_spec, kubeconfig.as_deref()) {
+        let spawned = spawn_agent(
+            &shared,
+            &pod,
+            &agent_spec,
+            kubeconfig.as_deref(),
+            own_client.as_ref(),
+        );
+        let mut agent = match spawned {
             Ok(a) => a,
             Err(e) => {
                 shared.log(format!("{name}: {e}"));
@@ -1137,6 +1216,97 @@ mod tests {
         assert_eq!(s["phase"], "Pending");
         assert_eq!(condition(&s, "Initialized"), "True", "kept once True");
         assert_eq!(s["initContainerStatuses"][0]["lastState"], json!({}));
+    }
+
+    /// A node's `Shared` on the test API server, for the status writer alone.
+    fn shared_on(server: &crate::apiserver::TestApiServer, in_flight: usize) -> Arc<Shared> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut config = NodeConfig::new("n", "default", "/bin/false", "", "", dir.path());
+        config.api_timeout = Duration::from_secs(2);
+        config.calls_in_flight = in_flight;
+        Arc::new(Shared {
+            client: server.client(),
+            started: Instant::now(),
+            log: Mutex::new(VecDeque::new()),
+            views: Mutex::new(BTreeMap::new()),
+            call_slots: Arc::new(tokio::sync::Semaphore::new(in_flight)),
+            config,
+            dir,
+        })
+    }
+
+    /// The kubelet's status manager writes a status until the API server has it: more failed
+    /// tries than this node's writer once allowed (5) still end with the status written.
+    #[tokio::test]
+    async fn a_status_write_is_tried_until_the_api_server_has_it() {
+        use crate::apiserver::{TestApiServer, Verb};
+        let server = TestApiServer::start().await;
+        let pods: Api<Pod> = Api::namespaced(server.client(), "default");
+        let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+            "spec": {"containers": [{"name": "worker", "image": "w:1"}]}});
+        pods.create(
+            &PostParams::default(),
+            &serde_json::from_value(pod).expect("pod"),
+        )
+        .await
+        .expect("create");
+        let shared = shared_on(&server, 1);
+        server.fail_next(6, Verb::Patch, "pods/status", 500);
+        let mut writer = StatusWriter::start(&shared, "p");
+        let mut st = state();
+        st.agent.run("uid-1");
+        writer.write(&mut st, Duration::from_secs(60)).await;
+        let written = pods.get("p").await.expect("get");
+        let phase = written.status.and_then(|s| s.phase);
+        assert_eq!(phase.as_deref(), Some("Pending"), "{:?}", lock(&shared.log));
+        let tries = lock(&shared.log)
+            .iter()
+            .filter(|l| l.contains("status write"))
+            .count();
+        assert_eq!(tries, 6, "each failed try logged once");
+        server.shutdown().await;
+    }
+
+    /// However many pods change at once, the node has at most `calls_in_flight` status
+    /// writes open (each held here by the API server's latency).
+    #[tokio::test]
+    async fn the_node_bounds_its_calls_in_flight() {
+        use crate::apiserver::{TestApiServer, Verb};
+        let server = TestApiServer::start().await;
+        let pods: Api<Pod> = Api::namespaced(server.client(), "default");
+        for i in 0..12 {
+            let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": format!("p{i}")},
+                "spec": {"containers": [{"name": "worker", "image": "w:1"}]}});
+            pods.create(
+                &PostParams::default(),
+                &serde_json::from_value(pod).expect("pod"),
+            )
+            .await
+            .expect("create");
+        }
+        let shared = shared_on(&server, 3);
+        server.set_latency_for(Verb::Patch, "pods/status", Duration::from_millis(150));
+        let mut writers: Vec<StatusWriter> = (0..12)
+            .map(|i| StatusWriter::start(&shared, &format!("p{i}")))
+            .collect();
+        let mut most = 0;
+        let mut states: Vec<PodState> = (0..12).map(|_| state()).collect();
+        for (w, st) in writers.iter_mut().zip(states.iter_mut()) {
+            st.agent.run("uid-1");
+            w.set(st);
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            most = most.max(3 - shared.call_slots.available_permits());
+            let done = writers.iter().all(|w| *w.written.borrow() >= w.seq);
+            if done || Instant::now() > deadline {
+                assert!(done, "every status written within 30 s");
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert!((1..=3).contains(&most), "{most} writes in flight at once");
+        server.shutdown().await;
     }
 
     fn state() -> PodState {
