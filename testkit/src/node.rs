@@ -1235,21 +1235,27 @@ mod tests {
         })
     }
 
+    /// Pods of one worker container each, in `default`.
+    async fn create_pods(server: &crate::apiserver::TestApiServer, names: &[&str]) -> Api<Pod> {
+        let pods: Api<Pod> = Api::namespaced(server.client(), "default");
+        for name in names {
+            let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+                "spec": {"containers": [{"name": "worker", "image": "w:1"}]}});
+            let pod = serde_json::from_value(pod).expect("pod");
+            pods.create(&PostParams::default(), &pod)
+                .await
+                .expect("create");
+        }
+        pods
+    }
+
     /// The kubelet's status manager writes a status until the API server has it: more failed
     /// tries than this node's writer once allowed (5) still end with the status written.
     #[tokio::test]
     async fn a_status_write_is_tried_until_the_api_server_has_it() {
         use crate::apiserver::{TestApiServer, Verb};
         let server = TestApiServer::start().await;
-        let pods: Api<Pod> = Api::namespaced(server.client(), "default");
-        let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
-            "spec": {"containers": [{"name": "worker", "image": "w:1"}]}});
-        pods.create(
-            &PostParams::default(),
-            &serde_json::from_value(pod).expect("pod"),
-        )
-        .await
-        .expect("create");
+        let pods = create_pods(&server, &["p"]).await;
         let shared = shared_on(&server, 1);
         server.fail_next(6, Verb::Patch, "pods/status", 500);
         let mut writer = StatusWriter::start(&shared, "p");
@@ -1273,17 +1279,9 @@ mod tests {
     async fn the_node_bounds_its_calls_in_flight() {
         use crate::apiserver::{TestApiServer, Verb};
         let server = TestApiServer::start().await;
-        let pods: Api<Pod> = Api::namespaced(server.client(), "default");
-        for i in 0..12 {
-            let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": format!("p{i}")},
-                "spec": {"containers": [{"name": "worker", "image": "w:1"}]}});
-            pods.create(
-                &PostParams::default(),
-                &serde_json::from_value(pod).expect("pod"),
-            )
-            .await
-            .expect("create");
-        }
+        let names: Vec<String> = (0..12).map(|i| format!("p{i}")).collect();
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        create_pods(&server, &names).await;
         let shared = shared_on(&server, 3);
         server.set_latency_for(Verb::Patch, "pods/status", Duration::from_millis(150));
         let mut writers: Vec<StatusWriter> = (0..12)
