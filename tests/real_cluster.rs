@@ -3661,7 +3661,14 @@ async fn measure_group_restart(cluster: &Cluster, pods: usize) -> Result<String,
     let ns = TestNamespace::create(cluster, &format!("rc-scale{pods}")).await;
     let jobsets = jobset_api(&cluster.client, &ns.name);
     let published: Api<JobSetEpoch> = Api::namespaced(cluster.client.clone(), &ns.name);
-    create_injected(&jobsets, &train_jobset(&ns.name, pods)).await?;
+    let mut jobset = train_jobset(&ns.name, pods);
+    // The group-restart deadline (2 min by default) through the JobSet's own annotation, as a
+    // user of a large JobSet on a small control plane sets it.
+    if let Ok(t) = std::env::var("JOBSET_INPLACE_REAL_SCALE_GROUP_RESTART_TIMEOUT") {
+        kube::ResourceExt::annotations_mut(&mut jobset)
+            .insert("jobset-inplace.dev/group-restart-timeout".into(), t);
+    }
+    create_injected(&jobsets, &jobset).await?;
     // A long Lease (60 s, renewed 20 s before): with the 2 cores loaded by the pods' start, a
     // 6 s Lease went unrenewed at 500 pods and the default one (15 s, 5 s) at 1,000, and the
     // reconciler exited as it must (nothing restarts it here, so the restart stalled). See
