@@ -3695,6 +3695,7 @@ async fn measure_group_restart(cluster: &Cluster, pods: usize) -> Result<String,
     // server past every timeout.
     config.agents = NodeAgents::InProcessBound;
     config.calls_in_flight = 8;
+    config.log_file = std::env::var_os("JOBSET_INPLACE_REAL_SCALE_NODE_LOG").map(PathBuf::from);
     // On 2 cores shared by everything, 5,000 agents' first requests wait longer than the
     // agents' 10 s; each one abandoned is done again. `JOBSET_INPLACE_REAL_SCALE_AGENT_TIMEOUT`
     // gives them longer (the figures say which).

@@ -139,6 +139,9 @@ pub struct NodeConfig {
     /// Set in every agent's env beside the container's own (after them: they win), as an
     /// operator's patch of the injected container would.
     pub agent_env: Vec<(String, String)>,
+    /// Every line of the node's log also appended here (the log in memory keeps the last
+    /// 20,000): for measurements whose failures need the whole story.
+    pub log_file: Option<PathBuf>,
 }
 
 impl NodeConfig {
@@ -169,6 +172,7 @@ impl NodeConfig {
             restart_all_gate: true,
             calls_in_flight: 4,
             agent_env: Vec::new(),
+            log_file: None,
         }
     }
 }
@@ -248,7 +252,18 @@ impl Shared {
             log.pop_front();
         }
         let ms = self.started.elapsed().as_millis();
-        log.push_back(format!("{ms:>7}ms {line}"));
+        let line = format!("{ms:>7}ms {line}");
+        if let Some(path) = &self.config.log_file {
+            use std::io::Write;
+            if let Ok(mut f) = std::fs::OpenOptions::new()
+                .append(true)
+                .create(true)
+                .open(path)
+            {
+                let _ = writeln!(f, "{line}");
+            }
+        }
+        log.push_back(line);
     }
 
     fn sink(self: &Arc<Self>) -> LogSink {
