@@ -1680,29 +1680,35 @@ impl Reconciler {
 
     /// Waits for its /readyz (both caches synced once).
     async fn ready(&self) {
-        try_eventually(Duration::from_secs(60), || http_ok(self.health, "/readyz"))
-            .await
-            .unwrap_or_else(|e| {
-                panic!(
-                    "the reconciler is not ready: {e}\nreconciler:\n{}",
-                    self.log_tail()
-                )
-            });
+        reconciler_ready(self.health, || self.log_tail()).await;
     }
 
     /// Its log without the lease renewals (for a failure message).
     fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(self.dir.path().join("log")).unwrap_or_default();
-        let lines: Vec<&str> = text
-            .lines()
-            .filter(|l| !l.contains("DEBUG kube_lease_manager"))
-            .collect();
+        let lines = reconciler_log(&self.dir.path().join("log"));
         lines[lines.len().saturating_sub(60)..].join("\n")
     }
 
     async fn kill(mut self) {
         self.child.kill().await.expect("kill the reconciler");
     }
+}
+
+/// Waits (60 s) for a reconciler's /readyz; panics with its log otherwise.
+async fn reconciler_ready(health: u16, log: impl Fn() -> String) {
+    try_eventually(Duration::from_secs(60), || http_ok(health, "/readyz"))
+        .await
+        .unwrap_or_else(|e| panic!("the reconciler is not ready: {e}\nreconciler:\n{}", log()));
+}
+
+/// A reconciler's log without the lease renewals.
+fn reconciler_log(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| !l.contains("DEBUG kube_lease_manager"))
+        .map(str::to_owned)
+        .collect()
 }
 
 /// The reconciler as its Deployment runs it: when the process exits (a replica that saw no
@@ -1751,9 +1757,7 @@ impl SupervisedReconciler {
 
     /// Waits for the first run's /readyz.
     async fn ready(&self) {
-        try_eventually(Duration::from_secs(60), || http_ok(self.health, "/readyz"))
-            .await
-            .unwrap_or_else(|e| panic!("the reconciler is not ready: {e}\n{}", self.log_tail()));
+        reconciler_ready(self.health, || self.log_tail()).await;
     }
 
     fn restarts(&self) -> u32 {
@@ -1766,12 +1770,7 @@ impl SupervisedReconciler {
         let mut lines = Vec::new();
         for (run, path) in paths.iter().enumerate() {
             lines.push(format!("-- run {}", run + 1));
-            let text = std::fs::read_to_string(path).unwrap_or_default();
-            lines.extend(
-                text.lines()
-                    .filter(|l| !l.contains("DEBUG kube_lease_manager"))
-                    .map(str::to_owned),
-            );
+            lines.extend(reconciler_log(path));
         }
         lines[lines.len().saturating_sub(80)..].join("\n")
     }
