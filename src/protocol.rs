@@ -344,6 +344,57 @@ pub struct PodView {
     /// `spec.nodeName` (empty until bound): said when the pod is failed for
     /// [`OldWorkers::AgentRestartedAlone`].
     pub node: String,
+    /// The kubelet has begun restarting every container of the pod at its registered epoch:
+    /// its `AllContainersRestarting` condition is `True` now and was seen absent or `False` at
+    /// that epoch, for this UID, by this reconciler ([`restart_begun`]).
+    pub restart_begun: bool,
+}
+
+/// The pod condition the kubelet writes when a container's exit matched a
+/// `RestartAllContainers` rule: `True` in the sync that kills the pod's containers, `False` once
+/// they have all terminated (kubelet v1.35, `status.GenerateAllContainersRestartingCondition`;
+/// absent on a pod without such a rule or on a kubelet without the feature). Never `True` for an
+/// exit no rule matches (exit 0, the fatal codes), a deletion or an eviction.
+pub const ALL_CONTAINERS_RESTARTING: &str = "AllContainersRestarting";
+
+/// What the reconciler remembers of one pod for early failure detection: it saw the pod, this
+/// UID, registered at this epoch with its [`ALL_CONTAINERS_RESTARTING`] condition absent or
+/// `False`. Kept in memory only: a new reconciler starts without it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Armed {
+    pub uid: String,
+    pub epoch: Epoch,
+}
+
+/// One observation of a pod for early failure detection: what to remember of it next, and
+/// whether its restart has begun at its registered epoch ([`PodView::restart_begun`]).
+///
+/// A condition `True` counts only when the same pod (UID) was seen at the same epoch with the
+/// condition absent or `False` before: a `True` left from an earlier restart (a status write
+/// lost or late, or a reconciler that starts and finds it `True`) is never taken for a new
+/// failure. `epoch` is the pod's registered epoch (`None`: unregistered or malformed);
+/// `restarting` its condition's status (`None`: absent or neither `True` nor `False`).
+pub fn restart_begun(
+    armed: Option<&Armed>,
+    uid: &str,
+    epoch: Option<Epoch>,
+    restarting: Option<bool>,
+) -> (Option<Armed>, bool) {
+    let Some(epoch) = epoch else {
+        return (None, false);
+    };
+    if restarting == Some(true) {
+        match armed {
+            Some(a) if a.uid == uid && a.epoch == epoch => (Some(a.clone()), true),
+            _ => (None, false),
+        }
+    } else {
+        let armed = Armed {
+            uid: uid.to_owned(),
+            epoch,
+        };
+        (Some(armed), false)
+    }
 }
 
 /// What the reconciler reads of one JobSet and its pods.
@@ -438,6 +489,10 @@ pub struct ReconcileDecision {
     /// Whether a counted pod shows old workers ([`OldWorkers`] other than `No`): the synced epoch
     /// is not written then.
     pub held: bool,
+    /// A counted pod at the synced epoch whose restart has begun ([`PodView::restart_begun`]):
+    /// the synced epoch is deprecated at once, without waiting for its new agent to register
+    /// the next one (early failure detection). The first such pod, by name.
+    pub early: Option<String>,
 }
 
 /// A pod whose agent restarted without its workers.
@@ -453,6 +508,48 @@ pub struct AloneAgent {
 /// epoch once every expected pod is registered at one epoch, else the deprecation of every epoch
 /// below the newest (docs/protocol.md, "Guarantees").
 pub fn reconcile_decide(input: &ReconcileInput<'_>) -> ReconcileDecision {
+    let mut decision = decide_registered(input);
+    if decision.fail.is_some() {
+        return decision;
+    }
+    // Early failure detection: a pod at the synced epoch that the kubelet has begun restarting
+    // (its worker, or its agent, exited and matched a RestartAllContainers rule) will register
+    // the next epoch once its new agent runs; the synced epoch is deprecated now, which is the
+    // same write its registration would cause (docs/protocol.md, "Early failure detection").
+    // Only ever a raise: it never lowers a deprecation decided above, and never re-deprecates
+    // what is deprecated already.
+    let Some(synced) = input.status.synced else {
+        return decision;
+    };
+    let Some(pod) = input.pods.iter().find(|p| {
+        !p.failed
+            && !p.terminating
+            && p.restart_begun
+            && p.epoch_annotation.as_deref().map(parse_epoch) == Some(Ok(synced))
+    }) else {
+        return decision;
+    };
+    let current = decision.change.deprecated.or(input.status.deprecated);
+    if current.is_none_or(|d| synced > d) {
+        decision.change.deprecated = Some(synced);
+        decision.early = Some(pod.name.clone());
+        decision.pods_to_restart = input
+            .pods
+            .iter()
+            .filter(|p| !p.failed && !p.terminating)
+            .filter_map(|p| {
+                p.epoch_annotation
+                    .as_deref()
+                    .and_then(|a| parse_epoch(a).ok())
+            })
+            .filter(|e| *e <= synced)
+            .count();
+    }
+    decision
+}
+
+/// [`reconcile_decide`] on the pods' registered epochs alone.
+fn decide_registered(input: &ReconcileInput<'_>) -> ReconcileDecision {
     let first = input.dialect.first_epoch();
     let mut decision = ReconcileDecision::default();
     let mut epochs: Vec<Epoch> = Vec::with_capacity(input.pods.len());
@@ -704,6 +801,154 @@ mod tests {
             agent_decide(1, &view(true, true, Some(5), None)),
             AgentAction::LiftBarrier
         );
+    }
+
+    fn begun(name: &str, epoch: &str) -> PodView {
+        PodView {
+            restart_begun: true,
+            ..pod(name, Some(epoch))
+        }
+    }
+
+    #[test]
+    fn restart_begun_counts_a_true_only_after_a_not_true_at_that_epoch_and_uid() {
+        let armed = |uid: &str, epoch| Armed {
+            uid: uid.into(),
+            epoch,
+        };
+        let memories = [
+            None,
+            Some(armed("u", 1)),
+            Some(armed("u", 2)),
+            Some(armed("v", 1)),
+        ];
+        for memory in &memories {
+            for uid in ["u", "v"] {
+                for epoch in [None, Some(1), Some(2)] {
+                    for restarting in [None, Some(false), Some(true)] {
+                        let (next, is_begun) =
+                            restart_begun(memory.as_ref(), uid, epoch, restarting);
+                        let matches = epoch.is_some()
+                            && memory.as_ref() == epoch.map(|e| armed(uid, e)).as_ref();
+                        let case = format!("{memory:?} {uid} {epoch:?} {restarting:?}");
+                        assert_eq!(is_begun, restarting == Some(true) && matches, "{case}");
+                        let expected = match (epoch, restarting) {
+                            (None, _) => None,
+                            (Some(e), Some(true)) => matches.then(|| armed(uid, e)),
+                            (Some(e), _) => Some(armed(uid, e)),
+                        };
+                        assert_eq!(next, expected, "{case}");
+                    }
+                }
+            }
+        }
+        // A stale True at first sight (a new reconciler, or a status write that never said
+        // False) is not a failure, however often it is seen, until False was seen at the epoch.
+        let mut memory = None;
+        for (epoch, restarting, expected) in [
+            (1, Some(true), false),
+            (1, Some(true), false),
+            (1, Some(false), false),
+            (1, Some(true), true),
+            (1, Some(true), true),
+            (2, Some(true), false),
+            (2, None, false),
+            (2, Some(true), true),
+        ] {
+            let (next, is_begun) = restart_begun(memory.as_ref(), "u", Some(epoch), restarting);
+            assert_eq!(is_begun, expected, "epoch {epoch} {restarting:?}");
+            memory = next;
+        }
+    }
+
+    #[test]
+    fn a_begun_restart_at_the_synced_epoch_deprecates_it_at_once() {
+        let pods = [begun("a", "2"), pod("b", Some("2")), pod("c", Some("2"))];
+        let d = reconcile_decide(&input(Dialect::Epoch, 3, st(Some(1), Some(2)), &pods));
+        assert_eq!(
+            d.change,
+            StatusChange {
+                deprecated: Some(2),
+                synced: None
+            }
+        );
+        assert_eq!(d.early.as_deref(), Some("a"));
+        assert_eq!(d.pods_to_restart, 3);
+        // The first restart of the attempt dialect (synced 0, nothing deprecated yet).
+        let pods = [begun("a", "0"), pod("b", Some("0"))];
+        let d = reconcile_decide(&input(Dialect::Attempt, 2, st(None, Some(0)), &pods));
+        assert_eq!(d.change.deprecated, Some(0));
+        // The same as its registration of the next epoch would decide, sooner.
+        let registered = [
+            pod("a", Some("3")),
+            pod("b", Some("2")),
+            pod("c", Some("2")),
+        ];
+        let later = reconcile_decide(&input(Dialect::Epoch, 3, st(Some(1), Some(2)), &registered));
+        assert_eq!(later.change.deprecated, Some(2));
+        assert_eq!(later.early, None);
+    }
+
+    #[test]
+    fn a_begun_restart_changes_nothing_else() {
+        // Deprecated already (a group restart in progress): nothing to write.
+        let pods = [begun("a", "2"), pod("b", Some("2"))];
+        let d = reconcile_decide(&input(Dialect::Epoch, 2, st(Some(2), Some(2)), &pods));
+        assert!(d.change.is_empty() && d.early.is_none(), "{d:?}");
+        // Not at the synced epoch: above it (a new agent's epoch, the normal path decides),
+        // below it, or nothing synced yet (the first start).
+        for (status, epochs) in [
+            (st(Some(1), Some(2)), ["3", "2"]),
+            (st(Some(1), Some(3)), ["2", "3"]),
+            (st(None, None), ["1", "1"]),
+        ] {
+            let pods = [begun("a", epochs[0]), pod("b", Some(epochs[1]))];
+            let plain = [pod("a", Some(epochs[0])), pod("b", Some(epochs[1]))];
+            let d = reconcile_decide(&input(Dialect::Epoch, 2, status, &pods));
+            let without = reconcile_decide(&input(Dialect::Epoch, 2, status, &plain));
+            assert_eq!(d.change, without.change, "{status:?} {epochs:?}");
+            assert_eq!(d.early, None);
+        }
+        // A failed or terminating pod's condition is nobody's business.
+        for gone in [
+            PodView {
+                failed: true,
+                ..begun("a", "2")
+            },
+            PodView {
+                terminating: true,
+                ..begun("a", "2")
+            },
+        ] {
+            let pods = [gone, pod("b", Some("2")), pod("c", Some("2"))];
+            let d = reconcile_decide(&input(Dialect::Epoch, 2, st(Some(1), Some(2)), &pods));
+            assert!(d.change.is_empty() && d.early.is_none(), "{d:?}");
+        }
+        // Past maxRestarts the JobSet fails: no epoch is written.
+        let pods = [begun("a", "2"), pod("b", Some("2"))];
+        let mut over = input(Dialect::Epoch, 2, st(Some(1), Some(2)), &pods);
+        over.max_restarts = 0;
+        let d = reconcile_decide(&over);
+        assert!(d.fail.is_some() && d.change.is_empty(), "{d:?}");
+    }
+
+    #[test]
+    fn an_early_deprecation_is_never_lowered() {
+        // Deprecated 2 early, then every pod restarts and registers 3 one by one: each decision
+        // keeps 2 or raises, never writes below.
+        let status = st(Some(2), Some(2));
+        for pods in [
+            vec![pod("a", Some("2")), pod("b", Some("2"))],
+            vec![pod("a", Some("3")), pod("b", Some("2"))],
+            vec![pod("a", Some("3")), begun("b", "2")],
+        ] {
+            let d = reconcile_decide(&input(Dialect::Epoch, 2, status, &pods));
+            assert!(d.change.deprecated.is_none_or(|x| x >= 2), "{d:?}");
+        }
+        let pods = [pod("a", Some("3")), pod("b", Some("3"))];
+        let d = reconcile_decide(&input(Dialect::Epoch, 2, status, &pods));
+        assert_eq!(d.change.synced, Some(3));
+        assert_eq!(d.change.deprecated, None, "2 is already below 3");
     }
 
     #[test]

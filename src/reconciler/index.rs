@@ -6,7 +6,9 @@
 use std::collections::{HashMap, HashSet};
 
 use crate::jobset::JobSet;
-use crate::protocol::{Dialect, Epoch, EpochStatus, PodView, ReconcileInput};
+use crate::protocol::{
+    Armed, Dialect, Epoch, EpochStatus, PodView, ReconcileInput, parse_epoch, restart_begun,
+};
 use crate::wire::WatchedPod;
 
 pub use super::key::Key;
@@ -94,6 +96,9 @@ struct PodSet {
     /// Each pod's `resourceVersion` as last seen (kept apart from the views: it changes with
     /// every write to the pod, most of which change nothing the decision reads).
     versions: HashMap<String, String>,
+    /// Early failure detection: each pod's UID and epoch at which its `AllContainersRestarting`
+    /// condition was last seen absent or `False` ([`restart_begun`]).
+    armed: HashMap<String, Armed>,
 }
 
 impl PodSet {
@@ -113,6 +118,7 @@ impl PodSet {
 
     fn remove(&mut self, name: &str) {
         self.versions.remove(name);
+        self.armed.remove(name);
         let Some(i) = self.slot.remove(name) else {
             return;
         };
@@ -234,6 +240,21 @@ impl Index {
         if let Some(rv) = &pod.metadata.resource_version {
             pods.versions.insert(name.clone(), rv.clone());
         }
+        let epoch = view
+            .epoch_annotation
+            .as_deref()
+            .and_then(|a| parse_epoch(a).ok());
+        let (armed, begun) = restart_begun(
+            pods.armed.get(&name),
+            &view.uid,
+            epoch,
+            pod.all_containers_restarting(),
+        );
+        view.restart_begun = begun;
+        match armed {
+            Some(armed) => pods.armed.insert(name.clone(), armed),
+            None => pods.armed.remove(&name),
+        };
         if pods.get(&name) != Some(&view) {
             pods.insert(view);
             self.pod_owner.insert(id, key.clone());
@@ -519,6 +540,70 @@ mod tests {
         assert_eq!(index.pod_count(), 1);
         let (_, pods) = index.get(&key("js")).expect("indexed");
         assert_eq!(pods.len(), 1);
+    }
+
+    fn restarting(name: &str, uid: &str, epoch: &str, condition: Option<&str>) -> WatchedPod {
+        let mut v = json!({
+            "metadata": {"name": name, "namespace": "ns", "uid": uid,
+                         "labels": {JOBSET_NAME_LABEL: "js"},
+                         "annotations": {"jobset.sigs.k8s.io/epoch": epoch}},
+            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+        });
+        if let Some(c) = condition {
+            v["status"]["conditions"]
+                .as_array_mut()
+                .expect("conditions")
+                .push(json!({"type": "AllContainersRestarting", "status": c}));
+        }
+        serde_json::from_value(v).expect("pod")
+    }
+
+    fn begun(index: &Index, name: &str) -> bool {
+        let (_, pods) = index.get(&key("js")).expect("indexed");
+        pods.iter().any(|p| p.name == name && p.restart_begun)
+    }
+
+    #[test]
+    fn a_restart_begins_when_the_condition_turns_true_at_an_epoch_seen_otherwise() {
+        let mut index = Index::new(Dialect::Epoch);
+        index.apply_jobset(&jobset("js", Some(2)));
+        index.apply_pod(&restarting("a", "u1", "2", Some("False")));
+        assert!(!begun(&index, "a"));
+        assert_eq!(
+            index.apply_pod(&restarting("a", "u1", "2", Some("True"))),
+            vec![key("js")],
+            "the turn is news for the JobSet"
+        );
+        assert!(begun(&index, "a"));
+        // The new agent registers the next epoch while the condition still says True (the
+        // kubelet's False not written yet): not a new restart.
+        index.apply_pod(&restarting("a", "u1", "3", Some("True")));
+        assert!(!begun(&index, "a"));
+        index.apply_pod(&restarting("a", "u1", "3", None));
+        assert!(!begun(&index, "a"));
+        index.apply_pod(&restarting("a", "u1", "3", Some("True")));
+        assert!(
+            begun(&index, "a"),
+            "absent arms too (a pod whose status lost it)"
+        );
+
+        // True at first sight (a new reconciler): left to the normal path.
+        let mut fresh = Index::new(Dialect::Epoch);
+        fresh.apply_jobset(&jobset("js", Some(3)));
+        assert!(
+            fresh
+                .apply_pod(&restarting("a", "u1", "3", Some("True")))
+                .contains(&key("js"))
+        );
+        assert!(!begun(&fresh, "a"));
+        // Another pod under the same name (a replacement) starts unarmed.
+        fresh.apply_pod(&restarting("b", "u1", "3", Some("False")));
+        fresh.delete_pod("ns", "b");
+        fresh.apply_pod(&restarting("b", "u2", "3", Some("True")));
+        assert!(!begun(&fresh, "b"));
+        fresh.apply_pod(&restarting("b", "u2", "3", Some("False")));
+        fresh.apply_pod(&restarting("b", "u3", "3", Some("True")));
+        assert!(!begun(&fresh, "b"), "another UID");
     }
 
     #[test]

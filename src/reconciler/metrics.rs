@@ -28,6 +28,9 @@ pub struct JobSetLabels {
 #[derive(Clone, Debug)]
 pub struct Metrics {
     pub group_restarts: Counter,
+    /// Of those, the ones started by early failure detection (a pod's kubelet seen restarting
+    /// it at the synced epoch, before its new agent registered the next one).
+    pub early_group_restarts: Counter,
     pub group_restart_duration: Histogram,
     pub status_writes: Family<WriteLabels, Counter>,
     pub reconcile_duration: Histogram,
@@ -96,6 +99,7 @@ impl Metrics {
     pub fn register(registry: &mut Registry) -> Self {
         let m = Metrics {
             group_restarts: Counter::default(),
+            early_group_restarts: Counter::default(),
             // 50 ms .. ~410 s.
             group_restart_duration: Histogram::new(exponential_buckets(0.05, 2.0, 14)),
             status_writes: Family::default(),
@@ -125,6 +129,11 @@ impl Metrics {
             "group_restarts",
             "Group restarts started (a deprecated epoch written)",
             m.group_restarts.clone(),
+        );
+        r.register(
+            "early_group_restarts",
+            "Group restarts started by early failure detection (a pod's AllContainersRestarting condition at the synced epoch)",
+            m.early_group_restarts.clone(),
         );
         r.register(
             "group_restart_duration_seconds",

@@ -5,7 +5,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
 
 use super::agent_env;
-use crate::protocol::{ContainerRun, Dialect, JOBSET_NAME_LABEL, OldWorkers, PodView, old_workers};
+use crate::protocol::{
+    ALL_CONTAINERS_RESTARTING, ContainerRun, Dialect, JOBSET_NAME_LABEL, OldWorkers, PodView,
+    old_workers,
+};
 
 /// The `restartPolicyRules` action that restarts every container of the pod.
 const RESTART_ALL_CONTAINERS: &str = "RestartAllContainers";
@@ -58,6 +61,18 @@ pub struct WatchedPodStatus {
     pub container_statuses: Option<Vec<RestartCount>>,
     #[serde(default)]
     pub init_container_statuses: Option<Vec<RestartCount>>,
+    #[serde(default)]
+    pub conditions: Option<Vec<WatchedCondition>>,
+}
+
+/// A pod condition: its type and status, nothing else (the reconciler reads one,
+/// [`ALL_CONTAINERS_RESTARTING`]).
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct WatchedCondition {
+    #[serde(default, rename = "type")]
+    pub type_: String,
+    #[serde(default)]
+    pub status: String,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -172,6 +187,24 @@ impl WatchedPod {
                 .as_ref()
                 .and_then(|s| s.node_name.clone())
                 .unwrap_or_default(),
+            restart_begun: false,
+        }
+    }
+
+    /// Its [`ALL_CONTAINERS_RESTARTING`] condition: `Some(true)` or `Some(false)` as the kubelet
+    /// wrote it, `None` when absent (or neither `True` nor `False`).
+    pub fn all_containers_restarting(&self) -> Option<bool> {
+        let condition = self
+            .status
+            .as_ref()?
+            .conditions
+            .iter()
+            .flatten()
+            .find(|c| c.type_ == ALL_CONTAINERS_RESTARTING)?;
+        match condition.status.as_str() {
+            "True" => Some(true),
+            "False" => Some(false),
+            _ => None,
         }
     }
 

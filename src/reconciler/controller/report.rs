@@ -125,7 +125,16 @@ pub(super) fn record_progress(
         shared.with_entry(key, |e| {
             e.restart_began = Some((deprecated, Instant::now()))
         });
-        tracing::info!(namespace = %key.namespace, jobset = %key.name, epoch = deprecated, pods = decision.pods_to_restart, "group restart started");
+        // What started it: a pod's kubelet seen restarting it (early failure detection), or a
+        // pod registered above the deprecated epoch.
+        let trigger = match &decision.early {
+            Some(pod) => {
+                shared.metrics.early_group_restarts.inc();
+                format!(" (pod {pod} is restarting)")
+            }
+            None => String::new(),
+        };
+        tracing::info!(namespace = %key.namespace, jobset = %key.name, epoch = deprecated, pods = decision.pods_to_restart, early = decision.early.as_deref(), "group restart started");
         emit(
             shared,
             key,
@@ -133,7 +142,7 @@ pub(super) fn record_progress(
             EventType::Normal,
             "GroupRestartStarted",
             format!(
-                "epoch {deprecated} deprecated: {} of {} registered pods restart in place",
+                "epoch {deprecated} deprecated{trigger}: {} of {} registered pods restart in place",
                 decision.pods_to_restart, decision.registered
             ),
         );
