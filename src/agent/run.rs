@@ -257,7 +257,17 @@ impl Protocol {
     async fn next(&mut self) -> AgentAction {
         loop {
             let Some(own) = self.own else {
-                self.read_pod().await;
+                if self.stream.is_none() && self.latest.is_none() {
+                    // A start's first two requests go out together: the pod's GET and the
+                    // watch of the epochs (whose first event is the current state).
+                    let open = self.open();
+                    let get = bounded(self.api_timeout, self.pods.get(&self.pod_name));
+                    let (pod, opened) = futures::join!(get, open);
+                    self.opened(opened).await;
+                    self.pod_read(pod).await;
+                } else {
+                    self.read_pod().await;
+                }
                 continue;
             };
             let Some(epoch) = self.epoch else {
@@ -337,7 +347,13 @@ impl Protocol {
 
     /// Reads the pod's own epoch annotation (the first of a start's three requests).
     async fn read_pod(&mut self) {
-        match bounded(self.api_timeout, self.pods.get(&self.pod_name)).await {
+        let read = bounded(self.api_timeout, self.pods.get(&self.pod_name)).await;
+        self.pod_read(read).await;
+    }
+
+    /// What a GET of the pod answered: its own epoch annotation, or a backoff before the retry.
+    async fn pod_read(&mut self, read: Result<WatchedPod, CallError>) {
+        match read {
             Ok(pod) => {
                 let annotations = pod.metadata.annotations.iter().flatten();
                 let own = match self.dialect.read_pod_epoch(annotations) {
@@ -440,43 +456,51 @@ impl Protocol {
         }
     }
 
+    /// What opening the watch answered: the stream kept, or what its error calls for (a 410:
+    /// from the current state; a 404 of the JobSetEpoch kind: the JobSet instead; else a
+    /// backoff before the retry).
+    async fn opened(&mut self, opened: Result<WatchStream, CallError>) {
+        let source = self.source.name();
+        match opened {
+            Ok(stream) => {
+                self.watch_opened = Instant::now();
+                self.watch_events = 0;
+                self.stream = Some(stream);
+            }
+            Err(CallError::Api(e)) if api_code(&e) == Some(410) => {
+                tracing::info!(
+                    source,
+                    "the watch's resourceVersion expired; watching from the current state"
+                );
+                self.resource_version = None;
+            }
+            Err(CallError::Api(e))
+                if api_code(&e) == Some(404) && self.source == Source::Epochs =>
+            {
+                tracing::warn!(
+                    "the JobSetEpoch kind is not served (its CRD is not installed): \
+                     watching the JobSet instead"
+                );
+                self.source = Source::JobSet;
+                self.resource_version = None;
+            }
+            Err(e) => {
+                tracing::warn!(source, error = %e, "cannot watch the JobSet's epochs; retrying");
+                self.backoff.wait(e.retry_after()).await;
+            }
+        }
+    }
+
     /// One event of the watch of the epochs (the second request, held open), opening or resuming
     /// it as needed.
     async fn watch_step(&mut self) {
         let source = self.source.name();
-        let stream = match &mut self.stream {
-            Some(stream) => stream,
-            None => match self.open().await {
-                Ok(stream) => {
-                    self.watch_opened = Instant::now();
-                    self.watch_events = 0;
-                    self.stream.insert(stream)
-                }
-                Err(CallError::Api(e)) if api_code(&e) == Some(410) => {
-                    tracing::info!(
-                        source,
-                        "the watch's resourceVersion expired; watching from the current state"
-                    );
-                    self.resource_version = None;
-                    return;
-                }
-                Err(CallError::Api(e))
-                    if api_code(&e) == Some(404) && self.source == Source::Epochs =>
-                {
-                    tracing::warn!(
-                        "the JobSetEpoch kind is not served (its CRD is not installed): \
-                         watching the JobSet instead"
-                    );
-                    self.source = Source::JobSet;
-                    self.resource_version = None;
-                    return;
-                }
-                Err(e) => {
-                    tracing::warn!(source, error = %e, "cannot watch the JobSet's epochs; retrying");
-                    self.backoff.wait(e.retry_after()).await;
-                    return;
-                }
-            },
+        if self.stream.is_none() {
+            let opened = self.open().await;
+            self.opened(opened).await;
+        }
+        let Some(stream) = &mut self.stream else {
+            return;
         };
         let Ok(next) = tokio::time::timeout(self.watch_idle_timeout, stream.next()).await else {
             // Neither an event nor a bookmark for the whole window: the connection is dead
