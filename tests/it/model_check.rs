@@ -12,6 +12,10 @@
 //!   epoch the reconciler deprecated;
 //! - safety 3: a pod's epoch never decreases, a reconciler write never lowers a field on the
 //!   server, and never goes below a value it wrote before (wipes included);
+//! - safety 4: every group restart has a failure behind it: the early failure detection
+//!   (a pod's `AllContainersRestarting` condition) never takes a stale condition for a new
+//!   failure, whether its `False` is written late, lost, or the reconciler restarts between
+//!   the two;
 //! - liveness: every state in which nothing but a fault can happen is converged (all pods at
 //!   one epoch `e`, synced = `e`, every barrier lifted and every worker running, none owing a
 //!   restart), and every step that is not a fault moves a progress order strictly up — so there
@@ -143,6 +147,14 @@ fn check(config: Config) {
 fn config(dialect: Dialect, pods: u8, failures: u8, wipes: u8) -> Config {
     let mut config = Config::new(dialect, pods, failures);
     config.wipes = wipes;
+    config.kubelet_condition = false;
+    config
+}
+
+/// The same, with the kubelet writing the `AllContainersRestarting` condition (early failure
+/// detection: about ten times the states, so in smaller configurations).
+fn early(mut config: Config) -> Config {
+    config.kubelet_condition = true;
     config
 }
 
@@ -293,6 +305,124 @@ fn a_reconciler_that_never_deprecates_is_caught() {
     );
 }
 
+/// Early failure detection that trusts any `AllContainersRestarting=True` at the synced epoch:
+/// a condition whose `False` lands after the pod's new agent registered the next epoch (the
+/// kubelet's status write is late) starts a second group restart with no failure behind it.
+#[test]
+fn early_detection_without_arming_is_caught() {
+    let mut config = early(config(Dialect::Epoch, 2, 1, 0));
+    config.variant = Variant::ReconcilerTrustsAnyRestarting;
+    run(config, HasDiscoveries::AnyFailures)
+        .counterexample("safety 4: every group restart has a failure behind it");
+}
+
+/// The early path is taken: some run deprecates the synced epoch while the failed pod's agent
+/// has not registered the next one yet.
+#[test]
+fn early_detection_deprecates_before_the_failed_pod_registers() {
+    let model = ProtocolModel::new(early(config(Dialect::Epoch, 2, 1, 0)));
+    let first_sync = [
+        Action::ReconcilerRelistsPods,
+        Action::ReconcilerSeesJobSet,
+        Action::ReconcilerPublishes,
+        Action::AgentReads(0),
+        Action::AgentRegisters(0),
+        Action::AgentReads(1),
+        Action::AgentRegisters(1),
+        Action::ReconcilerPodWatchDelivers,
+        Action::ReconcilerPodWatchDelivers,
+        Action::ReconcilerDecides,
+        Action::AgentWatchDelivers(0),
+        Action::AgentDecides(0),
+        Action::KubeletStartsWorker(0),
+        Action::AgentWatchDelivers(1),
+        Action::AgentDecides(1),
+        Action::KubeletStartsWorker(1),
+    ];
+    let failure = [
+        Action::WorkerCrashes(0),
+        Action::KubeletWritesCondition(0),
+        Action::ReconcilerPodWatchDelivers,
+        Action::ReconcilerDecides,
+    ];
+    let trace: Vec<Action> = first_sync.iter().chain(&failure).copied().collect();
+    let states = trace::replay(&model, &trace);
+    let last = states.last().expect("states");
+    println!("{}", trace::render(&model, &trace));
+    assert_eq!(last.status.deprecated, Some(1), "{}", trace::state(last));
+    assert_eq!(
+        last.pods[0].agent,
+        model::Agent::Exited,
+        "not registered again yet"
+    );
+    // The other pod's agent exits on it, while the failed pod has not restarted yet.
+    let after = model
+        .step(last, Action::AgentWatchDelivers(1))
+        .and_then(|s| model.step(&s, Action::AgentDecides(1)))
+        .expect("enabled");
+    assert_eq!(
+        after.pods[1].agent,
+        model::Agent::Exited,
+        "{}",
+        trace::state(&after)
+    );
+    // A reconciler that restarted in between sees True at first sight: the normal path.
+    let mut restarts = early(config(Dialect::Epoch, 2, 1, 0));
+    restarts.reconciler_restarts = 1;
+    let model = ProtocolModel::new(restarts);
+    let restarted: Vec<Action> = first_sync
+        .iter()
+        .chain(&[
+            Action::WorkerCrashes(0),
+            Action::KubeletWritesCondition(0),
+            Action::ReconcilerRestarts,
+            Action::ReconcilerRelistsPods,
+            Action::ReconcilerSeesJobSet,
+        ])
+        .copied()
+        .collect();
+    let states = trace::replay(&model, &restarted);
+    let last = states.last().expect("states");
+    assert!(
+        model.step(last, Action::ReconcilerDecides).is_none(),
+        "nothing to decide on a condition seen True at first sight: {}",
+        trace::state(last)
+    );
+}
+
+// Early failure detection: the kubelet writes the condition (a True can be lost, a False can
+// land after the new agent registered), the reconciler keeps the shipped memory.
+
+#[test]
+fn early_epoch_dialect_two_pods_one_failure() {
+    check(early(config(Dialect::Epoch, 2, 1, 0)));
+}
+
+#[test]
+fn early_attempt_dialect_two_pods_one_failure_one_wipe() {
+    check(early(config(Dialect::Attempt, 2, 1, 1)));
+}
+
+/// A reconciler restart between the condition's `True` and what follows it.
+#[test]
+fn early_epoch_dialect_two_pods_one_failure_one_reconciler_restart() {
+    let mut config = early(config(Dialect::Epoch, 2, 1, 0));
+    config.reconciler_restarts = 1;
+    check(config);
+}
+
+#[test]
+#[ignore = "minutes in release: cargo test --release --test it model_check:: -- --ignored"]
+fn early_epoch_dialect_two_pods_two_failures() {
+    check(early(config(Dialect::Epoch, 2, 2, 0)));
+}
+
+#[test]
+#[ignore = "minutes in release: cargo test --release --test it model_check:: -- --ignored"]
+fn early_epoch_dialect_three_pods_one_failure() {
+    check(early(config(Dialect::Epoch, 3, 1, 0)));
+}
+
 // Regressions: what the model check found in the protocol as it was, each as the old behaviour
 // (a variant of the model) that the checker must still catch, and as a recorded trace.
 
@@ -414,7 +544,8 @@ fn without_the_admission_policy_a_late_registration_moves_an_epoch_back() {
 
 /// Any configuration, from the environment: `MODEL_DIALECT` (epoch|attempt), `MODEL_PODS`,
 /// `MODEL_FAILURES`, `MODEL_NODE_LOSS` (0|1), `MODEL_WIPES`, `MODEL_RECONCILER_RESTARTS`,
-/// `MODEL_LATE_REGISTRATIONS` (0|1), `MODEL_AGENTS_WATCH_JOBSET` (0|1);
+/// `MODEL_LATE_REGISTRATIONS` (0|1), `MODEL_AGENTS_WATCH_JOBSET` (0|1), `MODEL_KUBELET_CONDITION`
+/// (0|1);
 /// `MODEL_ALL_TRACES=1` prints every counterexample.
 /// `MODEL_PODS=3 MODEL_FAILURES=2 cargo test --release --test it model_check::explore -- --ignored --nocapture`
 #[test]
@@ -439,10 +570,12 @@ fn explore() {
     config.reconciler_restarts = var("MODEL_RECONCILER_RESTARTS", config.reconciler_restarts);
     config.late_registrations = var("MODEL_LATE_REGISTRATIONS", 1) == 1;
     config.admission_policy = var("MODEL_ADMISSION_POLICY", 1) == 1;
+    config.kubelet_condition = var("MODEL_KUBELET_CONDITION", 1) == 1;
     config.variant = match std::env::var("MODEL_VARIANT").as_deref() {
         Ok("ReconcilerWithoutMemory") => Variant::ReconcilerWithoutMemory,
         Ok("AgentRetriesRefusedEpoch") => Variant::AgentRetriesRefusedEpoch,
         Ok("ReconcilerDecidesMidRelist") => Variant::ReconcilerDecidesMidRelist,
+        Ok("ReconcilerTrustsAnyRestarting") => Variant::ReconcilerTrustsAnyRestarting,
         _ => Variant::Real,
     };
     check(config);

@@ -37,6 +37,12 @@
 //!   of the pod's containers in place (the `RestartAllContainers` rule matches every non-zero
 //!   exit): the worker stops, a new agent process starts, the annotation survives. A lost node
 //!   fails the pod; the Job controller then creates a replacement without an annotation.
+//! - **The kubelet's `AllContainersRestarting` condition** (early failure detection): `True` while
+//!   the kubelet restarts the pod's containers, `False` otherwise, written by its own step at any
+//!   time after it changed: so a `True` can be lost (the pod restarted before it was written), and
+//!   a `False` can land after the new agent registered the next epoch (a stale `True` meanwhile).
+//!   The reconciler reads it through its pod watch and remembers, per pod, the epoch at which it
+//!   saw it `False` ([`protocol::restart_begun`], in memory like its other views).
 //!
 //! Safety properties are state predicates ([`Property::always`]); properties of transitions
 //! ("never backwards") are recorded as violation flags by the step that breaks them. Liveness is
@@ -78,6 +84,9 @@ pub enum Variant {
     /// The reconciler before the model check: it decides while its pod watch re-lists, on a cache
     /// where some pods are listed anew and others still as they were (per pod, any lag).
     ReconcilerDecidesMidRelist,
+    /// Early failure detection without the arming: any `AllContainersRestarting=True` seen at the
+    /// synced epoch counts as a new failure, a stale one too.
+    ReconcilerTrustsAnyRestarting,
 }
 
 /// What agents read their JobSet's epochs from.
@@ -110,6 +119,10 @@ pub struct Config {
     /// The API server runs the agent's ValidatingAdmissionPolicy
     /// (deploy/base/agent-policy.yaml), which refuses an epoch annotation below the current one.
     pub admission_policy: bool,
+    /// The kubelet writes the pod's `AllContainersRestarting` condition (early failure
+    /// detection). Off: every such write is lost, which the reconciler must survive too (the
+    /// protocol without the early path), in a state space about ten times smaller.
+    pub kubelet_condition: bool,
     pub variant: Variant,
 }
 
@@ -125,6 +138,7 @@ impl Config {
             reconciler_restarts: 0,
             late_registrations: true,
             admission_policy: true,
+            kubelet_condition: true,
             variant: Variant::Real,
         }
     }
@@ -144,7 +158,7 @@ impl fmt::Display for Config {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{}{} dialect, {} pods, {} failures{}, {} wipes, {} reconciler restarts{}{}{}",
+            "{}{} dialect, {} pods, {} failures{}, {} wipes, {} reconciler restarts{}{}{}{}",
             match self.agents_read {
                 AgentsRead::Published => "",
                 AgentsRead::JobSet => "agents watch the JobSet, ",
@@ -168,6 +182,11 @@ impl fmt::Display for Config {
                 ""
             } else {
                 ", no admission policy"
+            },
+            if self.kubelet_condition {
+                ", AllContainersRestarting"
+            } else {
+                ""
             },
             match self.variant {
                 Variant::Real => String::new(),
@@ -257,6 +276,9 @@ pub struct Pod {
     pub born: u8,
     /// A registration patch sent by an agent that has since been killed, still in flight.
     pub late: Option<Epoch>,
+    /// Its `AllContainersRestarting` condition as written on the API server (the kubelet writes
+    /// what it knows, [`Pod::kubelet_restarting`], in a step of its own).
+    pub restarting: bool,
 }
 
 impl Pod {
@@ -269,7 +291,14 @@ impl Pod {
             worker: None,
             born: 0,
             late: None,
+            restarting: false,
         }
+    }
+
+    /// What the kubelet knows of the condition: the pod's containers are being restarted
+    /// (from the exit that matched a rule until the new agent starts).
+    fn kubelet_restarting(&self) -> bool {
+        !self.failed && self.agent == Agent::Exited
     }
 
     fn agent_alive(&self) -> bool {
@@ -317,6 +346,10 @@ impl Pod {
             &|| Some(self.worker.is_some().cmp(&other.worker.is_some())),
             &|| Some(self.born.cmp(&other.born)),
             &|| Some(self.annotation.cmp(&other.annotation)),
+            &|| {
+                let written = |p: &Pod| p.restarting == p.kubelet_restarting();
+                Some(written(self).cmp(&written(other)))
+            },
         ])
     }
 }
@@ -327,6 +360,30 @@ impl Pod {
 pub struct RecPod {
     pub seen: Option<Seen>,
     pub counted: bool,
+    /// The epoch at which it last saw the pod's condition `False` ([`protocol::Armed`]).
+    pub armed: Option<Epoch>,
+    /// [`PodView::restart_begun`] on the last view.
+    pub begun: bool,
+}
+
+impl RecPod {
+    /// A view of pod object `i` arrives: what the index does with it (`apply_pod`).
+    fn observe(&mut self, i: usize, seen: Seen, variant: Variant) {
+        let name = pod_name(i);
+        let armed = self.armed.map(|epoch| protocol::Armed {
+            uid: name.clone(),
+            epoch,
+        });
+        let epoch = seen.annotation.filter(|_| !seen.failed);
+        let (armed, begun) =
+            protocol::restart_begun(armed.as_ref(), &name, epoch, Some(seen.restarting));
+        self.seen = Some(seen);
+        self.armed = armed.map(|a| a.epoch);
+        self.begun = match variant {
+            Variant::ReconcilerTrustsAnyRestarting => seen.restarting,
+            _ => begun,
+        };
+    }
 }
 
 /// What the reconciler's cache holds of one pod.
@@ -334,6 +391,8 @@ pub struct RecPod {
 pub struct Seen {
     pub annotation: Option<Epoch>,
     pub failed: bool,
+    /// Its `AllContainersRestarting` condition.
+    pub restarting: bool,
 }
 
 impl Seen {
@@ -341,9 +400,12 @@ impl Seen {
         Seen {
             annotation: pod.annotation,
             failed: pod.failed,
+            restarting: pod.restarting,
         }
     }
 
+    /// The condition goes back and forth within one epoch: it is left out (a delivery of it
+    /// alone makes progress by emptying the queue).
     fn progress(self, other: Seen) -> Option<Ordering> {
         lex([&|| Some(self.failed.cmp(&other.failed)), &|| {
             Some(self.annotation.cmp(&other.annotation))
@@ -367,6 +429,10 @@ pub mod flag {
     pub const NO_PROGRESS: u16 = 1 << 5;
     /// The published epochs moved backwards, or to a value the reconciler never wrote.
     pub const PUBLISHED_WRONG: u16 = 1 << 6;
+    /// The reconciler decided to deprecate an epoch that no failure ended: with `f` failures
+    /// so far, no pod can have registered past `first + f`, and a group restart needs one more
+    /// failure than the epochs below the one it deprecates.
+    pub const DEPRECATED_WITHOUT_FAILURE: u16 = 1 << 7;
 }
 
 /// The whole system.
@@ -424,6 +490,8 @@ pub enum Action {
     KubeletStartsWorker(usize),
     /// The kubelet restarts every container of the pod in place.
     KubeletRestartsPod(usize),
+    /// The kubelet's status write of the pod's `AllContainersRestarting` condition lands.
+    KubeletWritesCondition(usize),
     /// A killed agent's registration patch lands.
     LateRegistrationLands(usize),
     /// The Job controller replaces failed pod object `i`.
@@ -563,6 +631,7 @@ impl ProtocolModel {
                     epoch_annotation: s.annotation.map(|e| e.to_string()),
                     max_restart_count: 0,
                     counted_in_last_sync: r.counted,
+                    restart_begun: r.begun,
                     ..PodView::default()
                 })
             })
@@ -743,6 +812,13 @@ impl ProtocolModel {
                 p.agent = Agent::Starting;
                 p.born = u8::try_from(state.generations.len()).unwrap_or(u8::MAX);
             }
+            Action::KubeletWritesCondition(i) => {
+                let p = s.pods.get_mut(i)?;
+                if !cfg.kubelet_condition || p.failed || p.restarting == p.kubelet_restarting() {
+                    return None;
+                }
+                p.restarting = p.kubelet_restarting();
+            }
             Action::LateRegistrationLands(i) => {
                 let p = s.pods.get_mut(i)?;
                 let epoch = p.late.take()?;
@@ -786,7 +862,7 @@ impl ProtocolModel {
                     return None;
                 }
                 let (i, seen) = s.rec_queue.remove(0);
-                s.rec_pods[usize::from(i)].seen = Some(seen);
+                s.rec_pods[usize::from(i)].observe(usize::from(i), seen, cfg.variant);
             }
             Action::ReconcilerRelistsPods => {
                 let current: Vec<Option<Seen>> = s.pods.iter().map(|p| Some(Seen::of(p))).collect();
@@ -799,8 +875,10 @@ impl ProtocolModel {
                     return None;
                 }
                 s.rec_queue.clear();
-                for (r, c) in s.rec_pods.iter_mut().zip(current) {
-                    r.seen = c;
+                for (i, (r, c)) in s.rec_pods.iter_mut().zip(current).enumerate() {
+                    if let Some(c) = c {
+                        r.observe(i, c, cfg.variant);
+                    }
                 }
             }
             Action::ReconcilerRelistsPod(i) => {
@@ -811,7 +889,7 @@ impl ProtocolModel {
                 if s.rec_pods[i].seen == Some(seen) {
                     return None;
                 }
-                s.rec_pods[i].seen = Some(seen);
+                s.rec_pods[i].observe(i, seen, cfg.variant);
                 s.rec_queue.retain(|(j, _)| usize::from(*j) != i);
             }
             Action::ReconcilerDecides => {
@@ -821,6 +899,11 @@ impl ProtocolModel {
                 let change = decision.change;
                 if change.is_empty() {
                     return None;
+                }
+                if change.deprecated.is_some_and(|d| {
+                    i64::from(d) >= i64::from(cfg.first()) + i64::from(Self::failures(&s))
+                }) {
+                    s.violations |= flag::DEPRECATED_WITHOUT_FAILURE;
                 }
                 if cfg.agents_read == AgentsRead::Published {
                     // The decision is published first, then written to the status (guarded):
@@ -921,6 +1004,7 @@ impl ProtocolModel {
                     worker: None,
                     born: 0,
                     late: None,
+                    restarting: false,
                 };
             }
             Action::StatusWiped => {
@@ -1047,6 +1131,9 @@ impl ProtocolModel {
                 }
                 Agent::Exited => out.push(Action::KubeletRestartsPod(i)),
                 Agent::Gone => {}
+            }
+            if self.config.kubelet_condition {
+                out.push(Action::KubeletWritesCondition(i));
             }
             if p.late.is_some() {
                 out.push(Action::LateRegistrationLands(i));
@@ -1214,6 +1301,10 @@ impl Model for ProtocolModel {
                 "safety 3: the published epochs only move forward, to written values",
                 |_, s: &State| s.violations & flag::PUBLISHED_WRONG == 0,
             ),
+            Property::always(
+                "safety 4: every group restart has a failure behind it",
+                |_, s: &State| s.violations & flag::DEPRECATED_WITHOUT_FAILURE == 0,
+            ),
             Property::always("bound: epochs stay bounded", |_, s: &State| {
                 s.violations & flag::EPOCH_UNBOUNDED == 0
             }),
@@ -1280,9 +1371,17 @@ fn format_key(pair: &(Pod, RecPod)) -> impl Ord + use<> {
     };
     let status_key = |s: Option<Status>| s.map(|s| (s.wipes, s.deprecated, s.synced));
     (
-        (p.failed, p.replaced, p.annotation, p.worker, p.born, p.late),
+        (
+            (p.failed, p.replaced, p.annotation, p.worker, p.born, p.late),
+            p.restarting,
+        ),
         (agent.0, agent.1, status_key(agent.2), agent.3, agent.4),
-        (r.seen.map(|s| (s.failed, s.annotation)), r.counted),
+        (
+            r.seen.map(|s| (s.failed, s.annotation, s.restarting)),
+            r.counted,
+            r.armed,
+            r.begun,
+        ),
     )
 }
 

@@ -43,6 +43,9 @@ fn pod(st: &State, i: usize, p: &Pod) -> String {
     if let Some(e) = p.late {
         let _ = write!(out, ", registration of {e} in flight");
     }
+    if p.restarting {
+        out.push_str(", AllContainersRestarting=True");
+    }
     out
 }
 
@@ -52,6 +55,12 @@ fn seen(r: &RecPod) -> String {
         Some(Seen { failed: true, .. }) => "Failed".to_owned(),
         Some(Seen { annotation, .. }) => show(annotation),
     };
+    if r.seen.is_some_and(|s| s.restarting) {
+        out.push_str(" restarting");
+    }
+    if r.begun {
+        out.push_str(" (begun)");
+    }
     if r.counted {
         out.push('*');
     }
@@ -84,7 +93,7 @@ pub fn state(s: &State) -> String {
                     "pod{i}={}",
                     self::seen(&RecPod {
                         seen: Some(*seen),
-                        counted: false
+                        ..RecPod::default()
                     })
                 )
             })
