@@ -1011,6 +1011,9 @@ struct Dialect {
     epoch_annotation: &'static str,
     /// The JobSet status field of the synced epoch.
     synced: &'static str,
+    /// The reconciler writes the epochs (not JobSet's own controller, as in `jobset-native`):
+    /// its `GroupRestartStarted` events say what started each group restart.
+    reconciler_writes: bool,
 }
 
 /// The installed product's dialect, or `None` (SKIPPED, or a panic when required) when `up` ran
@@ -1020,10 +1023,12 @@ fn installed(node: &Node, test: &str) -> Option<Dialect> {
         Some("jobset-native") => Some(Dialect {
             epoch_annotation: "jobset.sigs.k8s.io/in-place-restart-attempt",
             synced: "currentInPlaceRestartAttempt",
+            reconciler_writes: false,
         }),
         Some(_) => Some(Dialect {
             epoch_annotation: "jobset.sigs.k8s.io/epoch",
             synced: "syncedEpoch",
+            reconciler_writes: true,
         }),
         None if required() => {
             panic!(
@@ -1285,6 +1290,73 @@ impl Run {
         .await
     }
 
+    /// The notes of the reconciler's `GroupRestartStarted` events on the JobSet. kube's event
+    /// recorder keeps one series per JobSet and reason, with its first note: the first group
+    /// restart's.
+    async fn restarts_started(&self) -> Vec<String> {
+        let events: Api<k8s_openapi::api::events::v1::Event> =
+            Api::namespaced(self.pods.clone().into_client(), self.namespace());
+        let list = events
+            .list(&ListParams::default())
+            .await
+            .unwrap_or_else(|e| panic!("list events: {e}"));
+        list.items
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some("GroupRestartStarted"))
+            .filter_map(|e| e.note)
+            .collect()
+    }
+
+    /// The first group restart was started early (the failing pod's `AllContainersRestarting`
+    /// condition, docs/protocol.md "Early failure detection") when `early` names that pod, or
+    /// by a registration (`None`). Nothing to check where JobSet's own controller writes the
+    /// epochs.
+    async fn assert_started_by(&self, early: Option<&str>) {
+        if !self.dialect.reconciler_writes {
+            return;
+        }
+        eventually(
+            "the GroupRestartStarted event",
+            Duration::from_secs(20),
+            || async {
+                let notes = self.restarts_started().await;
+                let note = notes.first().ok_or("no event yet")?;
+                let by_early = note.contains("is restarting)");
+                match early {
+                    Some(pod) if note.contains(&format!("(pod {pod} is restarting)")) => Ok(()),
+                    None if !by_early => Ok(()),
+                    _ => Err(format!("expected early={early:?}: {note:?}")),
+                }
+            },
+        )
+        .await;
+    }
+
+    /// Each pod's agent's own figure: from its process start to its registration (its log line
+    /// `registered epoch N after M ms`), the last one it logged.
+    async fn registration_ms(&self, pods: &Group) -> BTreeMap<String, u64> {
+        let params = kube::api::LogParams {
+            container: Some("jobset-inplace-agent".to_owned()),
+            ..Default::default()
+        };
+        let mut out = BTreeMap::new();
+        for name in pods.pods.keys() {
+            let Ok(log) = self.pods.logs(name, &params).await else {
+                continue;
+            };
+            let ms = log
+                .lines()
+                .filter(|l| l.contains("registered epoch"))
+                .filter_map(|l| l.split_once(" after ").map(|(_, rest)| rest))
+                .filter_map(|rest| rest.split(" ms").next()?.trim().parse::<u64>().ok())
+                .next_back();
+            if let Some(ms) = ms {
+                out.insert(name.clone(), ms);
+            }
+        }
+        out
+    }
+
     /// The JobSet's synced epoch (status), if written.
     async fn synced(&self) -> Option<u64> {
         let js = self.jobsets.get("train").await.ok()?;
@@ -1452,10 +1524,17 @@ async fn a_worker_failure_restarts_the_jobset_in_place_through_the_installed_pro
         assert_install_method(&node).await;
         let (run, first) = Run::start(&node, "rn-jobset", 3, dialect, |_| {}).await;
         println!("running at epoch {}: {:?}", first.epoch, first.pods.keys());
+        let failing = first.pods.keys().next().expect("a pod").clone();
         let (second, took_42) = group_restart(&run, &first, 42).await;
         println!(
             "restart code 42: every worker running again after {} ms",
             took_42.as_millis()
+        );
+        // Started by the failing pod's kubelet, not by its new agent's registration.
+        run.assert_started_by(Some(&failing)).await;
+        println!(
+            "each agent, from its process start to its registration (ms): {:?}",
+            run.registration_ms(&second).await
         );
         let (_, took_3) = group_restart(&run, &second, 3).await;
         println!(
@@ -1523,6 +1602,8 @@ async fn a_deleted_pod_is_replaced_and_the_others_restart_in_place() {
             .collect();
         assert_eq!(new.len(), 1, "one replacement: {new:?}");
         assert_in_place(&first, &after, &[victim.as_str()]);
+        // A deletion is no exit under a rule: the replacement's registration started it.
+        run.assert_started_by(None).await;
         let took = assert_barrier(&run.records(), since, run.size);
         println!(
             "pod deleted: every worker running again {} ms after the deleted pod's worker stopped",
@@ -1593,11 +1674,60 @@ async fn a_fatal_exit_fails_the_jobset_and_nothing_restarts_in_place() {
                 pod_line(p)
             );
         }
+        // A fatal code is left out of the rule: the kubelet never began a restart, and no
+        // group restart started, early or not.
+        let notes = run.restarts_started().await;
+        assert!(notes.is_empty(), "no group restart: {notes:?}");
         // (JobSet's controller's status write on failure may wipe the field; never above.)
         let synced = run.synced().await;
         assert!(
             synced.is_none_or(|s| s == first.epoch),
             "the epoch did not move: {synced:?}"
+        );
+    })
+    .await;
+}
+
+/// A worker that exits 0 matches no restart rule (`NotIn [0, ...]`): its pod completes, the
+/// kubelet begins no restart (`AllContainersRestarting` never `True`), no group restart starts,
+/// early or not, and the other pods run on.
+#[tokio::test]
+async fn a_worker_exiting_zero_starts_no_group_restart() {
+    const TEST: &str = "a_worker_exiting_zero_starts_no_group_restart";
+    with_node(TEST, |node| async move {
+        let Some(dialect) = installed(&node, TEST) else {
+            return;
+        };
+        let (run, first) = Run::start(&node, "rn-zero", 2, dialect, |_| {}).await;
+        let mut names = first.pods.keys();
+        let done = names.next().expect("a pod").clone();
+        let other = names.next().expect("another pod").clone();
+        run.exit(&done, 0);
+        eventually("the pod completed", Duration::from_secs(60), || async {
+            let p = run.pods.get(&done).await.map_err(|e| e.to_string())?;
+            match p.status.as_ref().and_then(|s| s.phase.as_deref()) {
+                Some("Succeeded") => Ok(p),
+                _ => Err(pod_line(&p)),
+            }
+        })
+        .await;
+        // Long enough for a relist, a reconcile and an event.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let p = run.pods.get(&done).await.expect("the completed pod");
+        assert_ne!(
+            condition(&p, "AllContainersRestarting").as_deref(),
+            Some("True"),
+            "{}",
+            pod_line(&p)
+        );
+        let notes = run.restarts_started().await;
+        assert!(notes.is_empty(), "no group restart: {notes:?}");
+        let q = run.pods.get(&other).await.expect("the other pod");
+        assert!(all_running(&q), "{other} runs on: {}", pod_line(&q));
+        assert!(
+            restart_counts(&q).values().all(|c| *c == 0),
+            "{other} did not restart: {}",
+            pod_line(&q)
         );
     })
     .await;
