@@ -990,6 +990,36 @@ fn the_records_mark_orders_by_writing_not_by_the_workers_clock() {
     assert_eq!(records_mark(dir.path()), 3);
 }
 
+/// A recreation's records: the failing worker exits, the others are stopped (SIGTERM), new pods
+/// of the same Jobs start under new names; each end pairs with the next start of its slot, and
+/// the records before the mark are left out.
+#[test]
+fn a_failures_gaps_pair_each_end_with_the_next_start_of_its_slot() {
+    let recs = parse_records(
+        "start ms=900 pod=js-0-aaaaa container=worker epoch=\n\
+         exit ms=1000 pod=js-0-aaaaa container=worker epoch= code=42\n\
+         stop ms=1300 pod=js-1-bbbbb container=agent epoch= signal=TERM\n\
+         stop ms=1400 pod=js-1-bbbbb container=worker epoch= signal=TERM\n\
+         start ms=4000 pod=js-0-ccccc container=worker epoch=\n\
+         start ms=4500 pod=js-1-ddddd container=worker epoch=\n",
+    );
+    let f = failure_since(&recs, 1);
+    assert_eq!(f.took, Duration::from_millis(3500));
+    let gaps: Vec<_> = f
+        .gaps
+        .iter()
+        .map(|g| (g.slot.as_str(), g.end_event.as_str(), g.end, g.start))
+        .collect();
+    assert_eq!(
+        gaps,
+        [
+            ("js-0", "exit", 0, Some(3000)),
+            ("js-1", "stop", 400, Some(3500))
+        ]
+    );
+    assert_eq!(pod_slot("floor-0"), "floor");
+}
+
 #[test]
 fn node_env_parses() {
     let env = parse_env_file("NODE_NAME=n\nCTR=\"ctr --address /x -n k8s.io\"\n\n");
