@@ -2640,6 +2640,23 @@ async fn a_stolen_reconciler_token_cannot_bind_the_agent_role_elsewhere() {
             }
             let stored = admin_bindings.get(AGENT_SERVICE_ACCOUNT).await.expect("the agent's binding");
             assert_eq!(stored.role_ref.name, AGENT_SERVICE_ACCOUNT);
+            // Issue 34: the agent's account does not automount its token (the policy lets the
+            // reconciler set that field to false, and to nothing else).
+            let account = Api::<ServiceAccount>::namespaced(cluster.client.clone(), &ns.name)
+                .get(AGENT_SERVICE_ACCOUNT)
+                .await
+                .expect("the agent's account");
+            assert_eq!(account.automount_service_account_token, Some(false));
+            refused_by(
+                "the agent account's token automounting turned on",
+                accounts
+                    .patch(AGENT_SERVICE_ACCOUNT, &PatchParams::apply("jobset-inplace").force(),
+                        &Patch::Apply(json!({"apiVersion": "v1", "kind": "ServiceAccount",
+                            "metadata": {"name": AGENT_SERVICE_ACCOUNT, "namespace": ns.name},
+                            "automountServiceAccountToken": true})))
+                    .await,
+                Some(("jobset-inplace-reconciler-agent-accounts", "may set automountServiceAccountToken only to false")),
+            );
             let listed = provision::list_provisioned(&client).await.expect("list");
             assert!(listed.contains(&ns.name), "{listed:?}");
             provision::remove(&client, &ns.name).await.expect("the binding removed");

@@ -2532,6 +2532,19 @@ fn the_reconcilers_provisioning_is_held_to_the_agents_binding_and_account() {
             Verdict::Allowed,
             "{name}"
         );
+        // Issue 34: the provisioned account does not automount its token, and an account
+        // provisioned before (without the field) is turned off by the next apply.
+        assert_eq!(sa["automountServiceAccountToken"], false, "{name}");
+        let mut before = sa.clone();
+        before
+            .as_object_mut()
+            .expect("object")
+            .remove("automountServiceAccountToken");
+        assert_eq!(
+            sa_verdict("UPDATE", "team-a", &sa, &before),
+            Verdict::Allowed,
+            "{name}: turning automounting off"
+        );
         // What others set on the account stays, and does not stop the reconciler's apply.
         let mut kept = sa.clone();
         kept["imagePullSecrets"] = json!([{"name": "registry"}]);
@@ -2540,6 +2553,13 @@ fn the_reconcilers_provisioning_is_held_to_the_agents_binding_and_account() {
             sa_verdict("UPDATE", "team-a", &kept, &kept),
             Verdict::Allowed,
             "{name}"
+        );
+        let mut others_true = sa.clone();
+        others_true["automountServiceAccountToken"] = json!(true);
+        assert_eq!(
+            sa_verdict("UPDATE", "team-a", &sa, &others_true),
+            Verdict::Allowed,
+            "{name}: turning another's true off"
         );
         let sa_with = |ns: &str, f: &dyn Fn(&mut Value)| {
             let mut s = provision::service_account(ns, &settings);
@@ -2574,6 +2594,22 @@ fn the_reconcilers_provisioning_is_held_to_the_agents_binding_and_account() {
                     s["automountServiceAccountToken"] = json!(true)
                 }),
                 kept.clone(),
+            ),
+            (
+                "created with token automounting",
+                "team-a",
+                sa_with("team-a", &|s| {
+                    s["automountServiceAccountToken"] = json!(true)
+                }),
+                Value::Null,
+            ),
+            (
+                "token automount turned on",
+                "team-a",
+                sa_with("team-a", &|s| {
+                    s["automountServiceAccountToken"] = json!(true)
+                }),
+                before.clone(),
             ),
             (
                 "created with pull secrets",
