@@ -476,6 +476,70 @@ fn the_builder_image_and_the_ci_tools_are_pinned() {
     assert!(problems.is_empty(), "not pinned: {problems:#?}");
 }
 
+/// Issue 34 item 3: deploy/README.md's NetworkPolicy for the workload namespaces admits the
+/// agent's barrier port (its default) from the node addresses only, and every other port (TCP
+/// below and above it, UDP, SCTP) from anywhere, as without the policy; it is a valid object.
+#[test]
+fn the_barrier_network_policy_admits_only_the_nodes_to_the_barrier() {
+    use jobset_inplace::wire::agent_env::DEFAULT_BARRIER_PORT;
+    let readme = std::fs::read_to_string(deploy_dir().join("README.md")).expect("README");
+    let block = readme
+        .split("```yaml")
+        .skip(1)
+        .filter_map(|b| b.split("```").next())
+        .find(|b| b.contains("jobset-inplace-barrier-from-nodes"))
+        .expect("the barrier's NetworkPolicy block");
+    let indent = block
+        .lines()
+        .find(|l| !l.trim().is_empty())
+        .map_or(0, |l| l.len() - l.trim_start().len());
+    let text: String = block
+        .lines()
+        .map(|l| l.get(indent..).unwrap_or("").to_owned() + "\n")
+        .collect();
+    let policy: Value = serde_saphyr::from_str(&text).expect("yaml");
+    let problems = check_object(&policy);
+    assert!(problems.is_empty(), "{problems:#?}");
+    assert_eq!(policy["spec"]["policyTypes"], json!(["Ingress"]));
+    let barrier = i64::from(DEFAULT_BARRIER_PORT);
+    let mut open: BTreeMap<String, Vec<(i64, i64)>> = BTreeMap::new();
+    let mut barrier_rules = 0;
+    for rule in policy["spec"]["ingress"].as_array().expect("ingress") {
+        let ports = rule["ports"].as_array().expect("ports");
+        match rule.get("from") {
+            Some(from) => {
+                barrier_rules += 1;
+                let from = from.as_array().expect("from");
+                assert!(
+                    from.iter().all(|f| f
+                        .as_object()
+                        .is_some_and(|f| f.len() == 1 && f.contains_key("ipBlock"))),
+                    "only ipBlocks (the nodes): {from:?}"
+                );
+                assert_eq!(ports, &vec![json!({"port": barrier, "protocol": "TCP"})]);
+            }
+            None => {
+                for p in ports {
+                    let start = p["port"].as_i64().expect("port");
+                    let end = p["endPort"].as_i64().unwrap_or(start);
+                    let protocol = p["protocol"].as_str().unwrap_or("TCP").to_owned();
+                    open.entry(protocol).or_default().push((start, end));
+                }
+            }
+        }
+    }
+    assert_eq!(barrier_rules, 1);
+    let covers = |protocol: &str, port: i64| {
+        open.get(protocol)
+            .is_some_and(|r| r.iter().any(|(a, b)| (*a..=*b).contains(&port)))
+    };
+    for port in 1..=65535 {
+        assert_eq!(covers("TCP", port), port != barrier, "TCP {port}");
+        assert!(covers("UDP", port), "UDP {port}");
+        assert!(covers("SCTP", port), "SCTP {port}");
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // The injection config
 // ---------------------------------------------------------------------------------------------
