@@ -423,9 +423,7 @@ async fn a_labelled_pod_with_an_epoch_beyond_reach_does_not_fail_the_jobset() {
             w.events().iter().any(|e| {
                 e["reason"] == "MalformedEpoch"
                     && e["type"] == "Warning"
-                    && e["note"]
-                        .as_str()
-                        .is_some_and(|m| m.contains("can reach"))
+                    && e["note"].as_str().is_some_and(|m| m.contains("can reach"))
             })
         })
         .await;
