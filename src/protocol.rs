@@ -148,11 +148,53 @@ impl FromStr for Dialect {
     }
 }
 
-/// Error for an epoch annotation that is not a non-negative int32 in plain decimal.
+/// Error for an epoch annotation that is not a non-negative int32 in plain decimal, or one
+/// beyond what the protocol can reach ([`reachable_epoch`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("malformed epoch {value:?}: expected a non-negative integer below 2^31")]
+#[error("malformed epoch {value:?}: {expected}")]
 pub struct EpochParseError {
     pub value: String,
+    pub expected: String,
+}
+
+/// How far above the restarts `maxRestarts` allows (from the synced epoch) a pod's epoch may be
+/// and still be taken as one an agent registered: an agent that restarts alone several times
+/// between two reconciles moves its epoch by one each time.
+pub const EPOCH_MARGIN: i64 = 10;
+
+/// The highest epoch an agent can register for a JobSet (issue 34): above the highest epoch
+/// field known (synced or deprecated, as read or as last written; the first epoch without one),
+/// the restarts `maxRestarts` allows and those that do not count, plus [`EPOCH_MARGIN`]. A pod
+/// above it is malformed (reported, skipped): any pod creator's annotation (2147483647) would
+/// otherwise fail the JobSet.
+pub fn reachable_epoch(input: &ReconcileInput<'_>) -> i64 {
+    let first = input.dialect.first_epoch();
+    let base = [
+        input.status.synced,
+        input.status.deprecated,
+        input.last_synced,
+        input.last_deprecated,
+    ]
+    .into_iter()
+    .flatten()
+    .fold(first, Epoch::max);
+    let not_counted =
+        (i64::from(input.restarts) - i64::from(input.restarts_count_towards_max)).max(0);
+    i64::from(base) + i64::from(input.max_restarts.max(0)) + not_counted + EPOCH_MARGIN
+}
+
+/// `epoch` as [`reachable_epoch`] judges it: an error when above `reach`.
+fn within_reach(epoch: Epoch, reach: i64) -> Result<Epoch, EpochParseError> {
+    if i64::from(epoch) <= reach {
+        return Ok(epoch);
+    }
+    Err(EpochParseError {
+        value: epoch.to_string(),
+        expected: format!(
+            "above {reach}, the highest epoch the protocol can reach for this JobSet (its epoch \
+             fields, maxRestarts and a margin of {EPOCH_MARGIN})"
+        ),
+    })
 }
 
 /// Parses an epoch annotation value: plain ASCII decimal digits, no sign, no spaces, at most
@@ -160,6 +202,7 @@ pub struct EpochParseError {
 pub fn parse_epoch(value: &str) -> Result<Epoch, EpochParseError> {
     let err = || EpochParseError {
         value: value.chars().take(64).collect(),
+        expected: "expected a non-negative integer below 2^31".to_owned(),
     };
     if value.is_empty() || value.len() > 10 || !value.bytes().all(|b| b.is_ascii_digit()) {
         return Err(err());
@@ -554,6 +597,7 @@ fn decide_registered(input: &ReconcileInput<'_>) -> ReconcileDecision {
     let mut decision = ReconcileDecision::default();
     let mut epochs: Vec<Epoch> = Vec::with_capacity(input.pods.len());
     let mut worst_restart: Option<(&str, i32)> = None;
+    let reach = reachable_epoch(input);
 
     for pod in input.pods.iter().filter(|p| !p.failed && !p.terminating) {
         match pod.old_workers {
@@ -571,7 +615,8 @@ fn decide_registered(input: &ReconcileInput<'_>) -> ReconcileDecision {
         if worst_restart.is_none_or(|(_, c)| pod.max_restart_count > c) {
             worst_restart = Some((&pod.name, pod.max_restart_count));
         }
-        match pod.epoch_annotation.as_deref().map(parse_epoch) {
+        let parsed = |v: &str| parse_epoch(v).and_then(|e| within_reach(e, reach));
+        match pod.epoch_annotation.as_deref().map(parsed) {
             None => {}
             Some(Ok(e)) => epochs.push(e),
             Some(Err(error)) => decision.malformed.push(MalformedEpoch {
@@ -1046,6 +1091,49 @@ mod tests {
         assert_eq!(d.malformed.len(), 1);
         assert_eq!(d.malformed[0].pod, "a");
         assert!(d.change.is_empty(), "a malformed pod is not registered");
+    }
+
+    /// Issue 34 item 4: a pod's epoch beyond what the protocol can reach (2147483647 on a pod
+    /// anyone may create) is malformed, reported and skipped: it no longer fails the JobSet. An
+    /// epoch just past `maxRestarts` still does, as it always did.
+    #[test]
+    fn an_epoch_beyond_reach_is_malformed_not_a_failure() {
+        for (dialect, status) in [
+            (Dialect::Epoch, st(None, None)),
+            (Dialect::Epoch, st(Some(3), Some(4))),
+            (Dialect::Attempt, st(None, Some(0))),
+        ] {
+            let pods = [pod("a", Some("2147483647")), pod("b", Some("5"))];
+            let i = input(dialect, 2, status, &pods);
+            let reach = reachable_epoch(&i);
+            let d = reconcile_decide(&i);
+            assert_eq!(d.fail, None, "{dialect} {status:?}");
+            assert_eq!(d.malformed.len(), 1, "{dialect} {status:?}");
+            assert_eq!(d.malformed[0].pod, "a");
+            assert!(d.malformed[0].error.to_string().contains("can reach"));
+            assert_eq!(d.registered, 1);
+            // At the reach: counted (and past maxRestarts: the JobSet fails, as before).
+            let edge = reach.to_string();
+            let pods = [pod("a", Some(&edge)), pod("b", Some("5"))];
+            let d = reconcile_decide(&input(dialect, 2, status, &pods));
+            assert!(d.malformed.is_empty(), "{dialect} {status:?}");
+            assert!(
+                matches!(d.fail, Some(MaxRestartsExceeded::ByEpoch { .. })),
+                "{dialect} {status:?}"
+            );
+            // One above: malformed.
+            let above = (reach + 1).to_string();
+            let pods = [pod("a", Some(&above)), pod("b", Some("5"))];
+            let d = reconcile_decide(&input(dialect, 2, status, &pods));
+            assert_eq!(d.fail, None, "{dialect} {status:?}");
+            assert_eq!(d.malformed.len(), 1, "{dialect} {status:?}");
+        }
+        // The reach: the highest epoch field, maxRestarts, restarts that do not count, margin.
+        let mut i = input(Dialect::Epoch, 2, st(Some(3), Some(7)), &[]);
+        i.last_deprecated = Some(9);
+        i.restarts = 5;
+        i.restarts_count_towards_max = 2;
+        assert_eq!(reachable_epoch(&i), 9 + 10 + 3 + EPOCH_MARGIN);
     }
 
     #[test]

@@ -1142,11 +1142,18 @@ async fn the_webhook_injects_denies_and_fails_as_configured() {
         // container (no account named and the token automounted; the agent's account named
         // with it automounted), or a volume of the template's own taken for the agent's token:
         // each denied, naming the field, and nothing stored.
+        // Issue 34: a worker that mounts the agent's token volume, a token of its own projected
+        // in a pod that runs as the agent's account, a container named like the agent: each
+        // denied, naming the field (before, each was stored); the agent's account named with
+        // automountServiceAccountToken true is refused by the injection itself now.
         let pod = "spec.replicatedJobs[0].template.spec.template.spec";
         for (case, name, webhook, field) in [
             ("automount-token-with-chosen-account", "token-automount", "mutate", "automountServiceAccountToken"),
-            ("token-volume-name-taken", "token-volume", "mutate", "volumes[0]"),
-            ("agent-account-automounts-token", "token-agent-account", "validate", "automountServiceAccountToken"),
+            ("token-volume-name-taken", "token-volume", "mutate", "volumes[0] containers[0].volumeMounts[0]"),
+            ("agent-account-automounts-token", "token-agent-account", "mutate", "automountServiceAccountToken"),
+            ("token-volume-mounted-by-worker", "token-mounted", "mutate", "containers[0].volumeMounts[0]"),
+            ("token-projected-for-agent-account", "token-projected", "mutate", "volumes[0]"),
+            ("container-named-like-the-agent", "named-like-agent", "mutate", "containers[0].name"),
         ] {
             let (code, _, message, fields) = api_error(
                 jobsets
@@ -1159,9 +1166,23 @@ async fn the_webhook_injects_denies_and_fails_as_configured() {
                 message.contains(&format!("admission webhook \"{webhook}.jobset-inplace.dev\" denied the request")),
                 "{case}: {message}"
             );
-            assert_eq!(fields, [format!("{pod}.{field}")], "{case}: {message}");
+            let want: Vec<String> = field.split(' ').map(|f| format!("{pod}.{f}")).collect();
+            assert_eq!(fields, want, "{case}: {message}");
             assert!(jobsets.get_opt(name).await.expect("get").is_none(), "{case}: nothing stored");
         }
+
+        // Issue 34: the agent's account named, the token's automounting unset: stored with it
+        // off and the token in the agent only (before: stored as written, every container got
+        // the agent's token).
+        let stored = jobsets
+            .create(&pp, &jobset_valid_for_jobset("agent-account-named-token-unset", "token-named", &ns.name))
+            .await
+            .expect("the agent's account named is injected");
+        let stored = serde_json::to_value(&stored).expect("json");
+        let spec = &stored["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"];
+        assert_eq!(spec["automountServiceAccountToken"], false, "{spec}");
+        assert_eq!(spec["volumes"][0]["name"], "jobset-inplace-agent-token", "{spec}");
+        assert!(spec["containers"][0].get("volumeMounts").is_none(), "{spec}");
 
         // The webhook gone: an InPlaceRestart JobSet fails closed (the validating webhook's
         // failurePolicy: Fail), any other JobSet never reaches it.
@@ -2619,6 +2640,23 @@ async fn a_stolen_reconciler_token_cannot_bind_the_agent_role_elsewhere() {
             }
             let stored = admin_bindings.get(AGENT_SERVICE_ACCOUNT).await.expect("the agent's binding");
             assert_eq!(stored.role_ref.name, AGENT_SERVICE_ACCOUNT);
+            // Issue 34: the agent's account does not automount its token (the policy lets the
+            // reconciler set that field to false, and to nothing else).
+            let account = Api::<ServiceAccount>::namespaced(cluster.client.clone(), &ns.name)
+                .get(AGENT_SERVICE_ACCOUNT)
+                .await
+                .expect("the agent's account");
+            assert_eq!(account.automount_service_account_token, Some(false));
+            refused_by(
+                "the agent account's token automounting turned on",
+                accounts
+                    .patch(AGENT_SERVICE_ACCOUNT, &PatchParams::apply("jobset-inplace").force(),
+                        &Patch::Apply(json!({"apiVersion": "v1", "kind": "ServiceAccount",
+                            "metadata": {"name": AGENT_SERVICE_ACCOUNT, "namespace": ns.name},
+                            "automountServiceAccountToken": true})))
+                    .await,
+                Some(("jobset-inplace-reconciler-agent-accounts", "may set automountServiceAccountToken only to false")),
+            );
             let listed = provision::list_provisioned(&client).await.expect("list");
             assert!(listed.contains(&ns.name), "{listed:?}");
             provision::remove(&client, &ns.name).await.expect("the binding removed");

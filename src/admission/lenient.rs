@@ -654,18 +654,39 @@ impl Fixed {
 /// Reads one JSON value and tells whether it equals a [`Fixed`] as `Value`s compare (`==`): the
 /// same keys (the last of duplicates counts), the same elements in order, integers of the same
 /// value (a float never equals one). Every part is read as a `Value` would read it (the same
-/// checks, the same errors); nothing is kept.
+/// checks, the same errors); nothing is kept. With a [`Find`], it also notes whether an object
+/// key of that name occurs at any depth of the value.
 #[derive(Clone, Copy)]
-pub(crate) struct Equals(pub Fixed);
+pub(crate) struct Equals<'f>(pub Fixed, pub Option<&'f Find>);
 
-impl<'de> DeserializeSeed<'de> for Equals {
+/// An object key looked for at any depth of a value [`Equals`] reads (for example a
+/// `serviceAccountToken` source anywhere in a volume's `projected`).
+#[derive(Debug)]
+pub(crate) struct Find {
+    pub key: &'static str,
+    pub found: std::cell::Cell<bool>,
+}
+
+impl Equals<'_> {
+    /// Reads a value nothing is expected of: it equals nothing, but a [`Find`] still looks in it.
+    fn skip_element<'de, A: SeqAccess<'de>>(self, seq: &mut A) -> Result<Option<bool>, A::Error> {
+        match self.1 {
+            Some(_) => Ok(seq
+                .next_element_seed(Equals(Fixed::Arr(&[]), self.1))?
+                .map(|_| false)),
+            None => Ok(seq.next_element::<Lenient<Skip>>()?.map(|_| false)),
+        }
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for Equals<'_> {
     type Value = bool;
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<bool, D::Error> {
         deserializer.deserialize_any(self)
     }
 }
 
-impl<'de> Visitor<'de> for Equals {
+impl<'de> Visitor<'de> for Equals<'_> {
     type Value = bool;
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("any valid JSON value")
@@ -692,27 +713,35 @@ impl<'de> Visitor<'de> for Equals {
         Ok(false)
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<bool, A::Error> {
-        let Fixed::Arr(items) = self.0 else {
-            return skip_seq(seq).map(|()| false);
+        let items = match self.0 {
+            Fixed::Arr(items) => Some(items),
+            _ => None,
         };
-        let mut equal = true;
+        let mut equal = items.is_some();
         let mut index = 0;
         loop {
-            let element = match items.get(index) {
-                Some(item) => seq.next_element_seed(Equals(*item))?,
-                None => seq.next_element::<Lenient<Skip>>()?.map(|_| false),
+            let element = match items.and_then(|items| items.get(index)) {
+                Some(item) => seq.next_element_seed(Equals(*item, self.1))?,
+                None => self.skip_element(&mut seq)?,
             };
             let Some(element) = element else { break };
             equal &= element;
             index += 1;
         }
-        Ok(equal && index == items.len())
+        Ok(equal && items.is_some_and(|items| index == items.len()))
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<bool, A::Error> {
         let fields = self.0.fields();
         let mut seen = FixedFields::new(fields.len());
         let mut first = true;
-        while let Some(key) = map.next_key_seed(FixedKey { fields, first })? {
+        while let Some((key, wanted)) = map.next_key_seed(FixedKey {
+            fields,
+            first,
+            find: self.1.map(|f| f.key),
+        })? {
+            if wanted && let Some(find) = self.1 {
+                find.found.set(true);
+            }
             match key {
                 FixedKeyOf::RawValue => {
                     // As `raw_value` reads it for a view: the object stands for the JSON its
@@ -724,9 +753,15 @@ impl<'de> Visitor<'de> for Equals {
                         .and_then(|equal| reader.end().map(|()| equal))
                         .map_err(de::Error::custom);
                 }
-                FixedKeyOf::Field(i) => seen.set(i, map.next_value_seed(Equals(fields[i].1))?),
+                FixedKeyOf::Field(i) => {
+                    seen.set(i, map.next_value_seed(Equals(fields[i].1, self.1))?);
+                }
                 FixedKeyOf::Other => {
-                    map.next_value::<Lenient<Skip>>()?;
+                    if self.1.is_some() {
+                        map.next_value_seed(Equals(Fixed::Arr(&[]), self.1))?;
+                    } else {
+                        map.next_value::<Lenient<Skip>>()?;
+                    }
                     seen.other = true;
                 }
             }
@@ -769,33 +804,41 @@ enum FixedKeyOf {
     Other,
 }
 
-/// A key of an object compared with a [`Fixed`] object: which of its fields it is.
+/// A key of an object compared with a [`Fixed`] object: which of its fields it is, and whether
+/// it is the key a [`Find`] looks for.
 struct FixedKey {
     fields: &'static [(&'static str, Fixed)],
     first: bool,
+    find: Option<&'static str>,
 }
 
 impl<'de> DeserializeSeed<'de> for FixedKey {
-    type Value = FixedKeyOf;
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<FixedKeyOf, D::Error> {
+    type Value = (FixedKeyOf, bool);
+    fn deserialize<D: Deserializer<'de>>(
+        self,
+        deserializer: D,
+    ) -> Result<(FixedKeyOf, bool), D::Error> {
         deserializer.deserialize_str(self)
     }
 }
 
 impl Visitor<'_> for FixedKey {
-    type Value = FixedKeyOf;
+    type Value = (FixedKeyOf, bool);
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("a string key")
     }
-    fn visit_str<E>(self, key: &str) -> Result<FixedKeyOf, E> {
+    fn visit_str<E>(self, key: &str) -> Result<(FixedKeyOf, bool), E> {
         if self.first && key == RAW_VALUE_TOKEN {
-            return Ok(FixedKeyOf::RawValue);
+            return Ok((FixedKeyOf::RawValue, false));
         }
-        Ok(self
-            .fields
-            .iter()
-            .position(|(k, _)| *k == key)
-            .map_or(FixedKeyOf::Other, FixedKeyOf::Field))
+        let wanted = self.find == Some(key);
+        Ok((
+            self.fields
+                .iter()
+                .position(|(k, _)| *k == key)
+                .map_or(FixedKeyOf::Other, FixedKeyOf::Field),
+            wanted,
+        ))
     }
 }
 

@@ -2,6 +2,7 @@
 //! the injection config, and the AdmissionReview handling shared by the HTTPS server and the
 //! offline commands.
 //!
+//! - [`account`]: who holds the agent's token, who carries its name (injection and validation);
 //! - [`validate`]: the rules' checks (`backoffLimit`, `podReplacementPolicy`, `completions`, the agent);
 //! - [`rule`]: the rules as values ([`Rule`]), carried by every [`Violation`];
 //! - [`mutate`]: the injection plan (agent sidecar, env, service account) as JSON Patch operations;
@@ -16,6 +17,7 @@
 //! - [`worker`]: the workers' restart rule and the exit codes it leaves to the Job;
 //! - [`config`]: the injection config (file, flags, env).
 
+pub(crate) mod account;
 pub mod config;
 pub(crate) mod lenient;
 pub mod mutate;

@@ -19,8 +19,7 @@ use super::patch::{Op, Ptr, add, ptr, to_json};
 use super::pod::{self, Agent, AgentMode, Container, ContainerList};
 use super::rule::{self, Rule};
 use super::sidecar::{
-    TOKEN_VOLUME, agent_container, field_env, foreign_token_volume_message, literal_env,
-    token_mount, token_volume,
+    TOKEN_VOLUME, agent_container, field_env, literal_env, token_mount, token_volume,
 };
 use super::validate::{BACKOFF_LIMIT, POD_REPLACEMENT_POLICY};
 use super::view::{JobSetView, PodSpec, PodTemplate};
@@ -222,12 +221,21 @@ pub(crate) fn mutate_view(
             let pod_ptr = template_ptr.key("spec");
             // The webhook chooses the service account: its token goes to the agent only.
             let chosen = account_chosen(pod_spec, config);
-            let token_refused = token_refusals(
-                &format!("spec.replicatedJobs[{i}].template.spec.template.spec"),
+            let existing_agent = pod::agent(pod_spec);
+            let pod_prefix = format!("spec.replicatedJobs[{i}].template.spec.template.spec");
+            let account = super::account::Account {
+                runs_as_agent: chosen,
+                unset_is_fixed: true,
+                name: &config.service_account,
+            };
+            let agent_container = existing_agent.as_ref().map(|a| a.container);
+            let mut token_refused = super::account::token_violations(
+                &pod_prefix,
                 pod_spec,
-                chosen,
-                &config.service_account,
+                agent_container.as_ref(),
+                account,
             );
+            token_refused.extend(super::account::name_violations(&pod_prefix, pod_spec));
             if !token_refused.is_empty() {
                 for violation in token_refused {
                     rule::note(&mut refused_rules, violation.rule);
@@ -240,7 +248,6 @@ pub(crate) fn mutate_view(
                 continue;
             }
             rewrite_restart_pod(&pod_ptr, pod_spec, &mut out, &mut warnings, i);
-            let existing_agent = pod::agent(pod_spec);
             if jobset.worker_rules_annotation() != Some("false") {
                 let main_agent = existing_agent
                     .as_ref()
@@ -354,60 +361,12 @@ fn past_limits(size: usize, patch_bytes: usize) -> bool {
 
 /// The webhook chose (or chooses now) the pod template's service account, and with it keeps the
 /// token from every container but the agent: the template names none, or names the configured
-/// one the way the injection leaves it (`automountServiceAccountToken: false`, or the agent's
-/// token volume). A template that names its own account keeps its own behaviour.
+/// one (the injection then sets `automountServiceAccountToken: false` when unset, and mounts the
+/// token into the agent only; any other value is refused). A template that names an account of
+/// its own keeps its own behaviour.
 fn account_chosen(pod_spec: &PodSpec<'_>, config: &InjectionConfig) -> bool {
-    if !pod_spec.names_service_account() {
-        return true;
-    }
-    let ours = [&pod_spec.service_account_name, &pod_spec.service_account]
-        .into_iter()
-        .any(|s| s.as_deref() == Some(config.service_account.as_str()));
-    ours && (pod_spec.automount_token == Some(Value::Bool(false))
-        || pod_spec
-            .volumes
-            .as_ref()
-            .is_some_and(|v| v.has_token_volume()))
-}
-
-/// Why the agent's token cannot be kept to the agent in a pod template (the injection refuses
-/// it, naming the field): a volume of its own under the token volume's name, or, when the
-/// webhook chooses the account (`chosen`), `automountServiceAccountToken` set to anything but
-/// `false`, which would mount the agent's token into every container.
-fn token_refusals(
-    pod_prefix: &str,
-    pod_spec: &PodSpec<'_>,
-    chosen: bool,
-    account: &str,
-) -> Vec<Violation> {
-    let mut out: Vec<Violation> = pod_spec
-        .volumes
-        .as_ref()
-        .into_iter()
-        .flat_map(|v| v.foreign_token_volumes())
-        .map(|j| Violation {
-            rule: Rule::TokenVolume,
-            path: format!("{pod_prefix}.volumes[{j}]"),
-            message: foreign_token_volume_message(),
-        })
-        .collect();
-    if chosen
-        && let Some(automount) = &pod_spec.automount_token
-        && *automount != Value::Bool(false)
-    {
-        out.push(Violation {
-            rule: Rule::AgentToken,
-            path: format!("{pod_prefix}.automountServiceAccountToken"),
-            message: super::validate::clip(format!(
-                "is {automount}, and the pod runs as the agent's service account ({account}), \
-                 which the webhook chooses for a template that names none: every container \
-                 would hold the agent's token, which may patch pods. Remove it (the webhook \
-                 then mounts the token into the agent only), or name a service account of your \
-                 own"
-            )),
-        });
-    }
-    out
+    !pod_spec.names_service_account()
+        || super::account::names_account(pod_spec, &config.service_account)
 }
 
 /// The port the injected agent's barrier takes in a pod template: the first of the configured

@@ -29,7 +29,9 @@ pub enum Rule {
     BarrierPort,
     /// The pod would hand the agent's token to every container (`automountServiceAccountToken`).
     AgentToken,
-    /// A volume named as the agent's token volume that is not that volume.
+    /// A volume named as the agent's token volume that is not that volume, a mount of that
+    /// volume by another container than the agent, or another service account token projected
+    /// in a pod that runs as the agent's account.
     TokenVolume,
     /// A field the rules read has a JSON type they cannot read.
     Unreadable,
@@ -38,11 +40,13 @@ pub enum Rule {
     /// The agent runs as the main container (`WORKER_COMMAND`): not offered, the kubelet backs
     /// off a container restarted under a `Restart` rule (docs/protocol.md).
     MainContainerAgent,
+    /// A container other than the agent carries the agent sidecar's name.
+    AgentName,
 }
 
 impl Rule {
     /// Every rule, in the order of their labels in metrics.
-    pub const ALL: [Rule; 15] = [
+    pub const ALL: [Rule; 16] = [
         Rule::BackoffLimit,
         Rule::PodReplacementPolicy,
         Rule::Completions,
@@ -58,6 +62,7 @@ impl Rule {
         Rule::Unreadable,
         Rule::TooLarge,
         Rule::MainContainerAgent,
+        Rule::AgentName,
     ];
 
     /// The `rule` label of `jobset_inplace_admission_denials_total` and `check -o json`.
@@ -78,6 +83,7 @@ impl Rule {
             Rule::Unreadable => "unreadable",
             Rule::TooLarge => "too_large",
             Rule::MainContainerAgent => "main_container_agent",
+            Rule::AgentName => "agent_name",
         }
     }
 }

@@ -390,40 +390,25 @@ fn check_restart_rules(pod_prefix: &str, pod_spec: &PodSpec<'_>, out: &mut Valid
     }
 }
 
-/// The pod's service account, and who holds its token: a pod that runs as the agent's account
-/// (`agent_account`) with `automountServiceAccountToken: true` hands the agent's token to every
-/// container; a volume named as the agent's token volume must be that volume.
+/// The pod's service account, and who holds its token and the agent's name
+/// ([`super::account`]): the same rules the injection refuses a template by.
 fn check_service_account(
     pod_prefix: &str,
     pod_spec: &PodSpec<'_>,
     agent_account: &str,
     out: &mut Validation,
 ) {
-    let runs_as_agent = [&pod_spec.service_account_name, &pod_spec.service_account]
+    let agent = pod::agent(pod_spec).map(|a| a.container);
+    let account = super::account::Account {
+        runs_as_agent: super::account::names_account(pod_spec, agent_account),
+        unset_is_fixed: false,
+        name: agent_account,
+    };
+    for v in super::account::token_violations(pod_prefix, pod_spec, agent.as_ref(), account)
         .into_iter()
-        .any(|s| s.as_deref() == Some(agent_account));
-    if runs_as_agent && pod_spec.automount_token == Some(Value::Bool(true)) {
-        violation(
-            out,
-            Rule::AgentToken,
-            format!("{pod_prefix}.automountServiceAccountToken"),
-            format!(
-                "is true while the pod runs as the agent's service account ({agent_account}): \
-                 every container would hold the agent's token, which may patch pods; set it to \
-                 false (the webhook then mounts the token into the agent only), or name a \
-                 service account of your own"
-            ),
-        );
-    }
-    if let Some(volumes) = &pod_spec.volumes {
-        for j in volumes.foreign_token_volumes() {
-            violation(
-                out,
-                Rule::TokenVolume,
-                format!("{pod_prefix}.volumes[{j}]"),
-                super::sidecar::foreign_token_volume_message(),
-            );
-        }
+        .chain(super::account::name_violations(pod_prefix, pod_spec))
+    {
+        violation(out, v.rule, v.path, v.message);
     }
     if !pod_spec.names_service_account() {
         warning(

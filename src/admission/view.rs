@@ -578,14 +578,17 @@ impl<'a> List<Named<'a>> {
     }
 }
 
-/// An entry of a pod spec's `volumes`: its name, and whether it is, as JSON, exactly the volume
-/// the injection adds for the agent's token ([`super::token::TOKEN_VOLUME_JSON`]).
+/// An entry of a pod spec's `volumes`: its name, whether it is, as JSON, exactly the volume the
+/// injection adds for the agent's token ([`super::token::TOKEN_VOLUME_JSON`]), and whether its
+/// `projected` holds a `serviceAccountToken` (at any depth: what the kubelet would project is
+/// `sources[i].serviceAccountToken`; elsewhere the key is no field, and is counted all the same).
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Volume<'a> {
     /// Fields present with another JSON type than the rules need.
     pub wrong: Wrong,
     pub name: Option<Str<'a>>,
     pub is_token_volume: bool,
+    pub projects_token: bool,
 }
 
 /// Numbers the keys of a volume by the token volume's fields (from 1; any other key is
@@ -605,6 +608,10 @@ impl<'de> Shape<'de> for Volume<'de> {
         let fields = super::token::TOKEN_VOLUME_JSON.fields();
         let mut v = Volume::default();
         let mut seen = FixedFields::new(fields.len());
+        let find = Find {
+            key: "serviceAccountToken",
+            found: std::cell::Cell::new(false),
+        };
         let raw = walk_object::<Self, A>(&mut map, token_volume_key, |n, map| {
             let i = usize::from(n).wrapping_sub(1);
             match fields.get(i) {
@@ -613,7 +620,9 @@ impl<'de> Shape<'de> for Volume<'de> {
                     let equal = matches!((&v.name, expected), (Some(n), Fixed::Str(e)) if n == e);
                     seen.set(i, equal);
                 }
-                Some((_, expected)) => seen.set(i, map.next_value_seed(Equals(*expected))?),
+                Some((_, expected)) => {
+                    seen.set(i, map.next_value_seed(Equals(*expected, Some(&find)))?);
+                }
                 None => {
                     map.next_value::<Lenient<Skip>>()?;
                     seen.other = true;
@@ -625,6 +634,7 @@ impl<'de> Shape<'de> for Volume<'de> {
             Some(raw) => raw,
             None => {
                 v.is_token_volume = seen.all();
+                v.projects_token = find.found.get();
                 Some(v)
             }
         })
@@ -635,6 +645,16 @@ impl<'a> List<Volume<'a>> {
     /// Some entry is the injection's token volume, exactly.
     pub fn has_token_volume(&self) -> bool {
         self.0.iter().any(|v| v.is_token_volume)
+    }
+
+    /// The indices of the entries, other than the injection's token volume, that project a
+    /// service account token.
+    pub fn other_token_projections(&self) -> impl Iterator<Item = usize> + '_ {
+        self.0.iter().enumerate().filter_map(|(i, v)| {
+            let own = v.name.as_deref() == Some(super::token::TOKEN_VOLUME);
+            // One of the token volume's name is reported as that (foreign_token_volumes).
+            (v.projects_token && !v.is_token_volume && !own).then_some(i)
+        })
     }
 
     /// The indices of the entries named as the injection's token volume that are not it.

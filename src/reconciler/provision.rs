@@ -98,11 +98,15 @@ fn labels() -> Value {
     json!({"app.kubernetes.io/managed-by": "jobset-inplace", "app.kubernetes.io/name": "jobset-inplace-agent"})
 }
 
-/// The applied ServiceAccount.
+/// The applied ServiceAccount. Its token is never automounted (issue 34): a pod that runs as it
+/// gets the token in the agent container only, from the projected volume the webhook injects;
+/// a pod that names it without `automountServiceAccountToken: false` would otherwise hand the
+/// token, which may patch pods, to every container.
 pub fn service_account(namespace: &str, settings: &ProvisionSettings) -> Value {
     json!({
         "apiVersion": "v1", "kind": "ServiceAccount",
-        "metadata": {"name": settings.service_account, "namespace": namespace, "labels": labels()}
+        "metadata": {"name": settings.service_account, "namespace": namespace, "labels": labels()},
+        "automountServiceAccountToken": false
     })
 }
 
@@ -529,5 +533,12 @@ mod tests {
             service_account("a", &settings)["metadata"]["name"],
             "jobset-inplace-agent"
         );
+    }
+
+    /// Issue 34: the agent's account never automounts its token into a pod's containers.
+    #[test]
+    fn the_agent_account_does_not_automount_its_token() {
+        let sa = service_account("a", &ProvisionSettings::default());
+        assert_eq!(sa["automountServiceAccountToken"], false);
     }
 }

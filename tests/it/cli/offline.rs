@@ -505,3 +505,87 @@ fn kubectl_runs_the_binary_as_its_plugin() {
     );
     assert!(!said.contains("panicked"), "{said}");
 }
+
+/// The fields the webhook denies a review's JobSet by (mutate, then validate what it made, as the
+/// API server chains them), or none when both allow it.
+fn webhook_fields(case: &fixtures::Case) -> (bool, Vec<String>) {
+    use base64::Engine;
+    let causes = |response: &serde_json::Value| -> Vec<String> {
+        response["status"]["details"]["causes"]
+            .as_array()
+            .map(|c| {
+                c.iter()
+                    .filter_map(|c| c["field"].as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let reply = admission::review(Endpoint::Mutate, &case.body, &case.config);
+    let review: serde_json::Value = serde_json::from_slice(&reply.body).expect("json");
+    let response = &review["response"];
+    if response["allowed"] != true {
+        return (false, causes(response));
+    }
+    let mut request = case.request.clone();
+    if let Some(patch) = response["patch"].as_str() {
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(patch)
+            .expect("base64");
+        let patch: json_patch::Patch = serde_json::from_slice(&bytes).expect("patch");
+        json_patch::patch(&mut request["request"]["object"], &patch).expect("applies");
+    }
+    let body = serde_json::to_vec(&request).expect("json");
+    let reply = admission::review(Endpoint::Validate, &body, &case.config);
+    let review: serde_json::Value = serde_json::from_slice(&reply.body).expect("json");
+    (
+        review["response"]["allowed"] == true,
+        causes(&review["response"]),
+    )
+}
+
+/// Issue 34: `check` (inject, then validate) answers as the webhook does on each of the issue's
+/// pod templates: the agent's account named with the token's automounting unset or true, the
+/// token volume mounted by a worker, another token projected, a container named like the agent.
+#[test]
+fn check_agrees_with_the_webhook_on_whose_token_and_whose_name() {
+    let cases = [
+        "agent-account-named-token-unset",
+        "agent-account-deprecated-field-token-unset",
+        "agent-account-automounts-token",
+        "token-volume-mounted-by-worker",
+        "token-projected-for-agent-account",
+        "token-volume-name-taken",
+        "container-named-like-the-agent",
+    ];
+    let mut seen = 0;
+    for case in fixtures::admission_cases()
+        .into_iter()
+        .filter(|c| cases.contains(&c.name.as_str()))
+    {
+        seen += 1;
+        let (allowed, fields) = webhook_fields(&case);
+        let jobset = serde_saphyr::to_string(&case.request["request"]["object"]).expect("yaml");
+        let mut cmd = binary();
+        cmd.args(["check", "--output", "json", "-f", "-"]);
+        let out = run_with_stdin(cmd, jobset.as_bytes());
+        assert_eq!(
+            out.status.code(),
+            Some(if allowed { 0 } else { 1 }),
+            "{}: {out:?}",
+            case.name
+        );
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+        let item = &report[0];
+        assert_eq!(item["allowed"], allowed, "{}", case.name);
+        let got: Vec<String> = item["violations"]
+            .as_array()
+            .map(|v| {
+                v.iter()
+                    .filter_map(|v| v["field"].as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default();
+        assert_eq!(got, fields, "{}", case.name);
+    }
+    assert_eq!(seen, cases.len());
+}

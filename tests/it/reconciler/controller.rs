@@ -409,6 +409,35 @@ async fn malformed_annotation_is_a_warning_event() {
     .await;
 }
 
+/// Issue 34 item 4: a pod with an epoch of 2147483647 (any pod creator's label and annotation)
+/// failed the JobSet as past maxRestarts. Beyond what the protocol can reach, it is a malformed
+/// annotation now: a Warning, the pod skipped, the JobSet synced once it is fixed, never failed.
+#[tokio::test]
+async fn a_labelled_pod_with_an_epoch_beyond_reach_does_not_fail_the_jobset() {
+    bounded(async {
+        let w = World::new(Dialect::Epoch, &[(1, 2)], 10).await;
+        let _r = w.start("r1");
+        w.set_epoch(0, 1);
+        w.set_epoch(1, 2_147_483_647);
+        w.until("warning", |w| {
+            w.events().iter().any(|e| {
+                e["reason"] == "MalformedEpoch"
+                    && e["type"] == "Warning"
+                    && e["note"].as_str().is_some_and(|m| m.contains("can reach"))
+            })
+        })
+        .await;
+        w.quiet("the pod beyond reach").await;
+        assert_ne!(w.jobset()["status"]["terminalState"], "Failed");
+        assert!(!w.has_event("MaxRestartsExceeded"));
+        assert_eq!(w.synced(), None);
+        w.set_epoch(1, 1);
+        w.until("sync once fixed", |w| w.synced() == Some(1)).await;
+        assert_ne!(w.jobset()["status"]["terminalState"], "Failed");
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn max_restarts_by_epoch_and_by_restart_count() {
     bounded(async {
