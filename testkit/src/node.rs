@@ -142,6 +142,10 @@ pub struct NodeConfig {
     /// Every line of the node's log also appended here (the log in memory keeps the last
     /// 20,000): for measurements whose failures need the whole story.
     pub log_file: Option<PathBuf>,
+    /// Also run pods without an agent ([`run_plain_pod`]: a JobSet that is not injected, as
+    /// JobSet's own `Recreate` runs it), and delete for good the ended pods being deleted, as a
+    /// kubelet does. Off: such pods are left unrun (logged).
+    pub plain_pods: bool,
 }
 
 impl NodeConfig {
@@ -173,6 +177,7 @@ impl NodeConfig {
             calls_in_flight: 4,
             agent_env: Vec::new(),
             log_file: None,
+            plain_pods: false,
         }
     }
 }
@@ -502,6 +507,8 @@ async fn run(
         .default_backoff()
         .boxed();
     let mut bound: HashSet<String> = HashSet::new();
+    // The ended pods being deleted that this node deleted for good ([`NodeConfig::plain_pods`]).
+    let mut finished: HashSet<String> = HashSet::new();
     loop {
         let event = tokio::select! {
             changed = stop.changed() => {
@@ -543,6 +550,15 @@ async fn run(
                     running.remove(&name);
                 }
             }
+        }
+        let here = node.as_deref() == Some(shared.config.name.as_str());
+        if shared.config.plain_pods && here && terminal && deleting && !gone {
+            // Its containers ended with it; the kubelet's status manager deletes it for good.
+            if finished.insert(uid.clone()) {
+                let shared = shared.clone();
+                tokio::spawn(async move { delete_for_good(&shared, &name, &uid).await });
+            }
+            continue;
         }
         if deleting || terminal {
             continue;
@@ -694,6 +710,8 @@ struct PodState {
     initialized: bool,
     /// Condition type to (status, lastTransitionTime).
     conditions: BTreeMap<&'static str, (bool, Value)>,
+    /// The pod has the agent sidecar (an init container); without it, only the worker.
+    has_agent: bool,
 }
 
 impl PodState {
@@ -707,6 +725,7 @@ impl PodState {
             restarting: false,
             initialized: false,
             conditions: BTreeMap::new(),
+            has_agent: true,
         }
     }
 
@@ -728,9 +747,9 @@ impl PodState {
     fn json(&mut self) -> Value {
         let terminal = matches!(self.phase, "Failed" | "Succeeded");
         let worker_started = self.worker.state.get("waiting").is_none();
-        self.initialized |= self.agent.started || worker_started;
+        self.initialized |= self.agent.started || worker_started || !self.has_agent;
         let initialized = self.initialized;
-        let ready = self.agent.ready && self.worker.ready && !self.restarting;
+        let ready = (self.agent.ready || !self.has_agent) && self.worker.ready && !self.restarting;
         let conditions = vec![
             self.condition("PodReadyToStartContainers", !terminal),
             self.condition("Initialized", initialized),
@@ -745,7 +764,7 @@ impl PodState {
             "hostIP": LOOPBACK, "hostIPs": [{"ip": LOOPBACK}],
             "podIP": LOOPBACK, "podIPs": [{"ip": LOOPBACK}],
             "startTime": self.start_time,
-            "initContainerStatuses": [self.agent.json()],
+            "initContainerStatuses": if self.has_agent { vec![self.agent.json()] } else { Vec::new() },
             "containerStatuses": [self.worker.json()],
         })
     }
@@ -965,7 +984,12 @@ async fn run_pod(
         .to_owned();
     let spec = pod["spec"].clone();
     let Some(agent_spec) = recognise::agent(&spec).cloned() else {
-        shared.log(format!("{name}: no agent container; not run"));
+        let worker_spec = spec["containers"].get(0).cloned().unwrap_or(Value::Null);
+        if shared.config.plain_pods && !worker_spec.is_null() {
+            run_plain_pod(shared, name, uid, worker_spec, cmds, stop).await;
+        } else {
+            shared.log(format!("{name}: no agent container; not run"));
+        }
         return;
     };
     let is_sidecar = spec["initContainers"]
@@ -1110,18 +1134,7 @@ async fn run_pod(
                 st.phase = "Failed";
                 shared.view(&name, |v| v.ended = true);
                 status.write(&mut st, write_limit).await;
-                let params = DeleteParams {
-                    grace_period_seconds: Some(0),
-                    preconditions: Some(Preconditions {
-                        uid: Some(uid.clone()),
-                        resource_version: None,
-                    }),
-                    ..DeleteParams::default()
-                };
-                match shared.call(shared.pods().delete(&name, &params)).await {
-                    Ok(_) => shared.log(format!("{name}: deleted")),
-                    Err(e) => shared.log(format!("{name}: final delete: {e}")),
-                }
+                delete_for_good(&shared, &name, &uid).await;
                 return;
             }
             Exit::Agent(code) => {
@@ -1165,6 +1178,94 @@ async fn run_pod(
                 return;
             }
         }
+    }
+}
+
+/// The final delete of a pod whose containers are stopped (grace period 0, its UID as a
+/// precondition), as the kubelet's status manager does it.
+async fn delete_for_good(shared: &Shared, name: &str, uid: &str) {
+    let params = DeleteParams {
+        grace_period_seconds: Some(0),
+        preconditions: Some(Preconditions {
+            uid: Some(uid.to_owned()),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match shared.call(shared.pods().delete(name, &params)).await {
+        Ok(_) => shared.log(format!("{name}: deleted")),
+        Err(e) => shared.log(format!("{name}: final delete: {e}")),
+    }
+}
+
+/// A pod without an agent ([`NodeConfig::plain_pods`]): its one container, the worker, starts at
+/// once and runs until the test makes it exit ([`Node::exit_worker`]); any exit ends the pod
+/// (`restartPolicy: Never`: what comes next is the Job's and the JobSet's, e.g. JobSet's own
+/// `Recreate` with the Job's `backoffLimit: 0`). Deleted through the API, it is stopped, its
+/// terminal status written, and it is deleted for good.
+async fn run_plain_pod(
+    shared: Arc<Shared>,
+    name: String,
+    uid: String,
+    worker_spec: Value,
+    mut cmds: mpsc::UnboundedReceiver<Cmd>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let write_limit = shared.config.api_timeout * 5;
+    let mut st = PodState::new(&uid, &Value::Null, &worker_spec);
+    st.has_agent = false;
+    let mut status = StatusWriter::start(&shared, &name);
+    st.worker.run(&uid);
+    st.worker.started = true;
+    st.worker.ready = true;
+    st.phase = "Running";
+    let at = shared.started.elapsed();
+    shared.view(&name, |v| {
+        *v = PodView {
+            name: name.clone(),
+            uid: uid.clone(),
+            worker_running: true,
+            worker_starts: 1,
+            worker_runs: vec![(at, None)],
+            ..PodView::default()
+        };
+    });
+    status.set(&mut st);
+    shared.log(format!("{name}: no agent; worker started"));
+    let exit = loop {
+        tokio::select! {
+            changed = stop.changed() => {
+                if changed.is_err() || *stop.borrow() {
+                    break Exit::Stopped;
+                }
+            }
+            cmd = cmds.recv() => match cmd {
+                None => break Exit::Stopped,
+                Some(Cmd::Deleted) => break Exit::Deleted,
+                Some(Cmd::ExitWorker(code)) => break Exit::Worker(code),
+            },
+        }
+    };
+    let at = shared.started.elapsed();
+    shared.view(&name, |v| {
+        v.worker_stopped(at);
+        v.ended = true;
+    });
+    match exit {
+        Exit::Deleted => {
+            st.worker.terminate(143, "Error");
+            st.phase = "Failed";
+            status.write(&mut st, write_limit).await;
+            delete_for_good(&shared, &name, &uid).await;
+        }
+        Exit::Worker(code) => {
+            let reason = if code == 0 { "Completed" } else { "Error" };
+            st.worker.terminate(code, reason);
+            st.phase = if code == 0 { "Succeeded" } else { "Failed" };
+            shared.log(format!("{name}: worker exited {code}; the pod ends"));
+            status.write(&mut st, write_limit).await;
+        }
+        Exit::Stopped | Exit::Agent(_) => {}
     }
 }
 
