@@ -14,14 +14,15 @@
 # again with --kube-api-qps 200 --kube-api-burst 300 (JOBSET_INPLACE_REAL_SCALE_TUNED_ARGS).
 # For each size it prints one line `SCALE_RESULT {json}` (docs/benchmarks.md says what each
 # field is); the test's whole report goes to stderr. The other JOBSET_INPLACE_REAL_SCALE_*
-# variables of the test pass through (docs/testing.md).
+# variables of the test pass through (docs/testing.md). JOBSET_INPLACE_SCALE_PROFILE=dev builds
+# the test without --release (quick checks at small sizes; figures are taken --release).
 set -Eeuo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/.." && pwd)"
 
 usage() {
-  sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 }
 
@@ -52,10 +53,11 @@ trap 'exit 143' TERM
 "$here/control-plane.sh" up "$dir"
 
 cd "$repo"
+profile="${JOBSET_INPLACE_SCALE_PROFILE:-release}"
 # The test binary first, so that its build is not in the measurement's time.
-cargo test --release --test real_cluster --no-run >&2
+cargo test --profile "$profile" --test real_cluster --no-run >&2
 JOBSET_INPLACE_KUBECONFIG="$dir/kubeconfig" JOBSET_INPLACE_REAL_SCALE_SIZES="$sizes" \
-  setsid cargo test --release --test real_cluster measure_a_group_restart_on_the_real_api_server \
+  setsid cargo test --profile "$profile" --test real_cluster measure_a_group_restart_on_the_real_api_server \
   -- --ignored --exact --nocapture >"$dir/report" </dev/null &
 test_pid=$!
 rc=0
