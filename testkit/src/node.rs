@@ -901,15 +901,16 @@ async fn pod_kubeconfig(shared: &Shared, pod: &Value) -> Result<PathBuf, String>
     Ok(path)
 }
 
-/// A client from a pod's kubeconfig (its bound token), as the agent's `Client::try_default`
-/// builds one from `KUBECONFIG`.
+/// A client from a pod's kubeconfig (its bound token), as the agent's `agent::client` builds one
+/// from `KUBECONFIG`.
 async fn client_of(kubeconfig: &Path) -> Result<kube::Client, String> {
     let file = kube::config::Kubeconfig::read_from(kubeconfig).map_err(|e| e.to_string())?;
     let config =
         kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
             .await
             .map_err(|e| e.to_string())?;
-    kube::Client::try_from(config).map_err(|e| e.to_string())
+    // As the agent builds its own (`agent::client`): kube's retry layer off, the agent retries.
+    jobset_inplace::retry::client_without_retries(config).map_err(|e| e.to_string())
 }
 
 fn spawn_agent(
