@@ -463,3 +463,68 @@ pub(super) async fn measure_recreation(
         },
     ))
 }
+
+/// The `SCALE_RESULT` line's fields from two snapshots, without a cluster: requests and 429s
+/// counted in the window only, the agents' three requests per pod, the API server's CPU share,
+/// a process started again counted from its start; and this process's CPU is readable.
+#[test]
+fn a_scale_result_reads_its_window() {
+    let metrics = |get: f64, patch: f64, refused: f64, rejected: f64| ApiMetrics {
+        responses: BTreeMap::from([
+            ("GET pods 200".to_owned(), get),
+            ("GET pods 429".to_owned(), refused),
+            ("PATCH pods 200".to_owned(), patch),
+            (
+                "WATCH jobsetepochs.jobset-inplace.dev 200".to_owned(),
+                patch,
+            ),
+            ("PATCH pods/status 200".to_owned(), 50.0 * patch),
+        ]),
+        rejected: BTreeMap::from([
+            ("workload-low queue-full".to_owned(), rejected),
+            ("global-default queue-full".to_owned(), 7.0),
+        ]),
+        ..ApiMetrics::default()
+    };
+    let before = metrics(10.0, 10.0, 0.0, 0.0);
+    let after = metrics(110.0, 110.0, 20.0, 20.0);
+    let cpu_before = Cpu::from([
+        ("kube-apiserver".to_owned(), (7, 100.0)),
+        ("reconciler".to_owned(), (8, 50.0)),
+    ]);
+    let cpu_after = Cpu::from([
+        ("kube-apiserver".to_owned(), (7, 100.0 + 10.0 * cores())),
+        ("reconciler".to_owned(), (9, 2.0)),
+    ]);
+    let window = Window::between(
+        &before,
+        &after,
+        &cpu_before,
+        &cpu_after,
+        Duration::from_secs(20),
+    );
+    assert_eq!(
+        window.cpu["reconciler"], 2.0,
+        "started again: from its start"
+    );
+    let in_place = Measured {
+        seconds: 12.3456,
+        window,
+    };
+    let line = result(100, Some(&in_place), None, None);
+    assert_eq!(line["pods"], 100);
+    assert_eq!(line["in_place_s"], 12.346);
+    assert_eq!(line["recreate_default_s"], Value::Null);
+    assert_eq!(line["recreate_tuned_s"], Value::Null);
+    // (100 + 20 GETs, 100 registrations, 100 watches) / 100 pods.
+    assert_eq!(line["agent_requests_per_pod"], 3.2);
+    assert_eq!(line["responses_429"], 20.0);
+    assert_eq!(line["apf_rejected_agents"], 20.0);
+    assert_eq!(line["apiserver_cpu_share"], 0.5);
+    assert_eq!(
+        line["in_place"]["requests"]["PATCH pods/status 200"],
+        5000.0
+    );
+    assert!(cpu_ticks(std::process::id()).is_some());
+    assert!(clock_tick() > 0.0);
+}
