@@ -1366,6 +1366,67 @@ mod tests {
         pods
     }
 
+    /// A pod without an agent ([`NodeConfig::plain_pods`]): its worker runs at once; its exit
+    /// ends the pod (`Failed` written, no init container status); a pod deleted through the API
+    /// is stopped and deleted for good.
+    #[tokio::test]
+    async fn a_plain_pod_runs_its_worker_at_once_and_ends_with_it() {
+        use crate::apiserver::TestApiServer;
+        let server = TestApiServer::start().await;
+        let pods = create_pods(&server, &["a", "b"]).await;
+        let shared = shared_on(&server, 2);
+        let (_stop, stop) = watch::channel(false);
+        let worker = json!({"name": "worker", "image": "w:1"});
+        let mut runs = Vec::new();
+        let mut cmds = Vec::new();
+        for name in ["a", "b"] {
+            let uid = pods.get(name).await.expect("get").metadata.uid;
+            let (tx, rx) = mpsc::unbounded_channel();
+            runs.push(tokio::spawn(run_plain_pod(
+                shared.clone(),
+                name.to_owned(),
+                uid.unwrap_or_default(),
+                worker.clone(),
+                rx,
+                stop.clone(),
+            )));
+            cmds.push(tx);
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while lock(&shared.views)
+            .values()
+            .filter(|v| v.worker_running)
+            .count()
+            < 2
+        {
+            assert!(Instant::now() < deadline, "both workers run within 30 s");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let _ = cmds[0].send(Cmd::ExitWorker(1));
+        let _ = cmds[1].send(Cmd::Deleted);
+        for run in runs {
+            tokio::time::timeout(Duration::from_secs(30), run)
+                .await
+                .expect("the pods end within 30 s")
+                .expect("the pod's task");
+        }
+        let a = serde_json::to_value(pods.get("a").await.expect("get")).expect("json");
+        assert_eq!(a["status"]["phase"], "Failed", "{a:#}");
+        let worker = &a["status"]["containerStatuses"][0];
+        assert_eq!(worker["state"]["terminated"]["exitCode"], 1, "{a:#}");
+        assert!(
+            a["status"]["initContainerStatuses"]
+                .as_array()
+                .is_none_or(Vec::is_empty),
+            "{a:#}"
+        );
+        assert!(pods.get_opt("b").await.expect("get").is_none(), "b deleted");
+        let views = lock(&shared.views).clone();
+        assert!(views.values().all(|v| v.ended && !v.worker_running));
+        assert!(views.values().all(|v| v.worker_starts == 1));
+        server.shutdown().await;
+    }
+
     /// The kubelet's status manager writes a status until the API server has it: more failed
     /// tries than this node's writer once allowed (5) still end with the status written.
     #[tokio::test]
