@@ -143,16 +143,16 @@ impl Window {
         self.responses
             .iter()
             .filter(|(k, _)| k.starts_with(&prefix))
-            .map(|(_, n)| n)
-            .sum()
+            // (`sum` of no f64 is -0.)
+            .fold(0.0, |total, (_, n)| total + n)
     }
 
     fn responses_429(&self) -> f64 {
         self.responses
             .iter()
             .filter(|(k, _)| k.ends_with(" 429"))
-            .map(|(_, n)| n)
-            .sum()
+            // (`sum` of no f64 is -0.)
+            .fold(0.0, |total, (_, n)| total + n)
     }
 
     fn agents_rejected(&self) -> f64 {
@@ -160,8 +160,8 @@ impl Window {
         self.rejected
             .iter()
             .filter(|(k, _)| k.starts_with(&prefix))
-            .map(|(_, n)| n)
-            .sum()
+            // (`sum` of no f64 is -0.)
+            .fold(0.0, |total, (_, n)| total + n)
     }
 
     /// kube-apiserver's CPU over the window's wall time on all cores (1 is every core busy).
