@@ -149,17 +149,16 @@ pub fn check_restart_rule(answer: &Answer) -> Finding {
 
 /// The JobSet sent as a dry run: InPlaceRestart, as JobSet's own webhook wants it (backoffLimit
 /// MaxInt32, podReplacementPolicy Failed, completions = parallelism). `validation_probe` also
-/// runs its workers as the agent's account with the token mounted, which only our validating
-/// webhook refuses: its denial proves that validation is reached.
-pub fn probe_jobset(namespace: &str, validation_probe: Option<&str>) -> Value {
-    let mut pod_spec = json!({
-        "restartPolicy": "Never",
-        "containers": [{"name": "worker", "image": PROBE_IMAGE}]
-    });
-    if let Some(account) = validation_probe {
-        pod_spec["serviceAccountName"] = json!(account);
-        pod_spec["automountServiceAccountToken"] = json!(true);
+/// gives its worker `WORKER_COMMAND` (the main-container agent, which is not offered): the
+/// mutating webhook injects the sidecar all the same, and only our validating webhook refuses
+/// it, so its denial proves that validation is reached. (The agent's account with its token
+/// automounted, the probe before, is refused by the injection itself now.)
+pub fn probe_jobset(namespace: &str, validation_probe: bool) -> Value {
+    let mut worker = json!({"name": "worker", "image": PROBE_IMAGE});
+    if validation_probe {
+        worker["env"] = json!([{"name": "WORKER_COMMAND", "value": "true"}]);
     }
+    let pod_spec = json!({"restartPolicy": "Never", "containers": [worker]});
     json!({
         "apiVersion": crate::jobset::API_VERSION, "kind": crate::jobset::KIND,
         "metadata": {"name": PROBE_NAME, "namespace": namespace},
@@ -347,7 +346,7 @@ pub fn check_validation(answer: &JobSetAnswer) -> Finding {
             CHECK,
             Verdict::Ok,
             format!(
-                "{VALIDATE_WEBHOOK} is reached: it denied a JobSet that mounts the agent's token in every container (dry run)"
+                "{VALIDATE_WEBHOOK} is reached: it denied a JobSet whose worker asks for the main-container agent (dry run)"
             ),
         ),
         JobSetAnswer::Accepted(_) => Finding::new(
@@ -691,13 +690,13 @@ pub async fn run(client: &kube::Client, probe: &Probe) -> Vec<Finding> {
         &dry_run(pods.clone(), &restart_rule_pod(ns)).await,
     ));
     let jobsets: Api<JobSet> = Api::namespaced(client.clone(), ns);
-    let plain = classify(&dry_run(jobsets.clone(), &probe_jobset(ns, None)).await);
+    let plain = classify(&dry_run(jobsets.clone(), &probe_jobset(ns, false)).await);
     out.push(check_jobset_gate(&plain));
     out.push(check_injection(&plain));
     let refused = classify(
         &dry_run(
             jobsets,
-            &probe_jobset(ns, Some(&probe.agent_service_account)),
+            &probe_jobset(ns, true),
         )
         .await,
     );
@@ -854,12 +853,12 @@ mod tests {
         \"validate.jobset-inplace.dev\": failed to call webhook: Post \"https://x/validate\": \
         tls: failed to verify certificate: x509: certificate signed by unknown authority (500)";
     const DENIED: &str = "admission webhook \"validate.jobset-inplace.dev\" denied the request: \
-        spec.replicatedJobs[0].template.spec.template.spec.automountServiceAccountToken: ... (422)";
+        spec.replicatedJobs[0].template.spec.template.spec.containers[0].env[0]: ... (422)";
     const GATE_OFF: &str = "admission webhook \"vjobset.kb.io\" denied the request: InPlaceRestart \
         restart strategy cannot be set when InPlaceRestart feature gate is disabled (422)";
 
     fn injected() -> Value {
-        let mut js = probe_jobset("default", None);
+        let mut js = probe_jobset("default", false);
         let template = &mut js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"];
         template["metadata"] = json!({"annotations": {INJECTED_ANNOTATION: "0.1.0"}});
         template["spec"]["initContainers"] = json!([{"name": agent_env::CONTAINER_NAME}]);
@@ -894,7 +893,7 @@ mod tests {
     fn injection_passes_only_with_the_agent_and_the_stamp() {
         let ok = check_injection(&classify(&Ok(injected())));
         assert_eq!(ok.verdict, Verdict::Ok, "{}", ok.render());
-        let plain = check_injection(&classify(&Ok(probe_jobset("default", None))));
+        let plain = check_injection(&classify(&Ok(probe_jobset("default", false))));
         assert_eq!(plain.verdict, Verdict::Fail);
         assert!(
             plain.detail.contains("without the agent"),
