@@ -16,6 +16,10 @@
 #                                            (env PRODUCT_IMAGE_ARCHIVE: dist/'s OCI image archive)
 #   scripts/control-plane.sh install DIR [helm:]VARIANT   the same on the node of an `up DIR --node`
 #   scripts/control-plane.sh down DIR        stop what `up DIR` started, remove DIR
+#   scripts/control-plane.sh restart-controller-manager DIR [ARG...]
+#                                            start the kube-controller-manager of `up DIR` again
+#                                            with its flags of `up` and ARGs after them (e.g.
+#                                            --kube-api-qps 200 --kube-api-burst 300)
 #   scripts/control-plane.sh load-image DIR ARCHIVE   import a docker-archive or OCI archive
 #                                            into the node of `up DIR --node`
 #
@@ -48,6 +52,9 @@
 # JOBSET_INPLACE_APISERVER_EMULATED_VERSION=1.34 starts the API server as that older release
 # (`--emulated-version`: its APIs and feature gates; pass gates that release has, e.g.
 # JOBSET_INPLACE_APISERVER_FEATURE_GATES=ContainerRestartRules=true).
+# JOBSET_INPLACE_CONTROLLER_MANAGER_ARGS (split on blanks) is added to kube-controller-manager's
+# flags at `up`, e.g. "--kube-api-qps 200 --kube-api-burst 300" (its default client rate is 20
+# QPS, burst 30).
 #
 # Needs: go (>= the go.mods' versions; the module proxy or a filled module cache), openssl, curl,
 # kubectl; with --node also gcc (static libc), iproute2, nsenter, apt-get.
@@ -75,7 +82,7 @@ die() {
 }
 
 usage() {
-  sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 }
 
@@ -656,11 +663,17 @@ up() {
     controllers+=,root-ca-certificate-publisher-controller,node-lifecycle-controller,endpointslice-controller,endpoints-controller,deployment-controller,replicaset-controller
     node_controller_flags=(--node-monitor-grace-period 1h --node-startup-grace-period 1h)
   fi
-  start "$dir" kube-controller-manager "$bin/kube-controller-manager" \
+  local extra=()
+  read -r -a extra <<<"${JOBSET_INPLACE_CONTROLLER_MANAGER_ARGS:-}"
+  # Its command line, NUL-separated, for restart-controller-manager.
+  printf '%s\0' "$bin/kube-controller-manager" \
     --kubeconfig "$dir/kubeconfig" \
     --controllers "$controllers" "${node_controller_flags[@]}" \
     --service-account-private-key-file "$pki/sa.key" --root-ca-file "$pki/ca.crt" \
-    --leader-elect=false --secure-port 0 --profiling=false
+    --leader-elect=false --secure-port 0 --profiling=false >"$dir/kube-controller-manager.cmd"
+  local kcm=()
+  mapfile -d '' -t kcm <"$dir/kube-controller-manager.cmd"
+  start "$dir" kube-controller-manager "${kcm[@]}" "${extra[@]}"
   # Ready when the `default` service account of `default` exists (the serviceaccount controller
   # made it).
   wait_for "$dir" kube-controller-manager --cacert "$pki/ca.crt" --cert "$pki/admin.crt" \
@@ -846,6 +859,33 @@ install_wait() {
   done
 }
 
+# Stops DIR's kube-controller-manager (by its PID) and starts it again with the command line of
+# `up` and ARGs after it; ready when it has run for 2 s.
+restart_controller_manager() {
+  local dir="$1" pid
+  shift
+  [[ -f "$dir/kube-controller-manager.cmd" && -f "$dir/kube-controller-manager.pid" ]] ||
+    die "$dir: no kube-controller-manager of $0 up"
+  pid="$(cat "$dir/kube-controller-manager.pid")"
+  if kill -0 "$pid" 2>/dev/null; then
+    kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 1 100); do
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.1
+    done
+    kill -KILL "$pid" 2>/dev/null || true
+  fi
+  local kcm=()
+  mapfile -d '' -t kcm <"$dir/kube-controller-manager.cmd"
+  start "$dir" kube-controller-manager "${kcm[@]}" "$@"
+  sleep 2
+  alive "$dir" kube-controller-manager || {
+    tail -n 40 "$dir/kube-controller-manager.log" >&2 || true
+    die "kube-controller-manager exited after its restart"
+  }
+  echo "control-plane: kube-controller-manager started again${*:+ with $*}" >&2
+}
+
 down() {
   local dir="$1"
   [[ -d "$dir" ]] || return 0
@@ -898,6 +938,12 @@ case "${1:-}" in
     up "$dir" "$node" "$variant" "${addons[@]}"
     ;;
   down) [[ $# -eq 2 ]] || usage; down "$2" ;;
+  restart-controller-manager)
+    [[ $# -ge 2 ]] || usage
+    dir="$(cd "$2" && pwd)"
+    shift 2
+    restart_controller_manager "$dir" "$@"
+    ;;
   load-image) [[ $# -eq 3 ]] || usage; load_image "$2" "$3" ;;
   install)
     [[ $# -eq 3 && -f "$2/node.env" ]] || usage

@@ -44,6 +44,9 @@ use kube::core::{ApiResource, GroupVersionKind};
 use kube::{Client, Config};
 use serde_json::{Value, json};
 
+#[path = "real_cluster/scale.rs"]
+mod scale;
+
 const KUBECONFIG_ENV: &str = "JOBSET_INPLACE_KUBECONFIG";
 const REQUIRED_ENV: &str = "JOBSET_INPLACE_REAL_CLUSTER";
 /// Each test's whole budget (a cold API server answers its first requests slowly).
@@ -1722,6 +1725,8 @@ struct SupervisedReconciler {
     health: u16,
     logs: std::sync::Arc<std::sync::Mutex<Vec<PathBuf>>>,
     restarts: std::sync::Arc<std::sync::atomic::AtomicU32>,
+    /// The running reconciler's process (its CPU, for the scale measurement).
+    pid: std::sync::Arc<std::sync::atomic::AtomicU32>,
 }
 
 impl SupervisedReconciler {
@@ -1730,8 +1735,11 @@ impl SupervisedReconciler {
         let health = first.health;
         let logs = std::sync::Arc::new(std::sync::Mutex::new(vec![first.dir.path().join("log")]));
         let restarts = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let pid = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(
+            first.child.id().unwrap_or_default(),
+        ));
         let (cluster, identity) = (cluster.clone(), identity.to_owned());
-        let (task_logs, task_restarts) = (logs.clone(), restarts.clone());
+        let (task_logs, task_restarts, task_pid) = (logs.clone(), restarts.clone(), pid.clone());
         let task = tokio::spawn(async move {
             // Every run's directory is kept (its log) until the supervisor ends.
             let mut dirs = Vec::new();
@@ -1742,6 +1750,10 @@ impl SupervisedReconciler {
                 tokio::time::sleep(Duration::from_secs(10)).await;
                 run = Reconciler::start_with_lease(&cluster, &identity, duration, grace).await;
                 task_restarts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                task_pid.store(
+                    run.child.id().unwrap_or_default(),
+                    std::sync::atomic::Ordering::Relaxed,
+                );
                 if let Ok(mut logs) = task_logs.lock() {
                     logs.push(run.dir.path().join("log"));
                 }
@@ -1752,6 +1764,7 @@ impl SupervisedReconciler {
             health,
             logs,
             restarts,
+            pid,
         }
     }
 
@@ -1762,6 +1775,10 @@ impl SupervisedReconciler {
 
     fn restarts(&self) -> u32 {
         self.restarts.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn pid(&self) -> u32 {
+        self.pid.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Every run's log without the lease renewals, the last 80 lines.
@@ -3568,12 +3585,17 @@ async fn the_test_api_server_answers_as_the_real_one() {
 // ---------------------------------------------------------------------------------------------
 
 /// The counters of the API server's own `/metrics` this measurement reads: requests by verb and
-/// resource, watch events and their bytes by resource.
+/// resource (and by verb, resource and response code), watch events and their bytes by
+/// resource, API Priority and Fairness rejections by priority level and reason.
 #[derive(Clone, Debug, Default)]
 struct ApiMetrics {
     requests: std::collections::BTreeMap<String, f64>,
+    /// `VERB resource CODE`.
+    responses: std::collections::BTreeMap<String, f64>,
     watch_events: std::collections::BTreeMap<String, f64>,
     watch_bytes: std::collections::BTreeMap<String, f64>,
+    /// `priority_level reason` (`apiserver_flowcontrol_rejected_requests_total`).
+    rejected: std::collections::BTreeMap<String, f64>,
 }
 
 /// The labels of one metric line (`name{a="x",b="y"} value`) and its value.
@@ -3614,6 +3636,12 @@ async fn api_metrics(cluster: &Cluster) -> Result<ApiMetrics, String> {
             continue;
         };
         let label = |k: &str| labels.get(k).map(String::as_str).unwrap_or_default();
+        if name == "apiserver_flowcontrol_rejected_requests_total" {
+            *m.rejected
+                .entry(format!("{} {}", label("priority_level"), label("reason")))
+                .or_default() += value;
+            continue;
+        }
         let resource = match (label("group"), label("resource")) {
             (_, "") => continue,
             ("", r) => r.to_owned(),
@@ -3627,6 +3655,13 @@ async fn api_metrics(cluster: &Cluster) -> Result<ApiMetrics, String> {
                 };
                 *m.requests
                     .entry(format!("{} {resource}{sub}", label("verb")))
+                    .or_default() += value;
+                *m.responses
+                    .entry(format!(
+                        "{} {resource}{sub} {}",
+                        label("verb"),
+                        label("code")
+                    ))
                     .or_default() += value;
             }
             "apiserver_watch_events_total" => {
@@ -3655,7 +3690,10 @@ fn metrics_delta(
 /// One group restart of `pods` pods on the real control plane, measured from the API server's
 /// `/metrics`; the pods run on the test kit's node with the agents in-process on the admin's
 /// client (one process, no token per pod: a measurement of load, not of rights).
-async fn measure_group_restart(cluster: &Cluster, pods: usize) -> Result<String, String> {
+async fn measure_group_restart(
+    cluster: &Cluster,
+    pods: usize,
+) -> Result<(String, scale::Measured), String> {
     use jobset_inplace_testkit::node::{Node, NodeAgents, NodeConfig};
     let ns = TestNamespace::create(cluster, &format!("rc-scale{pods}")).await;
     let jobsets = jobset_api(&cluster.client, &ns.name);
@@ -3754,6 +3792,7 @@ async fn measure_group_restart(cluster: &Cluster, pods: usize) -> Result<String,
     // Quiet: the controllers' writes after the start end.
     tokio::time::sleep(Duration::from_secs(5)).await;
     let before = api_metrics(cluster).await?;
+    let cpu_before = scale::cpu(cluster, Some(reconciler.pid()));
     let failing = node
         .pods()
         .first()
@@ -3793,9 +3832,14 @@ async fn measure_group_restart(cluster: &Cluster, pods: usize) -> Result<String,
     }
     tokio::time::sleep(Duration::from_secs(5)).await;
     let after = api_metrics(cluster).await?;
+    let cpu_after = scale::cpu(cluster, Some(reconciler.pid()));
     // The same time again with nothing happening: what runs anyway (bookmarks, leases, the
     // controllers' resyncs), to read the restart's figures against.
     let window = failed_at_wall.elapsed();
+    let measured = scale::Measured {
+        seconds: took.as_secs_f64(),
+        window: scale::Window::between(&before, &after, &cpu_before, &cpu_after, window),
+    };
     tokio::time::sleep(window).await;
     let idle = api_metrics(cluster).await?;
 
@@ -3887,7 +3931,7 @@ async fn measure_group_restart(cluster: &Cluster, pods: usize) -> Result<String,
     if let Err(e) = gone {
         out.push_str(&format!("{pods:>6} pods: cleanup: {e}\n"));
     }
-    Ok(out)
+    Ok((out, measured))
 }
 
 /// The in-process agents' warnings logged since `seen` bytes of the log, counted by message.
@@ -3916,7 +3960,15 @@ fn agent_warnings(path: &Path, pods: usize, seen: &mut usize) -> String {
 /// `JOBSET_INPLACE_REAL_SCALE_SIZES` (default `100,500`) pods, one group restart each, against
 /// the real control plane: per pod, the API requests by verb and resource and the watch events
 /// and bytes by resource that the API server counted (everyone's: agents, node, reconciler, Job
-/// and JobSet controllers). `cargo test --test real_cluster -- --ignored --nocapture`.
+/// and JobSet controllers). `cargo test --test real_cluster -- --ignored --nocapture`, or
+/// `scripts/scale.sh SIZES`, which also brings the control plane up and down.
+///
+/// Then, on a control plane of `scripts/control-plane.sh up` (its directory holds the
+/// kubeconfig) and unless `JOBSET_INPLACE_REAL_SCALE_SKIP_RECREATE=1`, JobSet's own recreation
+/// of the same JobSet at each size ([`scale::measure_recreation`]), with kube-controller-manager
+/// as `up` starts it and again with `JOBSET_INPLACE_REAL_SCALE_TUNED_ARGS` (default
+/// `--kube-api-qps 200 --kube-api-burst 300`; it is started again as it was afterwards). For
+/// each size one line `SCALE_RESULT {json}` ([`scale::result`]).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a measurement: minutes, and many pods on the control plane"]
 async fn measure_a_group_restart_on_the_real_api_server() {
@@ -3945,16 +3997,19 @@ async fn measure_a_group_restart_on_the_real_api_server() {
     );
     let mut failed = Vec::new();
     let mut seen = 0;
-    for pods in sizes
+    let sizes: Vec<usize> = sizes
         .split(',')
         .filter_map(|s| s.trim().parse::<usize>().ok())
-    {
+        .collect();
+    let mut in_place = std::collections::BTreeMap::new();
+    for &pods in &sizes {
         let limit = Duration::from_secs(600 + pods as u64);
         match tokio::time::timeout(limit, measure_group_restart(&cluster, pods)).await {
-            Ok(Ok(table)) => {
+            Ok(Ok((table, measured))) => {
                 eprint!("{table}");
                 report.push_str(&table);
                 report.push_str(&agent_warnings(&agent_log, pods, &mut seen));
+                in_place.insert(pods, measured);
             }
             Ok(Err(e)) => failed.push(format!("{pods} pods: {e}")),
             Err(_) => failed.push(format!("{pods} pods: not within {limit:?}")),
@@ -3962,7 +4017,13 @@ async fn measure_a_group_restart_on_the_real_api_server() {
     }
     webhook.stop().await;
     delete_webhook_configurations(&cluster).await;
+    let recreations = scale::recreations(&cluster, &sizes, &mut failed).await;
     println!("{report}");
+    for &pods in &sizes {
+        let (default, tuned) = recreations.get(&pods).cloned().unwrap_or_default();
+        let line = scale::result(pods, in_place.get(&pods), default.as_ref(), tuned.as_ref());
+        println!("SCALE_RESULT {line}");
+    }
     assert!(failed.is_empty(), "{}", failed.join("\n"));
 }
 

@@ -159,9 +159,10 @@ pub async fn bind_barrier(port: u16) -> Result<TcpListener, Error> {
 }
 
 /// The Kubernetes client: `AGENT_API_URL` when set, else the in-cluster config (or a
-/// kubeconfig, as `kube::Client::try_default` infers).
+/// kubeconfig, as `kube::Config::infer` finds). kube's retry layer is off: the agent owns its
+/// retries, waiting a `Retry-After` stretched at random ([`crate::retry::client_without_retries`]).
 pub async fn client(config: &AgentConfig) -> Result<kube::Client, Error> {
-    match &config.api_url {
+    let c = match &config.api_url {
         Some(url) => {
             let uri: hyper::Uri = url.parse().map_err(Error::ApiUrl)?;
             let plain = uri.scheme_str() == Some("http");
@@ -171,10 +172,13 @@ pub async fn client(config: &AgentConfig) -> Result<kube::Client, Error> {
                 // No TLS over http://: skip loading the platform's roots.
                 c.root_cert = Some(Vec::new());
             }
-            kube::Client::try_from(c).map_err(Error::Client)
+            c
         }
-        None => kube::Client::try_default().await.map_err(Error::Client),
-    }
+        None => kube::Config::infer()
+            .await
+            .map_err(|e| Error::Client(kube::Error::InferConfig(e)))?,
+    };
+    crate::retry::client_without_retries(c).map_err(Error::Client)
 }
 
 /// SIGTERM and SIGINT as a stream.

@@ -599,9 +599,10 @@ impl Backoff {
         self.0.reset();
     }
 
-    /// Sleeps the next delay, or what the server asked for (`Retry-After`) when longer.
+    /// Sleeps the next delay, or what the server asked for (`Retry-After`, stretched at random
+    /// so that agents refused together come back apart) when longer.
     async fn wait(&mut self, server: Option<Duration>) {
-        let delay = crate::retry::delay(self.0.advance(), server);
+        let delay = self.0.after(server);
         if server.is_some() {
             tracing::debug!(?delay, "the API server asked to retry later");
         }

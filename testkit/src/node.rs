@@ -142,6 +142,10 @@ pub struct NodeConfig {
     /// Every line of the node's log also appended here (the log in memory keeps the last
     /// 20,000): for measurements whose failures need the whole story.
     pub log_file: Option<PathBuf>,
+    /// Also run pods without an agent ([`run_plain_pod`]: a JobSet that is not injected, as
+    /// JobSet's own `Recreate` runs it), and delete for good the ended pods being deleted, as a
+    /// kubelet does. Off: such pods are left unrun (logged).
+    pub plain_pods: bool,
 }
 
 impl NodeConfig {
@@ -173,6 +177,7 @@ impl NodeConfig {
             calls_in_flight: 4,
             agent_env: Vec::new(),
             log_file: None,
+            plain_pods: false,
         }
     }
 }
@@ -502,6 +507,8 @@ async fn run(
         .default_backoff()
         .boxed();
     let mut bound: HashSet<String> = HashSet::new();
+    // The ended pods being deleted that this node deleted for good ([`NodeConfig::plain_pods`]).
+    let mut finished: HashSet<String> = HashSet::new();
     loop {
         let event = tokio::select! {
             changed = stop.changed() => {
@@ -543,6 +550,15 @@ async fn run(
                     running.remove(&name);
                 }
             }
+        }
+        let here = node.as_deref() == Some(shared.config.name.as_str());
+        if shared.config.plain_pods && here && terminal && deleting && !gone {
+            // Its containers ended with it; the kubelet's status manager deletes it for good.
+            if finished.insert(uid.clone()) {
+                let shared = shared.clone();
+                tokio::spawn(async move { delete_for_good(&shared, &name, &uid).await });
+            }
+            continue;
         }
         if deleting || terminal {
             continue;
@@ -694,6 +710,8 @@ struct PodState {
     initialized: bool,
     /// Condition type to (status, lastTransitionTime).
     conditions: BTreeMap<&'static str, (bool, Value)>,
+    /// The pod has the agent sidecar (an init container); without it, only the worker.
+    has_agent: bool,
 }
 
 impl PodState {
@@ -707,6 +725,7 @@ impl PodState {
             restarting: false,
             initialized: false,
             conditions: BTreeMap::new(),
+            has_agent: true,
         }
     }
 
@@ -728,9 +747,9 @@ impl PodState {
     fn json(&mut self) -> Value {
         let terminal = matches!(self.phase, "Failed" | "Succeeded");
         let worker_started = self.worker.state.get("waiting").is_none();
-        self.initialized |= self.agent.started || worker_started;
+        self.initialized |= self.agent.started || worker_started || !self.has_agent;
         let initialized = self.initialized;
-        let ready = self.agent.ready && self.worker.ready && !self.restarting;
+        let ready = (self.agent.ready || !self.has_agent) && self.worker.ready && !self.restarting;
         let conditions = vec![
             self.condition("PodReadyToStartContainers", !terminal),
             self.condition("Initialized", initialized),
@@ -745,7 +764,7 @@ impl PodState {
             "hostIP": LOOPBACK, "hostIPs": [{"ip": LOOPBACK}],
             "podIP": LOOPBACK, "podIPs": [{"ip": LOOPBACK}],
             "startTime": self.start_time,
-            "initContainerStatuses": [self.agent.json()],
+            "initContainerStatuses": if self.has_agent { vec![self.agent.json()] } else { Vec::new() },
             "containerStatuses": [self.worker.json()],
         })
     }
@@ -882,15 +901,16 @@ async fn pod_kubeconfig(shared: &Shared, pod: &Value) -> Result<PathBuf, String>
     Ok(path)
 }
 
-/// A client from a pod's kubeconfig (its bound token), as the agent's `Client::try_default`
-/// builds one from `KUBECONFIG`.
+/// A client from a pod's kubeconfig (its bound token), as the agent's `agent::client` builds one
+/// from `KUBECONFIG`.
 async fn client_of(kubeconfig: &Path) -> Result<kube::Client, String> {
     let file = kube::config::Kubeconfig::read_from(kubeconfig).map_err(|e| e.to_string())?;
     let config =
         kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
             .await
             .map_err(|e| e.to_string())?;
-    kube::Client::try_from(config).map_err(|e| e.to_string())
+    // As the agent builds its own (`agent::client`): kube's retry layer off, the agent retries.
+    jobset_inplace::retry::client_without_retries(config).map_err(|e| e.to_string())
 }
 
 fn spawn_agent(
@@ -965,7 +985,12 @@ async fn run_pod(
         .to_owned();
     let spec = pod["spec"].clone();
     let Some(agent_spec) = recognise::agent(&spec).cloned() else {
-        shared.log(format!("{name}: no agent container; not run"));
+        let worker_spec = spec["containers"].get(0).cloned().unwrap_or(Value::Null);
+        if shared.config.plain_pods && !worker_spec.is_null() {
+            run_plain_pod(shared, name, uid, worker_spec, cmds, stop).await;
+        } else {
+            shared.log(format!("{name}: no agent container; not run"));
+        }
         return;
     };
     let is_sidecar = spec["initContainers"]
@@ -1110,18 +1135,7 @@ async fn run_pod(
                 st.phase = "Failed";
                 shared.view(&name, |v| v.ended = true);
                 status.write(&mut st, write_limit).await;
-                let params = DeleteParams {
-                    grace_period_seconds: Some(0),
-                    preconditions: Some(Preconditions {
-                        uid: Some(uid.clone()),
-                        resource_version: None,
-                    }),
-                    ..DeleteParams::default()
-                };
-                match shared.call(shared.pods().delete(&name, &params)).await {
-                    Ok(_) => shared.log(format!("{name}: deleted")),
-                    Err(e) => shared.log(format!("{name}: final delete: {e}")),
-                }
+                delete_for_good(&shared, &name, &uid).await;
                 return;
             }
             Exit::Agent(code) => {
@@ -1165,6 +1179,94 @@ async fn run_pod(
                 return;
             }
         }
+    }
+}
+
+/// The final delete of a pod whose containers are stopped (grace period 0, its UID as a
+/// precondition), as the kubelet's status manager does it.
+async fn delete_for_good(shared: &Shared, name: &str, uid: &str) {
+    let params = DeleteParams {
+        grace_period_seconds: Some(0),
+        preconditions: Some(Preconditions {
+            uid: Some(uid.to_owned()),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match shared.call(shared.pods().delete(name, &params)).await {
+        Ok(_) => shared.log(format!("{name}: deleted")),
+        Err(e) => shared.log(format!("{name}: final delete: {e}")),
+    }
+}
+
+/// A pod without an agent ([`NodeConfig::plain_pods`]): its one container, the worker, starts at
+/// once and runs until the test makes it exit ([`Node::exit_worker`]); any exit ends the pod
+/// (`restartPolicy: Never`: what comes next is the Job's and the JobSet's, e.g. JobSet's own
+/// `Recreate` with the Job's `backoffLimit: 0`). Deleted through the API, it is stopped, its
+/// terminal status written, and it is deleted for good.
+async fn run_plain_pod(
+    shared: Arc<Shared>,
+    name: String,
+    uid: String,
+    worker_spec: Value,
+    mut cmds: mpsc::UnboundedReceiver<Cmd>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let write_limit = shared.config.api_timeout * 5;
+    let mut st = PodState::new(&uid, &Value::Null, &worker_spec);
+    st.has_agent = false;
+    let mut status = StatusWriter::start(&shared, &name);
+    st.worker.run(&uid);
+    st.worker.started = true;
+    st.worker.ready = true;
+    st.phase = "Running";
+    let at = shared.started.elapsed();
+    shared.view(&name, |v| {
+        *v = PodView {
+            name: name.clone(),
+            uid: uid.clone(),
+            worker_running: true,
+            worker_starts: 1,
+            worker_runs: vec![(at, None)],
+            ..PodView::default()
+        };
+    });
+    status.set(&mut st);
+    shared.log(format!("{name}: no agent; worker started"));
+    let exit = loop {
+        tokio::select! {
+            changed = stop.changed() => {
+                if changed.is_err() || *stop.borrow() {
+                    break Exit::Stopped;
+                }
+            }
+            cmd = cmds.recv() => match cmd {
+                None => break Exit::Stopped,
+                Some(Cmd::Deleted) => break Exit::Deleted,
+                Some(Cmd::ExitWorker(code)) => break Exit::Worker(code),
+            },
+        }
+    };
+    let at = shared.started.elapsed();
+    shared.view(&name, |v| {
+        v.worker_stopped(at);
+        v.ended = true;
+    });
+    match exit {
+        Exit::Deleted => {
+            st.worker.terminate(143, "Error");
+            st.phase = "Failed";
+            status.write(&mut st, write_limit).await;
+            delete_for_good(&shared, &name, &uid).await;
+        }
+        Exit::Worker(code) => {
+            let reason = if code == 0 { "Completed" } else { "Error" };
+            st.worker.terminate(code, reason);
+            st.phase = if code == 0 { "Succeeded" } else { "Failed" };
+            shared.log(format!("{name}: worker exited {code}; the pod ends"));
+            status.write(&mut st, write_limit).await;
+        }
+        Exit::Stopped | Exit::Agent(_) => {}
     }
 }
 
@@ -1262,6 +1364,67 @@ mod tests {
                 .expect("create");
         }
         pods
+    }
+
+    /// A pod without an agent ([`NodeConfig::plain_pods`]): its worker runs at once; its exit
+    /// ends the pod (`Failed` written, no init container status); a pod deleted through the API
+    /// is stopped and deleted for good.
+    #[tokio::test]
+    async fn a_plain_pod_runs_its_worker_at_once_and_ends_with_it() {
+        use crate::apiserver::TestApiServer;
+        let server = TestApiServer::start().await;
+        let pods = create_pods(&server, &["a", "b"]).await;
+        let shared = shared_on(&server, 2);
+        let (_stop, stop) = watch::channel(false);
+        let worker = json!({"name": "worker", "image": "w:1"});
+        let mut runs = Vec::new();
+        let mut cmds = Vec::new();
+        for name in ["a", "b"] {
+            let uid = pods.get(name).await.expect("get").metadata.uid;
+            let (tx, rx) = mpsc::unbounded_channel();
+            runs.push(tokio::spawn(run_plain_pod(
+                shared.clone(),
+                name.to_owned(),
+                uid.unwrap_or_default(),
+                worker.clone(),
+                rx,
+                stop.clone(),
+            )));
+            cmds.push(tx);
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while lock(&shared.views)
+            .values()
+            .filter(|v| v.worker_running)
+            .count()
+            < 2
+        {
+            assert!(Instant::now() < deadline, "both workers run within 30 s");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let _ = cmds[0].send(Cmd::ExitWorker(1));
+        let _ = cmds[1].send(Cmd::Deleted);
+        for run in runs {
+            tokio::time::timeout(Duration::from_secs(30), run)
+                .await
+                .expect("the pods end within 30 s")
+                .expect("the pod's task");
+        }
+        let a = serde_json::to_value(pods.get("a").await.expect("get")).expect("json");
+        assert_eq!(a["status"]["phase"], "Failed", "{a:#}");
+        let worker = &a["status"]["containerStatuses"][0];
+        assert_eq!(worker["state"]["terminated"]["exitCode"], 1, "{a:#}");
+        assert!(
+            a["status"]["initContainerStatuses"]
+                .as_array()
+                .is_none_or(Vec::is_empty),
+            "{a:#}"
+        );
+        assert!(pods.get_opt("b").await.expect("get").is_none(), "b deleted");
+        let views = lock(&shared.views).clone();
+        assert!(views.values().all(|v| v.ended && !v.worker_running));
+        assert!(views.values().all(|v| v.worker_starts == 1));
+        server.shutdown().await;
     }
 
     /// The kubelet's status manager writes a status until the API server has it: more failed

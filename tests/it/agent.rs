@@ -386,17 +386,16 @@ async fn failed_and_conflicting_writes_are_retried() {
     assert!(server.counters().get(Verb::Patch, "pods") >= 4);
 }
 
-/// A 429 that reaches the agent (here kube's own retries are off) is retried after the
-/// `Retry-After` the server asked for, not after the agent's shorter backoff.
+/// A 429 that reaches the agent (on the agent's own client: kube's retries off) is retried after
+/// the `Retry-After` the server asked for (stretched at random up to 1.5 times), not after the
+/// agent's shorter backoff.
 #[tokio::test]
 async fn throttled_requests_wait_for_retry_after() {
     let server = TestApiServer::start().await;
     create_jobset(&server, jobset("InPlaceRestart"));
     server.create("pods", pod("p0")).expect("pod");
     server.throttle_next(1, Verb::Patch, "pods", 1);
-    let mut config = server.config();
-    config.default_retry = false;
-    let client = kube::Client::try_from(config).expect("client");
+    let client = jobset_inplace::retry::client_without_retries(server.config()).expect("client");
     let (tx, barrier) = watch::channel(BarrierState::default());
     let task = tokio::spawn(agent::run_agent(
         client,
