@@ -447,6 +447,20 @@ fn all_running(pod: &Pod) -> bool {
         && status.phase.as_deref() == Some("Running")
 }
 
+/// The pods that are neither terminating nor ended, by name.
+fn live_of(pods: Vec<Pod>) -> BTreeMap<String, Pod> {
+    pods.into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter(|p| {
+            !matches!(
+                p.status.as_ref().and_then(|s| s.phase.as_deref()),
+                Some("Failed" | "Succeeded")
+            )
+        })
+        .map(|p| (p.metadata.name.clone().unwrap_or_default(), p))
+        .collect()
+}
+
 fn condition(pod: &Pod, type_: &str) -> Option<String> {
     pod.status
         .as_ref()?
@@ -1262,18 +1276,7 @@ impl Run {
             .list(&ListParams::default().labels("jobset.sigs.k8s.io/jobset-name=train"))
             .await
             .map_err(|e| e.to_string())?;
-        Ok(list
-            .items
-            .into_iter()
-            .filter(|p| p.metadata.deletion_timestamp.is_none())
-            .filter(|p| {
-                !matches!(
-                    p.status.as_ref().and_then(|s| s.phase.as_deref()),
-                    Some("Failed" | "Succeeded")
-                )
-            })
-            .map(|p| (p.metadata.name.clone().unwrap_or_default(), p))
-            .collect())
+        Ok(live_of(list.items))
     }
 
     /// Waits until `size` pods run every container, all at one epoch (above `above` when
@@ -1937,18 +1940,7 @@ async fn workers_running_since(
                 .list(&ListParams::default().labels(selector))
                 .await
                 .map_err(|e| e.to_string())?;
-            let live: BTreeMap<String, Pod> = list
-                .items
-                .into_iter()
-                .filter(|p| p.metadata.deletion_timestamp.is_none())
-                .filter(|p| {
-                    !matches!(
-                        p.status.as_ref().and_then(|s| s.phase.as_deref()),
-                        Some("Failed" | "Succeeded")
-                    )
-                })
-                .map(|p| (p.metadata.name.clone().unwrap_or_default(), p))
-                .collect();
+            let live = live_of(list.items);
             if live.len() != size {
                 return Err(format!("{} live pods", live.len()));
             }

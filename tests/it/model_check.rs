@@ -305,6 +305,26 @@ fn a_reconciler_that_never_deprecates_is_caught() {
     );
 }
 
+/// Two pods start, register, the reconciler syncs the first epoch and both workers run: the
+/// first steps of the traces below (agents that read the JobSet: nothing is published).
+const FIRST_SYNC_WATCHING_THE_JOBSET: [Action; 15] = [
+    Action::ReconcilerRelistsPods,
+    Action::ReconcilerSeesJobSet,
+    Action::AgentReads(0),
+    Action::AgentRegisters(0),
+    Action::AgentReads(1),
+    Action::AgentRegisters(1),
+    Action::ReconcilerPodWatchDelivers,
+    Action::ReconcilerPodWatchDelivers,
+    Action::ReconcilerDecides,
+    Action::AgentWatchDelivers(0),
+    Action::AgentDecides(0),
+    Action::KubeletStartsWorker(0),
+    Action::AgentWatchDelivers(1),
+    Action::AgentDecides(1),
+    Action::KubeletStartsWorker(1),
+];
+
 /// Early failure detection that trusts any `AllContainersRestarting=True` at the synced epoch:
 /// a condition whose `False` lands after the pod's new agent registered the next epoch (the
 /// kubelet's status write is late) starts a second group restart with no failure behind it.
@@ -321,24 +341,10 @@ fn early_detection_without_arming_is_caught() {
 #[test]
 fn early_detection_deprecates_before_the_failed_pod_registers() {
     let model = ProtocolModel::new(early(config(Dialect::Epoch, 2, 1, 0)));
-    let first_sync = [
-        Action::ReconcilerRelistsPods,
-        Action::ReconcilerSeesJobSet,
-        Action::ReconcilerPublishes,
-        Action::AgentReads(0),
-        Action::AgentRegisters(0),
-        Action::AgentReads(1),
-        Action::AgentRegisters(1),
-        Action::ReconcilerPodWatchDelivers,
-        Action::ReconcilerPodWatchDelivers,
-        Action::ReconcilerDecides,
-        Action::AgentWatchDelivers(0),
-        Action::AgentDecides(0),
-        Action::KubeletStartsWorker(0),
-        Action::AgentWatchDelivers(1),
-        Action::AgentDecides(1),
-        Action::KubeletStartsWorker(1),
-    ];
+    // The first sync of the regression trace below, with the epochs published (agents read
+    // the JobSetEpoch here, the JobSet there).
+    let mut first_sync = FIRST_SYNC_WATCHING_THE_JOBSET.to_vec();
+    first_sync.insert(2, Action::ReconcilerPublishes);
     let failure = [
         Action::WorkerCrashes(0),
         Action::KubeletWritesCondition(0),
@@ -438,22 +444,8 @@ fn regression_wipe_then_lost_node_restarts_every_pod() {
         1,
         "safety 2: no new worker runs beside one that owes a restart",
     );
-    let trace = [
-        Action::ReconcilerRelistsPods,
-        Action::ReconcilerSeesJobSet,
-        Action::AgentReads(0),
-        Action::AgentRegisters(0),
-        Action::AgentReads(1),
-        Action::AgentRegisters(1),
-        Action::ReconcilerPodWatchDelivers,
-        Action::ReconcilerPodWatchDelivers,
-        Action::ReconcilerDecides,
-        Action::AgentWatchDelivers(0),
-        Action::AgentDecides(0),
-        Action::KubeletStartsWorker(0),
-        Action::AgentWatchDelivers(1),
-        Action::AgentDecides(1),
-        Action::KubeletStartsWorker(1),
+    let mut trace = FIRST_SYNC_WATCHING_THE_JOBSET.to_vec();
+    trace.extend([
         Action::StatusWiped,
         Action::NodeLost(1),
         Action::JobControllerReplaces(1),
@@ -469,7 +461,7 @@ fn regression_wipe_then_lost_node_restarts_every_pod() {
         Action::AgentWatchDelivers(0),
         Action::AgentDecides(0),
         Action::KubeletStartsWorker(2),
-    ];
+    ]);
     let mut old = watching_the_jobset(config(Dialect::Epoch, 2, 1, 1));
     old.variant = Variant::ReconcilerWithoutMemory;
     let old = ProtocolModel::new(old);
