@@ -693,13 +693,7 @@ pub async fn run(client: &kube::Client, probe: &Probe) -> Vec<Finding> {
     let plain = classify(&dry_run(jobsets.clone(), &probe_jobset(ns, false)).await);
     out.push(check_jobset_gate(&plain));
     out.push(check_injection(&plain));
-    let refused = classify(
-        &dry_run(
-            jobsets,
-            &probe_jobset(ns, true),
-        )
-        .await,
-    );
+    let refused = classify(&dry_run(jobsets, &probe_jobset(ns, true)).await);
     out.push(check_validation(&refused));
     if let Some(pull) = &probe.pull {
         out.push(pull_check(&pods, ns, pull).await);
