@@ -346,6 +346,8 @@ pub fn epoch(data: &[u8]) {
             epoch_annotation: annotation,
             max_restart_count: (i % 3) as i32,
             counted_in_last_sync: false,
+            // Early failure detection: some pods' restart has begun at their epoch.
+            restart_begun: i % 4 == 3,
             ..PodView::default()
         });
     }
@@ -378,14 +380,22 @@ pub fn epoch(data: &[u8]) {
             last_deprecated: None,
         };
         let decision = protocol::reconcile_decide(&input);
+        // An epoch counts when it parses and is within what the protocol can reach (issue 34);
+        // one beyond reach is malformed, like one that does not parse.
+        let reach = protocol::reachable_epoch(&input);
         let counted: Vec<&PodView> = pods
             .iter()
             .filter(|p| !p.failed && !p.terminating)
             .collect();
+        let valid = |a: &str| {
+            protocol::parse_epoch(a)
+                .ok()
+                .filter(|e| i64::from(*e) <= reach)
+        };
         let epochs: Vec<protocol::Epoch> = counted
             .iter()
             .filter_map(|p| p.epoch_annotation.as_deref())
-            .filter_map(|a| protocol::parse_epoch(a).ok())
+            .filter_map(valid)
             .collect();
         assert_eq!(decision.registered, epochs.len());
         assert_eq!(decision.max_epoch, epochs.iter().copied().max());
@@ -394,9 +404,15 @@ pub fn epoch(data: &[u8]) {
             counted
                 .iter()
                 .filter_map(|p| p.epoch_annotation.as_deref())
-                .filter(|a| protocol::parse_epoch(a).is_err())
+                .filter(|a| valid(a).is_none())
                 .count()
         );
+        for m in &decision.malformed {
+            assert!(
+                m.error.to_string().chars().count() <= 64 * 10 + 200,
+                "{m:?}"
+            );
+        }
         if decision.fail.is_some() {
             assert!(decision.change.is_empty(), "{decision:?}");
         }
@@ -405,6 +421,10 @@ pub fn epoch(data: &[u8]) {
             assert!(status.deprecated.is_none_or(|old| d > old), "{decision:?}");
             assert!(d >= dialect.first_epoch());
             assert!(decision.pods_to_restart <= decision.registered);
+        }
+        if let Some(pod) = &decision.early {
+            assert_eq!(decision.change.deprecated, status.synced, "{decision:?}");
+            assert!(pods.iter().any(|p| &p.name == pod && p.restart_begun));
         }
         if let Some(s) = decision.change.synced {
             assert!(status.synced.is_none_or(|old| s > old), "{decision:?}");
