@@ -7,8 +7,13 @@
 #
 #   scripts/control-plane.sh build [--node] [--with kueue,trainer]
 #                                            build the binaries once (cached)
-#   scripts/control-plane.sh up DIR [--node [--install [helm:]VARIANT]] [--with kueue,trainer]
+#   scripts/control-plane.sh up DIR [--node [--nodes N] [--taint] [--install [helm:]VARIANT]]
+#                                [--with kueue,trainer]
 #                                            build if needed, start everything, write DIR/kubeconfig;
+#                                            --node: one real node, --nodes N: N of them (names in
+#                                            DIR/node.env NODES); --taint: taint them NoSchedule
+#                                            (jobset-inplace.dev/real-node=true; only tolerating
+#                                            pods run there);
 #                                            --install: also the product (epoch or jobset-native)
 #                                            as dist/install-VARIANT.yaml installs it, or with
 #                                            helm:VARIANT by `helm install` of the chart (dist/'s
@@ -21,7 +26,12 @@
 #                                            with its flags of `up` and ARGs after them (e.g.
 #                                            --kube-api-qps 200 --kube-api-burst 300)
 #   scripts/control-plane.sh load-image DIR ARCHIVE   import a docker-archive or OCI archive
-#                                            into the node of `up DIR --node`
+#                                            into every node of `up DIR --node`
+#   scripts/control-plane.sh node-kill DIR NODE   the node vanishes as on a power loss: its
+#                                            links cut, its kubelet, containerd and containers
+#                                            SIGKILLed, nothing graceful
+#   scripts/control-plane.sh restart-apiserver DIR   stop the API server (SIGKILL) and start it
+#                                            again with its flags of `up` (etcd kept)
 #
 # --with kueue,trainer also starts Kueue v0.17's and Kubeflow Trainer v2.3's controller managers,
 # their CRDs and webhook configurations from their modules' manifests pointed at loopback, and
@@ -37,12 +47,13 @@
 # Everything listens on 127.0.0.1 (ports chosen free at start-up, written to DIR/ports). No
 # kubelet and no scheduler: pods exist but never run.
 #
-# With --node (scripts/lib/node.sh): also kube-scheduler and one real node, kubelet and
-# kube-proxy built from the same pinned k8s.io/kubernetes module, containerd + runc + the CNI
-# plugins from Debian's packages (installed when missing), a pause image built from the module's
-# pause.c, all inside a network namespace of its own joined to the host by a veth pair; the API
-# server then listens on the veth's host address (DIR/kubeconfig points there) so that pods reach
-# it through the `kubernetes` Service. DIR/node.env tells tests where everything is.
+# With --node (scripts/lib/node.sh): also kube-scheduler and one real node (--nodes N: N), each a
+# kubelet and kube-proxy built from the same pinned k8s.io/kubernetes module, its own containerd +
+# runc + the CNI plugins from Debian's packages (installed when missing), a pause image built from
+# the module's pause.c, all inside a network namespace of its own joined to the host by a veth
+# pair and to the other nodes by a bridge in a namespace of ours; the API server then listens on
+# the first node's veth host address (DIR/kubeconfig points there) so that pods reach it through
+# the `kubernetes` Service. DIR/node.env tells tests where everything is.
 # JOBSET_INPLACE_NODE_RESTART_GATE=off starts that kubelet without
 # RestartAllContainersOnContainerExits and NodeDeclaredFeatures (the API server and the scheduler
 # keep them): tests/real_node.rs then checks what docs/protocol.md says of such a node.
@@ -82,7 +93,7 @@ die() {
 }
 
 usage() {
-  sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 }
 
@@ -302,9 +313,9 @@ wait_for() {
 
 stop_all() {
   local dir="$1" name pid
-  # The node first (it deletes its pods through the API server while that still runs).
-  if [[ -f "$dir/node/state" ]]; then
-    node_down "$dir"
+  # The nodes first (they delete their pods through the API server while that still runs).
+  if [[ -f "$dir/nodes.state" ]]; then
+    node_down "$dir" || nodes_left=1
   fi
   # Reverse start order: the controller manager, the API server, then etcd.
   for name in trainer kueue kube-scheduler jobset kube-controller-manager kube-apiserver etcd; do
@@ -573,10 +584,10 @@ up() {
   need kubectl "installing the JobSet CRD and webhook configurations"
   [[ ! -e "$dir/kubeconfig" ]] || die "$dir already holds a control plane (run down first)"
   [[ -z "$node" ]] || node_need
-  # One node per machine: the kubelet's device-plugin directory and containerd 1.6's shim sockets
-  # are fixed paths that a second node would share, and its `down` would take from the first.
-  if [[ -n "$node" ]] && ip netns list 2>/dev/null | grep -q '^jobset-inplace-node-'; then
-    die "a real node is already up on this machine ($(ip netns list | grep -o '^jobset-inplace-node-[0-9]*' | head -n 1)): down its DIR first"
+  # One `up --node` per machine: the kubelets' device-plugin directory and the outside paths are
+  # shared, and a second `down` would take them from the first.
+  if [[ -n "$node" ]] && ip netns list 2>/dev/null | grep -qE '^jobset-inplace-(node|hub)-'; then
+    die "a real node is already up on this machine ($(ip netns list | grep -oE '^jobset-inplace-(node|hub)-[0-9]*' | head -n 1)): down its DIR first"
   fi
   local bin controller_bin
   bin="$(build "$node")"
@@ -593,10 +604,10 @@ up() {
   local api_host=127.0.0.1
   if [[ -n "$node" ]]; then
     node_network "$dir"
-    api_host="$NODE_HOST_IP"
+    api_host="$API_HOST"
   fi
   pki "$dir/pki" "${node:+$api_host}"
-  [[ -z "$node" ]] || node_pki "$dir/pki"
+  [[ -z "$node" ]] || node_pki "$dir"
 
   local etcd_port peer_port api_port
   etcd_port="$(free_port)"
@@ -630,7 +641,7 @@ up() {
     --kubelet-client-certificate "$pki/apiserver-kubelet-client.crt"
     --kubelet-client-key "$pki/apiserver-kubelet-client.key"
     --kubelet-preferred-address-types InternalIP)
-  start "$dir" kube-apiserver "$bin/kube-apiserver" \
+  printf '%s\0' "$bin/kube-apiserver" \
     --bind-address "$api_host" --advertise-address "$api_host" --secure-port "$api_port" \
     --etcd-servers "http://127.0.0.1:$etcd_port" \
     --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
@@ -642,7 +653,11 @@ up() {
     --authorization-mode Node,RBAC \
     --enable-admission-plugins MutatingAdmissionWebhook,ValidatingAdmissionWebhook,ValidatingAdmissionPolicy \
     --feature-gates "${JOBSET_INPLACE_APISERVER_FEATURE_GATES:-RestartAllContainersOnContainerExits=true,NodeDeclaredFeatures=true,ContainerRestartRules=true}" \
-    --profiling=false "${node_flags[@]}" "${version_flags[@]}"
+    --profiling=false "${node_flags[@]}" "${version_flags[@]}" >"$dir/kube-apiserver.cmd"
+  printf '%s\n' "$api_host" "$api_port" >"$dir/kube-apiserver.address"
+  local apiserver=()
+  mapfile -d '' -t apiserver <"$dir/kube-apiserver.cmd"
+  start "$dir" kube-apiserver "${apiserver[@]}"
   wait_for "$dir" kube-apiserver --cacert "$pki/ca.crt" --cert "$pki/admin.crt" --key "$pki/admin.key" \
     "https://$api_host:$api_port/readyz"
   kubeconfig "$pki" "$api_port" "$api_host" >"$dir/kubeconfig"
@@ -690,8 +705,19 @@ up() {
   [[ -z "$variant" ]] || install_stops_all=1 install_product "$dir" "$variant"
   trap - ERR
 
-  echo "control-plane: up in $((SECONDS - start)) s: kube-apiserver https://$api_host:$api_port, etcd, kube-controller-manager, jobset${addons[*]:+, ${addons[*]}}${node:+, kube-scheduler and node $NODE_NAME (DIR/node.env)}" >&2
+  local node_names=""
+  # shellcheck disable=SC1091
+  [[ -z "$node" ]] || node_names="$(source "$dir/nodes.state" && echo "$NODE_NAMES")"
+  echo "control-plane: up in $((SECONDS - start)) s: kube-apiserver https://$api_host:$api_port, etcd, kube-controller-manager, jobset${addons[*]:+, ${addons[*]}}${node:+, kube-scheduler and node(s) $node_names (DIR/node.env)}" >&2
   echo "control-plane: export KUBECONFIG=$dir/kubeconfig JOBSET_INPLACE_KUBECONFIG=$dir/kubeconfig" >&2
+  if [[ -n "$node" ]]; then
+    if [[ -n "$node_taint" ]]; then
+      echo "control-plane: the nodes are tainted $node_label=true:NoSchedule (--taint): pods need the toleration {key: $node_label, operator: Equal, value: \"true\", effect: NoSchedule}" >&2
+    else
+      echo "control-plane: the nodes take any pod (no taint); images come from no registry: scripts/control-plane.sh load-image $dir IMAGE.tar, then imagePullPolicy: IfNotPresent (or Never)" >&2
+    fi
+    echo "control-plane: scripts/control-plane.sh node-kill $dir NODE cuts a node off as a power loss does; down $dir removes everything" >&2
+  fi
 }
 
 # --install VARIANT (with --node): the product as a user installs it, on the real node. The image:
@@ -886,11 +912,44 @@ restart_controller_manager() {
   echo "control-plane: kube-controller-manager started again${*:+ with $*}" >&2
 }
 
+# Stops DIR's kube-apiserver at once (SIGKILL, as a crashed or rebooted control-plane machine)
+# and starts it again with the command line of `up` (etcd keeps the state); ready when /readyz
+# answers.
+restart_apiserver() {
+  local dir="$1"
+  [[ -f "$dir/kube-apiserver.cmd" && -f "$dir/kube-apiserver.pid" ]] ||
+    die "$dir: no kube-apiserver of $0 up"
+  local pid host port
+  pid="$(cat "$dir/kube-apiserver.pid")"
+  { read -r host; read -r port; } <"$dir/kube-apiserver.address"
+  kill -KILL "$pid" 2>/dev/null || true
+  for _ in $(seq 1 100); do
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  local apiserver=()
+  mapfile -d '' -t apiserver <"$dir/kube-apiserver.cmd"
+  # The log of the previous run is kept beside.
+  mv -f "$dir/kube-apiserver.log" "$dir/kube-apiserver.log.1" 2>/dev/null || true
+  start "$dir" kube-apiserver "${apiserver[@]}"
+  local pki="$dir/pki" deadline=$((SECONDS + ready_timeout))
+  until curl -sf --max-time 5 --cacert "$pki/ca.crt" --cert "$pki/admin.crt" --key "$pki/admin.key" \
+    "https://$host:$port/readyz" >/dev/null 2>&1; do
+    alive "$dir" kube-apiserver || { tail -n 40 "$dir/kube-apiserver.log" >&2; die "kube-apiserver exited after its restart"; }
+    ((SECONDS < deadline)) || die "kube-apiserver not ready within ${ready_timeout}s of its restart"
+    sleep 0.2
+  done
+  echo "control-plane: kube-apiserver started again" >&2
+}
+
+nodes_left=0
 down() {
   local dir="$1"
   [[ -d "$dir" ]] || return 0
   [[ -f "$dir/.jobset-inplace-control-plane" ]] || die "$dir was not made by $0 up; not removing it"
   stop_all "$dir"
+  # Something of the nodes left (node_down listed it): DIR may still hold mounts; kept.
+  ((nodes_left == 0)) || die "down: the nodes' remains are listed above; $dir kept"
   rm -rf "$dir"
 }
 
@@ -902,6 +961,13 @@ parse_options() {
   while (($#)); do
     case "$1" in
       --node) node=node ;;
+      --nodes)
+        [[ $# -ge 2 && "$2" =~ ^[1-9][0-9]?$ ]] || usage
+        node=node
+        node_count="$2"
+        shift
+        ;;
+      --taint) node_taint=1 ;;
       --install)
         [[ $# -ge 2 ]] || usage
         variant="$2"
@@ -944,7 +1010,9 @@ case "${1:-}" in
     shift 2
     restart_controller_manager "$dir" "$@"
     ;;
-  load-image) [[ $# -eq 3 ]] || usage; load_image "$2" "$3" ;;
+  load-image) [[ $# -eq 3 ]] || usage; load_image "$(cd "$2" && pwd)" "$3" ;;
+  node-kill) [[ $# -eq 3 ]] || usage; node_power_off "$(cd "$2" && pwd)" "$3" ;;
+  restart-apiserver) [[ $# -eq 2 ]] || usage; restart_apiserver "$(cd "$2" && pwd)" ;;
   install)
     [[ $# -eq 3 && -f "$2/node.env" ]] || usage
     [[ -d "$repo/deploy/overlays/${3#helm:}" ]] || die "install $3: no deploy/overlays/${3#helm:}"

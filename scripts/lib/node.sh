@@ -1,33 +1,52 @@
 # shellcheck shell=bash
 # shellcheck disable=SC2154 # module, ready_timeout: set by control-plane.sh, which sources this
-# One real node for scripts/control-plane.sh `up DIR --node` (sourced by it; uses its helpers
-# die, need, start, alive, fail, free_port, issue, kubeconfig, version_ldflags, k8s_version).
+# The real nodes of scripts/control-plane.sh `up DIR --node [--nodes N] [--taint]` (sourced by it;
+# uses its helpers die, need, start, alive, fail, free_port, issue, kubeconfig, version_ldflags,
+# k8s_version).
 #
-# What runs, and where:
-# - a network namespace of ours, `jobset-inplace-node-N` (N: the first free slot), joined to the
-#   host by a veth pair: host end NODE_HOST_IP (172.31.N.1/30; the API server listens there),
-#   node end NODE_IP (172.31.N.2/30). The host routes the pod CIDR (10.244.N.0/24) to the node
-#   end, so the API server reaches pods (webhook Services, kubelet); the namespace has no default
-#   route, so pods reach nothing but the node, each other and the host end of the link;
-# - in it (nsenter --net: the host's mount namespace, so the cgroup file systems stay visible):
-#   containerd (Debian's package) with runc and a CNI bridge network (Debian's
-#   containernetworking-plugins: bridge, host-local, portmap, loopback), kubelet and kube-proxy
-#   (iptables mode, inside the namespace only) built from the pinned k8s.io/kubernetes module;
+# What runs, and where (K = 1..N, each node in a slot S_K: the first free ones):
+# - per node a network namespace of ours, `jobset-inplace-node-S`, joined to the host by a veth
+#   pair: host end NODE_HOST_IP (172.31.S.1/30), node end `eth0` NODE_IP (172.31.S.2/30). The host
+#   routes the node's pod CIDR (10.244.S.0/24) to the node end, so the API server reaches pods
+#   (webhook Services, kubelet). The API server listens on the first node's host end; every other
+#   node routes that one address through its own host end;
+# - one hub namespace of ours, `jobset-inplace-hub-S_1`, holding a bridge `hub`; every node has a
+#   second veth pair from its `eth1` (172.30.S_1.S/24) to that bridge, and routes every other
+#   node's pod CIDR through the other's `eth1`: pods of every node reach each other's pods, and
+#   nothing of this traffic touches the host. The node namespaces have no default route: pods reach
+#   nothing but their node, the other nodes' pods and the API server;
+# - in each node's namespace (nsenter --net: the host's mount namespace, so the cgroup file systems
+#   stay visible): containerd (Debian's package; its own root, state, socket) with runc and a CNI
+#   bridge network (Debian's containernetworking-plugins: bridge, host-local, portmap, loopback),
+#   kubelet and kube-proxy (iptables mode, inside the namespace only) built from the pinned
+#   k8s.io/kubernetes module;
 # - on the host: kube-scheduler from the same module;
-# - cgroups under a root of ours (`/jobset-inplace-node-N` in every hierarchy), kubelet state
-#   under DIR/node; the kubelet's hard-coded /var/log/containers and
-#   /var/lib/kubelet/device-plugins, containerd 1.6's shim sockets in /run/containerd/s and the
-#   CNI result cache /var/lib/cni are removed again by `down` when `up` made them.
+# - cgroups under a root of ours per node (`/jobset-inplace-node-S` in every hierarchy), kubelet
+#   state under DIR/node-K; the kubelet's hard-coded /var/log/containers and
+#   /var/lib/kubelet/device-plugins (every kubelet takes it over at start; no device plugins run
+#   here), containerd 1.6's shim sockets in /run/containerd/s (named by a hash of each containerd's
+#   own socket) and the CNI result cache /var/lib/cni (named by each node's network) are shared by
+#   the nodes, and removed again by `down` when `up` made them. Hence one `up --node` per machine.
 # - images: no registry. The pause image is built from the module's build/pause/linux/pause.c
-#   (gcc -static) and imported from a docker-archive; `load-image` imports others.
+#   (gcc -static) and imported from a docker-archive; `load-image` imports others into every node.
 #
-# The node's identity is a client certificate `system:node:NAME` / `system:nodes` (the API
+# Each node's identity is a client certificate `system:node:NAME` / `system:nodes` (the API
 # server's Node authorizer), kube-proxy's `system:kube-proxy` (RBAC's system:node-proxier); the
-# API server calls the kubelet as `system:masters` (kubelet webhook authorization).
+# API server calls the kubelets as `system:masters` (kubelet webhook authorization).
+#
+# `node-kill DIR NODE` (node_power_off) makes one node vanish as a machine that loses power: its
+# links cut, then its kubelet, kube-proxy, containerd, every shim of its containerd and every
+# process in its cgroups SIGKILLed; nothing graceful. `down` removes what is left of it.
 
+# Node names: one node is `jobset-inplace-node` (as it always was), N nodes
+# `jobset-inplace-node-1` .. `-N`.
 node_name=jobset-inplace-node
-# The label the real node gives itself; the scheduler places pods on such nodes only. The node is
-# also tainted with it (NoSchedule): only pods that tolerate it run there, so that the pods of
+# How many nodes, and whether they are tainted (control-plane.sh's --nodes and --taint).
+node_count="${node_count:-1}"
+node_taint="${node_taint:-}"
+# The label the real nodes give themselves; the scheduler places pods on such nodes only (the
+# test kit's nodes of tests/real_cluster.rs bind their own pods). With --taint the nodes are also
+# tainted with it (NoSchedule): only pods that tolerate it run there, so that the pods of
 # tests/real_cluster.rs stay unscheduled as without a node (the DELETE of an unscheduled pod is
 # immediate, of a scheduled one graceful: `the_test_api_server_answers_as_the_real_one`).
 node_label=jobset-inplace.dev/real-node
@@ -101,72 +120,155 @@ node_build() {
   echo "control-plane: node binaries built in $((SECONDS - start)) s" >&2
 }
 
-# Runs a command in the node's network namespace (and nothing else of it: mounts and cgroups
-# are the host's).
+# Runs a command in the current node's network namespace (and nothing else of it: mounts and
+# cgroups are the host's).
 in_node() {
   nsenter --net="/run/netns/$NODE_NETNS" "$@"
 }
 
-# Chooses a free slot, creates the namespace and the veth pair, and writes DIR/node/state and
-# DIR/node.env. Sets the NODE_* variables.
-node_network() {
-  local dir="$1" n
-  mkdir -p "$dir/node"
-  for n in $(seq 1 250); do
-    if [[ ! -e "/run/netns/jobset-inplace-node-$n" ]] && ! ip link show "jsinode$n" >/dev/null 2>&1 &&
-      ! ip -4 route show | grep -qE "^(172\.31\.$n\.|10\.244\.$n\.)"; then
-      break
-    fi
-  done
-  [[ ! -e "/run/netns/jobset-inplace-node-$n" ]] || die "no free node slot (250 namespaces?)"
-  NODE_SLOT=$n
-  NODE_NAME=$node_name
-  NODE_NETNS="jobset-inplace-node-$n"
-  NODE_HOST_VETH="jsinode$n"
-  NODE_HOST_IP="172.31.$n.1"
-  NODE_IP="172.31.$n.2"
-  NODE_POD_CIDR="10.244.$n.0/24"
-  NODE_CGROUP="jobset-inplace-node-$n"
-  # `down` reads this (also after a failed `up`): write it before making anything.
-  cat >"$dir/node/state" <<EOF
-NODE_SLOT=$NODE_SLOT
-NODE_NAME=$NODE_NAME
-NODE_NETNS=$NODE_NETNS
-NODE_HOST_VETH=$NODE_HOST_VETH
-NODE_HOST_IP=$NODE_HOST_IP
-NODE_IP=$NODE_IP
-NODE_POD_CIDR=$NODE_POD_CIDR
-NODE_CGROUP=$NODE_CGROUP
-EOF
-  # What of the outside paths existed before (those are only cleaned, not removed).
-  local p
-  for p in "${node_outside[@]}"; do
-    [[ ! -e "$p" ]] || echo "$p"
-  done >"$dir/node/preexisting"
-  local s
-  for s in "${node_sysctls[@]}"; do
-    echo "$s=$(sysctl -n "$s")"
-  done >"$dir/node/sysctls"
-
-  ip netns add "$NODE_NETNS"
-  ip link add "$NODE_HOST_VETH" type veth peer name eth0 netns "$NODE_NETNS"
-  ip addr add "$NODE_HOST_IP/30" dev "$NODE_HOST_VETH"
-  ip link set "$NODE_HOST_VETH" up
-  ip route add "$NODE_POD_CIDR" via "$NODE_IP" dev "$NODE_HOST_VETH"
-  ip -n "$NODE_NETNS" addr add "$NODE_IP/30" dev eth0
-  ip -n "$NODE_NETNS" link set lo up
-  ip -n "$NODE_NETNS" link set eth0 up
-  # Routing between the pods' bridge and the link (per namespace; the host's stays as it is).
-  in_node sysctl -qw net.ipv4.ip_forward=1
-  in_node sysctl -qw net.bridge.bridge-nf-call-iptables=1 2>/dev/null || true
+# The directories of DIR's nodes, DIR/node-1 .. DIR/node-N (those `up` began).
+node_dirs() {
+  local d
+  for d in "$1"/node-[0-9]*; do
+    [[ -f "$d/state" ]] && echo "$d"
+  done | sort -V
 }
 
-# The node's client certificates, and the API server's for calling kubelets.
+# Sets the NODE_* variables of the node whose directory is ND.
+node_load() {
+  # shellcheck disable=SC1091 # written by node_network
+  source "$1/state"
+}
+
+# A slot S is free when nothing of ours or anyone's uses its names and addresses.
+node_slot_free() {
+  local n="$1"
+  [[ ! -e "/run/netns/jobset-inplace-node-$n" && ! -e "/run/netns/jobset-inplace-hub-$n" ]] &&
+    ! ip link show "jsinode$n" >/dev/null 2>&1 &&
+    ! ip -4 route show | grep -qE "^(172\.31\.$n\.|172\.30\.$n\.|10\.244\.$n\.)"
+}
+
+# Chooses N free slots, creates the hub, each node's namespace and links, and writes
+# DIR/nodes.state and DIR/node-K/state (before making anything: `down` reads them, also after a
+# failed `up`). Sets API_HOST (the first node's host end) and the NODE_* variables of node 1.
+node_network() {
+  local dir="$1" n k slots=()
+  for n in $(seq 1 250); do
+    ((${#slots[@]} < node_count)) || break
+    node_slot_free "$n" && slots+=("$n")
+  done
+  ((${#slots[@]} == node_count)) || die "no $node_count free node slots"
+  local hub="jobset-inplace-hub-${slots[0]}" hub_net="172.30.${slots[0]}"
+  API_HOST="172.31.${slots[0]}.1"
+  cat >"$dir/nodes.state" <<EOF2
+HUB_NETNS=$hub
+API_HOST=$API_HOST
+NODE_SLOTS="${slots[*]}"
+EOF2
+  # What of the outside paths existed before (those are only cleaned, not removed), the pod
+  # network namespaces and host iptables chains there were (`down` checks it left no more).
+  local p s
+  for p in "${node_outside[@]}"; do
+    [[ ! -e "$p" ]] || echo "$p"
+  done >"$dir/nodes.preexisting"
+  node_cni_netns >"$dir/nodes.podns"
+  node_host_chains >"$dir/nodes.chains"
+  for s in "${node_sysctls[@]}"; do
+    echo "$s=$(sysctl -n "$s")"
+  done >"$dir/nodes.sysctls"
+
+  local names=()
+  for k in $(seq 1 "$node_count"); do
+    n="${slots[$((k - 1))]}"
+    if ((node_count == 1)); then names+=("$node_name"); else names+=("$node_name-$k"); fi
+    mkdir -p "$dir/node-$k"
+    cat >"$dir/node-$k/state" <<EOF2
+NODE_INDEX=$k
+NODE_SLOT=$n
+NODE_NAME=${names[$((k - 1))]}
+NODE_NETNS=jobset-inplace-node-$n
+NODE_HOST_VETH=jsinode$n
+NODE_HUB_VETH=node$n
+NODE_HOST_IP=172.31.$n.1
+NODE_IP=172.31.$n.2
+NODE_HUB_IP=$hub_net.$n
+NODE_POD_CIDR=10.244.$n.0/24
+NODE_CGROUP=jobset-inplace-node-$n
+HUB_NETNS=$hub
+EOF2
+  done
+  echo "NODE_NAMES=\"${names[*]}\"" >>"$dir/nodes.state"
+
+  ip netns add "$hub"
+  ip -n "$hub" link add hub type bridge
+  ip -n "$hub" link set lo up
+  ip -n "$hub" link set hub up
+  local nd
+  for nd in $(node_dirs "$dir"); do
+    node_load "$nd"
+    ip netns add "$NODE_NETNS"
+    ip link add "$NODE_HOST_VETH" type veth peer name eth0 netns "$NODE_NETNS"
+    ip addr add "$NODE_HOST_IP/30" dev "$NODE_HOST_VETH"
+    ip link set "$NODE_HOST_VETH" up
+    ip route add "$NODE_POD_CIDR" via "$NODE_IP" dev "$NODE_HOST_VETH"
+    ip -n "$NODE_NETNS" addr add "$NODE_IP/30" dev eth0
+    ip -n "$NODE_NETNS" link set lo up
+    ip -n "$NODE_NETNS" link set eth0 up
+    # The API server's address, when it is another node's host end: through this node's.
+    [[ "$NODE_HOST_IP" == "$API_HOST" ]] ||
+      ip -n "$NODE_NETNS" route add "$API_HOST/32" via "$NODE_HOST_IP" dev eth0
+    # The hub link.
+    ip -n "$hub" link add "$NODE_HUB_VETH" type veth peer name eth1 netns "$NODE_NETNS"
+    ip -n "$hub" link set "$NODE_HUB_VETH" master hub
+    ip -n "$hub" link set "$NODE_HUB_VETH" up
+    ip -n "$NODE_NETNS" addr add "$NODE_HUB_IP/24" dev eth1
+    ip -n "$NODE_NETNS" link set eth1 up
+    # Routing between the pods' bridge and the links (per namespace; the host's stays as it is).
+    in_node sysctl -qw net.ipv4.ip_forward=1
+    in_node sysctl -qw net.bridge.bridge-nf-call-iptables=1 2>/dev/null || true
+  done
+  # Every node routes every other node's pod CIDR through that node's hub address.
+  local other
+  for nd in $(node_dirs "$dir"); do
+    node_load "$nd"
+    local netns="$NODE_NETNS" self="$NODE_INDEX"
+    for other in $(node_dirs "$dir"); do
+      node_load "$other"
+      [[ "$NODE_INDEX" != "$self" ]] || continue
+      ip -n "$netns" route add "$NODE_POD_CIDR" via "$NODE_HUB_IP" dev eth1
+    done
+  done
+  node_load "$dir/node-1"
+}
+
+# The names of the pod network namespaces (containerd's /run/netns/cni-*) there are.
+node_cni_netns() {
+  local f
+  for f in /run/netns/cni-*; do
+    [[ -e "$f" ]] && echo "${f##*/}"
+  done
+  return 0
+}
+
+# The host's iptables chains named KUBE-* or CNI-* (kube-proxy and the CNI plugins write theirs
+# inside the node namespaces only; `down` checks that the host has no more than before `up`).
+node_host_chains() {
+  local t
+  for t in filter nat mangle; do
+    iptables -t "$t" -S 2>/dev/null | awk -v t="$t" '$1 == "-N" && $2 ~ /^(KUBE|CNI)-/ { print t " " $2 }'
+  done | sort
+}
+
+# Each node's client certificates, and the API server's for calling kubelets.
 node_pki() {
-  local pki="$1" client="basicConstraints=CA:FALSE
+  local dir="$1" pki="$1/pki" nd client="basicConstraints=CA:FALSE
 keyUsage=critical,digitalSignature,keyEncipherment
 extendedKeyUsage=clientAuth"
-  issue "$pki" node "/O=system:nodes/CN=system:node:$node_name" "$client"
+  for nd in $(node_dirs "$dir"); do
+    node_load "$nd"
+    # shellcheck disable=SC2153 # NODE_NAME: from node_load
+    issue "$pki" "node-$NODE_INDEX" "/O=system:nodes/CN=system:node:$NODE_NAME" "$client"
+  done
   issue "$pki" kube-proxy "/CN=system:kube-proxy" "$client"
   issue "$pki" apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client" "$client"
   chmod 600 "$pki"/*.key
@@ -182,22 +284,21 @@ node_gates="RestartAllContainersOnContainerExits=true,NodeDeclaredFeatures=true,
 node_restart_gate="${JOBSET_INPLACE_NODE_RESTART_GATE:-on}"
 
 node_up() {
-  local dir="$1" bin="$2" api_port="$3" nd="$1/node" pki="$1/pki" node_restart_gate_value
+  local dir="$1" bin="$2" api_port="$3" pki="$1/pki" node_restart_gate_value
   case "$node_restart_gate" in
     on) node_restart_gate_value=true ;;
     off) node_restart_gate_value=false ;;
     *) die "JOBSET_INPLACE_NODE_RESTART_GATE must be on or off, not $node_restart_gate" ;;
   esac
   local kubectl=(kubectl --kubeconfig "$dir/kubeconfig")
-  mkdir -p "$nd"/{containerd,cni/net.d,cni/ipam,kubelet,pod-logs,volume-plugins,runc}
 
   # The scheduler: on the host, as the admin, no leader election, serving on loopback only. It
-  # places pods on the real node only (the label the kubelet gives itself): the test kit's nodes
+  # places pods on the real nodes only (the label the kubelet gives itself): the test kit's nodes
   # of tests/real_cluster.rs bind their namespaces' pods themselves, and must not race it.
   local sched_port
   sched_port="$(free_port)"
   echo "kube-scheduler=$sched_port" >>"$dir/ports"
-  cat >"$nd/kube-scheduler.yaml" <<EOF
+  cat >"$dir/kube-scheduler.yaml" <<EOF
 apiVersion: kubescheduler.config.k8s.io/v1
 kind: KubeSchedulerConfiguration
 clientConnection:
@@ -215,11 +316,77 @@ profiles:
           - matchExpressions:
             - {key: $node_label, operator: In, values: ["true"]}
 EOF
-  start "$dir" kube-scheduler "$bin/kube-scheduler" --config "$nd/kube-scheduler.yaml" \
+  start "$dir" kube-scheduler "$bin/kube-scheduler" --config "$dir/kube-scheduler.yaml" \
     --authentication-kubeconfig "$dir/kubeconfig" --authorization-kubeconfig "$dir/kubeconfig" \
     --bind-address 127.0.0.1 --secure-port "$sched_port" \
     --feature-gates "$node_gates" --profiling=false
   wait_for "$dir" kube-scheduler -k "https://127.0.0.1:$sched_port/healthz"
+
+  local nd
+  for nd in $(node_dirs "$dir"); do
+    node_load "$nd"
+    node_start_one "$dir" "$nd" "$bin" "$api_port"
+  done
+  node_env "$dir"
+
+  # Ready: every node Ready with only our taint (--taint) or none left (the node lifecycle
+  # controller takes not-ready off), the `kubernetes` Service programmed by each kube-proxy.
+  local deadline=$((SECONDS + ready_timeout)) want=""
+  [[ -z "$node_taint" ]] || want="$node_label"
+  for nd in $(node_dirs "$dir"); do
+    node_load "$nd"
+    local k="node-$NODE_INDEX"
+    until [[ "$("${kubectl[@]}" get node "$NODE_NAME" -o \
+      'jsonpath={.status.conditions[?(@.type=="Ready")].status}/{.spec.taints[*].key}' 2>/dev/null)" == "True/$want" ]]; do
+      alive "$dir" "$k/kubelet" || fail "$dir" "$k/kubelet" "exited"
+      alive "$dir" "$k/containerd" || fail "$dir" "$k/containerd" "exited"
+      ((SECONDS < deadline)) || fail "$dir" "$k/kubelet" "node $NODE_NAME not Ready${want:+ with only its taint} within ${ready_timeout}s"
+      sleep 0.5
+    done
+    until in_node curl -sf --max-time 2 http://127.0.0.1:10256/healthz >/dev/null 2>&1; do
+      alive "$dir" "$k/kube-proxy" || fail "$dir" "$k/kube-proxy" "exited"
+      ((SECONDS < deadline)) || fail "$dir" "$k/kube-proxy" "not healthy within ${ready_timeout}s"
+      sleep 0.5
+    done
+  done
+}
+
+# DIR/node.env: the first node as NODE_* (as with one node), every node as NODE_K_*, their names
+# in NODES.
+node_env() {
+  local dir="$1" nd first=1
+  {
+    # shellcheck disable=SC1091
+    source "$dir/nodes.state"
+    echo "NODES=\"$NODE_NAMES\""
+    echo "NODE_COUNT=$node_count"
+    echo "HUB_NETNS=$HUB_NETNS"
+    echo "PAUSE_IMAGE=$pause_image"
+    echo "NODE_TAINT=${node_taint:+$node_label=true:NoSchedule}"
+    echo "NODE_RESTART_GATE=$node_restart_gate"
+    for nd in $(node_dirs "$dir"); do
+      node_load "$nd"
+      local fields=(
+        "NAME=$NODE_NAME"
+        "CONTAINERD_ADDRESS=$nd/containerd.sock"
+        "CTR=\"ctr --address $nd/containerd.sock -n k8s.io\""
+        "NETNS=$NODE_NETNS" "IP=$NODE_IP" "HOST_IP=$NODE_HOST_IP" "POD_CIDR=$NODE_POD_CIDR"
+        "DIR=$nd" "CGROUP=$NODE_CGROUP")
+      # The first node also as NODE_NAME, CONTAINERD_ADDRESS, CTR, NODE_IP, ... (one node's names).
+      if ((first)); then
+        printf '%s\n' "${fields[@]}" | sed -E 's/^(NAME|NETNS|IP|HOST_IP|POD_CIDR|DIR|CGROUP)=/NODE_\1=/'
+      fi
+      printf "NODE_${NODE_INDEX}_%s\n" "${fields[@]}"
+      first=0
+    done
+  } >"$dir/node.env"
+}
+
+# Starts one node (ND's state loaded): its cgroup root, containerd, the pause image, kubelet and
+# kube-proxy.
+node_start_one() {
+  local dir="$1" nd="$2" bin="$3" api_port="$4" pki="$1/pki" k="node-$NODE_INDEX"
+  mkdir -p "$nd"/{containerd,cni/net.d,cni/ipam,kubelet,pod-logs,volume-plugins,runc}
 
   # Our cgroup root in every v1 hierarchy (and the unified one): everything of the node's pods
   # lives under it, and `down` removes it.
@@ -289,32 +456,18 @@ EOF
   ]
 }
 EOF
-  start "$dir" containerd nsenter --net="/run/netns/$NODE_NETNS" containerd --config "$nd/containerd/config.toml"
+  start "$dir" "$k/containerd" nsenter --net="/run/netns/$NODE_NETNS" containerd --config "$nd/containerd/config.toml"
   local deadline=$((SECONDS + ready_timeout))
   until ctr --address "$nd/containerd.sock" version >/dev/null 2>&1; do
-    alive "$dir" containerd || fail "$dir" containerd "exited"
-    ((SECONDS < deadline)) || fail "$dir" containerd "not ready within ${ready_timeout}s"
+    alive "$dir" "$k/containerd" || fail "$dir" "$k/containerd" "exited"
+    ((SECONDS < deadline)) || fail "$dir" "$k/containerd" "not ready within ${ready_timeout}s"
     sleep 0.2
   done
   ctr --address "$nd/containerd.sock" -n k8s.io images import "$bin/pause.tar" >/dev/null ||
-    fail "$dir" containerd "did not import the pause image"
+    fail "$dir" "$k/containerd" "did not import the pause image"
 
-  cat >"$dir/node.env" <<EOF
-NODE_NAME=$NODE_NAME
-CONTAINERD_ADDRESS=$nd/containerd.sock
-CTR="ctr --address $nd/containerd.sock -n k8s.io"
-NODE_NETNS=$NODE_NETNS
-NODE_IP=$NODE_IP
-NODE_HOST_IP=$NODE_HOST_IP
-NODE_POD_CIDR=$NODE_POD_CIDR
-NODE_DIR=$nd
-PAUSE_IMAGE=$pause_image
-NODE_TAINT=$node_label=true:NoSchedule
-NODE_RESTART_GATE=$node_restart_gate
-EOF
-
-  kubeconfig "$pki" "$api_port" "$NODE_HOST_IP" node >"$nd/kubelet.kubeconfig"
-  kubeconfig "$pki" "$api_port" "$NODE_HOST_IP" kube-proxy >"$nd/kube-proxy.kubeconfig"
+  kubeconfig "$pki" "$api_port" "$API_HOST" "node-$NODE_INDEX" >"$nd/kubelet.kubeconfig"
+  kubeconfig "$pki" "$api_port" "$API_HOST" kube-proxy >"$nd/kube-proxy.kubeconfig"
   chmod 600 "$nd"/*.kubeconfig
 
   # The kubelet: cgroup v1 with the cgroupfs driver (no systemd here), our cgroup root, the gates,
@@ -349,8 +502,7 @@ clusterDomain: cluster.local
 resolvConf: ""
 failSwapOn: false
 serializeImagePulls: false
-registerWithTaints:
-- {key: $node_label, value: "true", effect: NoSchedule}
+$(if [[ -n "$node_taint" ]]; then printf 'registerWithTaints:\n- {key: %s, value: "true", effect: NoSchedule}' "$node_label"; fi)
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 evictionHard: {memory.available: "100Mi", nodefs.available: "1%", imagefs.available: "1%"}
@@ -360,7 +512,7 @@ evictionPressureTransitionPeriod: 10s
 nodeStatusUpdateFrequency: 2s
 syncFrequency: 10s
 EOF
-  start "$dir" kubelet nsenter --net="/run/netns/$NODE_NETNS" "$bin/kubelet" --config "$nd/kubelet.yaml" \
+  start "$dir" "$k/kubelet" nsenter --net="/run/netns/$NODE_NETNS" "$bin/kubelet" --config "$nd/kubelet.yaml" \
     --kubeconfig "$nd/kubelet.kubeconfig" --root-dir "$nd/kubelet" --cert-dir "$nd/kubelet/pki" \
     --hostname-override "$NODE_NAME" --node-ip "$NODE_IP" --node-labels "$node_label=true" --v=1
 
@@ -373,7 +525,7 @@ clientConnection:
   kubeconfig: $nd/kube-proxy.kubeconfig
 mode: iptables
 hostnameOverride: $NODE_NAME
-clusterCIDR: $NODE_POD_CIDR
+clusterCIDR: 10.244.0.0/16
 healthzBindAddress: 127.0.0.1:10256
 metricsBindAddress: 127.0.0.1:10249
 conntrack:
@@ -382,34 +534,20 @@ conntrack:
   tcpEstablishedTimeout: 0s
   tcpCloseWaitTimeout: 0s
 EOF
-  start "$dir" kube-proxy nsenter --net="/run/netns/$NODE_NETNS" "$bin/kube-proxy" --config "$nd/kube-proxy.yaml"
-
-  # Ready: the node Ready and only our taint left (the node lifecycle controller takes not-ready
-  # off), the `kubernetes` Service programmed by kube-proxy.
-  deadline=$((SECONDS + ready_timeout))
-  until [[ "$("${kubectl[@]}" get node "$NODE_NAME" -o \
-    'jsonpath={.status.conditions[?(@.type=="Ready")].status}/{.spec.taints[*].key}' 2>/dev/null)" == "True/$node_label" ]]; do
-    alive "$dir" kubelet || fail "$dir" kubelet "exited"
-    alive "$dir" containerd || fail "$dir" containerd "exited"
-    ((SECONDS < deadline)) || fail "$dir" kubelet "node not Ready and untainted within ${ready_timeout}s"
-    sleep 0.5
-  done
-  until in_node curl -sf --max-time 2 http://127.0.0.1:10256/healthz >/dev/null 2>&1; do
-    alive "$dir" kube-proxy || fail "$dir" kube-proxy "exited"
-    ((SECONDS < deadline)) || fail "$dir" kube-proxy "not healthy within ${ready_timeout}s"
-    sleep 0.5
-  done
+  start "$dir" "$k/kube-proxy" nsenter --net="/run/netns/$NODE_NETNS" "$bin/kube-proxy" --config "$nd/kube-proxy.yaml"
 }
 
-# Imports a docker-archive or OCI archive into the node's containerd (namespace k8s.io, where the
-# kubelet's images are).
+# Imports a docker-archive or OCI archive into every node's containerd (namespace k8s.io, where
+# the kubelets' images are).
 load_image() {
-  local dir="$1" archive="$2"
+  local dir="$1" archive="$2" nd
   [[ -f "$dir/node.env" ]] || die "$dir has no node (up DIR --node)"
   [[ -f "$archive" ]] || die "$archive: no such file"
-  local addr
-  addr="$(sed -n 's/^CONTAINERD_ADDRESS=//p' "$dir/node.env")"
-  ctr --address "$addr" -n k8s.io images import "$archive" >&2
+  for nd in $(node_dirs "$dir"); do
+    [[ ! -e "$nd/killed" ]] || continue
+    ctr --address "$nd/containerd.sock" -n k8s.io images import "$archive" >&2 ||
+      die "import of $archive into $nd failed"
+  done
 }
 
 # Kills PID (TERM, then KILL after 10 s) and waits until it is gone.
@@ -435,68 +573,143 @@ node_stop() {
   rm -f "$dir/$name.pid"
 }
 
-# The PIDs in our cgroup tree (every process of every pod of the node).
+# The PIDs in the current node's cgroup tree (every process of every pod of the node).
 node_cgroup_pids() {
   local root
-  for root in /sys/fs/cgroup/pids/"$NODE_CGROUP" /sys/fs/cgroup/memory/"$NODE_CGROUP"; do
+  for root in /sys/fs/cgroup/*/"$NODE_CGROUP"; do
     [[ -d "$root" ]] || continue
     find "$root" -name cgroup.procs -exec cat {} + 2>/dev/null
   done | sort -un
 }
 
-# Removes everything of the node: pods, processes, mounts, cgroups, the network namespace,
-# files outside DIR; puts back the host sysctls the kubelet changed. Safe to run again, and after
-# a failed `up`.
-node_down() {
-  local dir="$1" nd="$1/node"
-  # shellcheck disable=SC1091 # written by node_network
-  source "$nd/state"
-  local addr="$nd/containerd.sock" kubectl=(kubectl --kubeconfig "$dir/kubeconfig" --request-timeout 5s)
-
-  # 1. While the kubelet and the API server run: let the kubelet stop its pods (sandboxes torn
-  # down, CNI addresses released, pod network namespaces unmounted), at most 10 s; what is left
-  # then (containers ignoring SIGTERM) is killed below.
-  if [[ -f "$dir/kubelet.pid" ]] && alive "$dir" kubelet && [[ -f "$dir/kube-apiserver.pid" ]] &&
-    alive "$dir" kube-apiserver; then
-    "${kubectl[@]}" delete pods --all-namespaces --all --grace-period 0 --force --wait=false \
-      >/dev/null 2>&1 || true
-    local deadline=$((SECONDS + 10))
-    while ((SECONDS < deadline)); do
-      [[ -z "$(ctr --address "$addr" -n k8s.io tasks ls -q 2>/dev/null)" ]] && break
-      sleep 0.5
-    done
-  fi
-
-  # 2. The node's processes, then every process left in its cgroups (pods' containers), then the
-  # shims of our containerd (found by its socket in their command lines), then containerd.
-  node_stop "$dir" kube-proxy
-  node_stop "$dir" kubelet
-  # Pod network namespaces (containerd 1.6 bind-mounts them at /run/netns/cni-*): ours are the
-  # ones our pods' processes are in.
-  local nsinodes="" pid f
-  for pid in $(node_cgroup_pids); do
-    nsinodes+=" $(stat -L -c %i "/proc/$pid/ns/net" 2>/dev/null || true)"
+# The shims of the current node's containerd (ND): found by its socket in their command lines.
+node_shim_pids() {
+  local nd="$1" pid
+  for pid in $(grep -lsz -- "$nd/containerd.sock" /proc/[0-9]*/cmdline | cut -d/ -f3); do
+    [[ "$(cat "/proc/$pid/comm" 2>/dev/null)" == containerd-shim* ]] && echo "$pid"
   done
-  local podns=()
-  for f in /run/netns/cni-*; do
-    [[ -e "$f" ]] || continue
-    if [[ " $nsinodes " == *" $(stat -L -c %i "$f" 2>/dev/null || echo none) "* ]]; then
-      podns+=("$f")
-    fi
-  done
-  for _ in 1 2 3; do
-    for pid in $(node_cgroup_pids); do
+  return 0
+}
+
+# SIGKILLs every process in the current node's cgroups until none is left (at most 5 s).
+node_kill_cgroups() {
+  local pid pids
+  for _ in $(seq 1 25); do
+    pids="$(node_cgroup_pids)"
+    [[ -n "$pids" ]] || return 0
+    for pid in $pids; do
       kill -KILL "$pid" 2>/dev/null || true
     done
     sleep 0.2
   done
-  for pid in $(grep -lsz -- "$addr" /proc/[0-9]*/cmdline | cut -d/ -f3); do
-    [[ "$(cat "/proc/$pid/comm" 2>/dev/null)" == containerd-shim* ]] && node_kill "$pid"
+}
+
+# `node-kill DIR NAME`: the node vanishes as a machine that loses power. Its links are cut (the
+# node ends of both veth pairs down: neither the API server nor another node's pods reach it,
+# nor it them), then its kubelet, kube-proxy, containerd, the shims of its containerd and every
+# process in its cgroups get SIGKILL, nothing graceful. Its pods stay as they were in the API
+# (Running) until something there acts; `down` removes what is left (mounts, pod namespaces,
+# cgroups).
+node_power_off() {
+  local dir="$1" name="$2" nd found=""
+  [[ -f "$dir/nodes.state" ]] || die "$dir has no nodes (up DIR --node)"
+  for nd in $(node_dirs "$dir"); do
+    node_load "$nd"
+    if [[ "$NODE_NAME" == "$name" ]]; then
+      found="$nd"
+      break
+    fi
   done
-  node_stop "$dir" containerd
+  [[ -n "$found" ]] || die "$dir has no node $name (node.env NODES)"
+  [[ ! -e "$nd/killed" ]] || die "node $name was killed already"
+  local k="node-$NODE_INDEX" pid pids=()
+  # The pod network namespaces of the node, while its pause processes still hold them (down
+  # removes them).
+  node_pod_netns >"$nd/podns"
+  ip -n "$NODE_NETNS" link set eth0 down
+  ip -n "$NODE_NETNS" link set eth1 down
+  for pid in kubelet kube-proxy containerd; do
+    [[ -f "$dir/$k/$pid.pid" ]] && pids+=("$(cat "$dir/$k/$pid.pid")")
+  done
+  mapfile -t -O "${#pids[@]}" pids < <(node_shim_pids "$nd")
+  kill -KILL "${pids[@]}" 2>/dev/null || true
+  node_kill_cgroups
+  for pid in "${pids[@]}"; do
+    for _ in $(seq 1 50); do
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.1
+    done
+  done
+  touch "$nd/killed"
+  echo "control-plane: node $name killed (links cut; kubelet, kube-proxy, containerd, ${#pids[@]} processes and its cgroups' SIGKILLed)" >&2
+}
+
+# The pod network namespaces (/run/netns/cni-*, containerd 1.6 bind-mounts them there) of the
+# current node: the ones its pods' processes are in, or whose interfaces have an address of its
+# pod CIDR.
+node_pod_netns() {
+  local nsinodes="" pid f prefix="${NODE_POD_CIDR%.0/24}."
+  for pid in $(node_cgroup_pids); do
+    nsinodes+=" $(stat -L -c %i "/proc/$pid/ns/net" 2>/dev/null || true)"
+  done
+  for f in /run/netns/cni-*; do
+    [[ -e "$f" ]] || continue
+    if [[ " $nsinodes " == *" $(stat -L -c %i "$f" 2>/dev/null || echo none) "* ]] ||
+      ip -n "${f##*/}" -4 -o addr show 2>/dev/null | grep -qF " inet $prefix"; then
+      echo "$f"
+    fi
+  done
+}
+
+# Removes everything of every node: pods, processes, mounts, cgroups, the network namespaces,
+# files outside DIR; puts back the host sysctls the kubelets changed; then checks that nothing is
+# left (node_leftovers) and fails if something is. Safe to run again, and after a failed `up`.
+node_down() {
+  local dir="$1" nd k
+  local kubectl=(kubectl --kubeconfig "$dir/kubeconfig" --request-timeout 5s)
+  # shellcheck disable=SC1091 # written by node_network
+  source "$dir/nodes.state"
+
+  # 1. While the kubelets and the API server run: let the kubelets stop their pods (sandboxes
+  # torn down, CNI addresses released, pod network namespaces unmounted), at most 10 s; what is
+  # left then (containers ignoring SIGTERM, nodes killed) is killed below.
+  local live=()
+  for nd in $(node_dirs "$dir"); do
+    node_load "$nd"
+    [[ -f "$dir/node-$NODE_INDEX/kubelet.pid" ]] && alive "$dir" "node-$NODE_INDEX/kubelet" &&
+      live+=("$nd")
+  done
+  if ((${#live[@]})) && [[ -f "$dir/kube-apiserver.pid" ]] && alive "$dir" kube-apiserver; then
+    "${kubectl[@]}" delete pods --all-namespaces --all --grace-period 0 --force --wait=false \
+      >/dev/null 2>&1 || true
+    local deadline=$((SECONDS + 10))
+    for nd in "${live[@]}"; do
+      while ((SECONDS < deadline)); do
+        [[ -z "$(ctr --address "$nd/containerd.sock" -n k8s.io tasks ls -q 2>/dev/null)" ]] && break
+        sleep 0.5
+      done
+    done
+  fi
+
+  # 2. Each node's processes, its pod namespaces, every process left in its cgroups (pods'
+  # containers), the shims of its containerd, then containerd.
+  local podns=() pid f
+  for nd in $(node_dirs "$dir"); do
+    node_load "$nd"
+    k="node-$NODE_INDEX"
+    node_stop "$dir" "$k/kube-proxy"
+    node_stop "$dir" "$k/kubelet"
+    mapfile -t -O "${#podns[@]}" podns < <(node_pod_netns; cat "$nd/podns" 2>/dev/null || true)
+    node_kill_cgroups
+    for pid in $(node_shim_pids "$nd"); do
+      node_kill "$pid"
+    done
+    node_stop "$dir" "$k/containerd"
+  done
 
   # 3. Mounts: pod namespaces of ours, then everything under DIR (deepest first).
   for f in "${podns[@]}"; do
+    [[ -e "$f" ]] || continue
     umount "$f" 2>/dev/null || umount -l "$f" 2>/dev/null || true
     rm -f "$f"
   done
@@ -505,39 +718,91 @@ node_down() {
     umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true
   done
 
-  # 4. Cgroups (leaves first).
+  # 4. Cgroups (leaves first), 5. the network: each node's namespace (its bridge, iptables rules
+  # and veth pairs go with it; the host route with the veth), then the hub.
   local h
-  for h in /sys/fs/cgroup/*/"$NODE_CGROUP"; do
-    [[ -d "$h" ]] || continue
-    find "$h" -depth -type d -exec rmdir {} + 2>/dev/null || true
-    [[ ! -d "$h" ]] || echo "control-plane: could not remove cgroup $h" >&2
+  for nd in $(node_dirs "$dir"); do
+    node_load "$nd"
+    for h in /sys/fs/cgroup/*/"$NODE_CGROUP"; do
+      [[ -d "$h" ]] || continue
+      find "$h" -depth -type d -exec rmdir {} + 2>/dev/null || true
+    done
+    ip netns del "$NODE_NETNS" 2>/dev/null || true
+    ip link del "$NODE_HOST_VETH" 2>/dev/null || true
   done
-
-  # 5. The network: the namespace (its bridge, iptables rules and the veth pair go with it; the
-  # host route with the veth).
-  ip netns del "$NODE_NETNS" 2>/dev/null || true
-  ip link del "$NODE_HOST_VETH" 2>/dev/null || true
+  ip netns del "$HUB_NETNS" 2>/dev/null || true
 
   # 6. Paths outside DIR: removed when `up` made them, else only what is ours is taken out.
   for f in "${node_outside[@]}"; do
-    if ! grep -qxF "$f" "$nd/preexisting" 2>/dev/null; then
+    if ! grep -qxF "$f" "$dir/nodes.preexisting" 2>/dev/null; then
       rm -rf "$f"
       continue
     fi
     case "$f" in
       /var/log/containers)
-        find "$f" -maxdepth 1 -type l -lname "$nd/*" -delete 2>/dev/null || true ;;
+        find "$f" -maxdepth 1 -type l -lname "$dir/*" -delete 2>/dev/null || true ;;
       /var/lib/cni)
-        rm -f "$f"/results/"$NODE_NETNS"-* 2>/dev/null || true ;;
+        for nd in $(node_dirs "$dir"); do
+          node_load "$nd"
+          rm -f "$f"/results/"$NODE_NETNS"-* 2>/dev/null || true
+        done ;;
     esac
   done
 
-  # 7. Host sysctls the kubelet set.
+  # 7. Host sysctls the kubelets set.
   local line
   while IFS= read -r line; do
     if [[ -n "$line" ]]; then
       sysctl -qw "$line" 2>/dev/null || true
     fi
-  done <"$nd/sysctls"
-  rm -f "$nd/state" "$dir/node.env"
+  done <"$dir/nodes.sysctls"
+
+  # 8. Nothing may be left.
+  local left
+  left="$(node_leftovers "$dir")"
+  if [[ -n "$left" ]]; then
+    echo "control-plane: down left behind:" >&2
+    printf '%s\n' "$left" | sed 's/^/control-plane:   /' >&2
+    return 1
+  fi
+  echo "control-plane: down: nothing of the $(wc -w <<<"$NODE_SLOTS") node(s) is left (processes, mounts, cgroups, namespaces, links, routes, iptables chains, pod namespaces, paths)" >&2
+  rm -f "$dir/nodes.state" "$dir/node.env"
+}
+
+# What of DIR's nodes is still there, one line each (nothing: all gone): processes in their
+# cgroups or naming DIR/node-* (outside this script's own session), mounts under DIR, cgroups, network
+# namespaces, host links and routes, host iptables chains and pod network namespaces that were
+# not there before `up`, outside paths `up` made.
+node_leftovers() {
+  local dir="$1" nd pid own_sid f h
+  # shellcheck disable=SC1091
+  source "$dir/nodes.state"
+  own_sid="$(awk '{ print $6 }' /proc/$$/stat)"
+  for f in /proc/[0-9]*/cmdline; do
+    pid="${f#/proc/}"
+    pid="${pid%/cmdline}"
+    [[ "$(awk '{ print $6 }' "/proc/$pid/stat" 2>/dev/null)" != "$own_sid" ]] || continue
+    if tr '\0' ' ' 2>/dev/null <"$f" | grep -qF -- "$dir/node-"; then
+      echo "process $pid: $(tr '\0' ' ' 2>/dev/null <"$f" | cut -c1-120)"
+    fi
+  done
+  awk -v d="$dir/" 'index($5, d) == 1 { print "mount " $5 }' /proc/self/mountinfo
+  for nd in $(node_dirs "$dir"); do
+    node_load "$nd"
+    for pid in $(node_cgroup_pids); do echo "process $pid in cgroup $NODE_CGROUP"; done
+    for h in /sys/fs/cgroup/*/"$NODE_CGROUP"; do
+      [[ ! -d "$h" ]] || echo "cgroup $h"
+    done
+    [[ ! -e "/run/netns/$NODE_NETNS" ]] || echo "network namespace $NODE_NETNS"
+    ! ip link show "$NODE_HOST_VETH" >/dev/null 2>&1 || echo "link $NODE_HOST_VETH"
+    ip -4 route show | grep -E "^(${NODE_POD_CIDR%/24}|172\.31\.$NODE_SLOT\.)" | sed 's/^/route /' || true
+  done
+  [[ ! -e "/run/netns/$HUB_NETNS" ]] || echo "network namespace $HUB_NETNS"
+  comm -13 "$dir/nodes.chains" <(node_host_chains) | sed 's/^/iptables chain /' || true
+  comm -13 <(sort "$dir/nodes.podns") <(node_cni_netns | sort) |
+    sed 's/^/pod network namespace /' || true
+  for f in "${node_outside[@]}"; do
+    grep -qxF "$f" "$dir/nodes.preexisting" 2>/dev/null || [[ ! -e "$f" ]] || echo "path $f"
+  done
+  return 0
 }
