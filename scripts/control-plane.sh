@@ -13,7 +13,8 @@
 #                                            --node: one real node, --nodes N: N of them (names in
 #                                            DIR/node.env NODES); --taint: taint them NoSchedule
 #                                            (jobset-inplace.dev/real-node=true; only tolerating
-#                                            pods run there);
+#                                            pods run there); --node-grace DURATION: a node whose
+#                                            kubelet is silent that long turns Ready=Unknown (1h);
 #                                            --install: also the product (epoch or jobset-native)
 #                                            as dist/install-VARIANT.yaml installs it, or with
 #                                            helm:VARIANT by `helm install` of the chart (dist/'s
@@ -676,7 +677,8 @@ up() {
   local node_controller_flags=()
   if [[ -n "$node" ]]; then
     controllers+=,root-ca-certificate-publisher-controller,node-lifecycle-controller,endpointslice-controller,endpoints-controller,deployment-controller,replicaset-controller
-    node_controller_flags=(--node-monitor-grace-period 1h --node-startup-grace-period 1h)
+    node_controller_flags=(--node-monitor-grace-period "$node_grace" --node-startup-grace-period 1h
+      --node-monitor-period 2s)
   fi
   local extra=()
   read -r -a extra <<<"${JOBSET_INPLACE_CONTROLLER_MANAGER_ARGS:-}"
@@ -943,6 +945,10 @@ restart_apiserver() {
 }
 
 nodes_left=0
+# --node-grace: the node lifecycle controller's --node-monitor-grace-period (an hour by default,
+# so that the test kit's nodes, which send no heartbeat, stay Ready; node-loss tests pass 8s: the
+# kubelets renew their leases every 2 s).
+node_grace=1h
 down() {
   local dir="$1"
   [[ -d "$dir" ]] || return 0
@@ -968,6 +974,11 @@ parse_options() {
         shift
         ;;
       --taint) node_taint=1 ;;
+      --node-grace)
+        [[ $# -ge 2 && "$2" =~ ^[0-9]+(s|m|h)$ ]] || usage
+        node_grace="$2"
+        shift
+        ;;
       --install)
         [[ $# -ge 2 ]] || usage
         variant="$2"

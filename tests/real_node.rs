@@ -2715,3 +2715,10 @@ async fn a_jobset_admitted_by_kueue_group_restarts_in_place_without_eviction() {
     })
     .await;
 }
+
+// ---------------------------------------------------------------------------------------------
+// The failure matrix on several real nodes
+// ---------------------------------------------------------------------------------------------
+
+#[path = "real_node/matrix.rs"]
+mod matrix;

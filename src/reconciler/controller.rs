@@ -11,6 +11,7 @@
 //!   JobSets;
 //! - `deadline.rs`: the group-restart deadline carried out (`deadline_entry.rs` is what it keeps);
 //! - `alone.rs`: pods whose agent restarted without their workers, failed and deleted;
+//! - `lost.rs`: the Node watch, and the pods of lost nodes failed and deleted;
 //! - `provisioning.rs`: the agent's ServiceAccount and RoleBinding per namespace;
 //! - `api.rs`: every API call, bounded by the request timeout and fenced by the lease, and the
 //!   errors a reconcile ends with;
@@ -36,6 +37,7 @@ mod alone;
 mod api;
 mod deadline;
 mod deadline_entry;
+mod lost;
 mod provisioning;
 mod publication;
 mod report;
@@ -98,6 +100,9 @@ impl Controller {
         }
         tasks.spawn(report::publish_events(shared.clone(), events_rx));
         tasks.spawn(watches::follow_leadership(shared.clone()));
+        if shared.settings.node_lost_grace.is_some() {
+            tasks.spawn(lost::watch_nodes(shared.clone()));
+        }
         if shared.settings.provision.is_some() {
             tasks.spawn(watches::watch_namespaces(shared.clone()));
             tasks.spawn(provisioning::provision_loop(shared.clone()));
@@ -144,7 +149,7 @@ impl Controller {
 #[cfg(test)]
 mod tests {
     /// Every room of the controller, as compiled.
-    const ROOMS: [(&str, &str); 12] = [
+    const ROOMS: [(&str, &str); 13] = [
         ("alone", include_str!("controller/alone.rs")),
         ("api", include_str!("controller/api.rs")),
         ("deadline", include_str!("controller/deadline.rs")),
@@ -152,6 +157,7 @@ mod tests {
             "deadline_entry",
             include_str!("controller/deadline_entry.rs"),
         ),
+        ("lost", include_str!("controller/lost.rs")),
         ("provisioning", include_str!("controller/provisioning.rs")),
         ("publication", include_str!("controller/publication.rs")),
         ("report", include_str!("controller/report.rs")),

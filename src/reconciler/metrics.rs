@@ -55,6 +55,9 @@ pub struct Metrics {
     /// Pods failed and deleted because their agent restarted without their workers (a node
     /// whose kubelet lacks `RestartAllContainersOnContainerExits`).
     pub agents_restarted_alone: Counter,
+    /// Pods failed and deleted because their node was lost (its Ready condition `Unknown` past
+    /// `--node-lost-grace`).
+    pub pods_node_lost: Counter,
     /// Failed provisionings (or removals) of a namespace's agent account and binding, by reason.
     pub provision_failures: Family<ReasonLabels, Counter>,
     /// Namespaces whose provisioning fails now (each retried with its own backoff).
@@ -116,6 +119,7 @@ impl Metrics {
             deadline_pods_deleted: Counter::default(),
             deadline_jobs_deleted: Counter::default(),
             agents_restarted_alone: Counter::default(),
+            pods_node_lost: Counter::default(),
             provision_failures: Family::default(),
             provision_failing_namespaces: Gauge::default(),
             writes_fenced: Family::default(),
@@ -196,6 +200,11 @@ impl Metrics {
             "agents_restarted_alone",
             "Pods failed and deleted because their agent restarted without their workers (a node whose kubelet lacks RestartAllContainersOnContainerExits)",
             m.agents_restarted_alone.clone(),
+        );
+        r.register(
+            "pods_node_lost",
+            "Pods failed and deleted because their node was lost (Ready Unknown past --node-lost-grace)",
+            m.pods_node_lost.clone(),
         );
         r.register(
             "provision_failures",

@@ -18,6 +18,7 @@ pub mod fence;
 pub mod index;
 pub mod key;
 pub mod metrics;
+pub mod nodes;
 pub mod provision;
 pub mod publish;
 mod queue;
@@ -155,6 +156,13 @@ pub struct Args {
     #[arg(long, env = "JOBSET_INPLACE_GROUP_RESTART_TIMEOUT", value_parser = parse_group_restart_timeout, default_value = "2m")]
     pub group_restart_timeout: Duration,
 
+    /// How long a node's Ready condition may stay Unknown (its kubelet silent past the node
+    /// controller's grace) before the pods of InPlaceRestart JobSets bound to it are marked
+    /// Failed and deleted, so that their Jobs replace them elsewhere. Like 10s, 1m; 0 turns it
+    /// off (Nodes are then not watched).
+    #[arg(long, env = "JOBSET_INPLACE_NODE_LOST_GRACE", value_parser = crate::settings::parse_duration, default_value = "30s")]
+    pub node_lost_grace: Duration,
+
     /// Leader identity (default: $POD_NAME, else the hostname).
     #[arg(long, env = "JOBSET_INPLACE_IDENTITY")]
     pub identity: Option<String>,
@@ -254,6 +262,7 @@ impl Args {
                 publish_epochs: true,
                 group_restart_timeout: (!self.group_restart_timeout.is_zero())
                     .then_some(self.group_restart_timeout),
+                node_lost_grace: (!self.node_lost_grace.is_zero()).then_some(self.node_lost_grace),
             },
             leader_election: self.leader_elect.then(|| LeaderElection {
                 lease_name: self.lease_name.clone(),

@@ -41,6 +41,10 @@ pub struct Settings {
     /// The group-restart deadline's timeout ([`crate::deadline`]), unless a JobSet's annotation
     /// says otherwise; `None`: off. It applies in both modes of `write_epoch_status`.
     pub group_restart_timeout: Option<Duration>,
+    /// How long a node's `Ready` condition stays `Unknown` before its pods of InPlaceRestart
+    /// JobSets are failed and deleted ([`crate::reconciler::nodes`]); `None`: Nodes are not
+    /// watched.
+    pub node_lost_grace: Option<Duration>,
 }
 
 /// [`Settings::request_timeout`] unless configured.

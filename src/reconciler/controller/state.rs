@@ -31,6 +31,7 @@ use crate::protocol::{Epoch, EpochStatus};
 use crate::reconciler::index::{Index, JobSetState};
 use crate::reconciler::key::Key;
 use crate::reconciler::metrics::Metrics;
+use crate::reconciler::nodes::NodeHealth;
 use crate::reconciler::publish::Published;
 use crate::reconciler::queue::Queue;
 
@@ -56,6 +57,8 @@ pub(super) struct Shared {
     pub(super) provision_wake: Notify,
     /// The JobSetEpoch objects as published.
     pub(super) published: Published,
+    /// Each silent node's silence (`lost.rs`).
+    pub(super) node_health: Mutex<NodeHealth>,
 }
 
 /// What the runtime keeps for one JobSet.
@@ -148,6 +151,7 @@ impl Shared {
             enabled_namespaces: Mutex::new(BTreeSet::new()),
             provision_wake: Notify::new(),
             published: Published::default(),
+            node_health: Mutex::new(NodeHealth::default()),
             settings,
         }
     }

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use super::api::{ReconcileError, retry_delay};
 use super::state::Shared;
-use super::{alone, deadline, publication, status};
+use super::{alone, deadline, lost, publication, status};
 use crate::reconciler::key::Key;
 
 pub(super) async fn work(shared: Arc<Shared>) {
@@ -67,5 +67,6 @@ async fn reconcile(shared: &Arc<Shared>, key: &Key) -> Result<(), ReconcileError
     let restarted_alone = status::reconcile_epochs(shared, key).await?;
     publication::publish_epochs(shared, key).await?;
     alone::fail_pods(shared, key, &restarted_alone).await?;
+    lost::fail_pods(shared, key).await?;
     deadline::reconcile(shared, key).await
 }
