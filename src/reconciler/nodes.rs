@@ -168,10 +168,7 @@ mod tests {
             h.next_due(t0 + Duration::from_secs(9), grace),
             Some(Duration::from_secs(1))
         );
-        assert_eq!(
-            h.lost(t0 + grace, grace),
-            BTreeSet::from(["a".to_owned()])
-        );
+        assert_eq!(h.lost(t0 + grace, grace), BTreeSet::from(["a".to_owned()]));
         assert_eq!(h.next_due(t0 + grace, grace), None);
         // Heard again: not lost, and a new silence starts a new clock.
         assert!(h.observe("a", Readiness::Heard, t0 + Duration::from_secs(11)));

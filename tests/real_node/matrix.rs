@@ -61,7 +61,11 @@ fn nodes_of(group: &Group) -> BTreeMap<String, String> {
 fn assert_one_per_node(group: &Group) {
     let nodes = nodes_of(group);
     let distinct: std::collections::BTreeSet<&String> = nodes.values().collect();
-    assert_eq!(distinct.len(), nodes.len(), "one worker per node: {nodes:?}");
+    assert_eq!(
+        distinct.len(),
+        nodes.len(),
+        "one worker per node: {nodes:?}"
+    );
 }
 
 /// The machine-readable line of a row.
@@ -226,25 +230,35 @@ async fn reconciler_leader(node: &Node) -> (String, Vec<String>) {
     let pods: Api<Pod> = Api::namespaced(node.client.clone(), "jobset-inplace-system");
     let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
         Api::namespaced(node.client.clone(), "jobset-inplace-system");
-    eventually("the reconciler's leader", Duration::from_secs(60), || async {
-        let list = leases.list(&ListParams::default()).await.map_err(|e| e.to_string())?;
-        let replicas: Vec<String> = pods
-            .list(&ListParams::default().labels("app.kubernetes.io/name=jobset-inplace-reconciler"))
-            .await
-            .map_err(|e| e.to_string())?
-            .items
-            .into_iter()
-            .filter(|p| p.metadata.deletion_timestamp.is_none())
-            .filter_map(|p| p.metadata.name)
-            .collect();
-        let holder = list
-            .items
-            .iter()
-            .filter_map(|l| l.spec.as_ref()?.holder_identity.clone())
-            .find(|h| replicas.contains(h))
-            .ok_or(format!("no lease held by a replica of {replicas:?}"))?;
-        Ok((holder, replicas))
-    })
+    eventually(
+        "the reconciler's leader",
+        Duration::from_secs(60),
+        || async {
+            let list = leases
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            let replicas: Vec<String> = pods
+                .list(
+                    &ListParams::default()
+                        .labels("app.kubernetes.io/name=jobset-inplace-reconciler"),
+                )
+                .await
+                .map_err(|e| e.to_string())?
+                .items
+                .into_iter()
+                .filter(|p| p.metadata.deletion_timestamp.is_none())
+                .filter_map(|p| p.metadata.name)
+                .collect();
+            let holder = list
+                .items
+                .iter()
+                .filter_map(|l| l.spec.as_ref()?.holder_identity.clone())
+                .find(|h| replicas.contains(h))
+                .ok_or(format!("no lease held by a replica of {replicas:?}"))?;
+            Ok((holder, replicas))
+        },
+    )
     .await
 }
 
@@ -342,14 +356,20 @@ async fn the_matrix_a_worker_that_keeps_failing_ends_by_max_restarts() {
         // Tell the same worker to fail again whenever it runs, until the JobSet fails.
         let failed = eventually("the JobSet Failed", Duration::from_secs(240), || async {
             let js = run.jobsets.get("train").await.map_err(|e| e.to_string())?;
-            let conditions = js.data["status"]["conditions"].as_array().cloned().unwrap_or_default();
+            let conditions = js.data["status"]["conditions"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
             if let Some(c) = conditions
                 .iter()
                 .find(|c| c["type"] == "Failed" && c["status"] == "True")
             {
                 return Ok(c.clone());
             }
-            let exit_file = run.records.path().join(format!("exit-{failing}-{}", run.worker));
+            let exit_file = run
+                .records
+                .path()
+                .join(format!("exit-{failing}-{}", run.worker));
             if !exit_file.exists() {
                 run.exit(&failing, 42);
             }
@@ -368,7 +388,10 @@ async fn the_matrix_a_worker_that_keeps_failing_ends_by_max_restarts() {
             "the worker failed maxRestarts + 1 times before the JobSet failed: {exits} exits"
         );
         assert!(
-            failed["reason"].as_str().unwrap_or_default().contains("MaxRestarts"),
+            failed["reason"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("MaxRestarts"),
             "failed by maxRestarts: {failed}"
         );
         matrix_line("max-restarts", names.len(), 3, started.elapsed());
