@@ -64,8 +64,9 @@ const COMMAND_LIMIT: Duration = Duration::from_secs(120);
 /// The image of scripts/test-image.sh (its default tag).
 const TEST_IMAGE: &str = "localhost/jobset-inplace/test-worker:1";
 
-/// The real node is tainted (NoSchedule, `NODE_TAINT` of node.env) so that only pods meant for
-/// it run there.
+/// With `up --taint` the real nodes are tainted (NoSchedule, `NODE_TAINT` of node.env) so that
+/// only pods meant for them run there; the tests' pods tolerate it, and run on untainted nodes
+/// alike.
 fn real_node_toleration() -> serde_json::Value {
     json!({"key": "jobset-inplace.dev/real-node", "operator": "Equal", "value": "true",
            "effect": "NoSchedule"})
@@ -2385,8 +2386,8 @@ async fn a_kubelet_without_the_gate_gets_its_pods_failed_not_synced_over() {
 
 /// `doctor --pull-check` on a real kubelet: an agent image the node cannot pull (a registry on the
 /// node's own loopback, where nothing listens) is a failure naming `ErrImagePull` with the
-/// kubelet's message; the pull-check pod lands on the tainted node (it tolerates every taint) and
-/// is deleted afterwards.
+/// kubelet's message; the pull-check pod lands on the node (tainted or not: it tolerates every
+/// taint) and is deleted afterwards.
 #[tokio::test]
 async fn doctor_pull_check_reports_an_image_the_node_cannot_pull() {
     const TEST: &str = "doctor_pull_check_reports_an_image_the_node_cannot_pull";
