@@ -735,7 +735,7 @@ up() {
 # DIR/install/ that adds what this cluster needs and a user's would not carry in deploy/:
 # - the JobSet CRD patch of the epoch dialect (deploy/README.md's recipe: JobSet's CRD, which
 #   `up` installed from fixtures/, patched by components/epoch-status-fields);
-# - a toleration of the real node's taint on the two Deployments (the node keeps its taint so
+# - a toleration of the real nodes' taint on the two Deployments (with --taint the nodes keep it so
 #   that tests/real_cluster.rs's pods stay unscheduled there).
 # Then waits until the webhook and reconciler Deployments are rolled out (pods Ready on the node)
 # and the webhook has set its caBundle.
