@@ -167,7 +167,7 @@ const EVENT_FIELDS: &[&str] = &[
 
 /// The resources served by default: pods, jobsets, jobsetepochs, jobs, events (core/v1 and
 /// events.k8s.io/v1),
-/// leases, serviceaccounts, rolebindings, namespaces and customresourcedefinitions.
+/// leases, serviceaccounts, rolebindings, nodes, namespaces and customresourcedefinitions.
 pub fn default_resources() -> Vec<ResourceType> {
     vec![
         ResourceType::namespaced("", "v1", "Pod", "pods")
@@ -206,6 +206,8 @@ pub fn default_resources() -> Vec<ResourceType> {
             "RoleBinding",
             "rolebindings",
         ),
+        // The reconciler's lost-node watch (`--node-lost-grace`) lists and watches them.
+        ResourceType::cluster("", "v1", "Node", "nodes").with_status(),
         ResourceType::cluster("", "v1", "Namespace", "namespaces")
             .with_status()
             .returning_deleted_object()
