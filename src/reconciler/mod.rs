@@ -265,14 +265,17 @@ impl Args {
         };
         // No request of this client waits forever: watches are resumed after `watch_timeout`
         // plus a margin by the watcher; everything else (lists, the lease) gives up at
-        // `watch_timeout` + 15 s, and the reconciler's own calls at `request_timeout`.
+        // `watch_timeout` + 15 s, and the reconciler's own calls at `request_timeout`. kube's
+        // retry layer is off, as in the agent (crate::retry): a throttled call reaches the
+        // reconciler's own backoff at once (jittered `Retry-After`, per JobSet), and no sleep
+        // inside a call is counted against `request_timeout`.
         let mut config = kube::Config::infer().await.map_err(Error::Config)?;
         config.connect_timeout = Some(self.request_timeout);
         config.read_timeout = Some(self.watch_timeout + Duration::from_secs(15));
         config.write_timeout = Some(self.request_timeout);
         // The read timeout counts from each request, not from when its pooled connection idled.
         config.reset_reader_on_write = true;
-        let client = kube::Client::try_from(config).map_err(Error::Client)?;
+        let client = crate::retry::client_without_retries(config).map_err(Error::Client)?;
         let choice = match global.protocol {
             Some(d) => jobset_crd::explicit(d, &format!("--protocol {d}")),
             None => jobset_crd::read(&client, self.request_timeout)
