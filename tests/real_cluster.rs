@@ -4549,7 +4549,16 @@ async fn the_cluster_decides_the_dialect() {
                 "{dialect}"
             );
         }
-        let (report, _) = doctor(&cluster, &[], &["--read-only"]).await;
+        // doctor without an installation to hold it to (a system namespace with none; one that
+        // names its dialect: doctor_fails_when_the_installed_dialect_and_the_crd_disagree).
+        let empty = TestNamespace::create(&cluster, "rc-noinstall").await;
+        let (report, _) = doctor(
+            &cluster,
+            &[],
+            &["--read-only", "--system-namespace", &empty.name],
+        )
+        .await;
+        drop(empty);
         let crd = finding(&report, "jobset-crd");
         assert!(
             crd["detail"]
