@@ -4,6 +4,7 @@
 //! - [`doctor`]: one finding per check, pure checks over the objects read;
 //! - [`status`]: the JobSet's epoch fields and its pods, the pods the group waits for first.
 
+mod dialect;
 pub mod doctor;
 pub mod finding;
 pub mod kueue;
