@@ -82,6 +82,36 @@ pub(super) fn report_malformed(
     }
 }
 
+/// Reports once, as a Warning event, each pod labelled with the JobSet's name that is not one of
+/// its pods ([`crate::reconciler::membership`]): it is not counted. As for malformed
+/// annotations, only those still there are remembered.
+pub(super) fn report_strangers(shared: &Shared, key: &Key, state: &JobSetState) {
+    let strangers = shared.index_strangers(key);
+    if strangers.is_empty() && !shared.with_entry(key, |e| !e.strangers.is_empty()) {
+        return;
+    }
+    let current: HashSet<(String, String)> = strangers
+        .iter()
+        .map(|(pod, why)| (pod.clone(), why.to_string()))
+        .collect();
+    let seen = shared.with_entry(key, |e| std::mem::replace(&mut e.strangers, current.clone()));
+    let mut fresh: Vec<&(String, String)> = current.difference(&seen).collect();
+    fresh.sort();
+    for (pod, why) in fresh {
+        tracing::warn!(namespace = %key.namespace, jobset = %key.name, pod = %pod, reason = %why, "a pod labelled with this JobSet's name is not one of its pods; not counted");
+        emit(
+            shared,
+            key,
+            state,
+            EventType::Warning,
+            "PodNotOfJobSet",
+            format!(
+                "pod {pod} is labelled with this JobSet's name but {why}; it is not counted"
+            ),
+        );
+    }
+}
+
 /// Observe mode: the epoch fields JobSet's own controller moved since last seen are recorded as
 /// if written here (metrics, events); nothing is written.
 pub(super) fn observe(
