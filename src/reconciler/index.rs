@@ -162,8 +162,7 @@ impl PodSet {
                 .outside
                 .get(&view.name)
                 .is_none_or(|(_, m)| *m != membership);
-        self.outside
-            .insert(view.name.clone(), (view, membership));
+        self.outside.insert(view.name.clone(), (view, membership));
         was_member || reason_changed
     }
 
@@ -270,10 +269,7 @@ impl Index {
 
     /// Whether a pod labelled with `key`'s JobSet, controlled by `controller`, counts toward it.
     fn membership_of(&self, key: &Key, controller: Option<&ControllerRef>) -> Membership {
-        let job = controller.and_then(|c| {
-            self.jobs
-                .get(&(key.namespace.clone(), c.name.clone()))
-        });
+        let job = controller.and_then(|c| self.jobs.get(&(key.namespace.clone(), c.name.clone())));
         membership(
             &key.name,
             self.jobsets.get(key).map(|s| s.uid.as_str()),
@@ -315,7 +311,10 @@ impl Index {
 
     /// Applies a Job (its metadata); returns the keys of the JobSets whose pods' membership
     /// changed.
-    pub fn apply_job(&mut self, meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> Vec<Key> {
+    pub fn apply_job(
+        &mut self,
+        meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    ) -> Vec<Key> {
         let Some((ns, name, record)) = JobRecord::from_meta(meta) else {
             return Vec::new();
         };
@@ -340,7 +339,11 @@ impl Index {
 
     /// Decides again the pods of the JobSets a Job is labelled with or controlled by, as it was
     /// and as it is.
-    fn reevaluate_for_job(&mut self, namespace: &str, records: [Option<&JobRecord>; 2]) -> Vec<Key> {
+    fn reevaluate_for_job(
+        &mut self,
+        namespace: &str,
+        records: [Option<&JobRecord>; 2],
+    ) -> Vec<Key> {
         let mut keys: Vec<Key> = records
             .into_iter()
             .flatten()

@@ -136,7 +136,10 @@ impl fmt::Display for Stranger {
         match self {
             Stranger::NoController => write!(f, "it has no controller (no Job created it)"),
             Stranger::NotAJob { api_version, kind } => {
-                write!(f, "its controller is a {kind} ({api_version}), not a batch/v1 Job")
+                write!(
+                    f,
+                    "its controller is a {kind} ({api_version}), not a batch/v1 Job"
+                )
             }
             Stranger::JobOfNoJobSet { job } => {
                 write!(f, "its Job {job} is controlled by no JobSet")

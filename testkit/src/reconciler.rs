@@ -38,10 +38,17 @@ pub fn options(dialect: Dialect, identity: &str) -> Options {
 /// else `<jobset>-job` — created first, if missing, as JobSet's controller creates it (labelled
 /// with the JobSet's name, controlled by the JobSet's UID). The reconciler counts a pod toward a
 /// JobSet only so (`jobset_inplace::reconciler::membership`). The JobSet must exist on `server`.
-pub fn member_of(server: &crate::apiserver::TestApiServer, mut pod: serde_json::Value) -> serde_json::Value {
+pub fn member_of(
+    server: &crate::apiserver::TestApiServer,
+    mut pod: serde_json::Value,
+) -> serde_json::Value {
     use jobset_inplace::protocol::JOBSET_NAME_LABEL;
     use serde_json::json;
-    let text = |v: &serde_json::Value, p: &str| v.pointer(p).and_then(serde_json::Value::as_str).map(str::to_owned);
+    let text = |v: &serde_json::Value, p: &str| {
+        v.pointer(p)
+            .and_then(serde_json::Value::as_str)
+            .map(str::to_owned)
+    };
     let ns = text(&pod, "/metadata/namespace").unwrap_or_else(|| "default".to_owned());
     let labels = pod.pointer("/metadata/labels").cloned().unwrap_or_default();
     let jobset = labels

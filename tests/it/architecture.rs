@@ -377,11 +377,9 @@ fn every_test_docs_security_names_exists() {
         })
         .collect();
     let defines = |text: &str, name: &str| {
-        text.match_indices(&format!("fn {name}"))
-            .any(|(at, m)| {
-                !text[at + m.len()..]
-                    .starts_with(|c: char| c.is_alphanumeric() || c == '_')
-            })
+        text.match_indices(&format!("fn {name}")).any(|(at, m)| {
+            !text[at + m.len()..].starts_with(|c: char| c.is_alphanumeric() || c == '_')
+        })
     };
     let module_file = |segments: &[&str]| {
         let base = root.join("src").join(segments.join("/"));
@@ -392,7 +390,10 @@ fn every_test_docs_security_names_exists() {
     let doc = std::fs::read_to_string(root.join("docs/security.md")).expect("security.md");
     let mut problems = Vec::new();
     let mut rows = 0;
-    for line in doc.lines().filter(|l| l.starts_with('|') && !l.starts_with("|---")) {
+    for line in doc
+        .lines()
+        .filter(|l| l.starts_with('|') && !l.starts_with("|---"))
+    {
         let cells: Vec<&str> = line.trim().trim_matches('|').split('|').collect();
         let Some(tests) = cells.last().map(|c| c.trim()) else {
             continue;
@@ -437,6 +438,13 @@ fn every_test_docs_security_names_exists() {
             problems.push(format!("{row}: names no test"));
         }
     }
-    assert!(rows >= 20, "only {rows} rows read: is the table still there?");
-    assert!(problems.is_empty(), "docs/security.md:\n{}", problems.join("\n"));
+    assert!(
+        rows >= 20,
+        "only {rows} rows read: is the table still there?"
+    );
+    assert!(
+        problems.is_empty(),
+        "docs/security.md:\n{}",
+        problems.join("\n")
+    );
 }

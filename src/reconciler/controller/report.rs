@@ -94,7 +94,9 @@ pub(super) fn report_strangers(shared: &Shared, key: &Key, state: &JobSetState) 
         .iter()
         .map(|(pod, why)| (pod.clone(), why.to_string()))
         .collect();
-    let seen = shared.with_entry(key, |e| std::mem::replace(&mut e.strangers, current.clone()));
+    let seen = shared.with_entry(key, |e| {
+        std::mem::replace(&mut e.strangers, current.clone())
+    });
     let mut fresh: Vec<&(String, String)> = current.difference(&seen).collect();
     fresh.sort();
     for (pod, why) in fresh {
@@ -105,9 +107,7 @@ pub(super) fn report_strangers(shared: &Shared, key: &Key, state: &JobSetState) 
             state,
             EventType::Warning,
             "PodNotOfJobSet",
-            format!(
-                "pod {pod} is labelled with this JobSet's name but {why}; it is not counted"
-            ),
+            format!("pod {pod} is labelled with this JobSet's name but {why}; it is not counted"),
         );
     }
 }

@@ -168,7 +168,8 @@ impl Shared {
 
     /// The three caches (JobSets, pods, Jobs) have synced once.
     pub(super) fn synced(&self) -> bool {
-        self.jobsets_synced.load(std::sync::atomic::Ordering::Acquire)
+        self.jobsets_synced
+            .load(std::sync::atomic::Ordering::Acquire)
             && self.pods_synced.load(std::sync::atomic::Ordering::Acquire)
             && self.jobs_synced.load(std::sync::atomic::Ordering::Acquire)
     }

@@ -10,10 +10,10 @@ use jobset_inplace::reconciler::controller::StateSizes;
 use jobset_inplace::reconciler::metrics::Metrics;
 use jobset_inplace::reconciler::{self, Controller, LeaderElection, Options};
 use jobset_inplace_testkit as testkit;
-use jobset_inplace_testkit::reconciler::member_of;
 use jobset_inplace_testkit::apiserver::{
     Chaos, Options as ServerOptions, TestApiServer, Verb, default_resources,
 };
+use jobset_inplace_testkit::reconciler::member_of;
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
@@ -179,7 +179,10 @@ impl World {
         let pods: i64 = replicated.iter().map(|(r, p)| r * p).sum();
         for i in 0..pods {
             server
-                .create("pods", member_of(&server, pod(name, &format!("{name}-{i}"))))
+                .create(
+                    "pods",
+                    member_of(&server, pod(name, &format!("{name}-{i}"))),
+                )
                 .expect("pod");
         }
         World {

@@ -612,8 +612,12 @@ async fn a_malformed_annotation_is_a_warning_and_the_default_applies() {
         server
             .create("jobsets", jobset(Some("soon"), 5))
             .expect("jobset");
-        server.create("pods", member_of(&server, pod("js-0"))).expect("pod");
-        server.create("pods", member_of(&server, pod("js-1"))).expect("pod");
+        server
+            .create("pods", member_of(&server, pod("js-0")))
+            .expect("pod");
+        server
+            .create("pods", member_of(&server, pod("js-1")))
+            .expect("pod");
         let r = Running::start(
             server.client_named("reconciler"),
             options(dialect, Some(Duration::from_secs(1)), "r1"),
@@ -654,7 +658,9 @@ async fn a_malformed_annotation_is_a_warning_and_the_default_applies() {
                 &json!({"metadata": {"annotations": {TIMEOUT_ANNOTATION: "0"}}}),
             )
             .expect("annotation");
-        server.create("pods", member_of(&server, pod("js-2"))).expect("pod");
+        server
+            .create("pods", member_of(&server, pod("js-2")))
+            .expect("pod");
         tokio::time::sleep(Duration::from_secs(3)).await;
         assert!(server.get("pods", NS, "js-2").is_some());
         assert_eq!(events(&server, NS, "InvalidGroupRestartTimeout").len(), 1);
@@ -677,8 +683,12 @@ async fn wipes_of_the_epoch_fields_do_not_postpone_the_deadline() {
         server
             .create("jobsets", jobset(Some("3s"), 5))
             .expect("jobset");
-        server.create("pods", member_of(&server, pod("js-0"))).expect("pod");
-        server.create("pods", member_of(&server, pod("js-1"))).expect("pod");
+        server
+            .create("pods", member_of(&server, pod("js-0")))
+            .expect("pod");
+        server
+            .create("pods", member_of(&server, pod("js-1")))
+            .expect("pod");
         let r = Running::start(
             server.client_named("reconciler"),
             options(dialect, Some(Duration::from_secs(120)), "r1"),
@@ -742,8 +752,12 @@ async fn a_standby_that_takes_over_keeps_the_clock() {
         let timeout = Duration::from_secs(4);
         let server = TestApiServer::start().await;
         server.create("jobsets", jobset(None, 5)).expect("jobset");
-        server.create("pods", member_of(&server, pod("js-0"))).expect("pod");
-        server.create("pods", member_of(&server, pod("js-1"))).expect("pod");
+        server
+            .create("pods", member_of(&server, pod("js-0")))
+            .expect("pod");
+        server
+            .create("pods", member_of(&server, pod("js-1")))
+            .expect("pod");
         let lease = |identity: &str| {
             let mut o = options(dialect, Some(timeout), identity);
             o.leader_election = Some(LeaderElection {
@@ -977,8 +991,12 @@ async fn a_pod_that_registers_while_its_failed_mark_is_on_its_way_is_left_alone(
         server
             .create("jobsets", jobset(Some("1s"), 5))
             .expect("jobset");
-        server.create("pods", member_of(&server, pod("js-0"))).expect("pod");
-        server.create("pods", member_of(&server, pod("js-1"))).expect("pod");
+        server
+            .create("pods", member_of(&server, pod("js-0")))
+            .expect("pod");
+        server
+            .create("pods", member_of(&server, pod("js-1")))
+            .expect("pod");
         let r = Running::start(
             server.client_named("reconciler"),
             options(dialect, Some(Duration::from_secs(120)), "r1"),
