@@ -389,15 +389,16 @@ impl Index {
         keys
     }
 
-    /// The pods labelled with a JobSet's name that are not its members, and why, by name.
-    pub fn strangers(&self, key: &Key) -> Vec<(String, Stranger)> {
-        let mut out: Vec<(String, Stranger)> = self
+    /// The pods labelled with a JobSet's name that are not its members: name, UID and why, by
+    /// name.
+    pub fn strangers(&self, key: &Key) -> Vec<(String, String, Stranger)> {
+        let mut out: Vec<(String, String, Stranger)> = self
             .pods
             .get(key)
             .into_iter()
             .flat_map(|p| p.outside.iter())
-            .filter_map(|(name, (_, m))| match m {
-                Membership::Stranger(s) => Some((name.clone(), s.clone())),
+            .filter_map(|(name, (view, m))| match m {
+                Membership::Stranger(s) => Some((name.clone(), view.uid.clone(), s.clone())),
                 _ => None,
             })
             .collect();
@@ -929,8 +930,13 @@ mod tests {
 
         assert_eq!(counted(&index, "js"), vec!["real"]);
         assert_eq!(index.pod_count(), 4, "tracked, not counted");
+        let strangers: Vec<(String, Stranger)> = index
+            .strangers(&key("js"))
+            .into_iter()
+            .map(|(name, _, why)| (name, why))
+            .collect();
         assert_eq!(
-            index.strangers(&key("js")),
+            strangers,
             vec![
                 (
                     "borrowed".to_owned(),

@@ -92,22 +92,32 @@ pub(super) fn report_strangers(shared: &Shared, key: &Key, state: &JobSetState) 
     }
     let current: HashSet<(String, String)> = strangers
         .iter()
-        .map(|(pod, why)| (pod.clone(), why.to_string()))
+        .map(|(pod, _, why)| (pod.clone(), why.to_string()))
         .collect();
-    let seen = shared.with_entry(key, |e| {
-        std::mem::replace(&mut e.strangers, current.clone())
-    });
-    let mut fresh: Vec<&(String, String)> = current.difference(&seen).collect();
-    fresh.sort();
-    for (pod, why) in fresh {
+    let seen = shared.with_entry(key, |e| std::mem::replace(&mut e.strangers, current));
+    for (pod, uid, why) in &strangers {
+        let why = why.to_string();
+        if seen.contains(&(pod.clone(), why.clone())) {
+            continue;
+        }
         tracing::warn!(namespace = %key.namespace, jobset = %key.name, pod = %pod, reason = %why, "a pod labelled with this JobSet's name is not one of its pods; not counted");
-        emit(
+        // One series per pod: the recorder's key leaves the note out.
+        let related = ObjectReference {
+            api_version: Some("v1".to_owned()),
+            kind: Some("Pod".to_owned()),
+            namespace: Some(key.namespace.clone()),
+            name: Some(pod.clone()),
+            uid: Some(uid.clone()).filter(|u| !u.is_empty()),
+            ..ObjectReference::default()
+        };
+        emit_related(
             shared,
             key,
             state,
             EventType::Warning,
             "PodNotOfJobSet",
             format!("pod {pod} is labelled with this JobSet's name but {why}; it is not counted"),
+            Some(related),
         );
     }
 }

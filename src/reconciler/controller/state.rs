@@ -158,11 +158,11 @@ impl Shared {
         }
     }
 
-    /// The pods labelled with a JobSet's name that are not its own, and why.
+    /// The pods labelled with a JobSet's name that are not its own: name, UID and why.
     pub(super) fn index_strangers(
         &self,
         key: &Key,
-    ) -> Vec<(String, crate::reconciler::membership::Stranger)> {
+    ) -> Vec<(String, String, crate::reconciler::membership::Stranger)> {
         lock(&self.index).strangers(key)
     }
 
