@@ -428,10 +428,8 @@ fn every_test_docs_security_names_exists() {
                 if !found {
                     problems.push(format!("{row}: no test {token}"));
                 }
-            } else if is_fixture(token) {
-                if !root.join("fixtures/admission").join(token).is_dir() {
-                    problems.push(format!("{row}: no fixture case {token}"));
-                }
+            } else if is_fixture(token) && !root.join("fixtures/admission").join(token).is_dir() {
+                problems.push(format!("{row}: no fixture case {token}"));
             }
         }
         if named == 0 {
