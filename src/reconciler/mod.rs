@@ -2,7 +2,8 @@
 //! moves the epoch status fields, fails JobSets past `maxRestarts`.
 //!
 //! - [`key`]: the name of one JobSet, the key of every per-JobSet map;
-//! - [`index`]: the in-memory index of JobSets and their pods (pure);
+//! - [`index`]: the in-memory index of JobSets, their Jobs and their pods (pure);
+//! - [`membership`]: which pods count toward a JobSet (pure);
 //! - [`controller`]: the runtime, in rooms of one job each (watches, workers and retry, status
 //!   writes, publication, reporting, the group-restart deadline carried out, provisioning, one
 //!   API-call module; the deadline's decision is [`crate::deadline`]);
@@ -17,6 +18,7 @@ pub mod crd;
 pub mod fence;
 pub mod index;
 pub mod key;
+pub mod membership;
 pub mod metrics;
 pub mod provision;
 pub mod publish;
