@@ -137,8 +137,13 @@ async fn main() {
             "status": {"phase": "Running", "containerStatuses": [{"name": "w", "restartCount": 0, "ready": true}]}
         })
     };
+    // As the Job controller creates them: controlled by a Job of the JobSet (the reconciler
+    // counts no other pod).
     server
-        .seed("pods", (0..pods).map(|i| pod(i, 1)))
+        .seed(
+            "pods",
+            (0..pods).map(|i| jobset_inplace_testkit::reconciler::member_of(&server, pod(i, 1))),
+        )
         .expect("pods");
 
     // The reconciler, as deployed: the real binary, a kubeconfig, its own process.

@@ -86,6 +86,16 @@ for overlay in deploy/overlays/*/; do
   echo "dist/install-$variant.yaml: $(grep -c '^kind:' "$dist/install-$variant.yaml") objects"
 done
 [[ ${#variants[@]} -gt 0 ]] || fail "no overlay in deploy/overlays/"
+# The epoch dialect's JobSet CRD patch (the default variant needs it; the CRD is JobSet's, not in
+# the install manifests): `kubectl patch crd jobsets.jobset.x-k8s.io --type json --patch-file`.
+{
+  echo "# jobset-inplace $version: the epoch dialect's status fields for JobSet's CRD, needed by install-epoch.yaml
+# and install-cert-manager.yaml (deploy/components/epoch-status-fields). Apply after JobSet, and again after
+# every JobSet upgrade:
+#   kubectl patch crd jobsets.jobset.x-k8s.io --type json --patch-file jobset-crd-epoch-status-fields.yaml"
+  grep -v '^#' deploy/components/epoch-status-fields/crd-status-fields.yaml
+} >"$dist/jobset-crd-epoch-status-fields.yaml"
+echo "dist/jobset-crd-epoch-status-fields.yaml: the JobSet CRD patch of the epoch dialect"
 
 step "monitoring.yaml and the dashboard"
 header="# jobset-inplace $version monitoring (deploy/components/monitoring): ServiceMonitors and a

@@ -29,12 +29,14 @@ pub struct Cli {
     )]
     pub log_level: String,
 
-    /// Epoch protocol dialect: `auto` (the default: the JobSet CRD's status fields decide, read
-    /// at start), `epoch` (KEP-467 status fields deprecatedEpoch/syncedEpoch) or `attempt`
-    /// (JobSet >= v0.11's previous/currentInPlaceRestartAttempt). A dialect overrides the
-    /// cluster and the `protocol` key of an injection config file.
-    #[arg(long, global = true, env = "JOBSET_INPLACE_PROTOCOL", value_enum, default_value_t = ProtocolFlag::Auto)]
-    pub protocol: ProtocolFlag,
+    /// Epoch protocol dialect: `auto` (the JobSet CRD's status fields decide, read at start),
+    /// `epoch` (KEP-467 status fields deprecatedEpoch/syncedEpoch) or `attempt` (JobSet >=
+    /// v0.11's previous/currentInPlaceRestartAttempt). A dialect overrides the cluster and the
+    /// `protocol` key of an injection config file. Unset: `auto` for the webhook, the reconciler
+    /// and `doctor`; for `inject`, `check` and `review` the config file's `protocol`, else
+    /// `epoch`, and no cluster is contacted (only an explicit `auto` asks the cluster).
+    #[arg(long, global = true, env = "JOBSET_INPLACE_PROTOCOL", value_enum)]
+    pub protocol: Option<ProtocolFlag>,
 
     #[command(subcommand)]
     pub command: Command,
@@ -85,7 +87,9 @@ impl Command {
 impl Cli {
     pub fn global(&self) -> Global {
         Global {
-            protocol: self.protocol.dialect(),
+            protocol: self.protocol.and_then(ProtocolFlag::dialect),
+            protocol_auto_given: self.protocol == Some(ProtocolFlag::Auto),
+            name: "",
         }
     }
 }

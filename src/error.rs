@@ -21,4 +21,16 @@ pub enum Error {
     Telemetry(#[from] crate::telemetry::Error),
 }
 
+impl Error {
+    /// The process's exit code for this error: 2 for what `inject`, `check` and `review` could
+    /// not read or write (docs/reference.md, "Exit codes"), 1 for a denial of `inject` and for
+    /// every other component's error.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Error::Offline(e) => e.exit_code(),
+            _ => 1,
+        }
+    }
+}
+
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -9,6 +9,10 @@ use jobset_inplace::telemetry;
 
 fn main() -> ExitCode {
     // Also run as kubectl's plugin (`kubectl jobset-inplace ...`): see cli::KUBECTL_PLUGIN.
+    // Errors start with the name the binary was run as (`kubectl jobset-inplace` as the plugin).
+    let name = std::env::args_os()
+        .next()
+        .map_or("jobset-inplace", |argv0| cli::bin_name(&argv0));
     let cli = match Cli::try_parse_args(std::env::args_os()) {
         Ok(cli) => cli,
         Err(e) if !e.use_stderr() => {
@@ -17,17 +21,20 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
         Err(e) => {
-            eprintln!("jobset-inplace: {}", cli::one_line_error(&e));
+            eprintln!("{name}: {}", cli::one_line_error(&e));
             return ExitCode::from(2);
         }
     };
     if let Err(e) = telemetry::init_logging(cli.log_format, &cli.log_level) {
-        eprintln!("jobset-inplace: {e}");
+        eprintln!("{name}: {e}");
         return ExitCode::from(2);
     }
     // The one TLS crypto provider of the process (kube's client and our server both use it).
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let global = cli.global();
+    let global = jobset_inplace::settings::Global {
+        name,
+        ..cli.global()
+    };
     // The agent runs on every in-place restart: a single-threaded runtime starts fastest.
     let runtime = match cli.command {
         Command::Agent(_) => tokio::runtime::Builder::new_current_thread()
@@ -40,15 +47,15 @@ fn main() -> ExitCode {
     let runtime = match runtime {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("jobset-inplace: cannot start the async runtime: {e}");
+            eprintln!("{name}: cannot start the async runtime: {e}");
             return ExitCode::FAILURE;
         }
     };
     match runtime.block_on(cli.command.run(global)) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("jobset-inplace: {e}");
-            ExitCode::FAILURE
+            eprintln!("{name}: {e}");
+            ExitCode::from(e.exit_code())
         }
     }
 }

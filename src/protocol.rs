@@ -561,7 +561,13 @@ pub fn reconcile_decide(input: &ReconcileInput<'_>) -> ReconcileDecision {
     // same write its registration would cause (docs/protocol.md, "Early failure detection").
     // Only ever a raise: it never lowers a deprecation decided above, and never re-deprecates
     // what is deprecated already.
-    let Some(synced) = input.status.synced else {
+    // Nothing below the first epoch is ever deprecated (a synced epoch below it was written by
+    // someone else: no agent registers it).
+    let Some(synced) = input
+        .status
+        .synced
+        .filter(|s| *s >= input.dialect.first_epoch())
+    else {
         return decision;
     };
     let Some(pod) = input.pods.iter().find(|p| {
@@ -1247,6 +1253,23 @@ mod tests {
         let pods = [pod("a", Some("1")), pod("b", None)];
         let d = reconcile_decide(&input(Dialect::Epoch, 2, st(None, None), &pods));
         assert!(d.change.is_empty());
+    }
+
+    /// Early detection never deprecates below the first epoch either: a synced epoch of 0 in
+    /// the epoch dialect (written by someone else) is not one a restart can leave (found by the
+    /// fuzzer's `epoch` target).
+    #[test]
+    fn early_detection_never_deprecates_below_the_first_epoch() {
+        let mut a = pod("a", Some("0"));
+        a.restart_begun = true;
+        let pods = [a, pod("b", Some("0"))];
+        let d = reconcile_decide(&input(Dialect::Epoch, 2, st(None, Some(0)), &pods));
+        assert_eq!(d.change.deprecated, None, "{d:?}");
+        assert_eq!(d.early, None);
+        // In the attempt dialect 0 is the first attempt, and it is deprecated early.
+        let d = reconcile_decide(&input(Dialect::Attempt, 2, st(None, Some(0)), &pods));
+        assert_eq!(d.change.deprecated, Some(0), "{d:?}");
+        assert_eq!(d.early.as_deref(), Some("a"));
     }
 
     /// The model check's trace (tests/it/model_check.rs,

@@ -4,7 +4,7 @@
 //!
 //! kube's client has a retry layer of its own, on by default: it retries a `429
 //! TooManyRequests`, `503` or `504` inside one call, up to 15 times, sleeping exactly the
-//! server's `Retry-After`. The agent turns it off ([`client_without_retries`]): thousands of
+//! server's `Retry-After`. The agent and the reconciler turn it off ([`client_without_retries`]): thousands of
 //! agents refused together by API Priority and Fairness would sleep the same `Retry-After` and
 //! come back together, and the agent's per-call timeout ([`bounded`]) would count those sleeps
 //! and abandon calls that were mostly sleeping (each abandoned HTTP/1.1 call closes its

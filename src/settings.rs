@@ -13,6 +13,12 @@ use crate::protocol::Dialect;
 pub struct Global {
     /// `--protocol` / `JOBSET_INPLACE_PROTOCOL`, when it names a dialect (`None` for `auto`).
     pub protocol: Option<Dialect>,
+    /// `--protocol auto` was given (flag or env), not left to its default: the offline commands
+    /// ask the cluster only then.
+    pub protocol_auto_given: bool,
+    /// How the binary names itself in errors (`jobset-inplace`, or `kubectl jobset-inplace` as
+    /// kubectl's plugin); empty means `jobset-inplace`.
+    pub name: &'static str,
 }
 
 impl Global {
@@ -20,6 +26,15 @@ impl Global {
     /// component asks the cluster when the flag is `auto` (`crate::wire::jobset_crd`).
     pub fn dialect(&self) -> Dialect {
         self.protocol.unwrap_or_default()
+    }
+
+    /// The name errors start with.
+    pub fn name(&self) -> &'static str {
+        if self.name.is_empty() {
+            "jobset-inplace"
+        } else {
+            self.name
+        }
     }
 }
 

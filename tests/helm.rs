@@ -120,10 +120,14 @@ fn parse_yaml_stream(text: &str, what: &str) -> Vec<Value> {
         .collect()
 }
 
-/// `--set` arguments of a list of `key=value`.
+/// `--set` arguments of a list of `key=value` (`string:key=value`: `--set-string`, for values
+/// helm would otherwise read as numbers or booleans).
 fn set_args(sets: &[&str]) -> Vec<String> {
     sets.iter()
-        .flat_map(|s| ["--set".to_owned(), (*s).to_owned()])
+        .flat_map(|s| match s.strip_prefix("string:") {
+            Some(s) => ["--set-string".to_owned(), s.to_owned()],
+            None => ["--set".to_owned(), (*s).to_owned()],
+        })
         .collect()
 }
 
@@ -293,6 +297,14 @@ fn normalized(objects: &[Value]) -> BTreeMap<(String, String), Value> {
             a.remove("checksum/config");
         }
         remove_empty(&mut o, &["spec", "template", "metadata", "annotations"]);
+        // Helm's alone: the JobSetEpoch CRD kept on uninstall (crds.keep).
+        if let Some(a) = o
+            .pointer_mut("/metadata/annotations")
+            .and_then(Value::as_object_mut)
+        {
+            a.remove("helm.sh/resource-policy");
+        }
+        remove_empty(&mut o, &["metadata", "annotations"]);
         if o["kind"] == "ConfigMap"
             && let Some(text) = o["data"]["config.yaml"].as_str()
         {
@@ -696,6 +708,20 @@ fn the_schema_rejects_a_wrong_type_and_an_unknown_key() {
             &["reconciler.groupRestartTimeout=soon"],
             &["at '/reconciler/groupRestartTimeout': 'soon' does not match"],
         ),
+        // Labels that would clash with the chart's own.
+        (
+            &["commonLabels.app\\.kubernetes\\.io/name=x"],
+            &["invalid propertyName 'app.kubernetes.io/name'"],
+        ),
+        // Names are fixed: refused with the reason, not as an unknown key.
+        (
+            &["fullnameOverride=platform-jobset-inplace"],
+            &["fullnameOverride: jobset-inplace's object names are fixed"],
+        ),
+        (
+            &["nameOverride=x"],
+            &["nameOverride: jobset-inplace's object names are fixed"],
+        ),
     ];
     let mut failures = Vec::new();
     for (sets, wants) in cases {
@@ -953,6 +979,9 @@ fn jobset_manifest(namespace: &str, name: &str, in_place: bool) -> String {
     js.to_string()
 }
 
+/// The CRD the chart keeps on `helm uninstall` (values: crds.keep).
+const JOBSETEPOCH_CRD: &str = "jobsetepochs.jobset-inplace.dev";
+
 #[test]
 fn helm_installs_upgrades_rolls_back_and_uninstalls_on_a_real_control_plane() {
     let test = "helm_installs_upgrades_rolls_back_and_uninstalls_on_a_real_control_plane";
@@ -1144,14 +1173,39 @@ fn helm_installs_upgrades_rolls_back_and_uninstalls_on_a_real_control_plane() {
         &["uninstall", RELEASE, "--wait", "--timeout", "2m"],
     )
     .unwrap_or_else(|e| panic!("helm uninstall: {e}"));
+    // The JobSetEpoch CRD stays (crds.keep, helm.sh/resource-policy: keep): deleting it would
+    // delete what running JobSets' agents watch. Everything else of the release goes.
+    let kept = ("CustomResourceDefinition", "", JOBSETEPOCH_CRD);
+    assert!(
+        objects
+            .iter()
+            .any(|(kind, _, name)| kind == kept.0 && name == kept.2),
+        "the release installed the JobSetEpoch CRD: {objects:?}"
+    );
     let left: Vec<_> = objects
         .iter()
+        .filter(|(kind, _, name)| !(kind == kept.0 && name == kept.2))
         .filter(|(kind, namespace, name)| exists(k, kind, namespace, name))
         .collect();
     assert!(
         left.is_empty(),
         "left behind after helm uninstall: {left:?}"
     );
+    assert!(
+        exists(k, kept.0, kept.1, kept.2),
+        "helm uninstall deleted the JobSetEpoch CRD"
+    );
+    kubectl(
+        k,
+        &[
+            "delete",
+            "crd",
+            JOBSETEPOCH_CRD,
+            "--wait=true",
+            "--timeout=60s",
+        ],
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     assert!(
         helm_on(&helm, k, &["status", RELEASE]).is_err(),
         "the release is gone"
@@ -1197,4 +1251,291 @@ fn helm_installs_upgrades_rolls_back_and_uninstalls_on_a_real_control_plane() {
         )
         .unwrap_or_else(|e| panic!("{e}"));
     }
+}
+
+/// What users of JobSet's and Kueue's charts set (issue 36): common labels, pod labels and
+/// annotations, extra arguments and environment, the log level, topology spread, security
+/// contexts merged over the restricted profile, cert-manager's issuer; and a budget that follows
+/// the replicas.
+#[test]
+fn the_values_users_of_other_charts_set_reach_the_objects() {
+    let Some(helm) = helm() else { return };
+    let objects = template(
+        &helm,
+        &[
+            "commonLabels.team=ml-platform",
+            "logLevel=jobset_inplace=debug",
+            "string:webhook.podLabels.sidecar\\.istio\\.io/inject=false",
+            "string:webhook.podAnnotations.prometheus\\.io/scrape=true",
+            "webhook.extraArgs[0]=--max-body-bytes-in-flight=32Mi",
+            "reconciler.extraEnv[0].name=HTTPS_PROXY",
+            "reconciler.extraEnv[0].value=http://proxy.internal:3128",
+            "reconciler.topologySpreadConstraints[0].maxSkew=1",
+            "reconciler.topologySpreadConstraints[0].topologyKey=topology.kubernetes.io/zone",
+            "reconciler.topologySpreadConstraints[0].whenUnsatisfiable=ScheduleAnyway",
+            "reconciler.podSecurityContext.fsGroup=2000",
+            "webhook.securityContext.runAsUser=1001",
+        ],
+    );
+    for o in &objects {
+        assert_eq!(
+            o["metadata"]["labels"]["team"], "ml-platform",
+            "{} {}",
+            o["kind"], o["metadata"]["name"]
+        );
+    }
+    let webhook = object(&objects, "Deployment", "jobset-inplace-webhook");
+    let pod = &webhook["spec"]["template"];
+    assert_eq!(
+        pod["metadata"]["labels"]["sidecar.istio.io/inject"],
+        "false"
+    );
+    assert_eq!(
+        pod["metadata"]["labels"]["app.kubernetes.io/name"],
+        "jobset-inplace-webhook"
+    );
+    assert_eq!(
+        pod["metadata"]["annotations"]["prometheus.io/scrape"],
+        "true"
+    );
+    let c = container(&objects, "jobset-inplace-webhook");
+    let args = strings(&c["args"]);
+    assert!(
+        args.contains(&"--max-body-bytes-in-flight=32Mi".to_owned()),
+        "{args:?}"
+    );
+    assert!(
+        args.contains(&"--log-level=jobset_inplace=debug".to_owned()),
+        "{args:?}"
+    );
+    // Merged over the restricted profile: the rest of it stays.
+    assert_eq!(c["securityContext"]["runAsUser"], 1001);
+    assert_eq!(c["securityContext"]["readOnlyRootFilesystem"], true);
+    assert_eq!(c["securityContext"]["capabilities"]["drop"][0], "ALL");
+    // The binary takes what the chart passes.
+    parse_args(c);
+
+    let reconciler = object(&objects, "Deployment", "jobset-inplace-reconciler");
+    let spec = &reconciler["spec"]["template"]["spec"];
+    assert_eq!(spec["securityContext"]["fsGroup"], 2000);
+    assert_eq!(spec["securityContext"]["runAsNonRoot"], true);
+    assert_eq!(
+        spec["securityContext"]["seccompProfile"]["type"],
+        "RuntimeDefault"
+    );
+    assert_eq!(
+        spec["topologySpreadConstraints"][0]["topologyKey"],
+        "topology.kubernetes.io/zone"
+    );
+    let rc = container(&objects, "jobset-inplace-reconciler");
+    assert_eq!(
+        env_value(rc, "HTTPS_PROXY").as_deref(),
+        Some("http://proxy.internal:3128")
+    );
+    assert!(strings(&rc["args"]).contains(&"--log-level=jobset_inplace=debug".to_owned()));
+    parse_args(rc);
+
+    // The budget follows the replicas: none at 1 (it would block every drain of the node).
+    let budgets = |replicas: &str| -> Vec<Value> {
+        template(&helm, &[&format!("webhook.replicas={replicas}")])
+            .into_iter()
+            .filter(|o| o["kind"] == "PodDisruptionBudget")
+            .collect()
+    };
+    assert!(
+        budgets("1").is_empty(),
+        "a budget with one replica blocks drains"
+    );
+    for replicas in ["2", "3"] {
+        let b = budgets(replicas);
+        assert_eq!(b.len(), 1, "{replicas} replicas");
+        assert_eq!(b[0]["spec"]["maxUnavailable"], 1, "{replicas} replicas");
+    }
+
+    // cert-manager with the user's issuer: no CA of the chart's own.
+    let objects = template(
+        &helm,
+        &[
+            "certificates=cert-manager",
+            "certManager.issuerRef.name=corp-ca",
+            "certManager.issuerRef.kind=ClusterIssuer",
+        ],
+    );
+    assert!(
+        !objects.iter().any(|o| o["kind"] == "Issuer"),
+        "no Issuer of the chart's own"
+    );
+    let cert = object(&objects, "Certificate", "jobset-inplace-webhook");
+    assert_eq!(cert["spec"]["issuerRef"]["name"], "corp-ca");
+    assert_eq!(cert["spec"]["issuerRef"]["kind"], "ClusterIssuer");
+    assert!(
+        !objects
+            .iter()
+            .any(|o| o["kind"] == "Certificate" && o["metadata"]["name"] == "jobset-inplace-ca")
+    );
+
+    // The JobSetEpoch CRD is kept on uninstall unless asked.
+    let crd = |sets: &[&str]| {
+        template(&helm, sets)
+            .into_iter()
+            .find(|o| o["metadata"]["name"] == JOBSETEPOCH_CRD)
+            .expect("the chart renders the JobSetEpoch CRD")
+    };
+    assert_eq!(
+        crd(&[])["metadata"]["annotations"]["helm.sh/resource-policy"],
+        "keep"
+    );
+    assert!(crd(&["crds.keep=false"])["metadata"]["annotations"].is_null());
+}
+
+/// `reconciler.groupRestartTimeout`: the schema takes what the binary's duration parser takes
+/// (humantime's units, whole seconds), and the binary checks the range (1s to 24h).
+#[test]
+fn the_schema_and_the_binary_accept_the_same_durations() {
+    let Some(helm) = helm() else { return };
+    let corpus = [
+        "", "0", "90", "90 ", "90s", "5m", "1h30m", "1h 30m", "1d", "90d", "1.5h", "500ms", "2min",
+        "3 hours", "1w", "soon", "2x", "-5s", "1h-", " ", "1e3s", "0x10",
+    ];
+    let mut failures = Vec::new();
+    for text in corpus {
+        let set = format!("reconciler.groupRestartTimeout={text}");
+        let set = format!("string:{set}");
+        let schema = try_template(&helm, &[&set]).is_ok();
+        // Empty: no flag (the binary's default).
+        let binary = text.is_empty() || jobset_inplace::settings::parse_duration(text).is_ok();
+        if schema != binary {
+            failures.push(format!("{text:?}: schema {schema}, binary {binary}"));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    // In the range the binary takes: 1 day is the longest.
+    assert!(jobset_inplace::deadline::parse_timeout("1d").is_ok());
+    assert!(jobset_inplace::deadline::parse_timeout("90d").is_err());
+}
+
+/// The line of charts/jobset-inplace/README.md below which the values' table is generated.
+const README_MARKER: &str = "<!-- The table below is generated from values.yaml by tests/helm.rs \
+                             (UPDATE_CHART_README=1 cargo test --test helm chart_readme). -->";
+
+/// The values' table of the chart's README: one row per leaf of values.yaml (a key whose value
+/// is on its line: a scalar, `{}` or `[]`), with the comment lines just above it (or above the
+/// nearest enclosing key that has them) as its description.
+fn values_table(values_yaml: &str) -> String {
+    let mut rows = Vec::new();
+    // (indent, key, its comment) of the enclosing keys.
+    let mut stack: Vec<(usize, String, String)> = Vec::new();
+    let mut comment: Vec<String> = Vec::new();
+    for line in values_yaml.lines() {
+        let trimmed = line.trim_start();
+        let indent = line.len() - trimmed.len();
+        if trimmed.is_empty() {
+            comment.clear();
+            continue;
+        }
+        // A comment block describes the key right below it; a blank line ends it (so the file's
+        // header, followed by one, describes nothing).
+        if let Some(text) = trimmed.strip_prefix('#') {
+            comment.push(text.trim().to_owned());
+            continue;
+        }
+        let Some((key, value)) = trimmed.split_once(':') else {
+            continue;
+        };
+        while stack.last().is_some_and(|(i, _, _)| *i >= indent) {
+            stack.pop();
+        }
+        let own = comment.join(" ");
+        comment.clear();
+        let value = value.trim();
+        let path: Vec<&str> = stack
+            .iter()
+            .map(|(_, k, _)| k.as_str())
+            .chain([key])
+            .collect();
+        if value.is_empty() {
+            stack.push((indent, key.to_owned(), own));
+            continue;
+        }
+        let description = if own.is_empty() {
+            stack
+                .iter()
+                .rev()
+                .map(|(_, _, c)| c.as_str())
+                .find(|c| !c.is_empty())
+                .unwrap_or("")
+                .to_owned()
+        } else {
+            own
+        };
+        rows.push(format!(
+            "| `{}` | `{}` | {} |",
+            path.join("."),
+            value.replace('|', "\\|"),
+            description.replace('|', "\\|")
+        ));
+    }
+    let mut out = String::from("| value | default | what it is |\n|---|---|---|\n");
+    for r in rows {
+        out.push_str(&r);
+        out.push('\n');
+    }
+    out
+}
+
+#[test]
+fn chart_readme_lists_every_value_as_values_yaml_says() {
+    let dir = chart_dir();
+    let values = std::fs::read_to_string(dir.join("values.yaml")).expect("values.yaml");
+    let path = dir.join("README.md");
+    let readme = std::fs::read_to_string(&path).expect("charts/jobset-inplace/README.md");
+    let head = readme
+        .split_once(README_MARKER)
+        .map(|(head, _)| head)
+        .unwrap_or_else(|| panic!("{} lacks the line {README_MARKER}", path.display()));
+    let want = format!("{head}{README_MARKER}\n\n{}", values_table(&values));
+    if std::env::var_os("UPDATE_CHART_README").is_some() {
+        std::fs::write(&path, &want).expect("write the README");
+        return;
+    }
+    assert!(
+        readme == want,
+        "{} is not what values.yaml says: run UPDATE_CHART_README=1 cargo test --test helm chart_readme",
+        path.display()
+    );
+    // Every leaf of the schema's top level is in it, so a value added to values.yaml without a
+    // row cannot pass.
+    let schema: Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("values.schema.json")).expect("schema"),
+    )
+    .expect("schema JSON");
+    for key in schema["properties"].as_object().expect("properties").keys() {
+        assert!(
+            readme.contains(&format!("| `{key}")),
+            "README has no row for {key}"
+        );
+    }
+}
+
+#[test]
+fn the_chart_carries_the_projects_licence() {
+    let root = std::fs::read(repo().join("LICENSE")).expect("LICENSE");
+    let chart = std::fs::read(chart_dir().join("LICENSE")).expect("charts/jobset-inplace/LICENSE");
+    assert!(
+        root == chart,
+        "the chart's LICENSE differs from the repository's"
+    );
+    assert!(String::from_utf8_lossy(&root).contains("Apache License"));
+}
+
+#[test]
+fn values_table_nests_keys_and_inherits_descriptions() {
+    let yaml = "# header\n\n# The image.\nimage:\n  # Where.\n  registry: ghcr.io\n  tag: \"\"\nlist: []\n";
+    assert_eq!(
+        values_table(yaml),
+        "| value | default | what it is |\n|---|---|---|\n\
+         | `image.registry` | `ghcr.io` | Where. |\n\
+         | `image.tag` | `\"\"` | The image. |\n\
+         | `list` | `[]` |  |\n"
+    );
 }

@@ -1702,7 +1702,7 @@ impl Reconciler {
         Reconciler { child, dir, health }
     }
 
-    /// Waits for its /readyz (both caches synced once).
+    /// Waits for its /readyz (the three caches synced once).
     async fn ready(&self) {
         reconciler_ready(self.health, || self.log_tail()).await;
     }
@@ -1844,6 +1844,55 @@ async fn epochs(
     ))
 }
 
+/// The names of the `count` pods of the JobSet `jobset` that the Job controller made (each
+/// controlled by a Job), sorted; waits for them.
+async fn jobset_pods(pods: &Api<Pod>, jobset: &str, count: usize) -> Vec<String> {
+    eventually(
+        &format!("{count} pods of {jobset} made by the Job controller"),
+        Duration::from_secs(120),
+        || async {
+            let list = pods
+                .list(
+                    &ListParams::default()
+                        .labels(&format!("jobset.sigs.k8s.io/jobset-name={jobset}")),
+                )
+                .await
+                .map_err(|e| e.to_string())?;
+            let mut names: Vec<String> = list
+                .items
+                .iter()
+                .filter(|p| {
+                    p.metadata
+                        .owner_references
+                        .iter()
+                        .flatten()
+                        .any(|o| o.kind == "Job" && o.controller == Some(true))
+                })
+                .filter_map(|p| p.metadata.name.clone())
+                .collect();
+            names.sort();
+            (names.len() == count)
+                .then_some(names)
+                .ok_or_else(|| format!("{} so far", list.items.len()))
+        },
+    )
+    .await
+}
+
+/// A JobSet of `pods` pods of one replicatedJob, as the webhook (not running) would leave it
+/// for JobSet's own webhook: the story1 fixture without the injection.
+fn plain_in_place_jobset(name: &str, namespace: &str, pods: usize) -> DynamicObject {
+    let mut js = fixture_object("story1-plain");
+    js["metadata"] = json!({"name": name, "namespace": namespace});
+    let job = &mut js["spec"]["replicatedJobs"][0];
+    job["replicas"] = json!(1);
+    job["template"]["spec"]["parallelism"] = json!(pods);
+    job["template"]["spec"]["completions"] = json!(pods);
+    job["template"]["spec"]["backoffLimit"] = json!(2147483647);
+    job["template"]["spec"]["podReplacementPolicy"] = json!("Failed");
+    serde_json::from_value(js).expect("JobSet")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_reconciler_moves_epochs_and_hands_over_its_lease() {
     with_cluster(
@@ -1909,24 +1958,14 @@ async fn the_reconciler_moves_epochs_and_hands_over_its_lease() {
             )
             .await;
 
-            // Two pods register epoch 1: synced 1.
-            for name in ["w-0", "w-1"] {
-                let mut p = pod(name, "1");
-                p.metadata
-                    .labels
-                    .get_or_insert_default()
-                    .insert("jobset.sigs.k8s.io/jobset-name".into(), "sync".into());
-                eventually(
-                    &format!("create pod {name}"),
-                    Duration::from_secs(30),
-                    || async {
-                        pods.create(&PostParams::default(), &p)
-                            .await
-                            .map(|_| ())
-                            .map_err(|e| e.to_string())
-                    },
-                )
-                .await;
+            // The two pods JobSet's controller and the Job controller made (only those count, issue
+            // 34: a pod created by hand with the label does not) register epoch 1: synced 1.
+            let made = jobset_pods(&pods, "sync", 2).await;
+            let (w0, w1) = (made[0].as_str(), made[1].as_str());
+            for name in [w0, w1] {
+                pods.patch(name, &pp, &epoch_patch("1"))
+                    .await
+                    .unwrap_or_else(|e| panic!("{name} at 1: {e}"));
             }
             let want = |d: Option<i64>, s: Option<i64>| {
                 let jobsets = jobsets.clone();
@@ -1940,7 +1979,7 @@ async fn the_reconciler_moves_epochs_and_hands_over_its_lease() {
             };
             eventually("synced 1", Duration::from_secs(30), want(None, Some(1))).await;
             // One pod restarts and registers 2: deprecated 1 (everyone at 1 must restart).
-            pods.patch("w-0", &pp, &epoch_patch("2"))
+            pods.patch(w0, &pp, &epoch_patch("2"))
                 .await
                 .expect("w-0 at 2");
             eventually(
@@ -1962,7 +2001,7 @@ async fn the_reconciler_moves_epochs_and_hands_over_its_lease() {
                 },
             )
             .await;
-            pods.patch("w-1", &pp, &epoch_patch("2"))
+            pods.patch(w1, &pp, &epoch_patch("2"))
                 .await
                 .expect("w-1 at 2");
             eventually(
@@ -1972,6 +2011,143 @@ async fn the_reconciler_moves_epochs_and_hands_over_its_lease() {
             )
             .await;
             second.kill().await;
+            drop(ns);
+        },
+    )
+    .await;
+}
+
+/// Issue 34 item 4, on the real API server with JobSet's and the Job controller: pods labelled
+/// with a JobSet's name that no Job of it controls — one with an epoch annotation of 2147483647
+/// and no owner, one at the next epoch and no owner, one whose controller reference names a Job
+/// of another JobSet — neither fail the JobSet nor start a group restart (before, the second
+/// deprecated the synced epoch at once); each is said once as a Warning. The pods the real
+/// controllers made keep counting: a group restart of theirs goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_no_job_of_the_jobset_controls_do_not_count() {
+    with_cluster(
+        "pods_no_job_of_the_jobset_controls_do_not_count",
+        |cluster| async move {
+            if !jobset_controller_runs(&cluster).await {
+                panic!("JobSet's controller is not running (scripts/control-plane.sh starts it)");
+            }
+            install(&cluster, "epoch").await;
+            delete_webhook_configurations(&cluster).await;
+            let ns = TestNamespace::create(&cluster, "rc-members").await;
+            let jobsets = jobset_api(&cluster.client, &ns.name);
+            let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), &ns.name);
+            let pp = PatchParams::default();
+            for (name, count) in [("own", 2), ("other", 1)] {
+                jobsets
+                    .create(&PostParams::default(), &plain_in_place_jobset(name, &ns.name, count))
+                    .await
+                    .unwrap_or_else(|e| panic!("create the JobSet {name}: {e}"));
+            }
+            let reconciler = Reconciler::start(&cluster, "real-cluster-members").await;
+            reconciler.ready().await;
+            let made = jobset_pods(&pods, "own", 2).await;
+            let other = jobset_pods(&pods, "other", 1).await;
+            for name in &made {
+                pods.patch(name, &pp, &epoch_patch("1"))
+                    .await
+                    .unwrap_or_else(|e| panic!("{name} at 1: {e}"));
+            }
+            let want = |d: Option<i64>, s: Option<i64>| {
+                let jobsets = jobsets.clone();
+                move || {
+                    let jobsets = jobsets.clone();
+                    async move {
+                        let got = epochs(&jobsets, "own").await?;
+                        (got == (d, s)).then_some(()).ok_or(format!("{got:?}"))
+                    }
+                }
+            };
+            try_eventually(Duration::from_secs(60), want(None, Some(1)))
+                .await
+                .unwrap_or_else(|e| panic!("synced 1: {e}\nreconciler:\n{}", reconciler.log_tail()));
+
+            // The strangers, created as any pod creator of the namespace can.
+            let other_job = pods
+                .get(&other[0])
+                .await
+                .expect("other's pod")
+                .metadata
+                .owner_references
+                .unwrap_or_default();
+            let stranger = |name: &str, epoch: &str, owners: Option<&Value>| {
+                let mut p = json!({
+                    "metadata": {"name": name,
+                                 "labels": {"jobset.sigs.k8s.io/jobset-name": "own"},
+                                 "annotations": {EPOCH_ANNOTATION: epoch}},
+                    "spec": {"containers": [{"name": "worker", "image": "registry.example/worker:1"}]}
+                });
+                if let Some(o) = owners {
+                    p["metadata"]["ownerReferences"] = o.clone();
+                }
+                serde_json::from_value::<Pod>(p).expect("pod")
+            };
+            let borrowed = serde_json::to_value(&other_job).expect("owners");
+            for p in [
+                stranger("forged-max", "2147483647", None),
+                stranger("forged-next", "2", None),
+                stranger("borrowed", "2", Some(&borrowed)),
+            ] {
+                pods.create(&PostParams::default(), &p)
+                    .await
+                    .unwrap_or_else(|e| panic!("create a stranger: {e}"));
+            }
+            let events: Api<k8s_openapi::api::events::v1::Event> =
+                Api::namespaced(cluster.client.clone(), &ns.name);
+            for name in ["forged-max", "forged-next", "borrowed"] {
+                try_eventually(Duration::from_secs(30), || async {
+                    let list = events
+                        .list(&ListParams::default())
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    let said = list
+                        .items
+                        .iter()
+                        .filter(|e| {
+                            e.reason.as_deref() == Some("PodNotOfJobSet")
+                                && e.type_.as_deref() == Some("Warning")
+                                && e.note
+                                    .as_deref()
+                                    .is_some_and(|n| n.starts_with(&format!("pod {name} ")))
+                        })
+                        .count();
+                    (said == 1).then_some(()).ok_or(format!("{said} events"))
+                })
+                .await
+                .unwrap_or_else(|e| {
+                    panic!("{name} said once: {e}\nreconciler:\n{}", reconciler.log_tail())
+                });
+            }
+            // Time for a wrong decision to land: none does.
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            let js = jobsets.get("own").await.expect("own");
+            assert_eq!(
+                epochs(&jobsets, "own").await.expect("epochs"),
+                (None, Some(1)),
+                "no group restart"
+            );
+            assert_ne!(js.data["status"]["terminalState"], "Failed", "{}", js.data["status"]);
+            let failed = js.data["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| c["type"] == "Failed" && c["status"] == "True");
+            assert!(!failed, "{}", js.data["status"]);
+
+            // The real pods restart as ever.
+            pods.patch(&made[0], &pp, &epoch_patch("2"))
+                .await
+                .expect("at 2");
+            eventually("deprecated 1", Duration::from_secs(30), want(Some(1), Some(1))).await;
+            pods.patch(&made[1], &pp, &epoch_patch("2"))
+                .await
+                .expect("at 2");
+            eventually("synced 2", Duration::from_secs(30), want(Some(1), Some(2))).await;
+            reconciler.kill().await;
             drop(ns);
         },
     )
@@ -4549,7 +4725,16 @@ async fn the_cluster_decides_the_dialect() {
                 "{dialect}"
             );
         }
-        let (report, _) = doctor(&cluster, &[], &["--read-only"]).await;
+        // doctor without an installation to hold it to (a system namespace with none; one that
+        // names its dialect: doctor_fails_when_the_installed_dialect_and_the_crd_disagree).
+        let empty = TestNamespace::create(&cluster, "rc-noinstall").await;
+        let (report, _) = doctor(
+            &cluster,
+            &[],
+            &["--read-only", "--system-namespace", &empty.name],
+        )
+        .await;
+        drop(empty);
         let crd = finding(&report, "jobset-crd");
         assert!(
             crd["detail"]
@@ -5770,6 +5955,295 @@ async fn trainjobs_across_an_upgrade_keep_a_running_injection_and_take_the_new_o
 
         new.stop().await;
         delete_webhook_configurations(&cluster).await;
+        drop(ns);
+    })
+    .await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Issue 36: doctor holds the installed dialect against the CRD; check's verdict on Trainer's
+// runtimes is the cluster's
+// ---------------------------------------------------------------------------------------------
+
+/// `doctor`'s `jobset-crd` fails when the installation's dialect (the key `protocol` of the
+/// ConfigMap the reconciler Deployment's `JOBSET_INPLACE_PROTOCOL` names, as the install
+/// manifests and the chart write it) and the JobSet CRD disagree, naming the fix; it passes once
+/// the CRD has the fields. The "installation" is those two objects in a namespace of the test's
+/// (`--system-namespace`); its Deployment has no replica (nothing runs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_fails_when_the_installed_dialect_and_the_crd_disagree() {
+    const TEST: &str = "doctor_fails_when_the_installed_dialect_and_the_crd_disagree";
+    with_cluster(TEST, |cluster| async move {
+        let ns = TestNamespace::create(&cluster, "rc-dialect").await;
+        let pp = PostParams::default();
+        let config_maps: Api<k8s_openapi::api::core::v1::ConfigMap> =
+            Api::namespaced(cluster.client.clone(), &ns.name);
+        config_maps
+            .create(
+                &pp,
+                &serde_json::from_value(json!({
+                    "metadata": {"name": "jobset-inplace-config-t3st"},
+                    "data": {"protocol": "epoch", "config.yaml": "protocol: epoch\n"}
+                }))
+                .expect("ConfigMap"),
+            )
+            .await
+            .expect("create the ConfigMap");
+        let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
+            Api::namespaced(cluster.client.clone(), &ns.name);
+        deployments
+            .create(
+                &pp,
+                &serde_json::from_value(json!({
+                    "metadata": {"name": "jobset-inplace-reconciler"},
+                    "spec": {"replicas": 0,
+                        "selector": {"matchLabels": {"app": "r"}},
+                        "template": {"metadata": {"labels": {"app": "r"}}, "spec": {"containers": [{
+                            "name": "reconciler", "image": "registry.example/none:1",
+                            "args": ["reconciler"],
+                            "env": [{"name": "JOBSET_INPLACE_PROTOCOL", "valueFrom": {"configMapKeyRef":
+                                {"name": "jobset-inplace-config-t3st", "key": "protocol"}}}]}]}}}
+                }))
+                .expect("Deployment"),
+            )
+            .await
+            .expect("create the Deployment");
+        let run = || async {
+            let (report, code) = doctor(
+                &cluster,
+                &[],
+                &["--read-only", "--system-namespace", &ns.name],
+            )
+            .await;
+            (finding(&report, "jobset-crd"), code)
+        };
+        // JobSet's CRD as released (the attempt fields only); then patched as the fix says, with
+        // the JSON patch dist/ carries (scripts/dist.sh copies this component's file). (Put back
+        // before the verdicts: the other tests need the epoch fields as they had them.)
+        set_jobset_crd_fields(&cluster, true, false).await;
+        let (released, code) = run().await;
+        let patch = manifest_dir().join("deploy/components/epoch-status-fields/crd-status-fields.yaml");
+        let patched_by_kubectl = kubectl(
+            Some(&cluster.kubeconfig),
+            &[
+                "patch",
+                "crd",
+                "jobsets.jobset.x-k8s.io",
+                "--type",
+                "json",
+                "--patch-file",
+                &patch.display().to_string(),
+            ],
+        )
+        .await;
+        let (patched, _) = run().await;
+        set_jobset_crd_fields(&cluster, true, true).await;
+        patched_by_kubectl.expect("kubectl patch with the dist/ patch");
+
+        assert_eq!(released["verdict"], "fail", "{released:#}");
+        assert_eq!(code, Some(1), "{released:#}");
+        let detail = released["detail"].as_str().unwrap_or_default();
+        for needle in [
+            "the installation runs the epoch protocol",
+            "key protocol of ConfigMap",
+            "jobset-inplace-config-t3st",
+            "deprecatedEpoch",
+            "kubectl patch crd jobsets.jobset.x-k8s.io --type json --patch-file",
+        ] {
+            assert!(detail.contains(needle), "{needle}: {released:#}");
+        }
+        assert_eq!(patched["verdict"], "ok", "{patched:#}");
+        assert!(
+            patched["detail"]
+                .as_str()
+                .is_some_and(|d| d.starts_with("the installation runs the epoch protocol")),
+            "{patched:#}"
+        );
+        drop(ns);
+    })
+    .await;
+}
+
+/// The ClusterTrainingRuntimes of Trainer v2.3.0 (fixtures/upstream/trainer-v2.3.0-runtimes) with
+/// InPlaceRestart switched on in their JobSet template, renamed for the test; and one of them with
+/// an explicit `backoffLimit: 0` on its trainer job, which both must deny.
+fn upstream_runtimes(prefix: &str) -> Vec<(String, Value)> {
+    let dir = manifest_dir().join("fixtures/upstream/trainer-v2.3.0-runtimes");
+    let mut files = Vec::new();
+    let mut dirs = vec![dir];
+    while let Some(d) = dirs.pop() {
+        for entry in std::fs::read_dir(&d).expect("fixture dir") {
+            let path = entry.expect("entry").path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "yaml") {
+                files.push(path);
+            }
+        }
+    }
+    files.sort();
+    let mut out = Vec::new();
+    for (i, path) in files.iter().enumerate() {
+        let mut runtime: Value =
+            serde_saphyr::from_str(&std::fs::read_to_string(path).expect("read")).expect("yaml");
+        runtime["metadata"]["name"] = json!(format!("{prefix}-{i}"));
+        runtime["spec"]["template"]["spec"]["failurePolicy"]["restartStrategy"] =
+            json!("InPlaceRestart");
+        out.push((path.display().to_string(), runtime));
+    }
+    let (file, torch) = out
+        .iter()
+        .find(|(f, _)| f.ends_with("/torch_distributed.yaml"))
+        .cloned()
+        .expect("torch_distributed.yaml");
+    let mut denied = torch;
+    denied["metadata"]["name"] = json!(format!("{prefix}-denied"));
+    for job in denied["spec"]["template"]["spec"]["replicatedJobs"]
+        .as_array_mut()
+        .expect("replicatedJobs")
+    {
+        if job["template"]["metadata"]["labels"]["trainer.kubeflow.org/trainjob-ancestor-step"]
+            == "trainer"
+        {
+            job["template"]["spec"]["backoffLimit"] = json!(0);
+        }
+    }
+    out.push((format!("{file} with backoffLimit 0"), denied));
+    out
+}
+
+/// Issue 36: for each of Trainer v2.3.0's released runtimes with InPlaceRestart, a TrainJob on it
+/// (suspended: nothing needs to run) gets from the cluster (Trainer building the JobSet, our
+/// webhook on loopback, JobSet's) the verdict `check` gives the TrainJob and its runtime: the
+/// JobSet is created (injected), or Trainer reports the refused apply with the fields `check`
+/// names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trainers_runtimes_get_the_verdict_check_gives() {
+    const TEST: &str = "trainers_runtimes_get_the_verdict_check_gives";
+    with_cluster(TEST, |cluster| async move {
+        if !addon_started(&cluster, TEST, "trainer") {
+            return;
+        }
+        // The webhook on loopback injects the epoch dialect (its default outside a cluster).
+        ensure_epoch_status_fields(&cluster).await;
+        let webhook = serve_webhook(&cluster).await;
+        let ns = TestNamespace::create(&cluster, "rc-runtimes").await;
+        let runtimes = upstream_runtimes(&ns.name);
+        let _leftovers = ClusterObjects {
+            kubeconfig: cluster.kubeconfig.clone(),
+            objects: runtimes
+                .iter()
+                .map(|(_, r)| {
+                    (
+                        "clustertrainingruntime.trainer.kubeflow.org",
+                        r["metadata"]["name"]
+                            .as_str()
+                            .unwrap_or_default()
+                            .to_owned(),
+                    )
+                })
+                .collect(),
+        };
+        let pp = PostParams::default();
+        let runtime_api = api_of(&cluster.client, TRAINING_RUNTIME, None);
+        let trainjobs = api_of(&cluster.client, TRAIN_JOB, Some(&ns.name));
+        let jobsets = jobset_api(&cluster.client, &ns.name);
+        let config = jobset_inplace::admission::InjectionConfig::defaults(
+            jobset_inplace::protocol::Dialect::Epoch,
+        );
+        let mut expected = Vec::new();
+        for (i, (file, runtime)) in runtimes.iter().enumerate() {
+            let name = runtime["metadata"]["name"].as_str().unwrap_or_default();
+            let object: DynamicObject = serde_json::from_value(runtime.clone()).expect("runtime");
+            eventually(
+                "the ClusterTrainingRuntime",
+                Duration::from_secs(60),
+                || async {
+                    runtime_api
+                        .create(&pp, &object)
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| e.to_string())
+                },
+            )
+            .await;
+            let tj = format!("tj{i}");
+            let mut trainjob = serde_json::to_value(train_job(&tj, name, true)).expect("json");
+            trainjob["metadata"]["namespace"] = json!(ns.name);
+            // `check`'s verdict on the TrainJob with its runtime.
+            let report = jobset_inplace::offline::check_inputs(
+                &[
+                    ("tj.yaml".to_owned(), trainjob.to_string()),
+                    ("rt.yaml".to_owned(), runtime.to_string()),
+                ],
+                &config,
+                true,
+            )
+            .expect("check");
+            let verdict = report
+                .checks
+                .iter()
+                .find(|c| c.kind == "TrainJob")
+                .unwrap_or_else(|| panic!("{file}: the TrainJob is not judged: {report:?}"))
+                .clone();
+            assert!(verdict.judged, "{file}: {}", verdict.render());
+            let object: DynamicObject = serde_json::from_value(trainjob).expect("TrainJob");
+            eventually("the TrainJob", Duration::from_secs(60), || async {
+                trainjobs
+                    .create(&pp, &object)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            })
+            .await;
+            expected.push((file.clone(), tj, verdict));
+        }
+        let mut mismatches = Vec::new();
+        for (file, tj, verdict) in &expected {
+            // The cluster's verdict: the JobSet (injected), or Trainer's report of the refusal.
+            let outcome = try_eventually(Duration::from_secs(90), || async {
+                if let Ok(js) = jobsets.get(tj).await {
+                    return Ok(Ok(agent_of_template(&js)));
+                }
+                let failures = trainer_failures(&cluster.client, &ns.name).await?;
+                match failures.iter().find(|f| f.starts_with(&format!("{tj}: "))) {
+                    Some(f) => Ok(Err(f.clone())),
+                    None => Err(format!("{tj}: no JobSet and no failure reported yet")),
+                }
+            })
+            .await;
+            let outcome = match outcome {
+                Ok(o) => o,
+                Err(e) => {
+                    mismatches.push(format!("{file}: {e}"));
+                    continue;
+                }
+            };
+            match (verdict.allowed, &outcome) {
+                (true, Ok(agent)) if agent == "jobset-inplace-agent" => {}
+                (false, Err(note)) => {
+                    // The same fields, in the JobSet's paths (check's are in the runtime's).
+                    for v in &verdict.violations {
+                        let field = v.path.trim_start_matches("spec.template.");
+                        if !note.contains(field) {
+                            mismatches.push(format!(
+                                "{file}: the cluster's denial lacks {field}: {note}"
+                            ));
+                        }
+                    }
+                }
+                _ => mismatches.push(format!(
+                    "{file}: check says {}, the cluster {outcome:?}",
+                    verdict.render()
+                )),
+            }
+        }
+        assert!(mismatches.is_empty(), "{mismatches:#?}");
+        assert!(
+            expected.iter().filter(|(_, _, v)| !v.allowed).count() == 1,
+            "exactly the one with backoffLimit 0 is denied"
+        );
+        drop(webhook);
         drop(ns);
     })
     .await;

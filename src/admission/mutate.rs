@@ -1,5 +1,6 @@
 //! Mutation of InPlaceRestart JobSets (docs/architecture.md, "Admission"): the agent sidecar, its env, the service
-//! account, the Job fields the protocol needs, as targeted JSON Patch operations. Fields this code
+//! account, the Job fields the protocol needs (with `completions`/`parallelism` where Kubernetes
+//! would default them to 1), as targeted JSON Patch operations. Fields this code
 //! does not model are never touched; mutating an already-mutated JobSet yields no operation.
 //!
 //! The operations are built with their values already JSON text ([`Op`]): the review writes them
@@ -21,7 +22,7 @@ use super::rule::{self, Rule};
 use super::sidecar::{
     TOKEN_VOLUME, agent_container, field_env, literal_env, token_mount, token_volume,
 };
-use super::validate::{BACKOFF_LIMIT, POD_REPLACEMENT_POLICY};
+use super::validate::{BACKOFF_LIMIT, POD_REPLACEMENT_POLICY, job_defaults};
 use super::view::{JobSetView, PodSpec, PodTemplate};
 use super::{INJECTED_ANNOTATION, Violation};
 use crate::protocol::JOBSET_NAME_LABEL;
@@ -213,6 +214,10 @@ pub(crate) fn mutate_view(
                 job_ptr.key("podReplacementPolicy"),
                 to_json(&POD_REPLACEMENT_POLICY),
             ));
+        }
+        // What Kubernetes' Job defaulting would make of them, where that meets the rule.
+        for key in job_defaults(job_spec.completions, job_spec.parallelism) {
+            out.push(add(job_ptr.key(key), "1".to_owned()));
         }
         if let Some(template) = &job_spec.template
             && let Some(pod_spec) = &template.spec
@@ -641,6 +646,50 @@ mod tests {
             .iter()
             .find(|e| e["name"] == name)
             .and_then(|e| e["value"].as_str().map(str::to_owned))
+    }
+
+    /// Kubernetes' `SetDefaults_Job`: both unset become 1, an unset parallelism becomes 1,
+    /// completions is never defaulted. The injection writes exactly those defaults that meet
+    /// the rule (completions equal to parallelism); the rest stay as written and are denied.
+    #[test]
+    fn completions_and_parallelism_are_defaulted_as_kubernetes_does() {
+        let config = InjectionConfig::defaults(Dialect::Epoch);
+        let kubernetes = |c: Option<i64>, p: Option<i64>| match (c, p) {
+            (None, None) => (Some(1), Some(1)),
+            (c, None) => (c, Some(1)),
+            (c, p) => (c, p),
+        };
+        let values = [None, Some(0), Some(1), Some(2), Some(16)];
+        for c in values {
+            for p in values {
+                let mut js = jobset(json!({"containers": [{"name": "w", "image": "x"}]}));
+                let spec = &mut js["spec"]["replicatedJobs"][0]["template"]["spec"];
+                for (key, v) in [("completions", c), ("parallelism", p)] {
+                    if let Some(v) = v {
+                        spec[key] = json!(v);
+                    }
+                }
+                let out = apply(&js, &config);
+                let job = &out["spec"]["replicatedJobs"][0]["template"]["spec"];
+                let got = (job["completions"].as_i64(), job["parallelism"].as_i64());
+                let defaulted = kubernetes(c, p);
+                let meets = defaulted.0.is_some() && defaulted.0 == defaulted.1;
+                let want = if meets { defaulted } else { (c, p) };
+                assert_eq!(got, want, "{c:?} {p:?}");
+                let v = crate::admission::validate(&out, &config);
+                let denied: Vec<_> = v
+                    .violations
+                    .iter()
+                    .filter(|v| v.rule == Rule::Completions)
+                    .collect();
+                assert_eq!(denied.is_empty(), meets, "{c:?} {p:?}: {denied:?}");
+                assert!(mutate(&out, &config).patch.0.is_empty(), "idempotent");
+            }
+        }
+        // Not an InPlaceRestart JobSet: nothing is written.
+        let mut js = jobset(json!({"containers": [{"name": "w"}]}));
+        js["spec"]["failurePolicy"] = json!({"maxRestarts": 1});
+        assert!(mutate(&js, &config).patch.0.is_empty());
     }
 
     #[test]

@@ -7,8 +7,8 @@
 //! back exactly what is stored: injecting this version's agent instead would be refused after
 //! every upgrade.
 //!
-//! The places are those any injection writes to: the Job's `backoffLimit` and
-//! `podReplacementPolicy`; the pod template's `jobset-inplace.dev/injected` annotation; the pod's
+//! The places are those any injection writes to: the Job's `backoffLimit`,
+//! `podReplacementPolicy`, `completions` and `parallelism`; the pod template's `jobset-inplace.dev/injected` annotation; the pod's
 //! `serviceAccountName`, `automountServiceAccountToken`, the agent init container, the agent's
 //! token volume and `imagePullSecrets`; in every container (matched by name) `restartPolicy`,
 //! `restartPolicyRules`, the agent's env entries and the token volume's mount. Only additions:
@@ -39,7 +39,12 @@ pub(crate) fn restore(job_ptr: &Ptr, new: &Value, old: &Value, ops: &mut Vec<Op>
         job_ptr,
         &new_job,
         &old_job,
-        &["backoffLimit", "podReplacementPolicy"],
+        &[
+            "backoffLimit",
+            "podReplacementPolicy",
+            "completions",
+            "parallelism",
+        ],
         ops,
     );
     let object = |m: &Map<String, Value>, k: &str| m.get(k).and_then(Value::as_object).cloned();

@@ -326,6 +326,23 @@ fn check_pod_replacement_policy(prefix: &str, job_spec: &JobSpec<'_>, out: &mut 
     }
 }
 
+/// The Job-spec fields the injection sets to 1 where a replicatedJob's template leaves them unset,
+/// as Kubernetes' Job defaulting would (`SetDefaults_Job` in `pkg/apis/batch/v1/defaults.go`):
+/// both unset become 1 and 1; an unset `parallelism` becomes 1, which meets the rule only beside
+/// `completions: 1`. Kubernetes never defaults `completions` when `parallelism` is set (a
+/// work-queue Job), nor would its `parallelism: 1` equal another `completions`: those stay
+/// unset and [`check_completions`] denies them, saying what Kubernetes would make of them.
+pub(crate) fn job_defaults(
+    completions: Option<i64>,
+    parallelism: Option<i64>,
+) -> &'static [&'static str] {
+    match (completions, parallelism) {
+        (None, None) => &["completions", "parallelism"],
+        (Some(1), None) => &["parallelism"],
+        _ => &[],
+    }
+}
+
 fn check_completions(prefix: &str, job_spec: &JobSpec<'_>, out: &mut Validation) {
     let completions = job_spec.completions;
     let parallelism = job_spec.parallelism;
@@ -340,6 +357,25 @@ fn check_completions(prefix: &str, job_spec: &JobSpec<'_>, out: &mut Validation)
                  restarts as one group"
             ),
         ),
+        (Some(c), None) if c != 1 => violation(
+            out,
+            Rule::Completions,
+            format!("{prefix}.parallelism"),
+            format!(
+                "must be set, to completions ({c}): unset, Kubernetes defaults it to 1 and the \
+                 Job's pods would run one at a time, not as one group"
+            ),
+        ),
+        (None, Some(p)) => violation(
+            out,
+            Rule::Completions,
+            format!("{prefix}.completions"),
+            format!(
+                "must be set, to parallelism ({p}): Kubernetes does not default it beside \
+                 parallelism (a work-queue Job), so the reconciler would not know how many pods \
+                 to wait for"
+            ),
+        ),
         _ => {
             for (name, value) in [("completions", completions), ("parallelism", parallelism)] {
                 if value.is_none() {
@@ -348,7 +384,8 @@ fn check_completions(prefix: &str, job_spec: &JobSpec<'_>, out: &mut Validation)
                         Rule::Completions,
                         format!("{prefix}.{name}"),
                         "must be set, to the number of pods of each Job (completions and \
-                         parallelism equal), so the reconciler knows how many pods to wait for",
+                         parallelism equal), so the reconciler knows how many pods to wait for \
+                         (the injection sets it to 1 where Kubernetes would default it to 1)",
                     );
                 }
             }

@@ -18,6 +18,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::Api;
 use rustls::pki_types::CertificateDer;
 
+pub use super::dialect::{InstalledDialect, check_crd, installed_dialect};
 pub use super::finding::{Finding, Verdict};
 use super::kueue;
 use crate::certs;
@@ -255,48 +256,6 @@ fn humantime_date(at: SystemTime) -> String {
     match k8s_openapi::jiff::Timestamp::try_from(at) {
         Ok(ts) => ts.strftime("%Y-%m-%d").to_string(),
         Err(_) => "an unrepresentable date".to_owned(),
-    }
-}
-
-/// The CRD has the dialect's two status fields; without a dialect, the one it implies.
-pub fn check_crd(crd: Option<&CustomResourceDefinition>, dialect: Option<Dialect>) -> Finding {
-    const CHECK: &str = "jobset-crd";
-    let Some(crd_object) = crd else {
-        return Finding::new(
-            CHECK,
-            Verdict::Fail,
-            format!("{} not found: install JobSet first", crd::CRD_NAME),
-        );
-    };
-    let value = match serde_json::to_value(crd_object) {
-        Ok(v) => v,
-        Err(e) => return Finding::new(CHECK, Verdict::Fail, e.to_string()),
-    };
-    let Some(dialect) = dialect else {
-        return match crate::wire::jobset_crd::dialect_of(&value) {
-            Ok(choice) => Finding::new(
-                CHECK,
-                Verdict::Ok,
-                format!(
-                    "the {} protocol (what --protocol auto picks): {}",
-                    choice.dialect, choice.why
-                ),
-            ),
-            Err(e) => Finding::new(CHECK, Verdict::Fail, e),
-        };
-    };
-    match crd::missing_status_fields(&value, dialect) {
-        Ok(()) => Finding::new(
-            CHECK,
-            Verdict::Ok,
-            format!(
-                "{} has status.{} and status.{} ({dialect} protocol)",
-                crd::CRD_NAME,
-                dialect.deprecated_field(),
-                dialect.synced_field()
-            ),
-        ),
-        Err(e) => Finding::new(CHECK, Verdict::Fail, e),
     }
 }
 
@@ -599,13 +558,18 @@ pub async fn run_checks(client: &kube::Client, target: &Target, now: SystemTime)
         ));
     }
 
+    let installed = installed_dialect_read(client, target).await;
     match get_opt(
         Api::<CustomResourceDefinition>::all(client.clone()),
         crd::CRD_NAME,
     )
     .await
     {
-        Ok(c) => out.push(check_crd(c.as_ref(), target.dialect)),
+        Ok(c) => out.push(check_crd(
+            c.as_ref(),
+            target.dialect,
+            installed.as_ref().map(|(v, s)| (v.as_str(), s.as_str())),
+        )),
         Err(e) => out.push(read_failure("jobset-crd", "the JobSet CRD", &e)),
     }
     match get_opt(
@@ -676,6 +640,36 @@ pub async fn run_checks(client: &kube::Client, target: &Target, now: SystemTime)
     out
 }
 
+/// The installed reconciler's dialect ([`installed_dialect`]) as written, and where; `None` when
+/// it names none or cannot be read (the CRD check then reports the dialect the CRD implies).
+async fn installed_dialect_read(
+    client: &kube::Client,
+    target: &Target,
+) -> Option<(String, String)> {
+    use k8s_openapi::api::apps::v1::Deployment;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let sys = &target.system_namespace;
+    let deployment = get_opt(
+        Api::<Deployment>::namespaced(client.clone(), sys),
+        kueue::RECONCILER_DEPLOYMENT,
+    )
+    .await
+    .ok()
+    .flatten();
+    match installed_dialect(deployment.as_ref(), sys) {
+        InstalledDialect::Value { value, source } => Some((value, source)),
+        InstalledDialect::ConfigMapKey { name, key } => {
+            let cm = get_opt(Api::<ConfigMap>::namespaced(client.clone(), sys), &name)
+                .await
+                .ok()
+                .flatten()?;
+            let value = cm.data.and_then(|mut d| d.remove(&key))?;
+            Some((value, format!("key {key} of ConfigMap {sys}/{name}")))
+        }
+        InstalledDialect::Unknown => None,
+    }
+}
+
 /// `kueue-wait-for-pods-ready`: Kueue's ConfigMap and the reconciler's Deployment, read.
 async fn kueue_check(client: &kube::Client, target: &Target) -> Finding {
     use k8s_openapi::api::apps::v1::Deployment;
@@ -737,6 +731,101 @@ mod tests {
         }))
         .expect("mutating");
         entries_of_mutating(&m)
+    }
+
+    fn released_crd() -> CustomResourceDefinition {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("fixtures/jobset-v0.12/jobset.x-k8s.io_jobsets.yaml");
+        let text = std::fs::read_to_string(path).expect("released CRD fixture");
+        crate::settings::from_yaml(&text).expect("a CRD")
+    }
+
+    fn reconciler(
+        env: serde_json::Value,
+        args: serde_json::Value,
+    ) -> k8s_openapi::api::apps::v1::Deployment {
+        serde_json::from_value(json!({
+            "metadata": {"name": kueue::RECONCILER_DEPLOYMENT},
+            "spec": {"selector": {}, "template": {"spec": {"containers": [
+                {"name": "reconciler", "env": env, "args": args}]}}}
+        }))
+        .expect("a Deployment")
+    }
+
+    /// Issue 36: where the installed reconciler's dialect is written: its flag, its env's value,
+    /// or the ConfigMap key the install manifests and the chart point its env at.
+    #[test]
+    fn the_installed_dialect_is_read_from_the_reconciler() {
+        let from_cm = reconciler(
+            json!([{"name": "JOBSET_INPLACE_PROTOCOL", "valueFrom": {"configMapKeyRef":
+                {"name": "jobset-inplace-config-h4sh", "key": "protocol"}}}]),
+            json!([]),
+        );
+        assert_eq!(
+            installed_dialect(Some(&from_cm), "sys"),
+            InstalledDialect::ConfigMapKey {
+                name: "jobset-inplace-config-h4sh".into(),
+                key: "protocol".into()
+            }
+        );
+        let value = reconciler(
+            json!([{"name": "JOBSET_INPLACE_PROTOCOL", "value": "attempt"}]),
+            json!(["--lease-name", "x"]),
+        );
+        assert!(matches!(
+            installed_dialect(Some(&value), "sys"),
+            InstalledDialect::Value { value, .. } if value == "attempt"
+        ));
+        for args in [json!(["--protocol", "epoch"]), json!(["--protocol=epoch"])] {
+            let flag = reconciler(
+                json!([{"name": "JOBSET_INPLACE_PROTOCOL", "value": "attempt"}]),
+                args,
+            );
+            assert!(matches!(
+                installed_dialect(Some(&flag), "sys"),
+                InstalledDialect::Value { value, source } if value == "epoch" && source.starts_with("--protocol")
+            ));
+        }
+        assert_eq!(installed_dialect(None, "sys"), InstalledDialect::Unknown);
+        assert_eq!(
+            installed_dialect(Some(&reconciler(json!([]), json!([]))), "sys"),
+            InstalledDialect::Unknown
+        );
+    }
+
+    /// Issue 36: an installation configured for epoch on a CRD without the epoch fields fails,
+    /// with the fix; `auto` or nothing reports what the CRD implies; `--protocol` wins.
+    #[test]
+    fn the_crd_check_holds_the_installed_dialect() {
+        let crd = released_crd();
+        let epoch = check_crd(
+            Some(&crd),
+            None,
+            Some(("epoch", "key protocol of ConfigMap s/c")),
+        );
+        assert_eq!(epoch.verdict, Verdict::Fail, "{}", epoch.render());
+        let text = epoch.render();
+        assert!(text.contains("key protocol of ConfigMap s/c"), "{text}");
+        assert!(text.contains("deprecatedEpoch"), "{text}");
+        assert!(
+            text.contains("kubectl patch crd jobsets.jobset.x-k8s.io"),
+            "{text}"
+        );
+        let attempt = check_crd(Some(&crd), None, Some(("attempt", "s")));
+        assert_eq!(attempt.verdict, Verdict::Ok, "{}", attempt.render());
+        for installed in [None, Some(("auto", "s"))] {
+            let auto = check_crd(Some(&crd), None, installed);
+            assert_eq!(auto.verdict, Verdict::Ok, "{}", auto.render());
+            assert!(
+                auto.render().contains("attempt protocol"),
+                "{}",
+                auto.render()
+            );
+        }
+        let flag = check_crd(Some(&crd), Some(Dialect::Attempt), Some(("epoch", "s")));
+        assert_eq!(flag.verdict, Verdict::Ok, "{}", flag.render());
+        let bad = check_crd(Some(&crd), None, Some(("epochs", "s")));
+        assert_eq!(bad.verdict, Verdict::Fail, "{}", bad.render());
     }
 
     #[test]

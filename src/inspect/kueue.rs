@@ -29,7 +29,7 @@ pub const CONFIG_MAP: &str = "kueue-manager-config";
 pub const CONFIG_KEY: &str = "controller_manager_config.yaml";
 /// The reconciler's Deployment in the system namespace and its container.
 pub const RECONCILER_DEPLOYMENT: &str = "jobset-inplace-reconciler";
-const RECONCILER_CONTAINER: &str = "reconciler";
+pub const RECONCILER_CONTAINER: &str = "reconciler";
 const TIMEOUT_FLAG: &str = "--group-restart-timeout";
 const TIMEOUT_ENV: &str = "JOBSET_INPLACE_GROUP_RESTART_TIMEOUT";
 /// Kueue v1beta1's default `timeout` when `enable: true` leaves it unset.

@@ -4,6 +4,7 @@
 //! - [`doctor`]: one finding per check, pure checks over the objects read;
 //! - [`status`]: the JobSet's epoch fields and its pods, the pods the group waits for first.
 
+mod dialect;
 pub mod doctor;
 pub mod finding;
 pub mod kueue;
@@ -38,6 +39,11 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    #[error(
+        "no JobSet {name} in namespace {namespace} (`status -n {namespace}` lists its \
+         InPlaceRestart JobSets, `status -A` every namespace's)"
+    )]
+    NotFound { namespace: String, name: String },
     #[error("cannot read JobSet {namespace}/{name}: {source}")]
     Read {
         namespace: String,
@@ -366,6 +372,21 @@ fn json_line(value: &impl serde::Serialize) -> Result<String, Error> {
     Ok(s)
 }
 
+/// A JobSet `status` could not read: not there (404, said plainly), or why not.
+fn read_error(namespace: &str, name: &str, source: kube::Error) -> Error {
+    match &source {
+        kube::Error::Api(status) if status.code == 404 => Error::NotFound {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+        },
+        _ => Error::Read {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+            source,
+        },
+    }
+}
+
 impl StatusArgs {
     /// One reading, rendered.
     async fn read(&self, client: &kube::Client, dialect: Dialect) -> Result<String, Error> {
@@ -373,11 +394,7 @@ impl StatusArgs {
             Some(name) => {
                 let report = status::fetch(client, &self.namespace, name, dialect)
                     .await
-                    .map_err(|source| Error::Read {
-                        namespace: self.namespace.clone(),
-                        name: name.clone(),
-                        source,
-                    })?;
+                    .map_err(|source| read_error(&self.namespace, name, source))?;
                 match self.output {
                     Output::Text => Ok(report.render()),
                     Output::Json => json_line(&report),

@@ -1,7 +1,8 @@
 //! `check`: every JobSet of the input judged as the cluster's webhooks would (injected first,
 //! then validated), also those inside (Cluster)TrainingRuntimes, TrainJobs whose runtime is in the
-//! input, and AdmissionReviews; with authoring warnings (placeholder images, JobSet's own agent
-//! under the `epoch` dialect).
+//! input, and AdmissionReviews; with authoring warnings (placeholder images) and denials (JobSet's
+//! own agent under the `epoch` dialect). A JobSet that does not ask for in-place restart is
+//! reported as not judged.
 
 use serde_json::Value;
 
@@ -25,6 +26,9 @@ pub struct Check {
     pub object: String,
     /// For a TrainJob: the runtime whose JobSet template was judged (`Kind/name`, where it is).
     pub runtime: Option<RuntimeRef>,
+    /// Judged for in-place restart: the JobSet asks for it (`spec.failurePolicy.restartStrategy:
+    /// InPlaceRestart`). One that does not is reported, not judged (and `allowed`).
+    pub judged: bool,
     pub allowed: bool,
     /// Field paths are in the document (`spec.template.spec...` in a runtime, `request.object...`
     /// in an AdmissionReview); a TrainJob's are in its runtime's document.
@@ -47,12 +51,16 @@ impl Check {
         let via = self.runtime.as_ref().map_or_else(String::new, |r| {
             format!(" (runtime {}/{} in {})", r.kind, r.name, r.file)
         });
+        let verdict = match (self.judged, self.allowed) {
+            (false, _) => {
+                "not judged for in-place restart (its restartStrategy is not InPlaceRestart)"
+            }
+            (true, true) => "ok",
+            (true, false) => "denied",
+        };
         let mut s = format!(
-            "{}: {} {}{via}: {}\n",
-            self.file,
-            self.kind,
-            self.object,
-            if self.allowed { "ok" } else { "denied" }
+            "{}: {} {}{via}: {verdict}\n",
+            self.file, self.kind, self.object
         );
         for v in &self.violations {
             if v.path.is_empty() {
@@ -79,6 +87,7 @@ impl Check {
             "document": self.document,
             "kind": self.kind,
             "object": self.object,
+            "judged": self.judged,
             "allowed": self.allowed,
             "violations": violations,
             "warnings": self.warnings,
@@ -167,14 +176,16 @@ pub fn image_placeholder(image: &str) -> bool {
 /// The released JobSet agent's container name (JobSet's own InPlaceRestart agent).
 const JOBSET_AGENT_CONTAINER: &str = "in-place-restart-agent";
 
-/// Warnings about a JobSet as written: placeholder images, and JobSet's own agent under the
-/// `epoch` dialect (it speaks `attempt` only: its group restarts would never complete).
-pub(super) fn authoring_warnings(
+/// What `check` says of a JobSet as written beside the webhook's verdict: warnings about
+/// placeholder images, and a denial of JobSet's own agent under the `epoch` dialect (it speaks
+/// `attempt` only: its group restarts would never complete, although the webhook admits it).
+pub(super) fn authoring_findings(
     jobset: &Value,
     dialect: crate::protocol::Dialect,
     prefix: &str,
-) -> Vec<String> {
+) -> (Vec<String>, Vec<admission::Violation>) {
     let mut warnings = Vec::new();
+    let mut violations = Vec::new();
     let jobs = jobset
         .pointer("/spec/replicatedJobs")
         .and_then(Value::as_array)
@@ -202,17 +213,21 @@ pub(super) fn authoring_warnings(
                 if dialect == crate::protocol::Dialect::Epoch
                     && c.get("name").and_then(Value::as_str) == Some(JOBSET_AGENT_CONTAINER)
                 {
-                    warnings.push(format!(
-                        "{path}: JobSet's own agent ({JOBSET_AGENT_CONTAINER}) speaks the attempt \
-                         dialect only: under epoch its group restarts never complete; on a JobSet \
-                         >= v0.11 cluster check with --protocol attempt, else let the webhook \
-                         inject ours"
-                    ));
+                    violations.push(admission::Violation {
+                        rule: admission::Rule::AgentEnv,
+                        path,
+                        message: format!(
+                            "JobSet's own agent ({JOBSET_AGENT_CONTAINER}) speaks the attempt \
+                             dialect only: under epoch its group restarts never complete; on a \
+                             JobSet >= v0.11 cluster check with --protocol attempt, else remove it \
+                             and let the webhook inject ours"
+                        ),
+                    });
                 }
             }
         }
     }
-    warnings
+    (warnings, violations)
 }
 
 /// `check` over several files at once (a TrainJob's runtime may be in any of them): judges the
@@ -348,8 +363,13 @@ fn judge(
         runtime,
         mut jobset,
     } = subject;
-    let mut warnings = authoring_warnings(&jobset, config.protocol, prefix);
-    let mut check = |allowed, violations: Vec<admission::Violation>, extra: Vec<String>| {
+    let judged = crate::admission::view::JobSetView::from_value(&jobset).in_place_restart();
+    let (mut warnings, authored) = if judged {
+        authoring_findings(&jobset, config.protocol, prefix)
+    } else {
+        (Vec::new(), Vec::new())
+    };
+    let mut check = |allowed: bool, violations: Vec<admission::Violation>, extra: Vec<String>| {
         // The webhook's warnings start with the JobSet's field path.
         warnings.extend(extra.into_iter().map(|w| {
             if w.starts_with("spec.") || w.starts_with("metadata.") {
@@ -365,13 +385,15 @@ fn judge(
             kind: kind.clone(),
             object: object.clone(),
             runtime: runtime.clone(),
-            allowed,
+            judged,
+            allowed: allowed && authored.is_empty(),
             violations: violations
                 .into_iter()
                 .map(|v| admission::Violation {
                     path: rebased(&v.path),
                     ..v
                 })
+                .chain(authored.iter().cloned())
                 .collect(),
             warnings: std::mem::take(&mut warnings),
         }

@@ -56,6 +56,26 @@ pub enum Error {
     Config(#[from] admission::Error),
 }
 
+impl Error {
+    /// The exit code (docs/reference.md, "Exit codes"): 1 for a JobSet `inject` denies, 2 for
+    /// an input, a config or an output it cannot read or write (nothing was judged).
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Error::Denied { .. } => 1,
+            _ => 2,
+        }
+    }
+}
+
+/// `check`: every judged object allowed.
+pub const EXIT_ALLOWED: u8 = 0;
+/// `check`: some object denied (with `--strict`, also one with warnings).
+pub const EXIT_DENIED: u8 = 1;
+/// Every command: a usage or input error (a bad flag, an unreadable file, a YAML error).
+pub const EXIT_INPUT: u8 = 2;
+/// `check`: a `-f` input with nothing judged for in-place restart (without `--allow-empty`).
+pub const EXIT_NOTHING: u8 = 3;
+
 /// Flags of `jobset-inplace inject`.
 #[derive(Clone, Debug, clap::Args)]
 pub struct InjectArgs {
@@ -79,20 +99,25 @@ pub struct CheckArgs {
     #[arg(short = 'R', long)]
     pub recursive: bool,
 
-    /// Accept a `-f` input with nothing to judge (no JobSet, (Cluster)TrainingRuntime, TrainJob
-    /// with its runtime, or AdmissionReview of a JobSet). Without it, that is an error (exit 1).
+    /// Accept a `-f` input with nothing judged for in-place restart (no JobSet with
+    /// `restartStrategy: InPlaceRestart`, in itself, a (Cluster)TrainingRuntime, a TrainJob with
+    /// its runtime or an AdmissionReview). Without it, that exits 3.
     #[arg(long)]
     pub allow_empty: bool,
+
+    /// Fail (exit 1) on an object judged with warnings too, as on a denial.
+    #[arg(long)]
+    pub strict: bool,
 
     /// Validate the manifests as written. By default they are injected first, as the cluster's
     /// mutating webhook does before its validating webhook.
     #[arg(long)]
     pub no_inject: bool,
 
-    /// `text`: a verdict line per object judged, then its violations and warnings. `json`: one
-    /// array with an object per object judged (file, document, kind, object, allowed, violations
-    /// with their rule and field path in the document, warnings), for CI systems that annotate
-    /// pull requests.
+    /// `text`: a verdict line per object found, then its violations and warnings. `json`: one
+    /// array with an object per object found (file, document, kind, object, judged: whether it
+    /// was judged for in-place restart, allowed, violations with their rule and field path in
+    /// the document, warnings), for CI systems that annotate pull requests.
     #[arg(short = 'o', long, value_enum, default_value_t = OutputFormat::Text)]
     pub output: OutputFormat,
 
@@ -127,22 +152,35 @@ pub struct ReviewArgs {
     pub injection: InjectionArgs,
 }
 
-/// How long an offline command waits for a cluster to name the dialect.
+/// How long an offline command waits for a cluster to name the dialect (`--protocol auto`).
 const CLUSTER_BOUND: Duration = Duration::from_secs(3);
 
-/// The injection config with the dialect of `--protocol`, the config file's `protocol`, or the
-/// cluster's JobSet CRD when one answers (else `epoch`); says on stderr which it used.
+/// The injection config with the dialect of `--protocol`, else the config file's `protocol`,
+/// else `epoch`. No cluster is contacted unless `--protocol auto` was given: then the cluster's
+/// JobSet CRD names it (else `epoch`), and stderr says which it used.
 async fn offline_config(args: &InjectionArgs, global: Global) -> Result<InjectionConfig, Error> {
     let explicit = match global.protocol {
         Some(d) => Some((d, format!("--protocol {d}"))),
-        None => admission::config::file_protocol(args),
+        None if global.protocol_auto_given => None,
+        None => Some(admission::config::file_protocol(args).unwrap_or((
+            crate::protocol::Dialect::default(),
+            "the default".to_owned(),
+        ))),
     };
-    let choice = jobset_crd::for_offline(explicit, CLUSTER_BOUND).await;
-    eprintln!(
-        "jobset-inplace: the {} protocol ({})",
-        choice.dialect, choice.why
-    );
-    Ok(InjectionConfig::load(args, Some(choice.dialect)).map_err(admission::Error::from)?)
+    let dialect = match explicit {
+        Some((dialect, _)) => dialect,
+        None => {
+            let choice = jobset_crd::for_offline(None, CLUSTER_BOUND).await;
+            eprintln!(
+                "{}: the {} protocol ({})",
+                global.name(),
+                choice.dialect,
+                choice.why
+            );
+            choice.dialect
+        }
+    };
+    Ok(InjectionConfig::load(args, Some(dialect)).map_err(admission::Error::from)?)
 }
 
 impl InjectArgs {
@@ -174,7 +212,7 @@ impl CheckArgs {
         }
         let report = check_inputs(&inputs, &config, !self.no_inject)?;
         let mut judged = vec![0usize; self.files.len()];
-        for check in &report.checks {
+        for check in report.checks.iter().filter(|c| c.judged) {
             if let Some(i) = inputs.iter().position(|(file, _)| *file == check.file) {
                 judged[owners[i]] += 1;
             }
@@ -186,7 +224,10 @@ impl CheckArgs {
             .filter(|(_, n)| **n == 0)
             .map(|(path, _)| path.as_str())
             .collect();
-        let denied = report.checks.iter().any(|c| !c.allowed);
+        let denied = report
+            .checks
+            .iter()
+            .any(|c| !c.allowed || (self.strict && c.judged && !c.warnings.is_empty()));
         let text = match self.output {
             OutputFormat::Text if report.checks.is_empty() => "nothing to judge\n".to_owned(),
             OutputFormat::Text => report.checks.iter().map(Check::render).collect(),
@@ -198,24 +239,30 @@ impl CheckArgs {
             }
         };
         write_stdout(text.as_bytes())?;
+        let name = global.name();
         for note in &report.notes {
-            eprintln!("jobset-inplace: check: {note}");
+            eprintln!("{name}: check: {note}");
         }
-        if !empty.is_empty() && !self.allow_empty {
+        let nothing = !empty.is_empty() && !self.allow_empty;
+        if nothing {
             for path in &empty {
                 eprintln!(
-                    "jobset-inplace: check: {path}: nothing to judge (no JobSet, \
-                     (Cluster)TrainingRuntime, TrainJob with its runtime, or AdmissionReview of \
-                     a JobSet); --allow-empty accepts that"
+                    "{name}: check: {path}: nothing judged for in-place restart (no JobSet with \
+                     restartStrategy InPlaceRestart, in itself, a (Cluster)TrainingRuntime, a \
+                     TrainJob with its runtime or an AdmissionReview); --allow-empty accepts that"
                 );
             }
-            return Ok(ExitCode::FAILURE);
         }
-        Ok(if denied {
-            ExitCode::FAILURE
-        } else {
-            ExitCode::SUCCESS
-        })
+        Ok(ExitCode::from(check_exit_code(denied, nothing)))
+    }
+}
+
+/// `check`'s exit code: a denial first, then an input with nothing judged, else 0.
+pub fn check_exit_code(denied: bool, nothing_judged: bool) -> u8 {
+    match (denied, nothing_judged) {
+        (true, _) => EXIT_DENIED,
+        (false, true) => EXIT_NOTHING,
+        (false, false) => EXIT_ALLOWED,
     }
 }
 
@@ -273,11 +320,17 @@ impl ReviewArgs {
         };
         let reply = admission::review(endpoint, &body, &config);
         write_stdout(&reply.body)?;
-        Ok(if reply.http_status == 200 {
-            ExitCode::SUCCESS
-        } else {
-            ExitCode::FAILURE
-        })
+        Ok(ExitCode::from(review_exit_code(reply.outcome)))
+    }
+}
+
+/// `review`'s exit code: 0 allowed (patched or not), 1 denied, 2 a request the server cannot
+/// read (its HTTP 400).
+pub fn review_exit_code(outcome: admission::ReviewOutcome) -> u8 {
+    match outcome {
+        admission::ReviewOutcome::Allowed | admission::ReviewOutcome::Patched => EXIT_ALLOWED,
+        admission::ReviewOutcome::Denied => EXIT_DENIED,
+        admission::ReviewOutcome::Error => EXIT_INPUT,
     }
 }
 
@@ -561,7 +614,13 @@ spec:
             .map(|l| format!("    {l}\n"))
             .collect::<String>()
             .replace("- name: w\n", "- name: node\n")
-            .replace("- name: worker\n", "- name: node\n");
+            .replace("- name: worker\n", "- name: node\n")
+            // Trainer's trainer step: the TrainJob's image goes to its `node` container.
+            .replace(
+                "        template:\n          spec:\n",
+                "        template:\n          metadata: {labels: \
+                 {trainer.kubeflow.org/trainjob-ancestor-step: trainer}}\n          spec:\n",
+            );
         let runtime = format!(
             "apiVersion: trainer.kubeflow.org/v1alpha1\nkind: ClusterTrainingRuntime\n\
              metadata: {{name: rt}}\nspec:\n  template:\n    spec:\n{}",
@@ -666,22 +725,88 @@ spec:
         }
     }
 
-    /// Issue 23: JobSet's own agent under `epoch` is a warning; under `attempt` it is what it is.
+    /// Issue 23, 36: JobSet's own agent under `epoch` is a denial (its group restarts never
+    /// complete); under `attempt` it is what it is.
     #[test]
-    fn jobsets_own_agent_under_epoch_is_a_warning() {
+    fn jobsets_own_agent_under_epoch_is_a_denial() {
         let own = PLAIN.replace(
             "            containers:\n",
             "            initContainers:\n            - {name: in-place-restart-agent, image: agent:1, restartPolicy: Always}\n            containers:\n",
         );
         let js: Value = crate::settings::from_yaml(&own).expect("yaml");
-        let epoch = authoring_warnings(&js, Dialect::Epoch, "");
+        let (warnings, denials) = authoring_findings(&js, Dialect::Epoch, "");
+        assert!(warnings.is_empty(), "{warnings:?}");
         assert!(
-            epoch
+            denials
                 .iter()
-                .any(|w| w.contains("speaks the attempt dialect only")),
-            "{epoch:?}"
+                .any(|v| v.message.contains("speaks the attempt dialect only")),
+            "{denials:?}"
         );
-        assert!(authoring_warnings(&js, Dialect::Attempt, "").is_empty());
+        assert_eq!(
+            authoring_findings(&js, Dialect::Attempt, ""),
+            (vec![], vec![])
+        );
+        let config = InjectionConfig::defaults(Dialect::Epoch);
+        let checks = check_text("m.yaml", &own, &config, true).expect("checks");
+        assert!(
+            checks[0].judged && !checks[0].allowed,
+            "{}",
+            checks[0].render()
+        );
+    }
+
+    /// Issue 36: a JobSet that does not ask for in-place restart is reported as not judged.
+    #[test]
+    fn a_jobset_without_in_place_restart_is_not_judged() {
+        let config = InjectionConfig::defaults(Dialect::Epoch);
+        let plain = PLAIN.replace(", restartStrategy: InPlaceRestart", "");
+        let checks = check_text("m.yaml", &plain, &config, true).expect("checks");
+        assert_eq!(checks.len(), 1);
+        assert!(!checks[0].judged && checks[0].allowed);
+        assert!(
+            checks[0]
+                .render()
+                .contains("not judged for in-place restart"),
+            "{}",
+            checks[0].render()
+        );
+        assert_eq!(checks[0].to_json()["judged"], false);
+        let checks = check_text("m.yaml", PLAIN, &config, true).expect("checks");
+        assert_eq!(checks[0].to_json()["judged"], true);
+        assert!(
+            checks[0].render().ends_with(": ok\n"),
+            "{}",
+            checks[0].render()
+        );
+    }
+
+    #[test]
+    fn exit_codes() {
+        assert_eq!(check_exit_code(false, false), 0);
+        assert_eq!(check_exit_code(true, false), 1);
+        assert_eq!(check_exit_code(true, true), 1);
+        assert_eq!(check_exit_code(false, true), 3);
+        use admission::ReviewOutcome;
+        assert_eq!(
+            [
+                ReviewOutcome::Allowed,
+                ReviewOutcome::Patched,
+                ReviewOutcome::Denied,
+                ReviewOutcome::Error
+            ]
+            .map(review_exit_code),
+            [0, 0, 1, 2]
+        );
+        let read = Error::Read {
+            path: "x".into(),
+            source: std::io::Error::other("gone"),
+        };
+        assert_eq!(read.exit_code(), 2);
+        let denied = Error::Denied {
+            object: "js".into(),
+            message: "no".into(),
+        };
+        assert_eq!(denied.exit_code(), 1);
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! The reconciler's runtime ([`Controller`]): it starts the tasks below and hands out the
 //! readiness probe. Each room has one job, and no room imports this one:
 //!
-//! - `watches.rs`: the JobSet, pod, `JobSetEpoch` and namespace watches feeding the index, the
+//! - `watches.rs`: the JobSet, pod, Job, `JobSetEpoch` and namespace watches feeding the index, the
 //!   work queue and the provisioner, and the leadership follower;
 //! - `worker.rs`: the workers that take JobSets from the queue, and their retry with backoff;
 //! - `status.rs`: the pure decision run on the index, and the status writes (the epoch fields,
@@ -25,7 +25,6 @@
 //! relists whole, and the deadline's steps run off the workers with per-namespace caps.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use tokio::sync::{mpsc, watch};
@@ -95,6 +94,7 @@ impl Controller {
         let mut tasks = JoinSet::new();
         tasks.spawn(watches::watch_jobsets(shared.clone()));
         tasks.spawn(watches::watch_pods(shared.clone()));
+        tasks.spawn(watches::watch_jobs(shared.clone()));
         if shared.settings.publish_epochs {
             tasks.spawn(watches::watch_published(shared.clone()));
         }
@@ -113,19 +113,15 @@ impl Controller {
         Controller { shared, tasks }
     }
 
-    /// Both caches have synced once.
+    /// The three caches (JobSets, pods, Jobs) have synced once.
     pub fn is_ready(&self) -> bool {
-        self.shared.jobsets_synced.load(Ordering::Acquire)
-            && self.shared.pods_synced.load(Ordering::Acquire)
+        self.shared.synced()
     }
 
-    /// A probe for /readyz: both caches have synced once.
+    /// A probe for /readyz: the three caches have synced once.
     pub fn readiness(&self) -> impl Fn() -> bool + Send + Sync + 'static {
         let shared = self.shared.clone();
-        move || {
-            shared.jobsets_synced.load(Ordering::Acquire)
-                && shared.pods_synced.load(Ordering::Acquire)
-        }
+        move || shared.synced()
     }
 
     /// JobSets waiting in the queue.

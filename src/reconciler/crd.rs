@@ -51,8 +51,10 @@ pub fn missing_status_fields(crd: &Value, dialect: Dialect) -> Result<(), String
     }
     let remedy = match dialect {
         Dialect::Epoch => {
-            "apply the deploy/components/epoch-status-fields patch to the JobSet CRD, or run \
-             with --protocol attempt on JobSet >= v0.11"
+            "patch the JobSet CRD (`kubectl patch crd jobsets.jobset.x-k8s.io --type json \
+             --patch-file jobset-crd-epoch-status-fields.yaml`, a release's dist/ file; \
+             deploy/components/epoch-status-fields), or run with --protocol attempt on JobSet \
+             >= v0.11"
         }
         Dialect::Attempt => "install JobSet >= v0.11, or run with --protocol epoch",
     };

@@ -1,10 +1,15 @@
 //! The reconciler's in-memory index: every InPlaceRestart-relevant JobSet and, for each, its
-//! pods reduced to what the epoch algorithm reads ([`PodView`]). Pure data: the watch loops feed
-//! it, the worker reads it. An update that changes nothing the algorithm reads is reported as
-//! such, so it triggers no work.
+//! pods reduced to what the epoch algorithm reads ([`PodView`]), and the JobSets' Jobs as
+//! membership reads them. Pure data: the watch loops feed it, the worker reads it. An update that
+//! changes nothing the algorithm reads is reported as such, so it triggers no work.
+//!
+//! A pod is filed under the JobSet its label names, but only a member ([`membership`]: its
+//! controller a Job that JobSet controls) is in what the decision reads ([`Index::get`]); the
+//! others wait aside, and are decided again when a Job or the JobSet changes.
 
 use std::collections::{HashMap, HashSet};
 
+use super::membership::{ControllerRef, JobRecord, Membership, Stranger, membership};
 use crate::jobset::JobSet;
 use crate::protocol::{
     Armed, Dialect, Epoch, EpochStatus, PodView, ReconcileInput, parse_epoch, restart_begun,
@@ -99,6 +104,12 @@ struct PodSet {
     /// Early failure detection: each pod's UID and epoch at which its `AllContainersRestarting`
     /// condition was last seen absent or `False` ([`restart_begun`]).
     armed: HashMap<String, Armed>,
+    /// Every pod's controller reference (members and the others), to decide its membership
+    /// again when a Job or the JobSet changes.
+    controllers: HashMap<String, Option<ControllerRef>>,
+    /// The pods labelled with the JobSet's name that are not (or not yet known to be) its
+    /// members: their views, kept for when they turn out to be, and why not.
+    outside: HashMap<String, (PodView, Membership)>,
 }
 
 impl PodSet {
@@ -116,20 +127,47 @@ impl PodSet {
         }
     }
 
-    fn remove(&mut self, name: &str) {
-        self.versions.remove(name);
-        self.armed.remove(name);
-        let Some(i) = self.slot.remove(name) else {
-            return;
-        };
-        self.views.swap_remove(i);
+    /// Takes a pod out of the views (the members); returns its view.
+    fn take(&mut self, name: &str) -> Option<PodView> {
+        let i = self.slot.remove(name)?;
+        let view = self.views.swap_remove(i);
         if let Some(moved) = self.views.get(i) {
             self.slot.insert(moved.name.clone(), i);
         }
+        Some(view)
+    }
+
+    fn remove(&mut self, name: &str) {
+        self.versions.remove(name);
+        self.armed.remove(name);
+        self.controllers.remove(name);
+        self.outside.remove(name);
+        self.take(name);
+    }
+
+    /// Files a pod's view as a member or aside; true when what the decision reads changed, or
+    /// a pod aside turned out a stranger, or one for another reason (so that it is reported).
+    fn place(&mut self, view: PodView, membership: Membership) -> bool {
+        if membership == Membership::Member {
+            let was_outside = self.outside.remove(&view.name).is_some();
+            if self.get(&view.name) == Some(&view) {
+                return was_outside;
+            }
+            self.insert(view);
+            return true;
+        }
+        let was_member = self.take(&view.name).is_some();
+        let reason_changed = matches!(membership, Membership::Stranger(_))
+            && self
+                .outside
+                .get(&view.name)
+                .is_none_or(|(_, m)| *m != membership);
+        self.outside.insert(view.name.clone(), (view, membership));
+        was_member || reason_changed
     }
 
     fn is_empty(&self) -> bool {
-        self.views.is_empty()
+        self.views.is_empty() && self.outside.is_empty()
     }
 }
 
@@ -146,9 +184,14 @@ pub struct Index {
     last_sync: HashMap<Key, (Epoch, HashSet<String>)>,
     /// Per JobSet, the highest deprecated epoch this process wrote.
     last_deprecated: HashMap<Key, Epoch>,
+    /// The Jobs of JobSets (by their label), by `(namespace, name)`.
+    jobs: HashMap<(String, String), JobRecord>,
     /// Keys seen since the last `Init` of each watch, for relist clean-up.
     jobset_relist: Option<HashSet<Key>>,
     pod_relist: Option<HashSet<(String, String)>>,
+    job_relist: Option<HashSet<(String, String)>>,
+    /// The Job watch has listed once: until then no pod's membership is known.
+    jobs_listed: bool,
 }
 
 impl Index {
@@ -160,8 +203,11 @@ impl Index {
             pod_owner: HashMap::new(),
             last_sync: HashMap::new(),
             last_deprecated: HashMap::new(),
+            jobs: HashMap::new(),
             jobset_relist: None,
             pod_relist: None,
+            job_relist: None,
+            jobs_listed: false,
         }
     }
 
@@ -169,9 +215,14 @@ impl Index {
         self.dialect
     }
 
-    /// Number of pods tracked.
+    /// Number of pods tracked (members or not).
     pub fn pod_count(&self) -> usize {
         self.pod_owner.len()
+    }
+
+    /// Number of Jobs tracked.
+    pub fn job_count(&self) -> usize {
+        self.jobs.len()
     }
 
     /// Number of JobSets tracked.
@@ -186,20 +237,26 @@ impl Index {
             seen.insert(key.clone());
         }
         let state = JobSetState::from_jobset(js, self.dialect);
-        match self.jobsets.get_mut(&key) {
+        let uid_changed = match self.jobsets.get_mut(&key) {
             Some(old) if old.same_input(&state) => {
                 old.resource_version = state.resource_version;
-                None
+                return None;
             }
             Some(old) => {
+                let uid_changed = old.uid != state.uid;
                 *old = state;
-                Some(key)
+                uid_changed
             }
             None => {
                 self.jobsets.insert(key.clone(), state);
-                Some(key)
+                true
             }
+        };
+        if uid_changed {
+            // Its pods' membership depends on its UID.
+            self.reevaluate(&key);
         }
+        Some(key)
     }
 
     pub fn delete_jobset(&mut self, namespace: &str, name: &str) {
@@ -207,6 +264,146 @@ impl Index {
         self.jobsets.remove(&key);
         self.last_sync.remove(&key);
         self.last_deprecated.remove(&key);
+        self.reevaluate(&key);
+    }
+
+    /// Whether a pod labelled with `key`'s JobSet, controlled by `controller`, counts toward it.
+    fn membership_of(&self, key: &Key, controller: Option<&ControllerRef>) -> Membership {
+        let job = controller.and_then(|c| self.jobs.get(&(key.namespace.clone(), c.name.clone())));
+        membership(
+            &key.name,
+            self.jobsets.get(key).map(|s| s.uid.as_str()),
+            controller,
+            job,
+        )
+    }
+
+    /// Decides again the membership of every pod filed under `key`; true when what the
+    /// decision reads changed.
+    fn reevaluate(&mut self, key: &Key) -> bool {
+        let Some(pods) = self.pods.get(key) else {
+            return false;
+        };
+        let decided: Vec<(String, Membership)> = pods
+            .controllers
+            .iter()
+            .map(|(name, c)| (name.clone(), self.membership_of(key, c.as_ref())))
+            .collect();
+        let counted = self.last_sync.get(key).map(|(_, c)| c);
+        let mut changed = false;
+        let Some(pods) = self.pods.get_mut(key) else {
+            return false;
+        };
+        for (name, m) in decided {
+            let view = match pods.outside.get(&name) {
+                Some((view, _)) => view.clone(),
+                None => match pods.get(&name) {
+                    Some(view) => view.clone(),
+                    None => continue,
+                },
+            };
+            let mut view = view;
+            view.counted_in_last_sync = counted.is_some_and(|c| c.contains(&name));
+            changed |= pods.place(view, m);
+        }
+        changed
+    }
+
+    /// Applies a Job (its metadata); returns the keys of the JobSets whose pods' membership
+    /// changed.
+    pub fn apply_job(
+        &mut self,
+        meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    ) -> Vec<Key> {
+        let Some((ns, name, record)) = JobRecord::from_meta(meta) else {
+            return Vec::new();
+        };
+        let id = (ns, name);
+        if let Some(seen) = self.job_relist.as_mut() {
+            seen.insert(id.clone());
+        }
+        let old = self.jobs.insert(id.clone(), record.clone());
+        if old.as_ref() == Some(&record) {
+            return Vec::new();
+        }
+        self.reevaluate_for_job(&id.0, [old.as_ref(), Some(&record)])
+    }
+
+    /// Removes a Job; returns the keys of the JobSets whose pods' membership changed.
+    pub fn delete_job(&mut self, namespace: &str, name: &str) -> Vec<Key> {
+        let Some(old) = self.jobs.remove(&(namespace.to_owned(), name.to_owned())) else {
+            return Vec::new();
+        };
+        self.reevaluate_for_job(namespace, [Some(&old), None])
+    }
+
+    /// Decides again the pods of the JobSets a Job is labelled with or controlled by, as it was
+    /// and as it is.
+    fn reevaluate_for_job(
+        &mut self,
+        namespace: &str,
+        records: [Option<&JobRecord>; 2],
+    ) -> Vec<Key> {
+        let mut keys: Vec<Key> = records
+            .into_iter()
+            .flatten()
+            .flat_map(|r| [r.label.as_deref(), r.jobset()])
+            .flatten()
+            .map(|name| Key::new(namespace, name))
+            .collect();
+        keys.sort();
+        keys.dedup();
+        keys.retain(|k| self.reevaluate(k));
+        keys
+    }
+
+    /// A Job watch (re)lists.
+    pub fn jobs_relisting(&mut self) {
+        self.job_relist = Some(HashSet::new());
+    }
+
+    /// The Job watch has not listed yet, or re-lists: no decision on memberships half known.
+    pub fn jobs_relisting_in_progress(&self) -> bool {
+        !self.jobs_listed || self.job_relist.is_some()
+    }
+
+    /// The Job relist is complete: forgets Jobs it did not contain; returns the keys whose
+    /// pods' membership changed.
+    pub fn jobs_relisted(&mut self) -> Vec<Key> {
+        self.jobs_listed = true;
+        let Some(seen) = self.job_relist.take() else {
+            return Vec::new();
+        };
+        let gone: Vec<(String, String)> = self
+            .jobs
+            .keys()
+            .filter(|id| !seen.contains(*id))
+            .cloned()
+            .collect();
+        let mut keys: Vec<Key> = gone
+            .iter()
+            .flat_map(|(ns, name)| self.delete_job(ns, name))
+            .collect();
+        keys.sort();
+        keys.dedup();
+        keys
+    }
+
+    /// The pods labelled with a JobSet's name that are not its members: name, UID and why, by
+    /// name.
+    pub fn strangers(&self, key: &Key) -> Vec<(String, String, Stranger)> {
+        let mut out: Vec<(String, String, Stranger)> = self
+            .pods
+            .get(key)
+            .into_iter()
+            .flat_map(|p| p.outside.iter())
+            .filter_map(|(name, (view, m))| match m {
+                Membership::Stranger(s) => Some((name.clone(), view.uid.clone(), s.clone())),
+                _ => None,
+            })
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
     }
 
     /// Applies a pod; returns the keys of the JobSets whose input changed (two when the pod moved
@@ -236,7 +433,10 @@ impl Index {
             .last_sync
             .get(&key)
             .is_some_and(|(_, counted)| counted.contains(&name));
+        let controller = ControllerRef::of(pod.metadata.owner_references.as_deref());
+        let member = self.membership_of(&key, controller.as_ref());
         let pods = self.pods.entry(key.clone()).or_default();
+        pods.controllers.insert(name.clone(), controller);
         if let Some(rv) = &pod.metadata.resource_version {
             pods.versions.insert(name.clone(), rv.clone());
         }
@@ -255,9 +455,8 @@ impl Index {
             Some(armed) => pods.armed.insert(name.clone(), armed),
             None => pods.armed.remove(&name),
         };
-        if pods.get(&name) != Some(&view) {
-            pods.insert(view);
-            self.pod_owner.insert(id, key.clone());
+        self.pod_owner.insert(id, key.clone());
+        if pods.place(view, member) {
             changed.push(key);
         }
         changed
@@ -461,10 +660,38 @@ mod tests {
     use crate::protocol::JOBSET_NAME_LABEL;
     use serde_json::json;
 
+    /// The controller reference the Job controller sets on the pods of `jobset`'s one Job.
+    fn job_owner(jobset: &str) -> serde_json::Value {
+        json!([{"apiVersion": "batch/v1", "kind": "Job", "name": format!("{jobset}-job"),
+                "uid": format!("{jobset}-job-uid"), "controller": true, "blockOwnerDeletion": true}])
+    }
+
+    /// `jobset`'s one Job, as JobSet's controller creates it (the JobSets here have UID `u`).
+    fn job(jobset: &str) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+        serde_json::from_value(json!({
+            "name": format!("{jobset}-job"), "namespace": "ns", "uid": format!("{jobset}-job-uid"),
+            "labels": {JOBSET_NAME_LABEL: jobset},
+            "ownerReferences": [{"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+                                 "name": jobset, "uid": "u", "controller": true}]
+        }))
+        .expect("job")
+    }
+
+    /// An index whose Job watch has listed the Jobs of `jobsets`.
+    fn with_jobs(jobsets: &[&str]) -> Index {
+        let mut index = Index::new(Dialect::Epoch);
+        index.jobs_relisting();
+        for js in jobsets {
+            index.apply_job(&job(js));
+        }
+        index.jobs_relisted();
+        index
+    }
+
     fn pod(name: &str, jobset: &str, epoch: Option<&str>) -> WatchedPod {
         let mut v = json!({
             "metadata": {"name": name, "namespace": "ns", "labels": {JOBSET_NAME_LABEL: jobset},
-                         "annotations": {}},
+                         "annotations": {}, "ownerReferences": job_owner(jobset)},
             "status": {"phase": "Running", "containerStatuses": [{"name": "w", "restartCount": 1}],
                        "initContainerStatuses": [{"name": "a", "restartCount": 2}]}
         });
@@ -508,7 +735,7 @@ mod tests {
 
     #[test]
     fn only_relevant_changes_trigger() {
-        let mut index = Index::new(Dialect::Epoch);
+        let mut index = with_jobs(&["js"]);
         assert_eq!(index.apply_jobset(&jobset("js", None)), Some(key("js")));
         let mut same = jobset("js", None);
         same.metadata.resource_version = Some("2".into());
@@ -545,7 +772,7 @@ mod tests {
     fn restarting(name: &str, uid: &str, epoch: &str, condition: Option<&str>) -> WatchedPod {
         let mut v = json!({
             "metadata": {"name": name, "namespace": "ns", "uid": uid,
-                         "labels": {JOBSET_NAME_LABEL: "js"},
+                         "labels": {JOBSET_NAME_LABEL: "js"}, "ownerReferences": job_owner("js"),
                          "annotations": {"jobset.sigs.k8s.io/epoch": epoch}},
             "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
         });
@@ -565,7 +792,7 @@ mod tests {
 
     #[test]
     fn a_restart_begins_when_the_condition_turns_true_at_an_epoch_seen_otherwise() {
-        let mut index = Index::new(Dialect::Epoch);
+        let mut index = with_jobs(&["js"]);
         index.apply_jobset(&jobset("js", Some(2)));
         index.apply_pod(&restarting("a", "u1", "2", Some("False")));
         assert!(!begun(&index, "a"));
@@ -588,7 +815,7 @@ mod tests {
         );
 
         // True at first sight (a new reconciler): left to the normal path.
-        let mut fresh = Index::new(Dialect::Epoch);
+        let mut fresh = with_jobs(&["js"]);
         fresh.apply_jobset(&jobset("js", Some(3)));
         assert!(
             fresh
@@ -608,7 +835,9 @@ mod tests {
 
     #[test]
     fn pods_move_and_disappear() {
-        let mut index = Index::new(Dialect::Epoch);
+        let mut index = with_jobs(&["one", "two"]);
+        index.apply_jobset(&jobset("one", None));
+        index.apply_jobset(&jobset("two", None));
         index.apply_pod(&pod("a", "one", Some("1")));
         assert_eq!(
             index.apply_pod(&pod("a", "two", Some("1"))),
@@ -665,5 +894,156 @@ mod tests {
         index.record_write(&key("a"), &jobset("a", Some(2)));
         assert_eq!(index.jobset_count(), 0);
         assert!(index.get(&key("a")).is_none());
+    }
+
+    fn counted(index: &Index, jobset: &str) -> Vec<String> {
+        let mut names: Vec<String> = index
+            .get(&key(jobset))
+            .map(|(_, pods)| pods.iter().map(|p| p.name.clone()).collect())
+            .unwrap_or_default();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn only_the_pods_of_the_jobsets_jobs_count() {
+        let mut index = with_jobs(&["js", "other"]);
+        index.apply_jobset(&jobset("js", Some(1)));
+        index.apply_jobset(&jobset("other", Some(1)));
+        index.apply_pod(&pod("real", "js", Some("1")));
+
+        // Labelled with the JobSet's name and an epoch far beyond reach, but no controller.
+        let mut forged = pod("forged", "js", Some("2147483647"));
+        forged.metadata.owner_references = None;
+        assert_eq!(index.apply_pod(&forged), vec![key("js")], "said once");
+        // Labelled js, controlled by a Job of the JobSet other.
+        let mut borrowed = pod("borrowed", "js", Some("2147483647"));
+        borrowed.metadata.owner_references = pod("x", "other", None).metadata.owner_references;
+        index.apply_pod(&borrowed);
+        // Controlled by a ReplicaSet.
+        let mut replica = pod("replica", "js", Some("5"));
+        if let Some(o) = replica.metadata.owner_references.as_mut() {
+            o[0].kind = "ReplicaSet".into();
+            o[0].api_version = "apps/v1".into();
+        }
+        index.apply_pod(&replica);
+
+        assert_eq!(counted(&index, "js"), vec!["real"]);
+        assert_eq!(index.pod_count(), 4, "tracked, not counted");
+        let strangers: Vec<(String, Stranger)> = index
+            .strangers(&key("js"))
+            .into_iter()
+            .map(|(name, _, why)| (name, why))
+            .collect();
+        assert_eq!(
+            strangers,
+            vec![
+                (
+                    "borrowed".to_owned(),
+                    Stranger::JobOfAnotherJobSet {
+                        job: "other-job".into(),
+                        jobset: "other".into()
+                    }
+                ),
+                ("forged".to_owned(), Stranger::NoController),
+                (
+                    "replica".to_owned(),
+                    Stranger::NotAJob {
+                        api_version: "apps/v1".into(),
+                        kind: "ReplicaSet".into()
+                    }
+                ),
+            ]
+        );
+        assert!(
+            index.apply_pod(&forged).is_empty(),
+            "a stranger seen again changes nothing"
+        );
+        assert_eq!(index.delete_pod("ns", "forged"), Some(key("js")));
+        assert_eq!(index.strangers(&key("js")).len(), 2);
+    }
+
+    #[test]
+    fn a_pod_seen_before_its_job_counts_once_the_job_is_seen() {
+        let mut index = with_jobs(&[]);
+        index.apply_jobset(&jobset("js", Some(1)));
+        assert!(
+            index.apply_pod(&pod("a", "js", Some("1"))).is_empty(),
+            "no news for the decision"
+        );
+        assert!(counted(&index, "js").is_empty(), "its Job not seen yet");
+        assert!(
+            index.strangers(&key("js")).is_empty(),
+            "not known yet is no stranger"
+        );
+        assert_eq!(index.apply_job(&job("js")), vec![key("js")]);
+        assert_eq!(counted(&index, "js"), vec!["a"]);
+        // A Job status write (its metadata's resourceVersion) changes no membership.
+        let mut again = job("js");
+        again.resource_version = Some("9".into());
+        assert!(index.apply_job(&again).is_empty());
+        // The Job deleted and created again under another UID: the old pod no longer counts.
+        let mut recreated = job("js");
+        recreated.uid = Some("new-job-uid".into());
+        assert_eq!(index.apply_job(&recreated), vec![key("js")]);
+        assert!(counted(&index, "js").is_empty());
+        assert_eq!(index.delete_job("ns", "js-job"), Vec::<Key>::new());
+        index.apply_job(&job("js"));
+        assert_eq!(counted(&index, "js"), vec!["a"]);
+        assert_eq!(index.delete_job("ns", "js-job"), vec![key("js")]);
+        assert!(counted(&index, "js").is_empty());
+    }
+
+    #[test]
+    fn a_pod_seen_before_its_jobset_counts_once_the_jobset_is_seen() {
+        let mut index = with_jobs(&["js"]);
+        index.apply_pod(&pod("a", "js", Some("1")));
+        assert!(index.get(&key("js")).is_none());
+        index.apply_jobset(&jobset("js", Some(1)));
+        assert_eq!(counted(&index, "js"), vec!["a"]);
+        // The JobSet deleted and created again under its name: the old Job's pod does not count.
+        let mut recreated = jobset("js", Some(1));
+        recreated.metadata.uid = Some("u2".into());
+        assert_eq!(index.apply_jobset(&recreated), Some(key("js")));
+        assert!(counted(&index, "js").is_empty());
+        index.delete_jobset("ns", "js");
+        index.apply_jobset(&jobset("js", Some(1)));
+        assert_eq!(counted(&index, "js"), vec!["a"]);
+    }
+
+    #[test]
+    fn a_job_relist_forgets_deleted_jobs_and_holds_decisions() {
+        let mut index = Index::new(Dialect::Epoch);
+        assert!(
+            index.jobs_relisting_in_progress(),
+            "nothing decided before the first list"
+        );
+        index.jobs_relisting();
+        index.apply_job(&job("js"));
+        assert!(index.jobs_relisting_in_progress());
+        assert!(index.jobs_relisted().is_empty());
+        assert!(!index.jobs_relisting_in_progress());
+        index.apply_jobset(&jobset("js", Some(1)));
+        index.apply_pod(&pod("a", "js", Some("1")));
+        assert_eq!(counted(&index, "js"), vec!["a"]);
+        assert_eq!(index.job_count(), 1);
+
+        index.jobs_relisting();
+        assert!(index.jobs_relisting_in_progress());
+        assert_eq!(index.jobs_relisted(), vec![key("js")], "its Job is gone");
+        assert_eq!(index.job_count(), 0);
+        assert!(counted(&index, "js").is_empty());
+    }
+
+    #[test]
+    fn a_member_keeps_its_last_sync_mark_across_a_move_aside() {
+        let mut index = with_jobs(&["js"]);
+        index.apply_jobset(&jobset("js", Some(1)));
+        index.apply_pod(&pod("a", "js", Some("1")));
+        index.record_sync(&key("js"), 1, &["a".to_owned()]);
+        index.delete_job("ns", "js-job");
+        index.apply_job(&job("js"));
+        let (_, pods) = index.get(&key("js")).expect("indexed");
+        assert!(pods[0].counted_in_last_sync);
     }
 }

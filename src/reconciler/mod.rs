@@ -2,7 +2,8 @@
 //! moves the epoch status fields, fails JobSets past `maxRestarts`.
 //!
 //! - [`key`]: the name of one JobSet, the key of every per-JobSet map;
-//! - [`index`]: the in-memory index of JobSets and their pods (pure);
+//! - [`index`]: the in-memory index of JobSets, their Jobs and their pods (pure);
+//! - [`membership`]: which pods count toward a JobSet (pure);
 //! - [`controller`]: the runtime, in rooms of one job each (watches, workers and retry, status
 //!   writes, publication, reporting, the group-restart deadline carried out, provisioning, one
 //!   API-call module; the deadline's decision is [`crate::deadline`]);
@@ -17,6 +18,7 @@ pub mod crd;
 pub mod fence;
 pub mod index;
 pub mod key;
+pub mod membership;
 pub mod metrics;
 pub mod nodes;
 pub mod provision;
@@ -274,14 +276,17 @@ impl Args {
         };
         // No request of this client waits forever: watches are resumed after `watch_timeout`
         // plus a margin by the watcher; everything else (lists, the lease) gives up at
-        // `watch_timeout` + 15 s, and the reconciler's own calls at `request_timeout`.
+        // `watch_timeout` + 15 s, and the reconciler's own calls at `request_timeout`. kube's
+        // retry layer is off, as in the agent (crate::retry): a throttled call reaches the
+        // reconciler's own backoff at once (jittered `Retry-After`, per JobSet), and no sleep
+        // inside a call is counted against `request_timeout`.
         let mut config = kube::Config::infer().await.map_err(Error::Config)?;
         config.connect_timeout = Some(self.request_timeout);
         config.read_timeout = Some(self.watch_timeout + Duration::from_secs(15));
         config.write_timeout = Some(self.request_timeout);
         // The read timeout counts from each request, not from when its pooled connection idled.
         config.reset_reader_on_write = true;
-        let client = kube::Client::try_from(config).map_err(Error::Client)?;
+        let client = crate::retry::client_without_retries(config).map_err(Error::Client)?;
         let choice = match global.protocol {
             Some(d) => jobset_crd::explicit(d, &format!("--protocol {d}")),
             None => jobset_crd::read(&client, self.request_timeout)

@@ -328,3 +328,121 @@ fn no_file_of_src_has_over_about_800_lines_of_code() {
         "files over {MOST_CODE_LINES} lines before their tests (split them by job): {big:#?}"
     );
 }
+
+/// docs/security.md names, in the last column of each of its tables, the tests that show each
+/// row: every row names at least one, and every name is real — a test function (`name`, or
+/// `module::path::tests::name` in that module's file, or a whole `…::tests` module), a file
+/// (`tests/it/deploy.rs`), a fixture case (`kebab-case`, in `fixtures/admission/`). What is in
+/// parentheses describes the test and is not checked.
+#[test]
+fn every_test_docs_security_names_exists() {
+    fn outside_parentheses(text: &str) -> String {
+        let mut depth = 0usize;
+        text.chars()
+            .filter(|c| match c {
+                '(' => {
+                    depth += 1;
+                    false
+                }
+                ')' => {
+                    depth = depth.saturating_sub(1);
+                    false
+                }
+                _ => depth == 0,
+            })
+            .collect()
+    }
+    let is_ident = |s: &str| {
+        !s.is_empty()
+            && s.split("::").all(|seg| {
+                !seg.is_empty()
+                    && seg
+                        .chars()
+                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+            })
+    };
+    let is_fixture = |s: &str| {
+        s.contains('-')
+            && !s.starts_with('-')
+            && s.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+    };
+    let root = Path::new(ROOT);
+    let sources: Vec<(PathBuf, String)> = ["src", "tests", "testkit/src", "benches"]
+        .iter()
+        .flat_map(|d| rs_files(&root.join(d)))
+        .map(|f| {
+            let text = std::fs::read_to_string(&f).expect("source");
+            (f, text)
+        })
+        .collect();
+    let defines = |text: &str, name: &str| {
+        text.match_indices(&format!("fn {name}")).any(|(at, m)| {
+            !text[at + m.len()..].starts_with(|c: char| c.is_alphanumeric() || c == '_')
+        })
+    };
+    let module_file = |segments: &[&str]| {
+        let base = root.join("src").join(segments.join("/"));
+        [base.with_extension("rs"), base.join("mod.rs")]
+            .into_iter()
+            .find(|p| p.is_file())
+    };
+    let doc = std::fs::read_to_string(root.join("docs/security.md")).expect("security.md");
+    let mut problems = Vec::new();
+    let mut rows = 0;
+    for line in doc
+        .lines()
+        .filter(|l| l.starts_with('|') && !l.starts_with("|---"))
+    {
+        let cells: Vec<&str> = line.trim().trim_matches('|').split('|').collect();
+        let Some(tests) = cells.last().map(|c| c.trim()) else {
+            continue;
+        };
+        if cells.len() < 4 || tests == "Test" {
+            continue;
+        }
+        rows += 1;
+        let row: String = cells[0].chars().take(60).collect();
+        let mut named = 0;
+        for token in outside_parentheses(tests).split('`').skip(1).step_by(2) {
+            if token.contains('/') {
+                if !root.join(token).exists() {
+                    problems.push(format!("{row}: no file {token}"));
+                }
+            } else if is_ident(token) {
+                named += 1;
+                let segments: Vec<&str> = token.split("::").collect();
+                let found = match segments.iter().position(|s| *s == "tests") {
+                    Some(at) => module_file(&segments[..at]).is_some_and(|f| {
+                        let text = std::fs::read_to_string(f).expect("module");
+                        text.contains("mod tests")
+                            && segments[at + 1..]
+                                .last()
+                                .is_none_or(|name| defines(&text, name))
+                    }),
+                    None if segments.len() == 1 => {
+                        sources.iter().any(|(_, text)| defines(text, token))
+                    }
+                    None => false,
+                };
+                if !found {
+                    problems.push(format!("{row}: no test {token}"));
+                }
+            } else if is_fixture(token) && !root.join("fixtures/admission").join(token).is_dir() {
+                problems.push(format!("{row}: no fixture case {token}"));
+            }
+        }
+        if named == 0 {
+            problems.push(format!("{row}: names no test"));
+        }
+    }
+    assert!(
+        rows >= 20,
+        "only {rows} rows read: is the table still there?"
+    );
+    assert!(
+        problems.is_empty(),
+        "docs/security.md:\n{}",
+        problems.join("\n")
+    );
+}

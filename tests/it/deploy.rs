@@ -1245,7 +1245,9 @@ async fn webhook_configurations_call_the_served_paths_with_the_right_policies() 
             selects(&deployment["spec"]["selector"]["matchLabels"]),
             "{name}"
         );
-        assert_eq!(pdb["spec"]["minAvailable"], 1, "{name}");
+        // One replica at a time, never all: a drain proceeds while one serves.
+        assert_eq!(pdb["spec"]["maxUnavailable"], 1, "{name}");
+        assert!(pdb["spec"].get("minAvailable").is_none(), "{name}");
         assert_eq!(deployment["spec"]["replicas"], 2, "{name}");
         let anti = &deployment["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"];
         let term = &anti["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"];
@@ -1979,10 +1981,10 @@ async fn the_reconcilers_rbac_grants_every_request_it_makes_and_no_more() {
             .expect("job");
         for i in 0..2 {
             server
-                .create("pods", json!({"metadata": {"name": format!("js-{i}"), "namespace": "team-a",
-                    "labels": {JOBSET_NAME_LABEL: "js"}, "annotations": {JOBSET_NAME_LABEL: "js"}},
+                .create("pods", jobset_inplace_testkit::reconciler::member_of(&server, json!({"metadata": {"name": format!("js-{i}"), "namespace": "team-a",
+                    "labels": {JOBSET_NAME_LABEL: "js", "batch.kubernetes.io/job-name": "js-w-0"}, "annotations": {JOBSET_NAME_LABEL: "js"}},
                     "spec": {"containers": [{"name": "w", "image": "w"}]},
-                    "status": {"phase": "Running", "containerStatuses": [{"name": "w", "restartCount": 0}]}}))
+                    "status": {"phase": "Running", "containerStatuses": [{"name": "w", "restartCount": 0}]}})))
                 .expect("pod");
         }
         let options = Options {

@@ -332,7 +332,13 @@ async fn reconciler_metrics() -> String {
     server.create("jobsets", jobset("js")).expect("jobset");
     for i in 0..2 {
         server
-            .create("pods", pod("js", &format!("js-{i}")))
+            .create(
+                "pods",
+                jobset_inplace_testkit::reconciler::member_of(
+                    &server,
+                    pod("js", &format!("js-{i}")),
+                ),
+            )
             .expect("pod");
     }
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")

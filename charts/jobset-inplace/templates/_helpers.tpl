@@ -8,6 +8,9 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
 {{- end }}
 
 {{/*
@@ -59,6 +62,10 @@ tolerations:
 {{- if $c.priorityClassName }}
 priorityClassName: {{ $c.priorityClassName }}
 {{- end }}
+{{- with $c.topologySpreadConstraints }}
+topologySpreadConstraints:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
 {{- if $c.affinity }}
 affinity:
   {{- toYaml $c.affinity | nindent 2 }}
@@ -87,4 +94,36 @@ matchExpressions:
 - key: kubernetes.io/metadata.name
   operator: NotIn
   values: {{ concat .Values.webhook.excludedNamespaces (list .Release.Namespace) | uniq | toJson }}
+{{- end }}
+
+{{/*
+The pod's securityContext: the restricted profile's, with the component's podSecurityContext
+merged over it (values: webhook/reconciler.podSecurityContext).
+*/}}
+{{- define "jobset-inplace.podSecurityContext" -}}
+{{- $defaults := dict "runAsNonRoot" true "runAsUser" 65532 "runAsGroup" 65532 "seccompProfile" (dict "type" "RuntimeDefault") -}}
+{{- toYaml (mergeOverwrite $defaults (deepCopy (default (dict) .))) -}}
+{{- end }}
+
+{{/*
+The container's securityContext: the restricted profile's, with the component's securityContext
+merged over it (values: webhook/reconciler.securityContext).
+*/}}
+{{- define "jobset-inplace.containerSecurityContext" -}}
+{{- $defaults := dict "allowPrivilegeEscalation" false "readOnlyRootFilesystem" true "runAsNonRoot" true "runAsUser" 65532 "runAsGroup" 65532 "capabilities" (dict "drop" (list "ALL")) "seccompProfile" (dict "type" "RuntimeDefault") -}}
+{{- toYaml (mergeOverwrite $defaults (deepCopy (default (dict) .))) -}}
+{{- end }}
+
+{{/*
+Values this chart cannot honour, refused with the reason (rather than the schema's "additional
+property"): the objects' names are fixed by the product (one install per cluster; the policies,
+the webhook configurations and the injected agent name them).
+*/}}
+{{- define "jobset-inplace.refusals" -}}
+{{- if .Values.fullnameOverride }}
+{{- fail "fullnameOverride: jobset-inplace's object names are fixed (one install per cluster; its policies, webhook configurations and the injected agent's account name them); leave it empty" }}
+{{- end }}
+{{- if .Values.nameOverride }}
+{{- fail "nameOverride: jobset-inplace's object names are fixed (one install per cluster; its policies, webhook configurations and the injected agent's account name them); leave it empty" }}
+{{- end }}
 {{- end }}

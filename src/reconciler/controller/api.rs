@@ -176,14 +176,19 @@ pub(super) fn write_error(key: &Key, source: kube::Error) -> ReconcileError {
 }
 
 /// The delay before the retry after `failures` consecutive failures: 400 ms doubling to 10 s
-/// ([`crate::retry::nth_delay`]), or what the API server asked for (`Retry-After`) when longer.
-pub(super) fn retry_delay(failures: u32, server: Option<Duration>) -> Duration {
-    crate::retry::nth_delay(
+/// ([`crate::retry::nth_delay`]), or what the API server asked for (`Retry-After`) stretched by
+/// `1 + unit / 2` when longer ([`crate::retry::jittered_delay`]; `unit` is the random draw in
+/// `0..1`, injected to keep this pure). The client has kube's retry layer off
+/// ([`crate::retry::client_without_retries`]): a throttled write reaches this at once, and the
+/// JobSets refused together by API Priority and Fairness do not come back in the same instant.
+pub(super) fn retry_delay(failures: u32, server: Option<Duration>, unit: f64) -> Duration {
+    let backoff = crate::retry::nth_delay(
         Duration::from_millis(400),
         Duration::from_secs(10),
         failures,
-        server,
-    )
+        None,
+    );
+    crate::retry::jittered_delay(backoff, server, unit)
 }
 
 #[cfg(test)]
@@ -193,10 +198,35 @@ mod tests {
     #[test]
     fn retries_back_off_and_honour_retry_after() {
         let ms = Duration::from_millis;
-        assert_eq!(retry_delay(1, None), ms(400));
-        assert_eq!(retry_delay(2, None), ms(800));
-        assert_eq!(retry_delay(40, None), ms(10_000));
-        assert_eq!(retry_delay(1, Some(ms(3_000))), ms(3_000));
-        assert_eq!(retry_delay(40, Some(ms(3_000))), ms(10_000));
+        for unit in [0.0, 0.5, 1.0] {
+            assert_eq!(retry_delay(1, None, unit), ms(400));
+            assert_eq!(retry_delay(2, None, unit), ms(800));
+            assert_eq!(retry_delay(40, None, unit), ms(10_000));
+            assert_eq!(retry_delay(40, Some(ms(3_000)), unit), ms(10_000));
+        }
+        assert_eq!(retry_delay(1, Some(ms(3_000)), 0.0), ms(3_000));
+        assert_eq!(retry_delay(1, Some(ms(3_000)), 1.0), ms(4_500));
+        assert_eq!(retry_delay(1, Some(ms(3_000)), f64::NAN), ms(3_000));
+    }
+
+    /// JobSets refused together with the same `Retry-After` retry spread over half of it, not
+    /// in one instant.
+    #[test]
+    fn throttled_retries_spread_over_half_the_servers_delay() {
+        let server = Some(Duration::from_secs(2));
+        let mut rng = fastrand::Rng::with_seed(7);
+        let delays: Vec<Duration> = (0..1000)
+            .map(|_| retry_delay(1, server, rng.f64()))
+            .collect();
+        let min = delays.iter().min().unwrap();
+        let max = delays.iter().max().unwrap();
+        assert!(*min >= Duration::from_secs(2), "{min:?}");
+        assert!(*max <= Duration::from_secs(3), "{max:?}");
+        assert!(
+            *max - *min >= Duration::from_millis(900),
+            "{min:?}..{max:?}"
+        );
+        let distinct: std::collections::BTreeSet<_> = delays.iter().collect();
+        assert!(distinct.len() > 300, "{} distinct delays", distinct.len());
     }
 }

@@ -197,7 +197,7 @@ fn spawn_step(shared: &Arc<Shared>, key: &Key, seen: Option<Seen>, cleanup: Opti
             match result {
                 Ok(()) => shared.queue.add(key),
                 Err(e) => {
-                    let delay = retry_delay(failures, e.retry_after());
+                    let delay = retry_delay(failures, e.retry_after(), fastrand::f64());
                     tracing::warn!(namespace = %key.namespace, jobset = %key.name, error = %e, retry_in = ?delay, "group-restart deadline step failed; retrying");
                     wake_after(&shared, &key, delay);
                 }

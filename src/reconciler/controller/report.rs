@@ -82,6 +82,46 @@ pub(super) fn report_malformed(
     }
 }
 
+/// Reports once, as a Warning event, each pod labelled with the JobSet's name that is not one of
+/// its pods ([`crate::reconciler::membership`]): it is not counted. As for malformed
+/// annotations, only those still there are remembered.
+pub(super) fn report_strangers(shared: &Shared, key: &Key, state: &JobSetState) {
+    let strangers = shared.index_strangers(key);
+    if strangers.is_empty() && !shared.with_entry(key, |e| !e.strangers.is_empty()) {
+        return;
+    }
+    let current: HashSet<(String, String)> = strangers
+        .iter()
+        .map(|(pod, _, why)| (pod.clone(), why.to_string()))
+        .collect();
+    let seen = shared.with_entry(key, |e| std::mem::replace(&mut e.strangers, current));
+    for (pod, uid, why) in &strangers {
+        let why = why.to_string();
+        if seen.contains(&(pod.clone(), why.clone())) {
+            continue;
+        }
+        tracing::warn!(namespace = %key.namespace, jobset = %key.name, pod = %pod, reason = %why, "a pod labelled with this JobSet's name is not one of its pods; not counted");
+        // One series per pod: the recorder's key leaves the note out.
+        let related = ObjectReference {
+            api_version: Some("v1".to_owned()),
+            kind: Some("Pod".to_owned()),
+            namespace: Some(key.namespace.clone()),
+            name: Some(pod.clone()),
+            uid: Some(uid.clone()).filter(|u| !u.is_empty()),
+            ..ObjectReference::default()
+        };
+        emit_related(
+            shared,
+            key,
+            state,
+            EventType::Warning,
+            "PodNotOfJobSet",
+            format!("pod {pod} is labelled with this JobSet's name but {why}; it is not counted"),
+            Some(related),
+        );
+    }
+}
+
 /// Observe mode: the epoch fields JobSet's own controller moved since last seen are recorded as
 /// if written here (metrics, events); nothing is written.
 pub(super) fn observe(

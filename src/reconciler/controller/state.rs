@@ -46,6 +46,7 @@ pub(super) struct Shared {
     pub(super) leader: watch::Receiver<bool>,
     pub(super) jobsets_synced: AtomicBool,
     pub(super) pods_synced: AtomicBool,
+    pub(super) jobs_synced: AtomicBool,
     /// The runtime's state of each JobSet that has any.
     entries: Mutex<HashMap<Key, Entry>>,
     /// The group-restart deadline's clock and request permits.
@@ -68,6 +69,9 @@ pub(super) struct Entry {
     pub(super) restart_began: Option<(Epoch, Instant)>,
     /// The malformed annotations already reported and still there: (pod, value).
     pub(super) reported: HashSet<(String, String)>,
+    /// The pods labelled with its name that are not its own, already reported and still there:
+    /// (pod, reason).
+    pub(super) strangers: HashSet<(String, String)>,
     /// The reason the protocol cannot serve it, as last reported (once per reason).
     pub(super) unservable: Option<String>,
     /// Observe mode: the epoch fields as last seen.
@@ -82,6 +86,7 @@ impl Entry {
     fn is_empty(&self) -> bool {
         self.restart_began.is_none()
             && self.reported.is_empty()
+            && self.strangers.is_empty()
             && self.unservable.is_none()
             && self.observed.is_none()
             && self.retry == Retry::default()
@@ -145,6 +150,7 @@ impl Shared {
             leader,
             jobsets_synced: AtomicBool::new(false),
             pods_synced: AtomicBool::new(false),
+            jobs_synced: AtomicBool::new(false),
             entries: Mutex::new(HashMap::new()),
             steps: Steps::new(),
             events,
@@ -154,6 +160,22 @@ impl Shared {
             node_health: Mutex::new(NodeHealth::default()),
             settings,
         }
+    }
+
+    /// The pods labelled with a JobSet's name that are not its own: name, UID and why.
+    pub(super) fn index_strangers(
+        &self,
+        key: &Key,
+    ) -> Vec<(String, String, crate::reconciler::membership::Stranger)> {
+        lock(&self.index).strangers(key)
+    }
+
+    /// The three caches (JobSets, pods, Jobs) have synced once.
+    pub(super) fn synced(&self) -> bool {
+        self.jobsets_synced
+            .load(std::sync::atomic::Ordering::Acquire)
+            && self.pods_synced.load(std::sync::atomic::Ordering::Acquire)
+            && self.jobs_synced.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Runs `f` on the entry of `key` (an empty one if it has none); the entry is kept only if

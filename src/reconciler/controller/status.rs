@@ -17,7 +17,9 @@ use serde_json::{Value, json};
 
 use super::api::{CONFLICT_RETRIES, ReconcileError, write_error};
 use super::publication::{publish_status, publishing};
-use super::report::{emit, observe, record_progress, report_malformed, report_unservable};
+use super::report::{
+    emit, observe, record_progress, report_malformed, report_strangers, report_unservable,
+};
 use super::state::{Shared, lock};
 use crate::jobset::JobSet;
 use crate::protocol::{AloneAgent, EpochStatus, ReconcileDecision, StatusChange, reconcile_decide};
@@ -54,6 +56,7 @@ pub(super) async fn reconcile_epochs(
         }
         shared.with_entry(key, |e| e.unservable = None);
         report_malformed(shared, key, &state, &decision);
+        report_strangers(shared, key, &state);
         if !shared.settings.write_epoch_status {
             observe(shared, key, &state, &decision);
             return Ok(Vec::new());
@@ -85,6 +88,11 @@ pub(super) fn decide(shared: &Shared, key: &Key) -> Option<(JobSetState, Reconci
     // counts, so the synced epoch could be written with a registered pod left out (found by the
     // model check, tests/it/model_check.rs). The keys are queued again when the list is complete.
     if index.pods_relisting_in_progress() {
+        return None;
+    }
+    // The same for the Jobs, which decide which pods count: before the Job watch has listed,
+    // no pod is known to be a JobSet's; during a relist, a deleted Job's pods would still count.
+    if index.jobs_relisting_in_progress() {
         return None;
     }
     let (state, pods) = index.get(key)?;

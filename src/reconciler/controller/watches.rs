@@ -1,5 +1,6 @@
 //! The watches that feed the index, the work queue and the provisioner: JobSets, their pods,
-//! the published `JobSetEpoch` objects, the labelled namespaces; and the leadership follower,
+//! their Jobs (metadata only: which pods count toward a JobSet), the published `JobSetEpoch`
+//! objects, the labelled namespaces; and the leadership follower,
 //! which queues every active JobSet when this replica gains the lease.
 //!
 //! kube-runtime's `watcher` streams with our own pause ([`WatchBackoff`], at most 5 s, where
@@ -119,6 +120,47 @@ pub(super) async fn watch_pods(shared: Arc<Shared>) {
                 Err(e) => tracing::warn!(error = %e, "pod watch failed; retrying"),
             }
             shared.metrics.pods_tracked.set(index.pod_count() as i64);
+        }
+        for key in changed {
+            shared.queue.add(key);
+        }
+    }
+}
+
+/// Follows the Jobs of JobSets (by their jobset-name label, metadata only: a pod counts toward a
+/// JobSet only when one of its Jobs controls it, [`crate::reconciler::membership`]). A Job that
+/// arrives after its pods makes them count: its JobSet is queued.
+pub(super) async fn watch_jobs(shared: Arc<Shared>) {
+    type JobMeta = kube::core::PartialObjectMeta<k8s_openapi::api::batch::v1::Job>;
+    let api: Api<JobMeta> = match &shared.settings.namespace {
+        Some(ns) => Api::namespaced(shared.api.client.clone(), ns),
+        None => Api::all(shared.api.client.clone()),
+    };
+    let config = watch_config(&shared.settings).labels(JOBSET_NAME_LABEL);
+    let stream = watcher(api, config).backoff(WatchBackoff::new());
+    futures::pin_mut!(stream);
+    while let Some(event) = stream.next().await {
+        let mut changed = Vec::new();
+        {
+            let mut index = lock(&shared.index);
+            match event {
+                Ok(Event::Init) => index.jobs_relisting(),
+                Ok(Event::InitApply(job) | Event::Apply(job)) => {
+                    changed.extend(index.apply_job(&job.metadata));
+                }
+                Ok(Event::Delete(job)) => {
+                    if let (Some(ns), Some(name)) = (&job.metadata.namespace, &job.metadata.name) {
+                        changed.extend(index.delete_job(ns, name));
+                    }
+                }
+                Ok(Event::InitDone) => {
+                    changed.extend(index.jobs_relisted());
+                    // Nothing was decided during the list (see `decide`): decide now.
+                    changed.extend(index.active_keys());
+                    shared.jobs_synced.store(true, Ordering::Release);
+                }
+                Err(e) => tracing::warn!(error = %e, "job watch failed; retrying"),
+            }
         }
         for key in changed {
             shared.queue.add(key);

@@ -48,7 +48,7 @@ fn retry_later(shared: &Arc<Shared>, key: Key, server: Option<Duration>) {
             return None;
         }
         e.retry.pending = true;
-        Some(retry_delay(e.retry.failures, server))
+        Some(retry_delay(e.retry.failures, server, fastrand::f64()))
     });
     let Some(delay) = delay else {
         return;

@@ -485,6 +485,10 @@ impl Model {
             match (job.completions, job.parallelism) {
                 (Some(c), Some(p)) if c == p => {}
                 (Some(_), Some(_)) => v(format!("{prefix}.completions")),
+                // Kubernetes' Job defaulting, which the mutation writes where it meets the rule.
+                (None, None) | (Some(1), None) if mutated => {}
+                (Some(_), None) if mutated => v(format!("{prefix}.parallelism")),
+                (None, Some(_)) if mutated => v(format!("{prefix}.completions")),
                 (c, p) => {
                     if c.is_none() {
                         v(format!("{prefix}.completions"));
@@ -1314,6 +1318,9 @@ fn job(careful: bool) -> BoxedStrategy<Job> {
     let sizes = (1i64..=16).prop_flat_map(move |n| {
         prop_oneof![
             8 => Just((Some(n), Some(n))),
+            // Left to Kubernetes' defaults, which the mutation writes.
+            1 => Just((None, None)),
+            1 => Just((Some(1), None)),
             bad => Just((Some(n), Some(n + 1))),
             bad => Just((None, Some(n))),
             bad => Just((Some(n), None)),

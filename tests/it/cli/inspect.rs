@@ -203,11 +203,15 @@ async fn status_lists_the_pods_the_group_waits_for_first() {
         assert_eq!(names, ["other-team", "done", "train"], "{rows}");
         assert_eq!(rows[0]["state"]["state"], "Restarting", "{rows}");
 
-        // A JobSet that does not exist: a one-line error, exit 1.
+        // A JobSet that does not exist: a one-line error saying so plainly, exit 1.
         let out = run(&server, &["status", "-n", "team", "missing"]).await;
         assert_eq!(out.status.code(), Some(1));
         let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains("cannot read JobSet team/missing"), "{err}");
+        assert_eq!(
+            err,
+            "jobset-inplace: no JobSet missing in namespace team (`status -n team` lists its \
+             InPlaceRestart JobSets, `status -A` every namespace's)\n"
+        );
         server.shutdown().await;
     })
     .await;

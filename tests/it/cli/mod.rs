@@ -2,3 +2,4 @@
 
 mod inspect;
 mod offline;
+mod upstream;

@@ -4,10 +4,11 @@ use std::io::Write;
 use std::process::{Command, Output, Stdio};
 
 use jobset_inplace::admission::{self, Endpoint};
+use jobset_inplace::offline::review_exit_code;
 use jobset_inplace_testkit::fixtures;
 
-/// The binary with no cluster to ask (`--protocol auto` then falls back to `epoch`, whatever
-/// kubeconfig the machine has).
+/// The binary with no cluster to ask (the offline commands ask none unless `--protocol auto` is
+/// given; that then falls back to `epoch`, whatever kubeconfig the machine has).
 fn binary() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_jobset-inplace"));
     cmd.env("KUBECONFIG", "/nonexistent/kubeconfig")
@@ -55,7 +56,13 @@ fn review_is_byte_identical_to_the_server_path() {
             }
             let out = run_with_stdin(cmd, &case.body);
             let expected = admission::review(endpoint, &case.body, &case.config);
-            assert!(out.status.success(), "{} {flag}: {:?}", case.name, out);
+            assert_eq!(
+                out.status.code(),
+                Some(i32::from(review_exit_code(expected.outcome))),
+                "{} {flag}: {:?}",
+                case.name,
+                out
+            );
             assert_eq!(out.stdout, expected.body, "{} {flag}", case.name);
         }
     }
@@ -66,7 +73,7 @@ fn review_of_garbage_exits_non_zero_with_a_status() {
     let mut cmd = binary();
     cmd.args(["review", "--validate"]);
     let out = run_with_stdin(cmd, b"not json");
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2));
     let status: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(status["code"], 400);
 }
@@ -158,13 +165,13 @@ fn bad_input_and_flags_are_one_line_errors() {
         .args(["inject", "-f", "/nonexistent.yaml"])
         .output()
         .expect("runs");
-    assert_eq!(out.status.code(), Some(1));
-    let note = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        note.starts_with("jobset-inplace: the epoch protocol (no cluster to ask"),
-        "says which dialect it used, and why: {note}"
-    );
+    assert_eq!(out.status.code(), Some(2));
     let err = errors(&out);
+    assert_eq!(
+        err,
+        String::from_utf8_lossy(&out.stderr),
+        "nothing about a cluster"
+    );
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("/nonexistent.yaml"), "{err}");
 
@@ -176,7 +183,7 @@ fn bad_input_and_flags_are_one_line_errors() {
         .arg(&config)
         .output()
         .expect("runs");
-    assert_ne!(out.status.code(), Some(0));
+    assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("barrierPort"), "{err}");
 
@@ -184,7 +191,7 @@ fn bad_input_and_flags_are_one_line_errors() {
         .args(["review", "--mutate", "--restart-exit-code", "0"])
         .output()
         .expect("runs");
-    assert_ne!(out.status.code(), Some(0));
+    assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--restart-exit-code"), "{err}");
 }
@@ -293,17 +300,18 @@ fn check_is_a_ci_gate() {
         );
     }
 
-    // Nothing to judge: an error naming the input, unless --allow-empty.
+    // Nothing to judge: exit 3 naming the input, unless --allow-empty.
     let empty = fixture("fixtures/check/empty.yaml");
     let out = binary()
         .args(["check", "-f"])
         .arg(&empty)
         .output()
         .expect("runs");
-    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("empty.yaml: nothing to judge") && err.contains("--allow-empty"),
+        err.contains("empty.yaml: nothing judged for in-place restart")
+            && err.contains("--allow-empty"),
         "{err}"
     );
     let out = binary()
@@ -396,7 +404,12 @@ fn review_reads_yaml() {
         }
         let out = run_with_stdin(cmd, yaml.as_bytes());
         let expected = admission::review(Endpoint::Validate, &case.body, &case.config);
-        assert!(out.status.success(), "{}: {out:?}", case.name);
+        assert_eq!(
+            out.status.code(),
+            Some(i32::from(review_exit_code(expected.outcome))),
+            "{}: {out:?}",
+            case.name
+        );
         assert_eq!(out.stdout, expected.body, "{}", case.name);
     }
 }
@@ -588,4 +601,198 @@ fn check_agrees_with_the_webhook_on_whose_token_and_whose_name() {
         assert_eq!(got, fields, "{}", case.name);
     }
     assert_eq!(seen, cases.len());
+}
+
+/// A kubeconfig naming a loopback listener nobody answers on: whether anything connected shows
+/// whether a command asked the cluster.
+struct Listener {
+    socket: std::net::TcpListener,
+    _dir: tempfile::TempDir,
+    kubeconfig: std::path::PathBuf,
+}
+
+impl Listener {
+    fn new() -> Listener {
+        let socket = std::net::TcpListener::bind("127.0.0.1:0").expect("binds");
+        socket.set_nonblocking(true).expect("nonblocking");
+        let port = socket.local_addr().expect("addr").port();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let kubeconfig = dir.path().join("kubeconfig");
+        std::fs::write(
+            &kubeconfig,
+            format!(
+                "apiVersion: v1\nkind: Config\ncurrent-context: c\nclusters:\n- name: c\n  \
+                 cluster: {{server: 'https://127.0.0.1:{port}', insecure-skip-tls-verify: true}}\n\
+                 users:\n- name: u\n  user: {{token: t}}\ncontexts:\n- name: c\n  context: \
+                 {{cluster: c, user: u}}\n"
+            ),
+        )
+        .expect("write");
+        Listener {
+            socket,
+            _dir: dir,
+            kubeconfig,
+        }
+    }
+
+    /// Something connected since the last call.
+    fn connected(&self) -> bool {
+        let mut any = false;
+        while self.socket.accept().is_ok() {
+            any = true;
+        }
+        any
+    }
+}
+
+/// Issue 36: `inject`, `check` and `review` contact no cluster and say nothing about one, with
+/// a kubeconfig naming a listening server or a garbage one; `--protocol auto` asks the cluster.
+#[test]
+fn the_offline_commands_are_offline() {
+    let case = fixtures::admission_cases()
+        .into_iter()
+        .find(|c| c.name == "story1-plain")
+        .expect("fixture");
+    let jobset = serde_saphyr::to_string(&case.request["request"]["object"]).expect("yaml");
+    let listener = Listener::new();
+    let garbage = listener._dir.path().join("garbage");
+    std::fs::write(&garbage, "{{{ not a kubeconfig").expect("write");
+    let commands: [&[&str]; 3] = [
+        &["inject", "-f", "-"],
+        &["check", "-f", "-"],
+        &["review", "--mutate", "-f", "-"],
+    ];
+    for kubeconfig in [&listener.kubeconfig, &garbage] {
+        for args in commands {
+            let mut cmd = binary();
+            cmd.env("KUBECONFIG", kubeconfig).args(args);
+            let input = if args[0] == "review" {
+                case.body.clone()
+            } else {
+                jobset.clone().into_bytes()
+            };
+            let out = run_with_stdin(cmd, &input);
+            assert_eq!(out.status.code(), Some(0), "{args:?}: {out:?}");
+            assert!(out.stderr.is_empty(), "{args:?}: {out:?}");
+            assert!(!listener.connected(), "{args:?} contacted the cluster");
+        }
+    }
+    // Asked: it tries the cluster (nobody answers: the default), and says so.
+    let mut cmd = binary();
+    cmd.env("KUBECONFIG", &listener.kubeconfig)
+        .args(["--protocol", "auto", "check", "-f", "-"]);
+    let out = run_with_stdin(cmd, jobset.as_bytes());
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(listener.connected(), "--protocol auto asked no cluster");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("the epoch protocol"),
+        "{out:?}"
+    );
+}
+
+/// Issue 36: `check`'s exit codes: 0 allowed, 1 denied (or warned under --strict), 2 an input
+/// or usage error, 3 nothing judged for in-place restart.
+#[test]
+fn check_exit_codes() {
+    let case = fixtures::admission_cases()
+        .into_iter()
+        .find(|c| c.name == "story1-plain")
+        .expect("fixture");
+    let object = &case.request["request"]["object"];
+    let jobset = serde_saphyr::to_string(object).expect("yaml");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let write = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).expect("write");
+        path.display().to_string()
+    };
+    let ok = write("ok.yaml", &jobset);
+    let mut denied = object.clone();
+    denied["spec"]["replicatedJobs"][0]["template"]["spec"]["backoffLimit"] = 0.into();
+    let denied = write(
+        "denied.yaml",
+        &serde_saphyr::to_string(&denied).expect("yaml"),
+    );
+    let mut warned = object.clone();
+    warned["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]
+        ["image"] = "<CHANGE ME>".into();
+    let warned = write(
+        "warned.yaml",
+        &serde_saphyr::to_string(&warned).expect("yaml"),
+    );
+    let mut plain = object.clone();
+    plain["spec"]["failurePolicy"] = serde_json::json!({"maxRestarts": 1});
+    let plain = write(
+        "plain.yaml",
+        &serde_saphyr::to_string(&plain).expect("yaml"),
+    );
+    let config_map = write(
+        "cm.yaml",
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n",
+    );
+    let bad_yaml = write("bad.yaml", "kind: JobSet\nspec: [\n");
+    let not_text = write("bin.yaml", "\u{0}");
+    std::fs::write(&not_text, [0xff, 0xfe, 0x00]).expect("write");
+    let code = |args: &[&str]| {
+        let out = binary().arg("check").args(args).output().expect("runs");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    assert_eq!(code(&["-f", &ok]).0, Some(0));
+    assert_eq!(code(&["-f", &ok, "-f", &denied]).0, Some(1));
+    assert_eq!(code(&["-f", &warned]).0, Some(0));
+    assert_eq!(code(&["--strict", "-f", &warned]).0, Some(1));
+    assert_eq!(code(&["--strict", "-f", &ok]).0, Some(0));
+    // Not judged: reported as such, and nothing else judged is exit 3.
+    let (c, out) = code(&["-f", &plain]);
+    assert_eq!(c, Some(3));
+    assert!(out.contains("not judged for in-place restart"), "{out}");
+    assert_eq!(code(&["--allow-empty", "-f", &plain]).0, Some(0));
+    assert_eq!(code(&["-f", &ok, "-f", &config_map]).0, Some(3));
+    assert_eq!(code(&["-f", &denied, "-f", &config_map]).0, Some(1));
+    assert_eq!(
+        code(&["--allow-empty", "-f", &ok, "-f", &config_map]).0,
+        Some(0)
+    );
+    // Input and usage errors.
+    for args in [
+        vec!["-f", "/nonexistent.yaml"],
+        vec!["-f", &bad_yaml],
+        vec!["-f", &not_text],
+        vec!["-f", &ok, "--output", "xml"],
+        vec!["-f", &ok, "--no-such-flag"],
+    ] {
+        assert_eq!(code(&args).0, Some(2), "{args:?}");
+    }
+}
+
+/// Issue 36: run as kubectl's plugin, errors say `kubectl jobset-inplace:` (as the docs do).
+#[test]
+fn the_plugin_names_itself_in_errors() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let plugin = dir.path().join("kubectl-jobset_inplace");
+    std::fs::copy(env!("CARGO_BIN_EXE_jobset-inplace"), &plugin).expect("copy");
+    for args in [
+        &["check", "-f", "/nonexistent.yaml"][..],
+        &["check", "--no-such-flag"],
+    ] {
+        let out = Command::new(&plugin)
+            .args(args)
+            .env("KUBECONFIG", "/nonexistent/kubeconfig")
+            .output()
+            .expect("runs");
+        assert_eq!(out.status.code(), Some(2), "{out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.starts_with("kubectl jobset-inplace: "), "{err}");
+    }
+    let out = binary()
+        .args(["check", "-f", "/nonexistent.yaml"])
+        .output()
+        .expect("runs");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).starts_with("jobset-inplace: "),
+        "{out:?}"
+    );
 }

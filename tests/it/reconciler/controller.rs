@@ -13,6 +13,7 @@ use jobset_inplace_testkit as testkit;
 use jobset_inplace_testkit::apiserver::{
     Chaos, Options as ServerOptions, TestApiServer, Verb, default_resources,
 };
+use jobset_inplace_testkit::reconciler::member_of;
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
@@ -178,7 +179,10 @@ impl World {
         let pods: i64 = replicated.iter().map(|(r, p)| r * p).sum();
         for i in 0..pods {
             server
-                .create("pods", pod(name, &format!("{name}-{i}")))
+                .create(
+                    "pods",
+                    member_of(&server, pod(name, &format!("{name}-{i}"))),
+                )
                 .expect("pod");
         }
         World {
@@ -369,7 +373,7 @@ async fn unregistered_failed_and_terminating_pods() {
         // The unregistered pod fails; its replacement registers.
         w.patch_pod(2, json!({"status": {"phase": "Failed"}}));
         w.server
-            .create("pods", pod("js", "js-3"))
+            .create("pods", member_of(&w.server, pod("js", "js-3")))
             .expect("replacement");
         w.set_epoch(3, 1);
         w.until("sync with the replacement", |w| w.synced() == Some(1))
@@ -378,7 +382,7 @@ async fn unregistered_failed_and_terminating_pods() {
         w.patch_pod(0, json!({"metadata": {"finalizers": ["x/y"]}}));
         w.server.delete("pods", NS, "js-0").expect("delete");
         w.server
-            .create("pods", pod("js", "js-4"))
+            .create("pods", member_of(&w.server, pod("js", "js-4")))
             .expect("replacement");
         w.set_epoch(4, 2);
         w.until("deprecated 1", |w| w.deprecated() == Some(1)).await;
@@ -434,6 +438,109 @@ async fn a_labelled_pod_with_an_epoch_beyond_reach_does_not_fail_the_jobset() {
         w.set_epoch(1, 1);
         w.until("sync once fixed", |w| w.synced() == Some(1)).await;
         assert_ne!(w.jobset()["status"]["terminalState"], "Failed");
+    })
+    .await;
+}
+
+/// Issue 34 item 4: a pod counts toward a JobSet only when one of its Jobs controls it. Pods
+/// labelled with the JobSet's name but created by someone else (no controller; a controller
+/// reference to a Job of another JobSet), at an epoch beyond reach or one above the synced
+/// epoch, neither fail the JobSet nor start a group restart: each is a Warning, said once. The
+/// real pods keep counting; a pod seen before its Job counts once the Job is seen.
+#[tokio::test]
+async fn only_the_pods_of_the_jobsets_jobs_count() {
+    bounded(async {
+        let w = World::new(Dialect::Epoch, &[(1, 2)], 10).await;
+        w.server
+            .create("jobsets", jobset("other", &[(1, 1)], 10))
+            .expect("other jobset");
+        let other = member_of(&w.server, pod("other", "other-0"));
+        w.server.create("pods", other.clone()).expect("other's pod");
+        let r = w.start("r1");
+        w.sync_pods(2, 1, "first sync").await;
+
+        let stranger = |name: &str, epoch: &str, owner: Option<&Value>| {
+            let mut p = pod("js", name);
+            p["metadata"]["annotations"][Dialect::Epoch.pod_annotation()] = json!(epoch);
+            if let Some(o) = owner {
+                p["metadata"]["ownerReferences"] = o.clone();
+            }
+            w.server.create("pods", p).expect("stranger");
+        };
+        stranger("forged-max", "2147483647", None);
+        stranger("forged-next", "2", None);
+        stranger("borrowed", "2", Some(&other["metadata"]["ownerReferences"]));
+        let said = |w: &World, pod: &str| {
+            w.events()
+                .iter()
+                .filter(|e| {
+                    e["reason"] == "PodNotOfJobSet"
+                        && e["type"] == "Warning"
+                        && e["note"]
+                            .as_str()
+                            .is_some_and(|n| n.starts_with(&format!("pod {pod} ")))
+                })
+                .count()
+        };
+        w.until("each stranger said", |w| {
+            ["forged-max", "forged-next", "borrowed"]
+                .iter()
+                .all(|p| said(w, p) == 1)
+        })
+        .await;
+        assert!(
+            w.events().iter().any(|e| e["note"]
+                .as_str()
+                .is_some_and(|n| n.contains("belongs to the JobSet other"))),
+            "{:?}",
+            w.events()
+        );
+        w.quiet("pods of no Job of the JobSet").await;
+        assert_eq!(w.deprecated(), None, "no group restart");
+        assert_eq!(w.synced(), Some(1));
+        assert_ne!(w.jobset()["status"]["terminalState"], "Failed");
+        assert!(!w.has_event("MaxRestartsExceeded") && !w.has_event("MalformedEpoch"));
+
+        // The real pods restart as ever.
+        w.set_epoch(0, 2);
+        w.until("deprecated", |w| w.deprecated() == Some(1)).await;
+        w.set_epoch(1, 2);
+        w.until("synced", |w| w.synced() == Some(2)).await;
+
+        // A pod seen before its Job: the Job exists, but without the jobset-name label the
+        // reconciler's Job watch does not see it yet.
+        let js_uid = w.jobset()["metadata"]["uid"].clone();
+        let late = w
+            .server
+            .create(
+                "jobs",
+                json!({"metadata": {"name": "js-late", "namespace": NS,
+                    "ownerReferences": [{"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+                                         "name": "js", "uid": js_uid, "controller": true}]},
+                    "spec": {"template": {"spec": {"containers": []}}}}),
+            )
+            .expect("job");
+        let mut early = pod("js", "js-late-0");
+        early["metadata"]["annotations"][Dialect::Epoch.pod_annotation()] = json!("3");
+        early["metadata"]["ownerReferences"] = json!([{"apiVersion": "batch/v1", "kind": "Job",
+            "name": "js-late", "uid": late["metadata"]["uid"], "controller": true}]);
+        w.server.create("pods", early).expect("pod");
+        w.quiet("a pod whose Job is not seen").await;
+        assert_eq!(w.deprecated(), Some(1));
+        assert_eq!(said(&w, "js-late-0"), 0, "not known yet is no stranger");
+        w.server
+            .patch(
+                "jobs",
+                NS,
+                "js-late",
+                &json!({"metadata": {"labels": {JOBSET_NAME_LABEL: "js"}}}),
+            )
+            .expect("label");
+        w.until("the pod counts once its Job is seen", |w| {
+            w.deprecated() == Some(2)
+        })
+        .await;
+        r.stop().await.expect("clean stop");
     })
     .await;
 }

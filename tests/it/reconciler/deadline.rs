@@ -31,6 +31,7 @@ use jobset_inplace::protocol::{Dialect, JOBSET_NAME_LABEL};
 use jobset_inplace::reconciler::{self, LeaderElection, Options};
 use jobset_inplace_testkit::apiserver::{TestApiServer, Verb};
 use jobset_inplace_testkit::kubelet::{SimConfig, Simulation, Snapshot, http_get};
+use jobset_inplace_testkit::reconciler::member_of;
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
@@ -456,6 +457,13 @@ fn pod(name: &str) -> Value {
     })
 }
 
+/// `pod` with the `job-name` label and the controller reference of the Job `job`, as the Job
+/// controller creates it.
+fn of_job(server: &TestApiServer, mut pod: Value, job: &str) -> Value {
+    pod["metadata"]["labels"]["batch.kubernetes.io/job-name"] = json!(job);
+    member_of(server, pod)
+}
+
 fn job(name: &str, owner: &str, attempt: &str) -> Value {
     json!({
         "apiVersion": "batch/v1", "kind": "Job",
@@ -503,8 +511,6 @@ async fn what_a_recreation_writes_and_deletes_with_jobsets_controller_writing_th
         let server = Arc::new(TestApiServer::start().await);
         let js = server.create("jobsets", jobset(Some("1s"), 5)).expect("jobset");
         let uid = js["metadata"]["uid"].as_str().expect("uid").to_owned();
-        server.create("pods", pod("js-0")).expect("pod");
-        server.create("pods", pod("js-1")).expect("pod");
         for (name, owner, attempt) in [
             ("js-w-0", uid.as_str(), "0"),
             ("js-w-1", uid.as_str(), "0"),
@@ -512,6 +518,8 @@ async fn what_a_recreation_writes_and_deletes_with_jobsets_controller_writing_th
         ] {
             server.create("jobs", job(name, owner, attempt)).expect("job");
         }
+        server.create("pods", of_job(&server, pod("js-0"), "js-w-0")).expect("pod");
+        server.create("pods", of_job(&server, pod("js-1"), "js-w-1")).expect("pod");
         let mut opts = options(dialect, Some(Duration::from_secs(120)), "r1");
         opts.settings.write_epoch_status = false;
         let r = Running::start(server.client_named("reconciler"), opts).await;
@@ -556,7 +564,8 @@ async fn what_a_recreation_writes_and_deletes_with_jobsets_controller_writing_th
             .collect();
         assert_eq!(writes.len(), 1, "one status write (the conflict is not applied): {writes:?}");
         // The recreated pods register and JobSet's controller syncs: the deadline is over.
-        let mut replacement = pod("js-2");
+        server.create("jobs", job("js-w-0-1", &uid, "1")).expect("job");
+        let mut replacement = of_job(&server, pod("js-2"), "js-w-0-1");
         replacement["metadata"]["annotations"][dialect.pod_annotation()] = json!("1");
         server.create("pods", replacement).expect("pod");
         write(json!({"currentInPlaceRestartAttempt": 1}));
@@ -603,8 +612,12 @@ async fn a_malformed_annotation_is_a_warning_and_the_default_applies() {
         server
             .create("jobsets", jobset(Some("soon"), 5))
             .expect("jobset");
-        server.create("pods", pod("js-0")).expect("pod");
-        server.create("pods", pod("js-1")).expect("pod");
+        server
+            .create("pods", member_of(&server, pod("js-0")))
+            .expect("pod");
+        server
+            .create("pods", member_of(&server, pod("js-1")))
+            .expect("pod");
         let r = Running::start(
             server.client_named("reconciler"),
             options(dialect, Some(Duration::from_secs(1)), "r1"),
@@ -645,7 +658,9 @@ async fn a_malformed_annotation_is_a_warning_and_the_default_applies() {
                 &json!({"metadata": {"annotations": {TIMEOUT_ANNOTATION: "0"}}}),
             )
             .expect("annotation");
-        server.create("pods", pod("js-2")).expect("pod");
+        server
+            .create("pods", member_of(&server, pod("js-2")))
+            .expect("pod");
         tokio::time::sleep(Duration::from_secs(3)).await;
         assert!(server.get("pods", NS, "js-2").is_some());
         assert_eq!(events(&server, NS, "InvalidGroupRestartTimeout").len(), 1);
@@ -668,8 +683,12 @@ async fn wipes_of_the_epoch_fields_do_not_postpone_the_deadline() {
         server
             .create("jobsets", jobset(Some("3s"), 5))
             .expect("jobset");
-        server.create("pods", pod("js-0")).expect("pod");
-        server.create("pods", pod("js-1")).expect("pod");
+        server
+            .create("pods", member_of(&server, pod("js-0")))
+            .expect("pod");
+        server
+            .create("pods", member_of(&server, pod("js-1")))
+            .expect("pod");
         let r = Running::start(
             server.client_named("reconciler"),
             options(dialect, Some(Duration::from_secs(120)), "r1"),
@@ -733,8 +752,12 @@ async fn a_standby_that_takes_over_keeps_the_clock() {
         let timeout = Duration::from_secs(4);
         let server = TestApiServer::start().await;
         server.create("jobsets", jobset(None, 5)).expect("jobset");
-        server.create("pods", pod("js-0")).expect("pod");
-        server.create("pods", pod("js-1")).expect("pod");
+        server
+            .create("pods", member_of(&server, pod("js-0")))
+            .expect("pod");
+        server
+            .create("pods", member_of(&server, pod("js-1")))
+            .expect("pod");
         let lease = |identity: &str| {
             let mut o = options(dialect, Some(timeout), identity);
             o.leader_election = Some(LeaderElection {
@@ -857,7 +880,7 @@ async fn one_tenant_s_slow_deadline_deletes_do_not_delay_another_tenant_s_group_
                 .expect("jobset");
             for i in 0..PODS {
                 server
-                    .create("pods", pod_in(A, js, &format!("{js}-{i}")))
+                    .create("pods", member_of(&server, pod_in(A, js, &format!("{js}-{i}"))))
                     .expect("pod");
             }
         }
@@ -866,7 +889,7 @@ async fn one_tenant_s_slow_deadline_deletes_do_not_delay_another_tenant_s_group_
             .expect("jobset");
         for i in 0..2 {
             server
-                .create("pods", pod_in(B, "b", &format!("b-{i}")))
+                .create("pods", member_of(&server, pod_in(B, "b", &format!("b-{i}"))))
                 .expect("pod");
         }
         let r = Running::start(
@@ -968,8 +991,12 @@ async fn a_pod_that_registers_while_its_failed_mark_is_on_its_way_is_left_alone(
         server
             .create("jobsets", jobset(Some("1s"), 5))
             .expect("jobset");
-        server.create("pods", pod("js-0")).expect("pod");
-        server.create("pods", pod("js-1")).expect("pod");
+        server
+            .create("pods", member_of(&server, pod("js-0")))
+            .expect("pod");
+        server
+            .create("pods", member_of(&server, pod("js-1")))
+            .expect("pod");
         let r = Running::start(
             server.client_named("reconciler"),
             options(dialect, Some(Duration::from_secs(120)), "r1"),

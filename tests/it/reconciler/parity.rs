@@ -604,7 +604,13 @@ async fn run(write_epoch_status: bool) -> Run {
             .create("jobsets", jobset_json(c, &ns))
             .expect("jobset");
         for p in c.pods {
-            server.create("pods", pod_json(p, &ns)).expect("pod");
+            let pod = pod_json(p, &ns);
+            let pod = if p.jobset == Some(JOBSET) {
+                jobset_inplace_testkit::reconciler::member_of(&server, pod)
+            } else {
+                pod
+            };
+            server.create("pods", pod).expect("pod");
         }
         // The status before is the one given (the store keeps a created object's status).
         assert_eq!(outcome(&server, &ns), c.before, "{}: status before", c.name);
