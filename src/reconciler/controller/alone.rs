@@ -10,13 +10,12 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::Api;
 use kube::runtime::events::EventType;
 
 use super::api::ReconcileError;
 use super::deadline::fail_and_delete;
-use super::report::{CONTROLLER_NAME, emit_related};
+use super::report::{CONTROLLER_NAME, emit_related, pod_reference};
 use super::state::{Shared, lock};
 use crate::deadline::PodRef;
 use crate::protocol::AloneAgent;
@@ -71,14 +70,7 @@ pub(super) async fn fail_pods(
             Ok(true) => {
                 shared.metrics.agents_restarted_alone.inc();
                 tracing::warn!(namespace = %key.namespace, jobset = %key.name, pod = %pod.pod, node, "agent restarted without its workers (kubelet without RestartAllContainersOnContainerExits); pod failed and deleted");
-                let related = ObjectReference {
-                    api_version: Some("v1".to_owned()),
-                    kind: Some("Pod".to_owned()),
-                    namespace: Some(key.namespace.clone()),
-                    name: Some(pod.pod.clone()),
-                    uid: Some(pod.uid.clone()).filter(|u| !u.is_empty()),
-                    ..ObjectReference::default()
-                };
+                let related = pod_reference(&key.namespace, &pod.pod, &pod.uid);
                 emit_related(
                     shared,
                     key,

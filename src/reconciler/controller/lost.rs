@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Node, ObjectReference};
+use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::events::EventType;
@@ -19,7 +19,7 @@ use kube::runtime::watcher::{Event, watcher};
 
 use super::api::ReconcileError;
 use super::deadline::fail_and_delete;
-use super::report::{CONTROLLER_NAME, emit_related};
+use super::report::{CONTROLLER_NAME, emit_related, pod_reference};
 use super::settings::watch_config;
 use super::state::{Shared, lock};
 use crate::deadline::PodRef;
@@ -128,14 +128,7 @@ pub(super) async fn fail_pods(shared: &Arc<Shared>, key: &Key) -> Result<(), Rec
             Ok(true) => {
                 shared.metrics.pods_node_lost.inc();
                 tracing::warn!(namespace = %key.namespace, jobset = %key.name, pod = %pod.pod, node, "node lost; pod failed and deleted");
-                let related = ObjectReference {
-                    api_version: Some("v1".to_owned()),
-                    kind: Some("Pod".to_owned()),
-                    namespace: Some(key.namespace.clone()),
-                    name: Some(pod.pod.clone()),
-                    uid: Some(pod.uid.clone()).filter(|u| !u.is_empty()),
-                    ..ObjectReference::default()
-                };
+                let related = pod_reference(&key.namespace, &pod.pod, &pod.uid);
                 emit_related(
                     shared,
                     key,

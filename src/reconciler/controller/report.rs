@@ -102,14 +102,7 @@ pub(super) fn report_strangers(shared: &Shared, key: &Key, state: &JobSetState) 
         }
         tracing::warn!(namespace = %key.namespace, jobset = %key.name, pod = %pod, reason = %why, "a pod labelled with this JobSet's name is not one of its pods; not counted");
         // One series per pod: the recorder's key leaves the note out.
-        let related = ObjectReference {
-            api_version: Some("v1".to_owned()),
-            kind: Some("Pod".to_owned()),
-            namespace: Some(key.namespace.clone()),
-            name: Some(pod.clone()),
-            uid: Some(uid.clone()).filter(|u| !u.is_empty()),
-            ..ObjectReference::default()
-        };
+        let related = pod_reference(&key.namespace, pod, uid);
         emit_related(
             shared,
             key,
@@ -238,6 +231,18 @@ pub(super) fn emit(
     note: String,
 ) {
     emit_related(shared, key, state, type_, reason, note, None);
+}
+
+/// A pod as the related object of an event ([`emit_related`]); an empty UID is left out.
+pub(super) fn pod_reference(namespace: &str, name: &str, uid: &str) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".to_owned()),
+        kind: Some("Pod".to_owned()),
+        namespace: Some(namespace.to_owned()),
+        name: Some(name.to_owned()),
+        uid: Some(uid.to_owned()).filter(|u| !u.is_empty()),
+        ..ObjectReference::default()
+    }
 }
 
 /// [`emit`] with a related object (`related`): the events of one reason on one JobSet are one
