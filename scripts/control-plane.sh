@@ -14,7 +14,9 @@
 #                                            DIR/node.env NODES); --taint: taint them NoSchedule
 #                                            (jobset-inplace.dev/real-node=true; only tolerating
 #                                            pods run there); --node-grace DURATION: a node whose
-#                                            kubelet is silent that long turns Ready=Unknown (1h);
+#                                            kubelet is silent that long turns Ready=Unknown (1h;
+#                                            `default`: kube-controller-manager's and the kubelets'
+#                                            own periods, 50 s, and taint eviction on);
 #                                            --install: also the product (epoch or jobset-native)
 #                                            as dist/install-VARIANT.yaml installs it, or with
 #                                            helm:VARIANT by `helm install` of the chart (dist/'s
@@ -677,8 +679,15 @@ up() {
   local node_controller_flags=()
   if [[ -n "$node" ]]; then
     controllers+=,root-ca-certificate-publisher-controller,node-lifecycle-controller,endpointslice-controller,endpoints-controller,deployment-controller,replicaset-controller
-    node_controller_flags=(--node-monitor-grace-period "$node_grace" --node-startup-grace-period 1h
-      --node-monitor-period 2s)
+    if [[ "$node_grace" == default ]]; then
+      # As a cluster runs it: the node lifecycle controller's own periods (a silent node Unknown
+      # after 50 s) and the taint-eviction controller (its NoExecute `unreachable` taint evicts
+      # the node's pods after their tolerationSeconds, 300 s by DefaultTolerationSeconds).
+      controllers+=,taint-eviction-controller
+    else
+      node_controller_flags=(--node-monitor-grace-period "$node_grace" --node-startup-grace-period 1h
+        --node-monitor-period 2s)
+    fi
   fi
   local extra=()
   read -r -a extra <<<"${JOBSET_INPLACE_CONTROLLER_MANAGER_ARGS:-}"
@@ -947,7 +956,9 @@ restart_apiserver() {
 nodes_left=0
 # --node-grace: the node lifecycle controller's --node-monitor-grace-period (an hour by default,
 # so that the test kit's nodes, which send no heartbeat, stay Ready; node-loss tests pass 8s: the
-# kubelets renew their leases every 2 s).
+# kubelets renew their leases every 2 s). `default`: no flag of ours, as a cluster runs it (the
+# controller's 50 s, the kubelets' 40 s leases and 10 s status updates, taint eviction on): the
+# node-loss measurements of docs/benchmarks.md.
 node_grace=1h
 down() {
   local dir="$1"
@@ -975,7 +986,7 @@ parse_options() {
         ;;
       --taint) node_taint=1 ;;
       --node-grace)
-        [[ $# -ge 2 && "$2" =~ ^[0-9]+(s|m|h)$ ]] || usage
+        [[ $# -ge 2 && "$2" =~ ^([0-9]+(s|m|h)|default)$ ]] || usage
         node_grace="$2"
         shift
         ;;

@@ -2723,3 +2723,5 @@ async fn a_jobset_admitted_by_kueue_group_restarts_in_place_without_eviction() {
 
 #[path = "real_node/matrix.rs"]
 mod matrix;
+#[path = "real_node/node_loss.rs"]
+mod node_loss;

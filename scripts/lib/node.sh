@@ -364,6 +364,7 @@ node_env() {
     echo "PAUSE_IMAGE=$pause_image"
     echo "NODE_TAINT=${node_taint:+$node_label=true:NoSchedule}"
     echo "NODE_RESTART_GATE=$node_restart_gate"
+    echo "NODE_GRACE=${node_grace:-}"
     for nd in $(node_dirs "$dir"); do
       node_load "$nd"
       local fields=(
@@ -509,9 +510,11 @@ evictionHard: {memory.available: "100Mi", nodefs.available: "1%", imagefs.availa
 # A shared build machine's disk runs near full: a pressure taint must go as soon as it passes
 # (the default holds it 5 minutes, and the node's pods stay unscheduled meanwhile).
 evictionPressureTransitionPeriod: 10s
-nodeStatusUpdateFrequency: 2s
-# The lease renewed every 2 s (a quarter of it): a short --node-grace finds a silent node soon.
-nodeLeaseDurationSeconds: 8
+$(if [[ "${node_grace:-}" != default ]]; then
+  printf '%s\n' "nodeStatusUpdateFrequency: 2s" \
+    "# The lease renewed every 2 s (a quarter of it): a short --node-grace finds a silent node soon." \
+    "nodeLeaseDurationSeconds: 8"
+fi)
 syncFrequency: 10s
 EOF
   start "$dir" "$k/kubelet" nsenter --net="/run/netns/$NODE_NETNS" "$bin/kubelet" --config "$nd/kubelet.yaml" \

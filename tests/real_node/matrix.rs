@@ -15,7 +15,7 @@
 use super::*;
 
 /// The nodes of node.env (`NODES`), or `None` (and SKIPPED) with fewer than 3.
-fn three_nodes(node: &Node, test: &str) -> Option<Vec<String>> {
+pub(super) fn three_nodes(node: &Node, test: &str) -> Option<Vec<String>> {
     let names: Vec<String> = node
         .env
         .get("NODES")
@@ -32,7 +32,7 @@ fn three_nodes(node: &Node, test: &str) -> Option<Vec<String>> {
 }
 
 /// One worker per node: a required anti-affinity on the hostname among the JobSet's pods.
-fn spread(js: &mut serde_json::Value) {
+pub(super) fn spread(js: &mut serde_json::Value) {
     js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["affinity"] = json!({
         "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
             "labelSelector": {"matchLabels": {"jobset.sigs.k8s.io/jobset-name": "train"}},
@@ -42,7 +42,7 @@ fn spread(js: &mut serde_json::Value) {
 }
 
 /// Each pod's node.
-fn nodes_of(group: &Group) -> BTreeMap<String, String> {
+pub(super) fn nodes_of(group: &Group) -> BTreeMap<String, String> {
     group
         .pods
         .iter()
@@ -69,7 +69,7 @@ fn assert_one_per_node(group: &Group) {
 }
 
 /// The machine-readable line of a row.
-fn matrix_line(row: &str, nodes: usize, pods: usize, took: Duration) {
+pub(super) fn matrix_line(row: &str, nodes: usize, pods: usize, took: Duration) {
     println!(
         "MATRIX row={row} nodes={nodes} pods={pods} ms={}",
         took.as_millis()
@@ -113,19 +113,43 @@ async fn the_matrix_a_pod_evicted() {
         let (run, first) = Run::start(&node, "mx-evict", 3, dialect, spread).await;
         let victim = first.pods.keys().next().expect("a pod").clone();
         let since = run.mark();
+        let evicted_ms = super::node_loss::now_ms();
         run.pods
             .evict(&victim, &kube::api::EvictParams::default())
             .await
             .unwrap_or_else(|e| panic!("evict {victim}: {e}"));
-        let after = run
-            .running(Some(first.epoch), since, Duration::from_secs(150))
-            .await;
+        // Where the time goes: when the evicted pod left the API (its Job replaces it then:
+        // podReplacementPolicy Failed), polled beside the wait for the group.
+        let gone = async {
+            let started = Instant::now();
+            while started.elapsed() < Duration::from_secs(150) {
+                if let Ok(None) = run.pods.get_opt(&victim).await {
+                    return Some(super::node_loss::now_ms().saturating_sub(evicted_ms));
+                }
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            None
+        };
+        let (after, gone) = tokio::join!(
+            run.running(Some(first.epoch), since, Duration::from_secs(150)),
+            gone
+        );
         assert_eq!(after.epoch, first.epoch + 1, "the epoch moves by one");
         assert!(!after.pods.contains_key(&victim), "{victim} replaced");
         assert_in_place(&first, &after, &[victim.as_str()]);
         assert_one_per_node(&after);
-        let took = assert_barrier(&run.records(), since, run.size);
+        let records = run.records();
+        let took = assert_barrier(&records, since, run.size);
         matrix_line("evicted", names.len(), 3, took);
+        let at = |r: &Record| r.ms.saturating_sub(evicted_ms);
+        let timeline: Vec<String> = records
+            .iter()
+            .filter(|r| r.seq >= since && r.container == run.worker)
+            .map(|r| format!("{}ms {} {}", at(r), r.event, r.pod))
+            .collect();
+        println!(
+            "MATRIX_TIMELINE row=evicted from=eviction pod_gone_ms={gone:?} workers={timeline:?}"
+        );
     })
     .await;
 }
@@ -226,7 +250,7 @@ where
 }
 
 /// The installed reconciler's pods, and the name of the one holding the leader lease.
-async fn reconciler_leader(node: &Node) -> (String, Vec<String>) {
+pub(super) async fn reconciler_leader(node: &Node) -> (String, Vec<String>) {
     let pods: Api<Pod> = Api::namespaced(node.client.clone(), "jobset-inplace-system");
     let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
         Api::namespaced(node.client.clone(), "jobset-inplace-system");
@@ -476,25 +500,7 @@ async fn the_matrix_with_a_node_lost() {
             "workers on {placed:?}; killing {victim_node} (worker {victim}); leader {leader} on {leader_node}; spare {spare:?}"
         );
         let since = run_.mark();
-        let killed_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .expect("clock")
-            .as_millis() as u64;
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/control-plane.sh");
-        run(
-            script.to_str().expect("utf-8 path"),
-            &["node-kill", node.dir.to_str().expect("utf-8 path"), &victim_node],
-        )
-        .await
-        .unwrap_or_else(|e| panic!("node-kill {victim_node}: {e}"));
-        // Later rows know (the same process reads node.env once per test).
-        let _ = std::fs::OpenOptions::new()
-            .append(true)
-            .open(node.dir.join("node.env"))
-            .and_then(|mut f| {
-                use std::io::Write;
-                writeln!(f, "NODE_KILLED={victim_node}")
-            });
+        let killed_ms = super::node_loss::kill_node(&node, &victim_node).await;
         let after = run_
             .running(Some(first.epoch), since, Duration::from_secs(300))
             .await;
