@@ -1,6 +1,8 @@
 //! The workers: each takes a JobSet from the work queue ([`crate::reconciler::queue`]) while
 //! this replica leads, evaluates it ([`reconcile`]: epochs, publication, deadline), and on failure
-//! queues it again after a backoff, at most one retry pending per JobSet.
+//! queues it again after a backoff, at most one retry pending per JobSet. Each pass counts why
+//! it runs (`reconcile_reasons_total{reason}`) and runs in a `reconcile` span that names them,
+//! so every line it logs says what triggered it.
 //!
 //! Our own loop rather than kube-runtime's `Controller`: writes happen only on the leader and
 //! stop at its write deadline, the debounce coalesces a burst of pod events, and the deadline's
@@ -9,10 +11,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tracing::Instrument;
+
 use super::api::{ReconcileError, retry_delay};
 use super::state::Shared;
 use super::{alone, deadline, lost, publication, status};
 use crate::reconciler::key::Key;
+use crate::reconciler::queue::Reason;
 
 pub(super) async fn work(shared: Arc<Shared>) {
     loop {
@@ -24,17 +29,29 @@ pub(super) async fn work(shared: Arc<Shared>) {
         if !shared.settings.debounce.is_zero() {
             tokio::time::sleep(shared.settings.debounce).await;
         }
-        shared.queue.start(&key);
-        let result = reconcile(&shared, &key).await;
+        let reasons = shared.queue.start(&key);
+        for reason in reasons.iter() {
+            shared.metrics.count_reason(reason);
+        }
+        // At WARN, so that the span (and its reasons) is on every line the pass logs at any
+        // level the log filter keeps, its warnings included.
+        let span = tracing::warn_span!("reconcile", %reasons);
+        let result = async {
+            tracing::debug!(namespace = %key.namespace, jobset = %key.name, "evaluating");
+            let result = reconcile(&shared, &key).await;
+            if let Err(e) = &result {
+                tracing::warn!(namespace = %key.namespace, jobset = %key.name, error = %e, "reconcile failed; retrying");
+            }
+            result
+        }
+        .instrument(span)
+        .await;
         shared.queue.done(&key);
         match result {
             Ok(()) => {
                 shared.with_entry(&key, |e| e.retry = Default::default());
             }
-            Err(e) => {
-                tracing::warn!(namespace = %key.namespace, jobset = %key.name, error = %e, "reconcile failed; retrying");
-                retry_later(&shared, key, e.retry_after());
-            }
+            Err(e) => retry_later(&shared, key, e.retry_after()),
         }
     }
 }
@@ -57,7 +74,7 @@ fn retry_later(shared: &Arc<Shared>, key: Key, server: Option<Duration>) {
     tokio::spawn(async move {
         tokio::time::sleep(delay).await;
         shared.with_entry(&key, |e| e.retry.pending = false);
-        shared.queue.add(key);
+        shared.queue.add(key, Reason::Retry);
     });
 }
 
