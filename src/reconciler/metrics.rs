@@ -79,7 +79,6 @@ pub struct ReasonLabels {
     pub reason: &'static str,
 }
 
-
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabels {
     /// `ok`, `error`, `timeout`.

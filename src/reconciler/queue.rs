@@ -307,7 +307,10 @@ mod tests {
         let a = q.next().await;
         assert_eq!(a, key("a"));
         q.add(key("a"), Reason::Deadline); // absorbed: still debouncing; its reason joins
-        assert_eq!(q.start(&a), Reasons::from(Reason::Pod).with(Reason::Deadline));
+        assert_eq!(
+            q.start(&a),
+            Reasons::from(Reason::Pod).with(Reason::Deadline)
+        );
         q.add(key("a"), Reason::Retry); // busy: one more pass
         q.add(key("a"), Reason::Job);
         assert_eq!(q.next().await, key("b"));
@@ -340,7 +343,10 @@ mod tests {
     async fn queue_is_bounded_by_the_keys_however_many_triggers() {
         let q = Queue::default();
         for i in 0..10_000 {
-            q.add(key(&format!("k{}", i % 3)), Reason::ALL[(i / 3) % Reason::ALL.len()]);
+            q.add(
+                key(&format!("k{}", i % 3)),
+                Reason::ALL[(i / 3) % Reason::ALL.len()],
+            );
         }
         assert_eq!(q.len(), 3);
         assert_eq!(q.lock().ready.len(), 3);

@@ -24,8 +24,8 @@ use super::settings::watch_config;
 use super::state::{Shared, lock};
 use crate::deadline::PodRef;
 use crate::reconciler::key::Key;
-use crate::reconciler::queue::Reason;
 use crate::reconciler::nodes::{lost_pods, readiness};
+use crate::reconciler::queue::Reason;
 use crate::retry::WatchBackoff;
 use crate::wire::WatchedPod;
 
