@@ -72,23 +72,15 @@ fn wake_after(shared: &Arc<Shared>, key: &Key, after: Duration) {
     let weak = Arc::downgrade(shared);
     let woken = key.clone();
     shared.with_deadline(key, |entry| {
-        if let Some((at, handle)) = &entry.timer
-            && *at <= due
-            && *at > now
-            && !handle.is_finished()
-        {
-            return;
-        }
-        if let Some((_, handle)) = entry.timer.take() {
-            handle.abort();
-        }
-        let task = tokio::spawn(async move {
-            tokio::time::sleep(after).await;
-            if let Some(shared) = weak.upgrade() {
-                shared.queue.add(woken, Reason::Deadline);
-            }
+        entry.wake_at(now, due, || {
+            tokio::spawn(async move {
+                tokio::time::sleep(after).await;
+                if let Some(shared) = weak.upgrade() {
+                    shared.queue.add(woken, Reason::Deadline);
+                }
+            })
+            .abort_handle()
         });
-        entry.timer = Some((due, task.abort_handle()));
     });
 }
 
