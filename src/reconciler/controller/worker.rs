@@ -87,3 +87,91 @@ async fn reconcile(shared: &Arc<Shared>, key: &Key) -> Result<(), ReconcileError
     lost::fail_pods(shared, key).await?;
     deadline::reconcile(shared, key).await
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use prometheus_client::registry::Registry;
+    use tokio::sync::{mpsc, watch};
+    use tokio::time::Instant;
+
+    use super::*;
+    use crate::protocol::Dialect;
+    use crate::reconciler::controller::settings::Settings;
+    use crate::reconciler::metrics::Metrics;
+    use crate::reconciler::queue::Reasons;
+
+    /// The controller's shared state with a client that is never called (nothing here sends a
+    /// request).
+    fn shared() -> Arc<Shared> {
+        let config = kube::Config::new("http://127.0.0.1:9".parse().expect("url"));
+        let client = kube::Client::try_from(config).expect("client");
+        let settings = Settings {
+            dialect: Dialect::Epoch,
+            namespace: None,
+            workers: 1,
+            debounce: Duration::ZERO,
+            identity: "test".to_owned(),
+            provision: None,
+            request_timeout: Duration::from_secs(10),
+            watch_timeout: Duration::from_secs(60),
+            write_epoch_status: true,
+            publish_epochs: false,
+            group_restart_timeout: None,
+            node_lost_grace: None,
+        };
+        let metrics = Metrics::register(&mut Registry::default());
+        let (_, leader) = watch::channel(true);
+        let (_, write_until) = watch::channel(None);
+        let (events, _) = mpsc::channel(1);
+        Arc::new(Shared::new(
+            client,
+            settings,
+            metrics,
+            leader,
+            write_until,
+            events,
+        ))
+    }
+
+    /// On a paused clock: a failed JobSet comes back once after its backoff (400 ms at the first
+    /// failure), for a `retry`; a failure meanwhile is counted but schedules no second retry.
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_jobset_comes_back_once_after_its_backoff() {
+        let shared = shared();
+        let key = Key::new("ns", "js");
+        let t0 = Instant::now();
+        retry_later(&shared, key.clone(), None);
+        retry_later(&shared, key.clone(), None);
+        assert_eq!(shared.queue.len(), 0, "not before its backoff");
+        assert_eq!(shared.queue.next().await, key);
+        assert_eq!(t0.elapsed(), Duration::from_millis(400));
+        assert_eq!(shared.queue.start(&key), Reasons::from(Reason::Retry));
+        shared.queue.done(&key);
+        assert_eq!(
+            shared.with_entry(&key, |e| (e.retry.failures, e.retry.pending)),
+            (2, false)
+        );
+        // The third failure in a row: 400 ms doubled twice.
+        let t1 = Instant::now();
+        retry_later(&shared, key.clone(), None);
+        assert_eq!(shared.queue.next().await, key);
+        assert_eq!(t1.elapsed(), Duration::from_millis(1_600));
+    }
+
+    /// The API server's `Retry-After` wins over a shorter backoff, stretched by at most half.
+    #[tokio::test(start_paused = true)]
+    async fn a_retry_after_is_waited_stretched_by_at_most_half() {
+        let shared = shared();
+        let key = Key::new("ns", "js");
+        let t0 = Instant::now();
+        retry_later(&shared, key.clone(), Some(Duration::from_secs(3)));
+        assert_eq!(shared.queue.next().await, key);
+        let waited = t0.elapsed();
+        assert!(
+            (Duration::from_secs(3)..=Duration::from_millis(4_500)).contains(&waited),
+            "{waited:?}"
+        );
+    }
+}
