@@ -99,19 +99,19 @@ mod tests {
     use super::*;
     use crate::protocol::Dialect;
     use crate::reconciler::controller::settings::Settings;
-    use crate::reconciler::metrics::Metrics;
+    use crate::reconciler::metrics::{Metrics, ReasonLabels};
     use crate::reconciler::queue::Reasons;
 
     /// The controller's shared state with a client that is never called (nothing here sends a
-    /// request).
-    fn shared() -> Arc<Shared> {
+    /// request: the JobSets queued are in no index), leading while the sender lives.
+    fn shared(debounce: Duration) -> (Arc<Shared>, watch::Sender<bool>) {
         let config = kube::Config::new("http://127.0.0.1:9".parse().expect("url"));
         let client = kube::Client::try_from(config).expect("client");
         let settings = Settings {
             dialect: Dialect::Epoch,
             namespace: None,
             workers: 1,
-            debounce: Duration::ZERO,
+            debounce,
             identity: "test".to_owned(),
             provision: None,
             request_timeout: Duration::from_secs(10),
@@ -122,24 +122,63 @@ mod tests {
             node_lost_grace: None,
         };
         let metrics = Metrics::register(&mut Registry::default());
-        let (_, leader) = watch::channel(true);
+        let (leads, leader) = watch::channel(true);
         let (_, write_until) = watch::channel(None);
         let (events, _) = mpsc::channel(1);
-        Arc::new(Shared::new(
-            client,
-            settings,
-            metrics,
-            leader,
-            write_until,
-            events,
-        ))
+        let shared = Shared::new(client, settings, metrics, leader, write_until, events);
+        (Arc::new(shared), leads)
+    }
+
+    /// Lets the worker run what is ready, without moving the clock.
+    async fn settle() {
+        for _ in 0..8 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    fn passes_for(shared: &Shared, reason: Reason) -> u64 {
+        shared
+            .metrics
+            .reconcile_reasons
+            .get_or_create(&ReasonLabels {
+                reason: reason.label(),
+            })
+            .get()
+    }
+
+    /// On a paused clock: a JobSet waits the debounce once, and the triggers of a burst meanwhile
+    /// make one pass, counted under each of their reasons.
+    #[tokio::test(start_paused = true)]
+    async fn the_debounce_gathers_a_burst_into_one_pass_with_all_its_reasons() {
+        let ms = Duration::from_millis;
+        let (shared, _leads) = shared(ms(500));
+        let worker = tokio::spawn(work(shared.clone()));
+        let key = Key::new("ns", "js");
+        shared.queue.add(key.clone(), Reason::Pod);
+        settle().await; // the worker takes it, and debounces
+        tokio::time::advance(ms(200)).await;
+        shared.queue.add(key.clone(), Reason::JobSet);
+        shared.queue.add(key.clone(), Reason::Pod);
+        tokio::time::advance(ms(299)).await;
+        settle().await;
+        assert_eq!(passes_for(&shared, Reason::Pod), 0, "still debouncing");
+        tokio::time::advance(ms(1)).await;
+        settle().await;
+        assert_eq!(passes_for(&shared, Reason::Pod), 1);
+        assert_eq!(passes_for(&shared, Reason::JobSet), 1);
+        assert_eq!(shared.queue.len(), 0);
+        // Nothing more: no second pass.
+        tokio::time::sleep(ms(10_000)).await;
+        assert_eq!(passes_for(&shared, Reason::Pod), 1);
+        assert_eq!(passes_for(&shared, Reason::Retry), 0);
+        worker.abort();
     }
 
     /// On a paused clock: a failed JobSet comes back once after its backoff (400 ms at the first
     /// failure), for a `retry`; a failure meanwhile is counted but schedules no second retry.
     #[tokio::test(start_paused = true)]
     async fn a_failed_jobset_comes_back_once_after_its_backoff() {
-        let shared = shared();
+        let (shared, _leads) = shared(Duration::ZERO);
         let key = Key::new("ns", "js");
         let t0 = Instant::now();
         retry_later(&shared, key.clone(), None);
@@ -163,7 +202,7 @@ mod tests {
     /// The API server's `Retry-After` wins over a shorter backoff, stretched by at most half.
     #[tokio::test(start_paused = true)]
     async fn a_retry_after_is_waited_stretched_by_at_most_half() {
-        let shared = shared();
+        let (shared, _leads) = shared(Duration::ZERO);
         let key = Key::new("ns", "js");
         let t0 = Instant::now();
         retry_later(&shared, key.clone(), Some(Duration::from_secs(3)));
