@@ -22,7 +22,7 @@ use super::rule::{self, Rule};
 use super::sidecar::{
     TOKEN_VOLUME, agent_container, field_env, literal_env, token_mount, token_volume,
 };
-use super::validate::{BACKOFF_LIMIT, POD_REPLACEMENT_POLICY, job_defaults};
+use super::validate::job_defaults;
 use super::view::{JobSetView, PodSpec, PodTemplate};
 use super::{INJECTED_ANNOTATION, Violation};
 use crate::protocol::JOBSET_NAME_LABEL;
@@ -207,12 +207,15 @@ pub(crate) fn mutate_view(
         }
         let ops_before = out.len();
         if job_spec.backoff_limit.is_none() {
-            out.push(add(job_ptr.key("backoffLimit"), BACKOFF_LIMIT.to_string()));
+            out.push(add(
+                job_ptr.key("backoffLimit"),
+                Rule::BACKOFF_LIMIT.to_string(),
+            ));
         }
         if job_spec.pod_replacement_policy.is_none() {
             out.push(add(
                 job_ptr.key("podReplacementPolicy"),
-                to_json(&POD_REPLACEMENT_POLICY),
+                to_json(&Rule::POD_REPLACEMENT_POLICY),
             ));
         }
         // What Kubernetes' Job defaulting would make of them, where that meets the rule.

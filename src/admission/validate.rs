@@ -26,10 +26,6 @@ use super::{Validation, Violation};
 use crate::protocol::Dialect;
 use crate::wire::agent_env;
 
-/// The `backoffLimit` an InPlaceRestart Job needs: the Job never fails on its own.
-pub const BACKOFF_LIMIT: i64 = 2_147_483_647;
-/// The `podReplacementPolicy` an InPlaceRestart Job needs.
-pub const POD_REPLACEMENT_POLICY: &str = "Failed";
 /// Below this many seconds of startup probing, a pod may be killed while waiting at the barrier.
 const SHORT_BARRIER_SECONDS: i64 = 600;
 
@@ -296,14 +292,15 @@ fn check_readable_pod(pod_prefix: &str, pod_spec: &PodSpec<'_>, out: &mut Valida
 
 fn check_backoff_limit(prefix: &str, job_spec: &JobSpec<'_>, out: &mut Validation) {
     let value = job_spec.backoff_limit.as_ref();
-    if value.and_then(Value::as_i64) != Some(BACKOFF_LIMIT) {
+    if value.and_then(Value::as_i64) != Some(Rule::BACKOFF_LIMIT) {
         violation(
             out,
             Rule::BackoffLimit,
             format!("{prefix}.backoffLimit"),
             format!(
-                "must be {BACKOFF_LIMIT} (is {}): with InPlaceRestart the JobSet's maxRestarts \
+                "must be {} (is {}): with InPlaceRestart the JobSet's maxRestarts \
                  bounds restarts, and a Job that fails on its own recreates every pod",
+                Rule::BACKOFF_LIMIT,
                 shown(value)
             ),
         );
@@ -312,14 +309,15 @@ fn check_backoff_limit(prefix: &str, job_spec: &JobSpec<'_>, out: &mut Validatio
 
 fn check_pod_replacement_policy(prefix: &str, job_spec: &JobSpec<'_>, out: &mut Validation) {
     let value = job_spec.pod_replacement_policy.as_ref();
-    if value.and_then(Value::as_str) != Some(POD_REPLACEMENT_POLICY) {
+    if value.and_then(Value::as_str) != Some(Rule::POD_REPLACEMENT_POLICY) {
         violation(
             out,
             Rule::PodReplacementPolicy,
             format!("{prefix}.podReplacementPolicy"),
             format!(
-                "must be {POD_REPLACEMENT_POLICY} (is {}): a replacement pod must not start \
+                "must be {} (is {}): a replacement pod must not start \
                  beside a terminating one, or two pods hold one worker's place in the group",
+                Rule::POD_REPLACEMENT_POLICY,
                 shown(value)
             ),
         );
@@ -812,7 +810,7 @@ mod tests {
             "spec": {
                 "failurePolicy": {"maxRestarts": 3, "restartStrategy": "InPlaceRestart"},
                 "replicatedJobs": [{"name": "w", "replicas": 1, "template": {"spec": {
-                    "completions": 2, "parallelism": 2, "backoffLimit": BACKOFF_LIMIT,
+                    "completions": 2, "parallelism": 2, "backoffLimit": Rule::BACKOFF_LIMIT,
                     "podReplacementPolicy": "Failed", "template": {"spec": pod_spec}
                 }}}]
             }

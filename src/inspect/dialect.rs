@@ -4,7 +4,7 @@
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 
-use super::finding::{Finding, Verdict};
+use super::finding::{Finding, Outcome};
 use super::kueue;
 use crate::protocol::Dialect;
 use crate::reconciler::crd;
@@ -102,7 +102,7 @@ pub fn check_crd(
                 Err(_) => {
                     return Finding::new(
                         "jobset-crd",
-                        Verdict::Fail,
+                        Outcome::Fail,
                         format!(
                             "the installed dialect {v:?} ({source}) is none of auto, epoch, \
                              attempt"
@@ -130,31 +130,31 @@ fn check_crd_for(crd: Option<&CustomResourceDefinition>, dialect: Option<Dialect
     let Some(crd_object) = crd else {
         return Finding::new(
             CHECK,
-            Verdict::Fail,
+            Outcome::Fail,
             format!("{} not found: install JobSet first", crd::CRD_NAME),
         );
     };
     let value = match serde_json::to_value(crd_object) {
         Ok(v) => v,
-        Err(e) => return Finding::new(CHECK, Verdict::Fail, e.to_string()),
+        Err(e) => return Finding::new(CHECK, Outcome::Fail, e.to_string()),
     };
     let Some(dialect) = dialect else {
         return match crate::wire::jobset_crd::dialect_of(&value) {
             Ok(choice) => Finding::new(
                 CHECK,
-                Verdict::Ok,
+                Outcome::Ok,
                 format!(
                     "the {} protocol (what --protocol auto picks): {}",
                     choice.dialect, choice.why
                 ),
             ),
-            Err(e) => Finding::new(CHECK, Verdict::Fail, e),
+            Err(e) => Finding::new(CHECK, Outcome::Fail, e),
         };
     };
     match crd::missing_status_fields(&value, dialect) {
         Ok(()) => Finding::new(
             CHECK,
-            Verdict::Ok,
+            Outcome::Ok,
             format!(
                 "{} has status.{} and status.{} ({dialect} protocol)",
                 crd::CRD_NAME,
@@ -162,6 +162,6 @@ fn check_crd_for(crd: Option<&CustomResourceDefinition>, dialect: Option<Dialect
                 dialect.synced_field()
             ),
         ),
-        Err(e) => Finding::new(CHECK, Verdict::Fail, e),
+        Err(e) => Finding::new(CHECK, Outcome::Fail, e),
     }
 }

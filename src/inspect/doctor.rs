@@ -19,7 +19,7 @@ use kube::api::Api;
 use rustls::pki_types::CertificateDer;
 
 pub use super::dialect::{InstalledDialect, check_crd, installed_dialect};
-pub use super::finding::{Finding, Verdict};
+pub use super::finding::{Finding, Outcome};
 use super::kueue;
 use crate::certs;
 use crate::protocol::Dialect;
@@ -115,13 +115,13 @@ pub fn check_configurations(
             if m == 0 || v == 0 {
                 Finding::new(
                     CHECK,
-                    Verdict::Fail,
+                    Outcome::Fail,
                     format!("{}; {}", count(m, "Mutating"), count(v, "Validating")),
                 )
             } else {
                 Finding::new(
                     CHECK,
-                    Verdict::Ok,
+                    Outcome::Ok,
                     format!("{}; {}", count(m, "Mutating"), count(v, "Validating")),
                 )
             }
@@ -136,7 +136,7 @@ pub fn check_configurations(
             .collect();
             Finding::new(
                 CHECK,
-                Verdict::Fail,
+                Outcome::Fail,
                 format!(
                     "{} {name} not found: install a variant from deploy/ (or dist/)",
                     missing.join(" and ")
@@ -173,11 +173,11 @@ pub fn check_ca_bundle(
 ) -> Finding {
     const CHECK: &str = "ca-bundle";
     if entries.is_empty() {
-        return Finding::new(CHECK, Verdict::Fail, "no webhook to check");
+        return Finding::new(CHECK, Outcome::Fail, "no webhook to check");
     }
     let chain = match certs::parse_certs(serving_pem.as_bytes(), std::path::Path::new(source)) {
         Ok(c) => c,
-        Err(e) => return Finding::new(CHECK, Verdict::Fail, e.to_string()),
+        Err(e) => return Finding::new(CHECK, Outcome::Fail, e.to_string()),
     };
     let mut problems = Vec::new();
     for e in entries {
@@ -204,14 +204,14 @@ pub fn check_ca_bundle(
     if problems.is_empty() {
         Finding::new(
             CHECK,
-            Verdict::Ok,
+            Outcome::Ok,
             format!(
                 "the caBundle of {} webhook(s) verifies the serving certificate ({source})",
                 entries.len()
             ),
         )
     } else {
-        Finding::new(CHECK, Verdict::Fail, problems.join("; "))
+        Finding::new(CHECK, Outcome::Fail, problems.join("; "))
     }
 }
 
@@ -224,26 +224,26 @@ pub fn check_expiry(
     warn_days: u64,
 ) -> Finding {
     match not_after(pem) {
-        Err(e) => Finding::new(check, Verdict::Fail, format!("cannot read the {what}: {e}")),
+        Err(e) => Finding::new(check, Outcome::Fail, format!("cannot read the {what}: {e}")),
         Ok(at) => {
             let days = days_left(at, now);
             let when = humantime_date(at);
             if days < 0 || at <= now {
                 Finding::new(
                     check,
-                    Verdict::Fail,
+                    Outcome::Fail,
                     format!("the {what} expired on {when}"),
                 )
             } else if u64::try_from(days).unwrap_or(0) < warn_days {
                 Finding::new(
                     check,
-                    Verdict::Warn,
+                    Outcome::Warn,
                     format!("the {what} expires in {days} day(s), on {when}: renew it"),
                 )
             } else {
                 Finding::new(
                     check,
-                    Verdict::Ok,
+                    Outcome::Ok,
                     format!("the {what} has {days} day(s) left (until {when})"),
                 )
             }
@@ -265,7 +265,7 @@ pub fn check_epochs_crd(crd: Option<&CustomResourceDefinition>) -> Finding {
     match crd {
         Some(_) => Finding::new(
             CHECK,
-            Verdict::Ok,
+            Outcome::Ok,
             format!(
                 "{} is installed: agents watch their JobSet's epochs in it",
                 epochs::CRD_NAME
@@ -273,7 +273,7 @@ pub fn check_epochs_crd(crd: Option<&CustomResourceDefinition>) -> Finding {
         ),
         None => Finding::new(
             CHECK,
-            Verdict::Warn,
+            Outcome::Warn,
             format!(
                 "{} is not installed: agents watch their whole JobSet instead, and every write \
                  to it reaches every agent; apply the install manifest (it carries the CRD) and \
@@ -290,7 +290,7 @@ pub fn check_lease(lease: Option<&Lease>, namespace: &str, name: &str, now: Syst
     let Some(lease) = lease else {
         return Finding::new(
             CHECK,
-            Verdict::Fail,
+            Outcome::Fail,
             format!("lease {namespace}/{name} not found: no reconciler has ever led"),
         );
     };
@@ -299,7 +299,7 @@ pub fn check_lease(lease: Option<&Lease>, namespace: &str, name: &str, now: Syst
     let Some(holder) = holder else {
         return Finding::new(
             CHECK,
-            Verdict::Fail,
+            Outcome::Fail,
             format!("lease {namespace}/{name} has no holder: no reconciler leads"),
         );
     };
@@ -312,7 +312,7 @@ pub fn check_lease(lease: Option<&Lease>, namespace: &str, name: &str, now: Syst
     match renewed {
         None => Finding::new(
             CHECK,
-            Verdict::Fail,
+            Outcome::Fail,
             format!("lease {namespace}/{name} held by {holder} was never renewed"),
         ),
         Some(at) => {
@@ -320,7 +320,7 @@ pub fn check_lease(lease: Option<&Lease>, namespace: &str, name: &str, now: Syst
             if age > duration {
                 Finding::new(
                     CHECK,
-                    Verdict::Fail,
+                    Outcome::Fail,
                     format!(
                         "lease {namespace}/{name} held by {holder} was last renewed {}s ago, \
                          past its {}s duration: the leader is gone or cannot reach the API",
@@ -331,7 +331,7 @@ pub fn check_lease(lease: Option<&Lease>, namespace: &str, name: &str, now: Syst
             } else {
                 Finding::new(
                     CHECK,
-                    Verdict::Ok,
+                    Outcome::Ok,
                     format!(
                         "{holder} leads (lease {namespace}/{name} renewed {}s ago)",
                         age.as_secs()
@@ -354,7 +354,7 @@ pub fn check_agent_account(
     if service_account.is_none() {
         return Finding::new(
             CHECK,
-            Verdict::Fail,
+            Outcome::Fail,
             format!(
                 "ServiceAccount {namespace}/{account} not found: the reconciler provisions it \
                  when an InPlaceRestart JobSet is created here (or label the namespace \
@@ -365,7 +365,7 @@ pub fn check_agent_account(
     let Some(binding) = binding else {
         return Finding::new(
             CHECK,
-            Verdict::Fail,
+            Outcome::Fail,
             format!("RoleBinding {namespace}/{binding_name} not found"),
         );
     };
@@ -377,7 +377,7 @@ pub fn check_agent_account(
     if names_agent {
         Finding::new(
             CHECK,
-            Verdict::Ok,
+            Outcome::Ok,
             format!(
                 "ServiceAccount {namespace}/{account} is bound to ClusterRole {}",
                 binding.role_ref.name
@@ -386,7 +386,7 @@ pub fn check_agent_account(
     } else {
         Finding::new(
             CHECK,
-            Verdict::Fail,
+            Outcome::Fail,
             format!("RoleBinding {namespace}/{binding_name} does not name {account}"),
         )
     }
@@ -409,7 +409,7 @@ const NODES_NAMED: usize = 8;
 pub fn check_nodes(nodes: &[Node]) -> Finding {
     const CHECK: &str = "node-features";
     if nodes.is_empty() {
-        return Finding::new(CHECK, Verdict::Warn, "no nodes registered");
+        return Finding::new(CHECK, Outcome::Warn, "no nodes registered");
     }
     let without: Vec<&str> = nodes
         .iter()
@@ -436,13 +436,13 @@ pub fn check_nodes(nodes: &[Node]) -> Finding {
     if without.is_empty() {
         Finding::new(
             CHECK,
-            Verdict::Ok,
+            Outcome::Ok,
             format!("all {} node(s) declare {RESTART_ALL_FEATURE}", nodes.len()),
         )
     } else if without.len() == nodes.len() {
         Finding::new(
             CHECK,
-            Verdict::Fail,
+            Outcome::Fail,
             format!(
                 "no node declares {RESTART_ALL_FEATURE} (node.status.declaredFeatures): {}; a kubelet without the gate ignores the agent's restart rule, so no group restart can run in place",
                 named(&without)
@@ -451,7 +451,7 @@ pub fn check_nodes(nodes: &[Node]) -> Finding {
     } else {
         Finding::new(
             CHECK,
-            Verdict::Warn,
+            Outcome::Warn,
             format!(
                 "{} of {} node(s) do not declare {RESTART_ALL_FEATURE} (node.status.declaredFeatures): {}; pods of in-place JobSets must not run there (the scheduler keeps them off while it runs with NodeDeclaredFeatures)",
                 without.len(),
@@ -471,7 +471,7 @@ where
 }
 
 fn read_failure(check: &str, what: &str, e: &kube::Error) -> Finding {
-    Finding::new(check, Verdict::Fail, format!("cannot read {what}: {e}"))
+    Finding::new(check, Outcome::Fail, format!("cannot read {what}: {e}"))
 }
 
 /// Runs every check against the cluster; each API call bounded by the client's timeouts.
@@ -533,13 +533,13 @@ pub async fn run_checks(client: &kube::Client, target: &Target, now: SystemTime)
             }
             None => out.push(Finding::new(
                 "serving-certificate",
-                Verdict::Fail,
+                Outcome::Fail,
                 format!("{source} has no tls.crt"),
             )),
         },
         Ok(None) => out.push(Finding::new(
             "serving-certificate",
-            Verdict::Fail,
+            Outcome::Fail,
             format!(
                 "{source} not found: the webhook has no certificate to serve (run \
                  `jobset-inplace certs --secret`, or check cert-manager's Certificate)"
@@ -606,7 +606,7 @@ pub async fn run_checks(client: &kube::Client, target: &Target, now: SystemTime)
         Ok(nodes) => out.push(check_nodes(&nodes.items)),
         Err(e) => out.push(Finding::new(
             "node-features",
-            Verdict::Warn,
+            Outcome::Warn,
             format!("cannot list the nodes: {e}"),
         )),
     }
@@ -803,7 +803,7 @@ mod tests {
             None,
             Some(("epoch", "key protocol of ConfigMap s/c")),
         );
-        assert_eq!(epoch.verdict, Verdict::Fail, "{}", epoch.render());
+        assert_eq!(epoch.verdict, Outcome::Fail, "{}", epoch.render());
         let text = epoch.render();
         assert!(text.contains("key protocol of ConfigMap s/c"), "{text}");
         assert!(text.contains("deprecatedEpoch"), "{text}");
@@ -812,10 +812,10 @@ mod tests {
             "{text}"
         );
         let attempt = check_crd(Some(&crd), None, Some(("attempt", "s")));
-        assert_eq!(attempt.verdict, Verdict::Ok, "{}", attempt.render());
+        assert_eq!(attempt.verdict, Outcome::Ok, "{}", attempt.render());
         for installed in [None, Some(("auto", "s"))] {
             let auto = check_crd(Some(&crd), None, installed);
-            assert_eq!(auto.verdict, Verdict::Ok, "{}", auto.render());
+            assert_eq!(auto.verdict, Outcome::Ok, "{}", auto.render());
             assert!(
                 auto.render().contains("attempt protocol"),
                 "{}",
@@ -823,9 +823,9 @@ mod tests {
             );
         }
         let flag = check_crd(Some(&crd), Some(Dialect::Attempt), Some(("epoch", "s")));
-        assert_eq!(flag.verdict, Verdict::Ok, "{}", flag.render());
+        assert_eq!(flag.verdict, Outcome::Ok, "{}", flag.render());
         let bad = check_crd(Some(&crd), None, Some(("epochs", "s")));
-        assert_eq!(bad.verdict, Verdict::Fail, "{}", bad.render());
+        assert_eq!(bad.verdict, Outcome::Fail, "{}", bad.render());
     }
 
     #[test]
@@ -833,10 +833,10 @@ mod tests {
         let (ca, serving) = pair(90);
         let now = SystemTime::now();
         let ok = check_ca_bundle(&entries(&ca.cert), &serving.cert, "s", now);
-        assert_eq!(ok.verdict, Verdict::Ok, "{}", ok.render());
+        assert_eq!(ok.verdict, Outcome::Ok, "{}", ok.render());
         let (other_ca, _) = pair(90);
         let bad = check_ca_bundle(&entries(&other_ca.cert), &serving.cert, "s", now);
-        assert_eq!(bad.verdict, Verdict::Fail);
+        assert_eq!(bad.verdict, Outcome::Fail);
         assert!(
             bad.detail.contains("mutating/mutate.jobset-inplace.dev"),
             "{}",
@@ -850,7 +850,7 @@ mod tests {
         );
         // Past the certificate's end, the same bundle no longer verifies it.
         let later = check_ca_bundle(&entries(&ca.cert), &serving.cert, "s", now + 91 * DAY);
-        assert_eq!(later.verdict, Verdict::Fail);
+        assert_eq!(later.verdict, Outcome::Fail);
     }
 
     #[test]
@@ -858,14 +858,14 @@ mod tests {
         let (_, serving) = pair(20);
         let now = SystemTime::now();
         let f = check_expiry("c", "serving certificate", &serving.cert, now, 30);
-        assert_eq!(f.verdict, Verdict::Warn, "{}", f.render());
+        assert_eq!(f.verdict, Outcome::Warn, "{}", f.render());
         assert!(
             f.detail.contains("expires in 19 day(s)") || f.detail.contains("expires in 20 day(s)"),
             "{}",
             f.detail
         );
         let f = check_expiry("c", "serving certificate", &serving.cert, now, 14);
-        assert_eq!(f.verdict, Verdict::Ok, "{}", f.render());
+        assert_eq!(f.verdict, Outcome::Ok, "{}", f.render());
         let f = check_expiry(
             "c",
             "serving certificate",
@@ -873,10 +873,10 @@ mod tests {
             now + 21 * DAY,
             14,
         );
-        assert_eq!(f.verdict, Verdict::Fail, "{}", f.render());
+        assert_eq!(f.verdict, Outcome::Fail, "{}", f.render());
         assert!(f.detail.contains("expired on"), "{}", f.detail);
         let f = check_expiry("c", "serving certificate", "garbage", now, 14);
-        assert_eq!(f.verdict, Verdict::Fail);
+        assert_eq!(f.verdict, Outcome::Fail);
     }
 
     #[test]
@@ -907,16 +907,16 @@ mod tests {
         };
         assert_eq!(
             check_lease(Some(&lease(3)), "s", "l", now).verdict,
-            Verdict::Ok
+            Outcome::Ok
         );
         let stale = check_lease(Some(&lease(60)), "s", "l", now);
-        assert_eq!(stale.verdict, Verdict::Fail);
+        assert_eq!(stale.verdict, Outcome::Fail);
         assert!(
             stale.detail.contains("past its 15s duration"),
             "{}",
             stale.detail
         );
-        assert_eq!(check_lease(None, "s", "l", now).verdict, Verdict::Fail);
+        assert_eq!(check_lease(None, "s", "l", now).verdict, Outcome::Fail);
     }
 
     fn humantime_rfc3339(secs: u64) -> String {
@@ -938,19 +938,19 @@ mod tests {
         let with = node("a", Some(&[RESTART_ALL_FEATURE]));
         assert_eq!(
             check_nodes(std::slice::from_ref(&with)).verdict,
-            Verdict::Ok
+            Outcome::Ok
         );
         let f = check_nodes(&[with.clone(), node("b", Some(&[])), node("c", None)]);
-        assert_eq!(f.verdict, Verdict::Warn, "{}", f.render());
+        assert_eq!(f.verdict, Outcome::Warn, "{}", f.render());
         assert!(
             f.detail.contains("2 of 3") && f.detail.contains("b, c"),
             "{}",
             f.detail
         );
         let f = check_nodes(&[node("b", Some(&["Other"]))]);
-        assert_eq!(f.verdict, Verdict::Fail, "{}", f.render());
+        assert_eq!(f.verdict, Outcome::Fail, "{}", f.render());
         assert!(f.detail.contains(": b;"), "{}", f.detail);
-        assert_eq!(check_nodes(&[]).verdict, Verdict::Warn);
+        assert_eq!(check_nodes(&[]).verdict, Outcome::Warn);
         let many: Vec<Node> = (0..10).map(|i| node(&format!("n{i}"), None)).collect();
         assert!(check_nodes(&many).detail.contains("and 2 more"));
     }
@@ -958,7 +958,7 @@ mod tests {
     #[test]
     fn configurations_and_accounts() {
         let f = check_configurations(None, None, "jobset-inplace");
-        assert_eq!(f.verdict, Verdict::Fail);
+        assert_eq!(f.verdict, Outcome::Fail);
         assert!(
             f.detail
                 .contains("MutatingWebhookConfiguration and ValidatingWebhookConfiguration")
@@ -978,9 +978,9 @@ mod tests {
             Some(&rb),
             "jobset-inplace-agent",
         );
-        assert_eq!(f.verdict, Verdict::Ok, "{}", f.render());
+        assert_eq!(f.verdict, Outcome::Ok, "{}", f.render());
         let f = check_agent_account("t", "other", Some(&sa), Some(&rb), "jobset-inplace-agent");
-        assert_eq!(f.verdict, Verdict::Fail);
+        assert_eq!(f.verdict, Outcome::Fail);
         let f = check_agent_account("t", "jobset-inplace-agent", None, None, "x");
         assert!(
             f.detail.contains("is the reconciler running"),

@@ -7,7 +7,7 @@ use serde::Serialize;
 /// How one check came out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Verdict {
+pub enum Outcome {
     Ok,
     /// Works today, needs attention soon (a certificate near expiry).
     Warn,
@@ -18,7 +18,7 @@ pub enum Verdict {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Finding {
     pub check: String,
-    pub verdict: Verdict,
+    pub verdict: Outcome,
     /// What was found, and why it passes or not.
     pub detail: String,
     /// What to do about a warning or a failure.
@@ -27,7 +27,7 @@ pub struct Finding {
 }
 
 impl Finding {
-    pub fn new(check: impl Into<String>, verdict: Verdict, detail: impl Into<String>) -> Self {
+    pub fn new(check: impl Into<String>, verdict: Outcome, detail: impl Into<String>) -> Self {
         Finding {
             check: check.into(),
             verdict,
@@ -47,9 +47,9 @@ impl Finding {
     /// `ok   webhook-configurations: ...`, and `     fix: ...` on a second line.
     pub fn render(&self) -> String {
         let tag = match self.verdict {
-            Verdict::Ok => "ok  ",
-            Verdict::Warn => "warn",
-            Verdict::Fail => "FAIL",
+            Outcome::Ok => "ok  ",
+            Outcome::Warn => "warn",
+            Outcome::Fail => "FAIL",
         };
         match &self.fix {
             Some(fix) => format!("{tag} {}: {}\n     fix: {fix}", self.check, self.detail),

@@ -19,7 +19,7 @@ use std::time::Duration;
 use k8s_openapi::api::apps::v1::Deployment;
 use serde_json::Value;
 
-use super::finding::{Finding, Verdict};
+use super::finding::{Finding, Outcome};
 use crate::deadline::{DEFAULT_TIMEOUT, display_duration, parse_timeout};
 
 pub const CHECK: &str = "kueue-wait-for-pods-ready";
@@ -171,7 +171,7 @@ pub fn check_pods_ready(
     let Some(text) = config else {
         return Finding::new(
             CHECK,
-            Verdict::Ok,
+            Outcome::Ok,
             format!("no {source}: no Kueue installed as its release installs it; nothing to check"),
         );
     };
@@ -180,7 +180,7 @@ pub fn check_pods_ready(
     let settings = match text.and_then(|t| pods_ready(&t)) {
         Ok(s) => s,
         Err(e) => {
-            return Finding::new(CHECK, Verdict::Warn, format!("cannot read {source}: {e}"))
+            return Finding::new(CHECK, Outcome::Warn, format!("cannot read {source}: {e}"))
                 .fix(fix_by_hand);
         }
     };
@@ -190,7 +190,7 @@ pub fn check_pods_ready(
         Err(e) => {
             return Finding::new(
                 CHECK,
-                Verdict::Warn,
+                Outcome::Warn,
                 format!("cannot read the group-restart timeout {restart_from}: {e}"),
             )
             .fix(fix_by_hand);
@@ -200,7 +200,7 @@ pub fn check_pods_ready(
         PodsReady::Off => {
             return Finding::new(
                 CHECK,
-                Verdict::Ok,
+                Outcome::Ok,
                 format!(
                     "waitForPodsReady off ({source}): Kueue evicts no workload for unready pods"
                 ),
@@ -213,7 +213,7 @@ pub fn check_pods_ready(
         } => {
             return Finding::new(
                 CHECK,
-                Verdict::Ok,
+                Outcome::Ok,
                 format!(
                     "waitForPodsReady on (timeout {}), recoveryTimeout 0s ({source}): Kueue does \
                      not evict a running workload whose pods go unready; group restarts are \
@@ -239,7 +239,7 @@ pub fn check_pods_ready(
     let Some(restart) = restart else {
         return Finding::new(
             CHECK,
-            Verdict::Ok,
+            Outcome::Ok,
             format!(
                 "waitForPodsReady on, {written} ({source}); the group-restart deadline is off \
                  ({restart_from}): Kueue's eviction is the only bound on a group restart"
@@ -250,7 +250,7 @@ pub fn check_pods_ready(
     if recovery > needed {
         Finding::new(
             CHECK,
-            Verdict::Ok,
+            Outcome::Ok,
             format!(
                 "waitForPodsReady on, {written} ({source}): more than twice the group-restart \
                  timeout {restart_from}; a JobSet with a longer \
@@ -260,7 +260,7 @@ pub fn check_pods_ready(
     } else {
         Finding::new(
             CHECK,
-            Verdict::Warn,
+            Outcome::Warn,
             format!(
                 "waitForPodsReady on, {written} ({source}), is not more than twice the \
                  group-restart timeout {restart_from} ({}): a group restart keeps the pods \
@@ -365,7 +365,7 @@ mod tests {
             "waitForPodsReady:\n  timeout: 3m",
         ] {
             let f = check(wait);
-            assert_eq!(f.verdict, Verdict::Warn, "{wait}: {}", f.render());
+            assert_eq!(f.verdict, Outcome::Warn, "{wait}: {}", f.render());
             assert!(f.detail.contains("PodsReadyTimeout"), "{}", f.render());
             let fix = f.fix.clone().unwrap_or_default();
             assert!(fix.contains("above 4m"), "{}", f.render());
@@ -387,7 +387,7 @@ mod tests {
             "kueue-system",
             (Ok(Some(5 * MIN)), "5m (--group-restart-timeout)".to_owned()),
         );
-        assert_eq!(f.verdict, Verdict::Warn, "{}", f.render());
+        assert_eq!(f.verdict, Outcome::Warn, "{}", f.render());
     }
 
     #[test]
@@ -399,12 +399,12 @@ mod tests {
             "waitForPodsReady:\n  timeout: 10m\n  recoveryTimeout: 0s",
         ] {
             let f = check(wait);
-            assert_eq!(f.verdict, Verdict::Ok, "{wait}: {}", f.render());
+            assert_eq!(f.verdict, Outcome::Ok, "{wait}: {}", f.render());
             assert_eq!(f.fix, None);
         }
         // No Kueue: a pass that says so.
         let none = check_pods_ready(None, "kueue-system", default_restart());
-        assert_eq!(none.verdict, Verdict::Ok);
+        assert_eq!(none.verdict, Outcome::Ok);
         assert!(
             none.detail
                 .contains("no ConfigMap kueue-system/kueue-manager-config")
@@ -415,7 +415,7 @@ mod tests {
             "kueue-system",
             (Ok(None), "0 (--group-restart-timeout)".to_owned()),
         );
-        assert_eq!(off.verdict, Verdict::Ok, "{}", off.render());
+        assert_eq!(off.verdict, Outcome::Ok, "{}", off.render());
     }
 
     #[test]
@@ -425,14 +425,14 @@ mod tests {
             "kueue-system",
             default_restart(),
         );
-        assert_eq!(f.verdict, Verdict::Warn);
+        assert_eq!(f.verdict, Outcome::Warn);
         assert!(f.detail.contains("forbidden"));
         let f = check_pods_ready(
             Some(Ok(config("waitForPodsReady:\n  timeout: 10m"))),
             "kueue-system",
             (Err("\"soon\" is not".to_owned()), "soon (env)".to_owned()),
         );
-        assert_eq!(f.verdict, Verdict::Warn, "{}", f.render());
+        assert_eq!(f.verdict, Outcome::Warn, "{}", f.render());
     }
 
     fn deployment(args: &[&str], env: Option<&str>) -> Deployment {

@@ -281,7 +281,7 @@ impl DoctorArgs {
                     findings.push(
                         doctor::Finding::new(
                             "agent-image-pull",
-                            doctor::Verdict::Fail,
+                            doctor::Outcome::Fail,
                             format!(
                                 "no agent image to pull: no Deployment {}/jobset-inplace-webhook",
                                 self.system_namespace
@@ -305,7 +305,7 @@ impl DoctorArgs {
             read_only: self.read_only,
         };
         findings.extend(preflight::run(&client, &probe).await);
-        let failed = findings.iter().any(|f| f.verdict == doctor::Verdict::Fail);
+        let failed = findings.iter().any(|f| f.verdict == doctor::Outcome::Fail);
         let text = match self.output {
             Output::Text => findings.iter().map(|f| f.render() + "\n").collect(),
             Output::Json => {

@@ -16,7 +16,7 @@ use k8s_openapi::apimachinery::pkg::version::Info;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::{Value, json};
 
-use super::finding::{Finding, Verdict};
+use super::finding::{Finding, Outcome};
 use crate::jobset::JobSet;
 use crate::wire::agent_env;
 
@@ -67,12 +67,12 @@ pub fn check_version(info: &Info) -> Finding {
     match (digits(major), digits(minor)) {
         (Some(major), Some(minor)) if major > 1 || minor >= MIN_MINOR => Finding::new(
             CHECK,
-            Verdict::Ok,
+            Outcome::Ok,
             format!("the API server runs {runs} (>= 1.{MIN_MINOR}: pods take restartPolicyRules)"),
         ),
         (Some(_), Some(_)) => Finding::new(
             CHECK,
-            Verdict::Fail,
+            Outcome::Fail,
             format!(
                 "the API server runs {runs}: sidecar mode needs Kubernetes >= 1.{MIN_MINOR} (the \
                  RestartAllContainers rule)"
@@ -83,7 +83,7 @@ pub fn check_version(info: &Info) -> Finding {
         )),
         _ => Finding::new(
             CHECK,
-            Verdict::Warn,
+            Outcome::Warn,
             format!(
                 "cannot read the version {major:?}.{minor:?} ({})",
                 info.git_version
@@ -125,13 +125,13 @@ pub fn check_restart_rule(answer: &Answer) -> Finding {
             if kept {
                 Finding::new(
                     CHECK,
-                    Verdict::Ok,
+                    Outcome::Ok,
                     "the API server accepts a sidecar with a RestartAllContainers rule (dry run)",
                 )
             } else {
                 Finding::new(
                     CHECK,
-                    Verdict::Fail,
+                    Outcome::Fail,
                     "the API server dropped the sidecar's RestartAllContainers rule (dry run): \
                      its feature gate is off",
                 )
@@ -140,7 +140,7 @@ pub fn check_restart_rule(answer: &Answer) -> Finding {
         }
         Err(message) => Finding::new(
             CHECK,
-            Verdict::Fail,
+            Outcome::Fail,
             format!("the API server refused a pod with a RestartAllContainers rule: {message}"),
         )
         .fix(fix),
@@ -228,18 +228,18 @@ pub fn check_jobset_gate(answer: &JobSetAnswer) -> Finding {
     match answer {
         JobSetAnswer::Accepted(_) => Finding::new(
             CHECK,
-            Verdict::Ok,
+            Outcome::Ok,
             "JobSet accepts an InPlaceRestart JobSet (dry run): its InPlaceRestart gate is on",
         ),
         JobSetAnswer::Denied { webhook, .. } if is_ours(webhook) => Finding::new(
             CHECK,
-            Verdict::Ok,
+            Outcome::Ok,
             "JobSet's webhook let an InPlaceRestart JobSet through to ours (dry run): its \
              InPlaceRestart gate is on",
         ),
         JobSetAnswer::GateOff(message) => Finding::new(
             CHECK,
-            Verdict::Fail,
+            Outcome::Fail,
             format!("JobSet refuses InPlaceRestart JobSets: {message}"),
         )
         .fix(
@@ -249,14 +249,14 @@ pub fn check_jobset_gate(answer: &JobSetAnswer) -> Finding {
         ),
         JobSetAnswer::CallFailed { webhook, message } if is_ours(webhook) => Finding::new(
             CHECK,
-            Verdict::Warn,
+            Outcome::Warn,
             format!("cannot tell: our webhook's failure answered first ({message})"),
         ),
         JobSetAnswer::CallFailed { message, .. }
         | JobSetAnswer::Denied { message, .. }
         | JobSetAnswer::Other(message) => Finding::new(
             CHECK,
-            Verdict::Fail,
+            Outcome::Fail,
             format!("an InPlaceRestart JobSet is refused (dry run): {message}"),
         ),
     }
@@ -283,7 +283,7 @@ pub fn check_injection(answer: &JobSetAnswer) -> Finding {
             match (has_agent, stamp) {
                 (true, Some(version)) => Finding::new(
                     CHECK,
-                    Verdict::Ok,
+                    Outcome::Ok,
                     format!(
                         "a dry-run InPlaceRestart JobSet passed both webhooks with the agent \
                          injected ({INJECTED_ANNOTATION}: {version}): the caBundle is trusted"
@@ -291,7 +291,7 @@ pub fn check_injection(answer: &JobSetAnswer) -> Finding {
                 ),
                 _ => Finding::new(
                     CHECK,
-                    Verdict::Fail,
+                    Outcome::Fail,
                     "a dry-run InPlaceRestart JobSet was stored without the agent: the mutating \
                      webhook was not called (its failurePolicy Ignore hides a call error) or \
                      does not match",
@@ -308,7 +308,7 @@ pub fn check_injection(answer: &JobSetAnswer) -> Finding {
                 .any(|m| message.contains(m));
             Finding::new(
                 CHECK,
-                Verdict::Fail,
+                Outcome::Fail,
                 format!("the API server cannot call webhook {webhook}: {message}"),
             )
             .fix(if tls {
@@ -321,18 +321,18 @@ pub fn check_injection(answer: &JobSetAnswer) -> Finding {
         }
         JobSetAnswer::Denied { webhook, message } => Finding::new(
             CHECK,
-            Verdict::Fail,
+            Outcome::Fail,
             format!("a valid dry-run InPlaceRestart JobSet was denied by {webhook}: {message}"),
         ),
         JobSetAnswer::GateOff(_) => Finding::new(
             CHECK,
-            Verdict::Warn,
+            Outcome::Warn,
             "not checked: JobSet refuses InPlaceRestart JobSets (see \
              jobset-in-place-restart-gate)",
         ),
         JobSetAnswer::Other(message) => Finding::new(
             CHECK,
-            Verdict::Fail,
+            Outcome::Fail,
             format!("a dry-run InPlaceRestart JobSet failed: {message}"),
         ),
     }
@@ -344,14 +344,14 @@ pub fn check_validation(answer: &JobSetAnswer) -> Finding {
     match answer {
         JobSetAnswer::Denied { webhook, .. } if webhook == VALIDATE_WEBHOOK => Finding::new(
             CHECK,
-            Verdict::Ok,
+            Outcome::Ok,
             format!(
                 "{VALIDATE_WEBHOOK} is reached: it denied a JobSet whose worker asks for the main-container agent (dry run)"
             ),
         ),
         JobSetAnswer::Accepted(_) => Finding::new(
             CHECK,
-            Verdict::Fail,
+            Outcome::Fail,
             format!(
                 "a JobSet that {VALIDATE_WEBHOOK} must deny was accepted (dry run): the \
                  validating webhook is not called"
@@ -363,7 +363,7 @@ pub fn check_validation(answer: &JobSetAnswer) -> Finding {
         ),
         JobSetAnswer::CallFailed { webhook, message } => Finding::new(
             CHECK,
-            Verdict::Fail,
+            Outcome::Fail,
             format!("the API server cannot call webhook {webhook}: {message}"),
         )
         .fix("is the webhook running and ready, and its caBundle right (ca-bundle check)?"),
@@ -371,7 +371,7 @@ pub fn check_validation(answer: &JobSetAnswer) -> Finding {
         | JobSetAnswer::GateOff(message)
         | JobSetAnswer::Other(message) => Finding::new(
             CHECK,
-            Verdict::Warn,
+            Outcome::Warn,
             format!("not reached: another answer came first: {message}"),
         ),
     }
@@ -424,13 +424,13 @@ pub fn check_jobset_controller(deployments: &[Deployment]) -> Finding {
     if found.is_empty() {
         Finding::new(
             CHECK,
-            Verdict::Warn,
+            Outcome::Warn,
             "no JobSet controller Deployment found (jobset-controller-manager): its version is \
              unknown",
         )
         .fix("install JobSet >= v0.11 (its InPlaceRestart); doctor reads the version of its Deployment's image")
     } else {
-        Finding::new(CHECK, Verdict::Ok, found.join("; "))
+        Finding::new(CHECK, Outcome::Ok, found.join("; "))
     }
 }
 
@@ -452,7 +452,7 @@ pub fn check_flow_schemas(
     if ours.is_empty() {
         return Finding::new(
             CHECK,
-            Verdict::Warn,
+            Outcome::Warn,
             "no jobset-inplace FlowSchema: the reconciler and the agents share the API server's \
              default priority levels",
         )
@@ -481,9 +481,9 @@ pub fn check_flow_schemas(
         }
     }
     if missing.is_empty() {
-        Finding::new(CHECK, Verdict::Ok, named.join(", "))
+        Finding::new(CHECK, Outcome::Ok, named.join(", "))
     } else {
-        Finding::new(CHECK, Verdict::Fail, missing.join("; ")).fix(
+        Finding::new(CHECK, Outcome::Fail, missing.join("; ")).fix(
             "create the priority level, or point the FlowSchema at one that exists (`kubectl \
              get prioritylevelconfigurations`)",
         )
@@ -547,7 +547,7 @@ pub fn check_pull(pod: &Pod, image: &str, waited_out: bool) -> Option<Finding> {
             .unwrap_or("?");
         return Some(Finding::new(
             CHECK,
-            Verdict::Ok,
+            Outcome::Ok,
             format!("node {node} pulled {image}"),
         ));
     }
@@ -560,7 +560,7 @@ pub fn check_pull(pod: &Pod, image: &str, waited_out: bool) -> Option<Finding> {
             return Some(
                 Finding::new(
                     CHECK,
-                    Verdict::Fail,
+                    Outcome::Fail,
                     format!(
                         "{image}: {reason}: {}",
                         waiting.message.as_deref().unwrap_or("no message")
@@ -591,7 +591,7 @@ pub fn check_pull(pod: &Pod, image: &str, waited_out: bool) -> Option<Finding> {
     Some(
         Finding::new(
             CHECK,
-            Verdict::Warn,
+            Outcome::Warn,
             format!("cannot tell: the pull-check pod for {image} {why}"),
         )
         .fix("check the pod's events, or run again with a longer --pull-timeout"),
@@ -648,7 +648,7 @@ pub async fn run(client: &kube::Client, probe: &Probe) -> Vec<Finding> {
         Ok(info) => check_version(&info),
         Err(e) => Finding::new(
             "kubernetes-version",
-            Verdict::Fail,
+            Outcome::Fail,
             format!("cannot read the API server's version: {}", message(&e)),
         ),
     });
@@ -658,7 +658,7 @@ pub async fn run(client: &kube::Client, probe: &Probe) -> Vec<Finding> {
         Ok(list) => check_jobset_controller(&list.items),
         Err(e) => Finding::new(
             "jobset-controller",
-            Verdict::Warn,
+            Outcome::Warn,
             format!("cannot list Deployments: {}", message(&e)),
         ),
     });
@@ -672,7 +672,7 @@ pub async fn run(client: &kube::Client, probe: &Probe) -> Vec<Finding> {
             (Ok(s), Ok(l)) => check_flow_schemas(&s.items, &l.items),
             (Err(e), _) | (_, Err(e)) => Finding::new(
                 "flow-schemas",
-                Verdict::Warn,
+                Outcome::Warn,
                 format!(
                     "cannot list FlowSchemas or priority levels: {}",
                     message(&e)
@@ -713,14 +713,14 @@ async fn pull_check(pods: &Api<Pod>, namespace: &str, pull: &PullCheck) -> Findi
     );
     let pod: Pod = match serde_json::from_value(object) {
         Ok(p) => p,
-        Err(e) => return Finding::new(CHECK, Verdict::Fail, e.to_string()),
+        Err(e) => return Finding::new(CHECK, Outcome::Fail, e.to_string()),
     };
     let created = match pods.create(&PostParams::default(), &pod).await {
         Ok(p) => p,
         Err(e) => {
             return Finding::new(
                 CHECK,
-                Verdict::Fail,
+                Outcome::Fail,
                 format!("cannot create the pull-check pod: {}", message(&e)),
             );
         }
@@ -738,7 +738,7 @@ async fn pull_check(pods: &Api<Pod>, namespace: &str, pull: &PullCheck) -> Findi
             Err(e) if waited_out => {
                 break Finding::new(
                     CHECK,
-                    Verdict::Warn,
+                    Outcome::Warn,
                     format!("cannot read the pull-check pod {name}: {}", message(&e)),
                 );
             }
@@ -783,13 +783,13 @@ mod tests {
 
     #[test]
     fn kubernetes_1_35_or_later() {
-        assert_eq!(check_version(&info("35")).verdict, Verdict::Ok);
-        assert_eq!(check_version(&info("36+")).verdict, Verdict::Ok);
+        assert_eq!(check_version(&info("35")).verdict, Outcome::Ok);
+        assert_eq!(check_version(&info("36+")).verdict, Outcome::Ok);
         let old = check_version(&info("34"));
-        assert_eq!(old.verdict, Verdict::Fail, "{}", old.render());
+        assert_eq!(old.verdict, Outcome::Fail, "{}", old.render());
         assert!(old.detail.contains(">= 1.35"), "{}", old.detail);
         assert!(old.fix.is_some());
-        assert_eq!(check_version(&info("")).verdict, Verdict::Warn);
+        assert_eq!(check_version(&info("")).verdict, Outcome::Warn);
     }
 
     #[test]
@@ -800,14 +800,14 @@ mod tests {
             ..info("35")
         };
         let old = check_version(&emulating("34"));
-        assert_eq!(old.verdict, Verdict::Fail, "{}", old.render());
+        assert_eq!(old.verdict, Outcome::Fail, "{}", old.render());
         assert!(
             old.detail.contains("v1.35.0 emulating 1.34"),
             "{}",
             old.detail
         );
         let same = check_version(&emulating("35"));
-        assert_eq!(same.verdict, Verdict::Ok, "{}", same.render());
+        assert_eq!(same.verdict, Outcome::Ok, "{}", same.render());
         assert!(!same.detail.contains("emulating"), "{}", same.detail);
         // Empty emulation fields (older API servers leave them out) fall back to major/minor.
         let empty = Info {
@@ -815,23 +815,23 @@ mod tests {
             emulation_minor: Some(String::new()),
             ..info("35")
         };
-        assert_eq!(check_version(&empty).verdict, Verdict::Ok);
+        assert_eq!(check_version(&empty).verdict, Outcome::Ok);
     }
 
     #[test]
     fn a_dropped_or_refused_rule_is_a_gate_off() {
         let sent = restart_rule_pod("default");
-        assert_eq!(check_restart_rule(&Ok(sent.clone())).verdict, Verdict::Ok);
+        assert_eq!(check_restart_rule(&Ok(sent.clone())).verdict, Outcome::Ok);
         let mut dropped = sent;
         dropped["spec"]["initContainers"][0]
             .as_object_mut()
             .expect("container")
             .remove("restartPolicyRules");
         let f = check_restart_rule(&Ok(dropped));
-        assert_eq!(f.verdict, Verdict::Fail);
+        assert_eq!(f.verdict, Outcome::Fail);
         assert!(f.detail.contains("dropped"), "{}", f.detail);
         let f = check_restart_rule(&Err("Unsupported value: \"RestartAllContainers\"".into()));
-        assert_eq!(f.verdict, Verdict::Fail);
+        assert_eq!(f.verdict, Outcome::Fail);
         assert!(
             f.fix
                 .as_deref()
@@ -886,16 +886,16 @@ mod tests {
     #[test]
     fn injection_passes_only_with_the_agent_and_the_stamp() {
         let ok = check_injection(&classify(&Ok(injected())));
-        assert_eq!(ok.verdict, Verdict::Ok, "{}", ok.render());
+        assert_eq!(ok.verdict, Outcome::Ok, "{}", ok.render());
         let plain = check_injection(&classify(&Ok(probe_jobset("default", false))));
-        assert_eq!(plain.verdict, Verdict::Fail);
+        assert_eq!(plain.verdict, Outcome::Fail);
         assert!(
             plain.detail.contains("without the agent"),
             "{}",
             plain.detail
         );
         let down = check_injection(&classify(&Err(CALL_FAILED.into())));
-        assert_eq!(down.verdict, Verdict::Fail);
+        assert_eq!(down.verdict, Outcome::Fail);
         assert!(
             down.fix.as_deref().unwrap_or_default().contains("running"),
             "{down:?}"
@@ -907,7 +907,7 @@ mod tests {
         );
         assert_eq!(
             check_injection(&classify(&Err(GATE_OFF.into()))).verdict,
-            Verdict::Warn
+            Outcome::Warn
         );
     }
 
@@ -915,14 +915,14 @@ mod tests {
     fn the_gate_and_validation_from_the_answers() {
         assert_eq!(
             check_jobset_gate(&classify(&Ok(injected()))).verdict,
-            Verdict::Ok
+            Outcome::Ok
         );
         assert_eq!(
             check_jobset_gate(&classify(&Err(DENIED.into()))).verdict,
-            Verdict::Ok
+            Outcome::Ok
         );
         let off = check_jobset_gate(&classify(&Err(GATE_OFF.into())));
-        assert_eq!(off.verdict, Verdict::Fail);
+        assert_eq!(off.verdict, Outcome::Fail);
         assert!(
             off.fix
                 .as_deref()
@@ -931,24 +931,24 @@ mod tests {
         );
         assert_eq!(
             check_jobset_gate(&classify(&Err(CALL_FAILED.into()))).verdict,
-            Verdict::Warn
+            Outcome::Warn
         );
 
         assert_eq!(
             check_validation(&classify(&Err(DENIED.into()))).verdict,
-            Verdict::Ok
+            Outcome::Ok
         );
         assert_eq!(
             check_validation(&classify(&Ok(injected()))).verdict,
-            Verdict::Fail
+            Outcome::Fail
         );
         assert_eq!(
             check_validation(&classify(&Err(CALL_FAILED.into()))).verdict,
-            Verdict::Fail
+            Outcome::Fail
         );
         assert_eq!(
             check_validation(&classify(&Err(GATE_OFF.into()))).verdict,
-            Verdict::Warn
+            Outcome::Warn
         );
     }
 
@@ -968,13 +968,13 @@ mod tests {
         }))
         .expect("deployment");
         let f = check_jobset_controller(&[d]);
-        assert_eq!(f.verdict, Verdict::Ok);
+        assert_eq!(f.verdict, Outcome::Ok);
         assert!(
             f.detail.contains("version v0.12.0, 1 ready"),
             "{}",
             f.detail
         );
-        assert_eq!(check_jobset_controller(&[]).verdict, Verdict::Warn);
+        assert_eq!(check_jobset_controller(&[]).verdict, Outcome::Warn);
     }
 
     #[test]
@@ -989,16 +989,16 @@ mod tests {
                 .expect("level")
         };
         let ok = check_flow_schemas(std::slice::from_ref(&schema), &[level("workload-high")]);
-        assert_eq!(ok.verdict, Verdict::Ok, "{}", ok.render());
+        assert_eq!(ok.verdict, Outcome::Ok, "{}", ok.render());
         let bad = check_flow_schemas(&[schema], &[level("global-default")]);
-        assert_eq!(bad.verdict, Verdict::Fail);
+        assert_eq!(bad.verdict, Outcome::Fail);
         assert!(
             bad.detail
                 .contains("\"workload-high\", which does not exist"),
             "{}",
             bad.detail
         );
-        assert_eq!(check_flow_schemas(&[], &[]).verdict, Verdict::Warn);
+        assert_eq!(check_flow_schemas(&[], &[]).verdict, Outcome::Warn);
     }
 
     fn pull_status(node: Option<&str>, status: Value) -> Pod {
@@ -1020,7 +1020,7 @@ mod tests {
                                   "message": "Back-off pulling image \"x\""}}}]}),
         );
         let f = check_pull(&backoff, "x", false).expect("decided");
-        assert_eq!(f.verdict, Verdict::Fail);
+        assert_eq!(f.verdict, Outcome::Fail);
         assert!(
             f.detail
                 .contains("ImagePullBackOff: Back-off pulling image"),
@@ -1035,13 +1035,13 @@ mod tests {
             "state": {"terminated": {"exitCode": 0}}}]}),
         );
         let f = check_pull(&done, "x", false).expect("decided");
-        assert_eq!(f.verdict, Verdict::Ok);
+        assert_eq!(f.verdict, Outcome::Ok);
         assert!(f.detail.contains("node n1 pulled x"), "{}", f.detail);
 
         let pending = pull_status(None, json!({"phase": "Pending"}));
         assert_eq!(check_pull(&pending, "x", false), None, "still waiting");
         let f = check_pull(&pending, "x", true).expect("decided at the deadline");
-        assert_eq!(f.verdict, Verdict::Warn);
+        assert_eq!(f.verdict, Outcome::Warn);
         assert!(f.detail.contains("was not scheduled"), "{}", f.detail);
     }
 

@@ -139,6 +139,83 @@ pub async fn watch(
     }
 }
 
+/// How following the lease ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LeaseEnd {
+    /// The shutdown future resolved.
+    Shutdown,
+    /// The lease manager said this replica no longer leads (or stopped), or a read of the lease
+    /// named another holder.
+    Lost,
+    /// No renewal was seen before the write deadline.
+    NotRenewed,
+}
+
+/// The leader's side of the lease: follows the lease manager's `leader` and the fence's reads
+/// ([`watch`]) until `shutdown`, publishing leadership and the write deadline on `publish`'s two
+/// channels. Acquired, a leader may write for `valid` (the lease's duration less the
+/// margin); each renewal read moves that deadline forward (never back); at the deadline with no
+/// renewal seen it steps down ([`LeaseEnd::NotRenewed`]) before another replica could take the
+/// lease over. Times are tokio's, so a test runs it on a paused clock.
+pub async fn follow(
+    mut leader: watch::Receiver<bool>,
+    mut fence: watch::Receiver<Fence>,
+    shutdown: impl std::future::Future<Output = ()>,
+    valid: Duration,
+    publish: (&watch::Sender<bool>, &watch::Sender<Option<Instant>>),
+    lease: &str,
+    identity: &str,
+) -> LeaseEnd {
+    let (leader_tx, write_until) = publish;
+    tokio::pin!(shutdown);
+    let mut was_leader = false;
+    // While leader: the moment this replica must stop writing unless a renewal is seen.
+    let mut deadline = tokio::time::Instant::now();
+    loop {
+        tokio::select! {
+            () = &mut shutdown => return LeaseEnd::Shutdown,
+            changed = leader.changed() => {
+                if changed.is_err() {
+                    return LeaseEnd::Lost;
+                }
+                let is_leader = *leader.borrow_and_update();
+                if is_leader {
+                    tracing::info!(lease, identity, "became the leader");
+                    if !was_leader {
+                        // Just acquired: valid for a full term from now.
+                        deadline = tokio::time::Instant::now() + valid;
+                        let _ = write_until.send(Some(deadline.into_std()));
+                    }
+                } else if was_leader {
+                    return LeaseEnd::Lost;
+                }
+                was_leader = is_leader;
+                let _ = leader_tx.send(is_leader);
+            }
+            Ok(()) = fence.changed() => {
+                match *fence.borrow_and_update() {
+                    // Renewals only move forward: a read of an older one (a lease this identity
+                    // held before a restart, a read that raced the acquisition) never shortens
+                    // what is known.
+                    Fence::HeldUntil(until) if was_leader => {
+                        deadline = deadline.max(until.into());
+                        let _ = write_until.send(Some(deadline.into_std()));
+                    }
+                    Fence::NotHeld if was_leader => {
+                        tracing::error!(lease, "the lease names another holder; stepping down");
+                        return LeaseEnd::Lost;
+                    }
+                    _ => {}
+                }
+            }
+            () = tokio::time::sleep_until(deadline), if was_leader => {
+                tracing::error!(lease, "no renewal of the lease seen in time; stepping down before another replica can take it");
+                return LeaseEnd::NotRenewed;
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -221,5 +298,152 @@ mod tests {
             Fence::HeldUntil(at) => assert!(at <= Instant::now()),
             other => panic!("{other:?}"),
         }
+    }
+
+    /// [`follow`] on a paused clock: the channels it reads and writes, and a shutdown that
+    /// resolves when told.
+    struct Following {
+        leader: watch::Sender<bool>,
+        fence: watch::Sender<Fence>,
+        stop: Option<tokio::sync::oneshot::Sender<()>>,
+        leads: watch::Receiver<bool>,
+        write_until: watch::Receiver<Option<Instant>>,
+        task: tokio::task::JoinHandle<LeaseEnd>,
+    }
+
+    const VALID: Duration = Duration::from_secs(13);
+
+    fn follow_lease() -> Following {
+        let (leader, leader_rx) = watch::channel(false);
+        let (fence, fence_rx) = watch::channel(Fence::Unknown);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (leads_tx, leads) = watch::channel(false);
+        let (until_tx, write_until) = watch::channel(None);
+        let task = tokio::spawn(async move {
+            let shutdown = async {
+                let _ = stopped.await;
+            };
+            follow(
+                leader_rx,
+                fence_rx,
+                shutdown,
+                VALID,
+                (&leads_tx, &until_tx),
+                "lease",
+                "me",
+            )
+            .await
+        });
+        Following {
+            leader,
+            fence,
+            stop: Some(stop),
+            leads,
+            write_until,
+            task,
+        }
+    }
+
+    /// Lets the spawned `follow` run what is ready, without moving the clock.
+    async fn settle() {
+        for _ in 0..8 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    fn now() -> Instant {
+        tokio::time::Instant::now().into_std()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_acquired_lease_is_valid_for_a_term_and_no_longer_without_a_renewal() {
+        let t0 = now();
+        let mut l = follow_lease();
+        l.leader.send(true).expect("follow runs");
+        settle().await;
+        assert!(*l.leads.borrow_and_update());
+        assert_eq!(*l.write_until.borrow(), Some(t0 + VALID));
+        tokio::time::advance(VALID - Duration::from_millis(1)).await;
+        settle().await;
+        assert!(!l.task.is_finished(), "steps down only at the deadline");
+        let end = l.task.await.expect("no panic");
+        assert_eq!(end, LeaseEnd::NotRenewed);
+        assert_eq!(now() - t0, VALID, "at the deadline exactly");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn renewals_move_the_deadline_forward_never_back() {
+        let t0 = now();
+        let mut l = follow_lease();
+        l.leader.send(true).expect("follow runs");
+        settle().await;
+        let s = Duration::from_secs;
+        // A renewal every 5 s for 20 s, each valid 13 s from its read.
+        for i in 1..=4u32 {
+            tokio::time::advance(s(5)).await;
+            l.fence
+                .send(Fence::HeldUntil(now() + VALID))
+                .expect("follow runs");
+            settle().await;
+            assert_eq!(*l.write_until.borrow(), Some(t0 + s(5) * i + VALID));
+        }
+        // An older read (a lease held before a restart) does not shorten it.
+        l.fence
+            .send(Fence::HeldUntil(t0 + s(1)))
+            .expect("follow runs");
+        settle().await;
+        assert_eq!(*l.write_until.borrow(), Some(t0 + s(20) + VALID));
+        // Unknown (reads failing) keeps what is known.
+        l.fence.send(Fence::Unknown).expect("follow runs");
+        let end = l.task.await.expect("no panic");
+        assert_eq!(end, LeaseEnd::NotRenewed);
+        assert_eq!(now() - t0, s(20) + VALID);
+        assert!(
+            *l.leads.borrow_and_update(),
+            "stepping down is the caller's to say (run sends false on the way out)"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn another_holder_or_the_manager_s_word_ends_it_at_once() {
+        // A read naming another holder.
+        let t0 = now();
+        let l = follow_lease();
+        l.leader.send(true).expect("follow runs");
+        settle().await;
+        l.fence.send(Fence::NotHeld).expect("follow runs");
+        assert_eq!(l.task.await.expect("no panic"), LeaseEnd::Lost);
+        assert_eq!(now(), t0, "no wait");
+        // The manager says no longer leader.
+        let l = follow_lease();
+        l.leader.send(true).expect("follow runs");
+        settle().await;
+        l.leader.send(false).expect("follow runs");
+        assert_eq!(l.task.await.expect("no panic"), LeaseEnd::Lost);
+        // The manager stops.
+        let l = follow_lease();
+        drop(l.leader);
+        assert_eq!(l.task.await.expect("no panic"), LeaseEnd::Lost);
+        assert_eq!(now(), t0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn before_it_leads_nothing_ends_it_but_a_shutdown() {
+        let t0 = now();
+        let mut l = follow_lease();
+        // Reads before the acquisition are not this leader's: ignored, and no deadline runs.
+        l.fence.send(Fence::NotHeld).expect("follow runs");
+        l.fence
+            .send(Fence::HeldUntil(t0 + Duration::from_secs(1)))
+            .expect("follow runs");
+        tokio::time::advance(VALID * 10).await;
+        settle().await;
+        assert!(!l.task.is_finished());
+        assert_eq!(*l.write_until.borrow(), None);
+        assert!(!*l.leads.borrow());
+        if let Some(stop) = l.stop.take() {
+            let _ = stop.send(());
+        }
+        assert_eq!(l.task.await.expect("no panic"), LeaseEnd::Shutdown);
     }
 }

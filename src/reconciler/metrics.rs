@@ -8,6 +8,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use super::key::Key;
+use super::queue::Reason;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct WriteLabels {
@@ -35,6 +36,9 @@ pub struct Metrics {
     pub status_writes: Family<WriteLabels, Counter>,
     pub reconcile_duration: Histogram,
     pub reconciles: Counter,
+    /// Worker passes by why their JobSet was queued ([`Reason`]); a pass queued for several
+    /// reasons counts under each.
+    pub reconcile_reasons: Family<ReasonLabels, Counter>,
     pub pods_tracked: Gauge,
     pub jobsets_tracked: Gauge,
     pub failed_jobsets: Counter,
@@ -69,8 +73,9 @@ pub struct Metrics {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
-    /// `conflict` (409), `invalid` (422), `forbidden` (403), `not_found`, `throttled`,
-    /// `server_error`, `timeout`, `error`.
+    /// Of `provision_failures`: `conflict` (409), `invalid` (422), `forbidden` (403),
+    /// `not_found`, `throttled`, `server_error`, `timeout`, `error`. Of `reconcile_reasons`: a
+    /// [`Reason`]'s label.
     pub reason: &'static str,
 }
 
@@ -108,6 +113,7 @@ impl Metrics {
             status_writes: Family::default(),
             reconcile_duration: Histogram::new(exponential_buckets(0.000_01, 4.0, 12)),
             reconciles: Counter::default(),
+            reconcile_reasons: Family::default(),
             pods_tracked: Gauge::default(),
             jobsets_tracked: Gauge::default(),
             failed_jobsets: Counter::default(),
@@ -127,6 +133,12 @@ impl Metrics {
         // Every step's series exists from the start, at 0, so that a rate over it is defined.
         for step in DEADLINE_STEPS {
             let _ = m.deadline_steps.get_or_create(&StepLabels { step });
+        }
+        // Every reason's series exists from the start, at 0.
+        for reason in Reason::ALL {
+            let _ = m.reconcile_reasons.get_or_create(&ReasonLabels {
+                reason: reason.label(),
+            });
         }
         let r = registry.sub_registry_with_prefix("jobset_inplace_reconciler");
         r.register(
@@ -155,6 +167,11 @@ impl Metrics {
             m.reconcile_duration.clone(),
         );
         r.register("reconciles", "JobSets evaluated", m.reconciles.clone());
+        r.register(
+            "reconcile_reasons",
+            "Worker passes by why their JobSet was queued (a pass for several reasons counts under each)",
+            m.reconcile_reasons.clone(),
+        );
         r.register(
             "api_timeouts",
             "API requests that did not answer within the request timeout, by call",
@@ -245,6 +262,15 @@ impl Metrics {
             jobset_namespace: key.namespace.clone(),
             jobset: key.name.clone(),
         });
+    }
+
+    /// One pass of a worker ran for `reason` (among others, perhaps).
+    pub(crate) fn count_reason(&self, reason: Reason) {
+        self.reconcile_reasons
+            .get_or_create(&ReasonLabels {
+                reason: reason.label(),
+            })
+            .inc();
     }
 
     pub fn api_timeout(&self, call: &'static str) {

@@ -428,7 +428,7 @@ pub async fn run(
             shutdown.await;
             Ok(())
         }
-        Some((mut rx, task, mut fence_rx, fence_task)) => {
+        Some((rx, task, fence_rx, fence_task)) => {
             let le = options.leader_election.as_ref();
             let (namespace, name) = (
                 le.map(|l| l.lease_namespace.clone()).unwrap_or_default(),
@@ -443,59 +443,29 @@ pub async fn run(
                 .map(|l| l.duration)
                 .unwrap_or_default()
                 .saturating_sub(margin);
-            tokio::pin!(shutdown);
-            let mut was_leader = false;
-            // While leader: the moment this replica must stop writing unless a renewal is seen.
-            let mut deadline = tokio::time::Instant::now();
-            let outcome = loop {
-                tokio::select! {
-                    () = &mut shutdown => break Ok(()),
-                    changed = rx.changed() => {
-                        if changed.is_err() {
-                            break Err(lost());
-                        }
-                        let is_leader = *rx.borrow_and_update();
-                        if is_leader {
-                            tracing::info!(identity = %options.settings.identity, "became the leader");
-                            if !was_leader {
-                                // Just acquired: valid for a full term from now.
-                                deadline = tokio::time::Instant::now() + valid;
-                                let _ = write_until_tx.send(Some(deadline.into_std()));
-                            }
-                        } else if was_leader {
-                            break Err(lost());
-                        }
-                        was_leader = is_leader;
-                        let _ = leader_tx.send(is_leader);
-                    }
-                    Ok(()) = fence_rx.changed() => {
-                        match *fence_rx.borrow_and_update() {
-                            // Renewals only move forward: a read of an older one (a lease this
-                            // identity held before a restart, a read that raced the acquisition)
-                            // never shortens what is known.
-                            fence::Fence::HeldUntil(until) if was_leader => {
-                                deadline = deadline.max(until.into());
-                                let _ = write_until_tx.send(Some(deadline.into_std()));
-                            }
-                            fence::Fence::NotHeld if was_leader => {
-                                tracing::error!(lease = %name, "the lease names another holder; stepping down");
-                                break Err(lost());
-                            }
-                            _ => {}
-                        }
-                    }
-                    () = tokio::time::sleep_until(deadline), if was_leader => {
-                        tracing::error!(lease = %name, "no renewal of the lease seen in time; stepping down before another replica can take it");
-                        break Err(Error::LeaseNotRenewed { namespace: namespace.clone(), name: name.clone() });
-                    }
-                }
+            let end = fence::follow(
+                rx,
+                fence_rx,
+                shutdown,
+                valid,
+                (&leader_tx, &write_until_tx),
+                &name,
+                &options.settings.identity,
+            )
+            .await;
+            let outcome = match end {
+                fence::LeaseEnd::Shutdown => Ok(()),
+                fence::LeaseEnd::Lost => Err(lost()),
+                fence::LeaseEnd::NotRenewed => Err(Error::LeaseNotRenewed {
+                    namespace: namespace.clone(),
+                    name: name.clone(),
+                }),
             };
             // Stop writing first (nothing more is sent), then let the lease manager release the
             // lease.
             let _ = write_until_tx.send(Some(std::time::Instant::now()));
             let _ = leader_tx.send(false);
             fence_task.abort();
-            drop(rx);
             match tokio::time::timeout(Duration::from_secs(5), task).await {
                 Ok(Ok(Ok(manager))) => {
                     if outcome.is_ok() {

@@ -239,7 +239,7 @@ pub const REPEAT_WARNING: Duration = Duration::from_secs(600);
 
 /// What to do about one failure.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Verdict {
+pub struct RetryPlan {
     /// Say it (a WARN and an event): the first failure, another reason, or the last one said
     /// [`REPEAT_WARNING`] ago.
     pub say: bool,
@@ -274,7 +274,7 @@ impl Failures {
     }
 
     /// Records a failure: when to try again, and whether to say it.
-    pub fn failed(&mut self, namespace: &str, reason: &'static str, now: Instant) -> Verdict {
+    pub fn failed(&mut self, namespace: &str, reason: &'static str, now: Instant) -> RetryPlan {
         let mut first = false;
         let f = self
             .by_namespace
@@ -298,7 +298,7 @@ impl Failures {
         f.failures = f.failures.saturating_add(1);
         let retry_in = f.backoff.advance();
         f.due = now + retry_in;
-        Verdict {
+        RetryPlan {
             say,
             retry_in,
             failures: f.failures,

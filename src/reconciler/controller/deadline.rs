@@ -42,6 +42,7 @@ use kube::api::{
 };
 use kube::runtime::events::EventType;
 use serde_json::json;
+use tracing::Instrument;
 
 use super::api::{ReconcileError, retry_delay};
 use super::report::{CONTROLLER_NAME, emit};
@@ -54,6 +55,7 @@ use crate::jobset::JobSet;
 use crate::protocol::{Epoch, JOBSET_NAME_LABEL};
 use crate::reconciler::index::JobSetState;
 use crate::reconciler::key::Key;
+use crate::reconciler::queue::Reason;
 use crate::wire::WatchedPod;
 
 /// Names an event lists before it counts the rest.
@@ -70,23 +72,15 @@ fn wake_after(shared: &Arc<Shared>, key: &Key, after: Duration) {
     let weak = Arc::downgrade(shared);
     let woken = key.clone();
     shared.with_deadline(key, |entry| {
-        if let Some((at, handle)) = &entry.timer
-            && *at <= due
-            && *at > now
-            && !handle.is_finished()
-        {
-            return;
-        }
-        if let Some((_, handle)) = entry.timer.take() {
-            handle.abort();
-        }
-        let task = tokio::spawn(async move {
-            tokio::time::sleep(after).await;
-            if let Some(shared) = weak.upgrade() {
-                shared.queue.add(woken);
-            }
+        entry.wake_at(now, due, || {
+            tokio::spawn(async move {
+                tokio::time::sleep(after).await;
+                if let Some(shared) = weak.upgrade() {
+                    shared.queue.add(woken, Reason::Deadline);
+                }
+            })
+            .abort_handle()
         });
-        entry.timer = Some((due, task.abort_handle()));
     });
 }
 
@@ -176,7 +170,7 @@ pub(super) async fn reconcile(shared: &Arc<Shared>, key: &Key) -> Result<(), Rec
 
 /// Runs a step of one JobSet in a task of its own (unless one is in flight): its requests wait
 /// for their permits there, not in a worker. When it ends, the JobSet is queued again (after a
-/// backoff when it failed).
+/// backoff when it failed). The step runs in the span of the worker's pass that started it.
 fn spawn_step(shared: &Arc<Shared>, key: &Key, seen: Option<Seen>, cleanup: Option<i32>) {
     let (task_shared, task_key) = (shared.clone(), key.clone());
     shared.with_deadline(key, move |entry| {
@@ -195,14 +189,16 @@ fn spawn_step(shared: &Arc<Shared>, key: &Key, seen: Option<Seen>, cleanup: Opti
                 e.step_failures
             });
             match result {
-                Ok(()) => shared.queue.add(key),
+                Ok(()) => shared.queue.add(key, Reason::Deadline),
                 Err(e) => {
                     let delay = retry_delay(failures, e.retry_after(), fastrand::f64());
                     tracing::warn!(namespace = %key.namespace, jobset = %key.name, error = %e, retry_in = ?delay, "group-restart deadline step failed; retrying");
                     wake_after(&shared, &key, delay);
                 }
             }
-        });
+        }
+        // Its lines name the reasons of the pass that started it (the worker's span).
+        .in_current_span());
         entry.step = Some(task.abort_handle());
     });
 }
@@ -633,6 +629,6 @@ async fn delete_previous_jobs(
 /// After a 409: the JobSet is read again and evaluated again.
 async fn reread(shared: &Arc<Shared>, key: &Key) -> Result<(), ReconcileError> {
     reread_status(shared, key).await?;
-    shared.queue.add(key.clone());
+    shared.queue.add(key.clone(), Reason::Retry);
     Ok(())
 }

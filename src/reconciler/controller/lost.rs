@@ -25,6 +25,7 @@ use super::state::{Shared, lock};
 use crate::deadline::PodRef;
 use crate::reconciler::key::Key;
 use crate::reconciler::nodes::{lost_pods, readiness};
+use crate::reconciler::queue::Reason;
 use crate::retry::WatchBackoff;
 use crate::wire::WatchedPod;
 
@@ -85,7 +86,7 @@ pub(super) async fn watch_nodes(shared: Arc<Shared>) {
             tracing::warn!(nodes = ?new, grace_seconds = grace.as_secs_f64(), "node(s) silent past the grace: lost; their JobSet pods are failed and deleted");
             let keys = lock(&shared.index).active_keys();
             for key in keys {
-                shared.queue.add(key);
+                shared.queue.add(key, Reason::Node);
             }
         }
         lost_before = lost;

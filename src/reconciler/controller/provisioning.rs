@@ -164,7 +164,7 @@ fn failed(
 ) {
     let reason = provision::failure_reason(error);
     shared.metrics.provision_failure(reason);
-    let verdict = failures.failed(namespace, reason, Instant::now());
+    let plan = failures.failed(namespace, reason, Instant::now());
     let error = error.map_or_else(
         || "the API server did not answer in time".to_owned(),
         |e| match e {
@@ -172,11 +172,11 @@ fn failed(
             other => other.to_string(),
         },
     );
-    if !verdict.say {
-        tracing::debug!(namespace, what, reason, %error, failures = verdict.failures, retry_in = ?verdict.retry_in, "agent provisioning still failing");
+    if !plan.say {
+        tracing::debug!(namespace, what, reason, %error, failures = plan.failures, retry_in = ?plan.retry_in, "agent provisioning still failing");
         return;
     }
-    tracing::warn!(namespace, what, reason, %error, failures = verdict.failures, retry_in = ?verdict.retry_in, "cannot provision the agent's service account and role binding; retrying with backoff (said again only if the reason changes, or in 10 minutes)");
+    tracing::warn!(namespace, what, reason, %error, failures = plan.failures, retry_in = ?plan.retry_in, "cannot provision the agent's service account and role binding; retrying with backoff (said again only if the reason changes, or in 10 minutes)");
     if what != "provision" {
         return;
     }

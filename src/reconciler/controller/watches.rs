@@ -24,6 +24,7 @@ use crate::protocol::JOBSET_NAME_LABEL;
 use crate::reconciler::key::Key;
 use crate::reconciler::provision;
 use crate::reconciler::publish;
+use crate::reconciler::queue::Reason;
 use crate::retry::WatchBackoff;
 use crate::wire::WatchedPod;
 use crate::wire::epochs::JobSetEpoch;
@@ -42,6 +43,7 @@ pub(super) async fn watch_jobsets(shared: Arc<Shared>) {
     while let Some(event) = stream.next().await {
         let mut changed = Vec::new();
         let mut gone = Vec::new();
+        let mut reason = Reason::JobSet;
         {
             let mut index = lock(&shared.index);
             match event {
@@ -66,6 +68,7 @@ pub(super) async fn watch_jobsets(shared: Arc<Shared>) {
                     gone = index.jobsets_relisted();
                     shared.jobsets_synced.store(true, Ordering::Release);
                     changed.extend(index.active_keys());
+                    reason = Reason::Resync;
                 }
                 Err(e) => tracing::warn!(error = %e, "jobset watch failed; retrying"),
             }
@@ -82,7 +85,7 @@ pub(super) async fn watch_jobsets(shared: Arc<Shared>) {
             shared.forget(key);
         }
         for key in changed {
-            shared.queue.add(key);
+            shared.queue.add(key, reason);
         }
     }
 }
@@ -97,6 +100,7 @@ pub(super) async fn watch_pods(shared: Arc<Shared>) {
     futures::pin_mut!(stream);
     while let Some(event) = stream.next().await {
         let mut changed = Vec::new();
+        let mut reason = Reason::Pod;
         {
             let mut index = lock(&shared.index);
             match event {
@@ -116,13 +120,14 @@ pub(super) async fn watch_pods(shared: Arc<Shared>) {
                     // Nothing was decided during the list (see `decide`): decide now.
                     changed.extend(index.active_keys());
                     shared.pods_synced.store(true, Ordering::Release);
+                    reason = Reason::Resync;
                 }
                 Err(e) => tracing::warn!(error = %e, "pod watch failed; retrying"),
             }
             shared.metrics.pods_tracked.set(index.pod_count() as i64);
         }
         for key in changed {
-            shared.queue.add(key);
+            shared.queue.add(key, reason);
         }
     }
 }
@@ -141,6 +146,7 @@ pub(super) async fn watch_jobs(shared: Arc<Shared>) {
     futures::pin_mut!(stream);
     while let Some(event) = stream.next().await {
         let mut changed = Vec::new();
+        let mut reason = Reason::Job;
         {
             let mut index = lock(&shared.index);
             match event {
@@ -158,12 +164,13 @@ pub(super) async fn watch_jobs(shared: Arc<Shared>) {
                     // Nothing was decided during the list (see `decide`): decide now.
                     changed.extend(index.active_keys());
                     shared.jobs_synced.store(true, Ordering::Release);
+                    reason = Reason::Resync;
                 }
                 Err(e) => tracing::warn!(error = %e, "job watch failed; retrying"),
             }
         }
         for key in changed {
-            shared.queue.add(key);
+            shared.queue.add(key, reason);
         }
     }
 }
@@ -179,14 +186,14 @@ pub(super) async fn watch_published(shared: Arc<Shared>) {
         // JobSets evaluated before the list could not publish: evaluate them again.
         let keys = lock(&shared.index).in_place_restart_keys();
         for key in keys {
-            shared.queue.add(key);
+            shared.queue.add(key, Reason::Resync);
         }
     };
     publish::watch(
         api,
         config,
         &shared.published,
-        |key| shared.queue.add(key),
+        |key| shared.queue.add(key, Reason::JobSetEpoch),
         synced,
     )
     .await;
@@ -239,7 +246,7 @@ pub(super) async fn follow_leadership(shared: Arc<Shared>) {
         if is_leader {
             let keys = lock(&shared.index).active_keys();
             for key in keys {
-                shared.queue.add(key);
+                shared.queue.add(key, Reason::Leadership);
             }
         }
         if leader.changed().await.is_err() {
