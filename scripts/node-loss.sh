@@ -7,7 +7,8 @@
 # Two clusters, one after the other, each `scripts/control-plane.sh up DIR --nodes 3 --node-grace
 # default --install epoch` (kube-controller-manager's and the kubelets' own node periods, taint
 # eviction on; env PRODUCT_IMAGE_ARCHIVE passes through to `up`):
-#   1. JobSet's own recreation beside the matrix's first rows (`MATRIX row=recreation-...`), then
+#   1. the matrix's worker-exit and eviction rows in place, then JobSet's own recreation of the
+#      same (`MATRIX row=recreation-...`), side by side from one cluster; then
 #      one node killed under three JobSets of 2: in place with the default group-restart
 #      deadline, in place with it at 20 s, and JobSet's own `Recreate`;
 #   2. the reconciler's node-lost part off (`--node-lost-grace 0`): the node controller alone,
@@ -47,14 +48,15 @@ cluster() {
   "$here/control-plane.sh" up "$dir" --nodes 3 --node-grace default --install epoch
   for t in "$@"; do
     env "${envs[@]}" JOBSET_INPLACE_KUBECONFIG="$dir/kubeconfig" JOBSET_INPLACE_REAL_NODE=required \
-      cargo test --locked --test real_node -- --ignored --nocapture --exact "node_loss::$t" 2>&1 |
+      cargo test --locked --test real_node -- --include-ignored --nocapture --exact "$t" 2>&1 |
       tee -a "$report" >&2
   done
   "$here/control-plane.sh" down "$dir"
   dir=""
 }
 
-cluster -- measure_recreation_beside_the_matrix measure_a_node_lost
-cluster JOBSET_INPLACE_NODE_LOST_GRACE=0 JOBSET_INPLACE_NODE_LOSS_CASES=in-place -- measure_a_node_lost
-grep -E '^(MATRIX|NODE_LOSS) ' "$report" || { echo "node-loss: no result line" >&2; exit 1; }
+cluster -- matrix::the_matrix_a_worker_exits_non_zero_across_nodes matrix::the_matrix_a_pod_evicted \
+  node_loss::measure_recreation_beside_the_matrix node_loss::measure_a_node_lost
+cluster JOBSET_INPLACE_NODE_LOST_GRACE=0 JOBSET_INPLACE_NODE_LOSS_CASES=in-place -- node_loss::measure_a_node_lost
+grep -E '^(MATRIX|MATRIX_TIMELINE|RECREATION|NODE_LOSS) ' "$report" || { echo "node-loss: no result line" >&2; exit 1; }
 ! grep -E '^test .* FAILED|panicked' "$report" >&2 || { echo "node-loss: a measurement failed (above)" >&2; exit 1; }
