@@ -8,6 +8,9 @@
 //!   (the injection sets it when unset) and projects no other service account token;
 //! - no container but the agent carries the agent's name ([`name_violations`]): the injection
 //!   would add a second container of that name, and the API server would refuse every pod.
+//!
+//! And one warning: under the `epoch` dialect, a container named as JobSet's own agent
+//! ([`foreign_agent_warnings`]).
 
 use serde_json::Value;
 
@@ -17,6 +20,7 @@ use super::rule::Rule;
 use super::sidecar::{TOKEN_VOLUME, foreign_token_volume_message};
 use super::view::PodSpec;
 use super::warnings::clip;
+use crate::protocol::Dialect;
 use crate::wire::agent_env;
 
 /// How the rules see the pod template's service account.
@@ -132,6 +136,37 @@ pub(crate) fn name_violations(pod_prefix: &str, pod_spec: &PodSpec<'_>) -> Vec<V
                  container would share it, and every pod would be refused; rename it",
                 agent_env::CONTAINER_NAME
             ),
+        })
+        .collect()
+}
+
+/// JobSet's own in-place restart agent's container name (JobSet v0.11's released agent).
+pub(crate) const JOBSET_AGENT_CONTAINER: &str = "in-place-restart-agent";
+
+/// Under the `epoch` dialect, a warning per container named as JobSet's own agent. If it runs
+/// JobSet's agent image, that agent reads JobSet's `attempt` fields only, which no one moves
+/// under `epoch`: its barrier never lifts after a group restart. The name does not say which
+/// image runs (the shape is the agent's either way, and the jobset-inplace agent may run under
+/// it), so the webhook admits it with this warning; `check --strict` fails on it.
+pub(crate) fn foreign_agent_warnings(
+    pod_prefix: &str,
+    pod_spec: &PodSpec<'_>,
+    dialect: Dialect,
+) -> Vec<String> {
+    if dialect != Dialect::Epoch {
+        return Vec::new();
+    }
+    pod::all_containers(pod_spec)
+        .filter(|c| c.name() == JOBSET_AGENT_CONTAINER)
+        .map(|c| {
+            format!(
+                "{}.name: {JOBSET_AGENT_CONTAINER} is JobSet's own agent's name: if it runs \
+                 JobSet's agent image, that agent speaks the attempt dialect only and, as this \
+                 cluster runs epoch, its group restarts never complete; run the jobset-inplace \
+                 agent image, remove it (the webhook injects the agent), or install the \
+                 jobset-native variant",
+                container_path(pod_prefix, &c)
+            )
         })
         .collect()
 }

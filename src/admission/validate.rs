@@ -116,6 +116,9 @@ fn validate_ratcheted(
         check_readable_pod(&pod_prefix, pod_spec, &mut out);
         check_restart_rules(&pod_prefix, pod_spec, &mut out);
         check_agent(&pod_prefix, pod_spec, config.protocol, &mut out);
+        for w in super::account::foreign_agent_warnings(&pod_prefix, pod_spec, config.protocol) {
+            warning(&mut out, w);
+        }
         check_service_account(&pod_prefix, pod_spec, &config.service_account, &mut out);
         let found = (out.violations.len(), out.more_violations) != before;
         if found && ratchet(i) {

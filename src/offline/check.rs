@@ -173,19 +173,11 @@ pub fn image_placeholder(image: &str) -> bool {
         || doc_host
 }
 
-/// The released JobSet agent's container name (JobSet's own InPlaceRestart agent).
-const JOBSET_AGENT_CONTAINER: &str = "in-place-restart-agent";
-
 /// What `check` says of a JobSet as written beside the webhook's verdict: warnings about
-/// placeholder images, and a denial of JobSet's own agent under the `epoch` dialect (it speaks
-/// `attempt` only: its group restarts would never complete, although the webhook admits it).
-pub(super) fn authoring_findings(
-    jobset: &Value,
-    dialect: crate::protocol::Dialect,
-    prefix: &str,
-) -> (Vec<String>, Vec<admission::Violation>) {
+/// placeholder images. (JobSet's own agent under `epoch` is the webhook's own denial,
+/// `foreign_agent`, in `admission::account`.)
+pub(super) fn authoring_findings(jobset: &Value, prefix: &str) -> Vec<String> {
     let mut warnings = Vec::new();
-    let mut violations = Vec::new();
     let jobs = jobset
         .pointer("/spec/replicatedJobs")
         .and_then(Value::as_array)
@@ -199,35 +191,23 @@ pub(super) fn authoring_findings(
                 .map(Vec::as_slice)
                 .unwrap_or_default();
             for (k, c) in containers.iter().enumerate() {
-                let path = rebase(
-                    &format!("spec.replicatedJobs[{i}].template.spec.template.spec.{list}[{k}]"),
-                    prefix,
-                );
                 if let Some(image) = c.get("image").and_then(Value::as_str)
                     && image_placeholder(image)
                 {
+                    let path = rebase(
+                        &format!(
+                            "spec.replicatedJobs[{i}].template.spec.template.spec.{list}[{k}]"
+                        ),
+                        prefix,
+                    );
                     warnings.push(format!(
                         "{path}.image: {image:?} looks like a placeholder; set the real image"
                     ));
                 }
-                if dialect == crate::protocol::Dialect::Epoch
-                    && c.get("name").and_then(Value::as_str) == Some(JOBSET_AGENT_CONTAINER)
-                {
-                    violations.push(admission::Violation {
-                        rule: admission::Rule::AgentEnv,
-                        path,
-                        message: format!(
-                            "JobSet's own agent ({JOBSET_AGENT_CONTAINER}) speaks the attempt \
-                             dialect only: under epoch its group restarts never complete; on a \
-                             JobSet >= v0.11 cluster check with --protocol attempt, else remove it \
-                             and let the webhook inject ours"
-                        ),
-                    });
-                }
             }
         }
     }
-    (warnings, violations)
+    warnings
 }
 
 /// `check` over several files at once (a TrainJob's runtime may be in any of them): judges the
@@ -364,10 +344,10 @@ fn judge(
         mut jobset,
     } = subject;
     let judged = crate::admission::view::JobSetView::from_value(&jobset).in_place_restart();
-    let (mut warnings, authored) = if judged {
-        authoring_findings(&jobset, config.protocol, prefix)
+    let mut warnings = if judged {
+        authoring_findings(&jobset, prefix)
     } else {
-        (Vec::new(), Vec::new())
+        Vec::new()
     };
     let mut check = |allowed: bool, violations: Vec<admission::Violation>, extra: Vec<String>| {
         // The webhook's warnings start with the JobSet's field path.
@@ -386,14 +366,13 @@ fn judge(
             object: object.clone(),
             runtime: runtime.clone(),
             judged,
-            allowed: allowed && authored.is_empty(),
+            allowed,
             violations: violations
                 .into_iter()
                 .map(|v| admission::Violation {
                     path: rebased(&v.path),
                     ..v
                 })
-                .chain(authored.iter().cloned())
                 .collect(),
             warnings: std::mem::take(&mut warnings),
         }
