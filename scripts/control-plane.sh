@@ -763,8 +763,13 @@ up() {
 # Then waits until the webhook and reconciler Deployments are rolled out (pods Ready on the node)
 # and the webhook has set its caBundle.
 # With helm:VARIANT the same image, and `helm install` of the chart in place of the manifest
-# (install_helm). DIR/node.env then says INSTALL_VARIANT, INSTALL_METHOD (manifest or helm) and
-# PRODUCT_IMAGE.
+# (install_helm). With `up --registry` (DIR/registry.address; PRODUCT_IMAGE_ARCHIVE is then not
+# read) from that registry instead, as users install: no node may hold the image yet, dist/ of
+# this version is pushed there (`scripts/dist.sh --push REGISTRY --plain-http`: the index, the
+# chart), the manifest is rendered with the image REGISTRY/<IMAGE's path>:<version>, helm installs
+# oci://REGISTRY/<...>/charts/jobset-inplace with image.registry=REGISTRY, and the kubelet pulls.
+# DIR/node.env then says INSTALL_VARIANT, INSTALL_METHOD (manifest or helm), INSTALL_SOURCE
+# (archive or registry) and PRODUCT_IMAGE.
 # `up --install` stops what it started; `install` on a running node leaves the node up.
 install_fail() {
   [[ "${install_stops_all:-0}" -eq 0 ]] || stop_all "$1"
