@@ -71,19 +71,18 @@ start() {
 }
 
 stop() {
-  local dir="$1" pid i
+  local dir="$1" pid
   if [[ -f "$dir/registry.pid" ]]; then
     pid="$(cat "$dir/registry.pid")"
     # Only our process: the PID must still be a crane serving this DIR's storage.
     if [[ "$pid" =~ ^[0-9]+$ ]] && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null |
       grep -qF -- "--disk $dir/storage"; then
       kill "$pid" 2>/dev/null || true
-      for i in $(seq 1 50); do
+      for _ in $(seq 1 50); do
         kill -0 "$pid" 2>/dev/null || break
         sleep 0.1
       done
-      kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null
-      : "$i"
+      if kill -0 "$pid" 2>/dev/null; then kill -KILL "$pid" 2>/dev/null || true; fi
     fi
     rm -f "$dir/registry.pid"
   fi
