@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # Checks the release's OCI image archive (scripts/image-archive.sh's output, dist/'s
 # jobset-inplace-VERSION-oci.tar) as a registry and its tools take it, with skopeo (Debian's
-# `skopeo`) and the CNCF distribution registry (Debian's `docker-registry`), both installed with
-# apt-get when missing and running as root:
+# `skopeo`, installed with apt-get when missing and running as root) and the test kit's registry
+# (scripts/registry.sh: go-containerregistry's, built from its Go module):
 #   1. `skopeo inspect --raw oci-archive:ARCHIVE` is one image index, its digest the one the
 #      archive's index.json names, with exactly the platforms linux/ARCH asked for;
 #   2. each platform's config (`skopeo inspect --config --raw --override-arch ARCH`): that
 #      architecture, a non-root USER, the entrypoint, the OCI labels source, version (VERSION)
 #      and revision;
 #   3. `skopeo copy --all oci-archive:ARCHIVE oci:TMP:VERSION` round-trips to the same index digest;
-#   4. a registry on loopback (127.0.0.1, a free port, storage in a temp dir; started and stopped
-#      by its PID): `skopeo copy --all --dest-tls-verify=false oci-archive:ARCHIVE
+#   4. the registry on loopback (127.0.0.1, a free port, storage in a temp dir; started and
+#      stopped by its PID, scripts/registry.sh start/stop): `skopeo copy --all --dest-tls-verify=false oci-archive:ARCHIVE
 #      docker://127.0.0.1:PORT/jobset-inplace:VERSION`, then read back: the same index digest,
 #      both platforms, each platform's manifest there.
 #
@@ -32,28 +32,18 @@ fail() {
 start=$(date +%s)
 step() { printf '== %s (%ss)\n' "$*" "$(($(date +%s) - start))"; }
 tmp=$(mktemp -d)
-registry_pid=""
+registry="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/registry.sh"
 cleanup() {
-  if [[ -n "$registry_pid" ]]; then
-    kill "$registry_pid" 2>/dev/null || true
-    wait "$registry_pid" 2>/dev/null || true
-  fi
+  "$registry" stop "$tmp/registry" || true
   rm -rf "$tmp"
 }
 trap cleanup EXIT
 
 need=()
 command -v skopeo >/dev/null || need+=(skopeo)
-command -v docker-registry >/dev/null || need+=(docker-registry)
 if [[ ${#need[@]} -gt 0 ]]; then
   if [[ $(id -u) -ne 0 ]] || ! command -v apt-get >/dev/null; then
     fail "missing: ${need[*]} (Debian packages)"
-  fi
-  # policy-rc.d: the registry package's maintainer scripts must not start its service here.
-  policy=/usr/sbin/policy-rc.d
-  if [[ ! -e $policy ]]; then
-    printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod +x "$policy"
-    trap 'rm -f "$policy"; cleanup' EXIT
   fi
   # shellcheck source=scripts/lib/apt.sh
   source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/lib/apt.sh"
@@ -63,7 +53,7 @@ if [[ ${#need[@]} -gt 0 ]]; then
   fi
 fi
 skopeo --version
-docker-registry --version
+"$registry" build >/dev/null || fail "the registry (scripts/registry.sh build)"
 
 # The digest of the image index the archive's index.json names (exactly one).
 index_digest=$(tar -xOf "$archive" index.json | python3 -c '
@@ -133,33 +123,13 @@ skopeo inspect --raw "oci:$tmp/layout:$version" | check_index "oci layout copy"
 
 step "4. push to a registry on loopback"
 port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-cat >"$tmp/registry.yml" <<EOF
-version: 0.1
-log:
-  level: warn
-storage:
-  filesystem:
-    rootdirectory: $tmp/storage
-http:
-  addr: 127.0.0.1:$port
-EOF
-docker-registry serve "$tmp/registry.yml" >"$tmp/registry.log" 2>&1 &
-registry_pid=$!
-up=0
-for _ in $(seq 1 100); do
-  kill -0 "$registry_pid" 2>/dev/null || break
-  if curl -sf --max-time 2 "http://127.0.0.1:$port/v2/" >/dev/null; then
-    up=1
-    break
-  fi
-  sleep 0.1
-done
-[[ $up -eq 1 ]] || { cat "$tmp/registry.log" >&2; fail "the registry (pid $registry_pid) did not answer on 127.0.0.1:$port within 10 s"; }
-echo "registry: pid $registry_pid on 127.0.0.1:$port"
+mkdir -p "$tmp/registry"
+"$registry" start "127.0.0.1:$port" "$tmp/registry" || fail "the registry on 127.0.0.1:$port"
+echo "registry: pid $(cat "$tmp/registry/registry.pid") on 127.0.0.1:$port"
 ref="docker://127.0.0.1:$port/jobset-inplace:$version"
 push_start=$(date +%s.%N)
 timeout 120 skopeo copy -q --all --dest-tls-verify=false "oci-archive:$archive" "$ref" ||
-  { tail -n 20 "$tmp/registry.log" >&2; fail "skopeo copy to $ref"; }
+  { tail -n 20 "$tmp/registry/registry.log" >&2; fail "skopeo copy to $ref"; }
 echo "pushed to $ref in $(python3 -c "import sys; print(round(float(sys.argv[2]) - float(sys.argv[1]), 1))" "$push_start" "$(date +%s.%N)") s"
 timeout 60 skopeo inspect --raw --tls-verify=false "$ref" | check_index "registry"
 # Each platform's manifest, by the digest the index names, as a pull by digest fetches it.

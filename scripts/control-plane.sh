@@ -7,8 +7,8 @@
 #
 #   scripts/control-plane.sh build [--node] [--with kueue,trainer]
 #                                            build the binaries once (cached)
-#   scripts/control-plane.sh up DIR [--node [--nodes N] [--taint] [--install [helm:]VARIANT]]
-#                                [--with kueue,trainer]
+#   scripts/control-plane.sh up DIR [--node [--nodes N] [--taint] [--registry]
+#                                [--install [helm:]VARIANT]] [--with kueue,trainer]
 #                                            build if needed, start everything, write DIR/kubeconfig;
 #                                            --node: one real node, --nodes N: N of them (names in
 #                                            DIR/node.env NODES); --taint: taint them NoSchedule
@@ -21,7 +21,12 @@
 #                                            as dist/install-VARIANT.yaml installs it, or with
 #                                            helm:VARIANT by `helm install` of the chart (dist/'s
 #                                            tgz, else charts/jobset-inplace) with dialect=VARIANT
-#                                            (env PRODUCT_IMAGE_ARCHIVE: dist/'s OCI image archive)
+#                                            (env PRODUCT_IMAGE_ARCHIVE: dist/'s OCI image archive);
+#                                            --registry: an OCI registry on the node network
+#                                            (DIR/node.env REGISTRY=HOST:PORT, every node's
+#                                            containerd pulls from it); --install then pushes
+#                                            dist/ there (scripts/dist.sh --push) and installs
+#                                            from it: chart by oci://, image pulled, no import
 #   scripts/control-plane.sh install DIR [helm:]VARIANT   the same on the node of an `up DIR --node`
 #   scripts/control-plane.sh down DIR        stop what `up DIR` started, remove DIR
 #   scripts/control-plane.sh restart-controller-manager DIR [ARG...]
@@ -96,7 +101,7 @@ die() {
 }
 
 usage() {
-  sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,40p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 }
 
@@ -321,7 +326,7 @@ stop_all() {
     node_down "$dir" || nodes_left=1
   fi
   # Reverse start order: the controller manager, the API server, then etcd.
-  for name in trainer kueue kube-scheduler jobset kube-controller-manager kube-apiserver etcd; do
+  for name in registry trainer kueue kube-scheduler jobset kube-controller-manager kube-apiserver etcd; do
     [[ -f "$dir/$name.pid" ]] || continue
     pid="$(cat "$dir/$name.pid")"
     if kill -0 "$pid" 2>/dev/null; then
@@ -580,6 +585,7 @@ up() {
   shift 3
   local addons=("$@") addon
   [[ -z "$variant" || -n "$node" ]] || die "--install needs --node"
+  [[ -z "$registry" || -n "$node" ]] || die "--registry needs --node"
   [[ -z "$variant" || -d "$repo/deploy/overlays/${variant#helm:}" ]] || die "--install $variant: no deploy/overlays/${variant#helm:}"
   need openssl "the throwaway PKI (apt-get install openssl)"
   need curl "the readiness checks (apt-get install curl)"
@@ -595,6 +601,8 @@ up() {
   local bin controller_bin
   bin="$(build "$node")"
   controller_bin="$(build_controllers "${addons[@]}")"
+  local registry_bin=""
+  [[ -z "$registry" ]] || registry_bin="$("$here/registry.sh" build)"
   mkdir -p "$dir"
   dir="$(cd "$dir" && pwd)"
   touch "$dir/.jobset-inplace-control-plane"
@@ -712,6 +720,17 @@ up() {
     "start_$addon" "$dir" "$controller_bin/$addon"
     echo "$addon" >>"$dir/addons"
   done
+  # The registry (--registry): on the API server's address (the first node's host end, which
+  # every node reaches), a free port, blobs under DIR/registry; before the nodes, whose
+  # containerd configurations name it (scripts/lib/node.sh).
+  if [[ -n "$registry" ]]; then
+    REGISTRY="$api_host:$(free_port)"
+    mkdir -p "$dir/registry"
+    start "$dir" registry "$registry_bin" registry serve --address "$REGISTRY" --disk "$dir/registry"
+    wait_for "$dir" registry "http://$REGISTRY/v2/"
+    echo "$REGISTRY" >"$dir/registry.address"
+    echo "registry=${REGISTRY##*:}" >>"$dir/ports"
+  fi
   [[ -z "$node" ]] || node_up "$dir" "$bin" "$api_port"
   [[ -z "$variant" ]] || install_stops_all=1 install_product "$dir" "$variant"
   trap - ERR
@@ -725,7 +744,11 @@ up() {
     if [[ -n "$node_taint" ]]; then
       echo "control-plane: the nodes are tainted $node_label=true:NoSchedule (--taint): pods need the toleration {key: $node_label, operator: Equal, value: \"true\", effect: NoSchedule}" >&2
     else
-      echo "control-plane: the nodes take any pod (no taint); images come from no registry: scripts/control-plane.sh load-image $dir IMAGE.tar, then imagePullPolicy: IfNotPresent (or Never)" >&2
+      if [[ -n "$registry" ]]; then
+        echo "control-plane: the nodes take any pod (no taint); images: the registry http://$REGISTRY (push with skopeo --dest-tls-verify=false, helm --plain-http), or scripts/control-plane.sh load-image $dir IMAGE.tar" >&2
+      else
+        echo "control-plane: the nodes take any pod (no taint); images come from no registry: scripts/control-plane.sh load-image $dir IMAGE.tar, then imagePullPolicy: IfNotPresent (or Never)" >&2
+      fi
     fi
     echo "control-plane: scripts/control-plane.sh node-kill $dir NODE cuts a node off as a power loss does; down $dir removes everything" >&2
   fi
@@ -749,8 +772,13 @@ up() {
 # Then waits until the webhook and reconciler Deployments are rolled out (pods Ready on the node)
 # and the webhook has set its caBundle.
 # With helm:VARIANT the same image, and `helm install` of the chart in place of the manifest
-# (install_helm). DIR/node.env then says INSTALL_VARIANT, INSTALL_METHOD (manifest or helm) and
-# PRODUCT_IMAGE.
+# (install_helm). With `up --registry` (DIR/registry.address; PRODUCT_IMAGE_ARCHIVE is then not
+# read) from that registry instead, as users install: no node may hold the image yet, dist/ of
+# this version is pushed there (`scripts/dist.sh --push REGISTRY --plain-http`: the index, the
+# chart), the manifest is rendered with the image REGISTRY/<IMAGE's path>:<version>, helm installs
+# oci://REGISTRY/<...>/charts/jobset-inplace with image.registry=REGISTRY, and the kubelet pulls.
+# DIR/node.env then says INSTALL_VARIANT, INSTALL_METHOD (manifest or helm), INSTALL_SOURCE
+# (archive or registry) and PRODUCT_IMAGE.
 # `up --install` stops what it started; `install` on a running node leaves the node up.
 install_fail() {
   [[ "${install_stops_all:-0}" -eq 0 ]] || stop_all "$1"
@@ -772,7 +800,27 @@ install_product() {
   esac
   image_name="${IMAGE:-ghcr.io/jobset-inplace/jobset-inplace}"
   version="$(install_manifest_version "$repo")" || install_fail "$dir" "cannot read the crate's version (cargo metadata)"
-  if [[ -n "${PRODUCT_IMAGE_ARCHIVE:-}" ]]; then
+  local source=archive registry_host="" chart_ref=""
+  if [[ -f "$dir/registry.address" ]]; then
+    # From the registry, as users install: dist/ pushed there (scripts/dist.sh --push: the
+    # image's multi-arch index, the chart), then the install names the registry's image and the
+    # kubelet pulls it. Nothing is imported: the node must not hold the image before.
+    source=registry
+    registry_host="$(cat "$dir/registry.address")"
+    [[ -f "$repo/dist/SHA256SUMS" && -f "$repo/dist/jobset-inplace-$version-oci.digest" ]] ||
+      install_fail "$dir" "--registry --install: dist/ of $version is missing (run scripts/dist.sh first)"
+    local nd present=""
+    for nd in $(node_dirs "$dir"); do
+      present+="$(ctr --address "$nd/containerd.sock" -n k8s.io images ls -q 2>/dev/null | grep -F "/${image_name#*/}" || true)"
+    done
+    [[ -z "$present" ]] || install_fail "$dir" "the nodes hold the product's image before the install: $present"
+    echo "control-plane: pushing dist/ to the registry $registry_host (scripts/dist.sh --push)" >&2
+    "$repo/scripts/dist.sh" --push "$registry_host" --plain-http >"$inst/push.log" 2>&1 ||
+      { cat "$inst/push.log" >&2; install_fail "$dir" "scripts/dist.sh --push $registry_host failed"; }
+    image_name="$registry_host/${image_name#*/}"
+    chart_ref="oci://$registry_host/${image_name#*/}"
+    chart_ref="${chart_ref%/*}/charts/jobset-inplace"
+  elif [[ -n "${PRODUCT_IMAGE_ARCHIVE:-}" ]]; then
     # The release's image as dist.sh wrote it (both architectures; ctr unpacks this machine's):
     # it must be tagged as the manifests name it.
     local archive name
@@ -796,14 +844,14 @@ print(" ".join(m.get("annotations", {}).get("io.containerd.image.name", "") for 
   fi
 
   if [[ "$method" == helm ]]; then
-    install_helm "$dir" "$variant" "$image_name" "$version"
+    install_helm "$dir" "$variant" "$image_name" "$version" "$chart_ref"
   else
     install_manifest "$dir" "$variant" "$image_name" "$version"
   fi
   install_wait "$dir"
-  printf '%s\n' "INSTALL_VARIANT=$variant" "INSTALL_METHOD=$method" \
+  printf '%s\n' "INSTALL_VARIANT=$variant" "INSTALL_METHOD=$method" "INSTALL_SOURCE=$source" \
     "PRODUCT_IMAGE=$image_name:$version" >>"$dir/node.env"
-  echo "control-plane: installed $variant ($image_name:$version) on the node with $method" >&2
+  echo "control-plane: installed $variant ($image_name:$version) on the node with $method, the image from the $source" >&2
 }
 
 # The release's manifest, rendered as dist.sh renders it (DIR/install/install-VARIANT.yaml),
@@ -849,9 +897,13 @@ EOF
 # labels; then `scripts/helm.sh install` with values naming the loaded image, the dialect and the
 # node's toleration (DIR/install/values.yaml). Helm's own state goes under DIR/install/helm/.
 install_helm() {
-  local dir="$1" variant="$2" image_name="$3" version="$4" inst="$1/install"
+  local dir="$1" variant="$2" image_name="$3" version="$4" chart_ref="${5:-}" inst="$1/install"
   local kubectl=(kubectl --kubeconfig "$dir/kubeconfig") chart="$repo/dist/jobset-inplace-$version.tgz"
   [[ -f "$chart" ]] || chart="$repo/charts/jobset-inplace"
+  # From a registry: the chart by its oci:// reference and version (plain HTTP: the test kit's
+  # registry has no TLS).
+  local from=()
+  [[ -z "$chart_ref" ]] || { chart="$chart_ref"; from=(--version "$version" --plain-http); }
   if [[ "$variant" != jobset-native ]]; then
     mkdir -p "$inst/crd"
     cp "$repo/fixtures/jobset-v0.12/jobset.x-k8s.io_jobsets.yaml" "$inst/crd/jobset-crd.yaml"
@@ -865,12 +917,14 @@ install_helm() {
   "${kubectl[@]}" label namespace jobset-inplace-system pod-security.kubernetes.io/enforce=restricted \
     pod-security.kubernetes.io/audit=restricted pod-security.kubernetes.io/warn=restricted >/dev/null
   local toleration="{key: $node_label, operator: Equal, value: \"true\", effect: NoSchedule}"
-  printf '%s\n' "dialect: $variant" "image:" "  registry: \"\"" "  repository: $image_name" \
+  # image.registry and image.repository as a user sets them: IMAGE_NAME's host (ghcr.io, or the
+  # registry's HOST:PORT) and the rest.
+  printf '%s\n' "dialect: $variant" "image:" "  registry: \"${image_name%%/*}\"" "  repository: ${image_name#*/}" \
     "  tag: \"$version\"" "webhook:" "  tolerations: [$toleration]" "reconciler:" \
     "  tolerations: [$toleration]" >"$inst/values.yaml"
   echo "control-plane: helm install jobset-inplace $chart (values: $inst/values.yaml)" >&2
   HELM_CACHE_HOME="$inst/helm/cache" HELM_CONFIG_HOME="$inst/helm/config" HELM_DATA_HOME="$inst/helm/data" \
-    "$repo/scripts/helm.sh" install jobset-inplace "$chart" --kubeconfig "$dir/kubeconfig" \
+    "$repo/scripts/helm.sh" install jobset-inplace "$chart" "${from[@]}" --kubeconfig "$dir/kubeconfig" \
     --namespace jobset-inplace-system -f "$inst/values.yaml" >"$inst/helm-install.log" 2>&1 ||
     { cat "$inst/helm-install.log" >&2; install_fail "$dir" "helm install of the $variant chart failed"; }
 }
@@ -970,9 +1024,13 @@ down() {
   rm -rf "$dir"
 }
 
-# The options of build and up: --node, --with ADDON[,ADDON]; sets node and addons.
+# The options of build and up: --node, --registry, --with ADDON[,ADDON]; sets node, registry and
+# addons.
 node=""
 variant=""
+registry=""
+# The registry's HOST:PORT when `up --registry` started one (scripts/lib/node.sh reads it).
+REGISTRY=""
 addons=()
 parse_options() {
   while (($#)); do
@@ -985,6 +1043,7 @@ parse_options() {
         shift
         ;;
       --taint) node_taint=1 ;;
+      --registry) registry=1 ;;
       --node-grace)
         [[ $# -ge 2 && "$2" =~ ^([0-9]+(s|m|h)|default)$ ]] || usage
         node_grace="$2"
@@ -1017,6 +1076,7 @@ case "${1:-}" in
     parse_options "$@"
     build "$node" >/dev/null
     build_controllers "${addons[@]}" >/dev/null
+    [[ -z "$registry" ]] || "$here/registry.sh" build >/dev/null
     ;;
   up)
     [[ $# -ge 2 ]] || usage

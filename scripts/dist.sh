@@ -13,7 +13,10 @@
 #                            OCI image layout archive of one multi-arch index
 #                            (scripts/image-archive.sh, from the rootfs-ARCH/ check-image.sh
 #                            checked), checked and pushed to a loopback registry by
-#                            scripts/check-oci-archive.sh (skopeo, Debian's docker-registry)
+#                            scripts/check-oci-archive.sh (skopeo, the test kit's registry)
+#   jobset-inplace-<version>-oci.digest   that index's digest (sha256:...): what a registry
+#                            serves for IMAGE:<version> after the push, and what a pod pulled
+#                            from it runs (its containerStatuses[].imageID is REPO@this digest)
 #   jobset-inplace-<version>-<target>.cdx.json   per binary, the SBOM (CycloneDX JSON) of the
 #                            crates it links, from Cargo.lock by cargo-cyclonedx (pinned;
 #                            installed when missing)
@@ -31,13 +34,34 @@
 # ghcr.io/jobset-inplace/jobset-inplace), KUBERNETES_VERSION (default 1.35).
 #
 # Usage: scripts/dist.sh [--reuse-image-build]
+#        scripts/dist.sh --push REGISTRY [--plain-http]
 #   --reuse-image-build: take the binaries scripts/check-image.sh has just built (as .ci/run
 #   does, right after running it) instead of running it again.
+#   --push REGISTRY (HOST[:PORT][/PATH]): push the dist/ made before (nothing is built) to an
+#   OCI registry, as a release is published: the image's multi-arch index with
+#   `skopeo copy --all` to REGISTRY/<IMAGE's path>:<version> (ghcr.io/jobset-inplace/jobset-inplace
+#   -> REGISTRY/jobset-inplace/jobset-inplace), the chart with `helm push` to
+#   oci://REGISTRY/<IMAGE's path without its last element>/charts (-> .../charts/jobset-inplace);
+#   then reads both back: the index digest must be dist/'s jobset-inplace-<version>-oci.digest,
+#   the chart's version <version>. Credentials: skopeo's and helm's own (`skopeo login`,
+#   `helm registry login`). --plain-http: the registry speaks HTTP, not HTTPS (the test kit's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
 reuse=0
-[[ "${1:-}" == "--reuse-image-build" ]] && reuse=1
+push=""
+plain_http=0
+case "${1:-}" in
+  --reuse-image-build) reuse=1 ;;
+  --push)
+    [[ $# -ge 2 && -n "$2" ]] || { echo "dist: --push REGISTRY [--plain-http]" >&2; exit 2; }
+    push=$2
+    [[ "${3:-}" == --plain-http ]] && plain_http=1
+    [[ $# -le 2 || "${3:-}" == --plain-http ]] || { echo "dist: --push REGISTRY [--plain-http]" >&2; exit 2; }
+    ;;
+  "") ;;
+  *) echo "dist: unknown option $1 (--reuse-image-build, --push REGISTRY [--plain-http])" >&2; exit 2 ;;
+esac
 
 start=$(date +%s)
 step() { printf '\n== %s (%ss)\n' "$*" "$(($(date +%s) - start))"; }
@@ -55,6 +79,48 @@ image="$image_name:$version"
 kubernetes=${KUBERNETES_VERSION:-1.35}
 dist="$repo/dist"
 work="$repo/target/dist"
+
+# --push: the release in dist/ to REGISTRY (see the header); dist/ is not touched.
+if [[ -n "$push" ]]; then
+  start=$(date +%s)
+  oci="$dist/jobset-inplace-$version-oci.tar"
+  chart="$dist/jobset-inplace-$version.tgz"
+  for f in "$oci" "$chart" "$dist/jobset-inplace-$version-oci.digest" "$dist/SHA256SUMS"; do
+    [[ -f "$f" ]] || fail "$f is missing: run scripts/dist.sh first"
+  done
+  (cd "$dist" && sha256sum --quiet -c SHA256SUMS) || fail "dist/ does not match its SHA256SUMS"
+  digest=$(cat "$dist/jobset-inplace-$version-oci.digest")
+  command -v skopeo >/dev/null || fail "skopeo is missing (Debian's skopeo)"
+  path=${image_name#*/}
+  target="$push/$path:$version"
+  charts="oci://$push/${path%/*}/charts"
+  tls=()
+  helm_tls=()
+  if [[ $plain_http -eq 1 ]]; then
+    tls=(--dest-tls-verify=false)
+    helm_tls=(--plain-http)
+  fi
+  step "push the image index to $target"
+  timeout 300 skopeo copy -q --all "${tls[@]}" "oci-archive:$oci" "docker://$target" ||
+    fail "skopeo copy to docker://$target"
+  got="sha256:$(timeout 60 skopeo inspect --raw "${tls[@]/dest-/}" "docker://$target" | sha256sum | cut -d' ' -f1)"
+  [[ "$got" == "$digest" ]] || fail "the registry serves $target as $got, dist/ recorded $digest"
+  echo "$target: $digest (dist/'s)"
+  step "push the chart to $charts"
+  # Helm's own state in a temp dir: its registry config (logins) stays the caller's unless
+  # HELM_REGISTRY_CONFIG names one.
+  helm_home=$(mktemp -d)
+  trap 'rm -rf "$helm_home"' EXIT
+  HELM_CACHE_HOME="$helm_home/cache" HELM_CONFIG_HOME="$helm_home/config" HELM_DATA_HOME="$helm_home/data" \
+    timeout 120 scripts/helm.sh push "$chart" "$charts" "${helm_tls[@]}" || fail "helm push $chart $charts"
+  shown=$(HELM_CACHE_HOME="$helm_home/cache" HELM_CONFIG_HOME="$helm_home/config" HELM_DATA_HOME="$helm_home/data" \
+    timeout 120 scripts/helm.sh show chart "$charts/jobset-inplace" --version "$version" "${helm_tls[@]}") ||
+    fail "helm show chart $charts/jobset-inplace --version $version"
+  grep -qx "version: $version" <<<"$shown" || fail "$charts/jobset-inplace reads back without version $version"
+  step "pushed: image $push/$path:$version@$digest, chart $charts/jobset-inplace $version"
+  exit 0
+fi
+
 rm -rf "$dist" "$work"
 mkdir -p "$dist" "$work"
 echo "jobset-inplace $version, image $image"
@@ -170,6 +236,10 @@ step "OCI image archive (linux/amd64, linux/arm64)"
 oci="$dist/jobset-inplace-$version-oci.tar"
 IMAGE="$image_name" scripts/image-archive.sh "$oci" amd64 arm64
 scripts/check-oci-archive.sh "$oci" "$version" amd64 arm64 || fail "the OCI image archive"
+# The index's digest (check-oci-archive.sh checked that skopeo and a registry serve it as is).
+tar -xOf "$oci" index.json | python3 -c 'import json, sys
+print(json.load(sys.stdin)["manifests"][0]["digest"])' >"$dist/jobset-inplace-$version-oci.digest"
+echo "dist/jobset-inplace-$version-oci.digest: $(cat "$dist/jobset-inplace-$version-oci.digest")"
 
 step "SBOM (cargo-cyclonedx)"
 # The crates each shipped binary links, from Cargo.lock: cargo-cyclonedx (CycloneDX's own tool)
@@ -235,5 +305,5 @@ fi
 step "SHA256SUMS"
 (cd "$dist" && sha256sum -- * >SHA256SUMS && cat SHA256SUMS)
 
-step "dist/ done: ${#variants[@]} install manifests (${variants[*]}), monitoring, dashboard, 2 binaries, 2 kubectl plugins, the OCI image, 2 SBOMs, the Helm chart"
+step "dist/ done: ${#variants[@]} install manifests (${variants[*]}), monitoring, dashboard, 2 binaries, 2 kubectl plugins, the OCI image and its digest, 2 SBOMs, the Helm chart"
 ls -l "$dist"

@@ -1036,6 +1036,43 @@ fn a_failures_gaps_pair_each_end_with_the_next_start_of_its_slot() {
 }
 
 #[test]
+fn a_pod_of_the_registrys_image_passes_any_other_is_named() {
+    let pod = |image: &str, id: &str| -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": "webhook-1"},
+            "status": {"containerStatuses": [{
+                "name": "webhook", "image": image, "imageID": id, "ready": true,
+                "restartCount": 0,
+            }]},
+        }))
+        .expect("a pod")
+    };
+    let image = "172.31.1.1:5000/jobset-inplace/jobset-inplace:0.1.0";
+    let id = "172.31.1.1:5000/jobset-inplace/jobset-inplace@sha256:aa";
+    assert!(registry_image_problems(&pod(image, id), image, id).is_empty());
+    // Imported: the archive's name, and an imageID without the registry.
+    let imported = pod("ghcr.io/jobset-inplace/jobset-inplace:0.1.0", "sha256:aa");
+    assert_eq!(registry_image_problems(&imported, image, id).len(), 2);
+    // Another digest (a platform manifest's, or another build's).
+    let other = pod(
+        image,
+        "172.31.1.1:5000/jobset-inplace/jobset-inplace@sha256:bb",
+    );
+    assert_eq!(
+        registry_image_problems(&other, image, id),
+        vec![format!(
+            "webhook-1/webhook: imageID 172.31.1.1:5000/jobset-inplace/jobset-inplace@sha256:bb, want {id}"
+        )]
+    );
+    // No statuses yet.
+    let empty: Pod = serde_json::from_value(json!({"metadata": {"name": "p"}})).expect("a pod");
+    assert_eq!(
+        registry_image_problems(&empty, image, id),
+        vec!["p: no container statuses".to_owned()]
+    );
+}
+
+#[test]
 fn node_env_parses() {
     let env = parse_env_file("NODE_NAME=n\nCTR=\"ctr --address /x -n k8s.io\"\n\n");
     assert_eq!(env.get("NODE_NAME").map(String::as_str), Some("n"));
@@ -1118,6 +1155,129 @@ async fn assert_install_method(node: &Node) {
         );
     }
     println!("the product installed with {method}");
+}
+
+/// What is wrong with one installed pod's containers for an image pulled from a registry
+/// (`up --registry --install`): every container (init ones too) must run `image` (the
+/// registry's `REPOSITORY:VERSION`) and report `image_id`, `REPOSITORY@<the index digest
+/// dist/ recorded>` (containerd's CRI gives the image's repo digest: the digest of what the tag
+/// resolved to, here the multi-arch index, not the platform's manifest). Empty: all is well.
+fn registry_image_problems(pod: &Pod, image: &str, image_id: &str) -> Vec<String> {
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    let status = pod.status.clone().unwrap_or_default();
+    let statuses: Vec<_> = status
+        .init_container_statuses
+        .unwrap_or_default()
+        .into_iter()
+        .chain(status.container_statuses.unwrap_or_default())
+        .collect();
+    if statuses.is_empty() {
+        return vec![format!("{name}: no container statuses")];
+    }
+    let mut problems = Vec::new();
+    for c in statuses {
+        if c.image != image {
+            problems.push(format!(
+                "{name}/{}: image {}, want {image}",
+                c.name, c.image
+            ));
+        }
+        if c.image_id != image_id {
+            problems.push(format!(
+                "{name}/{}: imageID {}, want {image_id}",
+                c.name, c.image_id
+            ));
+        }
+    }
+    problems
+}
+
+/// With `up DIR --node --registry --install [helm:]VARIANT` (node.env `INSTALL_SOURCE=registry`):
+/// the release went through the test kit's registry as a user's does. `scripts/dist.sh --push`
+/// pushed dist/'s image index and chart; the install named the registry's image (Helm: the chart
+/// by `oci://`); `up` found the image on no node before. Here: every container of the webhook and
+/// reconciler pods runs `REGISTRY/jobset-inplace/jobset-inplace:VERSION` with the imageID
+/// `...@<dist/jobset-inplace-VERSION-oci.digest>`, and the kubelet says it pulled it
+/// (`Pulled`: "Successfully pulled image"), not that it was present. Runs on a gateless node too.
+/// SKIPPED when the product came from an archive import.
+#[tokio::test]
+async fn the_installed_product_runs_the_image_pulled_from_the_registry_dist_pushed_it_to() {
+    const TEST: &str =
+        "the_installed_product_runs_the_image_pulled_from_the_registry_dist_pushed_it_to";
+    let Some(node) = node(TEST).await else {
+        return;
+    };
+    if node.env.get("INSTALL_SOURCE").map(String::as_str) != Some("registry") {
+        eprintln!(
+            "\n!! SKIPPED {TEST}: the product was not installed from the registry (up DIR --node --registry --install VARIANT)\n"
+        );
+        return;
+    }
+    run_on(TEST, node, LIMIT, |node| async move {
+        let registry = node
+            .env
+            .get("REGISTRY")
+            .filter(|r| !r.is_empty())
+            .cloned()
+            .expect("node.env REGISTRY (up --registry)");
+        let version = env!("CARGO_PKG_VERSION");
+        let digest_file = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("dist")
+            .join(format!("jobset-inplace-{version}-oci.digest"));
+        let digest = std::fs::read_to_string(&digest_file)
+            .unwrap_or_else(|e| panic!("{}: {e} (scripts/dist.sh writes it)", digest_file.display()))
+            .trim()
+            .to_owned();
+        assert!(
+            digest.starts_with("sha256:") && digest.len() == 71,
+            "{}: {digest:?} is no sha256 digest",
+            digest_file.display()
+        );
+        let repository = format!("{registry}/jobset-inplace/jobset-inplace");
+        let image = format!("{repository}:{version}");
+        assert_eq!(
+            node.env.get("PRODUCT_IMAGE"),
+            Some(&image),
+            "node.env PRODUCT_IMAGE"
+        );
+        let image_id = format!("{repository}@{digest}");
+        let pods: Api<Pod> = Api::namespaced(node.client.clone(), "jobset-inplace-system");
+        let mut seen = 0;
+        for component in ["jobset-inplace-webhook", "jobset-inplace-reconciler"] {
+            let list = pods
+                .list(&ListParams::default().labels(&format!("app.kubernetes.io/name={component}")))
+                .await
+                .unwrap_or_else(|e| panic!("the {component} pods: {e}"));
+            assert!(!list.items.is_empty(), "no {component} pod");
+            for pod in &list.items {
+                let problems = registry_image_problems(pod, &image, &image_id);
+                assert!(problems.is_empty(), "{}", problems.join("\n"));
+                seen += 1;
+            }
+        }
+        let events: Api<k8s_openapi::api::core::v1::Event> =
+            Api::namespaced(node.client.clone(), "jobset-inplace-system");
+        let pulled: Vec<String> = events
+            .list(&ListParams::default().fields("reason=Pulled"))
+            .await
+            .expect("the namespace's Pulled events")
+            .items
+            .into_iter()
+            .filter_map(|e| e.message)
+            .filter(|m| m.contains(&format!("\"{image}\"")))
+            .collect();
+        assert!(
+            pulled
+                .iter()
+                .any(|m| m.starts_with("Successfully pulled image")),
+            "no kubelet event says it pulled {image}: {pulled:?}"
+        );
+        println!(
+            "{seen} pods run {image} as {image_id} (dist/'s digest), pulled from the registry: {:?}",
+            pulled.first()
+        );
+    })
+    .await;
 }
 
 fn jobset_api(client: &Client, namespace: &str) -> Api<DynamicObject> {

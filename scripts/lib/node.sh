@@ -27,8 +27,11 @@
 #   here), containerd 1.6's shim sockets in /run/containerd/s (named by a hash of each containerd's
 #   own socket) and the CNI result cache /var/lib/cni (named by each node's network) are shared by
 #   the nodes, and removed again by `down` when `up` made them. Hence one `up --node` per machine.
-# - images: no registry. The pause image is built from the module's build/pause/linux/pause.c
-#   (gcc -static) and imported from a docker-archive; `load-image` imports others into every node.
+# - images: the pause image is built from the module's build/pause/linux/pause.c (gcc -static)
+#   and imported from a docker-archive; `load-image` imports others into every node. With
+#   `up --registry` also an OCI registry (scripts/registry.sh's crane, plain HTTP) on the API
+#   server's address: every node's containerd reaches it through its registry config_path
+#   (NODE_DIR/containerd/certs.d/HOST:PORT/hosts.toml, `server = "http://HOST:PORT"`).
 #
 # Each node's identity is a client certificate `system:node:NAME` / `system:nodes` (the API
 # server's Node authorizer), kube-proxy's `system:kube-proxy` (RBAC's system:node-proxier); the
@@ -365,6 +368,7 @@ node_env() {
     echo "NODE_TAINT=${node_taint:+$node_label=true:NoSchedule}"
     echo "NODE_RESTART_GATE=$node_restart_gate"
     echo "NODE_GRACE=${node_grace:-}"
+    echo "REGISTRY=$REGISTRY"
     for nd in $(node_dirs "$dir"); do
       node_load "$nd"
       local fields=(
@@ -442,7 +446,21 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     bin_dir = "/usr/lib/cni"
     conf_dir = "$nd/cni/net.d"
     max_conf_num = 1
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "$nd/containerd/certs.d"
 EOF
+  # The test kit's registry (up --registry), plain HTTP: containerd's hosts.toml for its
+  # HOST:PORT (pull and resolve; other registries stay unreachable from the node network).
+  mkdir -p "$nd/containerd/certs.d"
+  if [[ -n "${REGISTRY:-}" ]]; then
+    mkdir -p "$nd/containerd/certs.d/$REGISTRY"
+    cat >"$nd/containerd/certs.d/$REGISTRY/hosts.toml" <<EOF
+server = "http://$REGISTRY"
+
+[host."http://$REGISTRY"]
+  capabilities = ["pull", "resolve"]
+EOF
+  fi
   # The pod network: one bridge in the node's namespace, addresses from the node's pod CIDR,
   # no masquerading (the API server sees pod addresses, and answers them through its route).
   cat >"$nd/cni/net.d/10-jobset-inplace.conflist" <<EOF
