@@ -1359,6 +1359,31 @@ fn train_jobset(
     serde_json::from_value(js).expect("JobSet")
 }
 
+/// [`train_jobset`]'s JobSet as JobSet's own recreation runs it: no InPlaceRestart (`Recreate`,
+/// maxRestarts 20), the Job failing at its first pod failure (`backoffLimit: 0`, its default
+/// `podReplacementPolicy`), a plain worker (no restart rules); the webhook leaves it alone.
+fn recreating(js: &mut serde_json::Value, dialect: Dialect) {
+    js["spec"]["failurePolicy"] = json!({"maxRestarts": 20});
+    let job = &mut js["spec"]["replicatedJobs"][0]["template"]["spec"];
+    job["backoffLimit"] = json!(0);
+    job.as_object_mut()
+        .map(|o| o.remove("podReplacementPolicy"));
+    job["template"]["spec"]["containers"] = json!([jobset_worker("worker", dialect)]);
+}
+
+/// Creates `js`, which the webhook must leave alone (a JobSet without InPlaceRestart).
+async fn create_not_injected(jobsets: &Api<DynamicObject>, js: &DynamicObject) {
+    let created = jobsets
+        .create(&PostParams::default(), js)
+        .await
+        .unwrap_or_else(|e| panic!("create the JobSet: {e}"));
+    let spec = serde_json::to_string(&created.data["spec"]).unwrap_or_default();
+    assert!(
+        !spec.contains("jobset-inplace-agent"),
+        "not injected: {spec}"
+    );
+}
+
 /// One JobSet of the test on the node: its namespace, records and APIs.
 struct Run {
     _ns: TestNamespace,
@@ -2341,22 +2366,9 @@ async fn headline_floor_in_place_and_recreation() {
             let pods: Api<Pod> = Api::namespaced(node.client.clone(), &ns.name);
             let jobsets = jobset_api(&node.client, &ns.name);
             let js = train_jobset(HEADLINE_PODS, records.path(), dialect, |js| {
-                js["spec"]["failurePolicy"] = json!({"maxRestarts": 20});
-                let job = &mut js["spec"]["replicatedJobs"][0]["template"]["spec"];
-                job["backoffLimit"] = json!(0);
-                job.as_object_mut()
-                    .map(|o| o.remove("podReplacementPolicy"));
-                job["template"]["spec"]["containers"] = json!([jobset_worker("worker", dialect)]);
+                recreating(js, dialect)
             });
-            let created = jobsets
-                .create(&PostParams::default(), &js)
-                .await
-                .unwrap_or_else(|e| panic!("create the JobSet: {e}"));
-            let spec = serde_json::to_string(&created.data["spec"]).unwrap_or_default();
-            assert!(
-                !spec.contains("jobset-inplace-agent"),
-                "not injected: {spec}"
-            );
+            create_not_injected(&jobsets, &js).await;
             let selector = "jobset.sigs.k8s.io/jobset-name=train";
             let mut live =
                 workers_running_since(&pods, records.path(), selector, HEADLINE_PODS, 0).await;

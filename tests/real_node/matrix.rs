@@ -249,6 +249,18 @@ where
     (after, took)
 }
 
+/// The node of the installed reconciler's leader (empty if unknown).
+pub(super) async fn leader_node(node: &Node) -> String {
+    let (leader, _) = reconciler_leader(node).await;
+    let system: Api<Pod> = Api::namespaced(node.client.clone(), "jobset-inplace-system");
+    system
+        .get(&leader)
+        .await
+        .ok()
+        .and_then(|p| p.spec?.node_name)
+        .unwrap_or_default()
+}
+
 /// The installed reconciler's pods, and the name of the one holding the leader lease.
 pub(super) async fn reconciler_leader(node: &Node) -> (String, Vec<String>) {
     let pods: Api<Pod> = Api::namespaced(node.client.clone(), "jobset-inplace-system");
@@ -448,47 +460,13 @@ async fn the_matrix_with_a_node_lost() {
             eprintln!("\n!! SKIPPED {TEST}: a node of this cluster was killed already\n");
             return;
         }
-        let kubeconfig = node.kubeconfig.to_str().expect("utf-8 path").to_owned();
         // A short grace for the test (the default is 30 s): the reconciler rolled out with it.
-        for args in [
-            vec![
-                "--kubeconfig",
-                &kubeconfig,
-                "-n",
-                "jobset-inplace-system",
-                "set",
-                "env",
-                "deploy/jobset-inplace-reconciler",
-                "JOBSET_INPLACE_NODE_LOST_GRACE=2s",
-            ],
-            vec![
-                "--kubeconfig",
-                &kubeconfig,
-                "-n",
-                "jobset-inplace-system",
-                "rollout",
-                "status",
-                "deploy/jobset-inplace-reconciler",
-                "--timeout",
-                "110s",
-            ],
-        ] {
-            run("kubectl", &args)
-                .await
-                .unwrap_or_else(|e| panic!("kubectl {args:?}: {e}"));
-        }
+        super::node_loss::set_node_lost_grace(&node, "2s").await;
         let (run_, first) = Run::start(&node, "mx-lost", 2, dialect, spread).await;
         assert_one_per_node(&first);
         let placed = nodes_of(&first);
         // The victim: a worker's node that does not hold the reconciler's leader, if there is one.
-        let (leader, _) = reconciler_leader(&node).await;
-        let system: Api<Pod> = Api::namespaced(node.client.clone(), "jobset-inplace-system");
-        let leader_node = system
-            .get(&leader)
-            .await
-            .ok()
-            .and_then(|p| p.spec?.node_name)
-            .unwrap_or_default();
+        let leader_node = leader_node(&node).await;
         let (victim, victim_node) = placed
             .iter()
             .find(|(_, n)| **n != leader_node)
@@ -497,7 +475,7 @@ async fn the_matrix_with_a_node_lost() {
             .expect("a pod");
         let spare: Vec<&String> = names.iter().filter(|n| !placed.values().any(|p| p == *n)).collect();
         println!(
-            "workers on {placed:?}; killing {victim_node} (worker {victim}); leader {leader} on {leader_node}; spare {spare:?}"
+            "workers on {placed:?}; killing {victim_node} (worker {victim}); the reconciler's leader on {leader_node}; spare {spare:?}"
         );
         let since = run_.mark();
         let killed_ms = super::node_loss::kill_node(&node, &victim_node).await;

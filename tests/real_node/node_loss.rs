@@ -180,14 +180,7 @@ async fn observe(
 
 /// The node to kill: one that does not run the reconciler's leader.
 async fn victim_node(node: &Node, names: &[String]) -> String {
-    let (leader, _) = super::matrix::reconciler_leader(node).await;
-    let system: Api<Pod> = Api::namespaced(node.client.clone(), "jobset-inplace-system");
-    let leader_node = system
-        .get(&leader)
-        .await
-        .ok()
-        .and_then(|p| p.spec?.node_name)
-        .unwrap_or_default();
+    let leader_node = super::matrix::leader_node(node).await;
     names
         .iter()
         .find(|n| **n != leader_node)
@@ -216,7 +209,7 @@ fn watch_limit() -> Duration {
 }
 
 /// The installed reconciler's `--node-lost-grace` set (through its env) and rolled out.
-async fn set_node_lost_grace(node: &Node, grace: &str) {
+pub(super) async fn set_node_lost_grace(node: &Node, grace: &str) {
     let kubeconfig = node.kubeconfig.to_str().expect("utf-8 path").to_owned();
     let env = format!("JOBSET_INPLACE_NODE_LOST_GRACE={grace}");
     for args in [
@@ -418,25 +411,11 @@ async fn create_recreating(
     edit: impl FnOnce(&mut serde_json::Value),
 ) -> BTreeMap<String, Pod> {
     let js = train_jobset(size, run_.records.path(), dialect, |js| {
-        js["spec"]["failurePolicy"] = json!({"maxRestarts": 20});
-        let job = &mut js["spec"]["replicatedJobs"][0]["template"]["spec"];
-        job["backoffLimit"] = json!(0);
-        job.as_object_mut()
-            .map(|o| o.remove("podReplacementPolicy"));
-        job["template"]["spec"]["containers"] = json!([jobset_worker("worker", dialect)]);
+        recreating(js, dialect);
         super::matrix::spread(js);
         edit(js);
     });
-    let created = run_
-        .jobsets
-        .create(&PostParams::default(), &js)
-        .await
-        .unwrap_or_else(|e| panic!("create the JobSet: {e}"));
-    let spec = serde_json::to_string(&created.data["spec"]).unwrap_or_default();
-    assert!(
-        !spec.contains("jobset-inplace-agent"),
-        "not injected: {spec}"
-    );
+    create_not_injected(&run_.jobsets, &js).await;
     workers_running_since(
         &run_.pods,
         run_.records.path(),
