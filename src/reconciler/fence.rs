@@ -32,8 +32,9 @@ pub enum Fence {
     Unknown,
     /// This replica holds the lease, renewed so that it may write until then.
     HeldUntil(Instant),
-    /// Another replica holds it (or nobody).
-    NotHeld,
+    /// Another replica holds it (or nobody), as read by a request sent at `asked`: a read sent
+    /// before this replica acquired the lease says nothing about its term (see [`follow`]).
+    NotHeld { asked: Instant },
 }
 
 /// Until when a holder whose lease was renewed at `renewed` may write: `renewed + duration -
@@ -80,11 +81,17 @@ pub fn timing(grace: Duration) -> (Duration, Duration) {
     (grace / 4, (grace / 8).max(Duration::from_millis(50)))
 }
 
-/// What a read lease says about `identity`.
-pub fn read(lease: &Lease, identity: &str, duration: Duration, margin: Duration) -> Fence {
+/// What a read lease says about `identity`; `asked` is when the read was sent.
+pub fn read(
+    lease: &Lease,
+    identity: &str,
+    duration: Duration,
+    margin: Duration,
+    asked: Instant,
+) -> Fence {
     let spec = lease.spec.as_ref();
     if spec.and_then(|s| s.holder_identity.as_deref()) != Some(identity) {
-        return Fence::NotHeld;
+        return Fence::NotHeld { asked };
     }
     let renewed = spec
         .and_then(|s| s.renew_time.as_ref().or(s.acquire_time.as_ref()))
@@ -118,9 +125,10 @@ pub async fn watch(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
+        let asked = tokio::time::Instant::now().into_std();
         let fence = match crate::retry::bounded(request_timeout, api.get_opt(&name)).await {
-            Ok(Some(lease)) => read(&lease, &identity, duration, margin),
-            Ok(None) => Fence::NotHeld,
+            Ok(Some(lease)) => read(&lease, &identity, duration, margin, asked),
+            Ok(None) => Fence::NotHeld { asked },
             Err(crate::retry::CallError::Api(e)) => {
                 tracing::debug!(error = %e, "cannot read the leader lease");
                 Fence::Unknown
@@ -171,6 +179,9 @@ pub async fn follow(
     let mut was_leader = false;
     // While leader: the moment this replica must stop writing unless a renewal is seen.
     let mut deadline = tokio::time::Instant::now();
+    // When this replica last saw itself become the leader: a read sent before then (in flight
+    // through the acquisition, or waiting in the channel) read the lease before it was ours.
+    let mut acquired = tokio::time::Instant::now();
     loop {
         tokio::select! {
             () = &mut shutdown => return LeaseEnd::Shutdown,
@@ -183,7 +194,8 @@ pub async fn follow(
                     tracing::info!(lease, identity, "became the leader");
                     if !was_leader {
                         // Just acquired: valid for a full term from now.
-                        deadline = tokio::time::Instant::now() + valid;
+                        acquired = tokio::time::Instant::now();
+                        deadline = acquired + valid;
                         let _ = write_until.send(Some(deadline.into_std()));
                     }
                 } else if was_leader {
@@ -201,9 +213,12 @@ pub async fn follow(
                         deadline = deadline.max(until.into());
                         let _ = write_until.send(Some(deadline.into_std()));
                     }
-                    Fence::NotHeld if was_leader => {
+                    Fence::NotHeld { asked } if was_leader && asked >= acquired.into_std() => {
                         tracing::error!(lease, "the lease names another holder; stepping down");
                         return LeaseEnd::Lost;
+                    }
+                    Fence::NotHeld { .. } if was_leader => {
+                        tracing::debug!(lease, "a read sent before the acquisition names another holder; ignored");
                     }
                     _ => {}
                 }
@@ -278,22 +293,28 @@ mod tests {
             .expect("lease")
         };
         let s = Duration::from_secs;
+        let asked = Instant::now();
         assert_eq!(
             read(
                 &lease("b", Some("2026-01-01T00:00:00.000000Z")),
                 "a",
                 s(15),
-                s(2)
+                s(2),
+                asked
             ),
-            Fence::NotHeld
+            Fence::NotHeld { asked }
         );
-        assert_eq!(read(&lease("a", None), "a", s(15), s(2)), Fence::Unknown);
+        assert_eq!(
+            read(&lease("a", None), "a", s(15), s(2), asked),
+            Fence::Unknown
+        );
         // Renewed in 2026-01: long past, the deadline is now or before.
         match read(
             &lease("a", Some("2026-01-01T00:00:00.000000Z")),
             "a",
             s(15),
             s(2),
+            asked,
         ) {
             Fence::HeldUntil(at) => assert!(at <= Instant::now()),
             other => panic!("{other:?}"),
@@ -411,7 +432,9 @@ mod tests {
         let l = follow_lease();
         l.leader.send(true).expect("follow runs");
         settle().await;
-        l.fence.send(Fence::NotHeld).expect("follow runs");
+        l.fence
+            .send(Fence::NotHeld { asked: now() })
+            .expect("follow runs");
         assert_eq!(l.task.await.expect("no panic"), LeaseEnd::Lost);
         assert_eq!(now(), t0, "no wait");
         // The manager says no longer leader.
@@ -432,7 +455,9 @@ mod tests {
         let t0 = now();
         let mut l = follow_lease();
         // Reads before the acquisition are not this leader's: ignored, and no deadline runs.
-        l.fence.send(Fence::NotHeld).expect("follow runs");
+        l.fence
+            .send(Fence::NotHeld { asked: now() })
+            .expect("follow runs");
         l.fence
             .send(Fence::HeldUntil(t0 + Duration::from_secs(1)))
             .expect("follow runs");
@@ -445,5 +470,36 @@ mod tests {
             let _ = stop.send(());
         }
         assert_eq!(l.task.await.expect("no panic"), LeaseEnd::Shutdown);
+    }
+
+    /// A read sent before the acquisition and answered after it (the fence reads on its own
+    /// clock, the manager acquires on its own) read the lease before it was this replica's: it
+    /// does not depose the new leader (the CI run of 5a1bc0c lost its only replica so). A read
+    /// sent after the acquisition that names another holder still does.
+    #[tokio::test(start_paused = true)]
+    async fn a_read_sent_before_the_acquisition_does_not_depose_the_new_leader() {
+        let t0 = now();
+        let mut l = follow_lease();
+        tokio::time::advance(Duration::from_millis(100)).await;
+        l.leader.send(true).expect("follow runs");
+        settle().await;
+        assert!(*l.leads.borrow_and_update());
+        // Answered now, sent 100 ms ago: nobody held the lease then.
+        l.fence
+            .send(Fence::NotHeld { asked: t0 })
+            .expect("follow runs");
+        settle().await;
+        assert!(!l.task.is_finished(), "a stale read deposed the leader");
+        // A renewal still moves the deadline, and a fresh read naming another holder ends it.
+        tokio::time::advance(Duration::from_secs(1)).await;
+        l.fence
+            .send(Fence::HeldUntil(now() + VALID))
+            .expect("follow runs");
+        settle().await;
+        assert_eq!(*l.write_until.borrow(), Some(now() + VALID));
+        l.fence
+            .send(Fence::NotHeld { asked: now() })
+            .expect("follow runs");
+        assert_eq!(l.task.await.expect("no panic"), LeaseEnd::Lost);
     }
 }
