@@ -261,7 +261,9 @@ async fn slow_handshakes_heads_and_bodies_are_cut_while_others_are_answered() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_connections_are_closed_after_the_idle_timeout() {
     bounded(async {
-        let idle = Duration::from_millis(1500);
+        // Long enough that a connection opened at the loop's start is still open when it is
+        // reused below on a loaded machine (at 1.5 s one was not, once).
+        let idle = Duration::from_secs(3);
         let server = start(|o| {
             o.idle_timeout = idle;
             o.header_read_timeout = Duration::from_millis(200);
@@ -308,8 +310,9 @@ async fn idle_connections_are_closed_after_the_idle_timeout() {
         while let Some(closed) = closes.join_next().await {
             assert!(closed.expect("task"), "closed by the server");
         }
+        // Closed by the idle timeout (the metric below says which cut), not long after it.
         let took = started.elapsed();
-        assert!(took < idle + Duration::from_secs(2), "{took:?}");
+        assert!(took < idle * 3, "{took:?}");
         let idle_cuts = metric(
             &server,
             "jobset_inplace_connections_closed_by_server_total",
