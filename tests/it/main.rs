@@ -14,6 +14,7 @@ mod architecture;
 mod certs;
 mod cli;
 mod deploy;
+mod docs;
 mod fuzz_corpus;
 mod logs;
 mod model_check;
