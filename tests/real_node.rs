@@ -43,7 +43,7 @@ use futures::{StreamExt, TryStreamExt};
 use jobset_inplace::protocol::Dialect as ProductDialect;
 use jobset_inplace_testkit::cluster::{
     ClusterObjects, ControlPlane, KueueQueue, TRAIN_JOB, TRAINING_RUNTIME, TestNamespace, api_of,
-    create_eventually, eventually, workload_of,
+    create_eventually, eventually, try_eventually, workload_of,
 };
 use jobset_inplace_testkit::kubelet::transitions;
 use jobset_inplace_testkit::kubelet::{SimConfig, Simulation};
@@ -1473,7 +1473,7 @@ impl Run {
     /// 150 s (cause not pinned down; the kubelet's copy may lag the agent's patch). Starts are
     /// told apart by the records' order instead, and a mismatch is printed.
     async fn running(&self, above: Option<u64>, since: usize, limit: Duration) -> Group {
-        eventually("every worker running", limit, || async {
+        let waited = try_eventually(limit, || async {
             let pods = self.live_pods().await?;
             if pods.len() != self.size {
                 return Err(format!("{} pods: {:?}", pods.len(), pods.keys()));
@@ -1506,7 +1506,59 @@ impl Run {
             }
             Ok(Group { pods, epoch })
         })
-        .await
+        .await;
+        match waited {
+            Ok(group) => group,
+            Err(e) => panic!(
+                "every worker running: not within {limit:?}: {e}\n{}",
+                self.diagnosis().await
+            ),
+        }
+    }
+
+    /// What a failed wait prints besides its last error: the reconciler's replicas (restarts,
+    /// the tail of each one's log, the previous container's too) and the tail of the agent's log
+    /// in each pod of the JobSet that is not running every container.
+    async fn diagnosis(&self) -> String {
+        const TAIL: i64 = 40;
+        let client = self.pods.clone().into_client();
+        let system: Api<Pod> = Api::namespaced(client, "jobset-inplace-system");
+        let mut out = String::new();
+        let reconcilers = system
+            .list(&ListParams::default().labels("app.kubernetes.io/name=jobset-inplace-reconciler"))
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default();
+        for pod in &reconcilers {
+            let name = pod.metadata.name.clone().unwrap_or_default();
+            out.push_str(&format!("--- reconciler {name}: {}\n", pod_line(pod)));
+            for previous in [true, false] {
+                let params = kube::api::LogParams {
+                    previous,
+                    tail_lines: Some(TAIL),
+                    ..Default::default()
+                };
+                if let Ok(log) = system.logs(&name, &params).await {
+                    let which = if previous { "previous" } else { "current" };
+                    out.push_str(&format!("--- its {which} container's log:\n{log}\n"));
+                }
+            }
+        }
+        let pods = self.live_pods().await.unwrap_or_default();
+        for (name, pod) in pods.iter().filter(|(_, p)| !all_running(p)) {
+            let params = kube::api::LogParams {
+                container: Some("jobset-inplace-agent".to_owned()),
+                tail_lines: Some(TAIL),
+                ..Default::default()
+            };
+            let log = self
+                .pods
+                .logs(name, &params)
+                .await
+                .unwrap_or_else(|e| e.to_string());
+            out.push_str(&format!("--- {name}'s agent: {}\n{log}\n", pod_line(pod)));
+        }
+        out
     }
 
     /// The notes of the reconciler's `GroupRestartStarted` events on the JobSet. kube's event
