@@ -32,6 +32,14 @@ pub struct Published {
     /// nothing can be published, agents watch their JobSet, and the status is written without
     /// waiting for a publication. Cleared when the objects can be listed again.
     unavailable: AtomicBool,
+    /// Told when a 404 set `unavailable`: [`watch`] starts over with a list, whose end clears it.
+    /// A 404 can pass: a kube-apiserver that is starting answers 404 for a custom resource's kind
+    /// until its CRD informer has synced (apiextensions-apiserver's `crdHandler` sends a kind
+    /// missing from its lister to the NotFound delegate), and a watch that resumed afterwards
+    /// never lists again, so without this the flag stayed and nothing was published until the
+    /// process restarted (the agents watching the object waited for ever: the failure matrix's
+    /// API server row, on real nodes).
+    relist: tokio::sync::Notify,
     /// The installed CRD is older than this reconciler and has no `jobSetUID` (the API server
     /// refuses an apply that sets it): applies leave it out, and the CRD's rule that epochs only
     /// grow is not there either. Said once.
@@ -58,14 +66,17 @@ impl Published {
         self.unavailable.load(Ordering::Acquire)
     }
 
-    /// The kind is not served (a 404 on it); says so once.
+    /// The kind is not served (a 404 on it); says so once, and has the watch list the objects
+    /// again ([`Published::relist`]): once that list succeeds, publishing resumes.
     pub fn mark_unavailable(&self) {
         if !self.unavailable.swap(true, Ordering::AcqRel) {
             tracing::error!(
                 crd = epochs::CRD_NAME,
                 "the JobSetEpoch kind is not served: publishing nothing, writing the status alone \
-                 (agents watch their JobSet); install the CRD (it is in the install manifest)"
+                 (agents watch their JobSet) until the objects can be listed again; install the \
+                 CRD (it is in the install manifest) if it is missing"
             );
+            self.relist.notify_one();
         }
     }
 
@@ -126,10 +137,36 @@ pub async fn watch(
     changed: impl Fn(Key),
     synced: impl Fn(),
 ) {
-    let stream = watcher(api, config).backoff(WatchBackoff::new());
+    // Each pass lists the objects first (the watcher's start); a 404 ends the pass
+    // ([`Published::relist`]), so that the list's end clears it.
+    loop {
+        let stream = watcher(api.clone(), config.clone()).backoff(WatchBackoff::new());
+        follow(stream, published, &changed, &synced).await;
+        if published.is_unavailable() {
+            tracing::info!("listing the JobSetEpoch objects again after a 404");
+        } else {
+            return;
+        }
+    }
+}
+
+/// One pass of [`watch`]: until the stream ends, or a 404 asks for a new list.
+async fn follow(
+    stream: impl futures::Stream<Item = Result<Event<JobSetEpoch>, watcher::Error>>,
+    published: &Published,
+    changed: &impl Fn(Key),
+    synced: &impl Fn(),
+) {
     futures::pin_mut!(stream);
     let mut relist: Option<Vec<Key>> = None;
-    while let Some(event) = stream.next().await {
+    loop {
+        let event = tokio::select! {
+            event = stream.next() => event,
+            () = published.relist.notified() => return,
+        };
+        let Some(event) = event else {
+            return;
+        };
         match event {
             Ok(Event::Init) => relist = Some(Vec::new()),
             Ok(Event::InitApply(obj)) => {
