@@ -12,6 +12,8 @@
 # agents); then, unless JOBSET_INPLACE_REAL_SCALE_SKIP_RECREATE=1, JobSet's `Recreate` (Job
 # backoffLimit 0, no injection) with kube-controller-manager at its default client rate, and
 # again with --kube-api-qps 200 --kube-api-burst 300 (JOBSET_INPLACE_REAL_SCALE_TUNED_ARGS).
+# The JobSet's group-restart deadline is 10 minutes (JOBSET_INPLACE_REAL_SCALE_GROUP_RESTART_TIMEOUT):
+# the product's 2-minute default would recreate pods mid-measurement at 5,000 on 2 cores.
 # For each size it prints one line `SCALE_RESULT {json}` (docs/benchmarks.md says what each
 # field is); the test's whole report goes to stderr. The other JOBSET_INPLACE_REAL_SCALE_*
 # variables of the test pass through (docs/testing.md). JOBSET_INPLACE_SCALE_PROFILE=dev builds
