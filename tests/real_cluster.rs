@@ -4125,24 +4125,8 @@ async fn measure_group_restart(
             diagnose(&node)
         ));
     }
-    // The namespace goes while the node runs, then the node.
     reconciler.kill().await;
-    drop(ns);
-    let all: Api<Pod> = Api::all(cluster.client.clone());
-    let field = format!("spec.nodeName={node_name}");
-    let gone = try_eventually(Duration::from_secs(60 + pods as u64 / 10), || async {
-        let left = all
-            .list(&ListParams::default().fields(&field))
-            .await
-            .map_err(|e| e.to_string())?;
-        left.items
-            .is_empty()
-            .then_some(())
-            .ok_or(format!("{} pods left", left.items.len()))
-    })
-    .await;
-    node.stop().await.map_err(|e| e.to_string())?;
-    if let Err(e) = gone {
+    if let Err(e) = scale::clear(cluster, ns, node, pods).await {
         out.push_str(&format!("{pods:>6} pods: cleanup: {e}\n"));
     }
     Ok((out, measured))

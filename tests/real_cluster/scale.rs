@@ -435,22 +435,7 @@ pub(super) async fn measure_recreation(
         took.as_secs_f64(),
         window.responses_429(),
     );
-    // The namespace goes while the node runs (it deletes its pods for good), then the node.
-    drop(ns);
-    let all: Api<Pod> = Api::all(cluster.client.clone());
-    let field = format!("spec.nodeName={node_name}");
-    let gone = try_eventually(Duration::from_secs(60 + pods as u64 / 10), || async {
-        let left = all
-            .list(&ListParams::default().fields(&field))
-            .await
-            .map_err(|e| e.to_string())?;
-        left.items
-            .is_empty()
-            .then_some(())
-            .ok_or(format!("{} pods left", left.items.len()))
-    })
-    .await;
-    node.stop().await.map_err(|e| e.to_string())?;
+    let gone = clear(cluster, ns, node, pods).await;
     let text = match gone {
         Ok(()) => text,
         Err(e) => format!("{text}{pods:>6} pods: cleanup: {e}\n"),
@@ -462,6 +447,47 @@ pub(super) async fn measure_recreation(
             window,
         },
     ))
+}
+
+/// A measurement's namespace and node gone before the next measurement starts: the namespace is
+/// deleted while the node runs (it deletes its pods for good), then the node stops, then the
+/// namespace itself must be gone (its Jobs, JobSet, events): the namespace controller's work on
+/// 5,000 pods would otherwise run inside the next measurement's window (a recreation at 1,000
+/// once started while the 5,000 pods before it were still being deleted). Bounded by the size.
+pub(super) async fn clear(
+    cluster: &Cluster,
+    ns: TestNamespace,
+    node: jobset_inplace_testkit::node::Node,
+    pods: usize,
+) -> Result<(), String> {
+    use k8s_openapi::api::core::v1::Namespace;
+    let name = ns.name.clone();
+    let node_name = node.name().to_owned();
+    drop(ns);
+    let all: Api<Pod> = Api::all(cluster.client.clone());
+    let field = format!("spec.nodeName={node_name}");
+    let limit = Duration::from_secs(120 + pods as u64 / 5);
+    let pods_gone = try_eventually(limit, || async {
+        let left = all
+            .list(&ListParams::default().fields(&field))
+            .await
+            .map_err(|e| e.to_string())?;
+        left.items
+            .is_empty()
+            .then_some(())
+            .ok_or(format!("{} pods left", left.items.len()))
+    })
+    .await;
+    node.stop().await.map_err(|e| e.to_string())?;
+    pods_gone?;
+    let namespaces: Api<Namespace> = Api::all(cluster.client.clone());
+    try_eventually(limit, || async {
+        match namespaces.get_opt(&name).await.map_err(|e| e.to_string())? {
+            None => Ok(()),
+            Some(_) => Err(format!("namespace {name} still there")),
+        }
+    })
+    .await
 }
 
 /// The `SCALE_RESULT` line's fields from two snapshots, without a cluster: requests and 429s
