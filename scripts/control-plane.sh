@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A real Kubernetes control plane on loopback for tests/real_cluster.rs: etcd, kube-apiserver and
+# A real Kubernetes control plane on loopback for tests/real_cluster/: etcd, kube-apiserver and
 # kube-controller-manager built from their upstream Go modules (pinned in
 # scripts/control-plane/go.mod), JobSet's controller manager with its webhooks (pinned in the
 # controllers' graph scripts/tools/go.mod) and the JobSet CRD, a throwaway PKI, service-account
@@ -43,7 +43,7 @@
 #
 # --with kueue,trainer also starts Kueue v0.17's and Kubeflow Trainer v2.3's controller managers,
 # their CRDs and webhook configurations from their modules' manifests pointed at loopback, and
-# writes DIR/addons naming them (tests/real_cluster.rs runs the addons' tests where it names them).
+# writes DIR/addons naming them (tests/real_cluster/ runs the addons' tests where it names them).
 #
 # Two Go module graphs, each built by go_tool_build (scripts/lib/go-tool.sh) into a cache
 # directory keyed by its go.mod + go.sum: the control plane's (scripts/control-plane/go.mod:
@@ -341,7 +341,7 @@ stop_all() {
   done
 }
 
-# JobSet: its CRD (the released one of fixtures/, as tests/real_cluster.rs installs it), its
+# JobSet: its CRD (the released one of fixtures/, as tests/real_cluster/ installs it), its
 # controller manager (as the admin; InPlaceRestart feature gate on, leader election off, no
 # metrics), and its webhook configurations from its module's config/ pointed at 127.0.0.1.
 start_jobset() {
@@ -680,7 +680,7 @@ up() {
   # API server as the admin; no serving port.
   # With a node also: the kube-root-ca.crt publisher (pods' service-account volumes), node
   # lifecycle (takes off the not-ready taint the kubelet registers with; no taint eviction; a
-  # grace of an hour, so that the test kit's nodes of tests/real_cluster.rs, which send no
+  # grace of an hour, so that the test kit's nodes of tests/real_cluster/, which send no
   # heartbeat, stay Ready), the endpoint slices of Services (kube-proxy, webhook Services),
   # deployments and replica sets (installed products).
   local controllers=job-controller,garbage-collector-controller,namespace-controller,pod-garbage-collector-controller,serviceaccount-token-controller,serviceaccount-controller,validatingadmissionpolicy-status-controller
@@ -714,7 +714,7 @@ up() {
     --key "$pki/admin.key" "https://$api_host:$api_port/api/v1/namespaces/default/serviceaccounts/default"
 
   start_jobset "$dir" "$controller_bin/jobset"
-  # The addons, and DIR/addons naming them (tests/real_cluster.rs: required where named).
+  # The addons, and DIR/addons naming them (tests/real_cluster/: required where named).
   : >"$dir/addons"
   for addon in "${addons[@]}"; do
     "start_$addon" "$dir" "$controller_bin/$addon"
@@ -768,7 +768,7 @@ up() {
 # - the JobSet CRD patch of the epoch dialect (deploy/README.md's recipe: JobSet's CRD, which
 #   `up` installed from fixtures/, patched by components/epoch-status-fields);
 # - a toleration of the real nodes' taint on the two Deployments (with --taint the nodes keep it so
-#   that tests/real_cluster.rs's pods stay unscheduled there).
+#   that the pods of tests/real_cluster/ stay unscheduled there).
 # Then waits until the webhook and reconciler Deployments are rolled out (pods Ready on the node)
 # and the webhook has set its caBundle.
 # With helm:VARIANT the same image, and `helm install` of the chart in place of the manifest

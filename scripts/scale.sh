@@ -6,7 +6,7 @@
 #                                   JOBSET_INPLACE_REAL_SCALE_SIZES)
 #
 # Brings up scripts/control-plane.sh's control plane (no --node: the pods run on the test kit's
-# in-process node) in a temporary directory, runs tests/real_cluster.rs's
+# in-process node) in a temporary directory, runs tests/real_cluster/measure.rs's
 # measure_a_group_restart_on_the_real_api_server (built --release) against it, and stops and
 # removes everything it started, however it ends. Per size, in place (the reconciler and the
 # agents); then, unless JOBSET_INPLACE_REAL_SCALE_SKIP_RECREATE=1, JobSet's `Recreate` (Job
@@ -64,7 +64,7 @@ profile="${JOBSET_INPLACE_SCALE_PROFILE:-release}"
 cargo test --profile "$profile" --test real_cluster --no-run >&2
 JOBSET_INPLACE_KUBECONFIG="$dir/kubeconfig" JOBSET_INPLACE_REAL_SCALE_SIZES="$sizes" \
   setsid cargo test --profile "$profile" --test real_cluster measure_a_group_restart_on_the_real_api_server \
-  -- --ignored --exact --nocapture >"$dir/report" </dev/null &
+  -- --ignored --nocapture >"$dir/report" </dev/null &
 test_pid=$!
 rc=0
 wait "$test_pid" || rc=$?

@@ -13,7 +13,7 @@
 //! - `values.schema.json` rejects a wrong type and an unknown key, saying which;
 //! - the chart's version and appVersion are the crate's version;
 //! - every rendered object is valid under Kubernetes 1.35's schema (`scripts/validate-manifests.py`);
-//! - on a real control plane (`JOBSET_INPLACE_KUBECONFIG`, as tests/real_cluster.rs):
+//! - on a real control plane (`JOBSET_INPLACE_KUBECONFIG`, as tests/real_cluster/):
 //!   `helm install`, `helm upgrade` to a changed value with a JobSet created before untouched,
 //!   `helm rollback`, `helm uninstall` leaving nothing of the chart behind.
 //!
@@ -1242,7 +1242,7 @@ fn helm_installs_upgrades_rolls_back_and_uninstalls_on_a_real_control_plane() {
         exists(k, "JobSet", ns, "helm-before"),
         "the workload's JobSet stays"
     );
-    // Gone before the next test (tests/real_cluster.rs applies the overlays into the same
+    // Gone before the next test (tests/real_cluster/ applies the overlays into the same
     // namespace on the same control plane in CI).
     for n in [ns, NAMESPACE] {
         kubectl(

@@ -30,7 +30,7 @@
 //!
 //! With Kueue and Kubeflow Trainer started beside it (`up ... --with kueue,trainer`: DIR/addons
 //! names them; `JOBSET_INPLACE_REAL_CLUSTER_ADDONS` makes their tests required, as in
-//! tests/real_cluster.rs): a TrainJob of an InPlaceRestart ClusterTrainingRuntime runs on the
+//! tests/real_cluster/): a TrainJob of an InPlaceRestart ClusterTrainingRuntime runs on the
 //! node and group-restarts in place; a JobSet admitted by a Kueue ClusterQueue (`waitForPodsReady`
 //! on) group-restarts in place without being evicted or requeued.
 
@@ -2663,7 +2663,7 @@ async fn doctor_pull_check_reports_an_image_the_node_cannot_pull() {
 // kueue,trainer`): their controller managers beside the control plane, the pods on the node
 // ---------------------------------------------------------------------------------------------
 
-/// The addons a run requires (as tests/real_cluster.rs: CI sets `kueue,trainer`): a test of one
+/// The addons a run requires (as tests/real_cluster/: CI sets `kueue,trainer`): a test of one
 /// that was not started then fails instead of skipping.
 const ADDONS_ENV: &str = "JOBSET_INPLACE_REAL_CLUSTER_ADDONS";
 
@@ -2694,7 +2694,7 @@ fn addon_started(node: &Node, test: &str, addon: &str) -> bool {
 }
 
 /// A TrainJob from a ClusterTrainingRuntime whose JobSet template uses InPlaceRestart, as a user
-/// writes it (the shape of tests/real_cluster.rs's Trainer test: one replicated job `node`,
+/// writes it (the shape of the Trainer test of tests/real_cluster/addons.rs: one replicated job `node`,
 /// Trainer's `trainer` step, `restartPolicy: Never`, nothing injected; here of the test image on
 /// the real node): Trainer makes the JobSet, which comes out injected by the installed webhook;
 /// its pods run on the node; a worker fails and every pod restarts in place (same UIDs and IPs,

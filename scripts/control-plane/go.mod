@@ -1,5 +1,5 @@
 // Builds the real control plane used by scripts/control-plane.sh and
-// tests/real_cluster.rs: etcd, kube-apiserver and kube-controller-manager
+// tests/real_cluster/: etcd, kube-apiserver and kube-controller-manager
 // from their upstream Go modules. No Go source of ours; binaries only.
 module jobset-inplace.local/control-plane
 

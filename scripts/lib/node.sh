@@ -48,9 +48,9 @@ node_name=jobset-inplace-node
 node_count="${node_count:-1}"
 node_taint="${node_taint:-}"
 # The label the real nodes give themselves; the scheduler places pods on such nodes only (the
-# test kit's nodes of tests/real_cluster.rs bind their own pods). With --taint the nodes are also
+# test kit's nodes of tests/real_cluster/ bind their own pods). With --taint the nodes are also
 # tainted with it (NoSchedule): only pods that tolerate it run there, so that the pods of
-# tests/real_cluster.rs stay unscheduled as without a node (the DELETE of an unscheduled pod is
+# tests/real_cluster/ stay unscheduled as without a node (the DELETE of an unscheduled pod is
 # immediate, of a scheduled one graceful: `the_test_api_server_answers_as_the_real_one`).
 node_label=jobset-inplace.dev/real-node
 # The pause image: the version pause.c's Makefile names, under a local name.
@@ -297,7 +297,7 @@ node_up() {
 
   # The scheduler: on the host, as the admin, no leader election, serving on loopback only. It
   # places pods on the real nodes only (the label the kubelet gives itself): the test kit's nodes
-  # of tests/real_cluster.rs bind their namespaces' pods themselves, and must not race it.
+  # of tests/real_cluster/ bind their namespaces' pods themselves, and must not race it.
   local sched_port
   sched_port="$(free_port)"
   echo "kube-scheduler=$sched_port" >>"$dir/ports"

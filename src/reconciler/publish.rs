@@ -297,7 +297,7 @@ mod tests {
     }
 
     /// What a real API server (1.35) answers to an apply of `jobSetUID` against the CRD of an
-    /// earlier version (seen in tests/real_cluster.rs before the CRD was updated).
+    /// earlier version (seen in tests/real_cluster/ before the CRD was updated).
     #[test]
     fn an_older_crd_is_recognised() {
         let status = |code: u16, message: &str| {

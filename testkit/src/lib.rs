@@ -9,7 +9,7 @@
 //!   invariant throughout. It recognises agents as Kubernetes would see them (container lists,
 //!   names, env, restart rules), never through the product's admission code;
 //! - [`node`]: a kubelet for any API server (only a `kube::Client`): it registers a `Node`, binds
-//!   and runs a namespace's pods with the real agent binary, as `tests/real_cluster.rs` needs;
+//!   and runs a namespace's pods with the real agent binary, as `tests/real_cluster/` needs;
 //! - [`cluster`]: what the tests against a real control plane share (polling, namespaces and
 //!   objects deleted on drop, Kueue's queues);
 //! - [`fixtures`]: the repository's fixtures (`fixtures/`) as tests read them;

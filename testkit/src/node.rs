@@ -1,7 +1,7 @@
 //! A node for any API server: a kubelet that registers a `Node`, binds the unscheduled pods of
 //! one namespace to itself (as a scheduler would, through `pods/{name}/binding`) and runs the
 //! pods bound to it, talking to the API server only through a [`kube::Client`], as a kubelet
-//! does. It is what `tests/real_cluster.rs` runs a group restart with against kube-apiserver and
+//! does. It is what `tests/real_cluster/` runs a group restart with against kube-apiserver and
 //! the real Job and JobSet controllers; the simulated kubelet of [`crate::kubelet`] stays the one
 //! for the test API server (it reads that server's state directly, checks the protocol's
 //! invariant and stands in for the controllers too).

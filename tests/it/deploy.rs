@@ -3814,7 +3814,7 @@ fn flow_schemas_name_the_reconciler_as_it_runs() {
 }
 
 /// Issue 21, item 7: the JobSetEpoch CRD's CEL rule (evaluated with the `cel` crate; the real API
-/// server in `tests/real_cluster.rs`) refuses any move back of a published epoch, a removed one,
+/// server in `tests/real_cluster/`) refuses any move back of a published epoch, a removed one,
 /// and a removed `jobSetUID`, whoever writes (a deposed reconciler leader's late write included);
 /// it lets the epochs grow, a JobSet created again under the same name (another UID) start over,
 /// and an object an earlier version wrote (no `jobSetUID`) be written.

@@ -1,5 +1,5 @@
 //! The integration tests, one binary (`cargo test --test it [filter]`), one module per area; a
-//! test's name is its path: `cargo test --test it reconciler::deadline::`. `tests/real_cluster.rs`,
+//! test's name is its path: `cargo test --test it reconciler::deadline::`. `tests/real_cluster/`,
 //! `tests/real_node.rs` and `tests/helm.rs` stay binaries of their own: CI runs them by name
 //! against a real control plane or node.
 //!

@@ -1,5 +1,5 @@
 //! The defaults the real API server gives a pod on every write (its defaulting functions and the
-//! priority admission plugin), as read back from kube-apiserver 1.35 (`tests/real_cluster.rs`,
+//! priority admission plugin), as read back from kube-apiserver 1.35 (`tests/real_cluster/`,
 //! `the_test_api_server_answers_as_the_real_one`).
 //!
 //! Not filled: what other admission plugins add (the service account token volume and its
