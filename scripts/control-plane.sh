@@ -64,7 +64,7 @@
 # the `kubernetes` Service. DIR/node.env tells tests where everything is.
 # JOBSET_INPLACE_NODE_RESTART_GATE=off starts that kubelet without
 # RestartAllContainersOnContainerExits and NodeDeclaredFeatures (the API server and the scheduler
-# keep them): tests/real_node.rs then checks what docs/protocol.md says of such a node.
+# keep them): tests/real_node/ then checks what docs/protocol.md says of such a node.
 #
 # For doctor's failing cases: JOBSET_INPLACE_APISERVER_FEATURE_GATES replaces the API server's
 # --feature-gates, JOBSET_INPLACE_JOBSET_IN_PLACE_RESTART=false turns JobSet's gate off, and

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The test image of tests/real_node.rs: Debian's busybox-static and scripts/test-image/worker.sh
+# The test image of tests/real_node/: Debian's busybox-static and scripts/test-image/worker.sh
 # (records each start into a volume, runs until told to exit with a code), one layer, written as
 # a docker-archive for `scripts/control-plane.sh load-image DIR OUT.tar`.
 #

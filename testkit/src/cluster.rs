@@ -1,5 +1,5 @@
 //! What the tests against a real control plane share (`tests/real_cluster/`,
-//! `tests/real_node.rs`: two test binaries, so the shared part lives here): polling with a
+//! `tests/real_node/`: two test binaries, so the shared part lives here): polling with a
 //! deadline, a namespace and cluster-scoped objects deleted when dropped (also during a panic),
 //! an API of any kind, and the addons' objects (Kueue's queues, Workloads; the kinds of Kueue and
 //! Kubeflow Trainer).

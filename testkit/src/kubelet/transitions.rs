@@ -8,7 +8,7 @@
 
 use serde_json::Value;
 
-/// What kubelet v1.35.4 served on a real node (tests/real_node.rs
+/// What kubelet v1.35.4 served on a real node (tests/real_node/
 /// `a_worker_exit_restarts_the_whole_pod_in_place_on_a_real_kubelet`, docs/testing.md "Real
 /// node"): a pod with a sidecar (`restartPolicy: Always`) and a worker, both under
 /// `RestartAllContainers` on a non-zero exit; the worker exits 3. From the first status after
