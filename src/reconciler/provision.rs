@@ -54,7 +54,7 @@ pub struct ProvisionSettings {
 /// The namespaces provisioning never writes to: the cluster's own, and the project's. The
 /// reconciler's provisioning policies (deploy/base/reconciler-policy.yaml) refuse its writes there
 /// too, from the same list plus the project's namespace (tied by
-/// `tests/it/deploy.rs`: `the_reconcilers_provisioning_is_held_to_the_agents_binding_and_account`).
+/// `tests/it/deploy/`: `the_reconcilers_provisioning_is_held_to_the_agents_binding_and_account`).
 pub const SYSTEM_NAMESPACES: [&str; 3] = ["kube-system", "kube-public", "kube-node-lease"];
 
 /// `namespace` is one provisioning leaves alone.

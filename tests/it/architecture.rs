@@ -332,7 +332,7 @@ fn no_file_of_src_has_over_about_800_lines_of_code() {
 /// docs/security.md names, in the last column of each of its tables, the tests that show each
 /// row: every row names at least one, and every name is real — a test function (`name`, or
 /// `module::path::tests::name` in that module's file, or a whole `…::tests` module), a file
-/// (`tests/it/deploy.rs`), a fixture case (`kebab-case`, in `fixtures/admission/`). What is in
+/// (`tests/it/deploy/`), a fixture case (`kebab-case`, in `fixtures/admission/`). What is in
 /// parentheses describes the test and is not checked.
 #[test]
 fn every_test_docs_security_names_exists() {
