@@ -1,4 +1,4 @@
-//! Data generators shared by the property tests (`tests/it/admission/properties.rs`), the fuzz
+//! Data generators shared by the property tests (`tests/it/admission/properties/`), the fuzz
 //! targets (`fuzz/`) and the benches: the injection configs admission runs under, and a large
 //! synthetic JobSet review.
 
