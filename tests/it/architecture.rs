@@ -329,6 +329,88 @@ fn no_file_of_src_has_over_about_800_lines_of_code() {
     );
 }
 
+/// The test estate's rule: no file of `tests/`, `testkit/` or `benches/` over about 1,000 lines
+/// (a test binary of several areas is a folder of modules, one per area).
+const MOST_TEST_LINES: usize = 1_050;
+
+#[test]
+fn no_file_of_the_test_estate_has_over_about_1000_lines() {
+    let root = Path::new(ROOT);
+    let files: Vec<PathBuf> = ["tests", "testkit", "benches"]
+        .iter()
+        .flat_map(|d| rs_files(&root.join(d)))
+        .collect();
+    assert!(files.len() > 50, "the test estate was read: {files:?}");
+    let big: Vec<String> = files
+        .into_iter()
+        .filter_map(|file| {
+            let lines = std::fs::read_to_string(&file)
+                .expect("read")
+                .lines()
+                .count();
+            (lines > MOST_TEST_LINES).then(|| format!("{}: {lines} lines", file.display()))
+        })
+        .collect();
+    assert!(
+        big.is_empty(),
+        "test files over {MOST_TEST_LINES} lines (split them by area): {big:#?}"
+    );
+}
+
+/// A module's tests over about 300 lines go to a child file (`tests.rs`) beside their code.
+const MOST_INLINE_TEST_LINES: usize = 320;
+
+/// The lines of each inline `#[cfg(test)] mod NAME { ... }` of `text` (to its closing brace at
+/// column 0).
+fn inline_test_modules(text: &str) -> Vec<usize> {
+    let lines: Vec<&str> = text.lines().collect();
+    (0..lines.len())
+        .filter(|&i| {
+            lines[i].starts_with("#[cfg(test)]")
+                && lines
+                    .get(i + 1)
+                    .is_some_and(|l| l.starts_with("mod ") && l.ends_with('{'))
+        })
+        .map(|i| {
+            lines[i + 1..]
+                .iter()
+                .position(|l| *l == "}")
+                .map_or(lines.len() - i, |end| end + 2)
+        })
+        .collect()
+}
+
+#[test]
+fn no_inline_test_module_has_over_about_300_lines() {
+    let root = Path::new(ROOT);
+    let big: Vec<String> = ["src", "testkit/src"]
+        .iter()
+        .flat_map(|d| rs_files(&root.join(d)))
+        .flat_map(|file| {
+            let text = std::fs::read_to_string(&file).expect("read");
+            inline_test_modules(&text)
+                .into_iter()
+                .filter(|n| *n > MOST_INLINE_TEST_LINES)
+                .map(move |n| format!("{}: {n} lines", file.display()))
+        })
+        .collect();
+    assert!(
+        big.is_empty(),
+        "inline test modules over {MOST_INLINE_TEST_LINES} lines (move them to a child \
+         tests.rs): {big:#?}"
+    );
+}
+
+#[test]
+fn inline_test_modules_are_measured() {
+    let text = "fn a() {}\n\n#[cfg(test)]\nmod tests {\n    #[test]\n    fn t() {}\n}\n";
+    assert_eq!(inline_test_modules(text), vec![5]);
+    assert_eq!(
+        inline_test_modules("#[cfg(test)]\nmod tests;\n"),
+        Vec::<usize>::new()
+    );
+}
+
 /// docs/security.md names, in the last column of each of its tables, the tests that show each
 /// row: every row names at least one, and every name is real — a test function (`name`, or
 /// `module::path::tests::name` in that module's file, or a whole `…::tests` module), a file
@@ -413,8 +495,16 @@ fn every_test_docs_security_names_exists() {
                 named += 1;
                 let segments: Vec<&str> = token.split("::").collect();
                 let found = match segments.iter().position(|s| *s == "tests") {
+                    // The tests inline in the module's file, or in its child `tests.rs`.
                     Some(at) => module_file(&segments[..at]).is_some_and(|f| {
-                        let text = std::fs::read_to_string(f).expect("module");
+                        let mut text = std::fs::read_to_string(&f).expect("module");
+                        let child = match f.file_name().and_then(|n| n.to_str()) {
+                            Some("mod.rs") => f.with_file_name("tests.rs"),
+                            _ => f.with_extension("").join("tests.rs"),
+                        };
+                        if let Ok(tests) = std::fs::read_to_string(child) {
+                            text.push_str(&tests);
+                        }
                         text.contains("mod tests")
                             && segments[at + 1..]
                                 .last()
