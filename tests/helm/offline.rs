@@ -12,14 +12,36 @@ fn the_charts_version_and_app_version_are_the_crates() {
     assert_eq!(chart["appVersion"], version, "Chart.yaml appVersion");
 }
 
+/// `path` of the chart is a link to `target` of the repository (one copy: `helm package` puts
+/// what the link points to into the chart's archive).
+fn assert_linked(path: &str, target: &str) {
+    let link = chart_dir().join(path);
+    let to = std::fs::read_link(&link).unwrap_or_else(|e| {
+        panic!(
+            "charts/jobset-inplace/{path} must be a link to {target} (one copy), not a file: {e}"
+        )
+    });
+    let resolved = link
+        .parent()
+        .expect("in the chart")
+        .join(to)
+        .canonicalize()
+        .expect("the link resolves");
+    assert_eq!(
+        resolved,
+        repo().join(target).canonicalize().expect(target),
+        "charts/jobset-inplace/{path}"
+    );
+}
+
+/// One dashboard: the chart's is a link to deploy/'s, and `metrics.dashboard.enabled` renders it.
 #[test]
 fn the_charts_dashboard_is_deploys() {
-    let ours = std::fs::read(repo().join("deploy/grafana/jobset-inplace.json")).expect("dashboard");
-    let chart = std::fs::read(chart_dir().join("files/jobset-inplace.json")).expect("chart copy");
-    assert!(
-        ours == chart,
-        "charts/jobset-inplace/files/jobset-inplace.json differs from deploy/grafana/jobset-inplace.json: copy it"
+    assert_linked(
+        "files/jobset-inplace.json",
+        "deploy/grafana/jobset-inplace.json",
     );
+    let ours = std::fs::read(repo().join("deploy/grafana/jobset-inplace.json")).expect("dashboard");
     let Some(helm) = helm() else { return };
     let objects = template(&helm, &["metrics.dashboard.enabled=true"]);
     let cm = object(&objects, "ConfigMap", "jobset-inplace-dashboard");
@@ -562,7 +584,7 @@ fn the_schema_and_the_binary_accept_the_same_durations() {
 }
 
 /// The line of charts/jobset-inplace/README.md below which the values' table is generated.
-const README_MARKER: &str = "<!-- The table below is generated from values.yaml by tests/helm.rs \
+const README_MARKER: &str = "<!-- The table below is generated from values.yaml by tests/helm/ \
                              (UPDATE_CHART_README=1 cargo test --test helm chart_readme). -->";
 
 /// The values' table of the chart's README: one row per leaf of values.yaml (a key whose value
@@ -666,12 +688,8 @@ fn chart_readme_lists_every_value_as_values_yaml_says() {
 
 #[test]
 fn the_chart_carries_the_projects_licence() {
+    assert_linked("LICENSE", "LICENSE");
     let root = std::fs::read(repo().join("LICENSE")).expect("LICENSE");
-    let chart = std::fs::read(chart_dir().join("LICENSE")).expect("charts/jobset-inplace/LICENSE");
-    assert!(
-        root == chart,
-        "the chart's LICENSE differs from the repository's"
-    );
     assert!(String::from_utf8_lossy(&root).contains("Apache License"));
 }
 
