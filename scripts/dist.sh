@@ -278,7 +278,7 @@ PY
 done
 
 step "Helm chart"
-# charts/jobset-inplace packaged as is (its version and appVersion are the crate's: tests/helm.rs);
+# charts/jobset-inplace packaged as is (its version and appVersion are the crate's: tests/helm/);
 # helm is built from its pinned Go module by scripts/helm.sh (cached).
 scripts/helm.sh lint --strict charts/jobset-inplace
 scripts/helm.sh package charts/jobset-inplace --destination "$dist"

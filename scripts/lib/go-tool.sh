@@ -13,7 +13,7 @@
 # flags and LDFLAGS>: a changed pin, Go or flag builds again. ROOT is this build's alone: its
 # other directories (older keys) are removed after a build. Progress goes to stderr. Calls on one
 # ROOT take turns (flock on ROOT/.lock): one that waited finds the binaries the other built
-# (.ci/run builds helm in the background while tests/helm.rs may ask for it).
+# (.ci/run builds helm in the background while tests/helm/ may ask for it).
 # Go's module and build caches are Go's own (GOMODCACHE, GOCACHE): the graphs share them.
 
 go_tool_flags="CGO_ENABLED=0 go build -mod=readonly -trimpath"

@@ -509,7 +509,7 @@ fn any_pod() -> impl Strategy<Value = PodView> {
 
 proptest! {
     // A failure prints its minimal input; it becomes a unit test (as in the property tests
-    // of tests/it/admission/properties.rs, nothing is persisted).
+    // of tests/it/admission/properties/, nothing is persisted).
     #![proptest_config(ProptestConfig {
         cases: 512,
         failure_persistence: None,

@@ -1,6 +1,6 @@
 //! The integration tests, one binary (`cargo test --test it [filter]`), one module per area; a
 //! test's name is its path: `cargo test --test it reconciler::deadline::`. `tests/real_cluster/`,
-//! `tests/real_node/` and `tests/helm.rs` stay binaries of their own: CI runs them by name
+//! `tests/real_node/` and `tests/helm/` stay binaries of their own: CI runs them by name
 //! against a real control plane or node.
 //!
 //! One process runs every test here (two at a time, as `cargo test` sets the threads), so a test

@@ -15,7 +15,7 @@
 //! - a JobSet applied (or updated) again without what the webhook injected, as Kubeflow Trainer
 //!   writes its JobSets, is stored unchanged through our webhooks and JobSet's; with the webhook
 //!   gone, a label change and a finalizer removal from a JobSet being deleted go through;
-//! - a group restart end to end: the test kit's node (`testkit/src/node.rs`) binds the pods the
+//! - a group restart end to end: the test kit's node (`testkit/src/node/`) binds the pods the
 //!   real Job controller made and runs the real agent binary in each, and a worker's exit
 //!   restarts every pod in place.
 //!

@@ -1,4 +1,4 @@
-//! A group restart end to end: a node (testkit/src/node.rs) binds and runs the pods with the
+//! A group restart end to end: a node (testkit/src/node/) binds and runs the pods with the
 //! real agent binary, beside the real Job and JobSet controllers
 
 use super::*;
