@@ -293,7 +293,9 @@ fn issue_with(
         reason: e.to_string(),
     })?;
     let mut dn = DistinguishedName::new();
-    dn.push(DnType::CommonName, names[0].as_str());
+    if let Some(first) = names.first() {
+        dn.push(DnType::CommonName, first.as_str());
+    }
     params.distinguished_name = dn;
     params.is_ca = IsCa::ExplicitNoCa;
     params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
