@@ -65,6 +65,7 @@ fn chart_dir() -> PathBuf {
 }
 mod cluster;
 mod offline;
+mod render;
 
 // ---------------------------------------------------------------------------------------------
 // Running helm and kubectl
