@@ -72,12 +72,13 @@ if [[ -z "$helm" ]]; then
 fi
 
 # Reads `helm template --show-only` of one template on stdin; writes the generated file: the
-# header (argv[1]), then the objects without Helm's source lines, labels and checksum (or, with
-# argv[2], only that key of the ConfigMap's data, a block scalar).
+# header (argv[1]), then the objects without Helm's source lines, labels and checksum, in the
+# template's order (argv[3]; helm sorts them by kind); or, with a key (argv[2]), only that key of
+# the ConfigMap's data, a block scalar.
 filter() {
   python3 -c '
 import re, sys
-header, key = sys.argv[1], sys.argv[2]
+header, key, template = sys.argv[1], sys.argv[2], sys.argv[3]
 lines = sys.stdin.read().split("\n")
 if key:
     start = next(i for i, l in enumerate(lines) if l.strip() == key + ": |")
@@ -91,21 +92,39 @@ if key:
         body.pop()
     sys.stdout.write(header + "\n".join(body) + "\n")
     sys.exit(0)
+
+def documents(lines):
+    docs = [[]]
+    for l in lines:
+        if l == "---":
+            docs.append([])
+        else:
+            docs[-1].append(l)
+    return [d for d in docs if any(x.strip() and not x.startswith("#") for x in d)]
+
+def identity(doc):
+    kind = next((m.group(1) for m in map(re.compile(r"kind: (\S+)$").match, doc) if m), "")
+    name = next((m.group(1) for m in map(re.compile(r"  name: (\S+)$").match, doc) if m), "")
+    return kind, name
+
+order = [identity(d) for d in documents(open(template).read().split("\n"))]
 helm_only = re.compile(r"\s*(app\.kubernetes\.io/(instance|managed-by|version)|helm\.sh/chart|checksum/config): ")
-kept = [l for l in lines if not helm_only.match(l) and not l.startswith("# Source: ")]
-while kept and kept[0] in ("", "---"):
-    kept.pop(0)
-# A labels: or annotations: key left with nothing under it goes too.
+docs = documents([l for l in lines if not helm_only.match(l) and not l.startswith("# Source: ")])
+docs.sort(key=lambda d: order.index(identity(d)) if identity(d) in order else len(order))
 out = []
-for i, l in enumerate(kept):
-    m = re.fullmatch(r"(\s*)(labels|annotations):", l)
-    if m:
-        rest = [n for n in kept[i + 1:] if n.strip() and not n.lstrip().startswith("#")]
-        if not rest or len(rest[0]) - len(rest[0].lstrip()) <= len(m.group(1)):
-            continue
-    out.append(l.rstrip())
-while out and not out[-1]:
-    out.pop()
+for doc in docs:
+    if out:
+        out.append("---")
+    for i, l in enumerate(doc):
+        # A labels: or annotations: key left with nothing under it goes too.
+        m = re.fullmatch(r"(\s*)(labels|annotations):", l)
+        if m:
+            rest = [n for n in doc[i + 1:] if n.strip() and not n.lstrip().startswith("#")]
+            if not rest or len(rest[0]) - len(rest[0].lstrip()) <= len(m.group(1)):
+                continue
+        out.append(l.rstrip())
+    while out and not out[-1]:
+        out.pop()
 sys.stdout.write(header + "\n".join(out) + "\n")
 ' "$@"
 }
@@ -133,6 +152,6 @@ for row in "${table[@]}"; do
   }
   rm -f "$err"
   mkdir -p "$(dirname "$out/$path")"
-  filter "$header" "$key" <<<"$rendered" >"$out/$path"
+  filter "$header" "$key" "charts/jobset-inplace/templates/$template" <<<"$rendered" >"$out/$path"
 done
 echo "render-deploy: ${#table[@]} files of $out rendered from charts/jobset-inplace" >&2
