@@ -20,7 +20,8 @@
 #   jobset-inplace-<version>-<target>.cdx.json   per binary, the SBOM (CycloneDX JSON) of the
 #                            crates it links, from Cargo.lock by cargo-cyclonedx (pinned;
 #                            installed when missing)
-#   jobset-inplace-<version>.tgz   the Helm chart charts/jobset-inplace (`helm package`)
+#   jobset-inplace-<version>.tgz   the Helm chart charts/jobset-inplace (`helm package`), the one
+#                            source of deploy/'s objects (checked first: scripts/render-deploy.sh)
 #   kubectl-jobset_inplace-<version>-<machine>-unknown-linux-musl.tar.gz
 #                            the kubectl plugin: the same binary as kubectl-jobset_inplace (put it
 #                            on the PATH, then `kubectl jobset-inplace doctor`), krew's layout
@@ -140,6 +141,16 @@ render() {
     cat "$dir/rendered.yaml"
   } >"$out"
 }
+
+step "deploy/ is the chart's rendering"
+# The install manifests below come from deploy/, the chart from charts/jobset-inplace: the same
+# objects only while deploy/'s generated files are what the chart renders (scripts/render-deploy.sh;
+# tests/helm/ checks the same).
+scripts/render-deploy.sh --out "$work/render-deploy"
+while read -r path; do
+  cmp "$work/render-deploy/$path" "deploy/$path" ||
+    fail "deploy/$path is not what charts/jobset-inplace renders: run scripts/render-deploy.sh"
+done < <(scripts/render-deploy.sh --list)
 
 step "install manifests"
 variants=()

@@ -1,12 +1,19 @@
 //! The Helm chart `charts/jobset-inplace/`, with helm built from its Go module by
 //! `scripts/helm.sh` (pinned in `scripts/tools/go.mod`, cached):
 //!
+//! - the chart is the one source of deploy/'s objects (`render.rs`): `scripts/render-deploy.sh`
+//!   renders deploy/'s generated files again and they must be the tracked bytes (the first
+//!   differing file and line named), and no resource of deploy/ written by hand holds an object
+//!   the chart renders;
 //! - `helm lint --strict` passes for every variant;
 //! - `helm template` of each variant renders the objects `kubectl kustomize` renders of the
 //!   matching overlay (and with the monitoring and network-policy toggles, of the overlay with
 //!   those components): the same kinds and names, and every field of every object equal but for
-//!   what Helm adds (its labels, the config checksum) and the kustomize ConfigMap's hash suffix;
-//!   so the chart and the kustomize tree cannot drift;
+//!   what Helm adds (its labels, the config checksum) and the kustomize ConfigMap's hash suffix.
+//!   The objects are the chart's own in both (rendered); what this holds is the hand-written
+//!   kustomize patches that select a variant (the self-signed webhook, cert-manager's CA
+//!   injection, the attempt dialect's agent policy, jobset-native's reconciler env) against the
+//!   chart's values that select the same variant;
 //! - values reach the objects (images, pull secrets, replicas, scheduling, the group-restart
 //!   timeout, the opt-in namespace selector, the injection config), which the binary's own config
 //!   loader and CLI accept;
@@ -65,6 +72,7 @@ fn chart_dir() -> PathBuf {
 }
 mod cluster;
 mod offline;
+mod render;
 
 // ---------------------------------------------------------------------------------------------
 // Running helm and kubectl

@@ -1,4 +1,5 @@
-//! Without a cluster: `helm lint --strict`, each variant rendered equal to its kustomize overlay,
+//! Without a cluster: `helm lint --strict`, each variant rendered equal to its kustomize overlay
+//! (the overlays' hand-written variant patches against the chart's values),
 //! values reaching the objects, the values schema, versions, Kubernetes 1.35 validity.
 
 use super::*;
@@ -75,6 +76,9 @@ fn the_chart_lints_strictly_in_every_variant() {
     }
 }
 
+/// The overlays' objects are rendered from the chart (`render.rs`); their variant patches are
+/// written by hand, and this holds each overlay, patches applied, to the chart with the values of
+/// the same variant.
 #[test]
 fn each_variant_renders_the_objects_of_its_overlay() {
     let Some(helm) = helm() else { return };

@@ -68,20 +68,6 @@ fn the_injection_config_loads_with_each_overlays_dialect() {
     }
 }
 
-#[test]
-fn the_attempt_config_is_the_epoch_config_but_for_the_protocol() {
-    let read = |p: &str| -> serde_json::Map<String, Value> {
-        let text = std::fs::read_to_string(deploy_dir().join(p)).expect("read");
-        let mut map: serde_json::Map<String, Value> = serde_saphyr::from_str(&text).expect("yaml");
-        map.remove("protocol").expect("names its protocol");
-        map
-    };
-    assert_eq!(
-        read("base/config.yaml"),
-        read("components/attempt-dialect/config.yaml")
-    );
-}
-
 // ---------------------------------------------------------------------------------------------
 // Flags, env, mounts and probes agree with the binary
 // ---------------------------------------------------------------------------------------------
