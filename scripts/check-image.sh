@@ -117,6 +117,17 @@ check_arch() {
   # last build's src/); the cargo target directories are kept, as a BuildKit cache would be.
   find "$builder" -mindepth 2 -maxdepth 2 ! -name target -exec rm -rf {} +
 
+  replay_dockerfile "$arch"
+  check_files "$arch"
+  check_static "$arch"
+  check_runs "$arch"
+  step "$arch: $(du -h "$bin" | cut -f1) binary"
+}
+
+# The Dockerfile replayed for ARCH: the builder stage run here, the final stage's files copied
+# into $rootfs; sets user and entrypoint (the final stage's).
+replay_dockerfile() {
+  local arch=$1
   stage=0
   workdir="$builder"
   user=""
@@ -124,74 +135,88 @@ check_arch() {
   while IFS= read -r line; do
     instr=${line%%[[:space:]]*}
     args=$(sed -E 's/^[A-Z]+[[:space:]]+//' <<<"$line")
-    case "$stage:$instr" in
-    *:FROM)
-      stage=$((stage + 1))
-      step "$arch: stage $stage: $args"
-      ;;
-    1:ARG)
-      # TARGETARCH is set above; any other ARG takes its default unless the caller set it.
-      name=${args%%=*}
-      if [[ "$args" == *=* && -z "${!name:-}" ]]; then export "$name=${args#*=}"; fi
-      echo "ARG $name=${!name:-}"
-      ;;
-    1:WORKDIR)
-      workdir=$(in_builder "$args")
-      mkdir -p "$workdir"
-      ;;
-    1:COPY)
-      read -r -a parts <<<"$args"
-      dest=$(in_builder "${parts[-1]}")
-      for src in "${parts[@]:0:${#parts[@]}-1}"; do
-        # As Docker's COPY: modification times kept, a directory's contents replace the target's.
-        if [[ -d "$src" ]]; then
-          rm -rf "${dest%/}"
-          cp -a "$src" "${dest%/}"
-        else
-          mkdir -p "$dest"
-          cp -p "$src" "$dest"
-        fi
-      done
-      ;;
-    1:RUN)
-      if [[ "$args" == apt-get* ]]; then
-        echo "(skipped here, done above: $args)"
-      else
-        echo "+ $args"
-        (cd "$workdir" && bash -euo pipefail -c "$args")
-      fi
-      ;;
-    1:ENV)
-      export "${args?}"
-      ;;
-    2:COPY)
-      read -r -a parts <<<"$args"
-      [[ "${parts[0]}" == --from=builder ]] || fail "unexpected COPY in the final stage: $args"
-      src=${parts[1]}
-      dest="$rootfs${parts[2]}"
-      # Files the builder image has from Debian (CA certificates) come from this Debian machine.
-      [[ -e "$builder$src" ]] && src="$builder$src"
-      mkdir -p "$(dirname "$dest")"
-      cp -p "$src" "$dest"
-      echo "$src -> ${parts[2]}"
-      ;;
-    2:USER) user=$args ;;
-    2:ENTRYPOINT) entrypoint=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])[0])' "$args") ;;
-    *:LABEL) ;;
-    *) fail "check-image.sh does not know $instr in stage $stage: extend it" ;;
-    esac
+    replay_instruction "$arch"
   done < <(instructions)
   [[ $stage -eq 2 ]] || fail "expected two stages, found $stage"
   [[ -n "$user" && -n "$entrypoint" ]] || fail "no USER or ENTRYPOINT in the final stage"
+}
 
+# One instruction of the Dockerfile ($instr, its arguments $args) in stage $stage.
+replay_instruction() {
+  local arch=$1
+  case "$stage:$instr" in
+  *:FROM)
+    stage=$((stage + 1))
+    step "$arch: stage $stage: $args"
+    ;;
+  1:ARG)
+    # TARGETARCH is set above; any other ARG takes its default unless the caller set it.
+    name=${args%%=*}
+    if [[ "$args" == *=* && -z "${!name:-}" ]]; then export "$name=${args#*=}"; fi
+    echo "ARG $name=${!name:-}"
+    ;;
+  1:WORKDIR)
+    workdir=$(in_builder "$args")
+    mkdir -p "$workdir"
+    ;;
+  1:COPY)
+    read -r -a parts <<<"$args"
+    dest=$(in_builder "${parts[-1]}")
+    for src in "${parts[@]:0:${#parts[@]}-1}"; do
+      # As Docker's COPY: modification times kept, a directory's contents replace the target's.
+      if [[ -d "$src" ]]; then
+        rm -rf "${dest%/}"
+        cp -a "$src" "${dest%/}"
+      else
+        mkdir -p "$dest"
+        cp -p "$src" "$dest"
+      fi
+    done
+    ;;
+  1:RUN)
+    if [[ "$args" == apt-get* ]]; then
+      echo "(skipped here, done above: $args)"
+    else
+      echo "+ $args"
+      (cd "$workdir" && bash -euo pipefail -c "$args")
+    fi
+    ;;
+  1:ENV)
+    export "${args?}"
+    ;;
+  2:COPY)
+    read -r -a parts <<<"$args"
+    [[ "${parts[0]}" == --from=builder ]] || fail "unexpected COPY in the final stage: $args"
+    src=${parts[1]}
+    dest="$rootfs${parts[2]}"
+    # Files the builder image has from Debian (CA certificates) come from this Debian machine.
+    [[ -e "$builder$src" ]] && src="$builder$src"
+    mkdir -p "$(dirname "$dest")"
+    cp -p "$src" "$dest"
+    echo "$src -> ${parts[2]}"
+    ;;
+  2:USER) user=$args ;;
+  2:ENTRYPOINT) entrypoint=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])[0])' "$args") ;;
+  *:LABEL) ;;
+  *) fail "check-image.sh does not know $instr in stage $stage: extend it" ;;
+  esac
+}
+
+# The final image holds the binary and the CA certificates, nothing else; sets bin.
+check_files() {
+  local arch=$1
   step "$arch: the image's files"
   (cd "$rootfs" && find . -type f -printf '%p %s bytes\n')
   bin="$rootfs$entrypoint"
   [[ -x "$bin" ]] || fail "$entrypoint is not in the image"
   [[ $(find "$rootfs" -type f | wc -l) -eq 2 ]] || fail "the image holds more than the binary and the CA certificates"
+}
 
+# The binary is static, for ARCH's machine; sets run (the emulator, for arm64).
+check_static() {
+  local arch=$1 machine
   step "$arch: statically linked, for the right machine"
-  local machine run=()
+  run=()
   case "$arch" in
   amd64) machine='x86-64' ;;
   arm64) machine='ARM aarch64' run=("$qemu") ;;
@@ -203,7 +228,11 @@ check_arch() {
   ldd_out=$(ldd "$bin" 2>&1 || true)
   echo "ldd: $ldd_out"
   grep -Eq 'statically linked|not a dynamic executable' <<<"$ldd_out" || fail "ldd lists libraries"
+}
 
+# The binary runs as the image runs it: --help, --version, the offline review of a fixture.
+check_runs() {
+  local arch=$1
   # As the image runs: its USER, an empty environment, / as the working directory (the arm64
   # binary under qemu-user, named explicitly: no binfmt_misc registration is needed).
   uid=${user%%:*}
@@ -251,7 +280,6 @@ PY
       echo "byte for byte the same as target/debug/jobset-inplace's answer"
     fi
   done
-  step "$arch: $(du -h "$bin" | cut -f1) binary"
 }
 
 for arch in "${arches[@]}"; do

@@ -15,6 +15,10 @@
 # ROOT take turns (flock on ROOT/.lock): one that waited finds the binaries the other built
 # (.ci/run builds helm in the background while tests/helm/ may ask for it).
 # Go's module and build caches are Go's own (GOMODCACHE, GOCACHE): the graphs share them.
+#
+# Needs: function die; go, flock, sha256sum.
+# Provides: go_tool_build (and its helpers go_tool_build_locked, go_tool_key,
+#   go_tool_default_name, go_tool_flags).
 
 go_tool_flags="CGO_ENABLED=0 go build -mod=readonly -trimpath"
 

@@ -8,6 +8,10 @@
 #
 # The layer is reproducible (sorted names, owner 0, mtime 0), so the same ROOTFS gives the same
 # image ID.
+#
+# Needs: tar, sha256sum.
+# Provides: image_archive.
+
 image_archive() {
   local out="$1" tag="$2" rootfs="$3" entrypoint="$4" env="${5:-[\"PATH=/bin\"]}"
   local work layer_sha config config_sha arch

@@ -8,6 +8,10 @@
 #   install_manifest_render REPO WORKDIR FIELD PATH IMAGE_NAME VERSION > rendered.yaml
 #     FIELD: resources or components; PATH: relative to REPO/deploy (e.g. overlays/epoch).
 #     WORKDIR (created) gets the kustomization.yaml.
+#
+# Needs: kubectl; cargo and python3 (install_manifest_version).
+# Provides: install_manifest_render, install_manifest_version REPO.
+
 install_manifest_render() {
   local repo=$1 dir=$2 field=$3 path=$4 image_name=$5 version=$6
   mkdir -p "$dir"
