@@ -137,7 +137,8 @@ die() {
 }
 
 usage() {
-  sed -n '2,40p' "$0" | sed 's/^# \{0,1\}//' >&2
+  # The header up to the end of its list of subcommands (the third line that is only `#`).
+  awk 'NR > 1 { print } /^#$/ && ++n == 3 { exit }' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 }
 
