@@ -240,7 +240,7 @@ pub(crate) fn add_worker_rules(
                 ops.push(op);
             }
             WorkerRule::Unsafe(why) => {
-                if warnings.len() > super::validate::MAX_WARNINGS {
+                if warnings.len() > super::warnings::MAX_WARNINGS {
                     warnings.push(String::new());
                     continue;
                 }
@@ -248,7 +248,7 @@ pub(crate) fn add_worker_rules(
                     "spec.replicatedJobs[{replicated_job}]: container {}: no restart rule added, \
                      {why}: a crash of it fails its pod, which is replaced before the group \
                      restarts",
-                    super::validate::clip(c.name().to_owned())
+                    super::warnings::clip(c.name().to_owned())
                 ));
             }
         }
