@@ -220,7 +220,7 @@ fn main() {
              admission::review alone: {review_us:.0} us/request",
             body.len(),
             expected.http_status,
-            expected.outcome,
+            expected.decision.outcome,
             expected.body.len(),
         );
         println!(

@@ -3,7 +3,7 @@
 //! when something does not hold; none of them may panic otherwise.
 //!
 //! - [`review`]: the AdmissionReview decoder and decision (`admission::review`), checked against
-//!   reading a `Value` of the body (`admission::decide`), the patch it sends applied and sent
+//!   reading a `Value` of the body (`admission::review::value_path`), the patch it sends applied and sent
 //!   again;
 //! - [`offline`]: manifest parsing of `inject` and `check` (YAML or JSON, multi-document);
 //! - [`agent_env`]: the agent's environment parsing (`agent::config::from_env`);
@@ -64,7 +64,7 @@ pub fn review(data: &[u8]) {
             assert_eq!(reply.http_status, 400, "no uid, yet {body}");
             assert_eq!(body["kind"], "Status");
             assert_eq!(body["code"], 400);
-            assert_eq!(reply.outcome, ReviewOutcome::Error);
+            assert_eq!(reply.decision.outcome, ReviewOutcome::Error);
             continue;
         };
         assert_eq!(reply.http_status, 200, "{body}");
@@ -82,7 +82,7 @@ pub fn review(data: &[u8]) {
             );
         }
         let Some(patch) = response.get("patch") else {
-            assert!(reply.outcome != ReviewOutcome::Patched);
+            assert!(reply.decision.outcome != ReviewOutcome::Patched);
             continue;
         };
         assert_eq!(endpoint, Endpoint::Mutate, "validation patches");
@@ -117,7 +117,7 @@ pub fn review(data: &[u8]) {
         let reply = admission::review(Endpoint::Mutate, &again, &config);
         assert_eq!(reply.http_status, 200);
         assert!(
-            reply.outcome != ReviewOutcome::Patched,
+            reply.decision.outcome != ReviewOutcome::Patched,
             "the mutated object is patched again: {}",
             String::from_utf8_lossy(&reply.body)
         );

@@ -8,7 +8,9 @@
 //! - [`mutate`]: the injection plan (agent sidecar, env, service account) as JSON Patch operations;
 //! - [`sidecar`]: the agent container spec, its env entries and its token volume;
 //! - [`patch`]: the JSON Patch writer;
-//! - [`review`]: AdmissionReview decoding, the decision, and the encoded response;
+//! - [`review`]: the one entry ([`review()`], for the server and the offline commands alike):
+//!   AdmissionReview decoding, the one [`Decision`], and the [`Reply`] that carries it beside the
+//!   encoded response;
 //! - [`pod`]: reading containers, restart rules, env and probes of a pod template;
 //! - [`view`]: the views of a review and its JobSet the rules read, decoded straight from the
 //!   body (no `Value` of the whole review is ever built) by the lenient reader ([`lenient`]);
@@ -37,7 +39,7 @@ pub(crate) mod worker;
 pub use config::InjectionConfig;
 #[cfg(any(test, feature = "test-api"))]
 pub use mutate::{mutate, mutate_update};
-pub use review::{Request, Verdict, decide, review};
+pub use review::{Decision, Reply, review};
 pub use rule::Rule;
 #[cfg(any(test, feature = "test-api"))]
 pub use validate::{validate, validate_update};
@@ -93,17 +95,6 @@ impl ReviewOutcome {
     }
 }
 
-/// The answer to one AdmissionReview body: HTTP status, response body, outcome.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Reply {
-    pub http_status: u16,
-    pub body: Vec<u8>,
-    pub outcome: ReviewOutcome,
-    /// The rules a denial breaks, each once: what the denial metric counts (empty for a denial
-    /// of a malformed request and for every other outcome).
-    pub rules: Vec<Rule>,
-}
-
 /// One validation failure: the JSON field path and a message a user can act on.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Violation {
@@ -114,7 +105,8 @@ pub struct Violation {
     pub message: String,
 }
 
-/// The result of validating one JobSet. At most [`validate::MAX_VIOLATIONS`] violations and
+/// The inner result of validating one JobSet (`validate::validate_view`), which [`review()`]
+/// turns into its [`Decision`]. At most [`validate::MAX_VIOLATIONS`] violations and
 /// [`validate::MAX_WARNINGS`] warnings are kept (the first ones); the rest are counted.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Validation {
@@ -132,8 +124,9 @@ pub struct Validation {
 }
 
 #[cfg(any(test, feature = "test-api"))]
-/// The result of mutating one JobSet: targeted JSON Patch operations (empty when nothing changes)
-/// and admission warnings.
+/// The result of the test API's [`mutate()`] / [`mutate_update()`] (the injection over a `Value`,
+/// for the tests): targeted JSON Patch operations (empty when nothing changes) and admission
+/// warnings. The product's answer is [`review()`]'s [`Decision`].
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Mutation {
     pub patch: json_patch::Patch,

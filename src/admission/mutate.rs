@@ -262,11 +262,13 @@ pub(crate) fn mutate_view(
                     .filter(|a| a.container.list == ContainerList::Regular)
                     .map(|a| a.container.index);
                 super::worker::add_worker_rules(
-                    &pod_ptr,
-                    pod_spec,
-                    job_spec.pod_failure_policy.as_ref(),
-                    main_agent,
-                    i,
+                    super::worker::WorkerPod {
+                        ptr: &pod_ptr,
+                        spec: pod_spec,
+                        policy: job_spec.pod_failure_policy.as_ref(),
+                        agent: main_agent,
+                        replicated_job: i,
+                    },
                     MAX_PATCH_BYTES,
                     &mut out,
                     &mut warnings,

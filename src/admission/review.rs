@@ -1,7 +1,8 @@
 //! AdmissionReview (`admission.k8s.io/v1`) handling: decoding a request body, deciding, and
 //! encoding the response exactly as the API server expects it (the JSON Patch base64-encoded as a
-//! string). The HTTPS server and the offline commands both go through [`review`] /
-//! [`decide`], so they answer the same bytes.
+//! string). The one entry: the HTTPS server and the offline commands (`inject`, `check`, `review`)
+//! all send a body through [`review`], which makes one [`Decision`] and encodes it into the
+//! [`Reply`] that carries both, so they cannot answer differently.
 
 use base64::Engine;
 use serde_json::{Value, json};
@@ -9,55 +10,37 @@ use serde_json::{Value, json};
 use super::config::InjectionConfig;
 use super::lenient::Str;
 use super::view::{self, JobSetView};
-use super::{
-    Endpoint, Reply, ReviewOutcome, Rule, Violation, mutate, patch, raw, status_body, validate,
-};
+use super::{Endpoint, ReviewOutcome, Rule, Violation, mutate, patch, raw, status_body, validate};
 
 pub const API_VERSION: &str = "admission.k8s.io/v1";
 pub const KIND: &str = "AdmissionReview";
 
-/// What an admission request asks, as far as the decision needs it.
-#[derive(Clone, Copy, Debug)]
-pub struct Request<'a> {
-    pub operation: &'a str,
-    /// `request.kind.group` / `request.kind.kind`.
-    pub group: &'a str,
-    pub kind: &'a str,
-    pub object: Option<&'a Value>,
-    pub old_object: Option<&'a Value>,
-}
-
-/// The decision on one request.
+/// The decision on one request: what [`review`] decides, before it is encoded into the
+/// response. The one decision type: the server's metrics and the offline commands read it from
+/// the [`Reply`] that carries it beside the encoded body.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Verdict {
+pub struct Decision {
     pub allowed: bool,
-    /// JSON Patch operations (mutation only; empty when nothing changes).
-    pub patch: json_patch::Patch,
+    /// The JSON Patch operations (mutation only; empty when nothing changes), their values
+    /// already JSON text, written into the response as they are ([`Decision::patch`]: as a
+    /// [`json_patch::Patch`]).
+    pub(crate) ops: Vec<patch::Op>,
     pub warnings: Vec<String>,
-    /// Why the request is denied: a Kubernetes `Status` (without the list framing).
+    /// Why the request is denied: a Kubernetes `Status` (without the list framing). `None` for an
+    /// HTTP error (the body is the `Status`).
     pub status: Option<Value>,
     pub outcome: ReviewOutcome,
     /// The violations a denial lists (its `Status` causes), each with its rule.
     pub violations: Vec<Violation>,
-    /// The rules a denial breaks, each once (also those of violations past the listed ones).
+    /// The rules a denial breaks, each once (also those of violations past the listed ones):
+    /// what the denial metric counts (empty for a denial of a malformed request and for every
+    /// other outcome).
     pub rules: Vec<Rule>,
 }
 
-/// A decision as [`decide_view`] makes it: the patch as operations with their JSON text, written
-/// into the response as they are.
-struct Answer {
-    allowed: bool,
-    ops: Vec<patch::Op>,
-    warnings: Vec<String>,
-    status: Option<Value>,
-    outcome: ReviewOutcome,
-    violations: Vec<Violation>,
-    rules: Vec<Rule>,
-}
-
-impl Answer {
+impl Decision {
     fn allow() -> Self {
-        Answer {
+        Decision {
             allowed: true,
             ops: Vec::new(),
             warnings: Vec::new(),
@@ -68,11 +51,17 @@ impl Answer {
         }
     }
 
-    fn malformed(reason: &str) -> Self {
-        Answer {
+    /// The decision behind an HTTP error reply (its body the `Status` that says why).
+    pub fn error() -> Self {
+        Decision {
             allowed: false,
-            ops: Vec::new(),
-            warnings: Vec::new(),
+            outcome: ReviewOutcome::Error,
+            ..Decision::allow()
+        }
+    }
+
+    fn malformed(reason: &str) -> Self {
+        Decision {
             status: Some(json!({
                 "metadata": {},
                 "status": "Failure",
@@ -80,134 +69,128 @@ impl Answer {
                 "reason": "BadRequest",
                 "code": 400
             })),
-            outcome: ReviewOutcome::Error,
-            violations: Vec::new(),
-            rules: Vec::new(),
+            ..Decision::error()
         }
     }
-}
 
-impl From<Answer> for Verdict {
-    fn from(a: Answer) -> Self {
-        Verdict {
-            allowed: a.allowed,
-            patch: json_patch::Patch(a.ops.iter().map(patch::Op::to_patch_operation).collect()),
-            warnings: a.warnings,
-            status: a.status,
-            outcome: a.outcome,
-            violations: a.violations,
-            rules: a.rules,
+    fn denied(status: Value, violations: Vec<Violation>, rules: Vec<Rule>) -> Self {
+        Decision {
+            allowed: false,
+            status: Some(status),
+            outcome: ReviewOutcome::Denied,
+            violations,
+            rules,
+            ..Decision::allow()
         }
     }
-}
 
-impl Verdict {
+    /// The patch, as a JSON Patch document (what the response carries, base64-encoded).
+    pub fn patch(&self) -> json_patch::Patch {
+        json_patch::Patch(self.ops.iter().map(patch::Op::to_patch_operation).collect())
+    }
+
     /// The message of a denial.
     pub fn message(&self) -> Option<&str> {
         self.status.as_ref()?.get("message")?.as_str()
     }
 }
 
-/// Decides one request for one endpoint. Pure.
-pub fn decide(endpoint: Endpoint, request: &Request<'_>, config: &InjectionConfig) -> Verdict {
-    let object = request.object.filter(|o| o.is_object());
-    let old_object = request.old_object.filter(|o| o.is_object());
-    let view = object.map(JobSetView::from_value);
-    let old_view = old_object.map(JobSetView::from_value);
-    let new_jobs = object.map_or(&[][..], validate::replicated_jobs);
-    let old_jobs = old_object.map_or(&[][..], validate::replicated_jobs);
-    let size = object.map_or(0, |o| serde_json::to_vec(o).map_or(0, |v| v.len()));
-    decide_view(
-        endpoint,
-        request.operation,
-        request.group,
-        request.kind,
-        view.as_ref(),
-        old_view.as_ref(),
-        |i| new_jobs.get(i).is_some() && new_jobs.get(i) == old_jobs.get(i),
-        &|i| Some((new_jobs.get(i)?.clone(), old_jobs.get(i)?.clone())),
-        config,
-        size,
-    )
-    .into()
+/// The answer to one AdmissionReview body: the HTTP status and the response body, encoded from
+/// the [`Decision`] it carries.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Reply {
+    pub http_status: u16,
+    pub body: Vec<u8>,
+    pub decision: Decision,
 }
 
-/// [`decide`] over the views of the object and the old object (present when they are objects);
-/// `unchanged(i)`: `spec.replicatedJobs[i]` is in both and equal (asked by the UPDATE ratchet
-/// only); `jobs(i)`: `spec.replicatedJobs[i]` of both, as values (asked by the mutation of an
-/// UPDATE of an injected JobSet only); `size`: the object's size in bytes as written (an upper
-/// bound).
-#[allow(clippy::too_many_arguments)]
+impl Reply {
+    /// An HTTP error reply: a Kubernetes `Status` as the body ([`status_body`]).
+    pub fn error(code: u16, reason: &str, message: &str) -> Self {
+        Reply {
+            http_status: code,
+            body: status_body(code, reason, message),
+            decision: Decision::error(),
+        }
+    }
+}
+
+/// What one admission request asks, as the decision reads it: the view of the request.
+#[derive(Clone, Copy)]
+struct RequestView<'r, 'a> {
+    operation: &'r str,
+    /// `request.kind.group` / `request.kind.kind`.
+    group: &'r str,
+    kind: &'r str,
+    /// `request.object` and `request.oldObject`, when they are objects.
+    object: Option<&'r JobSetView<'a>>,
+    old_object: Option<&'r JobSetView<'a>>,
+    /// The object's size in bytes as written (an upper bound).
+    size: usize,
+    /// `spec.replicatedJobs` of both objects, read when an UPDATE asks for them.
+    jobs: &'r Jobs<'a>,
+}
+
+/// Decides one request for one endpoint. Pure.
 fn decide_view(
     endpoint: Endpoint,
-    operation: &str,
-    group: &str,
-    kind: &str,
-    object: Option<&JobSetView<'_>>,
-    old_object: Option<&JobSetView<'_>>,
-    unchanged: impl FnMut(usize) -> bool,
-    jobs: &mutate::JobPair<'_>,
+    request: &RequestView<'_, '_>,
     config: &InjectionConfig,
-    size: usize,
-) -> Answer {
+) -> Decision {
+    let RequestView {
+        operation,
+        group,
+        kind,
+        object,
+        old_object,
+        size,
+        jobs,
+    } = *request;
     let is_jobset = group == crate::jobset::GROUP && kind == crate::jobset::KIND;
     match operation {
         "CREATE" | "UPDATE" => {}
-        "DELETE" | "CONNECT" => return Answer::allow(),
-        "" => return Answer::malformed("request.operation is missing"),
-        other => return Answer::malformed(&format!("unknown request.operation {other:?}")),
+        "DELETE" | "CONNECT" => return Decision::allow(),
+        "" => return Decision::malformed("request.operation is missing"),
+        other => return Decision::malformed(&format!("unknown request.operation {other:?}")),
     }
     if kind.is_empty() {
-        return Answer::malformed("request.kind is missing");
+        return Decision::malformed("request.kind is missing");
     }
     if !is_jobset {
-        return Answer::allow();
+        return Decision::allow();
     }
     let Some(object) = object else {
-        return Answer::malformed(&format!(
+        return Decision::malformed(&format!(
             "request.object is missing for {operation} of a JobSet"
         ));
     };
     match endpoint {
         Endpoint::Mutate => {
+            let pair = |i| jobs.get().pair(i);
             let scope = match (operation, old_object) {
                 ("CREATE", _) => mutate::Scope::Create,
-                ("UPDATE", Some(old)) => mutate::Scope::Update(old, jobs),
+                ("UPDATE", Some(old)) => mutate::Scope::Update(old, &pair),
                 // An UPDATE without the stored object: nothing says what was injected.
-                _ => return Answer::allow(),
+                _ => return Decision::allow(),
             };
             let (ops, warnings) = match mutate::mutate_view(object, config, size, scope) {
                 Ok(injection) => injection,
                 Err(mutate::Refusal::Invalid(violations, more, rules)) => {
-                    return Answer {
-                        allowed: false,
-                        ops: Vec::new(),
-                        warnings: Vec::new(),
-                        status: Some(invalid_status(object.name(), &violations, more)),
-                        outcome: ReviewOutcome::Denied,
-                        violations,
-                        rules,
-                    };
+                    let status = invalid_status(object.name(), &violations, more);
+                    return Decision::denied(status, violations, rules);
                 }
                 Err(mutate::Refusal::TooLarge(message)) => {
-                    return Answer {
-                        allowed: false,
-                        ops: Vec::new(),
-                        warnings: Vec::new(),
-                        status: Some(json!({
-                            "metadata": {},
-                            "status": "Failure",
-                            "message": message,
-                            "reason": "RequestEntityTooLarge",
-                            "code": 413
-                        })),
-                        outcome: ReviewOutcome::Denied,
-                        violations: Vec::new(),
-                        rules: vec![Rule::TooLarge],
-                    };
+                    let status = json!({
+                        "metadata": {},
+                        "status": "Failure",
+                        "message": message,
+                        "reason": "RequestEntityTooLarge",
+                        "code": 413
+                    });
+                    return Decision::denied(status, Vec::new(), vec![Rule::TooLarge]);
                 }
             };
-            let mut d = Answer::allow();
+            let mut d = Decision::allow();
             d.warnings = warnings;
             if !ops.is_empty() {
                 d.ops = ops;
@@ -218,27 +201,21 @@ fn decide_view(
         Endpoint::Validate => {
             let v = match old_object {
                 Some(old) if operation == "UPDATE" => {
-                    validate::validate_update_view(object, old, config, unchanged)
+                    validate::validate_update_view(object, old, config, |i| jobs.get().unchanged(i))
                 }
                 _ => validate::validate_view(object, config),
             };
-            let mut d = Answer::allow();
-            d.warnings = v.warnings;
+            let mut warnings = v.warnings;
             if v.more_warnings > 0 {
-                d.warnings
-                    .push(format!("and {} more warnings like these", v.more_warnings));
+                warnings.push(format!("and {} more warnings like these", v.more_warnings));
             }
-            if !v.violations.is_empty() || v.more_violations > 0 {
-                d.allowed = false;
-                d.outcome = ReviewOutcome::Denied;
-                d.status = Some(invalid_status(
-                    object.name(),
-                    &v.violations,
-                    v.more_violations,
-                ));
-                d.violations = v.violations;
-                d.rules = v.rules;
-            }
+            let mut d = if !v.violations.is_empty() || v.more_violations > 0 {
+                let status = invalid_status(object.name(), &v.violations, v.more_violations);
+                Decision::denied(status, v.violations, v.rules)
+            } else {
+                Decision::allow()
+            };
+            d.warnings = warnings;
             d
         }
     }
@@ -287,29 +264,24 @@ fn invalid_status(name: &str, violations: &[Violation], more: usize) -> Value {
 /// The body is decoded once into the [sparse views](super::view) the rules read, never into a `Value`;
 /// it answers exactly as reading a `Value` of the whole body did, for every body.
 pub fn review(endpoint: Endpoint, body: &[u8], config: &InjectionConfig) -> Reply {
-    let bad_request = |message: String| Reply {
-        http_status: 400,
-        body: status_body(400, "BadRequest", &message),
-        outcome: ReviewOutcome::Error,
-        rules: Vec::new(),
-    };
+    let bad_request = |message: &str| Reply::error(400, "BadRequest", message);
     if body.is_empty() {
-        return bad_request("cannot read AdmissionReview: the request body is empty".to_owned());
+        return bad_request("cannot read AdmissionReview: the request body is empty");
     }
     let review = match view::parse_review(body) {
         Ok(review) => review.unwrap_or_default(),
-        Err(e) => return bad_request(format!("cannot read AdmissionReview: invalid JSON: {e}")),
+        Err(e) => return bad_request(&format!("cannot read AdmissionReview: invalid JSON: {e}")),
     };
     let Some((request, uid)) = review.request.as_ref().and_then(|r| {
         let uid = r.uid.as_deref().filter(|u| !u.is_empty())?;
         Some((r, uid))
     }) else {
-        return bad_request("cannot read AdmissionReview: request.uid is missing".to_owned());
+        return bad_request("cannot read AdmissionReview: request.uid is missing");
     };
     let api_version = review.api_version.as_deref().unwrap_or("");
     let kind = review.kind.as_deref().unwrap_or("");
-    let answer = if api_version != API_VERSION || kind != KIND {
-        Answer::malformed(&format!(
+    let decision = if api_version != API_VERSION || kind != KIND {
+        Decision::malformed(&format!(
             "expected apiVersion {API_VERSION} kind {KIND}, got apiVersion {api_version:?} kind {kind:?}"
         ))
     } else {
@@ -317,49 +289,86 @@ pub fn review(endpoint: Endpoint, body: &[u8], config: &InjectionConfig) -> Repl
             s.map_or("", |s| s.as_ref())
         }
         let group_kind = request.kind.as_ref();
-        let jobs = std::cell::OnceCell::new();
-        let body_jobs = || jobs.get_or_init(|| BodyJobs::read(body));
-        decide_view(
-            endpoint,
-            text(request.operation.as_ref()),
-            text(group_kind.and_then(|k| k.group.as_ref())),
-            text(group_kind.and_then(|k| k.kind.as_ref())),
-            request.object.as_ref(),
-            request.old_object.as_ref(),
-            |i| body_jobs().unchanged(i),
-            &|i| body_jobs().pair(i),
-            config,
+        let operation = text(request.operation.as_ref());
+        let request = RequestView {
+            operation,
+            group: text(group_kind.and_then(|k| k.group.as_ref())),
+            kind: text(group_kind.and_then(|k| k.kind.as_ref())),
+            object: request.object.as_ref(),
+            old_object: request.old_object.as_ref(),
             // An UPDATE's body holds the stored object too: the new one is what gets injected.
-            if endpoint == Endpoint::Mutate && text(request.operation.as_ref()) == "UPDATE" {
+            size: if endpoint == Endpoint::Mutate && operation == "UPDATE" {
                 raw::object_len(body).unwrap_or(body.len())
             } else {
                 body.len()
             },
-        )
+            jobs: &Jobs::in_body(body),
+        };
+        decide_view(endpoint, &request, config)
     };
-    let patch = (!answer.ops.is_empty()).then(|| {
+    let patch = (!decision.ops.is_empty()).then(|| {
         let mut patch = Vec::with_capacity(
-            answer
+            decision
                 .ops
                 .iter()
                 .map(|o| o.path.len() + o.value.len() + 40)
                 .sum(),
         );
-        patch::write_patch(&answer.ops, &mut patch);
+        patch::write_patch(&decision.ops, &mut patch);
         patch
     });
     Reply {
         http_status: 200,
         body: encode_parts(
             uid,
-            answer.allowed,
-            answer.status.as_ref(),
+            decision.allowed,
+            decision.status.as_ref(),
             patch.as_deref(),
-            &answer.warnings,
+            &decision.warnings,
         )
         .unwrap_or_default(),
-        outcome: answer.outcome,
-        rules: answer.rules,
+        decision,
+    }
+}
+
+/// The AdmissionReview request body of a CREATE of the JobSet `object` (its JSON text, put in as
+/// it is): what the offline commands send down [`review`], the server's own path.
+pub fn create_body(object: &[u8]) -> Vec<u8> {
+    let mut body = Vec::with_capacity(object.len() + 200);
+    // The constants are plain strings: writing them cannot fail.
+    body.extend_from_slice(b"{\"apiVersion\":");
+    let _ = serde_json::to_writer(&mut body, API_VERSION);
+    body.extend_from_slice(b",\"kind\":");
+    let _ = serde_json::to_writer(&mut body, KIND);
+    body.extend_from_slice(b",\"request\":{\"uid\":\"offline\",\"kind\":{\"group\":");
+    let _ = serde_json::to_writer(&mut body, crate::jobset::GROUP);
+    body.extend_from_slice(b",\"version\":");
+    let _ = serde_json::to_writer(&mut body, crate::jobset::VERSION);
+    body.extend_from_slice(b",\"kind\":");
+    let _ = serde_json::to_writer(&mut body, crate::jobset::KIND);
+    body.extend_from_slice(b"},\"operation\":\"CREATE\",\"object\":");
+    body.extend_from_slice(object);
+    body.extend_from_slice(b"}}");
+    body
+}
+
+/// `spec.replicatedJobs` of both objects of a request, read from the body the first time an
+/// UPDATE asks for them.
+struct Jobs<'a> {
+    body: &'a [u8],
+    read: std::cell::OnceCell<BodyJobs<'a>>,
+}
+
+impl<'a> Jobs<'a> {
+    fn in_body(body: &'a [u8]) -> Self {
+        Jobs {
+            body,
+            read: std::cell::OnceCell::new(),
+        }
+    }
+
+    fn get(&self) -> &BodyJobs<'a> {
+        self.read.get_or_init(|| BodyJobs::read(self.body))
     }
 }
 
@@ -420,23 +429,70 @@ impl<'a> BodyJobs<'a> {
     }
 }
 
+/// The tests' second reader (the oracle of `testkit/src/oracle.rs` and the fuzz targets): a
+/// request read as a `serde_json::Value` instead of the body's bytes. Not an entry of the
+/// product: [`review`] is the one, for the server and the offline commands alike.
 #[cfg(any(test, feature = "test-api"))]
-/// The AdmissionReview response for a decision, written directly (the bytes a `Value` of it
-/// would serialize to: compact, keys in this order).
-pub fn encode(uid: &str, decision: &Verdict) -> Vec<u8> {
-    let patch = if decision.patch.0.is_empty() {
-        None
-    } else {
-        Some(serde_json::to_vec(&decision.patch).unwrap_or_default())
-    };
-    encode_parts(
-        uid,
-        decision.allowed,
-        decision.status.as_ref(),
-        patch.as_deref(),
-        &decision.warnings,
-    )
-    .unwrap_or_default()
+pub mod value_path {
+    use serde_json::Value;
+
+    use super::{BodyJobs, Decision, InjectionConfig, JobSetView, Jobs, RequestView};
+    use crate::admission::{Endpoint, validate};
+
+    /// An admission request as `Value`s.
+    #[derive(Clone, Copy, Debug)]
+    pub struct ValueRequest<'a> {
+        pub operation: &'a str,
+        /// `request.kind.group` / `request.kind.kind`.
+        pub group: &'a str,
+        pub kind: &'a str,
+        pub object: Option<&'a Value>,
+        pub old_object: Option<&'a Value>,
+    }
+
+    /// The decision [`super::review`] makes, read from `Value`s (the object's size its
+    /// serialization's).
+    pub fn decide(
+        endpoint: Endpoint,
+        request: &ValueRequest<'_>,
+        config: &InjectionConfig,
+    ) -> Decision {
+        let object = request.object.filter(|o| o.is_object());
+        let old_object = request.old_object.filter(|o| o.is_object());
+        let view = object.map(JobSetView::from_value);
+        let old_view = old_object.map(JobSetView::from_value);
+        let jobs = |o: Option<&Value>| o.map_or(&[][..], validate::replicated_jobs).to_vec();
+        let read = std::cell::OnceCell::new();
+        let _ = read.set(BodyJobs::Values(jobs(object), jobs(old_object)));
+        super::decide_view(
+            endpoint,
+            &RequestView {
+                operation: request.operation,
+                group: request.group,
+                kind: request.kind,
+                object: view.as_ref(),
+                old_object: old_view.as_ref(),
+                size: object.map_or(0, |o| serde_json::to_vec(o).map_or(0, |v| v.len())),
+                jobs: &Jobs { body: &[], read },
+            },
+            config,
+        )
+    }
+
+    /// The AdmissionReview response for a decision, the patch written by `serde_json` from
+    /// [`Decision::patch`] (the bytes [`super::review`] writes with its own patch writer).
+    pub fn encode(uid: &str, decision: &Decision) -> Vec<u8> {
+        let patch = (!decision.ops.is_empty())
+            .then(|| serde_json::to_vec(&decision.patch()).unwrap_or_default());
+        super::encode_parts(
+            uid,
+            decision.allowed,
+            decision.status.as_ref(),
+            patch.as_deref(),
+            &decision.warnings,
+        )
+        .unwrap_or_default()
+    }
 }
 
 /// The response, `patch` the JSON Patch document (when there is one).

@@ -183,21 +183,36 @@ fn takes_rule(c: &Container<'_>, agent: Option<usize>) -> bool {
         && c.restart_policy().is_none_or(|p| p == "Never")
 }
 
-/// Adds the worker rule to every worker of a pod template (at `pod_ptr`) that takes one;
-/// `agent`: the index of a main-container agent in `containers`. A worker for which no rule is
-/// safe gets none and a warning. Pods restarted by the kubelet itself (`restartPolicy:
+/// A pod template the workers' rule goes into.
+#[derive(Clone, Copy)]
+pub(crate) struct WorkerPod<'r, 'a> {
+    /// Where the pod spec is (`/spec/replicatedJobs/<i>/template/spec/template/spec`).
+    pub(crate) ptr: &'r Ptr,
+    pub(crate) spec: &'r PodSpec<'a>,
+    /// The Job's `podFailurePolicy`.
+    pub(crate) policy: Option<&'r PodFailurePolicy<'a>>,
+    /// The index of a main-container agent in `containers`.
+    pub(crate) agent: Option<usize>,
+    /// The index of its replicatedJob.
+    pub(crate) replicated_job: usize,
+}
+
+/// Adds the worker rule to every worker of a pod template that takes one. A worker for which no
+/// rule is safe gets none and a warning. Pods restarted by the kubelet itself (`restartPolicy:
 /// OnFailure`) are left alone. Stops adding once past `max_bytes` of operations.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn add_worker_rules(
-    pod_ptr: &Ptr,
-    pod_spec: &PodSpec<'_>,
-    policy: Option<&PodFailurePolicy<'_>>,
-    agent: Option<usize>,
-    replicated_job: usize,
+    pod: WorkerPod<'_, '_>,
     max_bytes: usize,
     ops: &mut Vec<Op>,
     warnings: &mut Vec<String>,
 ) {
+    let WorkerPod {
+        ptr: pod_ptr,
+        spec: pod_spec,
+        policy,
+        agent,
+        replicated_job,
+    } = pod;
     if pod_spec.restart_policy.as_deref() == Some("OnFailure") {
         return;
     }
@@ -240,7 +255,7 @@ pub(crate) fn add_worker_rules(
                 ops.push(op);
             }
             WorkerRule::Unsafe(why) => {
-                if warnings.len() > super::validate::MAX_WARNINGS {
+                if warnings.len() > super::warnings::MAX_WARNINGS {
                     warnings.push(String::new());
                     continue;
                 }
@@ -248,7 +263,7 @@ pub(crate) fn add_worker_rules(
                     "spec.replicatedJobs[{replicated_job}]: container {}: no restart rule added, \
                      {why}: a crash of it fails its pod, which is replaced before the group \
                      restarts",
-                    super::validate::clip(c.name().to_owned())
+                    super::warnings::clip(c.name().to_owned())
                 ));
             }
         }

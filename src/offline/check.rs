@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use super::Error;
 use super::documents::parse_all_documents;
-use super::inject::{apply_injection, create_request, for_each_jobset, is_jobset, object_name};
+use super::inject::{apply_injection, for_each_jobset, is_jobset, object_name, review_create};
 use super::trainer::{
     TRAINER_GROUP, in_group, is_runtime, kind_of, runtime_jobset, trainjob_jobset,
 };
@@ -379,7 +379,7 @@ fn judge(
     };
     let mut extra = Vec::new();
     if inject {
-        let injection = admission::decide(Endpoint::Mutate, &create_request(&jobset), config);
+        let injection = review_create(Endpoint::Mutate, &jobset, config)?;
         if !injection.allowed {
             // Denied by the mutating webhook, as the cluster would: with its reasons.
             let mut violations = injection.violations.clone();
@@ -400,7 +400,7 @@ fn judge(
         apply_injection(&mut jobset, &injection)?;
         extra = injection.warnings;
     }
-    let decision = admission::decide(Endpoint::Validate, &create_request(&jobset), config);
-    extra.extend(decision.warnings.iter().cloned());
-    Ok(check(decision.allowed, decision.violations.clone(), extra))
+    let decision = review_create(Endpoint::Validate, &jobset, config)?;
+    extra.extend(decision.warnings);
+    Ok(check(decision.allowed, decision.violations, extra))
 }

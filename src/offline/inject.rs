@@ -1,11 +1,12 @@
-//! `inject`: the mutating webhook's decision applied to every JobSet of a manifest file, through
-//! [`crate::admission::decide`], the server's own code path.
+//! `inject`: the mutating webhook's decision applied to every JobSet of a manifest file: each
+//! JobSet sent as the body of a CREATE through [`crate::admission::review`], the server's own
+//! entry.
 
 use serde_json::Value;
 
 use super::Error;
 use super::documents::{Format, marker_line, parse_all_documents};
-use crate::admission::{self, Endpoint, InjectionConfig, Request};
+use crate::admission::{self, Decision, Endpoint, InjectionConfig};
 
 /// `apiVersion: jobset.x-k8s.io/...`, `kind: JobSet`.
 pub(super) fn is_jobset(value: &Value) -> bool {
@@ -29,20 +30,30 @@ pub(super) fn object_name(value: &Value) -> String {
     }
 }
 
-pub(super) fn create_request(object: &Value) -> Request<'_> {
-    Request {
-        operation: "CREATE",
-        group: crate::jobset::GROUP,
-        kind: crate::jobset::KIND,
-        object: Some(object),
-        old_object: None,
+/// The decision of the webhook's `endpoint` on a CREATE of `object`: the JobSet's JSON text
+/// framed as an AdmissionReview body and sent through [`admission::review`], as the server
+/// receives it.
+pub(super) fn review_create(
+    endpoint: Endpoint,
+    object: &Value,
+    config: &InjectionConfig,
+) -> Result<Decision, Error> {
+    let text = serde_json::to_vec(object).map_err(Error::WriteJson)?;
+    let reply = admission::review(endpoint, &admission::review::create_body(&text), config);
+    if reply.http_status != 200 {
+        // Not reached: the body is a well-formed review.
+        return Err(Error::Denied {
+            object: object_name(object),
+            message: String::from_utf8_lossy(&reply.body).into_owned(),
+        });
     }
+    Ok(reply.decision)
 }
 
 /// Applies the mutating webhook's decision to a JobSet; returns whether it changed and its
 /// warnings.
 fn inject_object(object: &mut Value, config: &InjectionConfig) -> Result<Vec<String>, Error> {
-    let decision = admission::decide(Endpoint::Mutate, &create_request(object), config);
+    let decision = review_create(Endpoint::Mutate, object, config)?;
     if !decision.allowed {
         return Err(Error::Denied {
             object: object_name(object),
@@ -54,11 +65,8 @@ fn inject_object(object: &mut Value, config: &InjectionConfig) -> Result<Vec<Str
 }
 
 /// Applies an allowed mutating decision's patch to a JobSet.
-pub(super) fn apply_injection(
-    object: &mut Value,
-    decision: &admission::Verdict,
-) -> Result<(), Error> {
-    json_patch::patch(object, &decision.patch).map_err(|source| Error::Patch {
+pub(super) fn apply_injection(object: &mut Value, decision: &Decision) -> Result<(), Error> {
+    json_patch::patch(object, &decision.patch()).map_err(|source| Error::Patch {
         object: object_name(object),
         source,
     })

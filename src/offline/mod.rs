@@ -1,6 +1,7 @@
 //! Offline `inject`, `check` and `review`: the webhook's decisions without a cluster, so a user's
-//! CI can run admission tests. All three go through [`crate::admission::decide`] (and `review`
-//! through [`crate::admission::review`] itself), the server's own code path.
+//! CI can run admission tests. All three send an AdmissionReview body through
+//! [`crate::admission::review`], the server's own entry (`inject` and `check` one CREATE of each
+//! JobSet, [`crate::admission::review::create_body`]), and read its [`crate::admission::Decision`].
 
 use std::io::{Read, Write};
 use std::process::ExitCode;
@@ -320,7 +321,7 @@ impl ReviewArgs {
         };
         let reply = admission::review(endpoint, &body, &config);
         write_stdout(&reply.body)?;
-        Ok(ExitCode::from(review_exit_code(reply.outcome)))
+        Ok(ExitCode::from(review_exit_code(reply.decision.outcome)))
     }
 }
 

@@ -608,58 +608,6 @@ mod tests {
         }
     }
 
-    /// The rows of docs/operations.md's table of the `rule` label: (label, what).
-    fn documented_rules() -> Vec<(String, String)> {
-        let doc = include_str!("../../docs/operations.md");
-        let (_, after) = doc
-            .split_once("| rule | the field of `spec.replicatedJobs[i].template.spec` |")
-            .expect("the table of the `rule` label in docs/operations.md");
-        after
-            .lines()
-            .skip(2) // the separator row
-            .take_while(|l| l.starts_with('|'))
-            .filter_map(|l| {
-                let cells: Vec<&str> = l.split('|').map(str::trim).collect();
-                let label = cells.get(1)?.strip_prefix('`')?.strip_suffix('`')?;
-                Some((label.to_owned(), (*cells.get(2)?).to_owned()))
-            })
-            .collect()
-    }
-
-    /// docs/operations.md's table of the `rule` label lists every rule once, in `Rule::ALL`'s
-    /// order, then [`RULE_REQUEST`], and nothing else; the rows of the rules that require a value
-    /// state the value the rule holds.
-    #[test]
-    fn the_operations_guide_lists_every_rule_label_and_its_required_value() {
-        let rows = documented_rules();
-        let labels: Vec<&str> = rows.iter().map(|(l, _)| l.as_str()).collect();
-        let want: Vec<&str> = Rule::ALL
-            .iter()
-            .map(|r| r.label())
-            .chain([RULE_REQUEST])
-            .collect();
-        assert_eq!(
-            labels, want,
-            "docs/operations.md's rule table against Rule::ALL"
-        );
-        let what = |rule: Rule| {
-            rows.iter()
-                .find(|(l, _)| l == rule.label())
-                .map(|(_, w)| w.clone())
-                .unwrap_or_default()
-        };
-        let backoff = what(Rule::BackoffLimit);
-        assert!(
-            backoff.contains(&Rule::BACKOFF_LIMIT.to_string()),
-            "{backoff}"
-        );
-        let policy = what(Rule::PodReplacementPolicy);
-        assert!(
-            policy.contains(&format!("`{}`", Rule::POD_REPLACEMENT_POLICY)),
-            "{policy}"
-        );
-    }
-
     #[test]
     fn not_after_is_read_from_the_certificate() {
         let ca = crate::certs::generate_ca(Duration::from_secs(400 * 86_400)).expect("ca");

@@ -215,12 +215,7 @@ fn json_response(status: u16, body: Vec<u8>) -> Response {
 }
 
 fn error_reply(code: u16, reason: &str, message: &str) -> Reply {
-    Reply {
-        http_status: code,
-        body: admission::status_body(code, reason, message),
-        outcome: ReviewOutcome::Error,
-        rules: Vec::new(),
-    }
+    Reply::error(code, reason, message)
 }
 
 /// `application/json`, with or without parameters (`; charset=utf-8`), in any letter case.
@@ -454,16 +449,16 @@ async fn admit(state: &Handlers, endpoint: Endpoint, request: Request) -> Respon
     let reply = answer(state, endpoint, request).await;
     webhook.metrics.observe(
         endpoint,
-        reply.outcome,
+        reply.decision.outcome,
         reply.http_status,
         started.elapsed(),
     );
-    if reply.outcome == ReviewOutcome::Denied {
-        webhook.metrics.denied(endpoint, &reply.rules);
+    if reply.decision.outcome == ReviewOutcome::Denied {
+        webhook.metrics.denied(endpoint, &reply.decision.rules);
     }
     tracing::debug!(
         endpoint = endpoint.as_str(),
-        outcome = reply.outcome.as_str(),
+        outcome = reply.decision.outcome.as_str(),
         status = reply.http_status,
         elapsed_us = started.elapsed().as_micros() as u64,
         "admission request"

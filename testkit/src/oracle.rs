@@ -1,12 +1,14 @@
 //! The value path of admission, as a test oracle: read the body as a `Value` and decide on it
-//! with `admission::decide` (what the offline commands do). `admission::review` decodes bodies
-//! into sparse views instead and must answer exactly these bytes. Shared by the integration tests
+//! with `admission::review::value_path` (the test API's second reader: views of `Value`s, the
+//! UPDATE ratchet over values, the patch written by `serde_json`). `admission::review`, the one
+//! entry, decodes bodies into sparse views instead and must answer exactly these bytes. Shared by the integration tests
 //! and the fuzz targets (`fuzz/src/lib.rs`).
 
-use jobset_inplace::admission::{self, Endpoint, InjectionConfig, Request};
+use jobset_inplace::admission::review::value_path::{self, ValueRequest};
+use jobset_inplace::admission::{Endpoint, InjectionConfig};
 use serde_json::{Value, json};
 
-/// The reply of reading `body` as a `Value` and deciding on it with the value path (`decide`),
+/// The reply of reading `body` as a `Value` and deciding on it with the value path,
 /// framed as `review` frames it; `None` when the body has no usable AdmissionReview framing.
 pub fn review_through_value(
     endpoint: Endpoint,
@@ -25,9 +27,9 @@ pub fn review_through_value(
         v.and_then(Value::as_str).unwrap_or("")
     }
     let object = |key: &str| request.get(key).filter(|v| !v.is_null());
-    let decision = admission::decide(
+    let decision = value_path::decide(
         endpoint,
-        &Request {
+        &ValueRequest {
             operation: text(request.get("operation")),
             group: text(request.pointer("/kind/group")),
             kind: text(request.pointer("/kind/kind")),
@@ -36,5 +38,5 @@ pub fn review_through_value(
         },
         config,
     );
-    Some(admission::review::encode(uid, &decision))
+    Some(value_path::encode(uid, &decision))
 }

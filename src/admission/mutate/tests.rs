@@ -182,7 +182,7 @@ fn the_chosen_account_s_token_goes_to_the_agent_only() {
 }
 
 /// The mutating review of `js` through the body's bytes, and its violations' paths; the
-/// Value path ([`crate::admission::decide`]) answers the same.
+/// decision the reply carries and the response it encodes agree.
 fn refused_paths(js: &Value, config: &InjectionConfig) -> Vec<String> {
     let body = serde_json::to_vec(&json!({"apiVersion": "admission.k8s.io/v1",
             "kind": "AdmissionReview", "request": {"uid": "u", "operation": "CREATE",
@@ -191,20 +191,10 @@ fn refused_paths(js: &Value, config: &InjectionConfig) -> Vec<String> {
     .expect("json");
     let reply = crate::admission::review(crate::admission::Endpoint::Mutate, &body, config);
     let answer: Value = serde_json::from_slice(&reply.body).expect("json");
-    let verdict = crate::admission::decide(
-        crate::admission::Endpoint::Mutate,
-        &crate::admission::Request {
-            operation: "CREATE",
-            group: crate::jobset::GROUP,
-            kind: crate::jobset::KIND,
-            object: Some(js),
-            old_object: None,
-        },
-        config,
-    );
+    let verdict = reply.decision;
     assert_eq!(
         answer["response"]["allowed"], verdict.allowed,
-        "bytes and Value agree"
+        "the decision and its response agree"
     );
     let paths: Vec<String> = verdict.violations.into_iter().map(|v| v.path).collect();
     let from_bytes: Vec<String> = answer["response"]["status"]["details"]["causes"]
@@ -216,7 +206,7 @@ fn refused_paths(js: &Value, config: &InjectionConfig) -> Vec<String> {
                 .collect()
         })
         .unwrap_or_default();
-    assert_eq!(paths, from_bytes, "bytes and Value agree");
+    assert_eq!(paths, from_bytes, "the decision and its response agree");
     assert_eq!(mutate(js, config).violations.len(), paths.len());
     paths
 }
@@ -459,17 +449,9 @@ fn no_free_barrier_port_is_a_denial_naming_the_template() {
         m.violations[0].message
     );
     // The webhook's answer: denied, 422, with the field path.
-    let verdict = crate::admission::decide(
-        crate::admission::Endpoint::Mutate,
-        &crate::admission::Request {
-            operation: "CREATE",
-            group: crate::jobset::GROUP,
-            kind: crate::jobset::KIND,
-            object: Some(&js),
-            old_object: None,
-        },
-        &config,
-    );
+    let body = crate::admission::review::create_body(&serde_json::to_vec(&js).expect("json"));
+    let verdict =
+        crate::admission::review(crate::admission::Endpoint::Mutate, &body, &config).decision;
     assert!(!verdict.allowed);
     assert_eq!(
         verdict.status.as_ref().map(|s| s["code"].clone()),

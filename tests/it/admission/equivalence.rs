@@ -247,7 +247,11 @@ fn the_byte_path_and_the_value_path_answer_the_same() {
                     String::from_utf8_lossy(&expected),
                     "{name} {endpoint:?}"
                 ),
-                None => assert_ne!(reply.outcome, admission::ReviewOutcome::Patched, "{name}"),
+                None => assert_ne!(
+                    reply.decision.outcome,
+                    admission::ReviewOutcome::Patched,
+                    "{name}"
+                ),
             }
         }
     }

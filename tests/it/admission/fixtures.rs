@@ -117,7 +117,11 @@ fn every_fixture_case() {
                 mutated, expected,
                 "{name}: mutated object differs from mutated.yaml"
             );
-            assert_eq!(reply.outcome, admission::ReviewOutcome::Patched, "{name}");
+            assert_eq!(
+                reply.decision.outcome,
+                admission::ReviewOutcome::Patched,
+                "{name}"
+            );
         } else {
             assert!(
                 !case.mutated_path().exists(),
@@ -307,14 +311,14 @@ fn every_rule_is_broken_by_a_fixture_case() {
         };
         let validate = admission::review(Endpoint::Validate, &body, &case.config);
         for reply in [&mutate, &validate] {
-            if reply.outcome != admission::ReviewOutcome::Denied {
+            if reply.decision.outcome != admission::ReviewOutcome::Denied {
                 assert!(
-                    reply.rules.is_empty(),
+                    reply.decision.rules.is_empty(),
                     "{}: rules of an answer that allows",
                     case.name
                 );
             }
-            for rule in &reply.rules {
+            for rule in &reply.decision.rules {
                 broken.entry(*rule).or_insert_with(|| case.name.clone());
             }
         }

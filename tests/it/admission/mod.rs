@@ -1,8 +1,9 @@
 //! Admission in-process: the hostile-input bounds, the sparse views against `Value`, the
-//! fixtures, the properties and bad AdmissionReviews.
+//! fixtures, the properties, bad AdmissionReviews and the docs' rule tables.
 
 mod bounds;
 mod equivalence;
 mod fixtures;
 mod properties;
 mod review;
+mod rule_tables;

@@ -44,7 +44,7 @@ fn malformed_reviews_are_answered(#[case] body: Vec<u8>, #[case] status: u16) {
     for endpoint in [Endpoint::Mutate, Endpoint::Validate] {
         let reply = admission::review(endpoint, &body, &config());
         assert_eq!(reply.http_status, status, "{endpoint:?}");
-        assert_eq!(reply.outcome, ReviewOutcome::Error);
+        assert_eq!(reply.decision.outcome, ReviewOutcome::Error);
         let answer: Value = serde_json::from_slice(&reply.body).expect("well-formed JSON");
         if status == 400 {
             assert_eq!(answer["kind"], "Status");
@@ -191,7 +191,7 @@ fn an_update_without_the_injection_is_patched_back_into_the_stored_jobset() {
         assert!(pod.remove(key).is_some(), "{key} was injected");
     }
     let reply = admission::review(Endpoint::Mutate, &update_body(&written, &stored), &config);
-    assert_eq!(reply.outcome, ReviewOutcome::Patched);
+    assert_eq!(reply.decision.outcome, ReviewOutcome::Patched);
     assert_eq!(
         patched(&reply, &written),
         stored,
@@ -214,7 +214,7 @@ fn an_update_without_the_injection_is_patched_back_into_the_stored_jobset() {
     relabelled["metadata"]["labels"] = json!({"team": "b"});
     for object in [&stored, &relabelled] {
         let reply = admission::review(Endpoint::Mutate, &update_body(object, &stored), &config);
-        assert_eq!(reply.outcome, ReviewOutcome::Allowed);
+        assert_eq!(reply.decision.outcome, ReviewOutcome::Allowed);
         let answer: Value = serde_json::from_slice(&reply.body).expect("JSON");
         assert!(answer["response"].get("patch").is_none(), "{answer:#}");
     }
@@ -241,7 +241,7 @@ fn an_update_of_a_jobset_stored_uninjected_is_not_patched() {
     let mut suspended = plain.clone();
     suspended["spec"]["suspend"] = json!(true);
     let reply = admission::review(Endpoint::Mutate, &update_body(&suspended, &plain), &config);
-    assert_eq!(reply.outcome, ReviewOutcome::Allowed);
+    assert_eq!(reply.decision.outcome, ReviewOutcome::Allowed);
     assert_eq!(patched(&reply, &suspended), suspended);
 }
 

@@ -58,7 +58,7 @@ fn review_is_byte_identical_to_the_server_path() {
             let expected = admission::review(endpoint, &case.body, &case.config);
             assert_eq!(
                 out.status.code(),
-                Some(i32::from(review_exit_code(expected.outcome))),
+                Some(i32::from(review_exit_code(expected.decision.outcome))),
                 "{} {flag}: {:?}",
                 case.name,
                 out
@@ -406,7 +406,7 @@ fn review_reads_yaml() {
         let expected = admission::review(Endpoint::Validate, &case.body, &case.config);
         assert_eq!(
             out.status.code(),
-            Some(i32::from(review_exit_code(expected.outcome))),
+            Some(i32::from(review_exit_code(expected.decision.outcome))),
             "{}: {out:?}",
             case.name
         );

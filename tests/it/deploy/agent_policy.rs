@@ -5,7 +5,7 @@ use super::*;
 /// Evaluates a ValidatingAdmissionPolicy on one request as the API server would: the match
 /// constraints, then every match condition, the variables in order, and every validation.
 /// An expression that errors fails the test (these must be total on any pod).
-fn evaluate_policy(policy: &Value, request: &Value, object: &Value, old: &Value) -> Verdict {
+fn evaluate_policy(policy: &Value, request: &Value, object: &Value, old: &Value) -> PolicyResult {
     let spec = &policy["spec"];
     let resource = match request["subResource"].as_str() {
         Some(sub) if !sub.is_empty() => format!("pods/{sub}"),
@@ -26,7 +26,7 @@ fn evaluate_policy(policy: &Value, request: &Value, object: &Value, old: &Value)
                     .any(|r| *r == resource || (r == "pods/*" && resource.starts_with("pods/")))
         });
     if !matched {
-        return Verdict::NotMatched;
+        return PolicyResult::NotMatched;
     }
     evaluate_matched(policy, request, object, old)
 }
@@ -119,7 +119,11 @@ fn check_agent_policy(what: &str, policy: &Value, dialect: Dialect) {
         ),
     ];
     for (case, old, new) in &cases_allowed {
-        assert_eq!(verdict(&own, old, new), Verdict::Allowed, "{what}: {case}");
+        assert_eq!(
+            verdict(&own, old, new),
+            PolicyResult::Allowed,
+            "{what}: {case}"
+        );
     }
 
     // Denied: anything else the agent's account might try.
@@ -127,7 +131,7 @@ fn check_agent_policy(what: &str, policy: &Value, dialect: Dialect) {
     let denied = |case: &str, because: &str, request: &Value, old: &Value, new: &Value| {
         let v = verdict(request, old, new);
         assert!(
-            matches!(&v, Verdict::Denied(m) if m.contains(because)),
+            matches!(&v, PolicyResult::Denied(m) if m.contains(because)),
             "{what}: {case}: {v:?}, expected a denial for {because:?}"
         );
     };
@@ -314,7 +318,7 @@ fn check_agent_policy(what: &str, policy: &Value, dialect: Dialect) {
         });
         assert_eq!(
             verdict(&request, &at(Some("1")), &anything),
-            Verdict::NotMatched,
+            PolicyResult::NotMatched,
             "{what}: {user}"
         );
     }
@@ -323,7 +327,7 @@ fn check_agent_policy(what: &str, policy: &Value, dialect: Dialect) {
         request["operation"] = json!(operation);
         assert_eq!(
             verdict(&request, &at(Some("1")), &at(Some("1"))),
-            Verdict::NotMatched,
+            PolicyResult::NotMatched,
             "{what}: {operation}"
         );
     }

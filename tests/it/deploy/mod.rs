@@ -417,8 +417,9 @@ fn cel_eval(
     program.execute(&context).map_err(|e| format!("fails: {e}"))
 }
 
+/// What a ValidatingAdmissionPolicy evaluated here says of one request.
 #[derive(Debug, PartialEq, Eq)]
-enum Verdict {
+enum PolicyResult {
     NotMatched,
     Allowed,
     Denied(String),
@@ -426,14 +427,14 @@ enum Verdict {
 
 /// A policy's match conditions, variables and validations on a request its match constraints
 /// select.
-fn evaluate_matched(policy: &Value, request: &Value, object: &Value, old: &Value) -> Verdict {
+fn evaluate_matched(policy: &Value, request: &Value, object: &Value, old: &Value) -> PolicyResult {
     let spec = &policy["spec"];
     let bindings = [("object", object), ("oldObject", old), ("request", request)];
     let mut variables = HashMap::new();
     for condition in spec["matchConditions"].as_array().into_iter().flatten() {
         let expression = condition["expression"].as_str().expect("expression");
         if !cel_bool(expression, &bindings, &variables) {
-            return Verdict::NotMatched;
+            return PolicyResult::NotMatched;
         }
     }
     for variable in spec["variables"].as_array().into_iter().flatten() {
@@ -446,7 +447,7 @@ fn evaluate_matched(policy: &Value, request: &Value, object: &Value, old: &Value
     for validation in spec["validations"].as_array().into_iter().flatten() {
         let expression = validation["expression"].as_str().expect("expression");
         if !cel_bool(expression, &bindings, &variables) {
-            return Verdict::Denied(
+            return PolicyResult::Denied(
                 validation["message"]
                     .as_str()
                     .unwrap_or_default()
@@ -454,7 +455,7 @@ fn evaluate_matched(policy: &Value, request: &Value, object: &Value, old: &Value
             );
         }
     }
-    Verdict::Allowed
+    PolicyResult::Allowed
 }
 
 /// The rules bound to one service account of this namespace: cluster-wide, and in the namespace.

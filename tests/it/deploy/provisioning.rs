@@ -127,18 +127,18 @@ fn the_reconcilers_provisioning_is_held_to_the_agents_binding_and_account() {
         ] {
             assert_eq!(
                 verdict("CREATE", "team-a", &object, &Value::Null),
-                Verdict::Allowed,
+                PolicyResult::Allowed,
                 "{name}: {what}"
             );
             assert_eq!(
                 verdict("UPDATE", "team-a", &object, &defaulted),
-                Verdict::Allowed,
+                PolicyResult::Allowed,
                 "{name}: {what}, again"
             );
         }
         assert_eq!(
             verdict("DELETE", "team-a", &Value::Null, &defaulted),
-            Verdict::Allowed,
+            PolicyResult::Allowed,
             "{name}: a binding no JobSet needs removed"
         );
         let with = |ns: &str, f: &dyn Fn(&mut Value)| {
@@ -243,7 +243,7 @@ fn the_reconcilers_provisioning_is_held_to_the_agents_binding_and_account() {
         for (what, ns, object) in &refused {
             for (op, old) in [("CREATE", Value::Null), ("UPDATE", object.clone())] {
                 assert!(
-                    matches!(verdict(op, ns, object, &old), Verdict::Denied(_)),
+                    matches!(verdict(op, ns, object, &old), PolicyResult::Denied(_)),
                     "{name}: {op} {what} ({ns})"
                 );
             }
@@ -253,7 +253,7 @@ fn the_reconcilers_provisioning_is_held_to_the_agents_binding_and_account() {
         assert!(
             matches!(
                 verdict("DELETE", "team-a", &Value::Null, &other),
-                Verdict::Denied(_)
+                PolicyResult::Denied(_)
             ),
             "{name}: deleting an unrelated RoleBinding"
         );
@@ -274,12 +274,12 @@ fn the_reconcilers_provisioning_is_held_to_the_agents_binding_and_account() {
         let sa = provision::service_account("team-a", &settings);
         assert_eq!(
             sa_verdict("CREATE", "team-a", &sa, &Value::Null),
-            Verdict::Allowed,
+            PolicyResult::Allowed,
             "{name}"
         );
         assert_eq!(
             sa_verdict("UPDATE", "team-a", &sa, &sa),
-            Verdict::Allowed,
+            PolicyResult::Allowed,
             "{name}"
         );
         // Issue 34: the provisioned account does not automount its token, and an account
@@ -292,7 +292,7 @@ fn the_reconcilers_provisioning_is_held_to_the_agents_binding_and_account() {
             .remove("automountServiceAccountToken");
         assert_eq!(
             sa_verdict("UPDATE", "team-a", &sa, &before),
-            Verdict::Allowed,
+            PolicyResult::Allowed,
             "{name}: turning automounting off"
         );
         // What others set on the account stays, and does not stop the reconciler's apply.
@@ -301,14 +301,14 @@ fn the_reconcilers_provisioning_is_held_to_the_agents_binding_and_account() {
         kept["automountServiceAccountToken"] = json!(false);
         assert_eq!(
             sa_verdict("UPDATE", "team-a", &kept, &kept),
-            Verdict::Allowed,
+            PolicyResult::Allowed,
             "{name}"
         );
         let mut others_true = sa.clone();
         others_true["automountServiceAccountToken"] = json!(true);
         assert_eq!(
             sa_verdict("UPDATE", "team-a", &sa, &others_true),
-            Verdict::Allowed,
+            PolicyResult::Allowed,
             "{name}: turning another's true off"
         );
         let sa_with = |ns: &str, f: &dyn Fn(&mut Value)| {
@@ -381,7 +381,7 @@ fn the_reconcilers_provisioning_is_held_to_the_agents_binding_and_account() {
         for (what, ns, object, old) in &refused_accounts {
             let op = if old.is_null() { "CREATE" } else { "UPDATE" };
             assert!(
-                matches!(sa_verdict(op, ns, object, old), Verdict::Denied(_)),
+                matches!(sa_verdict(op, ns, object, old), PolicyResult::Denied(_)),
                 "{name}: {op} {what} ({ns})"
             );
         }
@@ -400,7 +400,7 @@ fn the_reconcilers_provisioning_is_held_to_the_agents_binding_and_account() {
                     object,
                     &Value::Null
                 ),
-                Verdict::NotMatched,
+                PolicyResult::NotMatched,
                 "{name}: {user}"
             );
         }
@@ -547,7 +547,7 @@ fn the_reconcilers_pod_status_write_only_marks_a_pod_failed() {
         };
         assert_eq!(
             evaluate_matched(policy, &request, &patched(&running, &deadline), &running),
-            Verdict::Allowed,
+            PolicyResult::Allowed,
             "{name}: the deadline's write"
         );
         let pending = json!({"apiVersion": "v1", "kind": "Pod",
@@ -555,7 +555,7 @@ fn the_reconcilers_pod_status_write_only_marks_a_pod_failed() {
             "status": {"phase": "Pending", "qosClass": "BestEffort"}});
         assert_eq!(
             evaluate_matched(policy, &request, &patched(&pending, &deadline), &pending),
-            Verdict::Allowed,
+            PolicyResult::Allowed,
             "{name}: the deadline's write on a pod never scheduled"
         );
         // The same write with one more change each.
@@ -639,7 +639,7 @@ fn the_reconcilers_pod_status_write_only_marks_a_pod_failed() {
             assert!(
                 matches!(
                     evaluate_matched(policy, &request, &new, &running),
-                    Verdict::Denied(_)
+                    PolicyResult::Denied(_)
                 ),
                 "{name}: Failed and {what}"
             );
@@ -650,7 +650,7 @@ fn the_reconcilers_pod_status_write_only_marks_a_pod_failed() {
             ended["status"]["phase"] = json!(phase);
             ended["status"]["reason"] = json!("Error");
             match evaluate_matched(policy, &request, &patched(&ended, &deadline), &ended) {
-                Verdict::Denied(m) => assert!(m.contains("already ended"), "{name}: {m}"),
+                PolicyResult::Denied(m) => assert!(m.contains("already ended"), "{name}: {m}"),
                 other => panic!("{name}: a {phase} pod marked again: {other:?}"),
             }
         }
@@ -753,7 +753,7 @@ async fn the_self_signed_webhooks_rbac_grants_what_it_uses() {
                 let request = object_request(WEBHOOK_USER, op, NAMESPACE, &args.secret);
                 assert_eq!(
                     evaluate_matched(policy, &request, &stored, &old),
-                    Verdict::Allowed,
+                    PolicyResult::Allowed,
                     "{name}: {op} of its Secret"
                 );
             }

@@ -156,7 +156,7 @@ async fn the_reconcilers_rbac_grants_every_request_it_makes_and_no_more() {
                     let request = object_request(RECONCILER_USER, op, ns, "jobset-inplace-agent");
                     assert_eq!(
                         evaluate_matched(policy, &request, &stored, &old),
-                        Verdict::Allowed,
+                        PolicyResult::Allowed,
                         "{op} {resource} in {ns}: {stored}"
                     );
                 }
@@ -374,7 +374,7 @@ fn the_reconcilers_deletes_are_held_to_the_pods_and_jobs_of_jobsets() {
                 &pod(of_js.clone(), "Failed"),
                 &pod(of_js.clone(), "Running")
             ),
-            Verdict::Allowed,
+            PolicyResult::Allowed,
             "{name}: a JobSet's pod marked Failed"
         );
         for (labels, phase) in [
@@ -390,7 +390,7 @@ fn the_reconcilers_deletes_are_held_to_the_pods_and_jobs_of_jobsets() {
                         &pod(labels.clone(), phase),
                         &pod(labels.clone(), "Running")
                     ),
-                    Verdict::Denied(_)
+                    PolicyResult::Denied(_)
                 ),
                 "{name}: {labels} to {phase}"
             );
@@ -415,14 +415,14 @@ fn the_reconcilers_deletes_are_held_to_the_pods_and_jobs_of_jobsets() {
             };
             assert_eq!(
                 verdict(reconciler, &object(kind, of_jobset.clone())),
-                Verdict::Allowed,
+                PolicyResult::Allowed,
                 "{name}: a {kind} of a JobSet"
             );
             for other in [json!({"app": "x"}), json!({})] {
                 assert!(
                     matches!(
                         verdict(reconciler, &object(kind, other.clone())),
-                        Verdict::Denied(_)
+                        PolicyResult::Denied(_)
                     ),
                     "{name}: a {kind} of no JobSet ({other})"
                 );
@@ -434,7 +434,7 @@ fn the_reconcilers_deletes_are_held_to_the_pods_and_jobs_of_jobsets() {
                 .map(|m| m.remove("labels"));
             assert!(matches!(
                 verdict(reconciler, &unlabelled),
-                Verdict::Denied(_)
+                PolicyResult::Denied(_)
             ));
             for user in [
                 "system:serviceaccount:kube-system:generic-garbage-collector",
@@ -443,7 +443,7 @@ fn the_reconcilers_deletes_are_held_to_the_pods_and_jobs_of_jobsets() {
             ] {
                 assert_eq!(
                     verdict(user, &object(kind, json!({"app": "x"}))),
-                    Verdict::NotMatched,
+                    PolicyResult::NotMatched,
                     "{name}: {user}"
                 );
             }

@@ -73,7 +73,7 @@ fn the_self_signed_webhook_may_create_only_its_tls_secret() {
                 WEBHOOK_USER,
                 &secret(&args.secret, Some("kubernetes.io/tls"))
             ),
-            Verdict::Allowed,
+            PolicyResult::Allowed,
             "{name}"
         );
         let mut token = secret(
@@ -105,7 +105,7 @@ fn the_self_signed_webhook_may_create_only_its_tls_secret() {
             ),
         ] {
             assert!(
-                matches!(verdict(WEBHOOK_USER, &object), Verdict::Denied(_)),
+                matches!(verdict(WEBHOOK_USER, &object), PolicyResult::Denied(_)),
                 "{name}: {what}"
             );
         }
@@ -114,7 +114,11 @@ fn the_self_signed_webhook_may_create_only_its_tls_secret() {
             "alice",
             "system:serviceaccount:team-a:jobset-inplace-webhook",
         ] {
-            assert_eq!(verdict(user, &token), Verdict::NotMatched, "{name}: {user}");
+            assert_eq!(
+                verdict(user, &token),
+                PolicyResult::NotMatched,
+                "{name}: {user}"
+            );
         }
     }
 }
@@ -165,15 +169,19 @@ fn check_ca_bundle_policy(r: &Rendered) {
         }
         assert_eq!(
             evaluate_matched(policy, &request(webhook, "UPDATE"), &old, &first),
-            Verdict::Allowed,
+            PolicyResult::Allowed,
             "{kind}: first caBundle"
         );
         assert_eq!(
             verdict(webhook, "UPDATE", &with_ca("bmV3")),
-            Verdict::Allowed,
+            PolicyResult::Allowed,
             "{kind}"
         );
-        assert_eq!(verdict(webhook, "UPDATE", &old), Verdict::Allowed, "{kind}");
+        assert_eq!(
+            verdict(webhook, "UPDATE", &old),
+            PolicyResult::Allowed,
+            "{kind}"
+        );
         // Denied: anything else a stolen token could try.
         type Edit = Box<dyn Fn(&mut Value)>;
         let edits: Vec<(&str, Edit)> = vec![
@@ -258,12 +266,12 @@ fn check_ca_bundle_policy(r: &Rendered) {
             let mut new = with_ca("bmV3");
             edit(&mut new);
             assert!(
-                matches!(verdict(webhook, "UPDATE", &new), Verdict::Denied(_)),
+                matches!(verdict(webhook, "UPDATE", &new), PolicyResult::Denied(_)),
                 "{kind}: {what} must be denied"
             );
         }
         assert!(
-            matches!(verdict(webhook, "DELETE", &old), Verdict::Denied(_)),
+            matches!(verdict(webhook, "DELETE", &old), PolicyResult::Denied(_)),
             "{kind}: delete"
         );
         // Other users are not this policy's business.
@@ -275,7 +283,7 @@ fn check_ca_bundle_policy(r: &Rendered) {
                 "UPDATE",
                 &other
             ),
-            Verdict::NotMatched,
+            PolicyResult::NotMatched,
             "{kind}"
         );
     }

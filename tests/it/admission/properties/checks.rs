@@ -199,7 +199,7 @@ pub(super) fn create(model: &Model, uid: &str, which: usize, dry_run: Option<boo
                 .map_err(|e| TestCaseError::fail(format!("the patch does not apply: {e}")))?;
             preserved(&object, &mutated, "")?;
             schema_valid(&mutated, "the mutated JobSet")?;
-            prop_assert_eq!(reply.outcome, admission::ReviewOutcome::Patched);
+            prop_assert_eq!(reply.decision.outcome, admission::ReviewOutcome::Patched);
         }
     }
     if model.mutates() {
@@ -282,7 +282,7 @@ pub(super) fn create(model: &Model, uid: &str, which: usize, dry_run: Option<boo
     prop_assert_eq!(&response["allowed"], &json!(expected.is_empty()));
     if !expected.is_empty() {
         prop_assert_eq!(&response["status"]["code"], &json!(422));
-        prop_assert_eq!(reply.outcome, admission::ReviewOutcome::Denied);
+        prop_assert_eq!(reply.decision.outcome, admission::ReviewOutcome::Denied);
     }
     // The value path (the offline commands') agrees.
     prop_assert_eq!(
@@ -541,7 +541,7 @@ pub(super) fn any_body(body: &[u8], which: usize) -> Check {
                     .map_err(|e| TestCaseError::fail(format!("status is not JSON: {e}")))?;
                 prop_assert_eq!(&status["kind"], "Status");
                 prop_assert_eq!(&status["code"], &json!(400));
-                prop_assert_eq!(reply.outcome, admission::ReviewOutcome::Error);
+                prop_assert_eq!(reply.decision.outcome, admission::ReviewOutcome::Error);
             }
         }
     }
