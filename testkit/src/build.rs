@@ -110,6 +110,17 @@ fn deserialize<T: DeserializeOwned>(value: Value, what: &str) -> T {
 /// The setters every builder has: metadata, the pointer escape hatches, the typed output.
 macro_rules! common {
     ($what:literal) => {
+        /// `object` (a fixture, say) to change further with the setters.
+        pub fn from_value(object: Value) -> Self {
+            Self(object)
+        }
+
+        /// The name (`metadata.name`).
+        pub fn name(mut self, name: &str) -> Self {
+            self.0["metadata"]["name"] = json!(name);
+            self
+        }
+
         /// The namespace (`metadata.namespace`).
         pub fn namespace(mut self, namespace: &str) -> Self {
             self.0["metadata"]["namespace"] = json!(namespace);
@@ -359,6 +370,18 @@ impl ReplicatedJob {
         self
     }
 
+    /// `value` at the JSON `pointer` (RFC 6901) of the replicated job, for what no setter says.
+    pub fn set(mut self, pointer: &str, value: Value) -> Self {
+        put(&mut self.0, pointer, value);
+        self
+    }
+
+    /// Without what the JSON `pointer` names in the replicated job.
+    pub fn remove(mut self, pointer: &str) -> Self {
+        take(&mut self.0, pointer);
+        self
+    }
+
     /// The replicated job.
     pub fn build(self) -> Value {
         self.0
@@ -386,6 +409,12 @@ impl Pod {
     }
 
     common!("Pod");
+
+    /// The worker pod `name` of the JobSet `jobset` in `namespace`: [`Pod::new`] in the
+    /// namespace, [`Pod::of_jobset`].
+    pub fn worker(namespace: &str, jobset: &str, name: &str) -> Self {
+        Self::new(name).namespace(namespace).of_jobset(jobset)
+    }
 
     /// A pod of the JobSet `jobset`: JobSet's name label and annotation, as JobSet's controller
     /// sets both (the reconciler selects pods by the label, the agent reads the annotation).

@@ -171,6 +171,10 @@ fn a_reported_pod_has_a_status_for_each_container_and_its_sidecar() {
                    "image": "w", "imageID": ""}]})
     );
     let pending = Pod::new("p").phase("Pending").build();
+    assert_eq!(
+        Pod::worker("ns", "js", "p").build(),
+        Pod::new("p").namespace("ns").of_jobset("js").build()
+    );
     assert_eq!(pending["status"], json!({"phase": "Pending"}));
 }
 
@@ -214,4 +218,24 @@ fn a_job_of_a_jobset_carries_its_label_and_controller_reference() {
     );
     let typed: k8s_openapi::api::batch::v1::Job = Job::new("j").typed();
     assert_eq!(typed.metadata.name.as_deref(), Some("j"));
+}
+
+#[test]
+fn a_fixture_is_renamed_and_changed_with_the_setters() {
+    let fixture = json!({"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+                         "metadata": {"name": "x"},
+                         "spec": {"replicatedJobs": [{"name": "a", "template": {"spec": {"parallelism": 2}}}]}});
+    let js = JobSet::from_value(fixture)
+        .name("y")
+        .namespace("ns")
+        .each_job(|j| {
+            j.remove("/template/spec/parallelism")
+                .set("/replicas", json!(3))
+        })
+        .build();
+    assert_eq!(js["metadata"], json!({"name": "y", "namespace": "ns"}));
+    assert_eq!(
+        js["spec"]["replicatedJobs"],
+        json!([{"name": "a", "replicas": 3, "template": {"spec": {}}}])
+    );
 }
