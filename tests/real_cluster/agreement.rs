@@ -2,17 +2,6 @@
 
 use super::*;
 
-fn agreement_jobset(name: &str) -> DynamicObject {
-    serde_json::from_value(json!({
-        "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
-        "metadata": {"name": name},
-        "spec": {"suspend": true, "replicatedJobs": [{"name": "w", "replicas": 1, "template": {
-            "spec": {"template": {"spec": {"restartPolicy": "Never",
-                "containers": [{"name": "c", "image": "busybox"}]}}}}}]},
-    }))
-    .expect("JobSet")
-}
-
 /// What a DELETE answers: the object (`Either::Left`: its kind and deletion fields) or a Status
 /// (`Either::Right`: its status and details, the uid only as present).
 async fn delete_answer(api: &Api<DynamicObject>, name: &str) -> Value {
@@ -42,7 +31,19 @@ async fn agreement_answers(client: &Client, namespace: &str) -> Value {
     let pp = PostParams::default();
     let jobsets = jobset_api(client, namespace);
     jobsets
-        .create(&pp, &agreement_jobset("agree"))
+        .create(
+            &pp,
+            &build::JobSet::new("agree")
+                .no_failure_policy()
+                .no_status()
+                .set("/spec/suspend", json!(true))
+                .replicated_jobs([build::ReplicatedJob::new("w")
+                    .remove("/template/spec/parallelism")
+                    .remove("/template/spec/completions")
+                    .container("c", "busybox")
+                    .pod_spec("restartPolicy", json!("Never"))])
+                .typed::<DynamicObject>(),
+        )
         .await
         .expect("create JobSet");
     let patched = jobsets
@@ -183,7 +184,19 @@ async fn the_test_api_server_answers_as_the_real_one() {
             // The API server serves the changed schema a moment after the CRD changes.
             let jobsets = jobset_api(&cluster.client, &ns.name);
             jobsets
-                .create(&PostParams::default(), &agreement_jobset("schema-probe"))
+                .create(
+                    &PostParams::default(),
+                    &build::JobSet::new("schema-probe")
+                        .no_failure_policy()
+                        .no_status()
+                        .set("/spec/suspend", json!(true))
+                        .replicated_jobs([build::ReplicatedJob::new("w")
+                            .remove("/template/spec/parallelism")
+                            .remove("/template/spec/completions")
+                            .container("c", "busybox")
+                            .pod_spec("restartPolicy", json!("Never"))])
+                        .typed::<DynamicObject>(),
+                )
                 .await
                 .expect("create JobSet");
             eventually(
