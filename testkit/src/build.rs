@@ -539,13 +539,25 @@ impl Job {
 
     /// A Job of the JobSet `jobset` (UID `uid`), as JobSet's controller creates it: JobSet's
     /// name label and a controller reference to the JobSet.
-    pub fn of_jobset(mut self, jobset: &str, uid: &str) -> Self {
+    pub fn of_jobset(self, jobset: &str, uid: &str) -> Self {
+        self.owned_by_jobset(jobset, uid)
+            .label(JOBSET_NAME_LABEL, jobset)
+    }
+
+    /// A controller reference to the JobSet `jobset` (UID `uid`) only, without JobSet's label.
+    pub fn owned_by_jobset(mut self, jobset: &str, uid: &str) -> Self {
         self.0["metadata"]["ownerReferences"] = json!([{
             "apiVersion": jobset_inplace::jobset::API_VERSION,
             "kind": jobset_inplace::jobset::KIND,
             "name": jobset, "uid": uid, "controller": true
         }]);
-        self.label(JOBSET_NAME_LABEL, jobset)
+        self
+    }
+
+    /// The pods' containers: `containers` (an array) replaces them.
+    pub fn containers(mut self, containers: Value) -> Self {
+        self.0["spec"]["template"]["spec"]["containers"] = containers;
+        self
     }
 }
 

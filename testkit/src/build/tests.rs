@@ -216,6 +216,13 @@ fn a_job_of_a_jobset_carries_its_label_and_controller_reference() {
             "spec": {"template": {"spec": {"containers": [{"name": "w", "image": "w"}]}}}
         })
     );
+    let bare = Job::new("j")
+        .owned_by_jobset("js", "uid-1")
+        .containers(json!([]))
+        .build();
+    assert!(bare["metadata"].get("labels").is_none());
+    assert_eq!(bare["metadata"]["ownerReferences"][0]["uid"], "uid-1");
+    assert_eq!(bare["spec"]["template"]["spec"]["containers"], json!([]));
     let typed: k8s_openapi::api::batch::v1::Job = Job::new("j").typed();
     assert_eq!(typed.metadata.name.as_deref(), Some("j"));
 }

@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
 use crate::logs;
-use jobset_inplace_testkit::build::{JobSet, Pod, ReplicatedJob};
+use jobset_inplace_testkit::build::{Job, JobSet, Pod, ReplicatedJob};
 
 const NS: &str = "team-a";
 const LIMIT: Duration = Duration::from_secs(20);

@@ -269,21 +269,24 @@ async fn only_the_pods_of_the_jobsets_jobs_count() {
 
         // A pod seen before its Job: the Job exists, but without the jobset-name label the
         // reconciler's Job watch does not see it yet.
-        let js_uid = w.stored()["metadata"]["uid"].clone();
+        let stored = w.stored();
+        let js_uid = stored["metadata"]["uid"].as_str().expect("uid");
         let late = w
             .server
             .create(
                 "jobs",
-                json!({"metadata": {"name": "js-late", "namespace": NS,
-                    "ownerReferences": [{"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
-                                         "name": "js", "uid": js_uid, "controller": true}]},
-                    "spec": {"template": {"spec": {"containers": []}}}}),
+                Job::new("js-late")
+                    .namespace(NS)
+                    .owned_by_jobset("js", js_uid)
+                    .containers(json!([]))
+                    .build(),
             )
             .expect("job");
-        let mut early = Pod::worker(NS, "js", "js-late-0").running().build();
-        early["metadata"]["annotations"][Dialect::Epoch.pod_annotation()] = json!("3");
-        early["metadata"]["ownerReferences"] = json!([{"apiVersion": "batch/v1", "kind": "Job",
-            "name": "js-late", "uid": late["metadata"]["uid"], "controller": true}]);
+        let early = Pod::worker(NS, "js", "js-late-0")
+            .running()
+            .epoch(Dialect::Epoch.pod_annotation(), "3")
+            .owned_by_job("js-late", late["metadata"]["uid"].as_str().expect("uid"))
+            .build();
         w.server.create("pods", early).expect("pod");
         w.quiet("a pod whose Job is not seen").await;
         assert_eq!(w.deprecated(), Some(1));
