@@ -107,60 +107,12 @@ fn deserialize<T: DeserializeOwned>(value: Value, what: &str) -> T {
     serde_json::from_value(value).unwrap_or_else(|e| panic!("the built {what} as a type: {e}"))
 }
 
-/// The setters every builder has: metadata, the pointer escape hatches, the typed output.
-macro_rules! common {
+/// What every builder has: a start from a value, the pointer escape hatches, the output.
+macro_rules! value {
     ($what:literal) => {
         /// `object` (a fixture, say) to change further with the setters.
         pub fn from_value(object: Value) -> Self {
             Self(object)
-        }
-
-        /// The name (`metadata.name`).
-        pub fn name(mut self, name: &str) -> Self {
-            self.0["metadata"]["name"] = json!(name);
-            self
-        }
-
-        /// The namespace (`metadata.namespace`).
-        pub fn namespace(mut self, namespace: &str) -> Self {
-            self.0["metadata"]["namespace"] = json!(namespace);
-            self
-        }
-
-        /// One label more (`metadata.labels`), replacing one of that key.
-        pub fn label(mut self, key: &str, value: &str) -> Self {
-            meta_map(&mut self.0, "labels").insert(key.to_owned(), json!(value));
-            self
-        }
-
-        /// All the labels: `labels` (an object) replaces them.
-        pub fn labels(mut self, labels: Value) -> Self {
-            self.0["metadata"]["labels"] = labels;
-            self
-        }
-
-        /// One annotation more (`metadata.annotations`), replacing one of that key.
-        pub fn annotation(mut self, key: &str, value: &str) -> Self {
-            meta_map(&mut self.0, "annotations").insert(key.to_owned(), json!(value));
-            self
-        }
-
-        /// `metadata.uid`, as the API server would have set it.
-        pub fn uid(mut self, uid: &str) -> Self {
-            self.0["metadata"]["uid"] = json!(uid);
-            self
-        }
-
-        /// `metadata.resourceVersion`, as the API server would have set it.
-        pub fn resource_version(mut self, version: &str) -> Self {
-            self.0["metadata"]["resourceVersion"] = json!(version);
-            self
-        }
-
-        /// The status: `status` (an object) replaces it.
-        pub fn status(mut self, status: Value) -> Self {
-            self.0["status"] = status;
-            self
         }
 
         /// `value` at the JSON `pointer` (RFC 6901), for what no setter says; the objects on
@@ -191,6 +143,53 @@ macro_rules! common {
     };
 }
 
+/// The metadata and status setters of the objects (not of a replicated job).
+macro_rules! common {
+    () => {
+        /// The name (`metadata.name`).
+        pub fn name(self, name: &str) -> Self {
+            self.set("/metadata/name", json!(name))
+        }
+
+        /// The namespace (`metadata.namespace`).
+        pub fn namespace(self, namespace: &str) -> Self {
+            self.set("/metadata/namespace", json!(namespace))
+        }
+
+        /// One label more (`metadata.labels`), replacing one of that key.
+        pub fn label(mut self, key: &str, value: &str) -> Self {
+            meta_map(&mut self.0, "labels").insert(key.to_owned(), json!(value));
+            self
+        }
+
+        /// All the labels: `labels` (an object) replaces them.
+        pub fn labels(self, labels: Value) -> Self {
+            self.set("/metadata/labels", labels)
+        }
+
+        /// One annotation more (`metadata.annotations`), replacing one of that key.
+        pub fn annotation(mut self, key: &str, value: &str) -> Self {
+            meta_map(&mut self.0, "annotations").insert(key.to_owned(), json!(value));
+            self
+        }
+
+        /// `metadata.uid`, as the API server would have set it.
+        pub fn uid(self, uid: &str) -> Self {
+            self.set("/metadata/uid", json!(uid))
+        }
+
+        /// `metadata.resourceVersion`, as the API server would have set it.
+        pub fn resource_version(self, version: &str) -> Self {
+            self.set("/metadata/resourceVersion", json!(version))
+        }
+
+        /// The status: `status` (an object) replaces it.
+        pub fn status(self, status: Value) -> Self {
+            self.set("/status", status)
+        }
+    };
+}
+
 /// A JobSet (`jobset.x-k8s.io/v1alpha2`). [`JobSet::new`] is an InPlaceRestart JobSet with
 /// `maxRestarts: 3`, one [`ReplicatedJob::new("w")`](ReplicatedJob::new) and an empty status.
 #[derive(Clone, Debug, PartialEq)]
@@ -211,18 +210,17 @@ impl JobSet {
         }))
     }
 
-    common!("JobSet");
+    value!("JobSet");
+    common!();
 
     /// `spec.failurePolicy.restartStrategy` (`InPlaceRestart` by default; `Recreate`, ...).
-    pub fn strategy(mut self, strategy: &str) -> Self {
-        self.0["spec"]["failurePolicy"]["restartStrategy"] = json!(strategy);
-        self
+    pub fn strategy(self, strategy: &str) -> Self {
+        self.set("/spec/failurePolicy/restartStrategy", json!(strategy))
     }
 
     /// `spec.failurePolicy.maxRestarts` (3 by default).
-    pub fn max_restarts(mut self, max_restarts: i64) -> Self {
-        self.0["spec"]["failurePolicy"]["maxRestarts"] = json!(max_restarts);
-        self
+    pub fn max_restarts(self, max_restarts: i64) -> Self {
+        self.set("/spec/failurePolicy/maxRestarts", json!(max_restarts))
     }
 
     /// Without `spec.failurePolicy`: a JobSet JobSet's controller recreates on failure.
@@ -287,6 +285,8 @@ impl JobSet {
 pub struct ReplicatedJob(Value);
 
 impl ReplicatedJob {
+    value!("replicated job");
+
     /// The replicated job `name`.
     pub fn new(name: &str) -> Self {
         Self(json!({
@@ -301,9 +301,8 @@ impl ReplicatedJob {
     }
 
     /// `replicas`: how many Jobs.
-    pub fn replicas(mut self, replicas: i64) -> Self {
-        self.0["replicas"] = json!(replicas);
-        self
+    pub fn replicas(self, replicas: i64) -> Self {
+        self.set("/replicas", json!(replicas))
     }
 
     /// `pods` pods in each Job: `parallelism` and `completions` both.
@@ -370,23 +369,6 @@ impl ReplicatedJob {
         self
     }
 
-    /// `value` at the JSON `pointer` (RFC 6901) of the replicated job, for what no setter says.
-    pub fn set(mut self, pointer: &str, value: Value) -> Self {
-        put(&mut self.0, pointer, value);
-        self
-    }
-
-    /// Without what the JSON `pointer` names in the replicated job.
-    pub fn remove(mut self, pointer: &str) -> Self {
-        take(&mut self.0, pointer);
-        self
-    }
-
-    /// The replicated job.
-    pub fn build(self) -> Value {
-        self.0
-    }
-
     fn job(&mut self) -> &mut Value {
         &mut self.0["template"]["spec"]
     }
@@ -408,7 +390,8 @@ impl Pod {
         }))
     }
 
-    common!("Pod");
+    value!("Pod");
+    common!();
 
     /// The worker pod `name` of the JobSet `jobset` in `namespace`: [`Pod::new`] in the
     /// namespace, [`Pod::of_jobset`].
@@ -442,9 +425,8 @@ impl Pod {
     }
 
     /// The containers: `containers` (an array) replaces them.
-    pub fn containers(mut self, containers: Value) -> Self {
-        self.0["spec"]["containers"] = containers;
-        self
+    pub fn containers(self, containers: Value) -> Self {
+        self.set("/spec/containers", containers)
     }
 
     /// The agent as the webhook injects it: a sidecar (an init container that restarts
@@ -460,21 +442,18 @@ impl Pod {
     }
 
     /// `spec.serviceAccountName`.
-    pub fn service_account(mut self, account: &str) -> Self {
-        self.0["spec"]["serviceAccountName"] = json!(account);
-        self
+    pub fn service_account(self, account: &str) -> Self {
+        self.set("/spec/serviceAccountName", json!(account))
     }
 
     /// `spec.nodeName`: the pod is bound to `node`.
-    pub fn node(mut self, node: &str) -> Self {
-        self.0["spec"]["nodeName"] = json!(node);
-        self
+    pub fn node(self, node: &str) -> Self {
+        self.set("/spec/nodeName", json!(node))
     }
 
     /// `status.phase` only.
-    pub fn phase(mut self, phase: &str) -> Self {
-        self.0["status"]["phase"] = json!(phase);
-        self
+    pub fn phase(self, phase: &str) -> Self {
+        self.set("/status/phase", json!(phase))
     }
 
     /// Running, no container restarted yet: phase `Running` and a status of restart count 0 for
@@ -535,7 +514,8 @@ impl Job {
         }))
     }
 
-    common!("Job");
+    value!("Job");
+    common!();
 
     /// A Job of the JobSet `jobset` (UID `uid`), as JobSet's controller creates it: JobSet's
     /// name label and a controller reference to the JobSet.
@@ -555,9 +535,8 @@ impl Job {
     }
 
     /// The pods' containers: `containers` (an array) replaces them.
-    pub fn containers(mut self, containers: Value) -> Self {
-        self.0["spec"]["template"]["spec"]["containers"] = containers;
-        self
+    pub fn containers(self, containers: Value) -> Self {
+        self.set("/spec/template/spec/containers", containers)
     }
 }
 
