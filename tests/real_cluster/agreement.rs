@@ -2,6 +2,21 @@
 
 use super::*;
 
+/// A suspended JobSet of one Job of plain busybox pods (no failure policy, no parallelism): the
+/// same object sent to both API servers.
+fn agreement_jobset(name: &str) -> DynamicObject {
+    build::JobSet::new(name)
+        .no_failure_policy()
+        .no_status()
+        .set("/spec/suspend", json!(true))
+        .replicated_jobs([build::ReplicatedJob::new("w")
+            .remove("/template/spec/parallelism")
+            .remove("/template/spec/completions")
+            .container("c", "busybox")
+            .pod_spec("restartPolicy", json!("Never"))])
+        .typed()
+}
+
 /// What a DELETE answers: the object (`Either::Left`: its kind and deletion fields) or a Status
 /// (`Either::Right`: its status and details, the uid only as present).
 async fn delete_answer(api: &Api<DynamicObject>, name: &str) -> Value {
@@ -31,19 +46,7 @@ async fn agreement_answers(client: &Client, namespace: &str) -> Value {
     let pp = PostParams::default();
     let jobsets = jobset_api(client, namespace);
     jobsets
-        .create(
-            &pp,
-            &build::JobSet::new("agree")
-                .no_failure_policy()
-                .no_status()
-                .set("/spec/suspend", json!(true))
-                .replicated_jobs([build::ReplicatedJob::new("w")
-                    .remove("/template/spec/parallelism")
-                    .remove("/template/spec/completions")
-                    .container("c", "busybox")
-                    .pod_spec("restartPolicy", json!("Never"))])
-                .typed::<DynamicObject>(),
-        )
+        .create(&pp, &agreement_jobset("agree"))
         .await
         .expect("create JobSet");
     let patched = jobsets
@@ -184,19 +187,7 @@ async fn the_test_api_server_answers_as_the_real_one() {
             // The API server serves the changed schema a moment after the CRD changes.
             let jobsets = jobset_api(&cluster.client, &ns.name);
             jobsets
-                .create(
-                    &PostParams::default(),
-                    &build::JobSet::new("schema-probe")
-                        .no_failure_policy()
-                        .no_status()
-                        .set("/spec/suspend", json!(true))
-                        .replicated_jobs([build::ReplicatedJob::new("w")
-                            .remove("/template/spec/parallelism")
-                            .remove("/template/spec/completions")
-                            .container("c", "busybox")
-                            .pod_spec("restartPolicy", json!("Never"))])
-                        .typed::<DynamicObject>(),
-                )
+                .create(&PostParams::default(), &agreement_jobset("schema-probe"))
                 .await
                 .expect("create JobSet");
             eventually(
