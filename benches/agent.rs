@@ -23,8 +23,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use jobset_inplace::jobset::JobSetSummary;
-use jobset_inplace::protocol::{Dialect, JOBSET_NAME_LABEL};
+use jobset_inplace::protocol::Dialect;
 use jobset_inplace_testkit::apiserver::TestApiServer;
+use jobset_inplace_testkit::build;
 use jobset_inplace_testkit::kubelet::{SimConfig, Simulation, barrier_port, http_get};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
@@ -71,26 +72,6 @@ fn vm_hwm_kib(pid: u32) -> Option<u64> {
         .ok()
 }
 
-fn jobset() -> serde_json::Value {
-    json!({
-        "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
-        "metadata": {"name": "js", "namespace": NS},
-        "spec": {"failurePolicy": {"restartStrategy": "InPlaceRestart"},
-                 "replicatedJobs": [{"name": "w", "replicas": 1, "template": {"spec": {
-                     "parallelism": 1, "template": {"spec": {"containers": []}}}}}]},
-        "status": {"syncedEpoch": 3, "deprecatedEpoch": 2}
-    })
-}
-
-fn pod(name: &str) -> serde_json::Value {
-    json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": NS, "labels": {JOBSET_NAME_LABEL: "js"},
-                     "annotations": {JOBSET_NAME_LABEL: "js"}},
-        "spec": {"containers": []}
-    })
-}
-
 fn agent(server: &TestApiServer, pod: &str, port: u16) -> std::io::Result<tokio::process::Child> {
     tokio::process::Command::new(BIN)
         .arg("agent")
@@ -120,7 +101,14 @@ async fn startup(server: &TestApiServer, runs: usize) {
     }
     println!("baseline: spawn+exit /bin/true        {}", summary(truths));
 
-    server.create("pods", pod("probe")).ok();
+    server
+        .create(
+            "pods",
+            build::Pod::worker(NS, "js", "probe")
+                .containers(json!([]))
+                .build(),
+        )
+        .ok();
     let pods: Api<Pod> = Api::namespaced(server.client(), NS);
     let _ = pods.get("probe").await;
     let mut gets = Vec::new();
@@ -143,7 +131,15 @@ async fn startup(server: &TestApiServer, runs: usize) {
     let mut rss = Vec::new();
     for run in 0..runs {
         let name = format!("p{run}");
-        if server.create("pods", pod(&name)).is_err() {
+        if server
+            .create(
+                "pods",
+                build::Pod::worker(NS, "js", &name)
+                    .containers(json!([]))
+                    .build(),
+            )
+            .is_err()
+        {
             continue;
         }
         let Some(port) = barrier_port() else { continue };
@@ -467,7 +463,17 @@ fn main() {
     runtime.block_on(async {
         if env_or("JOBSET_INPLACE_BENCH_STARTUP", 1u8) == 1 {
             let server = TestApiServer::start().await;
-            server.create("jobsets", jobset()).ok();
+            server
+                .create(
+                    "jobsets",
+                    build::JobSet::new("js")
+                        .namespace(NS)
+                        .remove("/spec/failurePolicy/maxRestarts")
+                        .each_job(|j| j.no_completions().containers(json!([])))
+                        .status(json!({"syncedEpoch": 3, "deprecatedEpoch": 2}))
+                        .build(),
+                )
+                .ok();
             startup(&server, runs).await;
             server.shutdown().await;
         }

@@ -14,10 +14,9 @@
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use jobset_inplace::protocol::{
-    Dialect, EpochStatus, JOBSET_NAME_LABEL, PodView, ReconcileInput, reconcile_decide,
-};
+use jobset_inplace::protocol::{Dialect, EpochStatus, PodView, ReconcileInput, reconcile_decide};
 use jobset_inplace_testkit::apiserver::{TestApiServer, Verb};
+use jobset_inplace_testkit::build;
 use jobset_inplace_testkit::process::{ReconcilerProcess, cpu_ticks, proc_status_kib};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
@@ -116,26 +115,26 @@ async fn main() {
     server
         .create(
             "jobsets",
-            json!({
-                "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
-                "metadata": {"name": "js", "namespace": NS},
-                "spec": {"failurePolicy": {"restartStrategy": "InPlaceRestart", "maxRestarts": 1000},
-                         "replicatedJobs": [{"name": "w", "replicas": replicas, "template": {"spec": {
-                             "parallelism": per_job, "completions": per_job,
-                             "template": {"spec": {"containers": [{"name": "w", "image": "w"}]}}}}}]},
-                "status": {}
-            }),
+            build::JobSet::new("js")
+                .namespace(NS)
+                .max_restarts(1000)
+                .replicas(replicas as i64)
+                .pods(per_job as i64)
+                .build(),
         )
         .expect("jobset");
     let pod = |i: usize, epoch: i64| {
-        json!({
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": format!("js-{i}"), "namespace": NS,
-                         "labels": {JOBSET_NAME_LABEL: "js", "batch.kubernetes.io/job-completion-index": (i % per_job).to_string()},
-                         "annotations": {JOBSET_NAME_LABEL: "js", dialect.pod_annotation(): epoch.to_string()}},
-            "spec": {"nodeName": format!("node-{i}"), "containers": [{"name": "w", "image": "trainer:1"}]},
-            "status": {"phase": "Running", "containerStatuses": [{"name": "w", "restartCount": 0, "ready": true}]}
-        })
+        build::Pod::worker(NS, "js", &format!("js-{i}"))
+            .label(
+                "batch.kubernetes.io/job-completion-index",
+                &(i % per_job).to_string(),
+            )
+            .epoch(dialect.pod_annotation(), &epoch.to_string())
+            .node(&format!("node-{i}"))
+            .container("w", "trainer:1")
+            .status(json!({"phase": "Running",
+                           "containerStatuses": [{"name": "w", "restartCount": 0, "ready": true}]}))
+            .build()
     };
     // As the Job controller creates them: controlled by a Job of the JobSet (the reconciler
     // counts no other pod).

@@ -100,6 +100,21 @@ pub fn admission_cases() -> Vec<Case> {
         .collect()
 }
 
+/// The released JobSet CRD (`fixtures/jobset-v0.12/`); with `epoch_fields`, with the epoch
+/// dialect's status fields (`deprecatedEpoch`, `syncedEpoch`) in every version, as the epoch
+/// variants install it.
+pub fn jobset_crd(epoch_fields: bool) -> Value {
+    let mut crd = read_yaml(&reference_dir().join("jobset.x-k8s.io_jobsets.yaml"));
+    if epoch_fields {
+        for v in crd["spec"]["versions"].as_array_mut().into_iter().flatten() {
+            let props = &mut v["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"];
+            props["deprecatedEpoch"] = serde_json::json!({"type": "integer", "format": "int32"});
+            props["syncedEpoch"] = serde_json::json!({"type": "integer", "format": "int32"});
+        }
+    }
+    crd
+}
+
 /// The released JobSet CRD's `v1alpha2` schema, compiled.
 pub fn jobset_schema() -> jsonschema::Validator {
     let crd = read_yaml(&reference_dir().join("jobset.x-k8s.io_jobsets.yaml"));

@@ -10,6 +10,7 @@
 //!   names, env, restart rules), never through the product's admission code;
 //! - [`node`]: a kubelet for any API server (only a `kube::Client`): it registers a `Node`, binds
 //!   and runs a namespace's pods with the real agent binary, as `tests/real_cluster/` needs;
+//! - [`build`]: builders of the JobSets, pods and Jobs tests write (no test makes its own);
 //! - [`cluster`]: what the tests against a real control plane share (polling, namespaces and
 //!   objects deleted on drop, Kueue's queues);
 //! - [`fixtures`]: the repository's fixtures (`fixtures/`) as tests read them;
@@ -23,6 +24,7 @@
 #![forbid(unsafe_code)]
 
 pub mod apiserver;
+pub mod build;
 pub mod cluster;
 pub mod fixtures;
 pub mod generators;

@@ -1,6 +1,7 @@
 //! On a real control plane: `helm install`, `upgrade --reuse-values`, `rollback`, `uninstall`.
 
 use super::*;
+use jobset_inplace_testkit::build::{JobSet, ReplicatedJob};
 
 /// The kubeconfig of the real control plane, or `None` (and a loud SKIPPED) without one.
 fn real_cluster(test: &str) -> Option<PathBuf> {
@@ -131,39 +132,6 @@ fn eventually<T>(what: &str, limit: Duration, mut check: impl FnMut() -> Result<
     }
 }
 
-/// A JobSet in the test namespace; with `in_place`, an InPlaceRestart one.
-fn jobset_manifest(namespace: &str, name: &str, in_place: bool) -> String {
-    let mut js = json!({
-        "apiVersion": "jobset.x-k8s.io/v1alpha2",
-        "kind": "JobSet",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "replicatedJobs": [{
-                "name": "workers",
-                "replicas": 1,
-                "template": {"spec": {
-                    "parallelism": 1,
-                    "completions": 1,
-                    "template": {"spec": {
-                        "restartPolicy": "Never",
-                        "containers": [{"name": "train", "image": "busybox:1.36", "command": ["true"]}]
-                    }}
-                }}
-            }]
-        }
-    });
-    if in_place {
-        js["spec"]["failurePolicy"] =
-            json!({"maxRestarts": 3, "restartStrategy": "InPlaceRestart"});
-        // What JobSet's own validation asks of an in-place JobSet (our webhook would add it), so
-        // that only ours can refuse it.
-        let job = &mut js["spec"]["replicatedJobs"][0]["template"]["spec"];
-        job["backoffLimit"] = json!(2147483647);
-        job["podReplacementPolicy"] = json!("Failed");
-    }
-    js.to_string()
-}
-
 #[test]
 fn helm_installs_upgrades_rolls_back_and_uninstalls_on_a_real_control_plane() {
     let test = "helm_installs_upgrades_rolls_back_and_uninstalls_on_a_real_control_plane";
@@ -271,7 +239,21 @@ fn helm_installs_upgrades_rolls_back_and_uninstalls_on_a_real_control_plane() {
     // answer for one), which the upgrade must leave as stored.
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
     let manifest = dir.path().join("jobset.json");
-    std::fs::write(&manifest, jobset_manifest(ns, "helm-before", false)).expect("write");
+    std::fs::write(
+        &manifest,
+        JobSet::new("helm-before")
+            .namespace(ns)
+            .no_failure_policy()
+            .no_status()
+            .replicated_jobs([ReplicatedJob::new("workers")
+                .pod_spec("restartPolicy", json!("Never"))
+                .containers(
+                    json!([{"name": "train", "image": "busybox:1.36", "command": ["true"]}]),
+                )])
+            .build()
+            .to_string(),
+    )
+    .expect("write");
     kubectl(k, &["create", "-f", &manifest.display().to_string()])
         .unwrap_or_else(|e| panic!("{e}"));
     let before = kubectl_json(k, &["-n", ns, "get", "jobset", "helm-before"]);
@@ -279,7 +261,24 @@ fn helm_installs_upgrades_rolls_back_and_uninstalls_on_a_real_control_plane() {
     // with no webhook pod to answer (none runs on this control plane) the validating one fails
     // closed, by name.
     let in_place = dir.path().join("in-place.json");
-    std::fs::write(&in_place, jobset_manifest(ns, "helm-in-place", true)).expect("write");
+    std::fs::write(
+        &in_place,
+        JobSet::new("helm-in-place")
+            .namespace(ns)
+            .no_status()
+            .replicated_jobs([ReplicatedJob::new("workers")
+                .pod_spec("restartPolicy", json!("Never"))
+                .containers(
+                    json!([{"name": "train", "image": "busybox:1.36", "command": ["true"]}]),
+                )])
+            // What JobSet's own validation asks of an in-place JobSet (our webhook would add
+            // it), so that only ours can refuse it.
+            .max_restarts(3)
+            .as_jobset_requires()
+            .build()
+            .to_string(),
+    )
+    .expect("write");
     let refused = kubectl(
         k,
         &[

@@ -8,9 +8,10 @@ use std::time::{Duration, Instant};
 
 use jobset_inplace::agent::{self, AgentConfig, AgentExit, BarrierState};
 use jobset_inplace::protocol::Restart;
-use jobset_inplace::protocol::{DISABLE_ANNOTATION, Dialect, JOBSET_NAME_LABEL};
+use jobset_inplace::protocol::{DISABLE_ANNOTATION, Dialect};
 use jobset_inplace::wire::epochs::{self, Epochs};
 use jobset_inplace_testkit::apiserver::{Options, TestApiServer, Verb, default_resources};
+use jobset_inplace_testkit::build::{JobSet, Pod};
 use jobset_inplace_testkit::kubelet::{barrier_port, http_get};
 use serde_json::{Value, json};
 use tokio::sync::watch;
@@ -18,27 +19,6 @@ use tokio::sync::watch;
 const BIN: &str = env!("CARGO_BIN_EXE_jobset-inplace");
 const NS: &str = "team-a";
 const LIMIT: Duration = Duration::from_secs(20);
-
-fn jobset(strategy: &str) -> Value {
-    json!({
-        "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
-        "metadata": {"name": "js", "namespace": NS},
-        "spec": {"failurePolicy": {"restartStrategy": strategy, "maxRestarts": 3},
-                 "replicatedJobs": [{"name": "w", "replicas": 2, "template": {"spec": {
-                     "parallelism": 1, "completions": 1,
-                     "template": {"spec": {"containers": [{"name": "w", "image": "w"}]}}}}}]},
-        "status": {}
-    })
-}
-
-fn pod(name: &str) -> Value {
-    json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": NS, "labels": {JOBSET_NAME_LABEL: "js"},
-                     "annotations": {JOBSET_NAME_LABEL: "js"}},
-        "spec": {"containers": [{"name": "w", "image": "w"}]}
-    })
-}
 
 fn annotation(server: &TestApiServer, dialect: Dialect, pod: &str) -> Option<String> {
     server.get("pods", NS, pod)?["metadata"]["annotations"][dialect.pod_annotation()]
@@ -229,8 +209,10 @@ async fn config_errors_exit_2_with_one_line_naming_the_variable() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn binary_registers_lifts_restarts_and_exits_on_signals() {
     let server = TestApiServer::start().await;
-    create_jobset(&server, jobset("InPlaceRestart"));
-    server.create("pods", pod("p0")).expect("pod");
+    create_jobset(&server, JobSet::new("js").namespace(NS).replicas(2).build());
+    server
+        .create("pods", Pod::worker(NS, "js", "p0").build())
+        .expect("pod");
     let port = barrier_port().expect("a free port");
     let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
     let env = vec![
@@ -306,12 +288,18 @@ async fn binary_registers_lifts_restarts_and_exits_on_signals() {
 async fn bypass_lifts_at_once() {
     for (strategy, disabled) in [("Recreate", false), ("InPlaceRestart", true)] {
         let server = TestApiServer::start().await;
-        let mut js = jobset(strategy);
+        let mut js = JobSet::new("js")
+            .namespace(NS)
+            .strategy(strategy)
+            .replicas(2)
+            .build();
         if disabled {
             js["metadata"]["annotations"] = json!({DISABLE_ANNOTATION: "true"});
         }
         create_jobset(&server, js);
-        server.create("pods", pod("p0")).expect("pod");
+        server
+            .create("pods", Pod::worker(NS, "js", "p0").build())
+            .expect("pod");
         let a = InProcess::start(&server, Dialect::Epoch, "p0");
         until("the barrier to lift", || a.lifted()).await;
         assert!(a.barrier.borrow().bypassed);
@@ -327,7 +315,9 @@ async fn bypass_lifts_at_once() {
 #[tokio::test]
 async fn unpublished_epochs_are_waited_for() {
     let server = TestApiServer::start().await;
-    server.create("pods", pod("p0")).expect("pod");
+    server
+        .create("pods", Pod::worker(NS, "js", "p0").build())
+        .expect("pod");
     let a = InProcess::start(&server, Dialect::Epoch, "p0");
     until("the watch", || server.watch_count() > 0).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -337,7 +327,7 @@ async fn unpublished_epochs_are_waited_for() {
         1,
         "one open watch, no polling"
     );
-    let mut js = jobset("InPlaceRestart");
+    let mut js = JobSet::new("js").namespace(NS).replicas(2).build();
     js["status"] = json!({"syncedEpoch": 4});
     create_jobset(&server, js);
     until("the registration", || {
@@ -353,8 +343,10 @@ async fn unpublished_epochs_are_waited_for() {
 #[tokio::test]
 async fn silent_watches_are_abandoned_and_resumed() {
     let server = TestApiServer::start().await;
-    create_jobset(&server, jobset("InPlaceRestart"));
-    server.create("pods", pod("p0")).expect("pod");
+    create_jobset(&server, JobSet::new("js").namespace(NS).replicas(2).build());
+    server
+        .create("pods", Pod::worker(NS, "js", "p0").build())
+        .expect("pod");
     // The first watch stays open and silent; the next one is accepted and never answered.
     server.silence_next(2, Verb::Watch, "jobsetepochs");
     let mut config = AgentConfig::sidecar(NS, "p0", "js", Dialect::Epoch);
@@ -374,8 +366,10 @@ async fn silent_watches_are_abandoned_and_resumed() {
 #[tokio::test]
 async fn failed_and_conflicting_writes_are_retried() {
     let server = TestApiServer::start().await;
-    create_jobset(&server, jobset("InPlaceRestart"));
-    server.create("pods", pod("p0")).expect("pod");
+    create_jobset(&server, JobSet::new("js").namespace(NS).replicas(2).build());
+    server
+        .create("pods", Pod::worker(NS, "js", "p0").build())
+        .expect("pod");
     server.fail_next(2, Verb::Patch, "pods", 500);
     server.fail_next(1, Verb::Patch, "pods", 409);
     let _a = InProcess::start(&server, Dialect::Epoch, "p0");
@@ -392,8 +386,10 @@ async fn failed_and_conflicting_writes_are_retried() {
 #[tokio::test]
 async fn throttled_requests_wait_for_retry_after() {
     let server = TestApiServer::start().await;
-    create_jobset(&server, jobset("InPlaceRestart"));
-    server.create("pods", pod("p0")).expect("pod");
+    create_jobset(&server, JobSet::new("js").namespace(NS).replicas(2).build());
+    server
+        .create("pods", Pod::worker(NS, "js", "p0").build())
+        .expect("pod");
     server.throttle_next(1, Verb::Patch, "pods", 1);
     let client = jobset_inplace::retry::client_without_retries(server.config()).expect("client");
     let (tx, barrier) = watch::channel(BarrierState::default());
@@ -427,8 +423,10 @@ async fn throttled_requests_wait_for_retry_after() {
 async fn served_watches_that_are_cut_resume_at_once() {
     let server = TestApiServer::start().await;
     server.set_bookmark_interval(Duration::from_millis(10));
-    create_jobset(&server, jobset("InPlaceRestart"));
-    server.create("pods", pod("p0")).expect("pod");
+    create_jobset(&server, JobSet::new("js").namespace(NS).replicas(2).build());
+    server
+        .create("pods", Pod::worker(NS, "js", "p0").build())
+        .expect("pod");
     let a = InProcess::start(&server, Dialect::Epoch, "p0");
     until("the registration", || a.barrier.borrow().registered).await;
     let started = Instant::now();
@@ -452,8 +450,10 @@ async fn served_watches_that_are_cut_resume_at_once() {
 #[tokio::test]
 async fn watches_ended_at_once_are_reopened_after_a_backoff() {
     let server = TestApiServer::start().await;
-    create_jobset(&server, jobset("InPlaceRestart"));
-    server.create("pods", pod("p0")).expect("pod");
+    create_jobset(&server, JobSet::new("js").namespace(NS).replicas(2).build());
+    server
+        .create("pods", Pod::worker(NS, "js", "p0").build())
+        .expect("pod");
     let a = InProcess::start(&server, Dialect::Epoch, "p0");
     until("the registration", || a.barrier.borrow().registered).await;
     server.reset_counters();
@@ -475,10 +475,10 @@ async fn watches_ended_at_once_are_reopened_after_a_backoff() {
 #[tokio::test]
 async fn watch_cuts_and_expiry_are_survived() {
     let server = TestApiServer::start().await;
-    let mut js = jobset("InPlaceRestart");
+    let mut js = JobSet::new("js").namespace(NS).replicas(2).build();
     js["status"] = json!({"previousInPlaceRestartAttempt": 0, "currentInPlaceRestartAttempt": 1});
     create_jobset(&server, js);
-    let mut p = pod("p0");
+    let mut p = Pod::worker(NS, "js", "p0").build();
     p["metadata"]["annotations"]["jobset.sigs.k8s.io/in-place-restart-attempt"] = json!("3");
     server.create("pods", p).expect("pod");
     let a = InProcess::start(&server, Dialect::Attempt, "p0");
@@ -533,9 +533,14 @@ async fn falls_back_to_the_jobset_where_the_kind_is_not_served() {
     })
     .await;
     server
-        .create("jobsets", jobset("InPlaceRestart"))
+        .create(
+            "jobsets",
+            JobSet::new("js").namespace(NS).replicas(2).build(),
+        )
         .expect("jobset");
-    server.create("pods", pod("p0")).expect("pod");
+    server
+        .create("pods", Pod::worker(NS, "js", "p0").build())
+        .expect("pod");
     let a = InProcess::start(&server, Dialect::Epoch, "p0");
     until("the registration", || {
         annotation(&server, Dialect::Epoch, "p0").as_deref() == Some("1")
@@ -565,7 +570,10 @@ async fn falls_back_to_the_jobset_where_the_kind_is_not_served() {
 async fn delegated_epochs_are_read_from_the_jobset() {
     let server = TestApiServer::start().await;
     server
-        .create("jobsets", jobset("InPlaceRestart"))
+        .create(
+            "jobsets",
+            JobSet::new("js").namespace(NS).replicas(2).build(),
+        )
         .expect("jobset");
     let uid = server.get("jobsets", NS, "js").expect("jobset")["metadata"]["uid"].clone();
     let delegated = Epochs {
@@ -578,7 +586,9 @@ async fn delegated_epochs_are_read_from_the_jobset() {
             epochs::apply_body(NS, "js", uid.as_str().unwrap_or_default(), &delegated),
         )
         .expect("jobsetepoch");
-    server.create("pods", pod("p0")).expect("pod");
+    server
+        .create("pods", Pod::worker(NS, "js", "p0").build())
+        .expect("pod");
     let a = InProcess::start(&server, Dialect::Epoch, "p0");
     until("the registration", || {
         annotation(&server, Dialect::Epoch, "p0").as_deref() == Some("1")
@@ -600,7 +610,7 @@ async fn delegated_epochs_are_read_from_the_jobset() {
 #[tokio::test]
 async fn a_group_restart_costs_an_agent_three_requests_and_three_small_events() {
     let server = TestApiServer::start().await;
-    let mut js = jobset("InPlaceRestart");
+    let mut js = JobSet::new("js").namespace(NS).replicas(2).build();
     // A large JobSet: 20 KB of environment in its pod template.
     let env: Vec<Value> = (0..200)
         .map(|i| json!({"name": format!("VAR_{i:03}"), "value": "x".repeat(80)}))
@@ -608,7 +618,9 @@ async fn a_group_restart_costs_an_agent_three_requests_and_three_small_events() 
     js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]["env"] =
         Value::Array(env);
     create_jobset(&server, js);
-    server.create("pods", pod("p0")).expect("pod");
+    server
+        .create("pods", Pod::worker(NS, "js", "p0").build())
+        .expect("pod");
     let first = InProcess::start(&server, Dialect::Epoch, "p0");
     until("the registration", || first.barrier.borrow().registered).await;
     set_status(&server, json!({"syncedEpoch": 1}));
@@ -664,11 +676,13 @@ async fn a_group_restart_costs_an_agent_three_requests_and_three_small_events() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_agents_register_and_lift() {
     let server = Arc::new(TestApiServer::start().await);
-    create_jobset(&server, jobset("InPlaceRestart"));
+    create_jobset(&server, JobSet::new("js").namespace(NS).replicas(2).build());
     let agents: Vec<InProcess> = (0..50)
         .map(|i| {
             let name = format!("p{i}");
-            server.create("pods", pod(&name)).expect("pod");
+            server
+                .create("pods", Pod::worker(NS, "js", &name).build())
+                .expect("pod");
             InProcess::start(&server, Dialect::Epoch, &name)
         })
         .collect();

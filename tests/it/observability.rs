@@ -16,9 +16,10 @@ use std::future::Future;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use jobset_inplace::protocol::{Dialect, JOBSET_NAME_LABEL};
+use jobset_inplace::protocol::Dialect;
 use jobset_inplace::reconciler;
 use jobset_inplace_testkit::apiserver::TestApiServer;
+use jobset_inplace_testkit::build::{JobSet, Pod, ReplicatedJob};
 use jobset_inplace_testkit::webhook_harness as support;
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
@@ -302,41 +303,27 @@ async fn webhook_metrics() -> String {
     text
 }
 
-fn jobset(name: &str) -> Value {
-    json!({
-        "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
-        "metadata": {"name": name, "namespace": NS},
-        "spec": {"failurePolicy": {"restartStrategy": "InPlaceRestart", "maxRestarts": 10},
-                 "replicatedJobs": [{"name": "rj0", "replicas": 1, "template": {"spec": {
-                     "parallelism": 2, "completions": 2,
-                     "template": {"spec": {"containers": [{"name": "w", "image": "w"}]}}}}}]},
-        "status": {}
-    })
-}
-
-fn pod(jobset: &str, name: &str) -> Value {
-    json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": NS,
-                     "labels": {JOBSET_NAME_LABEL: jobset},
-                     "annotations": {JOBSET_NAME_LABEL: jobset}},
-        "spec": {"containers": [{"name": "w", "image": "w"}]},
-        "status": {"phase": "Running", "containerStatuses": [{"name": "w", "restartCount": 0}]}
-    })
-}
-
 /// A reconciler's /metrics after one group restart of a two-pod JobSet (epoch dialect).
 async fn reconciler_metrics() -> String {
     let dialect = Dialect::Epoch;
     let server = TestApiServer::start().await;
-    server.create("jobsets", jobset("js")).expect("jobset");
+    server
+        .create(
+            "jobsets",
+            JobSet::new("js")
+                .namespace(NS)
+                .max_restarts(10)
+                .replicated_jobs([ReplicatedJob::new("rj0").pods(2)])
+                .build(),
+        )
+        .expect("jobset");
     for i in 0..2 {
         server
             .create(
                 "pods",
                 jobset_inplace_testkit::reconciler::member_of(
                     &server,
-                    pod("js", &format!("js-{i}")),
+                    Pod::worker(NS, "js", &format!("js-{i}")).running().build(),
                 ),
             )
             .expect("pod");

@@ -23,10 +23,19 @@ async fn agent_namespace(cluster: &Cluster, prefix: &str) -> (TestNamespace, Api
             &format!("create pod {name}"),
             Duration::from_secs(30),
             || async {
-                pods.create(&PostParams::default(), &pod(name, "1"))
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| e.to_string())
+                pods.create(
+                    &PostParams::default(),
+                    &build::Pod::new(name)
+                        .label("app", "worker")
+                        .epoch(EPOCH_ANNOTATION, "1")
+                        .annotation("team", "a")
+                        .service_account(AGENT_SERVICE_ACCOUNT)
+                        .container("worker", "registry.example/worker:1")
+                        .typed::<Pod>(),
+                )
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string())
             },
         )
         .await;

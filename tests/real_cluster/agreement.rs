@@ -2,15 +2,19 @@
 
 use super::*;
 
+/// A suspended JobSet of one Job of plain busybox pods (no failure policy, no parallelism): the
+/// same object sent to both API servers.
 fn agreement_jobset(name: &str) -> DynamicObject {
-    serde_json::from_value(json!({
-        "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
-        "metadata": {"name": name},
-        "spec": {"suspend": true, "replicatedJobs": [{"name": "w", "replicas": 1, "template": {
-            "spec": {"template": {"spec": {"restartPolicy": "Never",
-                "containers": [{"name": "c", "image": "busybox"}]}}}}}]},
-    }))
-    .expect("JobSet")
+    build::JobSet::new(name)
+        .no_failure_policy()
+        .no_status()
+        .set("/spec/suspend", json!(true))
+        .replicated_jobs([build::ReplicatedJob::new("w")
+            .remove("/template/spec/parallelism")
+            .remove("/template/spec/completions")
+            .container("c", "busybox")
+            .pod_spec("restartPolicy", json!("Never"))])
+        .typed()
 }
 
 /// What a DELETE answers: the object (`Either::Left`: its kind and deletion fields) or a Status

@@ -29,6 +29,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use jobset_inplace::wire::epochs::JobSetEpoch;
+use jobset_inplace_testkit::build;
 use jobset_inplace_testkit::cluster::{
     ClusterObjects, ControlPlane, KueueQueue, PRIORITY_CLASS, TRAIN_JOB, TRAINING_RUNTIME,
     TestNamespace, api_of, create_eventually, delete_now, eventually, try_eventually, workload_of,

@@ -248,7 +248,7 @@ async fn a_stolen_reconciler_token_may_only_mark_a_jobsets_pod_failed() {
             let policy_name = "jobset-inplace-reconciler-fails-pods";
             let ns = TestNamespace::create(&cluster, "rc-fails").await;
             let admin: Api<Pod> = Api::namespaced(cluster.client.clone(), &ns.name);
-            let mut p = pod("js-w-0-0", "1");
+            let mut p = build::Pod::new("js-w-0-0").label("app", "worker").epoch(EPOCH_ANNOTATION, "1").annotation("team", "a").service_account(AGENT_SERVICE_ACCOUNT).container("worker", "registry.example/worker:1").typed::<Pod>();
             p.metadata.labels = Some([("jobset.sigs.k8s.io/jobset-name".to_owned(), "js".to_owned())].into());
             p.metadata.finalizers = Some(vec!["example.com/keep".to_owned()]);
             if let Some(spec) = p.spec.as_mut() {

@@ -3,21 +3,6 @@
 
 use super::*;
 
-pub(crate) fn pod(name: &str, epoch: &str) -> Pod {
-    serde_json::from_value(json!({
-        "metadata": {
-            "name": name,
-            "labels": {"app": "worker"},
-            "annotations": {EPOCH_ANNOTATION: epoch, "team": "a"}
-        },
-        "spec": {
-            "serviceAccountName": AGENT_SERVICE_ACCOUNT,
-            "containers": [{"name": "worker", "image": "registry.example/worker:1"}]
-        }
-    }))
-    .expect("pod")
-}
-
 /// A token of the agent's ServiceAccount, bound to `pod` when given.
 pub(crate) async fn agent_token(cluster: &Cluster, namespace: &str, pod: Option<&Pod>) -> String {
     let accounts: Api<ServiceAccount> = Api::namespaced(cluster.client.clone(), namespace);
@@ -236,14 +221,6 @@ pub(crate) fn fixture_yaml(case: &str, file: &str) -> Value {
         .join(case)
         .join(file);
     serde_saphyr::from_str(&std::fs::read_to_string(&path).expect("fixture")).expect("yaml")
-}
-
-/// A fixture's JobSet, renamed, in `namespace`.
-pub(crate) fn jobset(case: &str, name: &str, namespace: &str) -> DynamicObject {
-    let mut object = fixture_object(case);
-    object["metadata"]["name"] = json!(name);
-    object["metadata"]["namespace"] = json!(namespace);
-    serde_json::from_value(object).expect("JobSet")
 }
 
 /// The injected agent's image in a JobSet (its first replicatedJob).

@@ -2,25 +2,6 @@
 
 use super::*;
 
-/// A fixture's JobSet with what JobSet's own webhook (v0.12, InPlaceRestart gate on) requires of
-/// an InPlaceRestart JobSet, as ours does: `backoffLimit` MaxInt32, `podReplacementPolicy: Failed`
-/// and `completions` equal to `parallelism` in every replicated job. JobSet denies one without, so a
-/// denial or failure of ours is only told apart on such a JobSet (the API server answers with the
-/// first validating webhook's denial to arrive).
-fn jobset_valid_for_jobset(case: &str, name: &str, namespace: &str) -> DynamicObject {
-    let mut object = serde_json::to_value(jobset(case, name, namespace)).expect("json");
-    for rj in object["spec"]["replicatedJobs"]
-        .as_array_mut()
-        .expect("replicatedJobs")
-    {
-        rj["template"]["spec"]["backoffLimit"] = json!(2147483647);
-        rj["template"]["spec"]["podReplacementPolicy"] = json!("Failed");
-        let parallelism = rj["template"]["spec"]["parallelism"].clone();
-        rj["template"]["spec"]["completions"] = parallelism;
-    }
-    serde_json::from_value(object).expect("JobSet")
-}
-
 /// Every value of `want` is in `got` (objects compared key by key, the rest exactly): what the
 /// API server added (defaults) does not count, what it dropped (pruning) does.
 fn missing(want: &Value, got: &Value, path: &str, out: &mut Vec<String>) {
@@ -61,7 +42,7 @@ async fn the_webhook_injects_denies_and_fails_as_configured() {
         // back injected.
         eventually("the configurations in force", Duration::from_secs(30), || async {
             let js = jobsets
-                .create(&dry_run, &jobset("story1-plain", "probe", &ns.name))
+                .create(&dry_run, &build::JobSet::from_value(fixture_object("story1-plain")).name("probe").namespace(&ns.name).typed::<DynamicObject>())
                 .await
                 .map_err(|e| e.to_string())?;
             let annotations = js.data["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["metadata"]["annotations"].clone();
@@ -77,7 +58,7 @@ async fn the_webhook_injects_denies_and_fails_as_configured() {
         // this fixture holds (fixtures/admission/story1-plain/mutated.yaml) survives the CRD's
         // pruning and defaulting.
         jobsets
-            .create(&pp, &jobset("story1-plain", "plain", &ns.name))
+            .create(&pp, &build::JobSet::from_value(fixture_object("story1-plain")).name("plain").namespace(&ns.name).typed::<DynamicObject>())
             .await
             .expect("a plain InPlaceRestart JobSet is admitted");
         let stored = jobsets.get("plain").await.expect("stored");
@@ -87,7 +68,7 @@ async fn the_webhook_injects_denies_and_fails_as_configured() {
         assert!(lost.is_empty(), "the stored JobSet lost what the webhook injected: {lost:#?}");
 
         // A broken one is denied with every violation's field path (but those JobSet's own
-        // webhook denies too: see jobset_valid_for_jobset).
+        // webhook denies too: see `JobSet::as_jobset_requires` of the test kit's builder).
         let expected = fixture_yaml("violations-all", "expected.yaml");
         let mut want_fields: Vec<String> = expected["validate"]["violations"]
             .as_array()
@@ -103,7 +84,7 @@ async fn the_webhook_injects_denies_and_fails_as_configured() {
         assert!(want_fields.len() >= 5, "{want_fields:?}");
         let (code, _, message, mut fields) = api_error(
             jobsets
-                .create(&pp, &jobset_valid_for_jobset("violations-all", "broken", &ns.name))
+                .create(&pp, &build::JobSet::from_value(fixture_object("violations-all")).name("broken").namespace(&ns.name).as_jobset_requires().typed::<DynamicObject>())
                 .await,
         )
         .expect("a broken JobSet is denied");
@@ -152,7 +133,7 @@ async fn the_webhook_injects_denies_and_fails_as_configured() {
         ] {
             let (code, _, message, fields) = api_error(
                 jobsets
-                    .create(&pp, &jobset_valid_for_jobset(case, name, &ns.name))
+                    .create(&pp, &build::JobSet::from_value(fixture_object(case)).name(name).namespace(&ns.name).as_jobset_requires().typed::<DynamicObject>())
                     .await,
             )
             .unwrap_or_else(|e| panic!("{case}: {e}"));
@@ -170,7 +151,7 @@ async fn the_webhook_injects_denies_and_fails_as_configured() {
         // off and the token in the agent only (before: stored as written, every container got
         // the agent's token).
         let stored = jobsets
-            .create(&pp, &jobset_valid_for_jobset("agent-account-named-token-unset", "token-named", &ns.name))
+            .create(&pp, &build::JobSet::from_value(fixture_object("agent-account-named-token-unset")).name("token-named").namespace(&ns.name).as_jobset_requires().typed::<DynamicObject>())
             .await
             .expect("the agent's account named is injected");
         let stored = serde_json::to_value(&stored).expect("json");
@@ -186,7 +167,7 @@ async fn the_webhook_injects_denies_and_fails_as_configured() {
         let (code, _, message, _) =
             api_error(
                 jobsets
-                    .create(&pp, &jobset_valid_for_jobset("story1-plain", "closed", &ns.name))
+                    .create(&pp, &build::JobSet::from_value(fixture_object("story1-plain")).name("closed").namespace(&ns.name).as_jobset_requires().typed::<DynamicObject>())
                     .await,
             )
                 .expect("fails closed without the webhook");
@@ -199,7 +180,7 @@ async fn the_webhook_injects_denies_and_fails_as_configured() {
             "nothing stored"
         );
         jobsets
-            .create(&pp, &jobset("not-in-place-restart", "other-strategy", &ns.name))
+            .create(&pp, &build::JobSet::from_value(fixture_object("not-in-place-restart")).name("other-strategy").namespace(&ns.name).typed::<DynamicObject>())
             .await
             .expect("a JobSet without InPlaceRestart never reaches the webhook");
 
@@ -213,7 +194,7 @@ async fn the_webhook_injects_denies_and_fails_as_configured() {
         .expect("delete the validating configuration");
         let stored = eventually("mutation ignored", Duration::from_secs(30), || async {
             jobsets
-                .create(&pp, &jobset_valid_for_jobset("story1-plain", "ignored", &ns.name))
+                .create(&pp, &build::JobSet::from_value(fixture_object("story1-plain")).name("ignored").namespace(&ns.name).as_jobset_requires().typed::<DynamicObject>())
                 .await
                 .map_err(|e| e.to_string())
         })
@@ -267,7 +248,11 @@ async fn a_jobset_written_again_without_its_injection_is_stored_unchanged() {
                     let js = jobsets
                         .create(
                             &dry_run,
-                            &jobset_valid_for_jobset("story1-plain", "probe", &ns.name),
+                            &build::JobSet::from_value(fixture_object("story1-plain"))
+                                .name("probe")
+                                .namespace(&ns.name)
+                                .as_jobset_requires()
+                                .typed::<DynamicObject>(),
                         )
                         .await
                         .map_err(|e| e.to_string())?;
@@ -288,9 +273,14 @@ async fn a_jobset_written_again_without_its_injection_is_stored_unchanged() {
             // JobSet's defaulting webhook gives them on CREATE (an apply of `4` over `"4"` would
             // change the spec whatever the injection does).
             let plain = {
-                let mut js =
-                    serde_json::to_value(jobset_valid_for_jobset("story1-plain", name, &ns.name))
-                        .expect("json");
+                let mut js = serde_json::to_value(
+                    build::JobSet::from_value(fixture_object("story1-plain"))
+                        .name(name)
+                        .namespace(&ns.name)
+                        .as_jobset_requires()
+                        .typed::<DynamicObject>(),
+                )
+                .expect("json");
                 for c in js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
                     ["containers"]
                     .as_array_mut()
@@ -444,8 +434,14 @@ async fn a_jobset_written_again_without_its_injection_is_stored_unchanged() {
 /// quantities as strings, the form JobSet's defaulting webhook gives them on CREATE (an apply of
 /// `4` over `"4"` would change the spec whatever the injection does).
 fn plain_as_go_writes(name: &str, namespace: &str, suspend: bool) -> DynamicObject {
-    let mut js = serde_json::to_value(jobset_valid_for_jobset("story1-plain", name, namespace))
-        .expect("json");
+    let mut js = serde_json::to_value(
+        build::JobSet::from_value(fixture_object("story1-plain"))
+            .name(name)
+            .namespace(namespace)
+            .as_jobset_requires()
+            .typed::<DynamicObject>(),
+    )
+    .expect("json");
     for c in js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"]
         .as_array_mut()
         .expect("containers")

@@ -72,7 +72,7 @@ async fn a_trainjob_from_an_in_place_restart_runtime_restarts_in_place_on_the_re
         job["template"]["metadata"] =
             json!({"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}});
         let pod = &mut job["template"]["spec"]["template"]["spec"];
-        pod["containers"] = json!([jobset_worker("node", dialect)]);
+        pod["containers"] = json!([recording_container("node", dialect)]);
         for field in ["backoffLimit", "podReplacementPolicy"] {
             if let Some(o) = job["template"]["spec"].as_object_mut() {
                 o.remove(field);

@@ -275,12 +275,12 @@ async fn user_init_containers_and_sidecars_re_run_and_the_barrier_holds() {
             return;
         };
         let (run, first) = Run::start(&node, "rn-inits", 3, dialect, |js| {
-            let mut init = jobset_worker("init", dialect);
+            let mut init = recording_container("init", dialect);
             init["env"]
                 .as_array_mut()
                 .expect("env")
                 .push(json!({"name": "EXIT_AFTER", "value": "0"}));
-            let mut sidecar = jobset_worker("sidecar", dialect);
+            let mut sidecar = recording_container("sidecar", dialect);
             sidecar["restartPolicy"] = json!("Always");
             js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
                 ["initContainers"] = json!([init, sidecar]);
@@ -334,7 +334,7 @@ async fn a_pod_that_never_comes_back_is_replaced_after_the_deadline() {
             js["metadata"]["annotations"] =
                 json!({"jobset-inplace.dev/group-restart-timeout": "15s"});
             // Hangs when RECORDS/hang-<pod> exists, then runs as the worker script to exit 0.
-            let mut init = jobset_worker("init", dialect);
+            let mut init = recording_container("init", dialect);
             init["command"] = json!([
                 "/bin/sh", "-c",
                 "if [ -f /records/hang-$POD_NAME ]; then echo hang ms=0 pod=$POD_NAME container=init >>/records/records; exec sleep 3600; fi; EXIT_AFTER=0 exec /bin/sh /worker"

@@ -2,6 +2,7 @@
 //! records' reading (the barrier, in place, a failure's gaps), the registry's image checks.
 
 use super::*;
+use jobset_inplace_testkit::build::{JobSet, ReplicatedJob};
 
 /// The names the installed variant's protocol uses (node.env `INSTALL_VARIANT`).
 #[derive(Debug, Clone, Copy)]
@@ -85,7 +86,7 @@ pub(crate) fn jobset_api(client: &Client, namespace: &str) -> Api<DynamicObject>
 
 /// A container of the test image in a JobSet: records with the epoch its pod had when it started
 /// (the downward API resolves the annotation at each container start).
-pub(crate) fn jobset_worker(name: &str, dialect: Dialect) -> serde_json::Value {
+pub(crate) fn recording_container(name: &str, dialect: Dialect) -> serde_json::Value {
     json!({
         "name": name,
         "image": TEST_IMAGE,
@@ -108,7 +109,7 @@ pub(crate) fn jobset_worker(name: &str, dialect: Dialect) -> serde_json::Value {
 /// The JobSet's worker as a user writes it (README, story 1): `restartPolicy: Never` and a
 /// `RestartAllContainers` rule on every exit code but `not` (the webhook injects the agent only).
 pub(crate) fn restarting_worker(dialect: Dialect, not: &[i32]) -> serde_json::Value {
-    let mut worker = jobset_worker("worker", dialect);
+    let mut worker = recording_container("worker", dialect);
     worker["restartPolicy"] = json!("Never");
     worker["restartPolicyRules"] = json!([
         {"action": "RestartAllContainers", "exitCodes": {"operator": "NotIn", "values": not}}
@@ -125,34 +126,24 @@ pub(crate) fn train_jobset(
     dialect: Dialect,
     edit: impl FnOnce(&mut serde_json::Value),
 ) -> DynamicObject {
-    let mut js = json!({
-        "apiVersion": "jobset.x-k8s.io/v1alpha2",
-        "kind": "JobSet",
-        "metadata": {"name": "train"},
-        "spec": {
-            "failurePolicy": {"maxRestarts": 20, "restartStrategy": "InPlaceRestart"},
-            "replicatedJobs": [{
-                "name": "workers",
-                "replicas": 1,
-                "template": {"spec": {
-                    "parallelism": pods,
-                    "completions": pods,
-                    "backoffLimit": 2147483647,
-                    "podReplacementPolicy": "Failed",
-                    "template": {"spec": {
-                        "restartPolicy": "Never",
-                        "terminationGracePeriodSeconds": 30,
-                        "tolerations": [real_node_toleration()],
-                        "containers": [restarting_worker(dialect, &[0])],
-                        "volumes": [
-                            {"name": "records", "hostPath": {"path": records, "type": "Directory"}},
-                            {"name": "scratch", "emptyDir": {}}
-                        ]
-                    }}
-                }}
-            }]
-        }
-    });
+    let mut js = JobSet::new("train")
+        .no_status()
+        .max_restarts(20)
+        .replicated_jobs([ReplicatedJob::new("workers")
+            .pods(pods as i64)
+            .pod_spec("restartPolicy", json!("Never"))
+            .pod_spec("terminationGracePeriodSeconds", json!(30))
+            .pod_spec("tolerations", json!([real_node_toleration()]))
+            .containers(json!([restarting_worker(dialect, &[0])]))
+            .pod_spec(
+                "volumes",
+                json!([
+                    {"name": "records", "hostPath": {"path": records, "type": "Directory"}},
+                    {"name": "scratch", "emptyDir": {}}
+                ]),
+            )])
+        .as_jobset_requires()
+        .build();
     edit(&mut js);
     serde_json::from_value(js).expect("JobSet")
 }
@@ -166,7 +157,7 @@ pub(crate) fn recreating(js: &mut serde_json::Value, dialect: Dialect) {
     job["backoffLimit"] = json!(0);
     job.as_object_mut()
         .map(|o| o.remove("podReplacementPolicy"));
-    job["template"]["spec"]["containers"] = json!([jobset_worker("worker", dialect)]);
+    job["template"]["spec"]["containers"] = json!([recording_container("worker", dialect)]);
 }
 
 /// Creates `js`, which the webhook must leave alone (a JobSet without InPlaceRestart).

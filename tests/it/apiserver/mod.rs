@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use futures::{StreamExt, TryStreamExt};
 use jobset_inplace::jobset::JobSet;
 use jobset_inplace_testkit::apiserver::{Options, TestApiServer, Verb};
+use jobset_inplace_testkit::build;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, ObjectReference, Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::RoleBinding;
@@ -23,18 +24,6 @@ async fn within<T>(secs: u64, f: impl Future<Output = T>) -> T {
         Ok(v) => v,
         Err(_) => panic!("timed out after {secs} s"),
     }
-}
-
-fn pod_json(ns: &str, name: &str, labels: Value) -> Value {
-    json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": ns, "labels": labels},
-        "spec": {"containers": [{"name": "main", "image": "busybox"}]},
-    })
-}
-
-fn pod(ns: &str, name: &str, labels: Value) -> Pod {
-    serde_json::from_value(pod_json(ns, name, labels)).expect("pod")
 }
 
 /// The HTTP status and reason of a failed kube call.
@@ -96,19 +85,6 @@ async fn wait_for_watches(server: &TestApiServer, n: usize) {
     }
 }
 
-fn jobset_json(ns: &str, name: &str) -> Value {
-    json!({
-        "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {
-            "failurePolicy": {"maxRestarts": 3, "restartStrategy": "InPlaceRestart"},
-            "replicatedJobs": [{"name": "w", "replicas": 2, "template": {"spec": {
-                "parallelism": 2, "completions": 2, "backoffLimit": 0,
-                "template": {"spec": {"containers": [{"name": "c", "image": "i"}]}}}}}],
-            "futureField": {"kept": [1, 2, 3]},
-        },
-    })
-}
 mod faults;
 mod objects;
 mod serving;

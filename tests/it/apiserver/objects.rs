@@ -15,9 +15,16 @@ async fn works_on_a_current_thread_runtime() {
         let server = TestApiServer::start().await;
         let pods: Api<Pod> = Api::namespaced(server.client(), "ns");
         let mut events = drive(watcher(pods.clone(), watcher::Config::default()));
-        pods.create(&PostParams::default(), &pod("ns", "p", json!({})))
-            .await
-            .expect("create");
+        pods.create(
+            &PostParams::default(),
+            &build::Pod::new("p")
+                .namespace("ns")
+                .labels(json!({}))
+                .container("main", "busybox")
+                .typed::<Pod>(),
+        )
+        .await
+        .expect("create");
         loop {
             match events.recv().await.expect("open") {
                 Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p))
@@ -39,7 +46,14 @@ async fn pod_crud_with_the_kube_client() {
         let server = TestApiServer::start().await;
         let pods: Api<Pod> = Api::namespaced(server.client(), "ns");
         let created = pods
-            .create(&PostParams::default(), &pod("ns", "p0", json!({"a": "b"})))
+            .create(
+                &PostParams::default(),
+                &build::Pod::new("p0")
+                    .namespace("ns")
+                    .labels(json!({"a": "b"}))
+                    .container("main", "busybox")
+                    .typed::<Pod>(),
+            )
             .await
             .expect("create");
         let meta = &created.metadata;
@@ -66,7 +80,11 @@ async fn pod_crud_with_the_kube_client() {
         assert_eq!(api_err(pods.get("nope").await), (404, "NotFound".into()));
         assert!(pods.get_opt("nope").await.expect("get_opt").is_none());
 
-        let mut generated = pod("ns", "", json!({}));
+        let mut generated = build::Pod::new("")
+            .namespace("ns")
+            .labels(json!({}))
+            .container("main", "busybox")
+            .typed::<Pod>();
         generated.metadata.name = None;
         generated.metadata.generate_name = Some("gen-".into());
         let g = pods
@@ -109,7 +127,14 @@ async fn pod_crud_with_the_kube_client() {
         );
         // Cluster-wide list sees other namespaces too.
         server
-            .create("pods", pod_json("other", "q", json!({})))
+            .create(
+                "pods",
+                build::Pod::new("q")
+                    .namespace("other")
+                    .labels(json!({}))
+                    .container("main", "busybox")
+                    .build(),
+            )
             .expect("seed");
         let everywhere: Api<Pod> = Api::all(server.client());
         let l = everywhere.list(&ListParams::default()).await.expect("all");
@@ -126,7 +151,7 @@ async fn other_resources_round_trip() {
         let client = server.client();
         let pp = PostParams::default();
         let js: Api<JobSet> = Api::namespaced(client.clone(), "ns");
-        let j: JobSet = serde_json::from_value(jobset_json("ns", "js")).expect("jobset");
+        let j: JobSet = build::JobSet::new("js").namespace("ns").replicas(2).pods(2).container("c", "i").each_job(|j| j.backoff_limit(0)).set("/spec/futureField", json!({"kept": [1, 2, 3]})).no_status().typed();
         js.create(&pp, &j).await.expect("create jobset");
         let stored = server.get("jobsets", "ns", "js").expect("stored");
         // Unknown to JobSet's CRD schema: pruned, as by the real API server.
@@ -249,14 +274,25 @@ async fn label_and_field_selectors() {
             ("p3", json!({})),
         ];
         for (name, l) in &labels {
-            let mut p = pod_json("ns", name, l.clone());
+            let mut p = build::Pod::new(name)
+                .namespace("ns")
+                .labels(l.clone())
+                .container("main", "busybox")
+                .build();
             if *name == "p1" {
                 p["spec"]["nodeName"] = json!("node-a");
             }
             server.create("pods", p).expect("seed");
         }
         server
-            .create("pods", pod_json("other", "p9", json!({"app": "web"})))
+            .create(
+                "pods",
+                build::Pod::new("p9")
+                    .namespace("other")
+                    .labels(json!({"app": "web"}))
+                    .container("main", "busybox")
+                    .build(),
+            )
             .expect("seed");
         let pods: Api<Pod> = Api::namespaced(server.client(), "ns");
         let cases: &[(&str, &[&str])] = &[
@@ -340,7 +376,13 @@ async fn pagination_with_limit_and_continue() {
         server
             .seed(
                 "pods",
-                (0..25).map(|i| pod_json("ns", &format!("p{i:02}"), json!({}))),
+                (0..25).map(|i| {
+                    build::Pod::new(&format!("p{i:02}"))
+                        .namespace("ns")
+                        .labels(json!({}))
+                        .container("main", "busybox")
+                        .build()
+                }),
             )
             .expect("seed");
         let pods: Api<Pod> = Api::namespaced(server.client(), "ns");
@@ -360,7 +402,14 @@ async fn pagination_with_limit_and_continue() {
             if pages == 1 {
                 // A write between pages does not show in later pages.
                 server
-                    .create("pods", pod_json("ns", "p99", json!({})))
+                    .create(
+                        "pods",
+                        build::Pod::new("p99")
+                            .namespace("ns")
+                            .labels(json!({}))
+                            .container("main", "busybox")
+                            .build(),
+                    )
                     .expect("late");
             }
             match page.metadata.continue_ {
@@ -378,7 +427,14 @@ async fn pagination_with_limit_and_continue() {
             .expect("page");
         let token = page.metadata.continue_.expect("continue");
         server
-            .create("pods", pod_json("ns", "p100", json!({})))
+            .create(
+                "pods",
+                build::Pod::new("p100")
+                    .namespace("ns")
+                    .labels(json!({}))
+                    .container("main", "busybox")
+                    .build(),
+            )
             .expect("write");
         server.compact_all();
         assert_eq!(

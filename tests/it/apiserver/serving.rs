@@ -10,11 +10,11 @@ async fn a_reflector_syncs_2000_pods_and_follows_updates() {
             .seed(
                 "pods",
                 (0..2000).map(|i| {
-                    pod_json(
-                        &format!("ns{}", i % 4),
-                        &format!("p{i:04}"),
-                        json!({"app": "w"}),
-                    )
+                    build::Pod::new(&format!("p{i:04}"))
+                        .namespace(&format!("ns{}", i % 4))
+                        .labels(json!({"app": "w"}))
+                        .container("main", "busybox")
+                        .build()
                 }),
             )
             .expect("seed");
@@ -51,7 +51,14 @@ async fn a_reflector_syncs_2000_pods_and_follows_updates() {
             )
             .expect("leave selection");
         server
-            .create("pods", pod_json("ns0", "new", json!({"app": "w"})))
+            .create(
+                "pods",
+                build::Pod::new("new")
+                    .namespace("ns0")
+                    .labels(json!({"app": "w"}))
+                    .container("main", "busybox")
+                    .build(),
+            )
             .expect("create");
         loop {
             let state = reader.state();
@@ -254,7 +261,7 @@ async fn ten_thousand_pods_sanity_figure() {
         server
             .seed(
                 "pods",
-                (0..10_000).map(|i| pod_json(&format!("ns{}", i % 10), &format!("p{i:05}"), json!({"app": "w"}))),
+                (0..10_000).map(|i| build::Pod::new(&format!("p{i:05}")).namespace(&format!("ns{}", i % 10)).labels(json!({"app": "w"})).container("main", "busybox").build()),
             )
             .expect("seed");
         let seeded = t.elapsed();
@@ -282,7 +289,7 @@ async fn ten_thousand_pods_sanity_figure() {
             .map(|i| {
                 let pods: Api<Pod> = Api::namespaced(server.client(), "created");
                 async move {
-                    pods.create(&PostParams::default(), &pod("created", &format!("c{i}"), json!({})))
+                    pods.create(&PostParams::default(), &build::Pod::new(&format!("c{i}")).namespace("created").labels(json!({})).container("main", "busybox").typed::<Pod>())
                         .await
                 }
             })
@@ -347,9 +354,16 @@ async fn the_in_memory_client_is_served_like_a_socket() {
         let pods: Api<Pod> = Api::namespaced(client, "ns");
         assert_eq!(server.last_change("pods"), 0);
         let before = Instant::now();
-        pods.create(&PostParams::default(), &pod("ns", "a", json!({})))
-            .await
-            .expect("create in memory");
+        pods.create(
+            &PostParams::default(),
+            &build::Pod::new("a")
+                .namespace("ns")
+                .labels(json!({}))
+                .container("main", "busybox")
+                .typed::<Pod>(),
+        )
+        .await
+        .expect("create in memory");
         let created = server.last_change("pods");
         assert!(created > 0);
         assert_eq!(server.last_change("jobsets"), 0, "other resources unmoved");

@@ -10,14 +10,22 @@ async fn watch_from_a_resource_version_with_selector_transitions() {
         let p0 = pods
             .create(
                 &PostParams::default(),
-                &pod("ns", "p0", json!({"app": "x"})),
+                &build::Pod::new("p0")
+                    .namespace("ns")
+                    .labels(json!({"app": "x"}))
+                    .container("main", "busybox")
+                    .typed::<Pod>(),
             )
             .await
             .expect("p0");
         let rv = p0.metadata.resource_version.clone().expect("rv");
         pods.create(
             &PostParams::default(),
-            &pod("ns", "p1", json!({"app": "y"})),
+            &build::Pod::new("p1")
+                .namespace("ns")
+                .labels(json!({"app": "y"}))
+                .container("main", "busybox")
+                .typed::<Pod>(),
         )
         .await
         .expect("p1");
@@ -87,7 +95,14 @@ async fn bookmarks_and_timeouts() {
         })
         .await;
         server
-            .create("pods", pod_json("ns", "p0", json!({})))
+            .create(
+                "pods",
+                build::Pod::new("p0")
+                    .namespace("ns")
+                    .labels(json!({}))
+                    .container("main", "busybox")
+                    .build(),
+            )
             .expect("seed");
         let pods: Api<Pod> = Api::namespaced(server.client(), "ns");
         let rv = server.resource_version().to_string();
@@ -159,7 +174,14 @@ async fn too_old_versions_answer_410_and_the_watcher_relists() {
         })
         .await;
         server
-            .create("pods", pod_json("ns", "p0", json!({})))
+            .create(
+                "pods",
+                build::Pod::new("p0")
+                    .namespace("ns")
+                    .labels(json!({}))
+                    .container("main", "busybox")
+                    .build(),
+            )
             .expect("seed");
         let old = server.resource_version();
         for i in 0..30 {
@@ -205,7 +227,14 @@ async fn too_old_versions_answer_410_and_the_watcher_relists() {
         server.compact_all();
         server.cut_watches();
         server
-            .create("pods", pod_json("ns", "after", json!({})))
+            .create(
+                "pods",
+                build::Pod::new("after")
+                    .namespace("ns")
+                    .labels(json!({}))
+                    .container("main", "busybox")
+                    .build(),
+            )
             .expect("new pod");
         let mut saw_410 = false;
         let mut saw_after = false;

@@ -8,7 +8,7 @@ async fn updates_patches_and_the_status_subresource() {
         let server = TestApiServer::start().await;
         let pods: Api<Pod> = Api::namespaced(server.client(), "ns");
         let pp = PostParams::default();
-        let p = pods.create(&pp, &pod("ns", "p", json!({}))).await.expect("create");
+        let p = pods.create(&pp, &build::Pod::new("p").namespace("ns").labels(json!({})).container("main", "busybox").typed::<Pod>()).await.expect("create");
         // Stale update: 409 Conflict.
         let mut newer = p.clone();
         newer.metadata.labels = Some([("a".to_owned(), "1".to_owned())].into());
@@ -66,7 +66,7 @@ async fn updates_patches_and_the_status_subresource() {
 
         // The same for JobSets, through replace_status / replace.
         let js: Api<JobSet> = Api::namespaced(server.client(), "ns");
-        let j: JobSet = serde_json::from_value(jobset_json("ns", "j")).expect("jobset");
+        let j: JobSet = build::JobSet::new("j").namespace("ns").replicas(2).pods(2).container("c", "i").each_job(|j| j.backoff_limit(0)).set("/spec/futureField", json!({"kept": [1, 2, 3]})).no_status().typed();
         let mut j = js.create(&pp, &j).await.expect("create");
         assert!(j.status.is_none());
         j.status = Some(serde_json::from_value(json!({"syncedEpoch": 3, "restarts": 1})).expect("status"));
@@ -95,7 +95,11 @@ async fn deletion_with_finalizers() {
     within(20, async {
         let server = TestApiServer::start().await;
         let pods: Api<Pod> = Api::namespaced(server.client(), "ns");
-        let mut p = pod("ns", "p", json!({}));
+        let mut p = build::Pod::new("p")
+            .namespace("ns")
+            .labels(json!({}))
+            .container("main", "busybox")
+            .typed::<Pod>();
         p.metadata.finalizers = Some(vec!["example.com/hold".into()]);
         pods.create(&PostParams::default(), &p)
             .await
@@ -136,12 +140,23 @@ async fn deletion_with_finalizers() {
             server
                 .create(
                     "pods",
-                    pod_json("ns", &format!("c{i}"), json!({"batch": "1"})),
+                    build::Pod::new(&format!("c{i}"))
+                        .namespace("ns")
+                        .labels(json!({"batch": "1"}))
+                        .container("main", "busybox")
+                        .build(),
                 )
                 .expect("seed");
         }
         server
-            .create("pods", pod_json("ns", "keep", json!({})))
+            .create(
+                "pods",
+                build::Pod::new("keep")
+                    .namespace("ns")
+                    .labels(json!({}))
+                    .container("main", "busybox")
+                    .build(),
+            )
             .expect("seed");
         let gone = pods
             .delete_collection(
@@ -154,7 +169,14 @@ async fn deletion_with_finalizers() {
         assert_eq!(server.list("pods", Some("ns")).len(), 1);
         // Preconditions.
         let q = pods
-            .create(&PostParams::default(), &pod("ns", "q", json!({})))
+            .create(
+                &PostParams::default(),
+                &build::Pod::new("q")
+                    .namespace("ns")
+                    .labels(json!({}))
+                    .container("main", "busybox")
+                    .typed::<Pod>(),
+            )
             .await
             .expect("q");
         let dp = DeleteParams {

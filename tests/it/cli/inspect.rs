@@ -6,8 +6,14 @@ use std::process::Output;
 use std::time::{Duration, SystemTime};
 
 use jobset_inplace::certs;
+use jobset_inplace::protocol::JOBSET_NAME_LABEL;
 use jobset_inplace_testkit::apiserver::TestApiServer;
+use jobset_inplace_testkit::build::{JobSet, Pod};
+use jobset_inplace_testkit::fixtures;
 use serde_json::{Value, json};
+
+/// The epoch dialect's pod annotation.
+const EPOCH: &str = "jobset.sigs.k8s.io/epoch";
 
 async fn bounded<F: Future<Output = ()>>(f: F) {
     tokio::time::timeout(Duration::from_secs(60), f)
@@ -41,79 +47,81 @@ async fn run(server: &TestApiServer, args: &[&str]) -> Output {
         .expect("runs")
 }
 
-fn jobset(name: &str, status: Value) -> Value {
-    json!({
-        "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
-        "metadata": {"name": name, "namespace": "team"},
-        "spec": {"failurePolicy": {"restartStrategy": "InPlaceRestart", "maxRestarts": 3},
-                 "replicatedJobs": [{"name": "w", "replicas": 1,
-                    "template": {"spec": {"parallelism": 3, "completions": 3, "template": {
-                        "spec": {"containers": [{"name": "c", "image": "i"}]}}}}}]},
-        "status": status
-    })
-}
-
-/// A pod as the kubelet reports it: the agent sidecar started (barrier lifted) or not.
-fn pod(name: &str, jobset: &str, epoch: &str, started: bool) -> Value {
-    json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": "team",
-                     "labels": {"jobset.sigs.k8s.io/jobset-name": jobset},
-                     "annotations": {"jobset.sigs.k8s.io/epoch": epoch}},
-        "spec": {"nodeName": format!("node-{name}"),
-                 "initContainers": [{"name": "jobset-inplace-agent", "image": "a",
-                                     "restartPolicy": "Always"}],
-                 "containers": [{"name": "worker", "image": "w"}]},
-        "status": {"phase": "Running",
-                   "initContainerStatuses": [{"name": "jobset-inplace-agent", "started": started,
-                      "ready": started, "restartCount": 1, "image": "a", "imageID": ""}],
-                   "containerStatuses": [{"name": "worker", "ready": started, "restartCount": 1,
-                      "image": "w", "imageID": ""}]}
-    })
-}
-
-/// The released JobSet CRD; with `epoch_fields`, patched as the epoch variants install it.
-fn jobset_crd(epoch_fields: bool) -> Value {
-    let crd_path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("fixtures/jobset-v0.12/jobset.x-k8s.io_jobsets.yaml");
-    let mut crd: Value =
-        serde_saphyr::from_str(&std::fs::read_to_string(crd_path).expect("crd")).expect("yaml");
-    if epoch_fields {
-        for v in crd["spec"]["versions"].as_array_mut().expect("versions") {
-            let props = &mut v["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"];
-            props["deprecatedEpoch"] = json!({"type": "integer", "format": "int32"});
-            props["syncedEpoch"] = json!({"type": "integer", "format": "int32"});
-        }
-    }
-    crd
-}
-
 #[tokio::test]
 async fn status_lists_the_pods_the_group_waits_for_first() {
     bounded(async {
         let server = TestApiServer::start().await;
         // Without --protocol the CRD decides: its epoch fields mean the epoch dialect.
         server
-            .create("customresourcedefinitions", jobset_crd(true))
+            .create("customresourcedefinitions", fixtures::jobset_crd(true))
             .expect("crd");
         server
             .create(
                 "jobsets",
-                jobset("train", json!({"deprecatedEpoch": 1, "syncedEpoch": 2})),
+                JobSet::new("train")
+                    .namespace("team")
+                    .pods(3)
+                    .container("c", "i")
+                    .status(json!({"deprecatedEpoch": 1, "syncedEpoch": 2}))
+                    .build(),
             )
             .expect("jobset");
         server
-            .create("pods", pod("p-a", "train", "3", false))
+            .create(
+                "pods",
+                Pod::new("p-a")
+                    .namespace("team")
+                    .label(JOBSET_NAME_LABEL, "train")
+                    .epoch(EPOCH, "3")
+                    .node("node-p-a")
+                    .container("worker", "w")
+                    .agent_sidecar("a")
+                    .reported(false, 1)
+                    .build(),
+            )
             .expect("pod");
         server
-            .create("pods", pod("p-b", "train", "2", true))
+            .create(
+                "pods",
+                Pod::new("p-b")
+                    .namespace("team")
+                    .label(JOBSET_NAME_LABEL, "train")
+                    .epoch(EPOCH, "2")
+                    .node("node-p-b")
+                    .container("worker", "w")
+                    .agent_sidecar("a")
+                    .reported(true, 1)
+                    .build(),
+            )
             .expect("pod");
         server
-            .create("pods", pod("p-c", "train", "3", false))
+            .create(
+                "pods",
+                Pod::new("p-c")
+                    .namespace("team")
+                    .label(JOBSET_NAME_LABEL, "train")
+                    .epoch(EPOCH, "3")
+                    .node("node-p-c")
+                    .container("worker", "w")
+                    .agent_sidecar("a")
+                    .reported(false, 1)
+                    .build(),
+            )
             .expect("pod");
         // Another JobSet's pod is not listed.
         server
-            .create("pods", pod("other", "else", "9", true))
+            .create(
+                "pods",
+                Pod::new("other")
+                    .namespace("team")
+                    .label(JOBSET_NAME_LABEL, "else")
+                    .epoch(EPOCH, "9")
+                    .node("node-other")
+                    .container("worker", "w")
+                    .agent_sidecar("a")
+                    .reported(true, 1)
+                    .build(),
+            )
             .expect("pod");
 
         let out = run(&server, &["status", "-n", "team", "train"]).await;
@@ -153,12 +161,28 @@ async fn status_lists_the_pods_the_group_waits_for_first() {
         server
             .create(
                 "jobsets",
-                jobset("done", json!({"deprecatedEpoch": 2, "syncedEpoch": 3})),
+                JobSet::new("done")
+                    .namespace("team")
+                    .pods(3)
+                    .container("c", "i")
+                    .status(json!({"deprecatedEpoch": 2, "syncedEpoch": 3}))
+                    .build(),
             )
             .expect("jobset");
         for name in ["d-0", "d-1", "d-2"] {
             server
-                .create("pods", pod(name, "done", "3", true))
+                .create(
+                    "pods",
+                    Pod::new(name)
+                        .namespace("team")
+                        .label(JOBSET_NAME_LABEL, "done")
+                        .epoch(EPOCH, "3")
+                        .node(&format!("node-{name}"))
+                        .container("worker", "w")
+                        .agent_sidecar("a")
+                        .reported(true, 1)
+                        .build(),
+                )
                 .expect("pod");
         }
         let out = run(&server, &["status", "-n", "team", "done"]).await;
@@ -167,11 +191,12 @@ async fn status_lists_the_pods_the_group_waits_for_first() {
 
         // Without a name: the namespace's InPlaceRestart JobSets, one line each; -A: every
         // namespace's; JSON the same rows.
-        let mut elsewhere = jobset(
-            "other-team",
-            json!({"deprecatedEpoch": 0, "syncedEpoch": 1}),
-        );
-        elsewhere["metadata"]["namespace"] = json!("lab");
+        let elsewhere = JobSet::new("other-team")
+            .namespace("lab")
+            .pods(3)
+            .container("c", "i")
+            .status(json!({"deprecatedEpoch": 0, "syncedEpoch": 1}))
+            .build();
         server.create("jobsets", elsewhere).expect("jobset");
         let out = run(&server, &["status", "-n", "team"]).await;
         assert!(out.status.success(), "{out:?}");
@@ -270,7 +295,7 @@ async fn doctor_checks_an_installation() {
             )
             .expect("secret");
         server
-            .create("customresourcedefinitions", jobset_crd(false))
+            .create("customresourcedefinitions", fixtures::jobset_crd(false))
             .expect("crd");
         let lease = |renewed: SystemTime| {
             json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",

@@ -1,6 +1,7 @@
 //! The agent's ValidatingAdmissionPolicy
 
 use super::*;
+use jobset_inplace_testkit::build;
 
 /// Evaluates a ValidatingAdmissionPolicy on one request as the API server would: the match
 /// constraints, then every match condition, the variables in order, and every validation.
@@ -33,23 +34,6 @@ fn evaluate_policy(policy: &Value, request: &Value, object: &Value, old: &Value)
 
 const AGENT: &str = "system:serviceaccount:team-a:jobset-inplace-agent";
 
-fn worker_pod(name: &str, epoch_annotation: &str, epoch: Option<&str>) -> Value {
-    let mut annotations = json!({JOBSET_NAME_LABEL: "js", "jobset-inplace.dev/injected": "0.1.0"});
-    if let Some(e) = epoch {
-        annotations[epoch_annotation] = json!(e);
-    }
-    json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": "team-a", "uid": "u-1", "resourceVersion": "7",
-                     "labels": {JOBSET_NAME_LABEL: "js", "batch.kubernetes.io/job-name": "js-w-0"},
-                     "annotations": annotations,
-                     "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": "js-w-0", "uid": "j-1", "controller": true}]},
-        "spec": {"serviceAccountName": "jobset-inplace-agent",
-                 "containers": [{"name": "w", "image": "trainer:1"}]},
-        "status": {"phase": "Running"}
-    })
-}
-
 fn update_request(user: &str, token_pod: Option<&str>, sub_resource: &str) -> Value {
     let mut user_info =
         json!({"username": user, "groups": ["system:serviceaccounts", "system:authenticated"]});
@@ -78,7 +62,23 @@ fn check_agent_policy(what: &str, policy: &Value, dialect: Dialect) {
         f(&mut new);
         new
     };
-    let at = |e: Option<&str>| worker_pod("js-0", key, e);
+    let at = |e: Option<&str>| {
+        let pod = build::Pod::new("js-0")
+            .namespace("team-a")
+            .uid("u-1")
+            .resource_version("7")
+            .of_jobset("js")
+            .label(build::JOB_NAME_LABEL, "js-w-0")
+            .annotation("jobset-inplace.dev/injected", "0.1.0")
+            .owned_by_job("js-w-0", "j-1")
+            .service_account("jobset-inplace-agent")
+            .container("w", "trainer:1")
+            .phase("Running");
+        match e {
+            Some(e) => pod.epoch(key, e).build(),
+            None => pod.build(),
+        }
+    };
 
     // Allowed: the agent writes its own pod's epoch annotation.
     let mut bare = at(None);

@@ -1,6 +1,7 @@
 //! RBAC: every request the components make is granted, and nothing they never ask for
 
 use super::*;
+use jobset_inplace_testkit::build::{JobSet, ReplicatedJob};
 
 /// Polls `f` every 10 ms for up to 30 s.
 async fn until(what: &str, f: impl Fn() -> bool) {
@@ -9,21 +10,6 @@ async fn until(what: &str, f: impl Fn() -> bool) {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-}
-
-fn jobset_json(ns: &str, name: &str, max_restarts: i64) -> Value {
-    json!({
-        "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {"failurePolicy": {"restartStrategy": "InPlaceRestart", "maxRestarts": max_restarts},
-                 "replicatedJobs": [
-                    {"name": "w", "replicas": 1, "template": {"spec": {"parallelism": 1, "completions": 1,
-                        "template": {"spec": {"containers": [{"name": "w", "image": "w"}]}}}}},
-                    {"name": "t", "replicas": 1, "template": {"spec": {"parallelism": 1, "completions": 1,
-                        "template": {"spec": {"serviceAccountName": "trainer", "containers": [{"name": "w", "image": "w"}]}}}}}
-                 ]},
-        "status": {}
-    })
 }
 
 #[tokio::test]
@@ -51,8 +37,15 @@ async fn the_reconcilers_rbac_grants_every_request_it_makes_and_no_more() {
             .create("namespaces", json!({"metadata": {"name": "team-b", "labels": {"jobset-inplace.dev/enabled": "true"}}}))
             .expect("namespace");
         // The deadline's steps run within seconds: the JobSet's annotation sets a 1 s timeout.
-        let mut js = jobset_json("team-a", "js", 2);
-        js["metadata"]["annotations"] = json!({jobset_inplace::deadline::TIMEOUT_ANNOTATION: "1s"});
+        let js = JobSet::new("js")
+            .namespace("team-a")
+            .max_restarts(2)
+            .replicated_jobs([
+                ReplicatedJob::new("w"),
+                ReplicatedJob::new("t").pod_spec("serviceAccountName", json!("trainer")),
+            ])
+            .annotation(jobset_inplace::deadline::TIMEOUT_ANNOTATION, "1s")
+            .build();
         let js = server.create("jobsets", js).expect("jobset");
         // A Job of the JobSet, for a recreation to delete.
         server

@@ -20,10 +20,11 @@ use std::cell::Cell;
 use std::future::Future;
 use std::time::Duration;
 
-use jobset_inplace::protocol::{Dialect, JOBSET_NAME_LABEL};
+use jobset_inplace::protocol::{Dialect, IN_PLACE_RESTART};
 use jobset_inplace::reconciler::metrics::Metrics;
 use jobset_inplace::reconciler::{Controller, Settings};
 use jobset_inplace_testkit::apiserver::{TestApiServer, Verb};
+use jobset_inplace_testkit::build::{JobSet, Pod, ReplicatedJob};
 use serde_json::{Value, json};
 
 const JOBSET: &str = "test-jobset";
@@ -34,7 +35,7 @@ const LIMIT: Duration = Duration::from_secs(30);
 // ---------------------------------------------------------------------------------------------
 
 #[derive(Clone, Copy, Debug)]
-struct Pod {
+struct PodCase {
     name: &'static str,
     /// The JobSet-name label (`None`: unlabelled).
     jobset: Option<&'static str>,
@@ -44,8 +45,8 @@ struct Pod {
     init_restart_counts: &'static [i32],
 }
 
-const fn pod(name: &'static str, attempt: Option<&'static str>) -> Pod {
-    Pod {
+const fn pod(name: &'static str, attempt: Option<&'static str>) -> PodCase {
+    PodCase {
         name,
         jobset: Some(JOBSET),
         attempt,
@@ -55,35 +56,35 @@ const fn pod(name: &'static str, attempt: Option<&'static str>) -> Pod {
     }
 }
 
-const fn at(name: &'static str, attempt: &'static str) -> Pod {
+const fn at(name: &'static str, attempt: &'static str) -> PodCase {
     pod(name, Some(attempt))
 }
 
-const fn bare(name: &'static str) -> Pod {
+const fn bare(name: &'static str) -> PodCase {
     pod(name, None)
 }
 
-impl Pod {
-    const fn failed(self) -> Pod {
-        Pod {
+impl PodCase {
+    const fn failed(self) -> PodCase {
+        PodCase {
             phase: "Failed",
             ..self
         }
     }
-    const fn restarts(self, counts: &'static [i32]) -> Pod {
-        Pod {
+    const fn restarts(self, counts: &'static [i32]) -> PodCase {
+        PodCase {
             restart_counts: counts,
             ..self
         }
     }
-    const fn init_restarts(self, counts: &'static [i32]) -> Pod {
-        Pod {
+    const fn init_restarts(self, counts: &'static [i32]) -> PodCase {
+        PodCase {
             init_restart_counts: counts,
             ..self
         }
     }
-    const fn of(self, jobset: Option<&'static str>) -> Pod {
-        Pod { jobset, ..self }
+    const fn of(self, jobset: Option<&'static str>) -> PodCase {
+        PodCase { jobset, ..self }
     }
 }
 
@@ -123,7 +124,7 @@ struct Case {
     before: Outcome,
     /// `status.restarts`, `status.restartsCountTowardsMax`.
     recreations: (i32, i32),
-    pods: &'static [Pod],
+    pods: &'static [PodCase],
     /// The status JobSet's controller ends with.
     upstream: Outcome,
 }
@@ -150,7 +151,7 @@ impl Case {
         self.recreations = (restarts, counted);
         self
     }
-    const fn pods(mut self, pods: &'static [Pod]) -> Case {
+    const fn pods(mut self, pods: &'static [PodCase]) -> Case {
         self.pods = pods;
         self
     }
@@ -478,70 +479,6 @@ fn namespace(i: usize) -> String {
     format!("case-{i:02}")
 }
 
-fn jobset_json(c: &Case, ns: &str) -> Value {
-    let rjs: Vec<Value> = c
-        .replicated
-        .iter()
-        .enumerate()
-        .map(|(i, (replicas, parallelism, completions))| {
-            let mut spec = json!({"parallelism": parallelism,
-                "template": {"spec": {"containers": [{"name": "w", "image": "w"}]}}});
-            if let Some(completions) = completions {
-                spec["completions"] = json!(completions);
-            }
-            json!({"name": format!("rj-{}", i + 1), "replicas": replicas, "template": {"spec": spec}})
-        })
-        .collect();
-    let strategy = if c.in_place {
-        "InPlaceRestart"
-    } else {
-        "Recreate"
-    };
-    let mut status =
-        json!({"restarts": c.recreations.0, "restartsCountTowardsMax": c.recreations.1});
-    let dialect = Dialect::Attempt;
-    if let Some(p) = c.before.previous {
-        status[dialect.deprecated_field()] = json!(p);
-    }
-    if let Some(s) = c.before.current {
-        status[dialect.synced_field()] = json!(s);
-    }
-    json!({
-        "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
-        "metadata": {"name": JOBSET, "namespace": ns},
-        "spec": {"failurePolicy": {"restartStrategy": strategy, "maxRestarts": c.max_restarts},
-                 "replicatedJobs": rjs},
-        "status": status,
-    })
-}
-
-fn pod_json(p: &Pod, ns: &str) -> Value {
-    let mut labels = json!({});
-    let mut annotations = json!({});
-    if let Some(js) = p.jobset {
-        labels[JOBSET_NAME_LABEL] = json!(js);
-        annotations[JOBSET_NAME_LABEL] = json!(js);
-    }
-    if let Some(a) = p.attempt {
-        annotations[Dialect::Attempt.pod_annotation()] = json!(a);
-    }
-    let statuses = |counts: &[i32], prefix: &str| -> Vec<Value> {
-        counts
-            .iter()
-            .enumerate()
-            .map(|(i, n)| json!({"name": format!("{prefix}{i}"), "restartCount": n}))
-            .collect()
-    };
-    json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": p.name, "namespace": ns, "labels": labels, "annotations": annotations},
-        "spec": {"containers": [{"name": "w", "image": "w"}]},
-        "status": {"phase": p.phase,
-                   "containerStatuses": statuses(p.restart_counts, "w"),
-                   "initContainerStatuses": statuses(p.init_restart_counts, "i")},
-    })
-}
-
 fn outcome(server: &TestApiServer, ns: &str) -> Outcome {
     let js = server.get("jobsets", ns, JOBSET).expect("jobset");
     let status = &js["status"];
@@ -600,11 +537,59 @@ async fn run(write_epoch_status: bool) -> Run {
     let server = TestApiServer::start().await;
     for (i, c) in cases.iter().enumerate() {
         let ns = namespace(i);
-        server
-            .create("jobsets", jobset_json(c, &ns))
-            .expect("jobset");
+        let replicated =
+            c.replicated
+                .iter()
+                .enumerate()
+                .map(|(i, (replicas, parallelism, completions))| {
+                    let rj = ReplicatedJob::new(&format!("rj-{}", i + 1))
+                        .replicas(i64::from(*replicas))
+                        .parallelism(i64::from(*parallelism));
+                    match completions {
+                        Some(n) => rj.completions(i64::from(*n)),
+                        None => rj.no_completions(),
+                    }
+                });
+        let dialect = Dialect::Attempt;
+        let mut js = JobSet::new(JOBSET)
+            .namespace(&ns)
+            .strategy(if c.in_place {
+                IN_PLACE_RESTART
+            } else {
+                "Recreate"
+            })
+            .max_restarts(i64::from(c.max_restarts))
+            .replicated_jobs(replicated)
+            .status(
+                json!({"restarts": c.recreations.0, "restartsCountTowardsMax": c.recreations.1}),
+            );
+        if let Some(p) = c.before.previous {
+            js = js.status_field(dialect.deprecated_field(), json!(p));
+        }
+        if let Some(s) = c.before.current {
+            js = js.status_field(dialect.synced_field(), json!(s));
+        }
+        server.create("jobsets", js.build()).expect("jobset");
         for p in c.pods {
-            let pod = pod_json(p, &ns);
+            let statuses = |counts: &[i32], prefix: &str| -> Vec<Value> {
+                counts
+                    .iter()
+                    .enumerate()
+                    .map(|(i, n)| json!({"name": format!("{prefix}{i}"), "restartCount": n}))
+                    .collect()
+            };
+            let mut pod = Pod::new(p.name).namespace(&ns).status(json!({
+                "phase": p.phase,
+                "containerStatuses": statuses(p.restart_counts, "w"),
+                "initContainerStatuses": statuses(p.init_restart_counts, "i"),
+            }));
+            if let Some(jobset) = p.jobset {
+                pod = pod.of_jobset(jobset);
+            }
+            if let Some(attempt) = p.attempt {
+                pod = pod.annotation(dialect.pod_annotation(), attempt);
+            }
+            let pod = pod.build();
             let pod = if p.jobset == Some(JOBSET) {
                 jobset_inplace_testkit::reconciler::member_of(&server, pod)
             } else {

@@ -330,12 +330,12 @@ async fn the_invariant_checker_sees_an_older_pod() {
         let first = running(&sim).await;
         assert_eq!(first.synced, Some(1));
         let ns = sim.config().namespace.clone();
-        let stray = serde_json::json!({
-            "metadata": {"name": "stray", "namespace": ns,
-                "labels": {"jobset.sigs.k8s.io/jobset-name": "js"},
-                "annotations": {"jobset.sigs.k8s.io/epoch": "0"}},
-            "spec": {"containers": []}
-        });
+        let stray = jobset_inplace_testkit::build::Pod::new("stray")
+            .namespace(&ns)
+            .label("jobset.sigs.k8s.io/jobset-name", "js")
+            .epoch("jobset.sigs.k8s.io/epoch", "0")
+            .containers(serde_json::json!([]))
+            .build();
         sim.server().create("pods", stray).expect("pod");
         let seen = sim
             .wait_for("a violation", WAIT, |s| !s.violations.is_empty())

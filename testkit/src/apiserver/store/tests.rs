@@ -1,5 +1,6 @@
 use super::*;
 use crate::apiserver::resources::default_resources;
+use crate::build::Pod;
 
 struct T {
     s: Store,
@@ -30,11 +31,6 @@ fn setup(history: usize) -> T {
     }
 }
 
-fn pod(name: &str, labels: Value) -> Value {
-    json!({"metadata": {"name": name, "labels": labels},
-               "spec": {"containers": [{"name": "c"}]}, "status": {"phase": "Running"}})
-}
-
 fn http() -> WriteOpts {
     WriteOpts::default()
 }
@@ -49,9 +45,15 @@ fn rv_of(e: &Entry) -> String {
 #[test]
 fn create_sets_server_fields_and_drops_status() {
     let mut t = setup(100);
-    let e =
-        t.s.create(t.pods, "ns", pod("a", json!({})), &http())
-            .expect("create");
+    // Without apiVersion and kind: the store sets them.
+    let pod = Pod::new("a")
+        .labels(json!({}))
+        .containers(json!([{"name": "c"}]))
+        .phase("Running")
+        .remove("/apiVersion")
+        .remove("/kind")
+        .build();
+    let e = t.s.create(t.pods, "ns", pod, &http()).expect("create");
     let m = &e.value["metadata"];
     assert_eq!(e.value["apiVersion"], "v1");
     assert_eq!(e.value["kind"], "Pod");
@@ -86,8 +88,17 @@ fn create_sets_server_fields_and_drops_status() {
     assert_eq!(e.value["status"], json!({"restarts": 2}));
 
     let err =
-        t.s.create(t.pods, "ns", pod("a", json!({})), &http())
-            .expect_err("dup");
+        t.s.create(
+            t.pods,
+            "ns",
+            Pod::new("a")
+                .labels(json!({}))
+                .containers(json!([{"name": "c"}]))
+                .phase("Running")
+                .build(),
+            &http(),
+        )
+        .expect_err("dup");
     assert_eq!((err.code, err.reason.as_str()), (409, "AlreadyExists"));
     let err =
         t.s.create(
@@ -103,8 +114,17 @@ fn create_sets_server_fields_and_drops_status() {
             .expect_err("name");
     assert_eq!(err.code, 422);
     let err =
-        t.s.create(t.pods, "ns", pod("Bad_Name", json!({})), &http())
-            .expect_err("invalid");
+        t.s.create(
+            t.pods,
+            "ns",
+            Pod::new("Bad_Name")
+                .labels(json!({}))
+                .containers(json!([{"name": "c"}]))
+                .phase("Running")
+                .build(),
+            &http(),
+        )
+        .expect_err("invalid");
     assert_eq!(err.code, 422);
     let err =
         t.s.create(
@@ -145,8 +165,17 @@ fn create_sets_server_fields_and_drops_status() {
 fn update_preconditions_status_and_generation() {
     let mut t = setup(100);
     let a =
-        t.s.create(t.pods, "ns", pod("a", json!({})), &http())
-            .expect("create");
+        t.s.create(
+            t.pods,
+            "ns",
+            Pod::new("a")
+                .labels(json!({}))
+                .containers(json!([{"name": "c"}]))
+                .phase("Running")
+                .build(),
+            &http(),
+        )
+        .expect("create");
     // Main resource: status kept, generation bumped on spec change.
     let mut body = a.value.clone();
     body["spec"]["containers"][0]["image"] = json!("v2");
@@ -239,8 +268,17 @@ fn update_preconditions_status_and_generation() {
 #[test]
 fn patches() {
     let mut t = setup(100);
-    t.s.create(t.pods, "ns", pod("a", json!({"x": "1"})), &http())
-        .expect("create");
+    t.s.create(
+        t.pods,
+        "ns",
+        Pod::new("a")
+            .labels(json!({"x": "1"}))
+            .containers(json!([{"name": "c"}]))
+            .phase("Running")
+            .build(),
+        &http(),
+    )
+    .expect("create");
     let (p, _) =
         t.s.patch(
             t.pods,
@@ -392,8 +430,17 @@ fn patches() {
 fn writes_are_defaulted_pruned_and_validated_as_upstream() {
     let mut t = setup(100);
     let e =
-        t.s.create(t.pods, "ns", pod("a", json!({})), &http())
-            .expect("pod");
+        t.s.create(
+            t.pods,
+            "ns",
+            Pod::new("a")
+                .labels(json!({}))
+                .containers(json!([{"name": "c"}]))
+                .phase("Running")
+                .build(),
+            &http(),
+        )
+        .expect("pod");
     assert_eq!(e.value["spec"]["serviceAccountName"], "default");
     assert_eq!(e.value["spec"]["restartPolicy"], "Always");
     let js = json!({"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
@@ -430,7 +477,11 @@ fn writes_are_defaulted_pruned_and_validated_as_upstream() {
 #[test]
 fn deletes_and_finalizers() {
     let mut t = setup(100);
-    let mut p = pod("a", json!({}));
+    let mut p = Pod::new("a")
+        .labels(json!({}))
+        .containers(json!([{"name": "c"}]))
+        .phase("Running")
+        .build();
     p["metadata"]["finalizers"] = json!(["x/y"]);
     t.s.create(t.pods, "ns", p, &http()).expect("create");
     let (e, gone) =
@@ -460,8 +511,17 @@ fn deletes_and_finalizers() {
     assert!(t.s.get(t.pods, "ns", "a").is_none());
     assert!(last.rv > e.rv);
     // Foreground propagation: the finalizer of dependents first, as upstream.
-    t.s.create(t.pods, "ns", pod("f", json!({})), &http())
-        .expect("f");
+    t.s.create(
+        t.pods,
+        "ns",
+        Pod::new("f")
+            .labels(json!({}))
+            .containers(json!([{"name": "c"}]))
+            .phase("Running")
+            .build(),
+        &http(),
+    )
+    .expect("f");
     let (e, gone) =
         t.s.delete(
             t.pods,
@@ -492,8 +552,17 @@ fn deletes_and_finalizers() {
     assert!(t.s.get(t.pods, "ns", "f").is_none());
     // Preconditions.
     let b =
-        t.s.create(t.pods, "ns", pod("b", json!({})), &http())
-            .expect("b");
+        t.s.create(
+            t.pods,
+            "ns",
+            Pod::new("b")
+                .labels(json!({}))
+                .containers(json!([{"name": "c"}]))
+                .phase("Running")
+                .build(),
+            &http(),
+        )
+        .expect("b");
     let err =
         t.s.delete(
             t.pods,
@@ -521,7 +590,11 @@ fn deletes_and_finalizers() {
         404
     );
     // Graceful pod deletion for a bound pod.
-    let mut c = pod("c", json!({}));
+    let mut c = Pod::new("c")
+        .labels(json!({}))
+        .containers(json!([{"name": "c"}]))
+        .phase("Running")
+        .build();
     c["spec"]["nodeName"] = json!("node");
     c["spec"]["terminationGracePeriodSeconds"] = json!(5);
     t.s.create(t.pods, "ns", c, &http()).expect("c");
@@ -566,8 +639,17 @@ fn lists_paginate_consistently() {
             } else {
                 json!({})
             };
-            t.s.create(t.pods, ns, pod(&format!("p{i}"), l), &http())
-                .expect("create");
+            t.s.create(
+                t.pods,
+                ns,
+                Pod::new(&format!("p{i}"))
+                    .labels(l)
+                    .containers(json!([{"name": "c"}]))
+                    .phase("Running")
+                    .build(),
+                &http(),
+            )
+            .expect("create");
         }
     }
     let q = |ns: Option<&str>, limit, cont: Option<String>| ListQuery {
@@ -590,8 +672,17 @@ fn lists_paginate_consistently() {
     // Changes between pages do not show: the continuation is served as of the first page.
     t.s.delete(t.pods, "a", "p2", &DeleteOpts::default())
         .expect("delete");
-    t.s.create(t.pods, "a", pod("p25", json!({})), &http())
-        .expect("create");
+    t.s.create(
+        t.pods,
+        "a",
+        Pod::new("p25")
+            .labels(json!({}))
+            .containers(json!([{"name": "c"}]))
+            .phase("Running")
+            .build(),
+        &http(),
+    )
+    .expect("create");
     t.s.patch(
         t.pods,
         "a",
@@ -669,8 +760,17 @@ fn drain(rx: &mut mpsc::Receiver<Delivery>) -> Vec<(EventType, String, u64)> {
 #[test]
 fn watches_follow_selectors_history_and_slowness() {
     let mut t = setup(6);
-    t.s.create(t.pods, "ns", pod("a", json!({"app": "x"})), &http())
-        .expect("a");
+    t.s.create(
+        t.pods,
+        "ns",
+        Pod::new("a")
+            .labels(json!({"app": "x"}))
+            .containers(json!([{"name": "c"}]))
+            .phase("Running")
+            .build(),
+        &http(),
+    )
+    .expect("a");
     let start_rv = t.s.rv();
     let f = Filter {
         namespace: Some("ns".into()),
@@ -682,10 +782,28 @@ fn watches_follow_selectors_history_and_slowness() {
             .expect("watch");
     assert_eq!(w.initial.len(), 1);
     let mut rx = w.rx;
-    t.s.create(t.pods, "ns", pod("b", json!({"app": "y"})), &http())
-        .expect("b");
-    t.s.create(t.pods, "other", pod("c", json!({"app": "x"})), &http())
-        .expect("c");
+    t.s.create(
+        t.pods,
+        "ns",
+        Pod::new("b")
+            .labels(json!({"app": "y"}))
+            .containers(json!([{"name": "c"}]))
+            .phase("Running")
+            .build(),
+        &http(),
+    )
+    .expect("b");
+    t.s.create(
+        t.pods,
+        "other",
+        Pod::new("c")
+            .labels(json!({"app": "x"}))
+            .containers(json!([{"name": "c"}]))
+            .phase("Running")
+            .build(),
+        &http(),
+    )
+    .expect("c");
     t.s.patch(
         t.pods,
         "ns",
@@ -730,8 +848,17 @@ fn watches_follow_selectors_history_and_slowness() {
     assert_eq!(resumed.initial.len(), 3);
     // Beyond the history: 410.
     for i in 0..6 {
-        t.s.create(t.pods, "ns", pod(&format!("x{i}"), json!({})), &http())
-            .expect("fill");
+        t.s.create(
+            t.pods,
+            "ns",
+            Pod::new(&format!("x{i}"))
+                .labels(json!({}))
+                .containers(json!([{"name": "c"}]))
+                .phase("Running")
+                .build(),
+            &http(),
+        )
+        .expect("fill");
     }
     let err =
         t.s.watch(t.pods, f.clone(), WatchFrom::After(start_rv))
@@ -744,8 +871,17 @@ fn watches_follow_selectors_history_and_slowness() {
             .expect("slow");
     let before = t.s.watcher_count();
     for i in 0..5 {
-        t.s.create(t.pods, "ns", pod(&format!("s{i}"), json!({})), &http())
-            .expect("burst");
+        t.s.create(
+            t.pods,
+            "ns",
+            Pod::new(&format!("s{i}"))
+                .labels(json!({}))
+                .containers(json!([{"name": "c"}]))
+                .phase("Running")
+                .build(),
+            &http(),
+        )
+        .expect("burst");
     }
     assert_eq!(t.s.watcher_count(), before - 1);
     assert_eq!(drain(&mut slow.rx).len(), 4);

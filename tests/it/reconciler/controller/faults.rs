@@ -263,7 +263,7 @@ async fn jobsets_the_protocol_cannot_serve_get_no_write_and_an_event() {
     bounded(async {
         for completions in [Value::Null, json!(1)] {
             let w = World::new(Dialect::Epoch, &[(1, 2)], 10).await;
-            let mut js = w.jobset();
+            let mut js = w.stored();
             js["spec"]["replicatedJobs"][0]["template"]["spec"]["completions"] =
                 completions.clone();
             w.server.put("jobsets", js).expect("put");
@@ -282,7 +282,7 @@ async fn jobsets_the_protocol_cannot_serve_get_no_write_and_an_event() {
                 .count();
             assert_eq!(events, 1, "reported once");
             // Fixed: served.
-            let mut js = w.jobset();
+            let mut js = w.stored();
             js["spec"]["replicatedJobs"][0]["template"]["spec"]["completions"] = json!(2);
             w.server.put("jobsets", js).expect("put");
             w.until("sync once servable", |w| w.synced() == Some(1))

@@ -207,15 +207,15 @@ async fn losing_the_lease_stops_with_an_error() {
 async fn provisions_the_agent_service_account_and_binding() {
     bounded(async {
         let w = World::new(Dialect::Epoch, &[(1, 2)], 10).await;
-        let mut custom = jobset("custom", &[(1, 1)], 10);
+        let mut custom = JobSet::new("custom").namespace(NS).max_restarts(10).replicated_jobs([ReplicatedJob::new("rj0")]).build();
         custom["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["serviceAccountName"] =
             json!("trainer");
         w.server.create("jobsets", custom).expect("custom jobset");
-        let mut recreate = jobset("plain", &[(1, 1)], 10);
+        let mut recreate = JobSet::new("plain").namespace(NS).max_restarts(10).replicated_jobs([ReplicatedJob::new("rj0")]).build();
         recreate["metadata"]["namespace"] = json!("not-in-place");
         recreate["spec"]["failurePolicy"]["restartStrategy"] = json!("Recreate");
         w.server.create("jobsets", recreate).expect("recreate jobset");
-        let mut system = jobset("sys", &[(1, 1)], 10);
+        let mut system = JobSet::new("sys").namespace(NS).max_restarts(10).replicated_jobs([ReplicatedJob::new("rj0")]).build();
         system["metadata"]["namespace"] = json!("kube-system");
         w.server.create("jobsets", system).expect("kube-system jobset");
         w.server
@@ -274,14 +274,14 @@ async fn provisions_the_agent_service_account_and_binding() {
 
         // A JobSet created later in a new namespace is provisioned at once (not at the next
         // resync).
-        let mut later = jobset("later", &[(1, 1)], 10);
+        let mut later = JobSet::new("later").namespace(NS).max_restarts(10).replicated_jobs([ReplicatedJob::new("rj0")]).build();
         later["metadata"]["namespace"] = json!("team-b");
         w.server.create("jobsets", later).expect("later jobset");
         w.until("team-b provisioned", |_| subjects("team-b") == ["jobset-inplace-agent"]).await;
 
         // No JobSet needs team-b's binding any more, but its pod still runs: kept. Once the pod
         // is gone too: removed (the ServiceAccount stays, without rights).
-        let mut p = pod("later", "later-0");
+        let mut p = Pod::worker(NS, "later", "later-0").running().build();
         p["metadata"]["namespace"] = json!("team-b");
         w.server.create("pods", p).expect("pod");
         tokio::time::sleep(Duration::from_millis(300)).await;

@@ -18,6 +18,7 @@ use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
 use crate::logs;
+use jobset_inplace_testkit::build::{Job, JobSet, Pod, ReplicatedJob};
 
 const NS: &str = "team-a";
 const LIMIT: Duration = Duration::from_secs(20);
@@ -106,37 +107,6 @@ fn lease(duration: Duration, grace: Duration) -> LeaderElection {
     }
 }
 
-fn jobset(name: &str, replicated: &[(i64, i64)], max_restarts: i64) -> Value {
-    let rjs: Vec<Value> = replicated
-        .iter()
-        .enumerate()
-        .map(|(i, (replicas, per_job))| {
-            json!({"name": format!("rj{i}"), "replicas": replicas, "template": {"spec": {
-                "parallelism": per_job, "completions": per_job,
-                "template": {"spec": {"containers": [{"name": "w", "image": "w"}]}}
-            }}})
-        })
-        .collect();
-    json!({
-        "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
-        "metadata": {"name": name, "namespace": NS},
-        "spec": {"failurePolicy": {"restartStrategy": "InPlaceRestart", "maxRestarts": max_restarts},
-                 "replicatedJobs": rjs},
-        "status": {}
-    })
-}
-
-fn pod(jobset: &str, name: &str) -> Value {
-    json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": NS,
-                     "labels": {JOBSET_NAME_LABEL: jobset},
-                     "annotations": {JOBSET_NAME_LABEL: jobset}},
-        "spec": {"containers": [{"name": "w", "image": "w"}]},
-        "status": {"phase": "Running", "containerStatuses": [{"name": "w", "restartCount": 0}]}
-    })
-}
-
 struct World {
     server: TestApiServer,
     dialect: Dialect,
@@ -146,7 +116,7 @@ struct World {
 impl World {
     /// Another writer (JobSet's own controller, epoch dialect) drops both epoch fields.
     fn wipe_epoch_fields(&self) {
-        let mut js = self.jobset();
+        let mut js = self.stored();
         if let Some(status) = js["status"].as_object_mut() {
             status.remove("deprecatedEpoch");
             status.remove("syncedEpoch");
@@ -174,14 +144,30 @@ impl World {
     ) -> World {
         let name = "js";
         server
-            .create("jobsets", jobset(name, replicated, max_restarts))
+            .create(
+                "jobsets",
+                JobSet::new(name)
+                    .namespace(NS)
+                    .max_restarts(max_restarts)
+                    .replicated_jobs(replicated.iter().enumerate().map(|(i, (replicas, pods))| {
+                        ReplicatedJob::new(&format!("rj{i}"))
+                            .replicas(*replicas)
+                            .pods(*pods)
+                    }))
+                    .build(),
+            )
             .expect("jobset");
         let pods: i64 = replicated.iter().map(|(r, p)| r * p).sum();
         for i in 0..pods {
             server
                 .create(
                     "pods",
-                    member_of(&server, pod(name, &format!("{name}-{i}"))),
+                    member_of(
+                        &server,
+                        Pod::worker(NS, name, &format!("{name}-{i}"))
+                            .running()
+                            .build(),
+                    ),
                 )
                 .expect("pod");
         }
@@ -228,14 +214,14 @@ impl World {
         self.server.patch("pods", NS, &name, &patch).expect("pod");
     }
 
-    fn jobset(&self) -> Value {
+    fn stored(&self) -> Value {
         self.server
             .get("jobsets", NS, &self.jobset)
             .expect("jobset")
     }
 
     fn field(&self, field: &str) -> Option<i64> {
-        self.jobset()["status"][field].as_i64()
+        self.stored()["status"][field].as_i64()
     }
 
     fn deprecated(&self) -> Option<i64> {
@@ -271,7 +257,7 @@ impl World {
             assert!(
                 tokio::time::Instant::now() < deadline,
                 "timed out waiting for {what}; status: {}",
-                self.jobset()["status"]
+                self.stored()["status"]
             );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }

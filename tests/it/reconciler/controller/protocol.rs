@@ -117,7 +117,10 @@ async fn unregistered_failed_and_terminating_pods() {
         // The unregistered pod fails; its replacement registers.
         w.patch_pod(2, json!({"status": {"phase": "Failed"}}));
         w.server
-            .create("pods", member_of(&w.server, pod("js", "js-3")))
+            .create(
+                "pods",
+                member_of(&w.server, Pod::worker(NS, "js", "js-3").running().build()),
+            )
             .expect("replacement");
         w.set_epoch(3, 1);
         w.until("sync with the replacement", |w| w.synced() == Some(1))
@@ -126,7 +129,10 @@ async fn unregistered_failed_and_terminating_pods() {
         w.patch_pod(0, json!({"metadata": {"finalizers": ["x/y"]}}));
         w.server.delete("pods", NS, "js-0").expect("delete");
         w.server
-            .create("pods", member_of(&w.server, pod("js", "js-4")))
+            .create(
+                "pods",
+                member_of(&w.server, Pod::worker(NS, "js", "js-4").running().build()),
+            )
             .expect("replacement");
         w.set_epoch(4, 2);
         w.until("deprecated 1", |w| w.deprecated() == Some(1)).await;
@@ -176,12 +182,12 @@ async fn a_labelled_pod_with_an_epoch_beyond_reach_does_not_fail_the_jobset() {
         })
         .await;
         w.quiet("the pod beyond reach").await;
-        assert_ne!(w.jobset()["status"]["terminalState"], "Failed");
+        assert_ne!(w.stored()["status"]["terminalState"], "Failed");
         assert!(!w.has_event("MaxRestartsExceeded"));
         assert_eq!(w.synced(), None);
         w.set_epoch(1, 1);
         w.until("sync once fixed", |w| w.synced() == Some(1)).await;
-        assert_ne!(w.jobset()["status"]["terminalState"], "Failed");
+        assert_ne!(w.stored()["status"]["terminalState"], "Failed");
     })
     .await;
 }
@@ -196,15 +202,25 @@ async fn only_the_pods_of_the_jobsets_jobs_count() {
     bounded(async {
         let w = World::new(Dialect::Epoch, &[(1, 2)], 10).await;
         w.server
-            .create("jobsets", jobset("other", &[(1, 1)], 10))
+            .create(
+                "jobsets",
+                JobSet::new("other")
+                    .namespace(NS)
+                    .max_restarts(10)
+                    .replicated_jobs([ReplicatedJob::new("rj0")])
+                    .build(),
+            )
             .expect("other jobset");
-        let other = member_of(&w.server, pod("other", "other-0"));
+        let other = member_of(
+            &w.server,
+            Pod::worker(NS, "other", "other-0").running().build(),
+        );
         w.server.create("pods", other.clone()).expect("other's pod");
         let r = w.start("r1");
         w.sync_pods(2, 1, "first sync").await;
 
         let stranger = |name: &str, epoch: &str, owner: Option<&Value>| {
-            let mut p = pod("js", name);
+            let mut p = Pod::worker(NS, "js", name).running().build();
             p["metadata"]["annotations"][Dialect::Epoch.pod_annotation()] = json!(epoch);
             if let Some(o) = owner {
                 p["metadata"]["ownerReferences"] = o.clone();
@@ -242,7 +258,7 @@ async fn only_the_pods_of_the_jobsets_jobs_count() {
         w.quiet("pods of no Job of the JobSet").await;
         assert_eq!(w.deprecated(), None, "no group restart");
         assert_eq!(w.synced(), Some(1));
-        assert_ne!(w.jobset()["status"]["terminalState"], "Failed");
+        assert_ne!(w.stored()["status"]["terminalState"], "Failed");
         assert!(!w.has_event("MaxRestartsExceeded") && !w.has_event("MalformedEpoch"));
 
         // The real pods restart as ever.
@@ -253,21 +269,24 @@ async fn only_the_pods_of_the_jobsets_jobs_count() {
 
         // A pod seen before its Job: the Job exists, but without the jobset-name label the
         // reconciler's Job watch does not see it yet.
-        let js_uid = w.jobset()["metadata"]["uid"].clone();
+        let stored = w.stored();
+        let js_uid = stored["metadata"]["uid"].as_str().expect("uid");
         let late = w
             .server
             .create(
                 "jobs",
-                json!({"metadata": {"name": "js-late", "namespace": NS,
-                    "ownerReferences": [{"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
-                                         "name": "js", "uid": js_uid, "controller": true}]},
-                    "spec": {"template": {"spec": {"containers": []}}}}),
+                Job::new("js-late")
+                    .namespace(NS)
+                    .owned_by_jobset("js", js_uid)
+                    .containers(json!([]))
+                    .build(),
             )
             .expect("job");
-        let mut early = pod("js", "js-late-0");
-        early["metadata"]["annotations"][Dialect::Epoch.pod_annotation()] = json!("3");
-        early["metadata"]["ownerReferences"] = json!([{"apiVersion": "batch/v1", "kind": "Job",
-            "name": "js-late", "uid": late["metadata"]["uid"], "controller": true}]);
+        let early = Pod::worker(NS, "js", "js-late-0")
+            .running()
+            .epoch(Dialect::Epoch.pod_annotation(), "3")
+            .owned_by_job("js-late", late["metadata"]["uid"].as_str().expect("uid"))
+            .build();
         w.server.create("pods", early).expect("pod");
         w.quiet("a pod whose Job is not seen").await;
         assert_eq!(w.deprecated(), Some(1));
@@ -298,7 +317,7 @@ async fn max_restarts_by_epoch_and_by_restart_count() {
         w.sync_pods(2, 2, "sync 2").await;
         w.set_epoch(0, 3); // a second restart: 2 > maxRestarts 1
         w.until("failed", |w| {
-            w.jobset()["status"]["conditions"]
+            w.stored()["status"]["conditions"]
                 .as_array()
                 .is_some_and(|c| {
                     c.iter()
@@ -306,7 +325,7 @@ async fn max_restarts_by_epoch_and_by_restart_count() {
                 })
         })
         .await;
-        assert_eq!(w.jobset()["status"]["terminalState"], "Failed");
+        assert_eq!(w.stored()["status"]["terminalState"], "Failed");
         w.until("event", |w| w.has_event("MaxRestartsExceeded"))
             .await;
         // A finished JobSet is left alone.
@@ -321,7 +340,7 @@ async fn max_restarts_by_epoch_and_by_restart_count() {
             json!({"status": {"containerStatuses": [{"name": "w", "restartCount": 3}]}}),
         );
         w.until("failed by restart count", |w| {
-            w.jobset()["status"]["terminalState"] == "Failed"
+            w.stored()["status"]["terminalState"] == "Failed"
         })
         .await;
     })
@@ -346,7 +365,7 @@ async fn restarts_that_do_not_count_and_wiped_fields() {
         // 2 epoch restarts, 2 that do not count: not failed; both fields written (a wiped status).
         w.until("sync", |w| w.synced() == Some(3)).await;
         assert_eq!(w.deprecated(), Some(2));
-        assert!(w.jobset()["status"]["terminalState"].is_null());
+        assert!(w.stored()["status"]["terminalState"].is_null());
         // Another writer wipes the fields: they are rewritten.
         w.wipe_epoch_fields();
         w.until("rewritten", |w| {

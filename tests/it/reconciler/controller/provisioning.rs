@@ -20,7 +20,11 @@ async fn provisioning_failures_back_off_and_are_said_once() {
         logs::captured();
         const P: &str = "team-p";
         let server = TestApiServer::start().await;
-        let mut js = jobset("js", &[(1, 1)], 10);
+        let mut js = JobSet::new("js")
+            .namespace(NS)
+            .max_restarts(10)
+            .replicated_jobs([ReplicatedJob::new("rj0")])
+            .build();
         js["metadata"]["namespace"] = json!(P);
         server.create("jobsets", js).expect("jobset");
         server.fail_next(1_000, Verb::Patch, "rolebindings", 409);
@@ -89,7 +93,7 @@ async fn a_binding_of_ours_for_another_role_is_replaced_and_a_users_is_left_alon
         server
             .create("rolebindings", binding(U, "edit", json!({"team": "u"})))
             .expect("binding");
-        let mut js = jobset("js", &[(1, 1)], 10);
+        let mut js = JobSet::new("js").namespace(NS).max_restarts(10).replicated_jobs([ReplicatedJob::new("rj0")]).build();
         js["metadata"]["namespace"] = json!(Q);
         server.create("jobsets", js).expect("jobset");
         // The test server lets roleRef change: the real API server's refusal, once.
@@ -114,7 +118,7 @@ async fn a_binding_of_ours_for_another_role_is_replaced_and_a_users_is_left_alon
         assert_eq!(deletes, [Some(Q.to_owned())], "ours deleted and created again");
         // A user's binding of that name: refused (422) at every attempt, never deleted.
         server.fail_next(1_000, Verb::Patch, "rolebindings", 422);
-        let mut js = jobset("js", &[(1, 1)], 10);
+        let mut js = JobSet::new("js").namespace(NS).max_restarts(10).replicated_jobs([ReplicatedJob::new("rj0")]).build();
         js["metadata"]["namespace"] = json!(U);
         server.create("jobsets", js).expect("jobset");
         let until = std::time::Instant::now() + LIMIT;

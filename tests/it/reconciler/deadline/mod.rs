@@ -27,9 +27,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use jobset_inplace::deadline::{RESTART_ATTEMPT_LABEL, TIMEOUT_ANNOTATION};
-use jobset_inplace::protocol::{Dialect, JOBSET_NAME_LABEL};
+use jobset_inplace::protocol::Dialect;
 use jobset_inplace::reconciler::{self, LeaderElection, Options};
 use jobset_inplace_testkit::apiserver::{TestApiServer, Verb};
+use jobset_inplace_testkit::build::{Job, JobSet, Pod};
 use jobset_inplace_testkit::kubelet::{SimConfig, Simulation, Snapshot, http_get};
 use jobset_inplace_testkit::reconciler::member_of;
 use serde_json::{Value, json};
@@ -228,32 +229,6 @@ mod written;
 
 const NS: &str = "team-a";
 
-fn jobset(annotation: Option<&str>, max_restarts: i64) -> Value {
-    let mut js = json!({
-        "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
-        "metadata": {"name": "js", "namespace": NS, "annotations": {}},
-        "spec": {"failurePolicy": {"restartStrategy": "InPlaceRestart", "maxRestarts": max_restarts},
-                 "replicatedJobs": [{"name": "w", "replicas": 2, "template": {"spec": {
-                     "parallelism": 1, "completions": 1,
-                     "template": {"spec": {"containers": [{"name": "w", "image": "w"}]}}}}}]},
-        "status": {}
-    });
-    if let Some(a) = annotation {
-        js["metadata"]["annotations"][TIMEOUT_ANNOTATION] = json!(a);
-    }
-    js
-}
-
-fn pod(name: &str) -> Value {
-    json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": NS,
-                     "labels": {JOBSET_NAME_LABEL: "js"}, "annotations": {JOBSET_NAME_LABEL: "js"}},
-        "spec": {"containers": [{"name": "w", "image": "w"}]},
-        "status": {"phase": "Running", "containerStatuses": [{"name": "w", "restartCount": 0}]}
-    })
-}
-
 fn set_epoch(server: &TestApiServer, dialect: Dialect, pod: &str, epoch: i64) {
     server
         .patch(
@@ -274,22 +249,6 @@ async fn until(what: &str, limit: Duration, f: impl Fn() -> bool) {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-}
-
-fn jobset_in(ns: &str, name: &str, replicas: i64, annotation: Option<&str>) -> Value {
-    let mut js = jobset(annotation, 5);
-    js["metadata"]["namespace"] = json!(ns);
-    js["metadata"]["name"] = json!(name);
-    js["spec"]["replicatedJobs"][0]["replicas"] = json!(replicas);
-    js
-}
-
-fn pod_in(ns: &str, jobset: &str, name: &str) -> Value {
-    let mut p = pod(name);
-    p["metadata"]["namespace"] = json!(ns);
-    p["metadata"]["labels"][JOBSET_NAME_LABEL] = json!(jobset);
-    p["metadata"]["annotations"][JOBSET_NAME_LABEL] = json!(jobset);
-    p
 }
 
 fn set_epoch_in(server: &TestApiServer, ns: &str, pod: &str, epoch: i64) {

@@ -12,11 +12,22 @@ async fn a_pod_event_and_the_deadline_are_counted_under_their_reasons() {
         crate::logs::captured();
         let server = TestApiServer::start().await;
         server
-            .create("jobsets", jobset_in(RNS, "js", 2, Some("2s")))
+            .create(
+                "jobsets",
+                JobSet::new("js")
+                    .namespace(RNS)
+                    .replicas(2)
+                    .max_restarts(5)
+                    .annotation(TIMEOUT_ANNOTATION, "2s")
+                    .build(),
+            )
             .expect("jobset");
         for p in ["js-0", "js-1"] {
             server
-                .create("pods", member_of(&server, pod_in(RNS, "js", p)))
+                .create(
+                    "pods",
+                    member_of(&server, Pod::worker(RNS, "js", p).running().build()),
+                )
                 .expect("pod");
         }
         let r = Running::start(

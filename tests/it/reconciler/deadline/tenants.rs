@@ -20,20 +20,20 @@ async fn one_tenant_s_slow_deadline_deletes_do_not_delay_another_tenant_s_group_
         let a_jobsets = ["a0", "a1", "a2"];
         for js in a_jobsets {
             server
-                .create("jobsets", jobset_in(A, js, PODS as i64, Some("1s")))
+                .create("jobsets", JobSet::new(js).namespace(A).replicas(PODS as i64).max_restarts(5).annotation(TIMEOUT_ANNOTATION, "1s").build())
                 .expect("jobset");
             for i in 0..PODS {
                 server
-                    .create("pods", member_of(&server, pod_in(A, js, &format!("{js}-{i}"))))
+                    .create("pods", member_of(&server, Pod::worker(A, js, &format!("{js}-{i}")).running().build()))
                     .expect("pod");
             }
         }
         server
-            .create("jobsets", jobset_in(B, "b", 2, None))
+            .create("jobsets", JobSet::new("b").namespace(B).replicas(2).max_restarts(5).build())
             .expect("jobset");
         for i in 0..2 {
             server
-                .create("pods", member_of(&server, pod_in(B, "b", &format!("b-{i}"))))
+                .create("pods", member_of(&server, Pod::worker(B, "b", &format!("b-{i}")).running().build()))
                 .expect("pod");
         }
         let r = Running::start(
@@ -133,13 +133,27 @@ async fn a_pod_that_registers_while_its_failed_mark_is_on_its_way_is_left_alone(
         let dialect = Dialect::Epoch;
         let server = TestApiServer::start().await;
         server
-            .create("jobsets", jobset(Some("1s"), 5))
+            .create(
+                "jobsets",
+                JobSet::new("js")
+                    .namespace(NS)
+                    .replicas(2)
+                    .max_restarts(5)
+                    .annotation(TIMEOUT_ANNOTATION, "1s")
+                    .build(),
+            )
             .expect("jobset");
         server
-            .create("pods", member_of(&server, pod("js-0")))
+            .create(
+                "pods",
+                member_of(&server, Pod::worker(NS, "js", "js-0").running().build()),
+            )
             .expect("pod");
         server
-            .create("pods", member_of(&server, pod("js-1")))
+            .create(
+                "pods",
+                member_of(&server, Pod::worker(NS, "js", "js-1").running().build()),
+            )
             .expect("pod");
         let r = Running::start(
             server.client_named("reconciler"),

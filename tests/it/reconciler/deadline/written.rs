@@ -9,17 +9,6 @@ fn of_job(server: &TestApiServer, mut pod: Value, job: &str) -> Value {
     member_of(server, pod)
 }
 
-fn job(name: &str, owner: &str, attempt: &str) -> Value {
-    json!({
-        "apiVersion": "batch/v1", "kind": "Job",
-        "metadata": {"name": name, "namespace": NS,
-                     "labels": {JOBSET_NAME_LABEL: "js", RESTART_ATTEMPT_LABEL: attempt},
-                     "ownerReferences": [{"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
-                                          "name": "js", "uid": owner, "controller": true}]},
-        "spec": {"template": {"spec": {"containers": [{"name": "w", "image": "w"}]}}}
-    })
-}
-
 /// (c) and observe mode: JobSet's own controller writes the epochs (`--write-epoch-status=false`,
 /// the attempt dialect), the JobSet's annotation sets a 1 s timeout (the reconciler's is 2 m).
 /// One pod never registers: it is deleted with its UID as the precondition after 1 s; nothing
@@ -32,17 +21,17 @@ async fn what_a_recreation_writes_and_deletes_with_jobsets_controller_writing_th
     bounded(async {
         let dialect = Dialect::Attempt;
         let server = Arc::new(TestApiServer::start().await);
-        let js = server.create("jobsets", jobset(Some("1s"), 5)).expect("jobset");
+        let js = server.create("jobsets", JobSet::new("js").namespace(NS).replicas(2).max_restarts(5).annotation(TIMEOUT_ANNOTATION, "1s").build()).expect("jobset");
         let uid = js["metadata"]["uid"].as_str().expect("uid").to_owned();
         for (name, owner, attempt) in [
             ("js-w-0", uid.as_str(), "0"),
             ("js-w-1", uid.as_str(), "0"),
             ("other", "another-jobset", "0"),
         ] {
-            server.create("jobs", job(name, owner, attempt)).expect("job");
+            server.create("jobs", Job::new(name).namespace(NS).of_jobset("js", owner).label(RESTART_ATTEMPT_LABEL, attempt).build()).expect("job");
         }
-        server.create("pods", of_job(&server, pod("js-0"), "js-w-0")).expect("pod");
-        server.create("pods", of_job(&server, pod("js-1"), "js-w-1")).expect("pod");
+        server.create("pods", of_job(&server, Pod::worker(NS, "js", "js-0").running().build(), "js-w-0")).expect("pod");
+        server.create("pods", of_job(&server, Pod::worker(NS, "js", "js-1").running().build(), "js-w-1")).expect("pod");
         let mut opts = options(dialect, Some(Duration::from_secs(120)), "r1");
         opts.settings.write_epoch_status = false;
         let r = Running::start(server.client_named("reconciler"), opts).await;
@@ -87,8 +76,8 @@ async fn what_a_recreation_writes_and_deletes_with_jobsets_controller_writing_th
             .collect();
         assert_eq!(writes.len(), 1, "one status write (the conflict is not applied): {writes:?}");
         // The recreated pods register and JobSet's controller syncs: the deadline is over.
-        server.create("jobs", job("js-w-0-1", &uid, "1")).expect("job");
-        let mut replacement = of_job(&server, pod("js-2"), "js-w-0-1");
+        server.create("jobs", Job::new("js-w-0-1").namespace(NS).of_jobset("js", &uid).label(RESTART_ATTEMPT_LABEL, "1").build()).expect("job");
+        let mut replacement = of_job(&server, Pod::worker(NS, "js", "js-2").running().build(), "js-w-0-1");
         replacement["metadata"]["annotations"][dialect.pod_annotation()] = json!("1");
         server.create("pods", replacement).expect("pod");
         write(json!({"currentInPlaceRestartAttempt": 1}));
@@ -133,13 +122,27 @@ async fn a_malformed_annotation_is_a_warning_and_the_default_applies() {
         let dialect = Dialect::Epoch;
         let server = TestApiServer::start().await;
         server
-            .create("jobsets", jobset(Some("soon"), 5))
+            .create(
+                "jobsets",
+                JobSet::new("js")
+                    .namespace(NS)
+                    .replicas(2)
+                    .max_restarts(5)
+                    .annotation(TIMEOUT_ANNOTATION, "soon")
+                    .build(),
+            )
             .expect("jobset");
         server
-            .create("pods", member_of(&server, pod("js-0")))
+            .create(
+                "pods",
+                member_of(&server, Pod::worker(NS, "js", "js-0").running().build()),
+            )
             .expect("pod");
         server
-            .create("pods", member_of(&server, pod("js-1")))
+            .create(
+                "pods",
+                member_of(&server, Pod::worker(NS, "js", "js-1").running().build()),
+            )
             .expect("pod");
         let r = Running::start(
             server.client_named("reconciler"),
@@ -182,7 +185,10 @@ async fn a_malformed_annotation_is_a_warning_and_the_default_applies() {
             )
             .expect("annotation");
         server
-            .create("pods", member_of(&server, pod("js-2")))
+            .create(
+                "pods",
+                member_of(&server, Pod::worker(NS, "js", "js-2").running().build()),
+            )
             .expect("pod");
         tokio::time::sleep(Duration::from_secs(3)).await;
         assert!(server.get("pods", NS, "js-2").is_some());
@@ -204,13 +210,27 @@ async fn wipes_of_the_epoch_fields_do_not_postpone_the_deadline() {
         let timeout = Duration::from_secs(3);
         let server = TestApiServer::start().await;
         server
-            .create("jobsets", jobset(Some("3s"), 5))
+            .create(
+                "jobsets",
+                JobSet::new("js")
+                    .namespace(NS)
+                    .replicas(2)
+                    .max_restarts(5)
+                    .annotation(TIMEOUT_ANNOTATION, "3s")
+                    .build(),
+            )
             .expect("jobset");
         server
-            .create("pods", member_of(&server, pod("js-0")))
+            .create(
+                "pods",
+                member_of(&server, Pod::worker(NS, "js", "js-0").running().build()),
+            )
             .expect("pod");
         server
-            .create("pods", member_of(&server, pod("js-1")))
+            .create(
+                "pods",
+                member_of(&server, Pod::worker(NS, "js", "js-1").running().build()),
+            )
             .expect("pod");
         let r = Running::start(
             server.client_named("reconciler"),
@@ -274,12 +294,27 @@ async fn a_standby_that_takes_over_keeps_the_clock() {
         let dialect = Dialect::Epoch;
         let timeout = Duration::from_secs(4);
         let server = TestApiServer::start().await;
-        server.create("jobsets", jobset(None, 5)).expect("jobset");
         server
-            .create("pods", member_of(&server, pod("js-0")))
+            .create(
+                "jobsets",
+                JobSet::new("js")
+                    .namespace(NS)
+                    .replicas(2)
+                    .max_restarts(5)
+                    .build(),
+            )
+            .expect("jobset");
+        server
+            .create(
+                "pods",
+                member_of(&server, Pod::worker(NS, "js", "js-0").running().build()),
+            )
             .expect("pod");
         server
-            .create("pods", member_of(&server, pod("js-1")))
+            .create(
+                "pods",
+                member_of(&server, Pod::worker(NS, "js", "js-1").running().build()),
+            )
             .expect("pod");
         let lease = |identity: &str| {
             let mut o = options(dialect, Some(timeout), identity);
