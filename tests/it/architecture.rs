@@ -48,6 +48,11 @@ fn layers(doc: &str) -> BTreeMap<String, u32> {
 }
 
 fn rs_files(dir: &Path) -> Vec<PathBuf> {
+    files_with_extension(dir, "rs")
+}
+
+/// Every file under `dir`, at any depth, whose extension is `extension`, sorted.
+fn files_with_extension(dir: &Path, extension: &str) -> Vec<PathBuf> {
     let mut out = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
@@ -55,7 +60,7 @@ fn rs_files(dir: &Path) -> Vec<PathBuf> {
             let path = entry.path();
             if path.is_dir() {
                 stack.push(path);
-            } else if path.extension().is_some_and(|e| e == "rs") {
+            } else if path.extension().is_some_and(|e| e == extension) {
                 out.push(path);
             }
         }
@@ -547,20 +552,7 @@ const MOST_SHELL_FUNCTION_LINES: usize = 80;
 
 /// Every `*.sh` under `dir`, at any depth.
 fn sh_files(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for entry in std::fs::read_dir(&d).expect("read_dir").flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                stack.push(path);
-            } else if path.extension().is_some_and(|e| e == "sh") {
-                out.push(path);
-            }
-        }
-    }
-    out.sort();
-    out
+    files_with_extension(dir, "sh")
 }
 
 /// The name of the function a line at column 0 opens (`name() {`, `function name {`), if any.

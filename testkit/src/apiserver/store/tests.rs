@@ -31,6 +31,14 @@ fn setup(history: usize) -> T {
     }
 }
 
+/// The pod these tests store: one container `c`, `Running`, with `labels`.
+fn running_pod(name: &str, labels: serde_json::Value) -> Pod {
+    Pod::new(name)
+        .labels(labels)
+        .containers(json!([{"name": "c"}]))
+        .phase("Running")
+}
+
 fn http() -> WriteOpts {
     WriteOpts::default()
 }
@@ -46,10 +54,7 @@ fn rv_of(e: &Entry) -> String {
 fn create_sets_server_fields_and_drops_status() {
     let mut t = setup(100);
     // Without apiVersion and kind: the store sets them.
-    let pod = Pod::new("a")
-        .labels(json!({}))
-        .containers(json!([{"name": "c"}]))
-        .phase("Running")
+    let pod = running_pod("a", json!({}))
         .remove("/apiVersion")
         .remove("/kind")
         .build();
@@ -88,17 +93,8 @@ fn create_sets_server_fields_and_drops_status() {
     assert_eq!(e.value["status"], json!({"restarts": 2}));
 
     let err =
-        t.s.create(
-            t.pods,
-            "ns",
-            Pod::new("a")
-                .labels(json!({}))
-                .containers(json!([{"name": "c"}]))
-                .phase("Running")
-                .build(),
-            &http(),
-        )
-        .expect_err("dup");
+        t.s.create(t.pods, "ns", running_pod("a", json!({})).build(), &http())
+            .expect_err("dup");
     assert_eq!((err.code, err.reason.as_str()), (409, "AlreadyExists"));
     let err =
         t.s.create(
@@ -117,11 +113,7 @@ fn create_sets_server_fields_and_drops_status() {
         t.s.create(
             t.pods,
             "ns",
-            Pod::new("Bad_Name")
-                .labels(json!({}))
-                .containers(json!([{"name": "c"}]))
-                .phase("Running")
-                .build(),
+            running_pod("Bad_Name", json!({})).build(),
             &http(),
         )
         .expect_err("invalid");
@@ -165,17 +157,8 @@ fn create_sets_server_fields_and_drops_status() {
 fn update_preconditions_status_and_generation() {
     let mut t = setup(100);
     let a =
-        t.s.create(
-            t.pods,
-            "ns",
-            Pod::new("a")
-                .labels(json!({}))
-                .containers(json!([{"name": "c"}]))
-                .phase("Running")
-                .build(),
-            &http(),
-        )
-        .expect("create");
+        t.s.create(t.pods, "ns", running_pod("a", json!({})).build(), &http())
+            .expect("create");
     // Main resource: status kept, generation bumped on spec change.
     let mut body = a.value.clone();
     body["spec"]["containers"][0]["image"] = json!("v2");
@@ -271,11 +254,7 @@ fn patches() {
     t.s.create(
         t.pods,
         "ns",
-        Pod::new("a")
-            .labels(json!({"x": "1"}))
-            .containers(json!([{"name": "c"}]))
-            .phase("Running")
-            .build(),
+        running_pod("a", json!({"x": "1"})).build(),
         &http(),
     )
     .expect("create");
@@ -430,17 +409,8 @@ fn patches() {
 fn writes_are_defaulted_pruned_and_validated_as_upstream() {
     let mut t = setup(100);
     let e =
-        t.s.create(
-            t.pods,
-            "ns",
-            Pod::new("a")
-                .labels(json!({}))
-                .containers(json!([{"name": "c"}]))
-                .phase("Running")
-                .build(),
-            &http(),
-        )
-        .expect("pod");
+        t.s.create(t.pods, "ns", running_pod("a", json!({})).build(), &http())
+            .expect("pod");
     assert_eq!(e.value["spec"]["serviceAccountName"], "default");
     assert_eq!(e.value["spec"]["restartPolicy"], "Always");
     let js = json!({"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
@@ -477,11 +447,7 @@ fn writes_are_defaulted_pruned_and_validated_as_upstream() {
 #[test]
 fn deletes_and_finalizers() {
     let mut t = setup(100);
-    let mut p = Pod::new("a")
-        .labels(json!({}))
-        .containers(json!([{"name": "c"}]))
-        .phase("Running")
-        .build();
+    let mut p = running_pod("a", json!({})).build();
     p["metadata"]["finalizers"] = json!(["x/y"]);
     t.s.create(t.pods, "ns", p, &http()).expect("create");
     let (e, gone) =
@@ -511,17 +477,8 @@ fn deletes_and_finalizers() {
     assert!(t.s.get(t.pods, "ns", "a").is_none());
     assert!(last.rv > e.rv);
     // Foreground propagation: the finalizer of dependents first, as upstream.
-    t.s.create(
-        t.pods,
-        "ns",
-        Pod::new("f")
-            .labels(json!({}))
-            .containers(json!([{"name": "c"}]))
-            .phase("Running")
-            .build(),
-        &http(),
-    )
-    .expect("f");
+    t.s.create(t.pods, "ns", running_pod("f", json!({})).build(), &http())
+        .expect("f");
     let (e, gone) =
         t.s.delete(
             t.pods,
@@ -552,17 +509,8 @@ fn deletes_and_finalizers() {
     assert!(t.s.get(t.pods, "ns", "f").is_none());
     // Preconditions.
     let b =
-        t.s.create(
-            t.pods,
-            "ns",
-            Pod::new("b")
-                .labels(json!({}))
-                .containers(json!([{"name": "c"}]))
-                .phase("Running")
-                .build(),
-            &http(),
-        )
-        .expect("b");
+        t.s.create(t.pods, "ns", running_pod("b", json!({})).build(), &http())
+            .expect("b");
     let err =
         t.s.delete(
             t.pods,
@@ -590,11 +538,7 @@ fn deletes_and_finalizers() {
         404
     );
     // Graceful pod deletion for a bound pod.
-    let mut c = Pod::new("c")
-        .labels(json!({}))
-        .containers(json!([{"name": "c"}]))
-        .phase("Running")
-        .build();
+    let mut c = running_pod("c", json!({})).build();
     c["spec"]["nodeName"] = json!("node");
     c["spec"]["terminationGracePeriodSeconds"] = json!(5);
     t.s.create(t.pods, "ns", c, &http()).expect("c");
@@ -642,11 +586,7 @@ fn lists_paginate_consistently() {
             t.s.create(
                 t.pods,
                 ns,
-                Pod::new(&format!("p{i}"))
-                    .labels(l)
-                    .containers(json!([{"name": "c"}]))
-                    .phase("Running")
-                    .build(),
+                running_pod(&format!("p{i}"), l).build(),
                 &http(),
             )
             .expect("create");
@@ -672,17 +612,8 @@ fn lists_paginate_consistently() {
     // Changes between pages do not show: the continuation is served as of the first page.
     t.s.delete(t.pods, "a", "p2", &DeleteOpts::default())
         .expect("delete");
-    t.s.create(
-        t.pods,
-        "a",
-        Pod::new("p25")
-            .labels(json!({}))
-            .containers(json!([{"name": "c"}]))
-            .phase("Running")
-            .build(),
-        &http(),
-    )
-    .expect("create");
+    t.s.create(t.pods, "a", running_pod("p25", json!({})).build(), &http())
+        .expect("create");
     t.s.patch(
         t.pods,
         "a",
@@ -763,11 +694,7 @@ fn watches_follow_selectors_history_and_slowness() {
     t.s.create(
         t.pods,
         "ns",
-        Pod::new("a")
-            .labels(json!({"app": "x"}))
-            .containers(json!([{"name": "c"}]))
-            .phase("Running")
-            .build(),
+        running_pod("a", json!({"app": "x"})).build(),
         &http(),
     )
     .expect("a");
@@ -785,22 +712,14 @@ fn watches_follow_selectors_history_and_slowness() {
     t.s.create(
         t.pods,
         "ns",
-        Pod::new("b")
-            .labels(json!({"app": "y"}))
-            .containers(json!([{"name": "c"}]))
-            .phase("Running")
-            .build(),
+        running_pod("b", json!({"app": "y"})).build(),
         &http(),
     )
     .expect("b");
     t.s.create(
         t.pods,
         "other",
-        Pod::new("c")
-            .labels(json!({"app": "x"}))
-            .containers(json!([{"name": "c"}]))
-            .phase("Running")
-            .build(),
+        running_pod("c", json!({"app": "x"})).build(),
         &http(),
     )
     .expect("c");
@@ -851,11 +770,7 @@ fn watches_follow_selectors_history_and_slowness() {
         t.s.create(
             t.pods,
             "ns",
-            Pod::new(&format!("x{i}"))
-                .labels(json!({}))
-                .containers(json!([{"name": "c"}]))
-                .phase("Running")
-                .build(),
+            running_pod(&format!("x{i}"), json!({})).build(),
             &http(),
         )
         .expect("fill");
@@ -874,11 +789,7 @@ fn watches_follow_selectors_history_and_slowness() {
         t.s.create(
             t.pods,
             "ns",
-            Pod::new(&format!("s{i}"))
-                .labels(json!({}))
-                .containers(json!([{"name": "c"}]))
-                .phase("Running")
-                .build(),
+            running_pod(&format!("s{i}"), json!({})).build(),
             &http(),
         )
         .expect("burst");

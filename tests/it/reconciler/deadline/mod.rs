@@ -229,6 +229,23 @@ mod written;
 
 const NS: &str = "team-a";
 
+/// Stores `jobset` (of namespace `ns`) and, for each of `pods`, a running member pod of it.
+fn store_with_running_pods(server: &TestApiServer, ns: &str, jobset: Value, pods: &[&str]) {
+    let name = jobset["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    server.create("jobsets", jobset).expect("jobset");
+    for pod in pods {
+        server
+            .create(
+                "pods",
+                member_of(server, Pod::worker(ns, &name, pod).running().build()),
+            )
+            .expect("pod");
+    }
+}
+
 fn set_epoch(server: &TestApiServer, dialect: Dialect, pod: &str, epoch: i64) {
     server
         .patch(

@@ -11,25 +11,17 @@ async fn a_pod_event_and_the_deadline_are_counted_under_their_reasons() {
         const RNS: &str = "reasons";
         crate::logs::captured();
         let server = TestApiServer::start().await;
-        server
-            .create(
-                "jobsets",
-                JobSet::new("js")
-                    .namespace(RNS)
-                    .replicas(2)
-                    .max_restarts(5)
-                    .annotation(TIMEOUT_ANNOTATION, "2s")
-                    .build(),
-            )
-            .expect("jobset");
-        for p in ["js-0", "js-1"] {
-            server
-                .create(
-                    "pods",
-                    member_of(&server, Pod::worker(RNS, "js", p).running().build()),
-                )
-                .expect("pod");
-        }
+        store_with_running_pods(
+            &server,
+            RNS,
+            JobSet::new("js")
+                .namespace(RNS)
+                .replicas(2)
+                .max_restarts(5)
+                .annotation(TIMEOUT_ANNOTATION, "2s")
+                .build(),
+            &["js-0", "js-1"],
+        );
         let r = Running::start(
             server.client_named("reconciler"),
             options(Dialect::Epoch, Some(Duration::from_secs(120)), "r1"),

@@ -132,29 +132,17 @@ async fn a_pod_that_registers_while_its_failed_mark_is_on_its_way_is_left_alone(
     bounded(async {
         let dialect = Dialect::Epoch;
         let server = TestApiServer::start().await;
-        server
-            .create(
-                "jobsets",
-                JobSet::new("js")
-                    .namespace(NS)
-                    .replicas(2)
-                    .max_restarts(5)
-                    .annotation(TIMEOUT_ANNOTATION, "1s")
-                    .build(),
-            )
-            .expect("jobset");
-        server
-            .create(
-                "pods",
-                member_of(&server, Pod::worker(NS, "js", "js-0").running().build()),
-            )
-            .expect("pod");
-        server
-            .create(
-                "pods",
-                member_of(&server, Pod::worker(NS, "js", "js-1").running().build()),
-            )
-            .expect("pod");
+        store_with_running_pods(
+            &server,
+            NS,
+            JobSet::new("js")
+                .namespace(NS)
+                .replicas(2)
+                .max_restarts(5)
+                .annotation(TIMEOUT_ANNOTATION, "1s")
+                .build(),
+            &["js-0", "js-1"],
+        );
         let r = Running::start(
             server.client_named("reconciler"),
             options(dialect, Some(Duration::from_secs(120)), "r1"),

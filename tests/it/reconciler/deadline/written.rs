@@ -121,29 +121,17 @@ async fn a_malformed_annotation_is_a_warning_and_the_default_applies() {
     bounded(async {
         let dialect = Dialect::Epoch;
         let server = TestApiServer::start().await;
-        server
-            .create(
-                "jobsets",
-                JobSet::new("js")
-                    .namespace(NS)
-                    .replicas(2)
-                    .max_restarts(5)
-                    .annotation(TIMEOUT_ANNOTATION, "soon")
-                    .build(),
-            )
-            .expect("jobset");
-        server
-            .create(
-                "pods",
-                member_of(&server, Pod::worker(NS, "js", "js-0").running().build()),
-            )
-            .expect("pod");
-        server
-            .create(
-                "pods",
-                member_of(&server, Pod::worker(NS, "js", "js-1").running().build()),
-            )
-            .expect("pod");
+        store_with_running_pods(
+            &server,
+            NS,
+            JobSet::new("js")
+                .namespace(NS)
+                .replicas(2)
+                .max_restarts(5)
+                .annotation(TIMEOUT_ANNOTATION, "soon")
+                .build(),
+            &["js-0", "js-1"],
+        );
         let r = Running::start(
             server.client_named("reconciler"),
             options(dialect, Some(Duration::from_secs(1)), "r1"),
@@ -209,29 +197,17 @@ async fn wipes_of_the_epoch_fields_do_not_postpone_the_deadline() {
         let dialect = Dialect::Epoch;
         let timeout = Duration::from_secs(3);
         let server = TestApiServer::start().await;
-        server
-            .create(
-                "jobsets",
-                JobSet::new("js")
-                    .namespace(NS)
-                    .replicas(2)
-                    .max_restarts(5)
-                    .annotation(TIMEOUT_ANNOTATION, "3s")
-                    .build(),
-            )
-            .expect("jobset");
-        server
-            .create(
-                "pods",
-                member_of(&server, Pod::worker(NS, "js", "js-0").running().build()),
-            )
-            .expect("pod");
-        server
-            .create(
-                "pods",
-                member_of(&server, Pod::worker(NS, "js", "js-1").running().build()),
-            )
-            .expect("pod");
+        store_with_running_pods(
+            &server,
+            NS,
+            JobSet::new("js")
+                .namespace(NS)
+                .replicas(2)
+                .max_restarts(5)
+                .annotation(TIMEOUT_ANNOTATION, "3s")
+                .build(),
+            &["js-0", "js-1"],
+        );
         let r = Running::start(
             server.client_named("reconciler"),
             options(dialect, Some(Duration::from_secs(120)), "r1"),
@@ -294,28 +270,16 @@ async fn a_standby_that_takes_over_keeps_the_clock() {
         let dialect = Dialect::Epoch;
         let timeout = Duration::from_secs(4);
         let server = TestApiServer::start().await;
-        server
-            .create(
-                "jobsets",
-                JobSet::new("js")
-                    .namespace(NS)
-                    .replicas(2)
-                    .max_restarts(5)
-                    .build(),
-            )
-            .expect("jobset");
-        server
-            .create(
-                "pods",
-                member_of(&server, Pod::worker(NS, "js", "js-0").running().build()),
-            )
-            .expect("pod");
-        server
-            .create(
-                "pods",
-                member_of(&server, Pod::worker(NS, "js", "js-1").running().build()),
-            )
-            .expect("pod");
+        store_with_running_pods(
+            &server,
+            NS,
+            JobSet::new("js")
+                .namespace(NS)
+                .replicas(2)
+                .max_restarts(5)
+                .build(),
+            &["js-0", "js-1"],
+        );
         let lease = |identity: &str| {
             let mut o = options(dialect, Some(timeout), identity);
             o.leader_election = Some(LeaderElection {
