@@ -8,16 +8,9 @@ async fn request_counters_and_fault_injection() {
         let server = TestApiServer::start().await;
         let pods: Api<Pod> = Api::namespaced(server.client(), "ns");
         let pp = PostParams::default();
-        pods.create(
-            &pp,
-            &build::Pod::new("p")
-                .namespace("ns")
-                .labels(json!({}))
-                .container("main", "busybox")
-                .typed::<Pod>(),
-        )
-        .await
-        .expect("create");
+        pods.create(&pp, &busybox("p", "ns", json!({})).typed::<Pod>())
+            .await
+            .expect("create");
         pods.get("p").await.expect("get");
         pods.list(&ListParams::default()).await.expect("list");
         pods.patch_status(
@@ -177,14 +170,7 @@ async fn a_watcher_keeps_delivering_after_watches_are_cut() {
         let server = TestApiServer::start().await;
         let pods: Api<Pod> = Api::namespaced(server.client(), "ns");
         server
-            .create(
-                "pods",
-                build::Pod::new("p0")
-                    .namespace("ns")
-                    .labels(json!({}))
-                    .container("main", "busybox")
-                    .build(),
-            )
+            .create("pods", busybox("p0", "ns", json!({})).build())
             .expect("seed");
         let mut events = drive(watcher(pods, watcher::Config::default()).default_backoff());
         loop {
@@ -198,14 +184,7 @@ async fn a_watcher_keeps_delivering_after_watches_are_cut() {
             assert_eq!(server.cut_watches(), 1);
             let name = format!("after-cut-{round}");
             server
-                .create(
-                    "pods",
-                    build::Pod::new(&name)
-                        .namespace("ns")
-                        .labels(json!({}))
-                        .container("main", "busybox")
-                        .build(),
-                )
+                .create("pods", busybox(&name, "ns", json!({})).build())
                 .expect("create");
             loop {
                 match events.recv().await.expect("open") {

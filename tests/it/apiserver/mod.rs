@@ -34,6 +34,14 @@ fn api_err<T: Debug>(r: kube::Result<T>) -> (u16, String) {
     }
 }
 
+/// The pod these tests store: one container `main` running busybox, in `ns`, with `labels`.
+fn busybox(name: &str, ns: &str, labels: serde_json::Value) -> build::Pod {
+    build::Pod::new(name)
+        .namespace(ns)
+        .labels(labels)
+        .container("main", "busybox")
+}
+
 fn names<K: kube::ResourceExt>(items: &[K]) -> Vec<String> {
     items.iter().map(|o| o.name_any()).collect()
 }

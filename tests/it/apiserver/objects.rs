@@ -17,11 +17,7 @@ async fn works_on_a_current_thread_runtime() {
         let mut events = drive(watcher(pods.clone(), watcher::Config::default()));
         pods.create(
             &PostParams::default(),
-            &build::Pod::new("p")
-                .namespace("ns")
-                .labels(json!({}))
-                .container("main", "busybox")
-                .typed::<Pod>(),
+            &busybox("p", "ns", json!({})).typed::<Pod>(),
         )
         .await
         .expect("create");
@@ -48,11 +44,7 @@ async fn pod_crud_with_the_kube_client() {
         let created = pods
             .create(
                 &PostParams::default(),
-                &build::Pod::new("p0")
-                    .namespace("ns")
-                    .labels(json!({"a": "b"}))
-                    .container("main", "busybox")
-                    .typed::<Pod>(),
+                &busybox("p0", "ns", json!({"a": "b"})).typed::<Pod>(),
             )
             .await
             .expect("create");
@@ -80,11 +72,7 @@ async fn pod_crud_with_the_kube_client() {
         assert_eq!(api_err(pods.get("nope").await), (404, "NotFound".into()));
         assert!(pods.get_opt("nope").await.expect("get_opt").is_none());
 
-        let mut generated = build::Pod::new("")
-            .namespace("ns")
-            .labels(json!({}))
-            .container("main", "busybox")
-            .typed::<Pod>();
+        let mut generated = busybox("", "ns", json!({})).typed::<Pod>();
         generated.metadata.name = None;
         generated.metadata.generate_name = Some("gen-".into());
         let g = pods
@@ -127,14 +115,7 @@ async fn pod_crud_with_the_kube_client() {
         );
         // Cluster-wide list sees other namespaces too.
         server
-            .create(
-                "pods",
-                build::Pod::new("q")
-                    .namespace("other")
-                    .labels(json!({}))
-                    .container("main", "busybox")
-                    .build(),
-            )
+            .create("pods", busybox("q", "other", json!({})).build())
             .expect("seed");
         let everywhere: Api<Pod> = Api::all(server.client());
         let l = everywhere.list(&ListParams::default()).await.expect("all");
@@ -274,11 +255,7 @@ async fn label_and_field_selectors() {
             ("p3", json!({})),
         ];
         for (name, l) in &labels {
-            let mut p = build::Pod::new(name)
-                .namespace("ns")
-                .labels(l.clone())
-                .container("main", "busybox")
-                .build();
+            let mut p = busybox(name, "ns", l.clone()).build();
             if *name == "p1" {
                 p["spec"]["nodeName"] = json!("node-a");
             }
@@ -287,11 +264,7 @@ async fn label_and_field_selectors() {
         server
             .create(
                 "pods",
-                build::Pod::new("p9")
-                    .namespace("other")
-                    .labels(json!({"app": "web"}))
-                    .container("main", "busybox")
-                    .build(),
+                busybox("p9", "other", json!({"app": "web"})).build(),
             )
             .expect("seed");
         let pods: Api<Pod> = Api::namespaced(server.client(), "ns");
@@ -376,13 +349,7 @@ async fn pagination_with_limit_and_continue() {
         server
             .seed(
                 "pods",
-                (0..25).map(|i| {
-                    build::Pod::new(&format!("p{i:02}"))
-                        .namespace("ns")
-                        .labels(json!({}))
-                        .container("main", "busybox")
-                        .build()
-                }),
+                (0..25).map(|i| busybox(&format!("p{i:02}"), "ns", json!({})).build()),
             )
             .expect("seed");
         let pods: Api<Pod> = Api::namespaced(server.client(), "ns");
@@ -402,14 +369,7 @@ async fn pagination_with_limit_and_continue() {
             if pages == 1 {
                 // A write between pages does not show in later pages.
                 server
-                    .create(
-                        "pods",
-                        build::Pod::new("p99")
-                            .namespace("ns")
-                            .labels(json!({}))
-                            .container("main", "busybox")
-                            .build(),
-                    )
+                    .create("pods", busybox("p99", "ns", json!({})).build())
                     .expect("late");
             }
             match page.metadata.continue_ {
@@ -427,14 +387,7 @@ async fn pagination_with_limit_and_continue() {
             .expect("page");
         let token = page.metadata.continue_.expect("continue");
         server
-            .create(
-                "pods",
-                build::Pod::new("p100")
-                    .namespace("ns")
-                    .labels(json!({}))
-                    .container("main", "busybox")
-                    .build(),
-            )
+            .create("pods", busybox("p100", "ns", json!({})).build())
             .expect("write");
         server.compact_all();
         assert_eq!(

@@ -10,11 +10,12 @@ async fn a_reflector_syncs_2000_pods_and_follows_updates() {
             .seed(
                 "pods",
                 (0..2000).map(|i| {
-                    build::Pod::new(&format!("p{i:04}"))
-                        .namespace(&format!("ns{}", i % 4))
-                        .labels(json!({"app": "w"}))
-                        .container("main", "busybox")
-                        .build()
+                    busybox(
+                        &format!("p{i:04}"),
+                        &format!("ns{}", i % 4),
+                        json!({"app": "w"}),
+                    )
+                    .build()
                 }),
             )
             .expect("seed");
@@ -51,14 +52,7 @@ async fn a_reflector_syncs_2000_pods_and_follows_updates() {
             )
             .expect("leave selection");
         server
-            .create(
-                "pods",
-                build::Pod::new("new")
-                    .namespace("ns0")
-                    .labels(json!({"app": "w"}))
-                    .container("main", "busybox")
-                    .build(),
-            )
+            .create("pods", busybox("new", "ns0", json!({"app": "w"})).build())
             .expect("create");
         loop {
             let state = reader.state();
@@ -356,11 +350,7 @@ async fn the_in_memory_client_is_served_like_a_socket() {
         let before = Instant::now();
         pods.create(
             &PostParams::default(),
-            &build::Pod::new("a")
-                .namespace("ns")
-                .labels(json!({}))
-                .container("main", "busybox")
-                .typed::<Pod>(),
+            &busybox("a", "ns", json!({})).typed::<Pod>(),
         )
         .await
         .expect("create in memory");

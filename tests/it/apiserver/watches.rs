@@ -10,22 +10,14 @@ async fn watch_from_a_resource_version_with_selector_transitions() {
         let p0 = pods
             .create(
                 &PostParams::default(),
-                &build::Pod::new("p0")
-                    .namespace("ns")
-                    .labels(json!({"app": "x"}))
-                    .container("main", "busybox")
-                    .typed::<Pod>(),
+                &busybox("p0", "ns", json!({"app": "x"})).typed::<Pod>(),
             )
             .await
             .expect("p0");
         let rv = p0.metadata.resource_version.clone().expect("rv");
         pods.create(
             &PostParams::default(),
-            &build::Pod::new("p1")
-                .namespace("ns")
-                .labels(json!({"app": "y"}))
-                .container("main", "busybox")
-                .typed::<Pod>(),
+            &busybox("p1", "ns", json!({"app": "y"})).typed::<Pod>(),
         )
         .await
         .expect("p1");
@@ -95,14 +87,7 @@ async fn bookmarks_and_timeouts() {
         })
         .await;
         server
-            .create(
-                "pods",
-                build::Pod::new("p0")
-                    .namespace("ns")
-                    .labels(json!({}))
-                    .container("main", "busybox")
-                    .build(),
-            )
+            .create("pods", busybox("p0", "ns", json!({})).build())
             .expect("seed");
         let pods: Api<Pod> = Api::namespaced(server.client(), "ns");
         let rv = server.resource_version().to_string();
@@ -174,14 +159,7 @@ async fn too_old_versions_answer_410_and_the_watcher_relists() {
         })
         .await;
         server
-            .create(
-                "pods",
-                build::Pod::new("p0")
-                    .namespace("ns")
-                    .labels(json!({}))
-                    .container("main", "busybox")
-                    .build(),
-            )
+            .create("pods", busybox("p0", "ns", json!({})).build())
             .expect("seed");
         let old = server.resource_version();
         for i in 0..30 {
@@ -227,14 +205,7 @@ async fn too_old_versions_answer_410_and_the_watcher_relists() {
         server.compact_all();
         server.cut_watches();
         server
-            .create(
-                "pods",
-                build::Pod::new("after")
-                    .namespace("ns")
-                    .labels(json!({}))
-                    .container("main", "busybox")
-                    .build(),
-            )
+            .create("pods", busybox("after", "ns", json!({})).build())
             .expect("new pod");
         let mut saw_410 = false;
         let mut saw_after = false;

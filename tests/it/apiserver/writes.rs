@@ -95,11 +95,7 @@ async fn deletion_with_finalizers() {
     within(20, async {
         let server = TestApiServer::start().await;
         let pods: Api<Pod> = Api::namespaced(server.client(), "ns");
-        let mut p = build::Pod::new("p")
-            .namespace("ns")
-            .labels(json!({}))
-            .container("main", "busybox")
-            .typed::<Pod>();
+        let mut p = busybox("p", "ns", json!({})).typed::<Pod>();
         p.metadata.finalizers = Some(vec!["example.com/hold".into()]);
         pods.create(&PostParams::default(), &p)
             .await
@@ -140,23 +136,12 @@ async fn deletion_with_finalizers() {
             server
                 .create(
                     "pods",
-                    build::Pod::new(&format!("c{i}"))
-                        .namespace("ns")
-                        .labels(json!({"batch": "1"}))
-                        .container("main", "busybox")
-                        .build(),
+                    busybox(&format!("c{i}"), "ns", json!({"batch": "1"})).build(),
                 )
                 .expect("seed");
         }
         server
-            .create(
-                "pods",
-                build::Pod::new("keep")
-                    .namespace("ns")
-                    .labels(json!({}))
-                    .container("main", "busybox")
-                    .build(),
-            )
+            .create("pods", busybox("keep", "ns", json!({})).build())
             .expect("seed");
         let gone = pods
             .delete_collection(
@@ -171,11 +156,7 @@ async fn deletion_with_finalizers() {
         let q = pods
             .create(
                 &PostParams::default(),
-                &build::Pod::new("q")
-                    .namespace("ns")
-                    .labels(json!({}))
-                    .container("main", "busybox")
-                    .typed::<Pod>(),
+                &busybox("q", "ns", json!({})).typed::<Pod>(),
             )
             .await
             .expect("q");
