@@ -289,6 +289,7 @@ pub(super) async fn run_pod(
     let probe_path = recognise::startup_probe_path(&agent_spec)
         .unwrap_or(agent_env::DEFAULT_BARRIER_PATH)
         .to_owned();
+    let probe_timeout = recognise::startup_probe_timeout(&agent_spec);
     let grace = shared.config.termination_grace;
     let write_limit = shared.config.api_timeout * 5;
     shared.view(&name, |v| {
@@ -358,6 +359,7 @@ pub(super) async fn run_pod(
         shared.view(&name, |v| v.agent_starts += 1);
         status.set(&mut st);
         let mut probe = tokio::time::interval(shared.config.probe_period);
+        let mut probing: Option<futures::future::BoxFuture<'static, bool>> = None;
         let exit = loop {
             tokio::select! {
                 changed = stop.changed() => {
@@ -374,8 +376,12 @@ pub(super) async fn run_pod(
                     }
                 },
                 code = agent.wait() => break Exit::Agent(code),
-                _ = probe.tick(), if !st.agent.started => {
-                    if agent.probe(&probe_path).await {
+                _ = probe.tick(), if !st.agent.started && probing.is_none() => {
+                    probing = Some(agent.probe(&probe_path, probe_timeout));
+                }
+                passed = crate::kubelet::agents::in_flight(&mut probing), if probing.is_some() => {
+                    probing = None;
+                    if passed && !st.agent.started {
                         st.agent.started = true;
                         st.agent.ready = true;
                         if !worker_running {
