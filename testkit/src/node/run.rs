@@ -381,6 +381,9 @@ pub(super) async fn run_pod(
                 }
                 passed = crate::kubelet::agents::in_flight(&mut probing), if probing.is_some() => {
                     probing = None;
+                    if !passed && !st.agent.started {
+                        shared.probe_failed(&name, &uid, &probe_path);
+                    }
                     if passed && !st.agent.started {
                         st.agent.started = true;
                         st.agent.ready = true;
@@ -409,6 +412,7 @@ pub(super) async fn run_pod(
                 shared.view(&name, |v| v.worker_stopped(at));
                 agent.stop(grace).await;
                 shared.view(&name, |v| v.ended = true);
+                shared.forget_probe_events(&uid);
                 return;
             }
             Exit::Deleted => {
@@ -423,6 +427,7 @@ pub(super) async fn run_pod(
                 st.agent.terminate(code, "Error");
                 st.phase = "Failed";
                 shared.view(&name, |v| v.ended = true);
+                shared.forget_probe_events(&uid);
                 status.write(&mut st, write_limit).await;
                 delete_for_good(&shared, &name, &uid).await;
                 return;
@@ -464,6 +469,7 @@ pub(super) async fn run_pod(
                 st.agent.terminate(agent_code, "Error");
                 st.phase = if code == 0 { "Succeeded" } else { "Failed" };
                 shared.view(&name, |v| v.ended = true);
+                shared.forget_probe_events(&uid);
                 status.write(&mut st, write_limit).await;
                 return;
             }
