@@ -14,6 +14,7 @@
 //! barrierFallbackPorts: 18080-18099
 //! barrierPath: /barrier-is-lifted
 //! probePeriodSeconds: 1
+//! probeTimeoutSeconds: 300
 //! probeFailureThreshold: 86400
 //! serviceAccountName: jobset-inplace-agent
 //! resources:
@@ -168,6 +169,11 @@ pub struct InjectionArgs {
     #[arg(long, env = "JOBSET_INPLACE_PROBE_PERIOD_SECONDS")]
     pub probe_period_seconds: Option<i32>,
 
+    /// The startup probe's timeoutSeconds: the agent holds a probe this long less a thirtieth
+    /// (BARRIER_HOLD) while the barrier is up, and answers the moment it lifts.
+    #[arg(long, env = "JOBSET_INPLACE_PROBE_TIMEOUT_SECONDS")]
+    pub probe_timeout_seconds: Option<i32>,
+
     /// Startup probe failures tolerated before the kubelet gives up on the barrier.
     #[arg(long, env = "JOBSET_INPLACE_PROBE_FAILURE_THRESHOLD")]
     pub probe_failure_threshold: Option<i32>,
@@ -201,6 +207,7 @@ struct ConfigFile {
     barrier_fallback_ports: Option<serde_json::Value>,
     barrier_path: Option<String>,
     probe_period_seconds: Option<i64>,
+    probe_timeout_seconds: Option<i64>,
     probe_failure_threshold: Option<i64>,
     service_account_name: Option<String>,
     resources: Option<Resources>,
@@ -223,6 +230,9 @@ pub struct InjectionConfig {
     pub barrier_fallback_ports: PortRange,
     pub barrier_path: String,
     pub probe_period_seconds: i32,
+    /// The startup probe's `timeoutSeconds`; the agent's `BARRIER_HOLD` derives from it
+    /// ([`agent_env::barrier_hold_for_probe_timeout`]).
+    pub probe_timeout_seconds: i32,
     pub probe_failure_threshold: i32,
     pub service_account: String,
     pub resources: Resources,
@@ -241,6 +251,11 @@ impl InjectionConfig {
             barrier_fallback_ports: DEFAULT_BARRIER_FALLBACK_PORTS,
             barrier_path: agent_env::DEFAULT_BARRIER_PATH.to_owned(),
             probe_period_seconds: 1,
+            // Five minutes: the agent holds each probe up to 290 s while the barrier is up and
+            // answers when it lifts, so a pod that waits less than that (a group restart of
+            // thousands of pods waits for the slowest) fails no probe and gets no Warning event,
+            // and its workers start the moment the barrier lifts.
+            probe_timeout_seconds: 300,
             // A day of one-second probes: a group restart waits for the slowest pod to be
             // rescheduled, and the kubelet must not give up on the barrier before that.
             probe_failure_threshold: 86_400,
@@ -359,6 +374,10 @@ impl InjectionConfig {
             self.probe_period_seconds = i32::try_from(v)
                 .map_err(|_| invalid("probePeriodSeconds", format!("{v} is out of range")))?;
         }
+        if let Some(v) = file.probe_timeout_seconds {
+            self.probe_timeout_seconds = i32::try_from(v)
+                .map_err(|_| invalid("probeTimeoutSeconds", format!("{v} is out of range")))?;
+        }
         if let Some(v) = file.probe_failure_threshold {
             self.probe_failure_threshold = i32::try_from(v)
                 .map_err(|_| invalid("probeFailureThreshold", format!("{v} is out of range")))?;
@@ -409,6 +428,9 @@ impl InjectionConfig {
         }
         if let Some(v) = args.probe_period_seconds {
             self.probe_period_seconds = v;
+        }
+        if let Some(v) = args.probe_timeout_seconds {
+            self.probe_timeout_seconds = v;
         }
         if let Some(v) = args.probe_failure_threshold {
             self.probe_failure_threshold = v;
@@ -469,6 +491,12 @@ impl InjectionConfig {
             return invalid(
                 "--probe-period-seconds / probePeriodSeconds",
                 "must be at least 1",
+            );
+        }
+        if !(1..=3601).contains(&self.probe_timeout_seconds) {
+            return invalid(
+                "--probe-timeout-seconds / probeTimeoutSeconds",
+                "must be 1-3601 (the agent holds a probe at most an hour)",
             );
         }
         if self.probe_failure_threshold < 1 {

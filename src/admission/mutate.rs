@@ -20,7 +20,8 @@ use super::patch::{Op, Ptr, add, ptr, to_json};
 use super::pod::{self, Agent, AgentMode, Container, ContainerList};
 use super::rule::{self, Rule};
 use super::sidecar::{
-    TOKEN_VOLUME, agent_container, field_env, literal_env, token_mount, token_volume,
+    TOKEN_VOLUME, agent_container, barrier_hold_env, field_env, literal_env, token_mount,
+    token_volume,
 };
 use super::validate::job_defaults;
 use super::view::{JobSetView, PodSpec, PodTemplate};
@@ -578,6 +579,12 @@ fn complete_agent(pod_ptr: &Ptr, agent: &Agent<'_>, config: &InjectionConfig, op
             if path != agent_env::DEFAULT_BARRIER_PATH {
                 missing.push(literal_env(agent_env::BARRIER_PATH, path));
             }
+        }
+        // A hold that fits the agent's own probe: none for the API's default timeout of 1 s.
+        if c.env(agent_env::BARRIER_HOLD).is_none()
+            && let Some(hold) = c.startup_timeout_seconds().and_then(barrier_hold_env)
+        {
+            missing.push(hold);
         }
     }
     if missing.is_empty() {

@@ -159,6 +159,12 @@ impl<'a> Container<'a> {
         self.view.startup_probe.as_ref()?.http_get.as_ref()
     }
 
+    /// Its startup probe's `timeoutSeconds` (the API's default: 1), if it has a startup probe.
+    pub fn startup_timeout_seconds(&self) -> Option<i64> {
+        let probe = self.view.startup_probe.as_ref()?;
+        Some(probe.timeout_seconds.unwrap_or(1))
+    }
+
     /// Resolves a probe port (number or container port name) to a number.
     pub fn resolve_port(&self, port: &Value) -> Option<i64> {
         match port {

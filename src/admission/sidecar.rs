@@ -87,6 +87,9 @@ impl<'a> AgentContainer<'a> {
                 config.barrier_path.as_str(),
             ));
         }
+        if let Some(hold) = barrier_hold_env(i64::from(config.probe_timeout_seconds)) {
+            env.push(hold);
+        }
         AgentContainer {
             name: agent_env::CONTAINER_NAME,
             image: &config.image,
@@ -107,6 +110,7 @@ impl<'a> AgentContainer<'a> {
                     port,
                 },
                 period_seconds: config.probe_period_seconds,
+                timeout_seconds: config.probe_timeout_seconds,
                 failure_threshold: config.probe_failure_threshold,
             },
             security_context: SecurityContextSpec {
@@ -146,6 +150,7 @@ struct ExitCodesSpec {
 struct ProbeSpec<'a> {
     http_get: HttpGetSpec<'a>,
     period_seconds: i32,
+    timeout_seconds: i32,
     failure_threshold: i32,
 }
 
@@ -229,6 +234,13 @@ pub(crate) fn field_env(
             },
         },
     }
+}
+
+/// `BARRIER_HOLD` for a startup probe whose `timeoutSeconds` is `timeout_seconds`
+/// ([`agent_env::barrier_hold_for_probe_timeout`]); none where the hold would be zero.
+pub(crate) fn barrier_hold_env(timeout_seconds: i64) -> Option<EnvSpec<'static>> {
+    let hold = agent_env::barrier_hold_for_probe_timeout(timeout_seconds);
+    (!hold.is_zero()).then(|| literal_env(agent_env::BARRIER_HOLD, format!("{}s", hold.as_secs())))
 }
 
 pub(crate) fn literal_env<'a>(name: &'static str, value: impl Into<Cow<'a, str>>) -> EnvSpec<'a> {

@@ -453,6 +453,7 @@ pub(crate) fn is_env_name_read(name: &str) -> bool {
             | agent_env::BARRIER_PORT_ALIAS
             | agent_env::BARRIER_PATH
             | agent_env::BARRIER_PATH_ALIAS
+            | agent_env::BARRIER_HOLD
             | agent_env::WORKER_COMMAND
     )
 }
@@ -525,6 +526,7 @@ pub(crate) struct Probe<'a> {
     /// Present whatever its type; its fields are read when it is an object.
     pub http_get: Option<HttpGet<'a>>,
     pub period_seconds: Option<i64>,
+    pub timeout_seconds: Option<i64>,
     pub failure_threshold: Option<i64>,
     pub wrong: Wrong,
 }
@@ -535,11 +537,13 @@ object_view!(
         "httpGet" => 1,
         "periodSeconds" => 2,
         "failureThreshold" => 3,
+        "timeoutSeconds" => 4,
         _ => 0,
     },
     |v, field, map| match field {
         1 => v.http_get = Some(checked(map, &mut v.wrong, "httpGet")?.unwrap_or_default()),
         2 => v.period_seconds = checked(map, &mut v.wrong, "periodSeconds")?,
+        4 => v.timeout_seconds = checked(map, &mut v.wrong, "timeoutSeconds")?,
         _ => v.failure_threshold = checked(map, &mut v.wrong, "failureThreshold")?,
     }
 );

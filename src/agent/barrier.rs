@@ -11,6 +11,17 @@
 //! so a flood of connections, or clients that never finish, can neither grow the agent nor keep
 //! the probe out. docs/security.md has the measurement; deploy/README.md a NetworkPolicy that
 //! admits the port from the node only.
+//!
+//! **The held probe** (issue 44; docs/protocol.md, "The barrier"): the kubelet records a Warning
+//! event (`Unhealthy`, "Startup probe failed") for every probe that does not answer 2xx
+//! (`pkg/kubelet/prober/prober.go`, `probe`), and starts the workers only on the probe after the
+//! lift. So while the barrier is up, a request for the barrier path is held up to
+//! [`Limits::hold`] (`BARRIER_HOLD`, which the webhook sets below the probe's `timeoutSeconds`)
+//! and answered 200 the moment the barrier lifts: no failed probe, no event, while a pod waits
+//! less than the hold, and its workers start at once. At most [`MAX_HELD`] requests are held at
+//! once (the kubelet sends one probe at a time per container): past that a request is answered
+//! at once, as without a hold, so peers that send barrier requests cannot pin the connection
+//! slots the kubelet's probe needs.
 
 use std::fmt;
 use std::time::Duration;
@@ -78,6 +89,9 @@ pub fn respond(path: &str, barrier_path: &str, state: &BarrierState) -> (StatusC
     }
 }
 
+/// Requests held at once while the barrier is up; past this, requests are answered at once.
+pub const MAX_HELD: usize = 4;
+
 /// Bounds on the barrier's connections (the health listener's kind: [`crate::serving`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limits {
@@ -87,6 +101,8 @@ pub struct Limits {
     pub header_read_timeout: Duration,
     /// Longest a kept-alive connection may sit between requests.
     pub idle_timeout: Duration,
+    /// Longest a barrier request is held while the barrier is up (zero: answered at once).
+    pub hold: Duration,
 }
 
 impl Default for Limits {
@@ -95,6 +111,7 @@ impl Default for Limits {
             max_connections: 1024,
             header_read_timeout: Duration::from_secs(2),
             idle_timeout: Duration::from_secs(2),
+            hold: Duration::ZERO,
         }
     }
 }
@@ -104,9 +121,19 @@ const MAX_HEADER_BYTES: usize = 8 * 1024;
 /// Most answer bytes not yet taken by their readers, across connections (an answer is a line).
 const ANSWER_BYTES_IN_FLIGHT: usize = 1024 * 1024;
 
-/// Serves the barrier on `listener` until the future is dropped, with the default [`Limits`].
-pub async fn serve(listener: TcpListener, path: String, state: watch::Receiver<BarrierState>) {
-    serve_with(listener, path, state, Limits::default()).await;
+/// Serves the barrier on `listener` until the future is dropped, with the default [`Limits`]
+/// and barrier requests held up to `hold`.
+pub async fn serve(
+    listener: TcpListener,
+    path: String,
+    state: watch::Receiver<BarrierState>,
+    hold: Duration,
+) {
+    let limits = Limits {
+        hold,
+        ..Limits::default()
+    };
+    serve_with(listener, path, state, limits).await;
 }
 
 /// Serves the barrier on `listener` until the future is dropped.
@@ -117,10 +144,22 @@ pub async fn serve_with(
     limits: Limits,
 ) {
     let path: std::sync::Arc<str> = path.into();
+    let held = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_HELD));
+    let hold = limits.hold;
     // One handler for every path (no route is built from the configured path).
     let router = axum::Router::new().fallback(move |uri: axum::http::Uri| {
-        let (status, body) = respond(uri.path(), &path, &state.borrow());
+        let path = path.clone();
+        let mut state = state.clone();
+        let held = held.clone();
         async move {
+            if uri.path() == &*path && !hold.is_zero() && !state.borrow().lifted {
+                // Held while the barrier is up, a bounded number at once; answered when it
+                // lifts, or with its state when the hold ends (or the agent is ending).
+                if let Ok(_slot) = held.try_acquire_owned() {
+                    let _ = tokio::time::timeout(hold, state.wait_for(|s| s.lifted)).await;
+                }
+            }
+            let (status, body) = respond(uri.path(), &path, &state.borrow());
             (
                 status,
                 [(
@@ -201,6 +240,7 @@ mod tests {
             max_connections: 2,
             header_read_timeout: Duration::from_millis(300),
             idle_timeout: Duration::from_millis(300),
+            hold: Duration::ZERO,
         };
         let server = tokio::spawn(serve_with(listener, "/b".into(), rx, limits));
         // Two clients that never send a request hold both slots, then are closed.
@@ -252,7 +292,7 @@ mod tests {
             ..BarrierState::default()
         };
         let (_tx, rx) = watch::channel(lifted);
-        let server = tokio::spawn(serve(listener, "/b".into(), rx));
+        let server = tokio::spawn(serve(listener, "/b".into(), rx, Duration::ZERO));
         let connected = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
         let mut holders = tokio::task::JoinSet::new();
         for _ in 0..peers {
@@ -289,6 +329,81 @@ mod tests {
         server.abort();
         let _ = server.await;
         (answered, probes)
+    }
+
+    /// Issue 44: while the barrier is up, a barrier request is held and answered 200 the moment
+    /// it lifts (the kubelet sees no failed probe, and starts the workers at once); without a
+    /// lift it is answered 503 when the hold ends; past [`MAX_HELD`] requests, at once.
+    #[tokio::test]
+    async fn a_probe_is_held_while_the_barrier_is_up_and_answered_when_it_lifts() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (tx, rx) = watch::channel(BarrierState::default());
+        let server = tokio::spawn(serve(listener, "/b".into(), rx, Duration::from_secs(5)));
+
+        let started = std::time::Instant::now();
+        let held = tokio::spawn(probe(addr, Duration::from_secs(6)));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            !held.is_finished(),
+            "the probe is held while the barrier is up"
+        );
+        tx.send_modify(|s| s.lifted = true);
+        let answer = held.await.expect("join").expect("answered");
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        let took = started.elapsed();
+        assert!(
+            took < Duration::from_secs(2),
+            "answered when the barrier lifted, not when the hold ended: {took:?}"
+        );
+        // Lifted: answered at once.
+        let answer = probe(addr, Duration::from_secs(1)).await.expect("answered");
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        server.abort();
+    }
+
+    #[tokio::test]
+    async fn a_held_probe_is_answered_503_when_the_hold_ends_and_holds_are_bounded() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (_tx, rx) = watch::channel(BarrierState::default());
+        let hold = Duration::from_millis(1500);
+        let server = tokio::spawn(serve(listener, "/b".into(), rx, hold));
+        let started = std::time::Instant::now();
+        let mut holders = Vec::new();
+        for _ in 0..MAX_HELD {
+            holders.push(tokio::spawn(probe(addr, Duration::from_secs(5))));
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        // Every hold taken: the next request is answered at once, as without a hold.
+        let at_once = std::time::Instant::now();
+        let answer = probe(addr, Duration::from_secs(1))
+            .await
+            .expect("answered at once");
+        assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+        assert!(at_once.elapsed() < Duration::from_millis(500));
+        // Health is never held.
+        let mut tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            tcp.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+                .await
+                .expect("write");
+            let mut buf = Vec::new();
+            tokio::time::timeout(Duration::from_secs(1), tcp.read_to_end(&mut buf))
+                .await
+                .expect("health at once")
+                .expect("read");
+            assert!(buf.starts_with(b"HTTP/1.1 200"));
+        }
+        for h in holders {
+            let answer = h.await.expect("join").expect("answered");
+            assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+        }
+        let took = started.elapsed();
+        assert!(took >= hold, "held for the whole hold: {took:?}");
+        assert!(took < hold + Duration::from_secs(2), "{took:?}");
+        server.abort();
     }
 
     #[test]

@@ -22,6 +22,8 @@ pub struct AgentConfig {
     /// `WORKER_COMMAND`, is not offered: [`from_env`] refuses it.)
     pub barrier_port: u16,
     pub barrier_path: String,
+    /// How long the barrier holds a probe's request while it is up ([`agent_env::BARRIER_HOLD`]).
+    pub barrier_hold: Duration,
     /// Timeout of each GET and PATCH, and of opening the watch.
     pub api_timeout: Duration,
     /// A watch that delivers nothing for this long is abandoned and resumed.
@@ -44,6 +46,7 @@ impl AgentConfig {
             dialect,
             barrier_port: agent_env::DEFAULT_BARRIER_PORT,
             barrier_path: agent_env::DEFAULT_BARRIER_PATH.to_owned(),
+            barrier_hold: Duration::ZERO,
             api_timeout: agent_env::DEFAULT_API_TIMEOUT,
             watch_idle_timeout: agent_env::DEFAULT_WATCH_IDLE_TIMEOUT,
             api_url: None,
@@ -131,6 +134,19 @@ pub fn from_env(
             v.to_owned()
         }
     };
+    let barrier_hold = match get(agent_env::BARRIER_HOLD) {
+        None => Duration::ZERO,
+        Some(v) => match duration(agent_env::BARRIER_HOLD, &v)? {
+            d if d > agent_env::MAX_BARRIER_HOLD => {
+                return Err(invalid(
+                    agent_env::BARRIER_HOLD,
+                    &v,
+                    "must be at most 1h (and shorter than the startup probe's timeoutSeconds)",
+                ));
+            }
+            d => d,
+        },
+    };
     let api_timeout = match get(agent_env::API_TIMEOUT) {
         None => agent_env::DEFAULT_API_TIMEOUT,
         Some(v) => match duration(agent_env::API_TIMEOUT, &v)? {
@@ -175,6 +191,7 @@ pub fn from_env(
         barrier_path,
         api_timeout,
         watch_idle_timeout,
+        barrier_hold,
         api_url,
         started,
     })
@@ -362,6 +379,22 @@ mod tests {
         for bad in ["127.0.0.1:1234", "ftp://x", "http://"] {
             let e = message(parse(&with(&[("AGENT_API_URL", bad)])));
             assert!(e.starts_with("AGENT_API_URL="), "{e}");
+        }
+    }
+
+    #[test]
+    fn barrier_hold() {
+        assert_eq!(
+            parse(&with(&[])).expect("parses").barrier_hold,
+            Duration::ZERO
+        );
+        let c = parse(&with(&[("BARRIER_HOLD", "290s")])).expect("parses");
+        assert_eq!(c.barrier_hold, Duration::from_secs(290));
+        let c = parse(&with(&[("BARRIER_HOLD", "0s")])).expect("parses");
+        assert_eq!(c.barrier_hold, Duration::ZERO);
+        for bad in ["2h", "soon", "-1s"] {
+            let e = message(parse(&with(&[("BARRIER_HOLD", bad)])));
+            assert!(e.starts_with("BARRIER_HOLD="), "{e}");
         }
     }
 

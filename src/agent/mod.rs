@@ -82,7 +82,8 @@ pub enum Error {
 ///
 /// optional: RESTART_POD_IN_PLACE_EXIT_CODE (alias IN_PLACE_RESTART_EXIT_CODE; 1-255, default
 /// 42), JOBSET_INPLACE_PROTOCOL (epoch|attempt), BARRIER_PORT (alias STARTUP_PROBE_PORT; default
-/// 8080), BARRIER_PATH (alias STARTUP_PROBE_PATH; default /barrier-is-lifted),
+/// 8080), BARRIER_PATH (alias STARTUP_PROBE_PATH; default /barrier-is-lifted), BARRIER_HOLD
+/// (default 0s: barrier requests answered at once),
 /// AGENT_API_TIMEOUT (per GET/PATCH and watch opening, default 10s), AGENT_WATCH_IDLE_TIMEOUT (a
 /// JobSet watch silent this long is resumed, default 90s), AGENT_API_URL (API server URL instead
 /// of the in-cluster config; for simulators and local runs).
@@ -104,6 +105,9 @@ Environment (set by the webhook's injection; empty counts as unset):
   JOBSET_INPLACE_PROTOCOL        epoch | attempt (the --protocol flag)
   BARRIER_PORT, BARRIER_PATH     the barrier endpoint (default 8080, /barrier-is-lifted;
                                  aliases STARTUP_PROBE_PORT, STARTUP_PROBE_PATH)
+  BARRIER_HOLD                   how long a barrier request is held while the barrier is up,
+                                 answered when it lifts (0s: at once; at most 1h; shorter than
+                                 the startup probe's timeoutSeconds)
   WORKER_COMMAND                 must not be set: main-container mode is not offered (exit 2)
   AGENT_API_TIMEOUT              timeout of each GET and PATCH, and of opening the watch (10s)
   AGENT_WATCH_IDLE_TIMEOUT       a JobSet watch with no event or bookmark this long is dead:
@@ -141,7 +145,12 @@ async fn start(config: AgentConfig) -> Result<ExitCode, Error> {
     // The barrier answers (503) from the first moment, before any API call.
     let (port, path) = config.barrier();
     let listener = bind_barrier(port).await?;
-    tokio::spawn(barrier::serve(listener, path.to_owned(), barrier_rx));
+    tokio::spawn(barrier::serve(
+        listener,
+        path.to_owned(),
+        barrier_rx,
+        config.barrier_hold,
+    ));
     let client = client(&config).await?;
     let restart_exit_code = config.restart_exit_code;
     let outcome = run_agent(client, config, barrier_tx, signals).await;

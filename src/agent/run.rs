@@ -12,14 +12,28 @@
 //! The watch is kube's `Api::watch` with its resume kept here, not `kube::runtime::watcher`,
 //! because the watcher re-opens a watch that ended inside its own step, without yielding an item
 //! that a backoff could see, so a server that closes every watch at once would get requests in a
-//! hot loop (its default list-then-watch would also make a start four requests, not three; its
-//! `streaming_lists()` would keep one watch, as kube-apiserver 1.35 serves it).
+//! hot loop (its default list-then-watch would also make a start four requests, not three).
+//!
+//! **The first state is a consistent read** (docs/protocol.md, "The agent's first read"). A watch
+//! opened without a resourceVersion is served from kube-apiserver's watch cache at whatever
+//! resourceVersion the cache holds (`getWatchCacheResourceVersion`'s "legacy case" in
+//! k8s.io/apiserver `pkg/storage/cacher/cacher.go`), so its first event may be older than a write
+//! the API server acknowledged before the agent started: a stale synced epoch, which lets a
+//! replacement pod register at or below the synced epoch and lift its barrier beside workers that
+//! never restarted (the model check's `a_stale_first_read_is_caught`). So a watch from the
+//! current state is a *streaming list*: `sendInitialEvents=true`,
+//! `resourceVersionMatch=NotOlderThan`, no resourceVersion, which the API server serves only
+//! after its cache has caught up with etcd's current revision (`GetCurrentResourceVersion`, then
+//! `waitUntilFreshAndBlock`): one request, as before. Where the API server refuses it (the
+//! `WatchList` feature gate off: 422), the agent falls back for good to a list (a consistent read
+//! at an unset resourceVersion: `ConsistentListFromCache`, GA in 1.34) and a watch from the
+//! list's resourceVersion: two requests.
 
 use std::time::{Duration, Instant};
 
 use futures::stream::BoxStream;
 use futures::{FutureExt, Stream, StreamExt};
-use kube::api::{Api, Patch, PatchParams, WatchEvent, WatchParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, WatchEvent, WatchParams};
 use tokio::sync::watch;
 use tracing::Instrument;
 
@@ -181,11 +195,11 @@ type WatchStream = BoxStream<'static, kube::Result<Seen>>;
 /// The protocol as a resumable state machine: [`Protocol::next`] may be dropped at any await
 /// (the supervisor races it against signals and the worker) and called again.
 ///
-/// Its requests per agent start: one GET of the pod (its epoch annotation), one watch of the
-/// JobSet's epochs opened without a resourceVersion (its first event is the current state, read
-/// from a consistent snapshot), and one PATCH of the pod (the registration). The watch then
-/// delivers only epoch changes; it is resumed from its last resourceVersion when the server ends
-/// it, and from the current state after a `410 Gone`.
+/// Its requests per agent start: one GET of the pod (its epoch annotation), one streaming list of
+/// the JobSet's epochs (a watch whose first events are the current state, from a consistent read,
+/// [`FirstRead`]), and one PATCH of the pod (the registration). The watch then delivers only epoch
+/// changes; it is resumed from its last resourceVersion when the server ends it, and from the
+/// current state (a consistent read again) after a `410 Gone`.
 struct Protocol {
     pods: Api<WatchedPod>,
     jobsets: Api<JobSetSummary>,
@@ -208,8 +222,9 @@ struct Protocol {
     latest: Option<AgentView>,
     /// A state not decided on yet.
     pending: bool,
-    /// Where the watch resumes; `None`: from the current state (its first event).
+    /// Where the watch resumes; `None`: from the current state, read as [`Self::first_read`] says.
     resource_version: Option<String>,
+    first_read: FirstRead,
     stream: Option<WatchStream>,
     watch_opened: Instant,
     watch_events: u64,
@@ -241,6 +256,7 @@ impl Protocol {
             latest: None,
             pending: false,
             resource_version: None,
+            first_read: FirstRead::StreamingList,
             stream: None,
             watch_opened: Instant::now(),
             watch_events: 0,
@@ -416,42 +432,32 @@ impl Protocol {
     }
 
     /// Opens the watch of the epochs' source, from `resource_version` or, without one, from the
-    /// current state. The future owns what it needs (it is awaited while `self` is borrowed
-    /// mutably elsewhere, and must not hold `&self`).
+    /// current state read consistently ([`FirstRead`]). The future owns what it needs (it is
+    /// awaited while `self` is borrowed mutably elsewhere, and must not hold `&self`).
     fn open(&self) -> futures::future::BoxFuture<'static, Result<WatchStream, CallError>> {
+        let name = format!("metadata.name={}", self.jobset_name);
         let params = WatchParams::default()
-            .fields(&format!("metadata.name={}", self.jobset_name))
+            .fields(&name)
             .timeout(WATCH_TIMEOUT_SECS);
-        let from = self.resource_version.clone().unwrap_or_default();
+        let from = self.resource_version.clone();
+        let first_read = self.first_read;
         let limit = self.api_timeout;
         match self.source {
             Source::Epochs => {
                 let api = self.epochs.clone();
-                async move {
-                    let stream = bounded(limit, api.watch(&params, &from)).await?;
-                    Ok(stream
-                        .map(|r| {
-                            r.map(|e| match e {
-                                WatchEvent::Added(o) | WatchEvent::Modified(o) if o.delegates() => {
-                                    Seen::Delegated
-                                }
-                                e => seen(e, JobSetEpoch::agent_view),
-                            })
-                        })
-                        .boxed())
-                }
-                .boxed()
+                let view = |e: WatchEvent<JobSetEpoch>| match e {
+                    WatchEvent::Added(o) | WatchEvent::Modified(o) if o.delegates() => {
+                        Seen::Delegated
+                    }
+                    e => seen(e, JobSetEpoch::agent_view),
+                };
+                open_from(api, params, name, from, first_read, limit, view)
             }
             Source::JobSet => {
                 let api = self.jobsets.clone();
                 let dialect = self.dialect;
-                async move {
-                    let stream = bounded(limit, api.watch(&params, &from)).await?;
-                    Ok(stream
-                        .map(move |r| r.map(|e| seen(e, |js| js.agent_view(dialect))))
-                        .boxed())
-                }
-                .boxed()
+                let view = move |e: WatchEvent<JobSetSummary>| seen(e, |js| js.agent_view(dialect));
+                open_from(api, params, name, from, first_read, limit, view)
             }
         }
     }
@@ -473,6 +479,17 @@ impl Protocol {
                     "the watch's resourceVersion expired; watching from the current state"
                 );
                 self.resource_version = None;
+            }
+            Err(CallError::Api(e))
+                if self.first_read == FirstRead::StreamingList && refuses_streaming_lists(&e) =>
+            {
+                tracing::warn!(
+                    source,
+                    error = %e,
+                    "the API server does not serve streaming lists (the WatchList feature gate is \
+                     off): reading the current state with a list, then watching"
+                );
+                self.first_read = FirstRead::ListThenWatch;
             }
             Err(CallError::Api(e))
                 if api_code(&e) == Some(404) && self.source == Source::Epochs =>
@@ -577,6 +594,72 @@ impl Protocol {
             }
         }
     }
+}
+
+/// How the agent reads the current state when its watch starts without a resourceVersion: either
+/// way a read at least as new as every write acknowledged before it (docs/protocol.md, "The
+/// agent's first read").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum FirstRead {
+    /// One request: a watch with `sendInitialEvents=true`, `resourceVersionMatch=NotOlderThan`
+    /// and no resourceVersion (kube-apiserver's `WatchList`, on by default since 1.34).
+    StreamingList,
+    /// Two: a list (unset resourceVersion: a consistent read), then a watch from its
+    /// resourceVersion; where the API server refuses streaming lists.
+    ListThenWatch,
+}
+
+/// Opens a watch of `api`'s object named by `name` (a field selector) from `from`, or, without
+/// one, from the current state read as `first_read` says; `view` turns each event into [`Seen`].
+fn open_from<K>(
+    api: Api<K>,
+    params: WatchParams,
+    name: String,
+    from: Option<String>,
+    first_read: FirstRead,
+    limit: Duration,
+    view: impl Fn(WatchEvent<K>) -> Seen + Send + 'static,
+) -> futures::future::BoxFuture<'static, Result<WatchStream, CallError>>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    async move {
+        match (from, first_read) {
+            (Some(rv), _) => {
+                let stream = bounded(limit, api.watch(&params, &rv)).await?;
+                Ok(stream.map(move |r| r.map(&view)).boxed())
+            }
+            (None, FirstRead::StreamingList) => {
+                let params = params.initial_events();
+                let stream = bounded(limit, api.watch(&params, "")).await?;
+                Ok(stream.map(move |r| r.map(&view)).boxed())
+            }
+            (None, FirstRead::ListThenWatch) => {
+                let list = bounded(limit, api.list(&ListParams::default().fields(&name))).await?;
+                let rv = list.metadata.resource_version.clone().unwrap_or_default();
+                let stream = bounded(limit, api.watch(&params, &rv)).await?;
+                // The list's items as the streaming list would send them: ADDED, then a bookmark
+                // at the list's resourceVersion (where the watch resumes if it ends at once).
+                let first: Vec<kube::Result<Seen>> = list
+                    .items
+                    .into_iter()
+                    .map(|o| Ok(view(WatchEvent::Added(o))))
+                    .chain(std::iter::once(Ok(Seen::Bookmark(rv))))
+                    .collect();
+                Ok(futures::stream::iter(first)
+                    .chain(stream.map(move |r| r.map(&view)))
+                    .boxed())
+            }
+        }
+    }
+    .boxed()
+}
+
+/// The API server refused a streaming list: `sendInitialEvents` is forbidden (422 Invalid)
+/// where the `WatchList` feature gate is off (k8s.io/apimachinery
+/// `pkg/apis/meta/internalversion/validation`, `validateWatchOptions`).
+fn refuses_streaming_lists(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 422 && s.message.contains("sendInitialEvents"))
 }
 
 fn api_code(e: &kube::Error) -> Option<u16> {

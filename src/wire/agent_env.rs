@@ -26,6 +26,25 @@ pub const BARRIER_PORT_ALIAS: &str = "STARTUP_PROBE_PORT";
 pub const BARRIER_PATH: &str = "BARRIER_PATH";
 /// The released JobSet agent's name for [`BARRIER_PATH`].
 pub const BARRIER_PATH_ALIAS: &str = "STARTUP_PROBE_PATH";
+/// Optional: how long the barrier holds a probe's request while it is up, answering as soon as
+/// it lifts (a duration: `290s`; `0s`, the default, answers at once). Shorter than the startup
+/// probe's `timeoutSeconds`: the webhook derives it from them ([`barrier_hold_for_probe_timeout`]).
+pub const BARRIER_HOLD: &str = "BARRIER_HOLD";
+/// The longest [`BARRIER_HOLD`] the agent accepts.
+pub const MAX_BARRIER_HOLD: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// The barrier hold that fits a startup probe's `timeoutSeconds`: the probe's timeout less a
+/// thirtieth of it (at least a second), so that the answer reaches the kubelet before it gives
+/// up on the request; none (zero) for a timeout under 2 s, the API's default of 1 s among them.
+pub fn barrier_hold_for_probe_timeout(timeout_seconds: i64) -> std::time::Duration {
+    if timeout_seconds < 2 {
+        return std::time::Duration::ZERO;
+    }
+    let margin = (timeout_seconds / 30).max(1);
+    let hold = u64::try_from(timeout_seconds - margin).unwrap_or(0);
+    std::time::Duration::from_secs(hold).min(MAX_BARRIER_HOLD)
+}
+
 /// Main-container mode's worker command (the agent running the worker as its child), which is
 /// not offered: the webhook denies a container with it and the agent refuses to start.
 pub const WORKER_COMMAND: &str = "WORKER_COMMAND";
@@ -56,3 +75,30 @@ pub const DEFAULT_WATCH_IDLE_TIMEOUT: std::time::Duration = std::time::Duration:
 
 /// Built-in per-request API timeout.
 pub const DEFAULT_API_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn the_hold_fits_inside_the_probe_timeout() {
+        for (timeout, hold) in [
+            (-1, 0),
+            (0, 0),
+            (1, 0),
+            (2, 1),
+            (30, 29),
+            (60, 58),
+            (300, 290),
+            (3601, 3481),
+            (100_000, 3600),
+        ] {
+            assert_eq!(
+                barrier_hold_for_probe_timeout(timeout),
+                Duration::from_secs(hold),
+                "timeoutSeconds {timeout}"
+            );
+        }
+    }
+}

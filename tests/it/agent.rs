@@ -337,6 +337,52 @@ async fn unpublished_epochs_are_waited_for() {
     assert!(!a.lifted());
 }
 
+/// Issue 44: an agent's first state is at least as new as every write acknowledged before it
+/// started. The watch cache lags at synced epoch 1 while the JobSetEpoch says 2: a watch from no
+/// resourceVersion (the agent before) would start from epoch 1, register the fresh pod at 2 =
+/// the synced epoch and lift its barrier beside workers that never restarted. The streaming list
+/// reads 2 and registers 3, barrier up. With the `WatchList` gate off, the list-then-watch
+/// fallback reads as fresh: three requests (the refused streaming list, the list, the watch).
+#[rstest::rstest]
+#[case::streaming_list(true, 1)]
+#[case::list_then_watch(false, 3)]
+#[tokio::test]
+async fn the_first_state_is_a_consistent_read_whatever_the_watch_cache_lags(
+    #[case] watch_list: bool,
+    #[case] reads: u64,
+) {
+    let server = TestApiServer::start().await;
+    server.set_watch_list(watch_list);
+    let mut js = JobSet::new("js").namespace(NS).replicas(2).build();
+    js["status"] = json!({"syncedEpoch": 1});
+    create_jobset(&server, js);
+    let stale = server.resource_version();
+    set_status(&server, json!({"syncedEpoch": 2}));
+    server.lag_watch_cache(Some(stale));
+    server
+        .create("pods", Pod::worker(NS, "js", "p0").build())
+        .expect("pod");
+    server.reset_counters();
+    let a = InProcess::start(&server, Dialect::Epoch, "p0");
+    until("the registration", || a.barrier.borrow().registered).await;
+    assert_eq!(
+        annotation(&server, Dialect::Epoch, "p0").as_deref(),
+        Some("3")
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        !a.lifted(),
+        "a fresh pod lifted at a synced epoch it did not register for"
+    );
+    let counters = server.counters();
+    let epochs_reads =
+        counters.get(Verb::Watch, "jobsetepochs") + counters.get(Verb::List, "jobsetepochs");
+    assert_eq!(epochs_reads, reads, "{counters:?}");
+    // The watch goes on from the read: the synced epoch reaches the agent.
+    set_status(&server, json!({"syncedEpoch": 3}));
+    until("the barrier to lift", || a.lifted()).await;
+}
+
 /// The faults that do not end: the JobSet watch opens and then says nothing (no event, no
 /// bookmark), and the next watch request is never answered at all. The agent abandons each
 /// after its window and resumes, and still sees its epoch synced: the barrier lifts.

@@ -35,7 +35,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use jobset_inplace::protocol::Dialect;
-use model::{Action, AgentsRead, Config, ProtocolModel, Variant, trace};
+use model::{Action, AgentsRead, Config, FirstRead, ProtocolModel, Variant, trace};
 use stateright::{Checker, Expectation, HasDiscoveries, Model};
 
 /// What one run found.
@@ -212,6 +212,46 @@ fn agents_watching_the_jobset_epoch_dialect_three_pods_two_failures() {
 fn published_epochs_shield_agents_from_wipes() {
     let mut config = config(Dialect::Epoch, 2, 1, 1);
     config.variant = Variant::ReconcilerWithoutMemory;
+    check(config);
+}
+
+/// Issue 44: the agent's first read of its epochs' source, served from a lagging watch cache
+/// (a watch opened without a resourceVersion, as the agent did before the streaming list), can
+/// be older than the synced epoch. A replacement pod then registers at or below it and lifts its
+/// barrier beside workers that never restarted: the checker finds it, where agents read the
+/// published epochs and where they watch the JobSet.
+#[rstest::rstest]
+#[case::published(AgentsRead::Published)]
+#[case::watching_the_jobset(AgentsRead::JobSet)]
+fn a_stale_first_read_is_caught(#[case] agents_read: AgentsRead) {
+    let mut config = config(Dialect::Epoch, 2, 1, 0);
+    config.agents_read = agents_read;
+    config.first_read = FirstRead::Stale;
+    let run = run(config, HasDiscoveries::AnyFailures);
+    let safety: Vec<_> = run
+        .found
+        .iter()
+        .filter(|(name, (e, path))| {
+            name.starts_with("safety") && *e == Expectation::Always && path.is_some()
+        })
+        .map(|(name, _)| *name)
+        .collect();
+    run.print();
+    assert!(
+        !safety.is_empty(),
+        "no safety property broken by a stale first read"
+    );
+}
+
+/// The same configurations with the shipped first read (consistent): every property holds,
+/// early failure detection included.
+#[rstest::rstest]
+#[case::published(AgentsRead::Published)]
+#[case::watching_the_jobset(AgentsRead::JobSet)]
+fn a_consistent_first_read_keeps_every_property(#[case] agents_read: AgentsRead) {
+    let mut config = early(config(Dialect::Epoch, 2, 1, 0));
+    config.agents_read = agents_read;
+    config.first_read = FirstRead::Consistent;
     check(config);
 }
 

@@ -353,3 +353,87 @@ async fn the_agent_may_move_only_its_own_pods_epoch_forward() {
     )
     .await;
 }
+
+/// Issue 44 (docs/protocol.md, "The agent's first read"): kube-apiserver 1.35 serves the agent's
+/// first read, a streaming list of its JobSetEpoch (`sendInitialEvents=true`,
+/// `resourceVersionMatch=NotOlderThan`, no resourceVersion, a field selector on the name), to the
+/// agent's pod-bound token: no 422 (the `WatchList` gate is on), the object as ADDED with the
+/// epochs written just before, then the bookmark that ends the initial events.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_reads_its_first_state_with_a_streaming_list() {
+    with_cluster(
+        "agent_reads_its_first_state_with_a_streaming_list",
+        |cluster| async move {
+            use futures::{StreamExt, TryStreamExt};
+            use jobset_inplace::wire::epochs::{self, Epochs};
+            use kube::api::WatchEvent;
+            install(&cluster, "epoch").await;
+            delete_webhook_configurations(&cluster).await;
+            let (ns, admin_pods) = agent_namespace(&cluster, "rc-first-read").await;
+            let admin: Api<JobSetEpoch> = Api::namespaced(cluster.client.clone(), &ns.name);
+            let content = |synced| Epochs {
+                deprecated: None,
+                synced: Some(synced),
+                bypass: false,
+                watch_job_set: false,
+            };
+            // No owner: the garbage collector would delete an object whose owner does not exist.
+            let mut body = epochs::apply_body(&ns.name, "train", "none", &content(1));
+            body["metadata"]
+                .as_object_mut()
+                .map(|m| m.remove("ownerReferences"));
+            apply(&cluster, &[body])
+                .await
+                .expect("create the JobSetEpoch");
+            // The write the agent's first read must not miss.
+            admin
+                .patch(
+                    "train",
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"epochs": {"synced": 2}})),
+                )
+                .await
+                .expect("synced 2");
+
+            let mine = admin_pods.get("mine").await.expect("mine");
+            let agent = token_client(
+                &cluster,
+                &agent_token(&cluster, &ns.name, Some(&mine)).await,
+            )
+            .await;
+            let api: Api<JobSetEpoch> = Api::namespaced(agent, &ns.name);
+            let params = WatchParams::default()
+                .fields("metadata.name=train")
+                .timeout(30)
+                .initial_events();
+            // RBAC may lag the binding by a moment.
+            let stream = try_eventually(Duration::from_secs(30), || async {
+                api.watch(&params, "").await.map_err(|e| e.to_string())
+            })
+            .await
+            .expect("the API server serves the agent's streaming list");
+            let events: Vec<WatchEvent<JobSetEpoch>> =
+                tokio::time::timeout(Duration::from_secs(20), stream.take(2).try_collect())
+                    .await
+                    .expect("the initial events within 20 s")
+                    .expect("watch events");
+            match &events[..] {
+                [WatchEvent::Added(o), WatchEvent::Bookmark(b)] => {
+                    assert_eq!(o.epochs.and_then(|e| e.synced), Some(2), "{o:?}");
+                    assert_eq!(
+                        b.metadata
+                            .annotations
+                            .get("k8s.io/initial-events-end")
+                            .map(String::as_str),
+                        Some("true"),
+                        "{:?}",
+                        b.metadata.annotations
+                    );
+                }
+                other => panic!("expected ADDED then the initial-events-end bookmark: {other:?}"),
+            }
+            drop(ns);
+        },
+    )
+    .await;
+}

@@ -150,6 +150,9 @@ struct Params {
     timeout_seconds: Option<u64>,
     allow_bookmarks: bool,
     send_initial_events: bool,
+    /// `sendInitialEvents` was given at all (true or false): upstream's validation asks only
+    /// whether it is set.
+    send_initial_events_set: bool,
     field_manager: Option<String>,
     force: bool,
     dry_run: bool,
@@ -190,7 +193,10 @@ impl Params {
                 "continue" => p.continue_token = Some(v).filter(|s| !s.is_empty()),
                 "timeoutSeconds" => p.timeout_seconds = Some(parse_num(&k, &v)?),
                 "allowWatchBookmarks" => p.allow_bookmarks = parse_bool(&k, &v)?,
-                "sendInitialEvents" => p.send_initial_events = parse_bool(&k, &v)?,
+                "sendInitialEvents" => {
+                    p.send_initial_events = parse_bool(&k, &v)?;
+                    p.send_initial_events_set = true;
+                }
                 "fieldManager" => p.field_manager = Some(v).filter(|s| !s.is_empty()),
                 "force" => p.force = parse_bool(&k, &v)?,
                 "dryRun" => p.dry_run = v == "All",
@@ -628,6 +634,53 @@ fn list(sh: &Arc<Shared>, t: &Target, params: &Params) -> Result<Response, ApiEr
     ))
 }
 
+/// kube-apiserver's validation of a watch's options (k8s.io/apimachinery
+/// `pkg/apis/meta/internalversion/validation/validation.go`, `validateWatchOptions`), with its
+/// messages: `sendInitialEvents` needs `resourceVersionMatch=NotOlderThan` and the `WatchList`
+/// feature gate; `resourceVersionMatch` on a watch needs `sendInitialEvents`.
+fn validate_watch_options(params: &Params, watch_list: bool) -> Result<(), ApiError> {
+    let mut errors = Vec::new();
+    let not_older_than = params.resource_version_match.as_deref() == Some("NotOlderThan");
+    if params.send_initial_events_set {
+        if !not_older_than {
+            errors.push(
+                "resourceVersionMatch: Forbidden: sendInitialEvents requires setting \
+                 resourceVersionMatch to NotOlderThan",
+            );
+        }
+        if !watch_list {
+            errors.push(
+                "sendInitialEvents: Forbidden: sendInitialEvents is forbidden for watch unless \
+                 the WatchList feature gate is enabled",
+            );
+        }
+    }
+    if params.resource_version_match.is_some() {
+        if !params.send_initial_events_set {
+            errors.push(
+                "resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden for watch \
+                 unless sendInitialEvents is provided",
+            );
+        }
+        if !not_older_than {
+            errors.push(
+                "resourceVersionMatch: Unsupported value: supported values: \"NotOlderThan\"",
+            );
+        }
+    }
+    if errors.is_empty() {
+        return Ok(());
+    }
+    Err(ApiError::new(
+        422,
+        "Invalid",
+        format!(
+            "ListOptions.meta.k8s.io \"\" is invalid: [{}]",
+            errors.join(", ")
+        ),
+    ))
+}
+
 fn watch(
     sh: &Arc<Shared>,
     t: &Target,
@@ -635,6 +688,7 @@ fn watch(
     cut: Option<Duration>,
 ) -> Result<Response, ApiError> {
     let filter = params.filter(&sh.registry, t.res, t.namespace.as_deref())?;
+    validate_watch_options(params, sh.watch_list())?;
     if params.send_initial_events && !params.allow_bookmarks {
         return Err(ApiError::new(
             422,
@@ -642,12 +696,15 @@ fn watch(
             "sendInitialEvents requires allowWatchBookmarks=true",
         ));
     }
+    // A streaming list is served once the cache has caught up with the current revision (a
+    // consistent read); a watch from no resourceVersion, from the cache as it is.
     let from = if params.send_initial_events {
         WatchFrom::Current
     } else {
-        match params.rv_number()? {
-            None => WatchFrom::Current,
-            Some(rv) => WatchFrom::After(rv),
+        match (params.rv_number()?, sh.watch_cache_lag()) {
+            (None, None) => WatchFrom::Current,
+            (None, Some(at)) => WatchFrom::CacheAt(at),
+            (Some(rv), _) => WatchFrom::After(rv),
         }
     };
     let rt = sh.registry.get(t.res);

@@ -34,8 +34,9 @@
 //!   discovery (`/api`, `/apis`, `/api/v1`, `/apis/{g}/{v}`, aggregated discovery, `/version`);
 //! - GET, LIST (label and field selectors, `limit`/`continue` consistent at the first page's
 //!   resourceVersion, `resourceVersionMatch=Exact` served from the history), WATCH (resume from a
-//!   resourceVersion, synthetic ADDED from `"0"`/absent, bookmarks, `timeoutSeconds`,
-//!   `sendInitialEvents`, selector transitions as ADDED/DELETED, an ERROR 410 event for a
+//!   resourceVersion, synthetic ADDED from `"0"`/absent (from a lagging watch cache if told,
+//!   [`TestApiServer::lag_watch_cache`]), bookmarks, `timeoutSeconds`, `sendInitialEvents` with
+//!   upstream's option validation and its `WatchList` gate ([`TestApiServer::set_watch_list`]), selector transitions as ADDED/DELETED, an ERROR 410 event for a
 //!   version older than the history), CREATE (`generateName`), UPDATE (resourceVersion
 //!   precondition), PATCH (merge, JSON, strategic as merge, server-side apply approximated),
 //!   DELETE (finalizers, preconditions, optional graceful pod deletion, foreground propagation
@@ -132,6 +133,10 @@ pub(crate) struct Shared {
     /// What watches delivered, per resource ([`ResId`] order).
     delivered: Vec<DeliveryCounter>,
     bookmark_period: Mutex<Duration>,
+    /// kube-apiserver's `WatchList` feature gate (streaming lists; on by default since 1.34).
+    watch_list: AtomicBool,
+    /// Where the watch cache lags, if it does ([`TestApiServer::lag_watch_cache`]).
+    watch_cache_lag: Mutex<Option<u64>>,
     shutting_down: AtomicBool,
     writes: Mutex<Vec<WriteRecord>>,
 }
@@ -280,6 +285,14 @@ impl Shared {
         *lock(&self.bookmark_period)
     }
 
+    pub(crate) fn watch_list(&self) -> bool {
+        self.watch_list.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn watch_cache_lag(&self) -> Option<u64> {
+        *lock(&self.watch_cache_lag)
+    }
+
     pub(crate) fn shutting_down(&self) -> bool {
         self.shutting_down.load(Ordering::Acquire)
     }
@@ -336,6 +349,8 @@ impl TestApiServer {
             chaos: Mutex::new(None),
             counters: Mutex::new(Counters::default()),
             bookmark_period: Mutex::new(opts.bookmark_interval),
+            watch_list: AtomicBool::new(true),
+            watch_cache_lag: Mutex::new(None),
             writes: Mutex::new(Vec::new()),
             shutting_down: AtomicBool::new(false),
         });
@@ -896,6 +911,23 @@ impl TestApiServer {
     /// Changes the BOOKMARK interval of watches started from now on.
     pub fn set_bookmark_interval(&self, d: Duration) {
         *lock(&self.shared.bookmark_period) = d;
+    }
+
+    /// Turns kube-apiserver's `WatchList` feature gate off (`false`: a watch with
+    /// `sendInitialEvents` is refused, 422, as upstream refuses it) or on again (the default,
+    /// as in Kubernetes 1.34 and later).
+    pub fn set_watch_list(&self, on: bool) {
+        self.shared.watch_list.store(on, Ordering::Release);
+    }
+
+    /// Makes the watch cache lag at `rv` (`None`: current again): a watch opened without a
+    /// resourceVersion (or from `"0"`) starts from the objects as they were at `rv`, then
+    /// delivers every change since, as kube-apiserver serves such a watch from its watch cache
+    /// at no guaranteed freshness (k8s.io/apiserver `pkg/storage/cacher/cacher.go`,
+    /// `getWatchCacheResourceVersion`'s legacy case). Streaming lists (`sendInitialEvents`),
+    /// lists and GETs stay consistent reads.
+    pub fn lag_watch_cache(&self, rv: Option<u64>) {
+        *lock(&self.shared.watch_cache_lag) = rv;
     }
 
     /// Turns chaos mode on with `chaos` (replacing any previous config and its counts), or off

@@ -143,6 +143,11 @@ pub enum WatchFrom {
     Current,
     /// Events after this resourceVersion, from the history.
     After(u64),
+    /// `resourceVersion` absent or `"0"` on a watch cache that lags at this resourceVersion
+    /// ([`crate::apiserver::TestApiServer::lag_watch_cache`]): synthetic ADDED events for the
+    /// objects as they were then, followed by every change since, as kube-apiserver's cache
+    /// delivers them while it catches up.
+    CacheAt(u64),
 }
 
 /// A registered watch: its initial events, its live channel and the resourceVersion at start.
@@ -668,16 +673,28 @@ impl Store {
                     })
                     .collect()
             }
-            WatchFrom::After(rv) => {
-                if rv < self.oldest {
-                    return Err(ApiError::expired(rv, self.oldest));
-                }
-                let start = self.history.partition_point(|c| c.rv <= rv);
-                self.history
-                    .range(start..)
-                    .filter(|c| c.res == res)
-                    .filter_map(|c| filter.classify(c))
-                    .collect()
+            WatchFrom::After(rv) => self.changes_after(res, &filter, rv)?,
+            WatchFrom::CacheAt(rv) => {
+                let rv = rv.clamp(self.oldest, self.rv);
+                let then = self.list(
+                    res,
+                    &ListQuery {
+                        filter: filter.clone(),
+                        limit: None,
+                        continue_token: None,
+                        exact_rv: Some(rv),
+                    },
+                )?;
+                let mut initial: Vec<Delivery> = then
+                    .items
+                    .into_iter()
+                    .map(|entry| Delivery {
+                        ty: EventType::Added,
+                        entry,
+                    })
+                    .collect();
+                initial.extend(self.changes_after(res, &filter, rv)?);
+                initial
             }
         };
         let bucket = match (filter.fields.name(), &filter.namespace) {
@@ -706,6 +723,25 @@ impl Store {
             rx,
             rv: self.rv,
         })
+    }
+
+    /// The changes of `res` after `rv` that `filter` selects, as watch events.
+    fn changes_after(
+        &self,
+        res: ResId,
+        filter: &Filter,
+        rv: u64,
+    ) -> Result<Vec<Delivery>, ApiError> {
+        if rv < self.oldest {
+            return Err(ApiError::expired(rv, self.oldest));
+        }
+        let start = self.history.partition_point(|c| c.rv <= rv);
+        Ok(self
+            .history
+            .range(start..)
+            .filter(|c| c.res == res)
+            .filter_map(|c| filter.classify(c))
+            .collect())
     }
 
     /// Unregisters a watcher (its stream ended).

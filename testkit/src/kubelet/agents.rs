@@ -198,20 +198,41 @@ impl AgentRun {
         }
     }
 
-    /// The startup probe: `GET path` on the agent's barrier port answers 200 (for in-process
-    /// agents, the barrier state says lifted).
-    pub(crate) async fn probe(&self, path: &str) -> bool {
+    /// The startup probe: `GET path` on the agent's barrier port answers 200 within `timeout`
+    /// (the probe's `timeoutSeconds`; for in-process agents, the barrier state says lifted). The
+    /// future owns what it needs, so that the pod's loop runs it beside its other branches, as
+    /// the kubelet's prober runs each probe in a worker of its own (`prober/worker.go`): an agent
+    /// that holds the request until its barrier lifts blocks nothing else.
+    pub(crate) fn probe(
+        &self,
+        path: &str,
+        timeout: Duration,
+    ) -> futures::future::BoxFuture<'static, bool> {
+        use futures::FutureExt;
         match &self.kind {
             Kind::Process {
                 barrier: Some(addr),
                 ..
-            } => matches!(
-                http_get(*addr, path, Duration::from_secs(1)).await,
-                Some((200, _))
-            ),
-            Kind::Process { barrier: None, .. } => false,
-            Kind::InProcess { barrier, .. } => barrier.borrow().lifted,
+            } => {
+                let (addr, path) = (*addr, path.to_owned());
+                async move { matches!(http_get(addr, &path, timeout).await, Some((200, _))) }
+                    .boxed()
+            }
+            Kind::Process { barrier: None, .. } => futures::future::ready(false).boxed(),
+            Kind::InProcess { barrier, .. } => {
+                futures::future::ready(barrier.borrow().lifted).boxed()
+            }
         }
+    }
+}
+
+/// The probe in flight, if any (pending forever without one: the caller's `select!` guards it).
+pub(crate) async fn in_flight(
+    probe: &mut Option<futures::future::BoxFuture<'static, bool>>,
+) -> bool {
+    match probe.as_mut() {
+        Some(f) => f.await,
+        None => std::future::pending().await,
     }
 }
 

@@ -101,6 +101,9 @@ pub fn mutated_jobset(c: &SimConfig) -> Result<Value, SimError> {
     if let Some(threshold) = c.probe_failure_threshold {
         injection.probe_failure_threshold = threshold;
     }
+    if let Some(timeout) = c.probe_timeout_seconds {
+        injection.probe_timeout_seconds = timeout;
+    }
     let mutation = admission::mutate(&jobset, &injection);
     json_patch::patch(&mut jobset, &mutation.patch)
         .map_err(|e| SimError::Setup(format!("the injection patch does not apply: {e}")))?;

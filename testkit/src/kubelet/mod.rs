@@ -123,6 +123,10 @@ pub struct SimConfig {
     /// The injected startup probe's `failureThreshold` (`None`: the webhook's default, a day
     /// of probes): the kubelet restarts the agent alone when it is reached.
     pub probe_failure_threshold: Option<i32>,
+    /// The injected startup probe's `timeoutSeconds` (`None`: the webhook's default, 300, which
+    /// the agent holds a probe for while its barrier is up; `Some(1)`: no hold, a failed probe a
+    /// period).
+    pub probe_timeout_seconds: Option<i32>,
     /// The kubelet runs with the `RestartAllContainersOnContainerExits` feature gate (the
     /// default). Without it the kubelet ignores `RestartAllContainers` rules and each container
     /// follows its own `restartPolicy`, as kubelet v1.35 does: an agent sidecar that exits
@@ -179,6 +183,7 @@ impl SimConfig {
             user_init_containers: Vec::new(),
             user_container_time: Duration::from_millis(20),
             probe_failure_threshold: None,
+            probe_timeout_seconds: None,
             restart_all_gate: true,
             fail_job_exit_code: None,
             check_invariant: true,

@@ -3,6 +3,7 @@
 //! containers in place when a rule says so, and reports the pod's end to the controllers.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde_json::Value;
 use tokio::sync::mpsc;
@@ -78,6 +79,7 @@ struct Containers {
     worker: Option<Value>,
     probe_path: String,
     probe_failure_threshold: u32,
+    probe_timeout: Duration,
     /// User init containers and sidecars before the agent: (name, sidecar).
     users: Vec<(String, bool)>,
 }
@@ -93,6 +95,7 @@ fn containers(spec: &Value) -> Option<Containers> {
         worker,
         probe_path,
         probe_failure_threshold: recognise::startup_probe_failure_threshold(agent),
+        probe_timeout: recognise::startup_probe_timeout(agent),
         users: recognise::before_agent(spec),
     })
 }
@@ -196,6 +199,7 @@ async fn kubelet(
         let mut probe = tokio::time::interval(ctx.config.probe_period);
         probe.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut probe_failures: u32 = 0;
+        let mut probing: Option<futures::future::BoxFuture<'static, bool>> = None;
         let exit = loop {
             tokio::select! {
                 changed = stop.changed() => {
@@ -236,8 +240,15 @@ async fn kubelet(
                         ctx.log(format!("{}: no worker runs; exit {code} ignored", pod.name));
                     }
                 },
-                _ = probe.tick(), if !worker_running => {
-                    if agent.probe(&spec.probe_path).await {
+                _ = probe.tick(), if !worker_running && probing.is_none() => {
+                    probing = Some(agent.probe(&spec.probe_path, spec.probe_timeout));
+                }
+                passed = super::agents::in_flight(&mut probing), if probing.is_some() => {
+                    probing = None;
+                    if worker_running {
+                        continue;
+                    }
+                    if passed {
                         worker_running = true;
                         ctx.worker_started(pod.slot, &pod.name);
                         model.worker_runs();

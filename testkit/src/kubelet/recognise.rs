@@ -104,6 +104,16 @@ pub fn before_agent(spec: &Value) -> Vec<(String, bool)> {
         .collect()
 }
 
+/// A container's startup probe `timeoutSeconds` (the API's default: 1 s).
+pub fn startup_probe_timeout(container: &Value) -> std::time::Duration {
+    let seconds = container
+        .pointer("/startupProbe/timeoutSeconds")
+        .and_then(Value::as_u64)
+        .filter(|s| *s > 0)
+        .unwrap_or(1);
+    std::time::Duration::from_secs(seconds)
+}
+
 /// A container's startup probe `failureThreshold` (the API's default: 3).
 pub fn startup_probe_failure_threshold(container: &Value) -> u32 {
     container

@@ -67,6 +67,7 @@ use crate::kubelet::manifest::resolve_env;
 use crate::kubelet::recognise::{self, rule_action};
 use jobset_inplace::wire::agent_env;
 
+mod events;
 mod pod_state;
 mod run;
 
@@ -217,6 +218,9 @@ pub struct PodView {
     pub ended: bool,
     /// Each run of the worker: when it started and stopped (since the node started).
     pub worker_runs: Vec<(Duration, Option<Duration>)>,
+    /// Startup probes of its agent that failed (each a Warning `Unhealthy` event, within the
+    /// kubelet's spam filter: [`events`]).
+    pub unhealthy: u32,
 }
 
 impl PodView {
@@ -250,6 +254,8 @@ struct Shared {
     dir: tempfile::TempDir,
     /// See [`NodeConfig::calls_in_flight`].
     call_slots: Arc<tokio::sync::Semaphore>,
+    /// The kubelet's event recorder for failed startup probes.
+    probe_events: Mutex<events::ProbeEvents>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -275,6 +281,62 @@ impl Shared {
             }
         }
         log.push_back(line);
+    }
+
+    /// A startup probe of the agent of pod `name` (`uid`) failed: the kubelet's Warning event,
+    /// created or counted up in the background as its recorder does ([`events`]).
+    fn probe_failed(self: &Arc<Self>, name: &str, uid: &str, barrier: &str) {
+        self.view(name, |v| v.unhealthy += 1);
+        let write = lock(&self.probe_events).failed(uid, Instant::now());
+        let api: Api<k8s_openapi::api::core::v1::Event> =
+            Api::namespaced(self.client.clone(), &self.config.namespace);
+        let limit = self.config.api_timeout;
+        let (name, uid) = (name.to_owned(), uid.to_owned());
+        let message = format!(
+            "Startup probe failed: Get \"http://127.0.0.1{barrier}\": context deadline exceeded"
+        );
+        let body = events::event(
+            &self.config.namespace,
+            &name,
+            &uid,
+            jobset_inplace::wire::agent_env::CONTAINER_NAME,
+            &self.config.name,
+            &message,
+        );
+        tokio::spawn(async move {
+            let sent = match write {
+                events::Write::Dropped => return,
+                events::Write::Create => match serde_json::from_value(body) {
+                    Ok(event) => {
+                        tokio::time::timeout(limit, api.create(&PostParams::default(), &event))
+                            .await
+                            .map(|r| r.map(|_| ()))
+                    }
+                    Err(_) => return,
+                },
+                events::Write::Patch(count) => {
+                    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+                    let patch = serde_json::json!({"count": count, "lastTimestamp": now});
+                    tokio::time::timeout(
+                        limit,
+                        api.patch(
+                            &events::event_name(&name, &uid),
+                            &PatchParams::default(),
+                            &Patch::Merge(patch),
+                        ),
+                    )
+                    .await
+                    .map(|r| r.map(|_| ()))
+                }
+            };
+            // An event lost is an event lost, as with the kubelet's recorder.
+            let _ = sent;
+        });
+    }
+
+    /// Pod `uid` ended: its events' budget goes with it.
+    fn forget_probe_events(&self, uid: &str) {
+        lock(&self.probe_events).forget(uid);
     }
 
     fn sink(self: &Arc<Self>) -> LogSink {
@@ -332,6 +394,7 @@ impl Node {
             started: Instant::now(),
             log: Mutex::new(VecDeque::new()),
             views: Mutex::new(BTreeMap::new()),
+            probe_events: Mutex::new(events::ProbeEvents::default()),
             dir,
         });
         register(&shared).await?;
@@ -543,6 +606,7 @@ mod tests {
             log: Mutex::new(VecDeque::new()),
             views: Mutex::new(BTreeMap::new()),
             call_slots: Arc::new(tokio::sync::Semaphore::new(in_flight)),
+            probe_events: Mutex::new(events::ProbeEvents::default()),
             config,
             dir,
         })
@@ -695,6 +759,39 @@ mod tests {
             .and_then(|cs| cs.iter().find(|c| c["type"] == kind))
             .map(|c| c["status"].clone())
             .unwrap_or(Value::Null)
+    }
+
+    /// A failed startup probe is the kubelet's Warning `Unhealthy` event: created once, then
+    /// counted up (events.rs has the spam filter's bound).
+    #[tokio::test]
+    async fn failed_probes_are_one_unhealthy_event_counted_up() {
+        let server = crate::apiserver::TestApiServer::start().await;
+        let shared = shared_on(&server, 1);
+        for _ in 0..3 {
+            shared.probe_failed("p0", "uid-0", "/barrier-is-lifted");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let name = events::event_name("p0", "uid-0");
+        let mut count = None;
+        for _ in 0..50 {
+            count = server
+                .get("events", "default", &name)
+                .and_then(|e| e["count"].as_i64());
+            if count == Some(3) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(count, Some(3));
+        let event = server.get("events", "default", &name).expect("the event");
+        assert_eq!(event["reason"], "Unhealthy");
+        assert_eq!(event["type"], "Warning");
+        assert_eq!(event["involvedObject"]["name"], "p0");
+        assert_eq!(
+            event["involvedObject"]["fieldPath"],
+            "spec.initContainers{jobset-inplace-agent}"
+        );
+        assert_eq!(lock(&shared.views).get("p0").map(|v| v.unhealthy), Some(3));
     }
 
     #[test]

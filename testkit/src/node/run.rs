@@ -289,6 +289,7 @@ pub(super) async fn run_pod(
     let probe_path = recognise::startup_probe_path(&agent_spec)
         .unwrap_or(agent_env::DEFAULT_BARRIER_PATH)
         .to_owned();
+    let probe_timeout = recognise::startup_probe_timeout(&agent_spec);
     let grace = shared.config.termination_grace;
     let write_limit = shared.config.api_timeout * 5;
     shared.view(&name, |v| {
@@ -358,6 +359,7 @@ pub(super) async fn run_pod(
         shared.view(&name, |v| v.agent_starts += 1);
         status.set(&mut st);
         let mut probe = tokio::time::interval(shared.config.probe_period);
+        let mut probing: Option<futures::future::BoxFuture<'static, bool>> = None;
         let exit = loop {
             tokio::select! {
                 changed = stop.changed() => {
@@ -374,8 +376,15 @@ pub(super) async fn run_pod(
                     }
                 },
                 code = agent.wait() => break Exit::Agent(code),
-                _ = probe.tick(), if !st.agent.started => {
-                    if agent.probe(&probe_path).await {
+                _ = probe.tick(), if !st.agent.started && probing.is_none() => {
+                    probing = Some(agent.probe(&probe_path, probe_timeout));
+                }
+                passed = crate::kubelet::agents::in_flight(&mut probing), if probing.is_some() => {
+                    probing = None;
+                    if !passed && !st.agent.started {
+                        shared.probe_failed(&name, &uid, &probe_path);
+                    }
+                    if passed && !st.agent.started {
                         st.agent.started = true;
                         st.agent.ready = true;
                         if !worker_running {
@@ -403,6 +412,7 @@ pub(super) async fn run_pod(
                 shared.view(&name, |v| v.worker_stopped(at));
                 agent.stop(grace).await;
                 shared.view(&name, |v| v.ended = true);
+                shared.forget_probe_events(&uid);
                 return;
             }
             Exit::Deleted => {
@@ -417,6 +427,7 @@ pub(super) async fn run_pod(
                 st.agent.terminate(code, "Error");
                 st.phase = "Failed";
                 shared.view(&name, |v| v.ended = true);
+                shared.forget_probe_events(&uid);
                 status.write(&mut st, write_limit).await;
                 delete_for_good(&shared, &name, &uid).await;
                 return;
@@ -458,6 +469,7 @@ pub(super) async fn run_pod(
                 st.agent.terminate(agent_code, "Error");
                 st.phase = if code == 0 { "Succeeded" } else { "Failed" };
                 shared.view(&name, |v| v.ended = true);
+                shared.forget_probe_events(&uid);
                 status.write(&mut st, write_limit).await;
                 return;
             }

@@ -437,6 +437,8 @@ async fn a_startup_probe_that_gives_up_restarts_the_agent_alone() {
     bounded(async {
         let mut c = config(Dialect::Epoch, 2);
         c.probe_failure_threshold = Some(20);
+        // No hold: each probe fails at once (with the default, a probe fails once per 290 s).
+        c.probe_timeout_seconds = Some(1);
         let sim = Simulation::start(c).await.expect("starts");
         let first = running(&sim).await;
         sim.cut_agent_api(0, 1);

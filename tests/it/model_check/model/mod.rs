@@ -100,6 +100,19 @@ pub enum AgentsRead {
     JobSet,
 }
 
+/// How an agent's first read of its epochs' source is served (docs/protocol.md, "The agent's
+/// first read").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FirstRead {
+    /// At least as new as every write acknowledged before it: the shipped streaming list
+    /// (`sendInitialEvents`, no resourceVersion) or its list-then-watch fallback.
+    Consistent,
+    /// From a watch cache that may lag: the source's current state, or the one before its last
+    /// change (a watch opened without a resourceVersion, as the agent did before; one step
+    /// behind stands for any lag, as the cache then replays each change in order).
+    Stale,
+}
+
 /// What to explore.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -124,6 +137,7 @@ pub struct Config {
     /// detection). Off: every such write is lost, which the reconciler must survive too (the
     /// protocol without the early path), in a state space about ten times smaller.
     pub kubelet_condition: bool,
+    pub first_read: FirstRead,
     pub variant: Variant,
 }
 
@@ -140,6 +154,7 @@ impl Config {
             late_registrations: true,
             admission_policy: true,
             kubelet_condition: true,
+            first_read: FirstRead::Consistent,
             variant: Variant::Real,
         }
     }
@@ -159,7 +174,7 @@ impl fmt::Display for Config {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{}{} dialect, {} pods, {} failures{}, {} wipes, {} reconciler restarts{}{}{}{}",
+            "{}{} dialect, {} pods, {} failures{}, {} wipes, {} reconciler restarts{}{}{}{}{}",
             match self.agents_read {
                 AgentsRead::Published => "",
                 AgentsRead::JobSet => "agents watch the JobSet, ",
@@ -188,6 +203,10 @@ impl fmt::Display for Config {
                 ", AllContainersRestarting"
             } else {
                 ""
+            },
+            match self.first_read {
+                FirstRead::Consistent => "",
+                FirstRead::Stale => ", stale first reads",
             },
             match self.variant {
                 Variant::Real => String::new(),
@@ -444,6 +463,9 @@ pub struct State {
     /// The JobSet's JobSetEpoch object on the API server (`None`: not created yet); never
     /// wiped (`wipes` stays 0).
     pub published: Option<Status>,
+    /// [`FirstRead::Stale`] only: what agents read before the last change of their source (a
+    /// lagging watch cache's state); `None` otherwise.
+    pub agents_before: Option<Status>,
     /// Every pod object, in creation order (failed ones stay, as with
     /// `podReplacementPolicy: Failed`).
     pub pods: Vec<Pod>,
@@ -481,6 +503,9 @@ pub struct State {
 pub enum Action {
     /// The agent of pod object `i` reads its pod and JobSet and computes its epoch.
     AgentReads(usize),
+    /// [`FirstRead::Stale`] only: the same, its epochs' source read from a lagging watch cache
+    /// (the state before the last change).
+    AgentReadsStale(usize),
     /// It patches its pod's annotation.
     AgentRegisters(usize),
     /// Its watch (of the JobSetEpoch object, or of the JobSet) delivers the current state.
@@ -583,6 +608,7 @@ impl Model for ProtocolModel {
         vec![State {
             status: Status::default(),
             published: None,
+            agents_before: None,
             pods: vec![Pod::new(); n],
             rec_status: None,
             rec_pods: vec![RecPod::default(); n],

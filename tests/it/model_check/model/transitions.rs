@@ -167,8 +167,11 @@ impl ProtocolModel {
         let cfg = &self.config;
         let mut s = state.clone();
         match action {
-            Action::AgentReads(i) => {
-                let read = self.agents_see(&s)?;
+            Action::AgentReads(i) | Action::AgentReadsStale(i) => {
+                let read = match action {
+                    Action::AgentReadsStale(_) => s.agents_before?,
+                    _ => self.agents_see(&s)?,
+                };
                 let p = s.pods.get_mut(i)?;
                 if p.failed || p.agent != Agent::Starting {
                     return None;
@@ -502,6 +505,13 @@ impl ProtocolModel {
                 s.rec_queue.push((u8::try_from(i).unwrap_or(u8::MAX), now));
             }
         }
+        // A lagging watch cache holds the agents' source as it was before its last change.
+        if cfg.first_read == FirstRead::Stale {
+            let (before, now) = (self.agents_see(state), self.agents_see(&s));
+            if before != now {
+                s.agents_before = before;
+            }
+        }
         // What the reconciler remembers of a failed pod does not matter any more.
         for (p, r) in s.pods.iter().zip(s.rec_pods.iter_mut()) {
             if p.failed {
@@ -578,7 +588,12 @@ impl ProtocolModel {
                 continue;
             }
             match p.agent {
-                Agent::Starting => out.push(Action::AgentReads(i)),
+                Agent::Starting => {
+                    out.push(Action::AgentReads(i));
+                    if self.config.first_read == FirstRead::Stale {
+                        out.push(Action::AgentReadsStale(i));
+                    }
+                }
                 Agent::Registering { .. } => out.push(Action::AgentRegisters(i)),
                 Agent::Watching { lifted, .. } => {
                     out.push(Action::AgentWatchDelivers(i));
