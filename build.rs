@@ -5,26 +5,12 @@
 //! (reproducible builds), else the day this script ran.
 
 use std::process::Command;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 fn git(args: &[&str]) -> Option<String> {
     let out = Command::new("git").args(args).output().ok()?;
     let text = String::from_utf8(out.stdout).ok()?.trim().to_owned();
     (out.status.success() && !text.is_empty()).then_some(text)
-}
-
-/// Days since 1970-01-01 as a proleptic Gregorian date (H. Hinnant's civil_from_days).
-fn civil(days: i64) -> (i64, i64, i64) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    (year, month, day)
 }
 
 fn main() {
@@ -51,19 +37,16 @@ fn main() {
             None => "unknown".to_owned(),
         },
     };
-    let seconds = std::env::var("SOURCE_DATE_EPOCH")
+    // The day, from humantime's RFC 3339 rendering (the crate the product parses durations with).
+    let built = std::env::var("SOURCE_DATE_EPOCH")
         .ok()
-        .and_then(|s| s.trim().parse::<i64>().ok())
-        .or_else(|| {
-            SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .ok()
-                .and_then(|d| i64::try_from(d.as_secs()).ok())
-        })
-        .unwrap_or(0);
-    let (y, m, d) = civil(seconds.div_euclid(86_400));
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .map_or_else(SystemTime::now, |s| UNIX_EPOCH + Duration::from_secs(s));
+    let day: String = humantime::format_rfc3339_seconds(built)
+        .to_string()
+        .chars()
+        .take(10)
+        .collect();
     let version = std::env::var("CARGO_PKG_VERSION").unwrap_or_default();
-    println!(
-        "cargo:rustc-env=JOBSET_INPLACE_VERSION={version} (commit {commit}, built {y:04}-{m:02}-{d:02})"
-    );
+    println!("cargo:rustc-env=JOBSET_INPLACE_VERSION={version} (commit {commit}, built {day})");
 }
