@@ -14,7 +14,7 @@ use crate::telemetry::LogFormat;
 /// the JobSet's epoch status fields, and the agent that restarts every worker pod of a JobSet
 /// together, in place.
 #[derive(Debug, Parser)]
-#[command(name = "jobset-inplace", version, propagate_version = true)]
+#[command(name = "jobset-inplace", version = VERSION, propagate_version = true)]
 pub struct Cli {
     /// Log format: `text` for people, `json` for clusters.
     #[arg(long, global = true, env = "JOBSET_INPLACE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
@@ -65,6 +65,34 @@ pub enum Command {
     Doctor(crate::inspect::DoctorArgs),
     /// Show where a JobSet's group restart stands, pod by pod.
     Status(crate::inspect::StatusArgs),
+    /// Print the shell completion script: `source <(jobset-inplace completion bash)`.
+    Completion(CompletionArgs),
+}
+
+/// Flags of `jobset-inplace completion`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct CompletionArgs {
+    /// The shell to complete in.
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
+}
+
+impl CompletionArgs {
+    /// Writes the shell's completion script of the whole command line to stdout: clap's own,
+    /// from the same definition as the parser (every subcommand, flag and value).
+    pub fn run(self, global: Global) -> crate::Result<ExitCode> {
+        use clap::CommandFactory;
+        let mut out = Vec::new();
+        // For the binary's own name (kubectl completes its plugins itself).
+        clap_complete::generate(self.shell, &mut Cli::command(), "jobset-inplace", &mut out);
+        use std::io::Write as _;
+        let mut stdout = std::io::stdout().lock();
+        if let Err(e) = stdout.write_all(&out).and_then(|()| stdout.flush()) {
+            eprintln!("{}: cannot write the completion script: {e}", global.name());
+            return Ok(ExitCode::from(2));
+        }
+        Ok(ExitCode::SUCCESS)
+    }
 }
 
 impl Command {
@@ -80,6 +108,7 @@ impl Command {
             Command::Review(args) => args.run(global).await?,
             Command::Doctor(args) => args.run(global).await?,
             Command::Status(args) => args.run(global).await?,
+            Command::Completion(args) => args.run(global)?,
         })
     }
 }
@@ -93,6 +122,17 @@ impl Cli {
         }
     }
 }
+
+/// What `--version` prints after the name: the package's version, the commit the binary was
+/// built from and the build's date (build.rs): `0.1.0 (commit 4567270..., built 2026-12-07)`;
+/// `unknown` for both where the build had no build script (the image's, .dockerignore).
+pub const VERSION: &str = match option_env!("JOBSET_INPLACE_VERSION") {
+    Some(version) => version,
+    None => concat!(
+        env!("CARGO_PKG_VERSION"),
+        " (commit unknown, built unknown)"
+    ),
+};
 
 /// The file name under which kubectl finds the binary as its plugin: `kubectl jobset-inplace ...`
 /// runs `kubectl-jobset_inplace ...` from the PATH (kubectl maps the `-` of a command to `_`).
@@ -129,11 +169,27 @@ impl Cli {
     }
 }
 
-/// Renders a clap error (other than `--help`/`--version`) of this command line as ONE line that
-/// names the flag, the environment variable that can also set it, and the accepted values.
-pub fn one_line_error(err: &clap::Error) -> String {
+/// A clap error (other than `--help`/`--version`) of this command line as clap renders it, with
+/// a tip naming the environment variable that can also set the flag in error.
+pub fn with_env_tip(err: clap::Error) -> clap::Error {
     use clap::CommandFactory;
-    crate::settings::one_line_error(err, &Cli::command())
+    crate::settings::with_env_tip(err, &Cli::command())
+}
+
+/// The subcommands that run in pods, configured from env: a command-line error of theirs is one
+/// line ([`crate::settings::one_line`]), as the rest of their errors.
+const COMPONENTS: [&str; 3] = ["webhook", "reconciler", "agent"];
+
+/// Whether a command line (with `argv[0]`) runs one of the [`COMPONENTS`]: its first argument
+/// that names a subcommand names one of them.
+pub fn runs_a_component(args: &[std::ffi::OsString]) -> bool {
+    use clap::CommandFactory;
+    let cli = Cli::command();
+    args.iter()
+        .skip(1)
+        .filter_map(|a| a.to_str())
+        .find(|a| cli.get_subcommands().any(|c| c.get_name() == *a))
+        .is_some_and(|a| COMPONENTS.contains(&a))
 }
 
 #[cfg(test)]
@@ -141,33 +197,132 @@ mod tests {
     use super::*;
     use clap::Parser;
 
+    /// A command line's error as `main` prints it (without colour: not a terminal).
+    fn rendered(args: &[&str]) -> String {
+        let err = Cli::try_parse_args(args.iter().copied()).expect_err("rejected");
+        with_env_tip(err).render().to_string()
+    }
+
+    /// Issue 47: clap's own error, with the environment variable that can also set the flag.
     #[test]
-    fn bad_value_is_one_line_naming_the_env_var() {
-        let err = Cli::try_parse_from(["jobset-inplace", "--protocol", "foo", "agent"])
-            .expect_err("rejected");
-        let line = one_line_error(&err);
-        assert!(!line.contains('\n'), "{line}");
-        assert!(line.contains("--protocol"), "{line}");
-        assert!(line.contains("JOBSET_INPLACE_PROTOCOL"), "{line}");
-        assert!(line.contains("auto, epoch, attempt"), "{line}");
+    fn a_bad_value_is_clap_s_error_with_the_env_var_tip() {
+        assert_eq!(
+            rendered(&["jobset-inplace", "--protocol", "foo", "agent"]),
+            "error: invalid value 'foo' for '--protocol <PROTOCOL>'\n  \
+             [possible values: auto, epoch, attempt]\n\n  \
+             tip: --protocol can also be set by the environment variable \
+             JOBSET_INPLACE_PROTOCOL\n\nFor more information, try '--help'.\n"
+        );
+    }
+
+    /// The components' command-line errors stay one line, with clap's values and tips.
+    #[test]
+    fn a_component_s_error_is_one_line() {
+        let args = ["jobset-inplace", "--protocol", "v2", "agent"];
+        let owned: Vec<std::ffi::OsString> = args.iter().map(Into::into).collect();
+        assert!(runs_a_component(&owned));
+        let err = with_env_tip(Cli::try_parse_args(args).expect_err("rejected"));
+        assert_eq!(
+            crate::settings::one_line(&err),
+            "invalid value 'v2' for '--protocol <PROTOCOL>' [possible values: auto, epoch, \
+             attempt] tip: --protocol can also be set by the environment variable \
+             JOBSET_INPLACE_PROTOCOL"
+        );
+        for other in [
+            &["jobset-inplace", "check", "-f", "agent"][..],
+            &["jobset-inplace", "chek"],
+        ] {
+            let owned: Vec<std::ffi::OsString> = other.iter().map(Into::into).collect();
+            assert!(!runs_a_component(&owned), "{other:?}");
+        }
+    }
+
+    /// Issue 47: clap's suggestions are kept ("did you mean").
+    #[test]
+    fn a_misspelt_subcommand_or_flag_gets_clap_s_suggestion() {
+        assert_eq!(
+            rendered(&["jobset-inplace", "chek", "-f", "x"]),
+            "error: unrecognized subcommand 'chek'\n\n  \
+             tip: a similar subcommand exists: 'check'\n\n\
+             Usage: jobset-inplace [OPTIONS] <COMMAND>\n\n\
+             For more information, try '--help'.\n"
+        );
+        let err = rendered(&["jobset-inplace", "check", "--fliename", "x"]);
+        assert!(
+            err.starts_with(
+                "error: unexpected argument '--fliename' found\n\n  \
+                 tip: a similar argument exists: '--filename'\n"
+            ),
+            "{err}"
+        );
+        // As kubectl's plugin, the usage names the plugin.
+        let err = rendered(&["kubectl-jobset_inplace", "chek"]);
+        assert!(
+            err.contains("Usage: kubectl jobset-inplace [OPTIONS] <COMMAND>"),
+            "{err}"
+        );
     }
 
     /// Issue 23: an error is printed whole, not its first line only.
     #[test]
     fn missing_arguments_are_named() {
-        let err =
-            Cli::try_parse_from(["jobset-inplace", "review", "-f", "x"]).expect_err("no mode");
-        let line = one_line_error(&err);
-        assert!(!line.contains('\n'), "{line}");
+        let err = rendered(&["jobset-inplace", "review", "-f", "x"]);
         assert!(
-            line.contains("--mutate") && line.contains("--validate"),
-            "{line}"
+            err.contains("--mutate") && err.contains("--validate"),
+            "{err}"
         );
-        let err = Cli::try_parse_from(["jobset-inplace", "webhook", "--cert-reload-interval"])
-            .expect_err("no value");
-        let line = one_line_error(&err);
-        assert!(line.contains("--cert-reload-interval"), "{line}");
-        assert!(!line.contains("expected one of"), "{line}");
+        let err = rendered(&["jobset-inplace", "webhook", "--cert-reload-interval"]);
+        assert!(err.contains("--cert-reload-interval"), "{err}");
+        assert!(
+            err.contains(
+                "tip: --cert-reload-interval can also be set by the environment variable \
+                 JOBSET_INPLACE_CERT_RELOAD_INTERVAL"
+            ),
+            "{err}"
+        );
+    }
+
+    /// Issue 47: `--version` names the commit (git's HEAD when the build had git) and the day of
+    /// the build, on every subcommand too.
+    #[test]
+    fn the_version_names_the_commit_and_the_build_date() {
+        let printed = |args: &[&str]| {
+            let err = Cli::try_parse_args(args.iter().copied()).expect_err("version");
+            assert!(!err.use_stderr(), "{err}");
+            err.render().to_string()
+        };
+        let line = printed(&["jobset-inplace", "--version"]);
+        assert_eq!(line, format!("jobset-inplace {VERSION}\n"));
+        assert_eq!(
+            printed(&["jobset-inplace", "check", "--version"]),
+            format!("jobset-inplace-check {VERSION}\n")
+        );
+        let rest = VERSION
+            .strip_prefix(concat!(env!("CARGO_PKG_VERSION"), " (commit "))
+            .expect(VERSION);
+        let (commit, date) = rest
+            .strip_suffix(')')
+            .and_then(|r| r.split_once(", built "))
+            .expect(VERSION);
+        let day = |s: &str| {
+            let parts: Vec<_> = s.split('-').collect();
+            parts.len() == 3
+                && [4, 2, 2]
+                    .iter()
+                    .zip(&parts)
+                    .all(|(n, p)| p.len() == *n && p.bytes().all(|b| b.is_ascii_digit()))
+        };
+        assert!(day(date), "{VERSION}");
+        let head = std::process::Command::new("git")
+            .args(["rev-parse", "HEAD"])
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned());
+        match head {
+            Some(head) => assert_eq!(commit, head, "{VERSION}"),
+            None => assert!(commit == "unknown" || commit.len() == 40, "{VERSION}"),
+        }
     }
 
     /// Issue 23: every duration flag takes the one grammar (`1h30m` was the deadline's only).

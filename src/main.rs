@@ -13,7 +13,8 @@ fn main() -> ExitCode {
     let name = std::env::args_os()
         .next()
         .map_or("jobset-inplace", |argv0| cli::bin_name(&argv0));
-    let cli = match Cli::try_parse_args(std::env::args_os()) {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let cli = match Cli::try_parse_args(args.iter().cloned()) {
         Ok(cli) => cli,
         Err(e) if !e.use_stderr() => {
             // --help and --version.
@@ -21,11 +22,25 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
         Err(e) => {
-            eprintln!("{name}: {}", cli::one_line_error(&e));
+            let e = cli::with_env_tip(e);
+            if cli::runs_a_component(&args) {
+                eprintln!("{name}: {}", jobset_inplace::settings::one_line(&e));
+            } else {
+                // clap's own rendering (its tips and usage), in colour on a terminal.
+                let _ = e.print();
+            }
             return ExitCode::from(2);
         }
     };
-    if let Err(e) = telemetry::init_logging(cli.log_format, &cli.log_level) {
+    // doctor and status report every failed request themselves (an unreachable server in one
+    // line): kube's client logs none of them again, unless the filter names kube.
+    let log_level = match cli.command {
+        Command::Doctor(_) | Command::Status(_) if !cli.log_level.contains("kube") => {
+            format!("{},kube_client::client::builder=off", cli.log_level)
+        }
+        _ => cli.log_level.clone(),
+    };
+    if let Err(e) = telemetry::init_logging(cli.log_format, &log_level) {
         eprintln!("{name}: {e}");
         return ExitCode::from(2);
     }

@@ -1,6 +1,6 @@
 //! Settings every subcommand shares: the global flags ([`Global`]), the parsers of durations and
 //! sizes their flags and env use, the YAML reader of config files and manifests ([`from_yaml`]),
-//! and the one-line rendering of a command-line error. At the
+//! and the environment variable's tip on a command-line error. At the
 //! bottom of the crate: every component reads these, none of them is read from here. See
 //! docs/architecture.md ("Layers").
 
@@ -58,48 +58,55 @@ impl ProtocolFlag {
     }
 }
 
-/// Renders a clap error (other than `--help`/`--version`) as ONE line that names the flag, the
-/// environment variable that can also set it (looked up in `root` and its subcommands), and the
-/// accepted values.
-pub fn one_line_error(err: &clap::Error, root: &clap::Command) -> String {
+/// A clap error (other than `--help`/`--version`) as clap renders it (issue 47: its own format,
+/// with its "a similar subcommand exists" and "similar argument" tips, the accepted values and
+/// the usage), plus a tip naming the environment variable that can also set the flag in error
+/// (looked up in `root` and its subcommands): a value set in the environment is reported under
+/// the flag's name.
+pub fn with_env_tip(mut err: clap::Error, root: &clap::Command) -> clap::Error {
+    use clap::builder::StyledStr;
     use clap::error::{ContextKind, ContextValue};
 
-    // The whole message: clap's first paragraph (a missing argument's names are on the lines
-    // after its first), up to the blank line before its tips and usage.
+    let Some(ContextValue::String(arg)) = err.get(ContextKind::InvalidArg) else {
+        return err;
+    };
+    let flag = arg.split_whitespace().next().unwrap_or_default().to_owned();
+    let long = flag.trim_start_matches("--");
+    let env = std::iter::once(root)
+        .chain(root.get_subcommands())
+        .flat_map(|c| c.get_arguments())
+        .find(|a| a.get_long() == Some(long))
+        .and_then(|a| a.get_env())
+        .map(|e| e.to_string_lossy().into_owned());
+    if let Some(env) = env {
+        let mut tips = match err.get(ContextKind::Suggested) {
+            Some(ContextValue::StyledStrs(tips)) => tips.clone(),
+            _ => Vec::new(),
+        };
+        tips.push(StyledStr::from(format!(
+            "{flag} can also be set by the environment variable {env}"
+        )));
+        err.insert(ContextKind::Suggested, ContextValue::StyledStrs(tips));
+    }
+    err
+}
+
+/// A clap error's text on one line (for the components, whose errors land in a pod's log and
+/// termination message): what clap says, its values and tips, without the usage.
+pub fn one_line(err: &clap::Error) -> String {
     let rendered = err.render().to_string();
-    let mut line = rendered
+    let line = rendered
         .lines()
         .map(str::trim)
-        .take_while(|l| !l.is_empty())
+        .take_while(|l| !l.starts_with("Usage:") && !l.starts_with("For more information"))
+        .filter(|l| !l.is_empty())
         .collect::<Vec<_>>()
-        .join(" ")
-        .trim_start_matches("error: ")
-        .to_owned();
-    if line.is_empty() {
-        line.push_str("invalid command line");
+        .join(" ");
+    match line.strip_prefix("error: ") {
+        Some(rest) => rest.to_owned(),
+        None if line.is_empty() => "invalid command line".to_owned(),
+        None => line,
     }
-    if let Some(ContextValue::String(arg)) = err.get(ContextKind::InvalidArg) {
-        let long = arg
-            .split_whitespace()
-            .next()
-            .unwrap_or_default()
-            .trim_start_matches("--");
-        let env = std::iter::once(root)
-            .chain(root.get_subcommands())
-            .flat_map(|c| c.get_arguments())
-            .find(|a| a.get_long() == Some(long))
-            .and_then(|a| a.get_env())
-            .map(|e| e.to_string_lossy().into_owned());
-        if let Some(env) = env {
-            line.push_str(&format!(" (or env {env})"));
-        }
-    }
-    if let Some(ContextValue::Strings(values)) = err.get(ContextKind::ValidValue)
-        && !values.is_empty()
-    {
-        line.push_str(&format!("; expected one of: {}", values.join(", ")));
-    }
-    line
 }
 
 /// The one duration grammar of every flag, environment variable and annotation: a sequence of

@@ -76,6 +76,8 @@ fn validate_ratcheted(
                 .to_owned(),
         );
     }
+    // Only `inject: "false"` stops the injection: what the agent-missing hint names.
+    let opted_out = jobset.inject_annotation() == Some("false");
     let spec = jobset.spec.as_ref();
     if let Some(spec) = spec {
         unreadable_fields("spec", &spec.wrong, &mut out);
@@ -115,7 +117,7 @@ fn validate_ratcheted(
             .unwrap_or(&no_pod_spec);
         check_readable_pod(&pod_prefix, pod_spec, &mut out);
         check_restart_rules(&pod_prefix, pod_spec, &mut out);
-        check_agent(&pod_prefix, pod_spec, config.protocol, &mut out);
+        check_agent(&pod_prefix, pod_spec, config.protocol, opted_out, &mut out);
         for w in super::account::foreign_agent_warnings(&pod_prefix, pod_spec, config.protocol) {
             warning(&mut out, w);
         }
@@ -464,7 +466,29 @@ pub(super) fn container_path(pod_prefix: &str, c: &Container<'_>) -> String {
     format!("{pod_prefix}.{}[{}]", c.list.key(), c.index)
 }
 
-fn check_agent(pod_prefix: &str, pod_spec: &PodSpec<'_>, dialect: Dialect, out: &mut Validation) {
+/// How to get the agent a pod lacks: the JobSet's opt-out annotation when it has one (issue 47:
+/// named only then), else the mutating webhook, which injects every other InPlaceRestart JobSet.
+pub(crate) fn agent_missing_hint(opted_out: bool) -> String {
+    if opted_out {
+        format!(
+            "remove the {}: \"false\" annotation to have it injected",
+            super::INJECT_ANNOTATION
+        )
+    } else {
+        "the mutating webhook injects it: check that the MutatingWebhookConfiguration \
+         jobset-inplace is installed, selects this JobSet's namespace and reaches the webhook \
+         (jobset-inplace doctor)"
+            .to_owned()
+    }
+}
+
+fn check_agent(
+    pod_prefix: &str,
+    pod_spec: &PodSpec<'_>,
+    dialect: Dialect,
+    opted_out: bool,
+    out: &mut Validation,
+) {
     let mut agents = pod::agents(pod_spec);
     let Some(agent) = agents.next() else {
         violation(
@@ -474,12 +498,11 @@ fn check_agent(pod_prefix: &str, pod_spec: &PodSpec<'_>, dialect: Dialect, out: 
             format!(
                 "no jobset-inplace agent: the pod needs the agent sidecar (an init container \
                  with restartPolicy: Always, a {} restart rule for its exit code, {} and {} env \
-                 and a startup probe on its barrier); remove the {}: \"false\" annotation to \
-                 have it injected",
+                 and a startup probe on its barrier); {}",
                 pod::RESTART_ALL_CONTAINERS,
                 agent_env::POD_NAME,
                 agent_env::JOBSET_NAME,
-                super::INJECT_ANNOTATION,
+                agent_missing_hint(opted_out),
             ),
         );
         return;

@@ -29,7 +29,8 @@ use rcgen::{
 };
 use rustls::client::WebPkiServerVerifier;
 use rustls::client::danger::ServerCertVerifier as _;
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::pki_types::pem::{self, PemObject as _};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 
 use crate::settings::Global;
 
@@ -311,7 +312,7 @@ fn issue_with(
 
 /// All certificates of a PEM text, in order; an error when there is none or the PEM is broken.
 pub fn parse_certs(pem: &[u8], path: &Path) -> Result<Vec<CertificateDer<'static>>, Error> {
-    let certs = rustls_pemfile::certs(&mut &pem[..])
+    let certs = CertificateDer::pem_slice_iter(pem)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| Error::BadCertificate {
             path: path.to_owned(),
@@ -323,6 +324,17 @@ pub fn parse_certs(pem: &[u8], path: &Path) -> Result<Vec<CertificateDer<'static
         });
     }
     Ok(certs)
+}
+
+/// The first private key (PKCS#8, PKCS#1 or SEC1) of a PEM text: `Ok(None)` when the text has
+/// none, the reason when its PEM is broken. rustls' own PEM reader (rustls-pki-types), which
+/// replaced the unmaintained rustls-pemfile (RUSTSEC-2025-0134).
+pub fn parse_private_key(pem: &[u8]) -> Result<Option<PrivateKeyDer<'static>>, String> {
+    match PrivateKeyDer::from_pem_slice(pem) {
+        Ok(key) => Ok(Some(key)),
+        Err(pem::Error::NoItemsFound) => Ok(None),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 /// The `notAfter` of a DER X.509 certificate as Unix time; `None` when it cannot be read.
@@ -412,7 +424,7 @@ pub fn serving_cert_problem(
         Ok(certs) => certs,
         Err(e) => return Some(e.to_string()),
     };
-    let key = match rustls_pemfile::private_key(&mut key_pem.as_bytes()) {
+    let key = match parse_private_key(key_pem.as_bytes()) {
         Ok(Some(key)) => key,
         Ok(None) => return Some("no private key in tls.key".into()),
         Err(e) => return Some(format!("tls.key: {e}")),
@@ -568,7 +580,7 @@ pub fn ensure(dir: &Path, names: &[String]) -> Result<Ensured, Error> {
         (Some(cert), Some(key)) => {
             // Unreadable files are the user's to look at, not ours to overwrite silently.
             parse_certs(cert.as_bytes(), &tls_cert)?;
-            match rustls_pemfile::private_key(&mut key.as_bytes()) {
+            match parse_private_key(key.as_bytes()) {
                 Ok(Some(_)) => {}
                 Ok(None) => {
                     return Err(Error::BadKey {

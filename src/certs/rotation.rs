@@ -441,7 +441,7 @@ fn serving_of(
         Ok(chain) => chain,
         Err(e) => return Serving::Unusable(e.to_string()),
     };
-    let key = match rustls_pemfile::private_key(&mut key.as_slice()) {
+    let key = match super::parse_private_key(key) {
         Ok(Some(key)) => key,
         Ok(None) => return Serving::Unusable(format!("no private key in {TLS_KEY_FILE}")),
         Err(e) => return Serving::Unusable(format!("{TLS_KEY_FILE}: {e}")),

@@ -31,6 +31,13 @@ pub enum Error {
     Config(#[source] kube::config::InferConfigError),
     #[error("cannot load the kubeconfig: {0}")]
     Kubeconfig(#[source] kube::config::KubeconfigError),
+    /// Issue 47: one line naming the server and where it was configured, with the first cause.
+    #[error("cannot reach the Kubernetes API server {server} ({context}): {reason}")]
+    Unreachable {
+        server: String,
+        context: String,
+        reason: String,
+    },
     #[error("cannot decide the epoch protocol dialect (--protocol auto): {0}")]
     Dialect(String),
     #[error("cannot list JobSets in {scope}: {source}")]
@@ -55,6 +62,8 @@ pub enum Error {
     Write(#[source] std::io::Error),
     #[error("cannot render JSON: {0}")]
     Json(#[source] serde_json::Error),
+    #[error("cannot render YAML: {0}")]
+    Yaml(#[source] serde_saphyr::ser::Error),
 }
 
 /// Output format of `doctor` and `status`.
@@ -62,6 +71,8 @@ pub enum Error {
 pub enum Output {
     Text,
     Json,
+    /// What `json` prints, as YAML.
+    Yaml,
 }
 
 /// Which cluster `doctor` and `status` talk to (as kubectl chooses it).
@@ -98,7 +109,53 @@ pub async fn client(cluster: &ClusterArgs) -> Result<kube::Client, Error> {
     config.connect_timeout = Some(REQUEST_TIMEOUT);
     config.read_timeout = Some(REQUEST_TIMEOUT);
     config.write_timeout = Some(REQUEST_TIMEOUT);
-    kube::Client::try_from(config).map_err(Error::Client)
+    let server = config.cluster_url.to_string();
+    let client = kube::Client::try_from(config).map_err(Error::Client)?;
+    // One request first (`GET /version`, open to every client): a server that cannot be reached
+    // is one line naming it, not every check's own error.
+    if let Err(e) = client.apiserver_version().await {
+        return Err(Error::Unreachable {
+            server,
+            context: context_name(cluster),
+            reason: first_cause(&e),
+        });
+    }
+    Ok(client)
+}
+
+/// Where the client's configuration came from, as kubectl names it: `context NAME of FILE`
+/// (`--context`, else the kubeconfig's current context), or `the in-cluster config`.
+fn context_name(cluster: &ClusterArgs) -> String {
+    use kube::config::Kubeconfig;
+    let file = match &cluster.kubeconfig {
+        Some(path) => Kubeconfig::read_from(path).ok(),
+        None => Kubeconfig::read().ok(),
+    };
+    let source = match &cluster.kubeconfig {
+        Some(path) => path.display().to_string(),
+        None => std::env::var("KUBECONFIG").unwrap_or_else(|_| "~/.kube/config".to_owned()),
+    };
+    match (cluster.context.clone(), file) {
+        (Some(context), _) => format!("kubeconfig context {context} of {source}"),
+        (None, Some(file)) => match file.current_context {
+            Some(context) => format!("kubeconfig context {context} of {source}"),
+            None => format!("kubeconfig {source}"),
+        },
+        (None, None) => "the in-cluster config".to_owned(),
+    }
+}
+
+/// The innermost cause of an error, where the reason is (`Connection refused (os error 111)`),
+/// else its own message; an API server's refusal as its status.
+fn first_cause(e: &kube::Error) -> String {
+    if let kube::Error::Api(status) = e {
+        return format!("{} {}: {}", status.code, status.reason, status.message);
+    }
+    let mut cause: &dyn std::error::Error = e;
+    while let Some(next) = cause.source() {
+        cause = next;
+    }
+    cause.to_string()
 }
 
 fn write_stdout(text: &str) -> Result<(), Error> {
@@ -317,6 +374,7 @@ impl DoctorArgs {
                 s.push('\n');
                 s
             }
+            Output::Yaml => yaml(&serde_json::json!({"ok": !failed, "checks": findings}))?,
         };
         write_stdout(&text)?;
         Ok(if failed {
@@ -366,6 +424,11 @@ async fn dialect(client: &kube::Client, global: Global) -> Result<Choice, Error>
     }
 }
 
+/// `-o yaml`: one YAML document, the same fields as `-o json`.
+fn yaml(value: &impl serde::Serialize) -> Result<String, Error> {
+    serde_saphyr::to_string(value).map_err(Error::Yaml)
+}
+
 fn json_line(value: &impl serde::Serialize) -> Result<String, Error> {
     let mut s = serde_json::to_string(value).map_err(Error::Json)?;
     s.push('\n');
@@ -398,6 +461,7 @@ impl StatusArgs {
                 match self.output {
                     Output::Text => Ok(report.render()),
                     Output::Json => json_line(&report),
+                    Output::Yaml => yaml(&report),
                 }
             }
             None => {
@@ -414,6 +478,7 @@ impl StatusArgs {
                 match self.output {
                     Output::Text => Ok(status::render_list(&rows, dialect)),
                     Output::Json => json_line(&rows),
+                    Output::Yaml => yaml(&rows),
                 }
             }
         }
@@ -439,11 +504,12 @@ impl StatusArgs {
             // A failed read is shown and retried at the next tick; the last view stays.
             match self.read(&client, dialect).await {
                 Ok(text) if text != last => {
-                    // Text redraws the screen; JSON appends one line per change.
-                    let clear = if self.output == Output::Text {
-                        "\x1b[H\x1b[2J"
-                    } else {
-                        ""
+                    // Text redraws the screen; JSON appends one line per change, YAML one
+                    // document.
+                    let clear = match self.output {
+                        Output::Text => "\x1b[H\x1b[2J",
+                        Output::Json => "",
+                        Output::Yaml => "---\n",
                     };
                     write_stdout(&format!("{clear}{text}"))?;
                     last = text;

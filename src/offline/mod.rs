@@ -80,9 +80,14 @@ pub const EXIT_NOTHING: u8 = 3;
 /// Flags of `jobset-inplace inject`.
 #[derive(Clone, Debug, clap::Args)]
 pub struct InjectArgs {
-    /// Manifest file(s), YAML or JSON, multi-document; `-` reads stdin.
+    /// Manifest file(s) or directories, YAML or JSON, multi-document; `-` reads stdin. A
+    /// directory means its *.yaml, *.yml and *.json files (with `-R`, its subdirectories' too).
     #[arg(short = 'f', long = "filename", required = true)]
     pub files: Vec<String>,
+
+    /// Read the directories given with `-f` recursively.
+    #[arg(short = 'R', long)]
+    pub recursive: bool,
 
     #[command(flatten)]
     pub injection: InjectionArgs,
@@ -118,7 +123,8 @@ pub struct CheckArgs {
     /// `text`: a verdict line per object found, then its violations and warnings. `json`: one
     /// array with an object per object found (file, document, kind, object, judged: whether it
     /// was judged for in-place restart, allowed, violations with their rule and field path in
-    /// the document, warnings), for CI systems that annotate pull requests.
+    /// the document, warnings), for CI systems that annotate pull requests. `yaml`: the same
+    /// as YAML.
     #[arg(short = 'o', long, value_enum, default_value_t = OutputFormat::Text)]
     pub output: OutputFormat,
 
@@ -131,6 +137,8 @@ pub struct CheckArgs {
 pub enum OutputFormat {
     Text,
     Json,
+    /// What `json` prints, as YAML.
+    Yaml,
 }
 
 /// Flags of `jobset-inplace review`.
@@ -185,16 +193,62 @@ async fn offline_config(args: &InjectionArgs, global: Global) -> Result<Injectio
 }
 
 impl InjectArgs {
+    /// Prints the manifests injected, or nothing when the cluster would deny a JobSet of them:
+    /// then each denied JobSet with its reasons on stderr, exit 1 (issue 47: `inject` never says
+    /// ok to what the cluster's validating webhook will deny).
     pub async fn run(self, global: Global) -> Result<ExitCode, Error> {
         let config = offline_config(&self.injection, global).await?;
-        let mut out = String::new();
+        let mut inputs = Vec::new();
         for path in &self.files {
-            let input = read_source(path)?;
-            out.push_str(&inject_text(path, &input, &config)?);
+            for file in expand_input(path, self.recursive)? {
+                let text = read_source(&file)?;
+                inputs.push((file, text));
+            }
+        }
+        let mut out = String::new();
+        for (path, input) in &inputs {
+            let text = inject_text(path, input, &config)?;
+            // One stream: each file's documents start under a `---` line of their own.
+            if !out.is_empty() && !text.is_empty() {
+                if !out.ends_with('\n') {
+                    out.push('\n');
+                }
+                if !text.starts_with("---") {
+                    out.push_str("---\n");
+                }
+            }
+            out.push_str(&text);
+        }
+        let denied = injected_denials(&inputs, &config)?;
+        if !denied.is_empty() {
+            let name = global.name();
+            for check in &denied {
+                eprint!("{}", check.render());
+            }
+            eprintln!(
+                "{name}: inject: {} JobSet(s) would be denied by the validating webhook once \
+                 injected; nothing printed",
+                denied.len()
+            );
+            return Ok(ExitCode::from(EXIT_DENIED));
         }
         write_stdout(out.as_bytes())?;
         Ok(ExitCode::SUCCESS)
     }
+}
+
+/// The JobSets of `inputs` (a `List`'s too) that the validating webhook denies once the
+/// mutating webhook injected them: what `check` judges of them. Only JobSets: `inject` changes
+/// nothing else.
+pub fn injected_denials(
+    inputs: &[(String, String)],
+    config: &InjectionConfig,
+) -> Result<Vec<Check>, Error> {
+    Ok(check_inputs(inputs, config, true)?
+        .checks
+        .into_iter()
+        .filter(|c| !c.allowed && c.kind == crate::jobset::KIND)
+        .collect())
 }
 
 impl CheckArgs {
@@ -237,6 +291,10 @@ impl CheckArgs {
                 let mut text = serde_json::to_string_pretty(&items).map_err(Error::WriteJson)?;
                 text.push('\n');
                 text
+            }
+            OutputFormat::Yaml => {
+                let items: Vec<Value> = report.checks.iter().map(Check::to_json).collect();
+                serde_saphyr::to_string(&items).map_err(Error::WriteYaml)?
             }
         };
         write_stdout(text.as_bytes())?;
@@ -321,8 +379,34 @@ impl ReviewArgs {
         };
         let reply = admission::review(endpoint, &body, &config);
         write_stdout(&reply.body)?;
+        if reply.decision.outcome == admission::ReviewOutcome::Error
+            && let Some(hint) = not_a_review(&body, &self.file)
+        {
+            eprintln!("{}: review: {hint}", global.name());
+        }
         Ok(ExitCode::from(review_exit_code(reply.decision.outcome)))
     }
+}
+
+/// Issue 47: what `review` says of an object that is not an AdmissionReview (a JobSet, as a
+/// user first tries), beside the server's own answer (`request.uid is missing`): what it read
+/// and the commands that take a manifest.
+fn not_a_review(body: &[u8], file: &str) -> Option<String> {
+    let value: Value = serde_json::from_slice(body).ok()?;
+    let kind = value.get("kind")?.as_str()?;
+    if kind == "AdmissionReview" {
+        return None;
+    }
+    let name = value
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .map_or_else(String::new, |n| format!(" {n}"));
+    let file = if file == "-" { "FILE" } else { file };
+    Some(format!(
+        "the input is a {kind}{name}, not an AdmissionReview: review answers an AdmissionReview \
+         request as the webhook does (the API server sends one per admission); to judge a \
+         manifest run `check -f {file}`, to inject it `inject -f {file}`"
+    ))
 }
 
 /// `review`'s exit code: 0 allowed (patched or not), 1 denied, 2 a request the server cannot

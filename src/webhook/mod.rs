@@ -532,7 +532,9 @@ mod tests {
         ] {
             let err =
                 Webhook::try_parse_from(["webhook"].iter().chain(&bad)).expect_err("rejected");
-            let line = crate::settings::one_line_error(&err, &Webhook::command());
+            let line = crate::settings::with_env_tip(err, &Webhook::command())
+                .render()
+                .to_string();
             assert!(line.contains(bad[0]), "{line}");
             assert!(line.contains("JOBSET_INPLACE_"), "{line}");
         }

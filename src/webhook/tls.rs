@@ -33,7 +33,7 @@ pub fn certified_key(
         crate::certs::Error::BadCertificate { reason, .. } => tls_error(cert_path, reason),
         _ => tls_error(cert_path, "no PEM certificate in the file".into()),
     })?;
-    let key = match rustls_pemfile::private_key(&mut &key_pem[..]) {
+    let key = match crate::certs::parse_private_key(key_pem) {
         Ok(Some(key)) => key,
         Ok(None) => return Err(tls_error(key_path, "no PEM private key in the file".into())),
         Err(e) => return Err(tls_error(key_path, format!("not a PEM private key: {e}"))),

@@ -398,3 +398,45 @@ fn update_ratchets_only_unchanged_replicated_jobs() {
             .is_empty()
     );
 }
+
+/// Issue 47: the agent-missing denial names the opt-out annotation only when the JobSet has it;
+/// otherwise it names the mutating webhook, which would have injected the agent.
+#[test]
+fn the_agent_missing_hint_names_the_annotation_only_when_it_is_there() {
+    let missing = |js: &Value| {
+        let v = validate(js, &config());
+        let found: Vec<_> = v
+            .violations
+            .iter()
+            .filter(|x| x.rule == Rule::AgentMissing)
+            .map(|x| x.message.clone())
+            .collect();
+        assert_eq!(found.len(), 1, "{:?}", v.violations);
+        found[0].clone()
+    };
+    let plain = jobset(json!({"containers": [worker()]}));
+    let message = missing(&plain);
+    assert!(
+        message.ends_with(
+            "; the mutating webhook injects it: check that the MutatingWebhookConfiguration \
+             jobset-inplace is installed, selects this JobSet's namespace and reaches the \
+             webhook (jobset-inplace doctor)"
+        ),
+        "{message}"
+    );
+    let key = crate::admission::INJECT_ANNOTATION;
+    assert!(!message.contains(key), "{message}");
+    let mut opted_out = plain.clone();
+    opted_out["metadata"]["annotations"][key] = json!("false");
+    let message = missing(&opted_out);
+    assert!(
+        message.ends_with(
+            "; remove the jobset-inplace.dev/inject: \"false\" annotation to have it injected"
+        ),
+        "{message}"
+    );
+    assert!(!message.contains("mutating webhook"), "{message}");
+    // Any other value does not stop the injection: the webhook is the cause.
+    opted_out["metadata"]["annotations"][key] = json!("true");
+    assert!(missing(&opted_out).contains("the mutating webhook injects it"));
+}

@@ -47,6 +47,74 @@ async fn run(server: &TestApiServer, args: &[&str]) -> Output {
         .expect("runs")
 }
 
+/// stdout read as one YAML document.
+fn as_yaml(out: &Output) -> Value {
+    jobset_inplace::settings::from_yaml(&String::from_utf8_lossy(&out.stdout))
+        .unwrap_or_else(|e| panic!("yaml: {e}: {out:?}"))
+}
+
+/// Every string of `value` with its digits removed.
+fn without_digits(value: Value) -> Value {
+    match value {
+        Value::String(s) => Value::String(s.chars().filter(|c| !c.is_ascii_digit()).collect()),
+        Value::Array(items) => Value::Array(items.into_iter().map(without_digits).collect()),
+        Value::Object(map) => Value::Object(
+            map.into_iter()
+                .map(|(k, v)| (k, without_digits(v)))
+                .collect(),
+        ),
+        other => other,
+    }
+}
+
+/// Issue 47: an API server that cannot be reached is one line naming it and the kubeconfig
+/// context, for `doctor` and `status` alike (it was every check's client error, 33 lines).
+#[tokio::test]
+async fn an_unreachable_server_is_one_line_naming_it_and_the_context() {
+    bounded(async {
+        // A loopback port nothing listens on.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let kubeconfig = dir.path().join("kubeconfig");
+        std::fs::write(
+            &kubeconfig,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: t\n  cluster: {{server: \
+                 http://127.0.0.1:{port}}}\nusers:\n- name: t\n  user: {{}}\ncontexts:\n- name: \
+                 far-away\n  context: {{cluster: t, user: t}}\ncurrent-context: far-away\n"
+            ),
+        )
+        .expect("kubeconfig");
+        for args in [&["doctor"][..], &["status", "-n", "team"]] {
+            let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_jobset-inplace"))
+                .args(args)
+                .env("KUBECONFIG", &kubeconfig)
+                .env_remove("KUBERNETES_SERVICE_HOST")
+                .kill_on_drop(true)
+                .output();
+            let out = tokio::time::timeout(Duration::from_secs(30), out)
+                .await
+                .expect("the command returns")
+                .expect("runs");
+            assert_eq!(out.status.code(), Some(1), "{args:?}: {out:?}");
+            assert!(out.stdout.is_empty(), "{args:?}: {out:?}");
+            let err = String::from_utf8_lossy(&out.stderr);
+            let prefix = format!(
+                "jobset-inplace: cannot reach the Kubernetes API server http://127.0.0.1:{port}/ \
+                 (kubeconfig context far-away of {}): ",
+                kubeconfig.display()
+            );
+            assert!(err.starts_with(&prefix), "{args:?}: {err}");
+            assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+            assert!(err.to_lowercase().contains("refused"), "{args:?}: {err}");
+        }
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn status_lists_the_pods_the_group_waits_for_first() {
     bounded(async {
@@ -153,6 +221,9 @@ async fn status_lists_the_pods_the_group_waits_for_first() {
 
         let out = run(&server, &["status", "-n", "team", "train", "-o", "json"]).await;
         let report: Value = serde_json::from_slice(&out.stdout).expect("json");
+        // Issue 47: `-o yaml` prints the same.
+        let out = run(&server, &["status", "-n", "team", "train", "-o", "yaml"]).await;
+        assert_eq!(as_yaml(&out), report);
         assert_eq!(report["state"]["state"], "Restarting");
         assert_eq!(report["pods"].as_array().map(Vec::len), Some(3));
         assert_eq!(report["pods"][1]["barrierLifted"], true);
@@ -219,6 +290,8 @@ async fn status_lists_the_pods_the_group_waits_for_first() {
         );
         let out = run(&server, &["status", "-A", "-o", "json"]).await;
         let rows: Value = serde_json::from_slice(&out.stdout).expect("json");
+        let out = run(&server, &["status", "-A", "-o", "yaml"]).await;
+        assert_eq!(as_yaml(&out), rows);
         let names: Vec<&str> = rows
             .as_array()
             .expect("rows")
@@ -365,6 +438,10 @@ async fn doctor_checks_an_installation() {
         let out = run(&server, &["--protocol", "epoch", "doctor", "-n", "elsewhere", "-o", "json", "--read-only"]).await;
         assert_eq!(out.status.code(), Some(1));
         let report: Value = serde_json::from_slice(&out.stdout).expect("json");
+        let out = run(&server, &["--protocol", "epoch", "doctor", "-n", "elsewhere", "-o", "yaml", "--read-only"]).await;
+        assert_eq!(out.status.code(), Some(1));
+        // The same, but for the clock between the two runs (`renewed 120s ago`).
+        assert_eq!(without_digits(as_yaml(&out)), without_digits(report.clone()));
         assert_eq!(report["ok"], false);
         let verdict = |check: &str| {
             report["checks"]

@@ -1,5 +1,6 @@
 //! The binary's commands as a user runs them: the offline ones and `doctor`/`status`.
 
+mod command_line;
 mod inspect;
 mod offline;
 mod upstream;

@@ -422,9 +422,18 @@ fn a_missing_argument_is_named() {
         .output()
         .expect("runs");
     assert_eq!(out.status.code(), Some(2));
+    // clap's own error (issue 47): the arguments, then the usage.
     let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(err.lines().count(), 1, "{err}");
-    assert!(err.contains("<--mutate|--validate>"), "{err}");
+    assert!(
+        err.starts_with(
+            "error: the following required arguments were not provided:\n  <--mutate|--validate>\n"
+        ),
+        "{err}"
+    );
+    assert!(
+        err.contains("Usage: jobset-inplace review --filename <FILE> <--mutate|--validate>"),
+        "{err}"
+    );
 }
 
 /// Issue 23: the injection config's `imagePullSecrets` in the Kubernetes shape; the injected pod
@@ -496,7 +505,7 @@ fn kubectl_runs_the_binary_as_its_plugin() {
     assert!(out.status.success(), "{out:?}");
     assert_eq!(
         String::from_utf8_lossy(&out.stdout).trim(),
-        format!("jobset-inplace {}", env!("CARGO_PKG_VERSION"))
+        format!("jobset-inplace {}", jobset_inplace::cli::VERSION)
     );
     let out = kubectl(&["jobset-inplace", "doctor", "--help"]);
     assert!(out.status.success(), "{out:?}");
@@ -768,25 +777,33 @@ fn check_exit_codes() {
     }
 }
 
-/// Issue 36: run as kubectl's plugin, errors say `kubectl jobset-inplace:` (as the docs do).
+/// Issue 36: run as kubectl's plugin, errors say `kubectl jobset-inplace:` (as the docs do);
+/// a command-line error is clap's (issue 47), whose usage names the plugin.
 #[test]
 fn the_plugin_names_itself_in_errors() {
     let dir = tempfile::tempdir().expect("tempdir");
     let plugin = dir.path().join("kubectl-jobset_inplace");
     std::fs::copy(env!("CARGO_BIN_EXE_jobset-inplace"), &plugin).expect("copy");
-    for args in [
-        &["check", "-f", "/nonexistent.yaml"][..],
-        &["check", "--no-such-flag"],
-    ] {
+    let run = |args: &[&str]| {
         let out = Command::new(&plugin)
             .args(args)
             .env("KUBECONFIG", "/nonexistent/kubeconfig")
             .output()
             .expect("runs");
         assert_eq!(out.status.code(), Some(2), "{out:?}");
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.starts_with("kubectl jobset-inplace: "), "{err}");
-    }
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = run(&["check", "-f", "/nonexistent.yaml"]);
+    assert!(err.starts_with("kubectl jobset-inplace: "), "{err}");
+    let err = run(&["check", "--no-such-flag"]);
+    assert!(
+        err.starts_with("error: unexpected argument '--no-such-flag' found\n"),
+        "{err}"
+    );
+    assert!(
+        err.contains("Usage: kubectl jobset-inplace check [OPTIONS]"),
+        "{err}"
+    );
     let out = binary()
         .args(["check", "-f", "/nonexistent.yaml"])
         .output()
@@ -794,5 +811,108 @@ fn the_plugin_names_itself_in_errors() {
     assert!(
         String::from_utf8_lossy(&out.stderr).starts_with("jobset-inplace: "),
         "{out:?}"
+    );
+}
+
+/// The story1-plain fixture's JobSet (written as YAML) with `change` applied, and its
+/// `namespace/name`.
+fn plain_jobset_yaml(change: impl FnOnce(&mut serde_json::Value)) -> (String, String) {
+    let case = fixtures::admission_cases()
+        .into_iter()
+        .find(|c| c.name == "story1-plain")
+        .expect("fixture");
+    let mut jobset = case.request["request"]["object"].clone();
+    change(&mut jobset);
+    let name = match (
+        jobset["metadata"]["namespace"].as_str(),
+        jobset["metadata"]["name"].as_str(),
+    ) {
+        (Some(ns), Some(name)) => format!("{ns}/{name}"),
+        (None, Some(name)) => name.to_owned(),
+        _ => panic!("the fixture's JobSet has a name"),
+    };
+    (serde_saphyr::to_string(&jobset).expect("yaml"), name)
+}
+
+/// Issue 47: `inject` never says ok to what the cluster will deny. A JobSet the injection cannot
+/// fix (`backoffLimit: 0`) prints nothing on stdout, its denial on stderr, exit 1; the same
+/// JobSet as it should be is printed injected, exit 0.
+#[test]
+fn inject_refuses_a_jobset_the_validating_webhook_would_deny() {
+    let (bad, name) = plain_jobset_yaml(|js| {
+        js["spec"]["replicatedJobs"][0]["template"]["spec"]["backoffLimit"] = 0.into();
+    });
+    let mut cmd = binary();
+    cmd.args(["inject", "-f", "-"]);
+    let out = run_with_stdin(cmd, bad.as_bytes());
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(out.stdout.is_empty(), "{out:?}");
+    assert_eq!(
+        errors(&out),
+        format!(
+            "-: JobSet {name}: denied\n  denied: spec.replicatedJobs[0].template.spec.backoffLimit: \
+             must be 2147483647 (is 0): with InPlaceRestart the JobSet's maxRestarts bounds \
+             restarts, and a Job that fails on its own recreates every pod\njobset-inplace: \
+             inject: 1 JobSet(s) would be denied by the validating webhook once injected; \
+             nothing printed\n"
+        )
+    );
+    let (good, _) = plain_jobset_yaml(|_| {});
+    let mut cmd = binary();
+    cmd.args(["inject", "-f", "-"]);
+    let out = run_with_stdin(cmd, good.as_bytes());
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("name: jobset-inplace-agent"),
+        "{out:?}"
+    );
+    assert_eq!(errors(&out), "");
+}
+
+/// Issue 47: `inject -f DIR` reads the directory's manifests as `check` does, in name order;
+/// `-R` its subdirectories' too.
+#[test]
+fn inject_reads_directories_and_with_r_their_subdirectories() {
+    let (jobset, _) = plain_jobset_yaml(|_| {});
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir(dir.path().join("sub")).expect("mkdir");
+    std::fs::write(
+        dir.path().join("a.yaml"),
+        "apiVersion: v1\nkind: Namespace\nmetadata: {name: from-a}\n",
+    )
+    .expect("write");
+    std::fs::write(dir.path().join("b.yml"), &jobset).expect("write");
+    std::fs::write(dir.path().join("notes.txt"), "not a manifest").expect("write");
+    std::fs::write(
+        dir.path().join("sub/c.yaml"),
+        "apiVersion: v1\nkind: Namespace\nmetadata: {name: from-sub}\n",
+    )
+    .expect("write");
+    let run = |recursive: bool| {
+        let mut cmd = binary();
+        cmd.arg("inject");
+        if recursive {
+            cmd.arg("-R");
+        }
+        let out = cmd.arg("-f").arg(dir.path()).output().expect("runs");
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout).expect("utf-8")
+    };
+    let flat = run(false);
+    // One YAML stream: the next file's documents under a `---` line.
+    assert!(
+        flat.starts_with("apiVersion: v1\nkind: Namespace\nmetadata: {name: from-a}\n---\n"),
+        "{flat}"
+    );
+    assert!(flat.contains("name: jobset-inplace-agent"), "{flat}");
+    assert!(
+        !flat.contains("from-sub") && !flat.contains("not a manifest"),
+        "{flat}"
+    );
+    let deep = run(true);
+    assert!(deep.starts_with(&flat), "{deep}");
+    assert!(
+        deep.ends_with("\n---\napiVersion: v1\nkind: Namespace\nmetadata: {name: from-sub}\n"),
+        "{deep}"
     );
 }

@@ -144,6 +144,7 @@ fn the_builder_image_and_the_ci_tools_are_pinned() {
     let mut installs = 0;
     for file in [
         ".ci/run",
+        "scripts/cargo-deny.sh",
         "scripts/cargo-tool.sh",
         "scripts/check-image.sh",
         "scripts/check-monitoring.sh",
@@ -288,4 +289,52 @@ fn the_image_check_fails_when_the_pinned_hadolint_cannot_run() {
         e.contains("hadolint 2.15.1: neither on PATH nor installable"),
         "{e}"
     );
+}
+
+/// Issue 47: CI runs `cargo deny` (licences, sources, bans; the advisories against a clone of the
+/// RustSec database where one is given, never fetched), with the tool pinned; the unmaintained
+/// rustls-pemfile (RUSTSEC-2025-0134) is in neither lock file.
+#[test]
+fn ci_checks_the_dependencies_with_cargo_deny() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let read = |path: &str| std::fs::read_to_string(root.join(path)).expect(path);
+    let deny = read("deny.toml");
+    for needle in [
+        "db-path = \"target/advisory-dbs\"",
+        "[licenses]",
+        "[bans]",
+        "[sources]",
+        "unknown-git = \"deny\"",
+    ] {
+        assert!(deny.contains(needle), "deny.toml lacks {needle}");
+    }
+    let script = read("scripts/cargo-deny.sh");
+    assert!(
+        script.contains("version=0.20.2"),
+        "cargo-deny is not pinned"
+    );
+    assert!(
+        script.contains("--frozen"),
+        "cargo deny may fetch the database"
+    );
+    assert!(
+        script.contains("--manifest-path \"$manifest\"") && script.contains("fuzz/Cargo.toml"),
+        "the fuzz targets are not checked"
+    );
+    assert!(
+        script.contains("advisories SKIPPED"),
+        "without a database the advisories check must say it did not run"
+    );
+    assert!(
+        read(".ci/run")
+            .lines()
+            .any(|l| l.trim() == "scripts/cargo-deny.sh"),
+        ".ci/run does not run scripts/cargo-deny.sh"
+    );
+    for lock in ["Cargo.lock", "fuzz/Cargo.lock"] {
+        assert!(
+            !read(lock).contains("name = \"rustls-pemfile\""),
+            "{lock} still has rustls-pemfile"
+        );
+    }
 }
