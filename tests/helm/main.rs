@@ -20,6 +20,7 @@
 //! - `values.schema.json` rejects a wrong type and an unknown key, saying which;
 //! - the chart's version and appVersion are the crate's version;
 //! - every rendered object is valid under Kubernetes 1.35's schema (`scripts/validate-manifests.py`);
+//! - the chart README's values table is what `values.yaml`'s comments say (`readme.rs`);
 //! - on a real control plane (`JOBSET_INPLACE_KUBECONFIG`, as tests/real_cluster/):
 //!   `helm install`, `helm upgrade` to a changed value with a JobSet created before untouched,
 //!   `helm rollback`, `helm uninstall` leaving nothing of the chart behind.
@@ -72,6 +73,7 @@ fn chart_dir() -> PathBuf {
 }
 mod cluster;
 mod offline;
+mod readme;
 mod render;
 
 // ---------------------------------------------------------------------------------------------
