@@ -512,7 +512,10 @@ fn the_values_users_of_other_charts_set_reach_the_objects() {
     let budgets = |replicas: &str| -> Vec<Value> {
         template(&helm, &[&format!("webhook.replicas={replicas}")])
             .into_iter()
-            .filter(|o| o["kind"] == "PodDisruptionBudget")
+            .filter(|o| {
+                o["kind"] == "PodDisruptionBudget"
+                    && o["metadata"]["name"] == "jobset-inplace-webhook"
+            })
             .collect()
     };
     assert!(
