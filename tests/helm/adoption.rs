@@ -1,6 +1,7 @@
 //! What a platform team's way of installing charts needs (issue 47): the chart as a subchart
 //! (`global`, `enabled`), `namespaceOverride`, the webhooks' failure policy and timeout, the
-//! ServiceMonitors' interval, a budget for the reconciler.
+//! ServiceMonitors' interval, a budget for the reconciler, `kubeVersion` as docs/reference.md
+//! says, Chart.yaml's metadata, and nothing Argo CD cannot render (`lookup`, hooks).
 
 use super::*;
 
@@ -308,5 +309,128 @@ fn the_reconciler_has_a_budget_with_more_than_one_replica() {
                 "the budget selects the reconciler's pods ({k})"
             );
         }
+    }
+}
+
+/// The Kubernetes versions docs/reference.md supports: the `Kubernetes` cell of the
+/// compatibility table's first row (the default, injected agent), `>= 1.35`.
+fn supported_kubernetes() -> String {
+    let text = std::fs::read_to_string(repo().join("docs/reference.md")).expect("reference.md");
+    let table = text
+        .split_once("## Compatibility")
+        .expect("reference.md has a Compatibility section")
+        .1;
+    let row = table
+        .lines()
+        .find(|l| l.starts_with("| injected sidecar agent (default)"))
+        .expect("the default's row");
+    let cell = row.split('|').nth(2).expect("the Kubernetes cell").trim();
+    let version = cell
+        .strip_prefix(">= ")
+        .unwrap_or_else(|| panic!("the Kubernetes cell {cell:?} is not `>= X.Y`"));
+    assert!(
+        version.split('.').count() == 2 && version.split('.').all(|p| p.parse::<u32>().is_ok()),
+        "{version:?} is not X.Y"
+    );
+    version.to_owned()
+}
+
+#[test]
+fn kube_version_is_what_the_reference_supports() {
+    let text = std::fs::read_to_string(chart_dir().join("Chart.yaml")).expect("Chart.yaml");
+    let chart: Value = serde_saphyr::from_str(&text).expect("Chart.yaml is YAML");
+    let supported = supported_kubernetes();
+    // `-0`: its pre-releases (1.35.0-rc.1) count as 1.35.
+    assert_eq!(
+        chart["kubeVersion"],
+        format!(">={supported}.0-0"),
+        "Chart.yaml's kubeVersion against docs/reference.md's >= {supported}"
+    );
+    let Some(helm) = helm() else { return };
+    let (major, minor) = supported.split_once('.').expect("X.Y");
+    let minor: u32 = minor.parse().expect("minor");
+    let chart = chart_dir().display().to_string();
+    let at = |v: String| {
+        run_helm(
+            &helm,
+            &[
+                "template",
+                RELEASE,
+                &chart,
+                "--namespace",
+                NAMESPACE,
+                "--kube-version",
+                &v,
+            ],
+        )
+    };
+    at(format!("{major}.{minor}.0")).unwrap_or_else(|e| panic!("{e}"));
+    at(format!("{major}.{minor}.0-rc.1")).unwrap_or_else(|e| panic!("a pre-release: {e}"));
+    let e = at(format!("{major}.{}.9", minor - 1)).expect_err("an older Kubernetes");
+    assert!(e.contains("kubeVersion"), "{e}");
+}
+
+/// Chart.yaml says where the chart comes from and carries Artifact Hub's annotations, each of
+/// the shape Artifact Hub reads (links, images and changes are YAML lists in a string).
+#[test]
+fn chart_yaml_carries_its_metadata_and_artifact_hubs_annotations() {
+    let text = std::fs::read_to_string(chart_dir().join("Chart.yaml")).expect("Chart.yaml");
+    let chart: Value = serde_saphyr::from_str(&text).expect("Chart.yaml is YAML");
+    let https = |v: &Value, what: &str| {
+        assert!(
+            v.as_str().is_some_and(|s| s.starts_with("https://")),
+            "{what}: {v}"
+        );
+    };
+    https(&chart["home"], "home");
+    let sources = chart["sources"].as_array().expect("sources");
+    assert!(!sources.is_empty());
+    sources.iter().for_each(|s| https(s, "sources"));
+    let maintainers = chart["maintainers"].as_array().expect("maintainers");
+    assert!(!maintainers.is_empty());
+    for m in maintainers {
+        assert!(m["name"].as_str().is_some_and(|n| !n.is_empty()), "{m}");
+    }
+    let a = &chart["annotations"];
+    // The licence is the crate's (Cargo.toml's `license`, the chart's LICENSE file).
+    assert_eq!(a["artifacthub.io/license"], "Apache-2.0");
+    let list = |key: &str| -> Vec<Value> {
+        let text = a[key].as_str().unwrap_or_else(|| panic!("{key}"));
+        serde_saphyr::from_str(text).unwrap_or_else(|e| panic!("{key}: {e}"))
+    };
+    let links = list("artifacthub.io/links");
+    assert!(!links.is_empty());
+    for l in &links {
+        assert!(l["name"].is_string(), "{l}");
+        https(&l["url"], "a link");
+    }
+    let images = list("artifacthub.io/images");
+    assert_eq!(
+        images
+            .iter()
+            .map(|i| i["image"].as_str().unwrap_or_default())
+            .collect::<Vec<_>>(),
+        [format!(
+            "ghcr.io/jobset-inplace/jobset-inplace:{}",
+            env!("CARGO_PKG_VERSION")
+        )],
+        "the image of appVersion"
+    );
+    let changes = list("artifacthub.io/changes");
+    assert!(!changes.is_empty());
+    for c in &changes {
+        assert!(
+            [
+                "added",
+                "changed",
+                "deprecated",
+                "removed",
+                "fixed",
+                "security"
+            ]
+            .contains(&c["kind"].as_str().unwrap_or_default()),
+            "{c}"
+        );
+        assert!(c["description"].is_string(), "{c}");
     }
 }
