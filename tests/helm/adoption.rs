@@ -434,3 +434,38 @@ fn chart_yaml_carries_its_metadata_and_artifact_hubs_annotations() {
         assert!(c["description"].is_string(), "{c}");
     }
 }
+
+/// What Argo CD (and any tool that renders with `helm template` and applies the result) needs:
+/// no `lookup` (it renders without a cluster, so a lookup finds nothing), no Helm hooks (Argo CD
+/// maps them to its own), and no caBundle in the webhook configurations (what fills it,
+/// `--self-signed` or cert-manager's injector, is not the chart; docs/operations.md, "Argo CD").
+#[test]
+fn the_chart_renders_without_a_cluster_for_gitops_tools() {
+    let dir = chart_dir().join("templates");
+    let mut offending = Vec::new();
+    for e in std::fs::read_dir(&dir).expect("templates") {
+        let path = e.expect("entry").path();
+        let text = std::fs::read_to_string(&path).expect("template");
+        for (n, line) in text.lines().enumerate() {
+            if line.contains("lookup") || line.contains("helm.sh/hook") {
+                offending.push(format!("{}:{}: {line}", path.display(), n + 1));
+            }
+        }
+    }
+    assert!(offending.is_empty(), "{}", offending.join("\n"));
+    let Some(helm) = helm() else { return };
+    for sets in [&[][..], &["certificates=cert-manager"]] {
+        let objects = template(&helm, sets);
+        for kind in [
+            "MutatingWebhookConfiguration",
+            "ValidatingWebhookConfiguration",
+        ] {
+            let w = &object(&objects, kind, "jobset-inplace")["webhooks"][0];
+            assert!(w["clientConfig"].is_object(), "{kind}");
+            assert!(
+                w["clientConfig"]["caBundle"].is_null(),
+                "{sets:?}: {kind} renders a caBundle"
+            );
+        }
+    }
+}

@@ -23,7 +23,7 @@
 //! - what platform teams' ways of installing need (`adoption.rs`): the chart as a subchart
 //!   (`global`, `enabled`), `namespaceOverride`, the webhooks' failure policy and timeout, the
 //!   ServiceMonitors' interval, the reconciler's budget, `kubeVersion` as docs/reference.md says,
-//!   Chart.yaml's metadata;
+//!   Chart.yaml's metadata, no `lookup` or hooks (Argo CD);
 //! - the chart README's values table is what `values.yaml`'s comments say (`readme.rs`);
 //! - on a real control plane (`JOBSET_INPLACE_KUBECONFIG`, as tests/real_cluster/):
 //!   `helm install`, `helm upgrade` to a changed value with a JobSet created before untouched,
