@@ -1,4 +1,5 @@
-//! On a real control plane: `helm install`, `upgrade --reuse-values`, `rollback`, `uninstall`.
+//! On a real control plane: `helm install`, `upgrade --reset-then-reuse-values`, `rollback`,
+//! `uninstall`.
 
 use super::*;
 use jobset_inplace_testkit::build::{JobSet, ReplicatedJob};
@@ -302,7 +303,9 @@ fn helm_installs_upgrades_rolls_back_and_uninstalls_on_a_real_control_plane() {
             "upgrade",
             RELEASE,
             &chart,
-            "--reuse-values",
+            // Not --reuse-values, which takes the old chart's defaults as the new one's
+            // (docs/operations.md, "Installing with Helm").
+            "--reset-then-reuse-values",
             "--set",
             "reconciler.groupRestartTimeout=5m",
         ],
@@ -325,7 +328,7 @@ fn helm_installs_upgrades_rolls_back_and_uninstalls_on_a_real_control_plane() {
     );
     assert_eq!(
         cm["data"]["protocol"], "attempt",
-        "--reuse-values kept the dialect"
+        "--reset-then-reuse-values kept the dialect given at install"
     );
 
     // rollback to the first revision

@@ -20,6 +20,11 @@
 //! - `values.schema.json` rejects a wrong type and an unknown key, saying which;
 //! - the chart's version and appVersion are the crate's version;
 //! - every rendered object is valid under Kubernetes 1.35's schema (`scripts/validate-manifests.py`);
+//! - what platform teams' ways of installing need (`adoption.rs`): the chart as a subchart
+//!   (`global`, `enabled`), `namespaceOverride`, the webhooks' failure policy and timeout, the
+//!   ServiceMonitors' interval, the reconciler's budget, `kubeVersion` as docs/reference.md says,
+//!   Chart.yaml's metadata, no `lookup` or hooks (Argo CD);
+//! - the chart README's values table is what `values.yaml`'s comments say (`readme.rs`);
 //! - on a real control plane (`JOBSET_INPLACE_KUBECONFIG`, as tests/real_cluster/):
 //!   `helm install`, `helm upgrade` to a changed value with a JobSet created before untouched,
 //!   `helm rollback`, `helm uninstall` leaving nothing of the chart behind.
@@ -70,8 +75,10 @@ fn repo() -> PathBuf {
 fn chart_dir() -> PathBuf {
     repo().join("charts").join("jobset-inplace")
 }
+mod adoption;
 mod cluster;
 mod offline;
+mod readme;
 mod render;
 
 // ---------------------------------------------------------------------------------------------

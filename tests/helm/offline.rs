@@ -512,7 +512,10 @@ fn the_values_users_of_other_charts_set_reach_the_objects() {
     let budgets = |replicas: &str| -> Vec<Value> {
         template(&helm, &[&format!("webhook.replicas={replicas}")])
             .into_iter()
-            .filter(|o| o["kind"] == "PodDisruptionBudget")
+            .filter(|o| {
+                o["kind"] == "PodDisruptionBudget"
+                    && o["metadata"]["name"] == "jobset-inplace-webhook"
+            })
             .collect()
     };
     assert!(
@@ -587,124 +590,9 @@ fn the_schema_and_the_binary_accept_the_same_durations() {
     assert!(jobset_inplace::deadline::parse_timeout("90d").is_err());
 }
 
-/// The line of charts/jobset-inplace/README.md below which the values' table is generated.
-const README_MARKER: &str = "<!-- The table below is generated from values.yaml by tests/helm/ \
-                             (UPDATE_CHART_README=1 cargo test --test helm chart_readme). -->";
-
-/// The values' table of the chart's README: one row per leaf of values.yaml (a key whose value
-/// is on its line: a scalar, `{}` or `[]`), with the comment lines just above it (or above the
-/// nearest enclosing key that has them) as its description.
-fn values_table(values_yaml: &str) -> String {
-    let mut rows = Vec::new();
-    // (indent, key, its comment) of the enclosing keys.
-    let mut stack: Vec<(usize, String, String)> = Vec::new();
-    let mut comment: Vec<String> = Vec::new();
-    for line in values_yaml.lines() {
-        let trimmed = line.trim_start();
-        let indent = line.len() - trimmed.len();
-        if trimmed.is_empty() {
-            comment.clear();
-            continue;
-        }
-        // A comment block describes the key right below it; a blank line ends it (so the file's
-        // header, followed by one, describes nothing).
-        if let Some(text) = trimmed.strip_prefix('#') {
-            comment.push(text.trim().to_owned());
-            continue;
-        }
-        let Some((key, value)) = trimmed.split_once(':') else {
-            continue;
-        };
-        while stack.last().is_some_and(|(i, _, _)| *i >= indent) {
-            stack.pop();
-        }
-        let own = comment.join(" ");
-        comment.clear();
-        let value = value.trim();
-        let path: Vec<&str> = stack
-            .iter()
-            .map(|(_, k, _)| k.as_str())
-            .chain([key])
-            .collect();
-        if value.is_empty() {
-            stack.push((indent, key.to_owned(), own));
-            continue;
-        }
-        let description = if own.is_empty() {
-            stack
-                .iter()
-                .rev()
-                .map(|(_, _, c)| c.as_str())
-                .find(|c| !c.is_empty())
-                .unwrap_or("")
-                .to_owned()
-        } else {
-            own
-        };
-        rows.push(format!(
-            "| `{}` | `{}` | {} |",
-            path.join("."),
-            value.replace('|', "\\|"),
-            description.replace('|', "\\|")
-        ));
-    }
-    let mut out = String::from("| value | default | what it is |\n|---|---|---|\n");
-    for r in rows {
-        out.push_str(&r);
-        out.push('\n');
-    }
-    out
-}
-
-#[test]
-fn chart_readme_lists_every_value_as_values_yaml_says() {
-    let dir = chart_dir();
-    let values = std::fs::read_to_string(dir.join("values.yaml")).expect("values.yaml");
-    let path = dir.join("README.md");
-    let readme = std::fs::read_to_string(&path).expect("charts/jobset-inplace/README.md");
-    let head = readme
-        .split_once(README_MARKER)
-        .map(|(head, _)| head)
-        .unwrap_or_else(|| panic!("{} lacks the line {README_MARKER}", path.display()));
-    let want = format!("{head}{README_MARKER}\n\n{}", values_table(&values));
-    if std::env::var_os("UPDATE_CHART_README").is_some() {
-        std::fs::write(&path, &want).expect("write the README");
-        return;
-    }
-    assert!(
-        readme == want,
-        "{} is not what values.yaml says: run UPDATE_CHART_README=1 cargo test --test helm chart_readme",
-        path.display()
-    );
-    // Every leaf of the schema's top level is in it, so a value added to values.yaml without a
-    // row cannot pass.
-    let schema: Value = serde_json::from_str(
-        &std::fs::read_to_string(dir.join("values.schema.json")).expect("schema"),
-    )
-    .expect("schema JSON");
-    for key in schema["properties"].as_object().expect("properties").keys() {
-        assert!(
-            readme.contains(&format!("| `{key}")),
-            "README has no row for {key}"
-        );
-    }
-}
-
 #[test]
 fn the_chart_carries_the_projects_licence() {
     assert_linked("LICENSE", "LICENSE");
     let root = std::fs::read(repo().join("LICENSE")).expect("LICENSE");
     assert!(String::from_utf8_lossy(&root).contains("Apache License"));
-}
-
-#[test]
-fn values_table_nests_keys_and_inherits_descriptions() {
-    let yaml = "# header\n\n# The image.\nimage:\n  # Where.\n  registry: ghcr.io\n  tag: \"\"\nlist: []\n";
-    assert_eq!(
-        values_table(yaml),
-        "| value | default | what it is |\n|---|---|---|\n\
-         | `image.registry` | `ghcr.io` | Where. |\n\
-         | `image.tag` | `\"\"` | The image. |\n\
-         | `list` | `[]` |  |\n"
-    );
 }

@@ -14,6 +14,15 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end }}
 
 {{/*
+The namespace of every namespaced object, and of every reference to one (the webhook
+configurations' service, the policies' and FlowSchemas' service accounts, the certificate's
+names): namespaceOverride, or the release's.
+*/}}
+{{- define "jobset-inplace.namespace" -}}
+{{- default .Release.Namespace .Values.namespaceOverride -}}
+{{- end }}
+
+{{/*
 An image reference from {registry, repository, tag, digest}: registry/repository:tag@digest, the
 tag defaulting to the chart's appVersion, the digest (sha256:...) pinning it when set.
 */}}
@@ -93,7 +102,7 @@ matchExpressions:
 {{- end }}
 - key: kubernetes.io/metadata.name
   operator: NotIn
-  values: {{ concat .Values.webhook.excludedNamespaces (list .Release.Namespace) | uniq | toJson }}
+  values: {{ concat .Values.webhook.excludedNamespaces (list (include "jobset-inplace.namespace" .)) | uniq | toJson }}
 {{- end }}
 
 {{/*
