@@ -6,8 +6,12 @@
 //! - no container but the agent mounts it;
 //! - a pod that runs as the agent's service account has `automountServiceAccountToken: false`
 //!   (the injection sets it when unset) and projects no other service account token;
+//! - a pod that runs as the agent's service account does not share its process namespace (a
+//!   worker would reach the agent's token through `/proc/<pid>/root`);
 //! - no container but the agent carries the agent's name ([`name_violations`]): the injection
-//!   would add a second container of that name, and the API server would refuse every pod.
+//!   would add a second container of that name, and the API server would refuse every pod;
+//! - a container shaped as the agent runs the configured agent image ([`image_violations`]): a
+//!   look-alike would be taken for the agent, given its token, and no agent injected.
 //!
 //! And one warning: under the `epoch` dialect, a container named as JobSet's own agent
 //! ([`foreign_agent_warnings`]).
@@ -32,6 +36,9 @@ pub(crate) struct Account<'a> {
     pub unset_is_fixed: bool,
     /// The agent's service account's name.
     pub name: &'a str,
+    /// The configured agent image: in a pod that runs as the agent's account, a container of
+    /// the agent's shape must run its repository ([`pod::runs_image`]).
+    pub image: &'a str,
 }
 
 /// The pod spec names `account` (`serviceAccountName`, or the deprecated `serviceAccount`).
@@ -50,14 +57,45 @@ fn is_agent(c: &Container<'_>, agent: Option<&Container<'_>>) -> bool {
     agent.is_some_and(|a| a.list == c.list && a.index == c.index)
 }
 
-/// Where the agent's token could reach another container than the agent (`agent`: the pod's
-/// agent, none before the injection adds it), each naming its field.
+/// The container that may hold the agent's token: the pod's agent (none before the injection
+/// adds it) and, in a pod that runs as the agent's account, only if it runs the configured
+/// image ([`pod::real_agent`]).
+fn token_holder<'a>(pod_spec: &'a PodSpec<'a>, account: Account<'_>) -> Option<Container<'a>> {
+    let agent = if account.runs_as_agent {
+        pod::real_agent(pod_spec, account.image)
+    } else {
+        pod::agent(pod_spec)
+    };
+    agent.map(|a| a.container)
+}
+
+/// In a pod that runs as the agent's service account, `c` (of the agent's shape) does not run
+/// the configured agent image: a look-alike ([`token_violations`] denies it), not the agent.
+pub(crate) fn is_look_alike(
+    pod_spec: &PodSpec<'_>,
+    c: &Container<'_>,
+    account: Account<'_>,
+) -> bool {
+    account.runs_as_agent
+        && pod::agents(pod_spec).any(|a| {
+            a.mode == pod::AgentMode::Sidecar
+                && a.container.list == c.list
+                && a.container.index == c.index
+                && !pod::runs_image(&a.container, account.image)
+        })
+}
+
+/// Where the agent's token could reach another container than the agent, each naming its
+/// field: a foreign volume of the token's name, a mount of it by another container; and in a
+/// pod that runs as the agent's account, its automounting, another token projected, a shared
+/// process namespace, a look-alike of the agent ([`image_violations`]).
 pub(crate) fn token_violations(
     pod_prefix: &str,
     pod_spec: &PodSpec<'_>,
-    agent: Option<&Container<'_>>,
     account: Account<'_>,
 ) -> Vec<Violation> {
+    let holder = token_holder(pod_spec, account);
+    let agent = holder.as_ref();
     let mut out: Vec<Violation> = pod_spec
         .volumes
         .as_ref()
@@ -104,6 +142,23 @@ pub(crate) fn token_violations(
             )),
         });
     }
+    if let Some(shared) = pod_spec
+        .share_process_namespace
+        .as_ref()
+        .filter(|v| **v != Value::Bool(false) && !v.is_null())
+    {
+        out.push(Violation {
+            rule: Rule::ShareProcessNamespace,
+            path: format!("{pod_prefix}.shareProcessNamespace"),
+            message: clip(format!(
+                "is {shared} while the pod runs as the agent's service account ({name}): in one \
+                 process namespace a worker that runs as the agent's user, or as root, reaches \
+                 the agent's files through /proc/<pid>/root, its token among them, which may \
+                 patch pods; remove it, or name a service account of your own"
+            )),
+        });
+    }
+    out.extend(image_violations(pod_prefix, pod_spec, account.image));
     for j in pod_spec
         .volumes
         .iter()
@@ -140,6 +195,40 @@ pub(crate) fn name_violations(pod_prefix: &str, pod_spec: &PodSpec<'_>) -> Vec<V
         .collect()
 }
 
+/// Containers shaped as the agent sidecar ([`pod::is_sidecar_agent`]) that do not run the
+/// configured agent image's repository (`image`, with any tag or digest: [`pod::runs_image`]),
+/// each naming its `image` field: in a pod that runs as the agent's account (the only pods
+/// [`token_violations`] asks about), they would be taken for the agent, and given its token.
+fn image_violations(pod_prefix: &str, pod_spec: &PodSpec<'_>, image: &str) -> Vec<Violation> {
+    pod::agents(pod_spec)
+        .filter(|a| a.mode == pod::AgentMode::Sidecar && !pod::runs_image(&a.container, image))
+        .map(|a| {
+            let c = a.container;
+            let runs = c
+                .view
+                .image
+                .as_deref()
+                .map_or_else(|| "not set".to_owned(), |i| format!("{i:?}"));
+            Violation {
+                rule: Rule::AgentImage,
+                path: format!("{}.image", container_path(pod_prefix, &c)),
+                message: clip(format!(
+                    "is {runs}, not the jobset-inplace agent's image {} (the configured image \
+                     {image:?}, any tag or digest), yet the container is shaped as the agent \
+                     (an init container named {} or with a {} restart rule) in a pod that runs \
+                     as the agent's service account: it would be taken for the agent and given \
+                     its token. Run the agent's image here, rename it and drop its {} rule (the \
+                     agent is then injected beside it), or name a service account of your own",
+                    pod::image_repository(image),
+                    agent_env::CONTAINER_NAME,
+                    pod::RESTART_ALL_CONTAINERS,
+                    pod::RESTART_ALL_CONTAINERS,
+                )),
+            }
+        })
+        .collect()
+}
+
 /// JobSet's own in-place restart agent's container name (JobSet v0.11's released agent).
 pub(crate) const JOBSET_AGENT_CONTAINER: &str = "in-place-restart-agent";
 
@@ -172,211 +261,4 @@ pub(crate) fn foreign_agent_warnings(
 }
 
 #[cfg(test)]
-mod tests {
-    use serde_json::{Value, json};
-
-    use crate::admission::config::InjectionConfig;
-    use crate::admission::sidecar::{token_mount, token_volume};
-    use crate::admission::{Mutation, mutate, validate};
-    use crate::protocol::Dialect;
-    use crate::wire::agent_env;
-
-    const C: &str = "spec.replicatedJobs[0].template.spec.template.spec";
-
-    fn config() -> InjectionConfig {
-        InjectionConfig::defaults(Dialect::Epoch)
-    }
-
-    fn jobset(pod_spec: Value) -> Value {
-        json!({
-            "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
-            "metadata": {"name": "js"},
-            "spec": {
-                "failurePolicy": {"maxRestarts": 3, "restartStrategy": "InPlaceRestart"},
-                "replicatedJobs": [{"name": "w", "replicas": 1, "template": {"spec": {
-                    "completions": 2, "parallelism": 2,
-                    "template": {"spec": pod_spec}
-                }}}]
-            }
-        })
-    }
-
-    fn worker(extra: Value) -> Value {
-        let mut w = json!({"name": "w", "image": "train"});
-        if let (Some(w), Some(extra)) = (w.as_object_mut(), extra.as_object()) {
-            w.extend(extra.clone());
-        }
-        w
-    }
-
-    /// The fields the injection refuses, or none when it patches.
-    fn refused(m: &Mutation) -> Vec<String> {
-        m.violations.iter().map(|v| v.path.clone()).collect()
-    }
-
-    /// What the webhook does: mutate, then validate what it made. The paths refused (by either).
-    fn admit(js: &Value) -> (Vec<String>, Value) {
-        let m = mutate(js, &config());
-        if !m.violations.is_empty() {
-            return (refused(&m), js.clone());
-        }
-        let mut out = js.clone();
-        json_patch::patch(&mut out, &m.patch).expect("the patch applies");
-        let v = validate(&out, &config());
-        (v.violations.iter().map(|v| v.path.clone()).collect(), out)
-    }
-
-    fn pod(js: &Value) -> &Value {
-        &js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
-    }
-
-    /// Issue 34 item 1: a template that names the agent's account (either field) with
-    /// `automountServiceAccountToken` unset handed the token to every container (the injection
-    /// left a named account alone). Now the webhook sets it to `false` and mounts the token into
-    /// the agent only; validation denies such a pod that did not get it; `true` is refused.
-    #[test]
-    fn a_template_naming_the_agent_account_gets_the_token_in_the_agent_only() {
-        let sa = config().service_account;
-        for field in ["serviceAccountName", "serviceAccount"] {
-            let js = jobset(json!({field: sa, "containers": [worker(json!({}))]}));
-            let (refused, out) = admit(&js);
-            assert!(refused.is_empty(), "{field}: {refused:?}");
-            let p = pod(&out);
-            assert_eq!(p["automountServiceAccountToken"], false, "{field}");
-            assert_eq!(p["volumes"], json!([token_volume()]), "{field}");
-            assert_eq!(
-                p["initContainers"][0]["volumeMounts"],
-                json!([token_mount()])
-            );
-            assert!(p["containers"][0].get("volumeMounts").is_none(), "{field}");
-
-            // Not injected (opted out, or the webhook not there): denied, naming the field.
-            let v = validate(&js, &config());
-            assert!(
-                v.violations
-                    .iter()
-                    .any(|v| v.path == format!("{C}.automountServiceAccountToken")),
-                "{field}: {v:?}"
-            );
-            let js = jobset(json!({field: sa, "automountServiceAccountToken": true,
-                                   "containers": [worker(json!({}))]}));
-            assert_eq!(
-                admit(&js).0,
-                vec![format!("{C}.automountServiceAccountToken")],
-                "{field}"
-            );
-        }
-    }
-
-    /// Issue 34 item 2: a worker that mounts the agent's token volume (the one the webhook is
-    /// about to add, or, in a copied injected template, the one it added) is denied, naming the
-    /// mount, whatever account the pod runs as.
-    #[test]
-    fn only_the_agent_mounts_the_agent_s_token() {
-        let sa = config().service_account;
-        let mount = json!({"volumeMounts": [{"name": "data", "mountPath": "/d"}, token_mount()]});
-        let mounted = format!("{C}.containers[0].volumeMounts[1]");
-        // To be injected.
-        let js = jobset(json!({"containers": [worker(mount.clone())]}));
-        assert_eq!(admit(&js).0, vec![mounted.clone()]);
-        // Injected, then copied with one more mount.
-        let (refused, injected) = admit(&jobset(json!({"containers": [worker(json!({}))]})));
-        assert!(refused.is_empty(), "{refused:?}");
-        let mut copied = injected.clone();
-        copied["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"]
-            [0]["volumeMounts"] = mount["volumeMounts"].clone();
-        assert_eq!(admit(&copied).0, vec![mounted.clone()]);
-        let v = validate(&copied, &config());
-        assert_eq!(
-            v.violations.iter().map(|v| &v.path).collect::<Vec<_>>(),
-            vec![&mounted]
-        );
-        // An account of its own: the volume is still the agent's name; its mount is denied.
-        let js = jobset(json!({"serviceAccountName": "mine", "containers": [worker(mount)]}));
-        assert_eq!(admit(&js).0, vec![mounted]);
-        // The agent's own mount is its token.
-        let (refused, _) = admit(&jobset(json!({"serviceAccountName": sa,
-            "automountServiceAccountToken": false, "containers": [worker(json!({}))]})));
-        assert!(refused.is_empty(), "{refused:?}");
-    }
-
-    /// Issue 34 item 2: a projected service account token of the template's own, in a pod that
-    /// runs as the agent's account (chosen by the webhook, or named), would be the agent's token;
-    /// denied naming the volume. In a pod that runs as an account of its own it is its own token.
-    #[test]
-    fn no_other_token_is_projected_in_a_pod_running_as_the_agent() {
-        let sa = config().service_account;
-        let own = json!({"name": "my-token", "projected": {"sources": [
-            {"configMap": {"name": "c"}},
-            {"serviceAccountToken": {"path": "token", "audience": "vault"}}]}});
-        let config_only =
-            json!({"name": "cfg", "projected": {"sources": [{"configMap": {"name": "c"}}]}});
-        let w = worker(json!({"volumeMounts": [{"name": "my-token", "mountPath": "/t"}]}));
-        for account in [
-            json!({}),
-            json!({"serviceAccountName": sa}),
-            json!({"serviceAccount": sa}),
-        ] {
-            let mut spec = json!({"volumes": [config_only, own], "containers": [w]});
-            if let (Some(s), Some(a)) = (spec.as_object_mut(), account.as_object()) {
-                s.extend(a.clone());
-            }
-            assert_eq!(
-                admit(&jobset(spec)).0,
-                vec![format!("{C}.volumes[1]")],
-                "{account}"
-            );
-        }
-        let js = jobset(
-            json!({"serviceAccountName": "mine", "volumes": [config_only, own],
-                               "containers": [w]}),
-        );
-        assert!(admit(&js).0.is_empty());
-        // The same read from the request's bytes: the webhook's own path.
-        let review = json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-            "request": {"uid": "u", "kind": {"group": "jobset.x-k8s.io", "version": "v1alpha2",
-            "kind": "JobSet"}, "operation": "CREATE",
-            "object": jobset(json!({"volumes": [config_only, own], "containers": [w]}))}});
-        let body = serde_json::to_vec(&review).expect("json");
-        let reply = crate::admission::review(crate::admission::Endpoint::Mutate, &body, &config());
-        let answer: Value = serde_json::from_slice(&reply.body).expect("json");
-        assert_eq!(answer["response"]["allowed"], false, "{answer}");
-        assert_eq!(
-            answer["response"]["status"]["details"]["causes"][0]["field"],
-            format!("{C}.volumes[1]")
-        );
-    }
-
-    /// Issue 34 item 5: a container named like the agent (a regular one: an init container of
-    /// that name is the agent) beside the agent is denied naming its name; the webhook would have
-    /// added an init container of the same name, and the API server refused every pod.
-    #[test]
-    fn a_container_named_like_the_agent_is_denied() {
-        let named = json!({"name": agent_env::CONTAINER_NAME, "image": "sidecar"});
-        let js = jobset(json!({"containers": [worker(json!({})), named]}));
-        assert_eq!(admit(&js).0, vec![format!("{C}.containers[1].name")]);
-        // Injected before, then a container of that name added.
-        let (refused, mut injected) = admit(&jobset(json!({"containers": [worker(json!({}))]})));
-        assert!(refused.is_empty(), "{refused:?}");
-        if let Some(c) = injected
-            .pointer_mut("/spec/replicatedJobs/0/template/spec/template/spec/containers")
-            .and_then(Value::as_array_mut)
-        {
-            c.push(named);
-        }
-        let v = validate(&injected, &config());
-        assert_eq!(
-            v.violations
-                .iter()
-                .map(|v| v.path.as_str())
-                .collect::<Vec<_>>(),
-            vec![format!("{C}.containers[1].name")]
-        );
-        // The agent itself keeps its name.
-        assert!(
-            admit(&jobset(json!({"containers": [worker(json!({}))]})))
-                .0
-                .is_empty()
-        );
-    }
-}
+mod tests;

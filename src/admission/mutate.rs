@@ -236,14 +236,11 @@ pub(crate) fn mutate_view(
                 runs_as_agent: chosen,
                 unset_is_fixed: true,
                 name: &config.service_account,
+                image: &config.image,
             };
-            let agent_container = existing_agent.as_ref().map(|a| a.container);
-            let mut token_refused = super::account::token_violations(
-                &pod_prefix,
-                pod_spec,
-                agent_container.as_ref(),
-                account,
-            );
+            // A look-alike of the agent is refused here: it never gets the token.
+            let mut token_refused =
+                super::account::token_violations(&pod_prefix, pod_spec, account);
             token_refused.extend(super::account::name_violations(&pod_prefix, pod_spec));
             if !token_refused.is_empty() {
                 for violation in token_refused {
@@ -303,7 +300,12 @@ pub(crate) fn mutate_view(
                 }
                 Some(agent) => {
                     complete_agent(&pod_ptr, &agent, config, &mut out);
-                    if chosen && !agent.container.mounts(TOKEN_VOLUME) {
+                    // The token only for an agent that runs the agent's image (a look-alike
+                    // sidecar was refused above; a main-container agent runs the worker's).
+                    if chosen
+                        && !agent.container.mounts(TOKEN_VOLUME)
+                        && pod::runs_image(&agent.container, &config.image)
+                    {
                         let mounts = container_ptr(&pod_ptr, &agent.container).key("volumeMounts");
                         if agent.container.view.volume_mounts.is_some() {
                             out.push(add(mounts.key("-"), to_json(&token_mount())));

@@ -330,6 +330,27 @@ pub(crate) fn is_sidecar_agent(c: &Container<'_>) -> bool {
             || c.name() == agent_env::CONTAINER_NAME)
 }
 
+/// The repository of an image reference, as written: without its digest (from `@`) and its tag
+/// (from the last `:` after the last `/`): `ghcr.io/a/b:1@sha256:0f` and `ghcr.io/a/b` are both
+/// `ghcr.io/a/b`, `localhost:5000/b:1` is `localhost:5000/b`. Nothing is added or normalized: no
+/// default registry, no `library/`, no change of case.
+pub fn image_repository(image: &str) -> &str {
+    let name = image.split_once('@').map_or(image, |(name, _)| name);
+    match name.rsplit_once(':') {
+        Some((repository, tag)) if !tag.contains('/') => repository,
+        _ => name,
+    }
+}
+
+/// The container runs the repository of `image` (the configured agent image), whatever its tag
+/// or digest ([`image_repository`]).
+pub(crate) fn runs_image(c: &Container<'_>, image: &str) -> bool {
+    c.view
+        .image
+        .as_deref()
+        .is_some_and(|i| image_repository(i) == image_repository(image))
+}
+
 /// A regular container running the worker under the agent (`WORKER_COMMAND` in its env).
 pub(crate) fn is_main_container_agent(c: &Container<'_>) -> bool {
     c.list == ContainerList::Regular && c.env(agent_env::WORKER_COMMAND).is_some()
@@ -353,6 +374,13 @@ pub(crate) fn agents<'a>(pod_spec: &'a PodSpec<'a>) -> impl Iterator<Item = Agen
 /// The first agent of a pod spec, if any.
 pub(crate) fn agent<'a>(pod_spec: &'a PodSpec<'a>) -> Option<Agent<'a>> {
     agents(pod_spec).next()
+}
+
+/// The first agent of a pod spec if it runs the configured `image` ([`runs_image`]): the one
+/// container the agent's token may go to. A look-alike (the agent's shape, another image) is
+/// none.
+pub(crate) fn real_agent<'a>(pod_spec: &'a PodSpec<'a>, image: &str) -> Option<Agent<'a>> {
+    agent(pod_spec).filter(|a| runs_image(&a.container, image))
 }
 
 #[cfg(test)]
@@ -429,6 +457,49 @@ mod tests {
         assert_eq!(agent(&named).map(|a| a.mode), Some(AgentMode::Sidecar));
         let plain = json!({"containers": [{"name": "w"}]});
         assert!(agent(&pod_spec(&plain)).is_none());
+    }
+
+    #[test]
+    fn an_image_s_repository_is_without_its_tag_and_digest() {
+        for (image, repository) in [
+            (
+                "ghcr.io/jobset-inplace/jobset-inplace:0.1.0",
+                "ghcr.io/jobset-inplace/jobset-inplace",
+            ),
+            (
+                "ghcr.io/jobset-inplace/jobset-inplace",
+                "ghcr.io/jobset-inplace/jobset-inplace",
+            ),
+            (
+                "ghcr.io/jobset-inplace/jobset-inplace@sha256:0f",
+                "ghcr.io/jobset-inplace/jobset-inplace",
+            ),
+            (
+                "ghcr.io/jobset-inplace/jobset-inplace:0.1.0@sha256:0f",
+                "ghcr.io/jobset-inplace/jobset-inplace",
+            ),
+            ("localhost:5000/agent:1", "localhost:5000/agent"),
+            ("localhost:5000/agent", "localhost:5000/agent"),
+            ("busybox", "busybox"),
+            (
+                "example.com/team-a/watchdog:1",
+                "example.com/team-a/watchdog",
+            ),
+            ("", ""),
+        ] {
+            assert_eq!(image_repository(image), repository, "{image}");
+        }
+        let spec = json!({"initContainers": [
+            {"name": "a", "image": "ghcr.io/jobset-inplace/jobset-inplace@sha256:0f"},
+            {"name": "b", "image": "ghcr.io/jobset-inplace/jobset-inplace-evil:1"},
+            {"name": "c", "image": "evil.example/ghcr.io/jobset-inplace/jobset-inplace:1"},
+            {"name": "d"}
+        ]});
+        let spec = pod_spec(&spec);
+        let runs: Vec<bool> = containers(&spec, ContainerList::Init)
+            .map(|c| runs_image(&c, "ghcr.io/jobset-inplace/jobset-inplace:0.1.0"))
+            .collect();
+        assert_eq!(runs, [true, false, false, false]);
     }
 
     #[test]

@@ -79,6 +79,13 @@ rules! {
     MainContainerAgent => "main_container_agent";
     /// A container other than the agent carries the agent sidecar's name.
     AgentName => "agent_name";
+    /// A container shaped as the agent sidecar (an init container with a restart rule that
+    /// restarts the pod, or the agent's name) does not run the configured agent image: a
+    /// look-alike, which would be taken for the agent and given its token.
+    AgentImage => "agent_image";
+    /// `shareProcessNamespace` in a pod that runs as the agent's service account: a worker could
+    /// read the agent's token through `/proc/<pid>/root`.
+    ShareProcessNamespace => "share_process_namespace";
 }
 
 /// Adds `rule` to `rules` unless it is there (a denial counts each rule it breaks once).

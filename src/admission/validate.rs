@@ -8,7 +8,11 @@
 //! - the pod template runs exactly one agent, a sidecar (a main-container agent, `WORKER_COMMAND`,
 //!   is denied: not offered), whose restart rule covers its restart exit code, with the env it
 //!   needs and a startup probe on its barrier, whose port no other container of the pod declares
-//!   ([`check_agent`]);
+//!   ([`check_agent`]); in a pod that runs as the agent's account, it runs the configured agent
+//!   image (any tag or digest): a container of the agent's shape that runs another image there
+//!   is a look-alike, denied;
+//! - who may hold the agent's token and carry its name, and no shared process namespace in a
+//!   pod that runs as the agent's account (`account.rs`, [`check_service_account`]);
 //! - no restart rule uses KEP-467's `RestartPod` spelling, and every container with restart
 //!   rules sets `restartPolicy` ([`check_restart_rules`]).
 
@@ -117,11 +121,11 @@ fn validate_ratcheted(
             .unwrap_or(&no_pod_spec);
         check_readable_pod(&pod_prefix, pod_spec, &mut out);
         check_restart_rules(&pod_prefix, pod_spec, &mut out);
-        check_agent(&pod_prefix, pod_spec, config.protocol, opted_out, &mut out);
+        check_agent(&pod_prefix, pod_spec, config, opted_out, &mut out);
         for w in super::account::foreign_agent_warnings(&pod_prefix, pod_spec, config.protocol) {
             warning(&mut out, w);
         }
-        check_service_account(&pod_prefix, pod_spec, &config.service_account, &mut out);
+        check_service_account(&pod_prefix, pod_spec, config, &mut out);
         let found = (out.violations.len(), out.more_violations) != before;
         if found && ratchet(i) {
             for v in out.violations.drain(before.0..) {
@@ -435,16 +439,11 @@ fn check_restart_rules(pod_prefix: &str, pod_spec: &PodSpec<'_>, out: &mut Valid
 fn check_service_account(
     pod_prefix: &str,
     pod_spec: &PodSpec<'_>,
-    agent_account: &str,
+    config: &InjectionConfig,
     out: &mut Validation,
 ) {
-    let agent = pod::agent(pod_spec).map(|a| a.container);
-    let account = super::account::Account {
-        runs_as_agent: super::account::names_account(pod_spec, agent_account),
-        unset_is_fixed: false,
-        name: agent_account,
-    };
-    for v in super::account::token_violations(pod_prefix, pod_spec, agent.as_ref(), account)
+    let account = agent_account(pod_spec, config);
+    for v in super::account::token_violations(pod_prefix, pod_spec, account)
         .into_iter()
         .chain(super::account::name_violations(pod_prefix, pod_spec))
     {
@@ -458,6 +457,20 @@ fn check_service_account(
              default service account, which needs get/list/watch on jobsets and patch on pods"
             ),
         );
+    }
+}
+
+/// How validation sees the pod's account: it runs as the agent's when it names it (the
+/// injection named it, or the template did).
+fn agent_account<'a>(
+    pod_spec: &PodSpec<'_>,
+    config: &'a InjectionConfig,
+) -> super::account::Account<'a> {
+    super::account::Account {
+        runs_as_agent: super::account::names_account(pod_spec, &config.service_account),
+        unset_is_fixed: false,
+        name: &config.service_account,
+        image: &config.image,
     }
 }
 
@@ -485,10 +498,11 @@ pub(crate) fn agent_missing_hint(opted_out: bool) -> String {
 fn check_agent(
     pod_prefix: &str,
     pod_spec: &PodSpec<'_>,
-    dialect: Dialect,
+    config: &InjectionConfig,
     opted_out: bool,
     out: &mut Validation,
 ) {
+    let dialect = config.protocol;
     let mut agents = pod::agents(pod_spec);
     let Some(agent) = agents.next() else {
         violation(
@@ -526,6 +540,13 @@ fn check_agent(
             |e| format!("{path}.env[{}]", e.index),
         );
         violation(out, Rule::MainContainerAgent, at, main_container_message());
+        return;
+    }
+    if super::account::is_look_alike(pod_spec, &agent.container, agent_account(pod_spec, config)) {
+        // A look-alike in a pod that runs as the agent's account (`check_service_account`
+        // denies it, naming its image): it is not the agent, so what an agent lacks does not
+        // apply to it.
+        check_worker_rules(pod_prefix, pod_spec, out);
         return;
     }
     let exit_code = match agent

@@ -359,6 +359,8 @@ pub(crate) struct PodSpec<'a> {
     pub volumes: Option<List<Volume<'a>>>,
     /// Present whatever its type; the names of its entries when it is an array.
     pub image_pull_secrets: Option<Present<List<Named<'a>>>>,
+    /// `shareProcessNamespace`, whatever its type.
+    pub share_process_namespace: Option<Value>,
 }
 
 object_view!(PodSpec {
@@ -370,6 +372,7 @@ object_view!(PodSpec {
     "automountServiceAccountToken" => automount_token: any_value,
     "volumes" => volumes: checked,
     "imagePullSecrets" => image_pull_secrets: present,
+    "shareProcessNamespace" => share_process_namespace: any_value,
 });
 
 impl PodSpec<'_> {
@@ -387,6 +390,7 @@ pub(crate) struct ContainerView<'a> {
     /// Fields present with another JSON type than the rules need.
     pub wrong: Wrong,
     pub name: Option<Str<'a>>,
+    pub image: Option<Str<'a>>,
     pub restart_policy: Option<Str<'a>>,
     /// Present when it is an array.
     pub restart_policy_rules: Option<List<RuleView<'a>>>,
@@ -401,6 +405,7 @@ pub(crate) struct ContainerView<'a> {
 
 object_view!(ContainerView {
     "name" => name: checked,
+    "image" => image: checked,
     "restartPolicy" => restart_policy: checked,
     "restartPolicyRules" => restart_policy_rules: checked,
     "env" => env: checked,

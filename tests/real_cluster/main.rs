@@ -47,6 +47,7 @@ use serde_json::{Value, json};
 
 mod addons;
 mod agent_rights;
+mod agent_token;
 mod agreement;
 mod controllers;
 mod deadline;

@@ -1,4 +1,5 @@
 use super::*;
+use crate::admission::config::DEFAULT_IMAGE;
 use crate::admission::sidecar::TOKEN_MOUNT_PATH;
 use crate::protocol::Dialect;
 use json_patch::{AddOperation, PatchOperation};
@@ -74,7 +75,7 @@ fn completions_and_parallelism_are_defaulted_as_kubernetes_does() {
 
 #[test]
 fn derived_exit_code_avoids_excluded_codes() {
-    let side = json!({"name": "a", "restartPolicy": "Always",
+    let side = json!({"name": "a", "image": DEFAULT_IMAGE, "restartPolicy": "Always",
             "restartPolicyRules": [{"action": "RestartAllContainers", "exitCodes": {"operator": "NotIn", "values": [0, 42]}}]});
     let out = apply(
         &jobset(json!({"initContainers": [side]})),
@@ -90,7 +91,7 @@ fn derived_exit_code_avoids_excluded_codes() {
 
 #[test]
 fn existing_exit_code_alias_is_kept() {
-    let side = json!({"name": "a", "restartPolicy": "Always",
+    let side = json!({"name": "a", "image": DEFAULT_IMAGE, "restartPolicy": "Always",
             "restartPolicyRules": [{"action": "RestartAllContainers", "exitCodes": {"operator": "In", "values": [5]}}],
             "env": [{"name": "IN_PLACE_RESTART_EXIT_CODE", "value": "5"}]});
     let out = apply(
@@ -159,7 +160,7 @@ fn the_chosen_account_s_token_goes_to_the_agent_only() {
     assert!(mutate(&out, &config).patch.0.is_empty());
 
     // An existing agent without an account gets the mount appended.
-    let side = json!({"name": "a", "restartPolicy": "Always",
+    let side = json!({"name": "a", "image": DEFAULT_IMAGE, "restartPolicy": "Always",
             "restartPolicyRules": [{"action": "RestartAllContainers", "exitCodes": {"operator": "NotIn", "values": [0]}}],
             "volumeMounts": [{"name": "x", "mountPath": "/x"}]});
     let out = apply(
@@ -539,7 +540,7 @@ fn pull_secrets_are_added_to_templates_running_the_injected_agent() {
     let js = jobset(json!({"containers": [{"name": "w"}], "imagePullSecrets": "team"}));
     let out = apply(&js, &config);
     assert_eq!(pod_of(&out, 0)["imagePullSecrets"], "team");
-    let side = json!({"name": "mine", "restartPolicy": "Always",
+    let side = json!({"name": "mine", "image": DEFAULT_IMAGE, "restartPolicy": "Always",
             "restartPolicyRules": [{"action": "RestartAllContainers", "exitCodes": {"operator": "NotIn", "values": [0]}}]});
     let out = apply(
         &jobset(json!({"initContainers": [side.clone()], "containers": [{"name": "w"}]})),

@@ -17,7 +17,7 @@ fn jobset(pod_spec: Value) -> Value {
 
 fn agent(extra: Value) -> Value {
     let mut a = json!({
-        "name": "a", "restartPolicy": "Always",
+        "name": "a", "image": crate::admission::config::DEFAULT_IMAGE, "restartPolicy": "Always",
         "restartPolicyRules": [{"action": "RestartAllContainers", "exitCodes": {"operator": "NotIn", "values": [0]}}],
         "startupProbe": {"httpGet": {"path": "/barrier-is-lifted", "port": 8080}, "periodSeconds": 1, "failureThreshold": 86400},
         "env": [{"name": "POD_NAME", "value": "p"}, {"name": "JOBSET_NAME", "value": "js"}]

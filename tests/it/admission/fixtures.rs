@@ -1,7 +1,9 @@
 //! Fixture-driven admission tests: every case of `fixtures/admission/<case>/` goes through the
 //! mutating then the validating review, as the API server chains them. Adding a case is adding a
-//! folder: `request.yaml` (an AdmissionReview), `expected.yaml`, `mutated.yaml` when the
-//! mutation patches, and optionally `config.yaml` (an injection config file).
+//! folder: `request.yaml` (an AdmissionReview), `expected.yaml` (each endpoint's `allowed`,
+//! warnings and the fields a denial names: `validate.violations`, and `mutate.violations` where
+//! a refused injection's fields are checked), `mutated.yaml` when the mutation patches, and
+//! optionally `config.yaml` (an injection config file).
 //!
 //! `UPDATE_FIXTURES=1 cargo test --test it admission::fixtures` rewrites the `mutated.yaml` files;
 //! review their diff before committing.
@@ -101,6 +103,18 @@ fn every_fixture_case() {
         let exp = &case.expected["mutate"];
         assert_eq!(mutate["allowed"], exp["allowed"], "{name}: mutate allowed");
         check_warnings(name, "mutate", &warnings(&mutate), &exp["warnings"]);
+        // The fields a refused injection names, where the case says them.
+        if let Some(want) = exp.get("violations") {
+            let fields: Vec<&str> = mutate["status"]["details"]["causes"]
+                .as_array()
+                .map(|c| c.iter().filter_map(|c| c["field"].as_str()).collect())
+                .unwrap_or_default();
+            let want: Vec<&str> = want
+                .as_array()
+                .map(|v| v.iter().filter_map(Value::as_str).collect())
+                .unwrap_or_default();
+            assert_eq!(fields, want, "{name}: mutate violations: {mutate:#}");
+        }
         let patch = decode_patch(&mutate);
         assert_eq!(patch.is_some(), exp["patched"] == true, "{name}: patched");
         let mut mutated = object.clone();

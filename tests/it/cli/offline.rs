@@ -916,3 +916,148 @@ fn inject_reads_directories_and_with_r_their_subdirectories() {
         "{deep}"
     );
 }
+
+/// Issue 46 item 2, as the reviewer reproduced it (`jobset-inplace inject -f X | jobset-inplace
+/// check --no-inject -f -`, which exited 0 with "ok"): a look-alike of the agent (a restartable
+/// init container of its shape running `example.com/team-a/watchdog:1`), and
+/// `shareProcessNamespace` with a pod-level `runAsUser`. Now `inject` refuses each (exit 1, the
+/// field and the reason on stderr), `check` says the same, and `check --no-inject` on what
+/// `inject` printed at 4567270 (rebuilt here: the same template injected, then the one field
+/// put back) exits 1 naming the field.
+#[test]
+fn inject_then_check_keeps_the_agent_s_token_from_look_alikes_and_shared_process_namespaces() {
+    use jobset_inplace_testkit::build::JobSet;
+    use serde_json::{Value, json};
+
+    const POD: &str = "spec.replicatedJobs[0].template.spec.template.spec";
+    const POD_PTR: &str = "/spec/replicatedJobs/0/template/spec/template/spec";
+    let object = |name: &str| -> Value {
+        fixtures::admission_cases()
+            .into_iter()
+            .find(|c| c.name == name)
+            .map(|c| c.request["request"]["object"].clone())
+            .unwrap_or_else(|| panic!("fixture {name}"))
+    };
+    let yaml = |v: &Value| serde_saphyr::to_string(v).expect("yaml");
+    let run = |args: &[&str], input: &str| {
+        let mut cmd = binary();
+        cmd.args(args);
+        run_with_stdin(cmd, input.as_bytes())
+    };
+    // What `inject` prints for an object it injects.
+    let injected = |v: &Value| -> Value {
+        let out = run(&["inject", "-f", "-"], &yaml(v));
+        assert!(out.status.success(), "{out:?}");
+        serde_saphyr::from_slice(&out.stdout).expect("yaml")
+    };
+
+    let look_alike = object("agent-look-alike");
+    let watchdog = "example.com/team-a/watchdog:1";
+    assert_eq!(
+        look_alike.pointer(&format!("{POD_PTR}/initContainers/0/image")),
+        Some(&json!(watchdog))
+    );
+    // 4567270 took the watchdog for the agent: what it printed is the injection of the same
+    // template with the agent's image in its place (the injection does not read the image
+    // otherwise), the watchdog's image put back.
+    let as_agent = JobSet::from_value(look_alike.clone())
+        .set(
+            &format!("{POD_PTR}/initContainers/0/image"),
+            json!("ghcr.io/jobset-inplace/jobset-inplace:0.0.9"),
+        )
+        .build();
+    let old_look_alike = JobSet::from_value(injected(&as_agent))
+        .set(
+            &format!("{POD_PTR}/initContainers/0/image"),
+            json!(watchdog),
+        )
+        .build();
+    assert_eq!(
+        old_look_alike.pointer(&format!("{POD_PTR}/initContainers/0/volumeMounts/0/name")),
+        Some(&json!("jobset-inplace-agent-token")),
+        "the reproduction: the look-alike holds the token mount"
+    );
+
+    let shared = object("share-process-namespace");
+    assert_eq!(
+        shared.pointer(&format!("{POD_PTR}/shareProcessNamespace")),
+        Some(&json!(true))
+    );
+    // 4567270 injected it as it injects the same template without the field.
+    let old_shared = JobSet::from_value(injected(
+        &JobSet::from_value(shared.clone())
+            .remove(&format!("{POD_PTR}/shareProcessNamespace"))
+            .build(),
+    ))
+    .set(&format!("{POD_PTR}/shareProcessNamespace"), json!(true))
+    .build();
+    assert_eq!(
+        old_shared.pointer(&format!("{POD_PTR}/serviceAccountName")),
+        Some(&json!("jobset-inplace-agent")),
+        "the reproduction: the pod runs as the agent's account"
+    );
+
+    for (case, plain, old, fields, reason) in [
+        (
+            "look-alike",
+            &look_alike,
+            &old_look_alike,
+            vec![
+                format!("{POD}.initContainers[0].volumeMounts[0]"),
+                format!("{POD}.initContainers[0].image"),
+            ],
+            "ghcr.io/jobset-inplace/jobset-inplace",
+        ),
+        (
+            "shared process namespace",
+            &shared,
+            &old_shared,
+            vec![format!("{POD}.shareProcessNamespace")],
+            "/proc/<pid>/root",
+        ),
+    ] {
+        let field = fields.last().expect("a field");
+        // `inject` refuses it.
+        let out = run(&["inject", "-f", "-"], &yaml(plain));
+        assert_eq!(out.status.code(), Some(1), "{case}: {out:?}");
+        assert!(out.stdout.is_empty(), "{case}: nothing printed");
+        let stderr = errors(&out);
+        assert!(
+            stderr.contains(field.as_str()) && stderr.contains(reason),
+            "{case}: {stderr}"
+        );
+        // `check` (inject, then validate) says the same.
+        let out = run(&["check", "--output", "json", "-f", "-"], &yaml(plain));
+        assert_eq!(out.status.code(), Some(1), "{case}: {out:?}");
+        let report: Value = serde_json::from_slice(&out.stdout).expect("json");
+        assert_eq!(report[0]["allowed"], false, "{case}");
+        // What 4567270's `inject` printed, checked as it is: denied, naming the field.
+        let out = run(
+            &["check", "--no-inject", "--output", "json", "-f", "-"],
+            &yaml(old),
+        );
+        assert_eq!(out.status.code(), Some(1), "{case}: {out:?}");
+        let report: Value = serde_json::from_slice(&out.stdout).expect("json");
+        let violations = report[0]["violations"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let got: Vec<&str> = violations
+            .iter()
+            .filter_map(|v| v["field"].as_str())
+            .collect();
+        for want in &fields {
+            assert!(got.contains(&want.as_str()), "{case}: {got:?}");
+        }
+        assert!(
+            violations.iter().any(|v| v["field"] == json!(field)
+                && v["message"].as_str().is_some_and(|m| m.contains(reason))),
+            "{case}: {violations:?}"
+        );
+        // The text report a user reads names it too.
+        let out = run(&["check", "--no-inject", "-f", "-"], &yaml(old));
+        assert_eq!(out.status.code(), Some(1), "{case}: {out:?}");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains(&format!("denied: {field}")), "{case}: {text}");
+    }
+}

@@ -87,6 +87,8 @@ pub(super) fn json_key(raw: bool) -> impl Strategy<Value = String> {
         "serviceAccountName",
         "serviceAccount",
         "automountServiceAccountToken",
+        "shareProcessNamespace",
+        "image",
         "volumes",
         "projected",
         "sources",

@@ -34,6 +34,8 @@ use serde_json::{Map, Value, json};
 
 const MAX_BACKOFF: i64 = 2_147_483_647;
 const AGENT_NAME: &str = "jobset-inplace-agent";
+/// The repository of every generated injection config's image, with another tag.
+const AGENT_IMAGE: &str = "ghcr.io/jobset-inplace/jobset-inplace:0.0.9";
 const INJECTED: &str = "jobset-inplace.dev/injected";
 const RAC: &str = "RestartAllContainers";
 const RESTART_POD: &str = "RestartPod";

@@ -128,7 +128,15 @@ impl Container {
     pub(super) fn json(&self) -> Value {
         let mut c = Map::new();
         c.insert("name".into(), json!(self.name));
-        c.insert("image".into(), json!("registry.example/img:1"));
+        // A container that may be taken for the agent runs the agent's image (the repository
+        // of every generated config's), so that it is the agent: look-alikes are the unit
+        // tests' and the fixtures' (`agent-look-alike`).
+        let image = if self.rules.iter().any(Rule::restarts_pod) || self.name == AGENT_NAME {
+            AGENT_IMAGE
+        } else {
+            "registry.example/img:1"
+        };
+        c.insert("image".into(), json!(image));
         if let Some(p) = self.restart_policy {
             c.insert("restartPolicy".into(), json!(p));
         }
