@@ -131,9 +131,10 @@ fn validate_ratcheted(
             for v in out.violations.drain(before.0..) {
                 ungrouped_warning(
                     &mut ratcheted,
+                    // The ratchet's note first: a long message is clipped at its end.
                     format!(
-                        "{}: {} (left as it was: this part of the JobSet is unchanged by the \
-                         update)",
+                        "{}: left as it was (this part of the JobSet is unchanged by the \
+                         update): {}",
                         v.path, v.message
                     ),
                 );
