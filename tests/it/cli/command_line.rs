@@ -1,36 +1,18 @@
 //! The command line itself, as a user meets it (issue 47): clap's errors with their suggestions,
 //! `--version`, `completion`, `-o yaml`, and what `review` says of a plain object.
 
-use std::io::Write;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 
 use jobset_inplace_testkit::fixtures;
 use serde_json::Value;
 
-/// The binary with no cluster to ask.
-fn binary() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_jobset-inplace"));
-    cmd.env("KUBECONFIG", "/nonexistent/kubeconfig")
-        .env_remove("KUBERNETES_SERVICE_HOST")
-        .env_remove("JOBSET_INPLACE_PROTOCOL");
-    cmd
-}
+use super::offline::{binary, run_with_stdin};
 
+/// The binary with no cluster to ask, no dialect from the environment, `args`, `stdin`.
 fn run(args: &[&str], stdin: &[u8]) -> Output {
-    let mut child = binary()
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawns");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(stdin)
-        .expect("writes stdin");
-    child.wait_with_output().expect("runs")
+    let mut cmd = binary();
+    cmd.env_remove("JOBSET_INPLACE_PROTOCOL").args(args);
+    run_with_stdin(cmd, stdin)
 }
 
 fn text(bytes: &[u8]) -> String {
