@@ -52,6 +52,12 @@ async fn what_a_recreation_writes_and_deletes_with_jobsets_controller_writing_th
         })
         .await;
         assert!(started.elapsed() >= Duration::from_millis(900));
+        // The test API server records a write once its handler returns, just after the store
+        // changed: the pod can be seen gone before its delete is recorded (a CI run under load).
+        until("the reconciler's delete recorded", SLACK, || {
+            !deletes_by_reconciler(&server, "pods").is_empty()
+        })
+        .await;
         assert_eq!(deletes_by_reconciler(&server, "pods"), ["js-1"]);
         assert!(server.get("pods", NS, "js-0").is_some());
         // Marked Failed first, so that its Job (podReplacementPolicy: Failed) replaces it.
