@@ -309,7 +309,8 @@ if [[ "$(uname -m)" == x86_64 ]]; then
   plugin_dir="$work/plugin-path"
   mkdir -p "$plugin_dir"
   tar -C "$plugin_dir" -xzf "$dist/kubectl-jobset_inplace-$version-x86_64-unknown-linux-musl.tar.gz" ./kubectl-jobset_inplace
-  PATH="$plugin_dir:$PATH" kubectl jobset-inplace --version | grep -qx "jobset-inplace $version" ||
+  # `jobset-inplace VERSION (commit C, built D)`: the build's commit and day follow (build.rs).
+  PATH="$plugin_dir:$PATH" kubectl jobset-inplace --version | grep -Eq "^jobset-inplace ${version//./\\.}( |$)" ||
     fail "kubectl jobset-inplace --version does not run the plugin"
 fi
 
