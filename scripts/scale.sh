@@ -9,8 +9,10 @@
 # in-process node) in a temporary directory, runs tests/real_cluster/measure.rs's
 # measure_a_group_restart_on_the_real_api_server (built --release) against it, and stops and
 # removes everything it started, however it ends. Per size, in place (the reconciler and the
-# agents); then, unless JOBSET_INPLACE_REAL_SCALE_SKIP_RECREATE=1, JobSet's `Recreate` (Job
-# backoffLimit 0, no injection) with kube-controller-manager at its default client rate, and
+# agents); then the floor (the same JobSet's pods restarted in place by the node with nothing of
+# the product in the loop; JOBSET_INPLACE_REAL_SCALE_SKIP_FLOOR=1 leaves it out); then, unless
+# JOBSET_INPLACE_REAL_SCALE_SKIP_RECREATE=1, JobSet's `Recreate` (Job backoffLimit 0, no
+# injection) with kube-controller-manager at its default client rate, and
 # again with --kube-api-qps 200 --kube-api-burst 300 (JOBSET_INPLACE_REAL_SCALE_TUNED_ARGS).
 # The JobSet's group-restart deadline is 10 minutes (JOBSET_INPLACE_REAL_SCALE_GROUP_RESTART_TIMEOUT):
 # the product's 2-minute default would recreate pods mid-measurement at 5,000 on 2 cores.
@@ -24,7 +26,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/.." && pwd)"
 
 usage() {
-  sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 }
 

@@ -31,6 +31,16 @@ const CONTROL_PLANE: [&str; 4] = [
 /// The agents' priority level in API Priority and Fairness's default configuration: a pod's
 /// service account falls under the `service-accounts` flow schema.
 const AGENTS_PRIORITY_LEVEL: &str = "workload-low";
+/// The agents' requests, by `VERB resource`: the registration's read and write of its pod, its
+/// first read and watch of the published epochs (a streaming list: a WATCH; a LIST where the
+/// API server refuses one). Nothing else in the in-place window GETs or PATCHes pods (the node
+/// writes `pods/status`, the controllers read through their informers).
+const AGENT_REQUESTS: [&str; 4] = [
+    "GET pods",
+    "PATCH pods",
+    "WATCH jobsetepochs.jobset-inplace.dev",
+    "LIST jobsetepochs.jobset-inplace.dev",
+];
 /// kube-controller-manager's client rate of a large cluster (its default: 20 QPS, burst 30).
 const TUNED_ARGS: &str = "--kube-api-qps 200 --kube-api-burst 300";
 
@@ -147,6 +157,14 @@ impl Window {
             .fold(0.0, |total, (_, n)| total + n)
     }
 
+    /// Requests of `verb_resource` refused 429 (API Priority and Fairness, or a client's limit).
+    fn refused(&self, verb_resource: &str) -> f64 {
+        self.responses
+            .get(&format!("{verb_resource} 429"))
+            .copied()
+            .unwrap_or(0.0)
+    }
+
     fn responses_429(&self) -> f64 {
         self.responses
             .iter()
@@ -188,8 +206,26 @@ impl Window {
 /// and its window.
 #[derive(Clone, Debug, Default)]
 pub(super) struct Measured {
+    /// The failure (or the floor's exits) to the last worker running again, on the node.
     pub seconds: f64,
+    /// The same to when the API server had the last pod's status showing its worker running
+    /// again (the node's write acknowledged): the restart as a client of the API sees it.
+    pub written_seconds: Option<f64>,
     pub window: Window,
+}
+
+/// The latest acknowledgement of the status that shows run `run` (0: the first) of each pod's
+/// worker running, since `from` on the node's clock; None if a pod has none.
+pub(super) fn last_written(
+    views: &[jobset_inplace_testkit::node::PodView],
+    run: usize,
+    from: Duration,
+) -> Option<f64> {
+    let mut last = Duration::ZERO;
+    for v in views {
+        last = last.max(*v.running_written.get(run)?);
+    }
+    Some(last.saturating_sub(from).as_secs_f64())
 }
 
 /// The `SCALE_RESULT` JSON of one size: the in-place restart's figures at the top level, each
@@ -197,6 +233,7 @@ pub(super) struct Measured {
 /// it did not run or failed).
 pub(super) fn result(
     pods: usize,
+    floor: Option<&Measured>,
     in_place: Option<&Measured>,
     default: Option<&Measured>,
     tuned: Option<&Measured>,
@@ -204,22 +241,36 @@ pub(super) fn result(
     let round = |x: f64| (x * 1000.0).round() / 1000.0;
     let seconds = |m: Option<&Measured>| m.map(|m| round(m.seconds));
     let window = |m: Option<&Measured>| m.map(|m| m.window.json());
-    let agent_requests = in_place.map(|m| {
-        let w = &m.window;
-        let n = w.requests("GET pods")
-            + w.requests("WATCH jobsetepochs.jobset-inplace.dev")
-            + w.requests("PATCH pods");
-        round(n / pods.max(1) as f64)
-    });
+    let agent_requests = |answered: bool| {
+        in_place.map(|m| {
+            let n: f64 = AGENT_REQUESTS
+                .iter()
+                .map(|r| m.window.requests(r) - if answered { m.window.refused(r) } else { 0.0 })
+                .sum();
+            round(n / pods.max(1) as f64)
+        })
+    };
+    let written = |m: Option<&Measured>| m.and_then(|m| m.written_seconds).map(round);
+    let over_floor = match (written(in_place), written(floor)) {
+        (Some(i), Some(f)) if f > 0.0 => Some(round(i / f)),
+        _ => None,
+    };
     json!({
         "pods": pods,
+        "floor_s": written(floor),
         "in_place_s": seconds(in_place),
+        "in_place_written_s": written(in_place),
+        "in_place_over_floor": over_floor,
         "recreate_default_s": seconds(default),
+        "recreate_default_written_s": written(default),
         "recreate_tuned_s": seconds(tuned),
-        "agent_requests_per_pod": agent_requests,
+        "recreate_tuned_written_s": written(tuned),
+        "agent_requests_per_pod": agent_requests(false),
+        "agent_requests_answered_per_pod": agent_requests(true),
         "responses_429": in_place.map(|m| m.window.responses_429()),
         "apf_rejected_agents": in_place.map(|m| m.window.agents_rejected()),
         "apiserver_cpu_share": in_place.and_then(|m| m.window.apiserver_cpu_share()).map(round),
+        "floor": window(floor),
         "in_place": window(in_place),
         "recreate_default": window(default),
         "recreate_tuned": window(tuned),
@@ -330,30 +381,50 @@ fn recreate_jobset(namespace: &str, pods: usize) -> DynamicObject {
     serde_json::from_value(js).expect("JobSet")
 }
 
-/// JobSet's own recreation of `pods` pods: the JobSet of [`recreate_jobset`] started on the test
-/// kit's node (plain pods: the worker runs at once), one worker made to fail, timed from its exit
-/// to the last worker of the recreated pods running; the API server's and the processes' figures
-/// over that window as for the restart in place.
-pub(super) async fn measure_recreation(
+/// The floor at each size ([`measure_floor`]): size to its measurement. None with
+/// `JOBSET_INPLACE_REAL_SCALE_SKIP_FLOOR=1`. Run with the product's webhook configurations gone
+/// (the JobSet stays as the user wrote it) and kube-controller-manager as in the in-place run.
+pub(super) async fn floors(
     cluster: &Cluster,
-    pods: usize,
-    rate: &str,
-) -> Result<(String, Measured), String> {
+    sizes: &[usize],
+    failed: &mut Vec<String>,
+) -> BTreeMap<usize, Measured> {
+    let mut out = BTreeMap::new();
+    if std::env::var("JOBSET_INPLACE_REAL_SCALE_SKIP_FLOOR").as_deref() == Ok("1") {
+        eprintln!("floor skipped (JOBSET_INPLACE_REAL_SCALE_SKIP_FLOOR=1)");
+        return out;
+    }
+    for &pods in sizes {
+        let limit = Duration::from_secs(600 + pods as u64);
+        match tokio::time::timeout(limit, measure_floor(cluster, pods)).await {
+            Ok(Ok((text, measured))) => {
+                eprint!("{text}");
+                out.insert(pods, measured);
+            }
+            Ok(Err(e)) => failed.push(format!("{pods} pods, floor: {e}")),
+            Err(_) => failed.push(format!("{pods} pods, floor: not within {limit:?}")),
+        }
+    }
+    out
+}
+
+/// The test kit's node for one measurement of `pods` pods in `namespace`: its pods without an
+/// agent run their worker at once (`plain_pods`), a few calls in flight, 30 s per call, room for
+/// `room` pods (a recreation holds the old and the new pods at once).
+async fn plain_node(
+    cluster: &Cluster,
+    namespace: &str,
+    room: usize,
+) -> Result<(jobset_inplace_testkit::node::Node, NodeCleanup), String> {
     use jobset_inplace_testkit::node::{Node, NodeConfig};
-    let ns = TestNamespace::create(cluster, &format!("rc-recreate{pods}-{rate}")).await;
-    let jobsets = jobset_api(&cluster.client, &ns.name);
-    jobsets
-        .create(&PostParams::default(), &recreate_jobset(&ns.name, pods))
-        .await
-        .map_err(|e| format!("create the JobSet: {e}"))?;
-    let node_name = format!("node-{}", ns.name);
-    let _node_cleanup = NodeCleanup {
+    let node_name = format!("node-{namespace}");
+    let cleanup = NodeCleanup {
         kubeconfig: cluster.kubeconfig.clone(),
         name: node_name.clone(),
     };
     let mut config = NodeConfig::new(
         &node_name,
-        &ns.name,
+        namespace,
         env!("CARGO_BIN_EXE_jobset-inplace"),
         &cluster.server,
         &cluster.ca_data,
@@ -364,13 +435,171 @@ pub(super) async fn measure_recreation(
     config.api_timeout = Duration::from_secs(30);
     config
         .capacity
-        .insert("pods".into(), (2 * pods + 10).to_string());
+        .insert("pods".into(), (room + 10).to_string());
     config
         .capacity
-        .insert("google.com/tpu".into(), (8 * pods).to_string());
+        .insert("google.com/tpu".into(), (4 * room).to_string());
     let node = Node::start(cluster.client.clone(), config)
         .await
         .map_err(|e| e.to_string())?;
+    Ok((node, cleanup))
+}
+
+/// The in-place measurement's JobSet (`train_jobset`) with what JobSet's own webhook requires of
+/// an `InPlaceRestart` JobSet, which the product's webhook sets in the in-place run: each Job's
+/// `backoffLimit` at MaxInt32 and `podReplacementPolicy: Failed`. No agent, no injection.
+fn floor_jobset(namespace: &str, pods: usize) -> DynamicObject {
+    let mut js = super::train_jobset(namespace, pods);
+    let spec = &mut js.data["spec"]["replicatedJobs"][0]["template"]["spec"];
+    spec["backoffLimit"] = json!(i32::MAX);
+    spec["podReplacementPolicy"] = json!("Failed");
+    js
+}
+
+/// The floor of a group restart of `pods` pods: the in-place measurement's JobSet
+/// (`train_jobset`: `InPlaceRestart`, the worker's `RestartAllContainers` rule) as the user wrote
+/// it, with nothing of the product in the loop (no agent, no reconciler, no webhook), on the
+/// test kit's node; every worker made to exit at once under its rule, so that the node restarts
+/// every pod's containers in place and writes their statuses as it does in a group restart, with
+/// JobSet's and the Job controllers watching as in the in-place run. Timed from the exits to the
+/// last worker running again; the window's figures as for the restart in place.
+pub(super) async fn measure_floor(
+    cluster: &Cluster,
+    pods: usize,
+) -> Result<(String, Measured), String> {
+    let ns = TestNamespace::create(cluster, &format!("rc-floor{pods}")).await;
+    let jobsets = jobset_api(&cluster.client, &ns.name);
+    jobsets
+        .create(&PostParams::default(), &floor_jobset(&ns.name, pods))
+        .await
+        .map_err(|e| format!("create the JobSet: {e}"))?;
+    let (node, _node_cleanup) = plain_node(cluster, &ns.name, pods).await?;
+    let limit = Duration::from_secs(120 + pods as u64 / 2);
+    let running = |node: &jobset_inplace_testkit::node::Node, starts: u32| {
+        node.pods()
+            .iter()
+            .filter(|v| v.worker_running && v.worker_starts == starts)
+            .count()
+    };
+    let started = Instant::now();
+    try_eventually(limit, || async {
+        let n = running(&node, 1);
+        (n == pods)
+            .then_some(())
+            .ok_or_else(|| format!("{n} of {pods} running"))
+    })
+    .await
+    .map_err(|e| format!("first start: {e}\nnode:\n{}", node.log_tail(40)))?;
+    let first_start = started.elapsed();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let before = api_metrics(cluster).await?;
+    let cpu_before = cpu(cluster, None);
+    let names: Vec<String> = node.pods().into_iter().map(|v| v.name).collect();
+    let failed_at = node.clock();
+    let failed_at_wall = Instant::now();
+    for name in &names {
+        // 42: the exit code of the in-place run's failing worker; the rule covers every non-zero.
+        node.exit_worker(name, 42)?;
+    }
+    try_eventually(limit, || async {
+        let n = running(&node, 2);
+        (n == pods)
+            .then_some(())
+            .ok_or_else(|| format!("{n} of {pods} restarted in place and running"))
+    })
+    .await
+    .map_err(|e| format!("restart in place: {e}\nnode:\n{}", node.log_tail(40)))?;
+    let views = node.pods();
+    if views.len() != pods || views.iter().any(|v| v.ended) {
+        return Err(format!(
+            "{} pods seen, {} ended: not every pod restarted in place",
+            views.len(),
+            views.iter().filter(|v| v.ended).count()
+        ));
+    }
+    let last_start = views
+        .iter()
+        .filter_map(|v| v.worker_runs.get(1).map(|r| r.0))
+        .max()
+        .unwrap_or_default();
+    let took = last_start.saturating_sub(failed_at);
+    // The floor is what the API server shows: every restarted status written.
+    let written = wait_written(&node, 1, failed_at, limit, &HashSet::new()).await?;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let after = api_metrics(cluster).await?;
+    let cpu_after = cpu(cluster, None);
+    let window = Window::between(
+        &before,
+        &after,
+        &cpu_before,
+        &cpu_after,
+        failed_at_wall.elapsed(),
+    );
+    let text = format!(
+        "{pods:>6} pods: the floor (every pod restarted in place by the node, nothing of the \
+         product in the loop): first start {:.1} s; last worker running {:.1} s after the exits, \
+         its status written {written:.1} s after; {} responses 429\n",
+        first_start.as_secs_f64(),
+        took.as_secs_f64(),
+        window.responses_429(),
+    );
+    let text = match clear(cluster, ns, node, pods).await {
+        Ok(()) => text,
+        Err(e) => format!("{text}{pods:>6} pods: cleanup: {e}\n"),
+    };
+    Ok((
+        text,
+        Measured {
+            seconds: took.as_secs_f64(),
+            written_seconds: Some(written),
+            window,
+        },
+    ))
+}
+
+/// Waits (within `limit`) until the status showing run `run` of its worker running is written
+/// for every pod but those of UID in `except`; the seconds from `from` to the last one.
+pub(super) async fn wait_written(
+    node: &jobset_inplace_testkit::node::Node,
+    run: usize,
+    from: Duration,
+    limit: Duration,
+    except: &HashSet<String>,
+) -> Result<f64, String> {
+    try_eventually(limit, || async {
+        let views: Vec<_> = node
+            .pods()
+            .into_iter()
+            .filter(|v| !except.contains(&v.uid))
+            .collect();
+        last_written(&views, run, from).ok_or_else(|| {
+            let n = views
+                .iter()
+                .filter(|v| v.running_written.len() > run)
+                .count();
+            format!("{n} of {} pods' running status written", views.len())
+        })
+    })
+    .await
+}
+
+/// JobSet's own recreation of `pods` pods: the JobSet of [`recreate_jobset`] started on the test
+/// kit's node (plain pods: the worker runs at once), one worker made to fail, timed from its exit
+/// to the last worker of the recreated pods running; the API server's and the processes' figures
+/// over that window as for the restart in place.
+pub(super) async fn measure_recreation(
+    cluster: &Cluster,
+    pods: usize,
+    rate: &str,
+) -> Result<(String, Measured), String> {
+    use jobset_inplace_testkit::node::Node;
+    let ns = TestNamespace::create(cluster, &format!("rc-recreate{pods}-{rate}")).await;
+    let jobsets = jobset_api(&cluster.client, &ns.name);
+    jobsets
+        .create(&PostParams::default(), &recreate_jobset(&ns.name, pods))
+        .await
+        .map_err(|e| format!("create the JobSet: {e}"))?;
+    let (node, _node_cleanup) = plain_node(cluster, &ns.name, 2 * pods).await?;
     let limit = Duration::from_secs(120 + pods as u64 / 2);
     let running = |node: &Node, except: &HashSet<String>| {
         node.pods()
@@ -418,6 +647,7 @@ pub(super) async fn measure_recreation(
         .max()
         .unwrap_or_default();
     let took = last_start.saturating_sub(failed_at);
+    let written = wait_written(&node, 0, failed_at, limit, &first).await?;
     tokio::time::sleep(Duration::from_secs(5)).await;
     let after = api_metrics(cluster).await?;
     let cpu_after = cpu(cluster, None);
@@ -444,6 +674,7 @@ pub(super) async fn measure_recreation(
         text,
         Measured {
             seconds: took.as_secs_f64(),
+            written_seconds: Some(written),
             window,
         },
     ))
@@ -535,15 +766,27 @@ fn a_scale_result_reads_its_window() {
     );
     let in_place = Measured {
         seconds: 12.3456,
+        written_seconds: Some(12.5),
         window,
     };
-    let line = result(100, Some(&in_place), None, None);
+    let floor = Measured {
+        seconds: 0.1,
+        written_seconds: Some(4.0),
+        window: Window::default(),
+    };
+    let line = result(100, Some(&floor), Some(&in_place), None, None);
     assert_eq!(line["pods"], 100);
     assert_eq!(line["in_place_s"], 12.346);
     assert_eq!(line["recreate_default_s"], Value::Null);
     assert_eq!(line["recreate_tuned_s"], Value::Null);
     // (100 + 20 GETs, 100 registrations, 100 watches) / 100 pods.
     assert_eq!(line["agent_requests_per_pod"], 3.2);
+    // The 20 GETs refused 429 left out.
+    assert_eq!(line["agent_requests_answered_per_pod"], 3.0);
+    assert_eq!(line["floor_s"], 4.0);
+    assert_eq!(line["in_place_written_s"], 12.5);
+    // Both as the API server shows them: the statuses written.
+    assert_eq!(line["in_place_over_floor"], 3.125);
     assert_eq!(line["responses_429"], 20.0);
     assert_eq!(line["apf_rejected_agents"], 20.0);
     assert_eq!(line["apiserver_cpu_share"], 0.5);

@@ -218,6 +218,9 @@ pub struct PodView {
     pub ended: bool,
     /// Each run of the worker: when it started and stopped (since the node started).
     pub worker_runs: Vec<(Duration, Option<Duration>)>,
+    /// Each run of the worker: when the API server acknowledged the status that shows it
+    /// running (what a client of the API sees of the restart, after the node's write).
+    pub running_written: Vec<Duration>,
     /// Startup probes of its agent that failed (each a Warning `Unhealthy` event, within the
     /// kubelet's spam filter: [`events`]).
     pub unhealthy: u32,
@@ -684,6 +687,88 @@ mod tests {
         let views = lock(&shared.views).clone();
         assert!(views.values().all(|v| v.ended && !v.worker_running));
         assert!(views.values().all(|v| v.worker_starts == 1));
+        server.shutdown().await;
+    }
+
+    /// A pod without an agent whose worker's `RestartAllContainers` rule covers its exit (the
+    /// floor of `scripts/scale.sh`: the pods restarted in place with nothing of the product in
+    /// the loop): the pod restarts in place, its worker runs again at once (restart count 1,
+    /// `Running`, `AllContainersRestarting` False again); an exit outside the rule ends it.
+    #[tokio::test]
+    async fn a_plain_pod_under_a_restart_all_rule_restarts_in_place() {
+        use crate::apiserver::TestApiServer;
+        let server = TestApiServer::start().await;
+        let pods = create_pods(&server, &["a"]).await;
+        let shared = shared_on(&server, 2);
+        let (_stop, stop) = watch::channel(false);
+        let worker = json!({"name": "worker", "image": "w:1", "restartPolicy": "Never",
+            "restartPolicyRules": [{"action": "RestartAllContainers",
+                "exitCodes": {"operator": "NotIn", "values": [0]}}]});
+        let uid = pods.get("a").await.expect("get").metadata.uid;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let run = tokio::spawn(run_plain_pod(
+            shared.clone(),
+            "a".to_owned(),
+            uid.unwrap_or_default(),
+            worker,
+            rx,
+            stop,
+        ));
+        let starts = |n: u32| {
+            let shared = shared.clone();
+            async move {
+                let deadline = Instant::now() + Duration::from_secs(30);
+                loop {
+                    let view = lock(&shared.views).get("a").cloned();
+                    if view.is_some_and(|v| v.worker_running && v.worker_starts == n) {
+                        return;
+                    }
+                    assert!(Instant::now() < deadline, "worker start {n} within 30 s");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        };
+        starts(1).await;
+        let _ = tx.send(Cmd::ExitWorker(42));
+        starts(2).await;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let a = loop {
+            let a = serde_json::to_value(pods.get("a").await.expect("get")).expect("json");
+            if a["status"]["containerStatuses"][0]["restartCount"] == 1
+                && a["status"]["containerStatuses"][0]["state"]["running"].is_object()
+            {
+                break a;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "restarted status within 30 s: {a:#}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert_eq!(a["status"]["phase"], "Running", "{a:#}");
+        let restarting = a["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["type"] == "AllContainersRestarting")
+            .cloned();
+        assert_eq!(
+            restarting.map(|c| c["status"].clone()),
+            Some(json!("False")),
+            "{a:#}"
+        );
+        assert!(!lock(&shared.views)["a"].ended);
+        // Each run's running status acknowledged by the API server, after the run started.
+        let view = lock(&shared.views)["a"].clone();
+        assert_eq!(view.running_written.len(), 2, "{:?}", view.running_written);
+        assert!(view.running_written[1] >= view.worker_runs[1].0);
+        let _ = tx.send(Cmd::ExitWorker(0));
+        tokio::time::timeout(Duration::from_secs(30), run)
+            .await
+            .expect("the pod ends within 30 s")
+            .expect("the pod's task");
+        let a = serde_json::to_value(pods.get("a").await.expect("get")).expect("json");
+        assert_eq!(a["status"]["phase"], "Succeeded", "{a:#}");
         server.shutdown().await;
     }
 

@@ -230,6 +230,11 @@ impl StatusWriter {
         self.seq
     }
 
+    /// Waits until the write of `seq` (or a newer one) is done (written or given up on).
+    pub(super) async fn wait_written(&mut self, seq: u64) {
+        let _ = self.written.wait_for(|w| *w >= seq).await;
+    }
+
     /// Writes and waits until written (or given up on).
     pub(super) async fn write(&mut self, state: &mut PodState, limit: Duration) {
         let seq = self.set(state);

@@ -360,8 +360,15 @@ pub(super) async fn run_pod(
         status.set(&mut st);
         let mut probe = tokio::time::interval(shared.config.probe_period);
         let mut probing: Option<futures::future::BoxFuture<'static, bool>> = None;
+        // The status write that shows the worker running again, until the API server has it.
+        let mut running_seq: Option<u64> = None;
         let exit = loop {
             tokio::select! {
+                _ = status.wait_written(running_seq.unwrap_or_default()), if running_seq.is_some() => {
+                    running_seq = None;
+                    let at = shared.started.elapsed();
+                    shared.view(&name, |v| v.running_written.push(at));
+                }
                 changed = stop.changed() => {
                     if changed.is_err() || *stop.borrow() {
                         break Exit::Stopped;
@@ -400,8 +407,10 @@ pub(super) async fn run_pod(
                                 v.worker_runs.push((at, None));
                             });
                             shared.log(format!("{name}: barrier lifted; worker started"));
+                            running_seq = Some(status.set(&mut st));
+                        } else {
+                            status.set(&mut st);
                         }
-                        status.set(&mut st);
                     }
                 }
             }
@@ -495,10 +504,13 @@ pub(super) async fn delete_for_good(shared: &Shared, name: &str, uid: &str) {
 }
 
 /// A pod without an agent ([`NodeConfig::plain_pods`]): its one container, the worker, starts at
-/// once and runs until the test makes it exit ([`Node::exit_worker`]); any exit ends the pod
-/// (`restartPolicy: Never`: what comes next is the Job's and the JobSet's, e.g. JobSet's own
-/// `Recreate` with the Job's `backoffLimit: 0`). Deleted through the API, it is stopped, its
-/// terminal status written, and it is deleted for good.
+/// once and runs until the test makes it exit ([`Node::exit_worker`]). An exit that the worker's
+/// `RestartAllContainers` rule covers restarts the pod in place as the kubelet does (the pod shows
+/// `AllContainersRestarting`, the worker is removed and started again at once: no barrier holds
+/// it; the floor of `scripts/scale.sh`); any other exit ends the pod (`restartPolicy: Never`:
+/// what comes next is the Job's and the JobSet's, e.g. JobSet's own `Recreate` with the Job's
+/// `backoffLimit: 0`). Deleted through the API, it is stopped, its terminal status written, and
+/// it is deleted for good.
 pub(super) async fn run_plain_pod(
     shared: Arc<Shared>,
     name: String,
@@ -511,57 +523,78 @@ pub(super) async fn run_plain_pod(
     let mut st = PodState::new(&uid, &Value::Null, &worker_spec);
     st.has_agent = false;
     let mut status = StatusWriter::start(&shared, &name);
-    st.worker.run(&uid);
-    st.worker.started = true;
-    st.worker.ready = true;
-    st.phase = "Running";
-    let at = shared.started.elapsed();
     shared.view(&name, |v| {
         *v = PodView {
             name: name.clone(),
             uid: uid.clone(),
-            worker_running: true,
-            worker_starts: 1,
-            worker_runs: vec![(at, None)],
             ..PodView::default()
         };
     });
-    status.set(&mut st);
-    shared.log(format!("{name}: no agent; worker started"));
-    let exit = loop {
-        tokio::select! {
-            changed = stop.changed() => {
-                if changed.is_err() || *stop.borrow() {
-                    break Exit::Stopped;
+    loop {
+        st.worker.run(&uid);
+        st.worker.started = true;
+        st.worker.ready = true;
+        st.phase = "Running";
+        let at = shared.started.elapsed();
+        shared.view(&name, |v| {
+            v.worker_running = true;
+            v.worker_starts += 1;
+            v.worker_runs.push((at, None));
+        });
+        let mut running_seq = Some(status.set(&mut st));
+        shared.log(format!("{name}: no agent; worker started"));
+        let exit = loop {
+            tokio::select! {
+                _ = status.wait_written(running_seq.unwrap_or_default()), if running_seq.is_some() => {
+                    running_seq = None;
+                    let at = shared.started.elapsed();
+                    shared.view(&name, |v| v.running_written.push(at));
                 }
+                changed = stop.changed() => {
+                    if changed.is_err() || *stop.borrow() {
+                        break Exit::Stopped;
+                    }
+                }
+                cmd = cmds.recv() => match cmd {
+                    None => break Exit::Stopped,
+                    Some(Cmd::Deleted) => break Exit::Deleted,
+                    Some(Cmd::ExitWorker(code)) => break Exit::Worker(code),
+                },
             }
-            cmd = cmds.recv() => match cmd {
-                None => break Exit::Stopped,
-                Some(Cmd::Deleted) => break Exit::Deleted,
-                Some(Cmd::ExitWorker(code)) => break Exit::Worker(code),
-            },
+        };
+        let at = shared.started.elapsed();
+        shared.view(&name, |v| v.worker_stopped(at));
+        match exit {
+            Exit::Deleted => {
+                st.worker.terminate(143, "Error");
+                st.phase = "Failed";
+                shared.view(&name, |v| v.ended = true);
+                status.write(&mut st, write_limit).await;
+                delete_for_good(&shared, &name, &uid).await;
+                return;
+            }
+            Exit::Worker(code) => {
+                let reason = if code == 0 { "Completed" } else { "Error" };
+                st.worker.terminate(code, reason);
+                let action = applied_rule(&shared.config, &worker_spec, code);
+                if action.as_deref().is_some_and(recognise::restarts_pod) {
+                    shared.log(format!(
+                        "{name}: worker exited {code} (rule: RestartAllContainers)"
+                    ));
+                    restart_all(&shared, &name, &mut st, &mut status, None).await;
+                    continue;
+                }
+                st.phase = if code == 0 { "Succeeded" } else { "Failed" };
+                shared.view(&name, |v| v.ended = true);
+                shared.log(format!("{name}: worker exited {code}; the pod ends"));
+                status.write(&mut st, write_limit).await;
+                return;
+            }
+            Exit::Stopped | Exit::Agent(_) => {
+                shared.view(&name, |v| v.ended = true);
+                return;
+            }
         }
-    };
-    let at = shared.started.elapsed();
-    shared.view(&name, |v| {
-        v.worker_stopped(at);
-        v.ended = true;
-    });
-    match exit {
-        Exit::Deleted => {
-            st.worker.terminate(143, "Error");
-            st.phase = "Failed";
-            status.write(&mut st, write_limit).await;
-            delete_for_good(&shared, &name, &uid).await;
-        }
-        Exit::Worker(code) => {
-            let reason = if code == 0 { "Completed" } else { "Error" };
-            st.worker.terminate(code, reason);
-            st.phase = if code == 0 { "Succeeded" } else { "Failed" };
-            shared.log(format!("{name}: worker exited {code}; the pod ends"));
-            status.write(&mut st, write_limit).await;
-        }
-        Exit::Stopped | Exit::Agent(_) => {}
     }
 }
 
