@@ -96,7 +96,7 @@ type ApiResponse = hyper::http::Response<Box<kube::client::DynBody>>;
 
 /// A `429`, `503` or `504` answer with a `Retry-After` header, its body rewritten as a `Status`
 /// that carries it; any other answer as it is.
-fn carry_retry_after(
+pub(crate) fn carry_retry_after(
     response: ApiResponse,
 ) -> futures::future::BoxFuture<'static, Result<ApiResponse, tower::BoxError>> {
     Box::pin(rewrite_retry_after(response))

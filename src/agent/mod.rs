@@ -12,6 +12,7 @@
 //! JobSet read concurrently, one watch.
 
 pub mod barrier;
+pub mod client;
 pub mod config;
 pub mod run;
 
@@ -168,7 +169,8 @@ pub async fn bind_barrier(port: u16) -> Result<TcpListener, Error> {
 }
 
 /// The Kubernetes client: `AGENT_API_URL` when set, else the in-cluster config (or a
-/// kubeconfig, as `kube::Config::infer` finds). kube's retry layer is off: the agent owns its
+/// kubeconfig, as `kube::Config::infer` finds), over one HTTP/2 connection where the server is
+/// `https://` ([`client::agent_client`]). kube's retry layer is off: the agent owns its
 /// retries, waiting a `Retry-After` stretched at random ([`crate::retry::client_without_retries`]).
 pub async fn client(config: &AgentConfig) -> Result<kube::Client, Error> {
     let c = match &config.api_url {
@@ -187,7 +189,7 @@ pub async fn client(config: &AgentConfig) -> Result<kube::Client, Error> {
             .await
             .map_err(|e| Error::Client(kube::Error::InferConfig(e)))?,
     };
-    crate::retry::client_without_retries(c).map_err(Error::Client)
+    client::agent_client(c).map_err(Error::Client)
 }
 
 /// SIGTERM and SIGINT as a stream.

@@ -437,3 +437,170 @@ async fn agent_reads_its_first_state_with_a_streaming_list() {
     )
     .await;
 }
+
+/// A TCP relay on 127.0.0.1 to `upstream` that counts the connections it accepted (the relay's
+/// tasks end with it).
+struct CountingRelay {
+    addr: std::net::SocketAddr,
+    accepted: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl CountingRelay {
+    async fn start(upstream: String) -> CountingRelay {
+        use std::sync::atomic::Ordering;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind the relay");
+        let addr = listener.local_addr().expect("the relay's address");
+        let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = accepted.clone();
+        let task = tokio::spawn(async move {
+            let mut conns = tokio::task::JoinSet::new();
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+                let upstream = upstream.clone();
+                conns.spawn(async move {
+                    let connect = tokio::net::TcpStream::connect(upstream);
+                    if let Ok(Ok(mut outbound)) =
+                        tokio::time::timeout(Duration::from_secs(10), connect).await
+                    {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    }
+                });
+            }
+        });
+        CountingRelay {
+            addr,
+            accepted,
+            task,
+        }
+    }
+
+    fn accepted(&self) -> usize {
+        self.accepted.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Drop for CountingRelay {
+    fn drop(&mut self) {
+        // Aborting the accept loop drops its JoinSet, which aborts every relayed connection.
+        self.task.abort();
+    }
+}
+
+/// An agent's start as the agent makes it (src/agent/run.rs): its pod's GET and the streaming
+/// list of its JobSetEpoch at once, the initial events read, then the registration's patch of
+/// the pod's epoch annotation to `epoch`.
+async fn agent_start(client: Client, namespace: &str, epoch: u32) -> Result<(), String> {
+    use futures::{StreamExt, TryStreamExt};
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let epochs: Api<JobSetEpoch> = Api::namespaced(client, namespace);
+    let params = WatchParams::default()
+        .fields("metadata.name=train")
+        .timeout(30)
+        .initial_events();
+    let (pod, stream) = futures::join!(pods.get("mine"), epochs.watch(&params, ""));
+    pod.map_err(|e| format!("GET pod: {e}"))?;
+    let stream = stream.map_err(|e| format!("WATCH jobsetepochs: {e}"))?;
+    let events: Vec<_> =
+        tokio::time::timeout(Duration::from_secs(20), stream.take(2).try_collect())
+            .await
+            .map_err(|_| "the initial events within 20 s".to_owned())?
+            .map_err(|e| format!("watch events: {e}"))?;
+    if events.len() != 2 {
+        return Err(format!("the initial events: {} of 2", events.len()));
+    }
+    let patch = json!({"metadata": {"annotations": {EPOCH_ANNOTATION: epoch.to_string()}}});
+    pods.patch("mine", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map(|_| ())
+        .map_err(|e| format!("PATCH pod: {e}"))
+}
+
+/// Issue 44: an agent's start (its pod's GET and its watch at once, then the registration) takes
+/// one TCP connection to the real API server, one TLS handshake (`agent::client::agent_client`:
+/// HTTP/2, every request a stream of the one connection), where kube's own HTTP/1.1 client takes
+/// two. Counted at a relay between the agent's client, with its pod-bound token, and
+/// kube-apiserver.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agents_start_takes_one_connection_to_the_api_server() {
+    with_cluster(
+        "an_agents_start_takes_one_connection_to_the_api_server",
+        |cluster| async move {
+            use jobset_inplace::wire::epochs::{self, Epochs};
+            install(&cluster, "epoch").await;
+            delete_webhook_configurations(&cluster).await;
+            let (ns, admin_pods) = agent_namespace(&cluster, "rc-one-conn").await;
+            let mut body = epochs::apply_body(
+                &ns.name,
+                "train",
+                "none",
+                &Epochs {
+                    deprecated: None,
+                    synced: Some(1),
+                    bypass: false,
+                    watch_job_set: false,
+                },
+            );
+            body["metadata"]
+                .as_object_mut()
+                .map(|m| m.remove("ownerReferences"));
+            apply(&cluster, &[body])
+                .await
+                .expect("create the JobSetEpoch");
+            let mine = admin_pods.get("mine").await.expect("mine");
+            let token = agent_token(&cluster, &ns.name, Some(&mine)).await;
+            // RBAC may lag the binding by a moment: the token works before anything is counted.
+            let direct = token_client(&cluster, &token).await;
+            let pods: Api<Pod> = Api::namespaced(direct, &ns.name);
+            try_eventually(Duration::from_secs(30), || async {
+                pods.get("mine").await.map(|_| ()).map_err(|e| e.to_string())
+            })
+            .await
+            .expect("the agent's token reads its pod");
+            let upstream = cluster
+                .server
+                .trim_start_matches("https://")
+                .trim_end_matches('/')
+                .to_owned();
+            let ca_data = cluster.ca_data.clone();
+            let config = |addr: std::net::SocketAddr| {
+                let yaml = format!(
+                    "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: \
+                     https://{addr}\n    certificate-authority-data: {ca_data}\nusers:\n- name: u\n  \
+                     user:\n    token: {token}\ncontexts:\n- name: c\n  context:\n    cluster: c\n    \
+                     user: u\ncurrent-context: c\n"
+                );
+                let kc = Kubeconfig::from_yaml(&yaml).expect("relay kubeconfig");
+                async move { Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await }
+            };
+
+            let relay = CountingRelay::start(upstream.clone()).await;
+            let kube_own = Client::try_from(config(relay.addr).await.expect("relay config")).expect("kube's client");
+            agent_start(kube_own, &ns.name, 2)
+                .await
+                .expect("a start on kube's HTTP/1.1 client");
+            let http1 = relay.accepted();
+            drop(relay);
+
+            let relay = CountingRelay::start(upstream).await;
+            let agents = jobset_inplace::agent::client::agent_client(config(relay.addr).await.expect("relay config"))
+                .expect("the agent's client");
+            agent_start(agents, &ns.name, 3)
+                .await
+                .expect("a start on the agent's client");
+            let http2 = relay.accepted();
+            drop(relay);
+
+            assert_eq!(http2, 1, "the agent's start: one connection");
+            assert!(
+                http1 >= 2,
+                "kube's HTTP/1.1 client took {http1} connection(s) for the same start"
+            );
+            eprintln!("an agent's start: {http2} connection (kube's HTTP/1.1 client: {http1})");
+            drop(ns);
+        },
+    )
+    .await;
+}

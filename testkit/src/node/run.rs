@@ -192,8 +192,9 @@ pub(super) async fn client_of(kubeconfig: &Path) -> Result<kube::Client, String>
         kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
             .await
             .map_err(|e| e.to_string())?;
-    // As the agent builds its own (`agent::client`): kube's retry layer off, the agent retries.
-    jobset_inplace::retry::client_without_retries(config).map_err(|e| e.to_string())
+    // As the agent builds its own (`agent::client`): one HTTP/2 connection to an https API
+    // server, kube's retry layer off (the agent retries).
+    jobset_inplace::agent::client::agent_client(config).map_err(|e| e.to_string())
 }
 
 pub(super) fn spawn_agent(
