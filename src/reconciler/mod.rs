@@ -16,6 +16,7 @@
 pub mod controller;
 pub mod crd;
 pub mod fence;
+pub mod flow_schema;
 pub mod index;
 pub mod key;
 pub mod membership;
@@ -199,6 +200,11 @@ pub struct Args {
     )]
     pub agent_cluster_role: String,
 
+    /// The agents' FlowSchema (created by the chart without rules): its subjects kept to the
+    /// agent's service account in every provisioned namespace. Empty: left alone.
+    #[arg(long, env = "JOBSET_INPLACE_AGENT_FLOW_SCHEMA", default_value = "")]
+    pub agent_flow_schema: String,
+
     /// Skip the start-up check of the JobSet CRD's status fields.
     #[arg(long, env = "JOBSET_INPLACE_SKIP_CRD_CHECK")]
     pub skip_crd_check: bool,
@@ -251,6 +257,8 @@ impl Args {
                     .then(|| provision::ProvisionSettings {
                         service_account: self.agent_service_account.clone(),
                         cluster_role: self.agent_cluster_role.clone(),
+                        flow_schema: (!self.agent_flow_schema.trim().is_empty())
+                            .then(|| self.agent_flow_schema.trim().to_owned()),
                         own_namespace: self
                             .lease_namespace
                             .clone()

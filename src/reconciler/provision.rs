@@ -49,6 +49,9 @@ pub struct ProvisionSettings {
     pub cluster_role: String,
     /// The project's own namespace (the reconciler's): never provisioned.
     pub own_namespace: String,
+    /// The agents' FlowSchema, whose subjects follow the provisioned namespaces
+    /// ([`super::flow_schema`]); None: left alone.
+    pub flow_schema: Option<String>,
 }
 
 /// The namespaces provisioning never writes to: the cluster's own, and the project's. The
@@ -68,6 +71,7 @@ impl Default for ProvisionSettings {
             service_account: crate::admission::config::DEFAULT_SERVICE_ACCOUNT.to_owned(),
             cluster_role: "jobset-inplace-agent".to_owned(),
             own_namespace: "jobset-inplace-system".to_owned(),
+            flow_schema: None,
         }
     }
 }

@@ -60,8 +60,9 @@ async fn priority_level_of(client: &Client, path: &str) -> Result<String, String
 
 /// deploy/base/flowcontrol.yaml on a real API server: with the reconciler's token, its Lease
 /// requests are handled in the `leader-election` priority level and its lists in
-/// `workload-high`; with a token bound to its pod, the agent's requests stay in the built-in
-/// `workload-low` (the `service-accounts` schema, fair per user, i.e. per namespace).
+/// `workload-high`; once the reconciler's token applied the agents' FlowSchema's rules for the
+/// namespace (and no other FlowSchema), the agent's requests, with a token bound to its pod, are
+/// handled in the agents' own level `jobset-inplace-agents` (fair per user, i.e. per namespace).
 #[tokio::test]
 async fn the_agents_and_the_reconciler_get_their_priority_levels() {
     with_cluster(
@@ -83,7 +84,7 @@ async fn the_agents_and_the_reconciler_get_their_priority_levels() {
                         .expect("a uid")
                 }
             };
-            let agents_level = uid("workload-low").await;
+            let agents_level = uid("jobset-inplace-agents").await;
             let leader_election = uid("leader-election").await;
             let workload_high = uid("workload-high").await;
 
@@ -96,13 +97,36 @@ async fn the_agents_and_the_reconciler_get_their_priority_levels() {
                 &account_token(&cluster, SYSTEM_NAMESPACE, "jobset-inplace-reconciler").await,
             )
             .await;
+            // The agents' FlowSchema comes without rules (the chart's); the reconciler keeps its
+            // subjects to the provisioned namespaces, with its own token: allowed on that one
+            // schema (RBAC resourceNames), refused on any other.
+            let namespaces = std::collections::BTreeSet::from([ns.name.clone()]);
+            jobset_inplace::reconciler::flow_schema::apply(
+                &reconciler,
+                "jobset-inplace-agents",
+                &namespaces,
+                AGENT_SERVICE_ACCOUNT,
+            )
+            .await
+            .expect("the reconciler applies the agents' FlowSchema's rules");
+            let other = jobset_inplace::reconciler::flow_schema::apply(
+                &reconciler,
+                "service-accounts",
+                &namespaces,
+                AGENT_SERVICE_ACCOUNT,
+            )
+            .await;
+            assert!(
+                matches!(&other, Err(kube::Error::Api(s)) if s.code == 403),
+                "the reconciler may patch no other FlowSchema: {other:?}"
+            );
             // The API server's flow-control configuration follows new FlowSchemas within moments.
             let cases = [
                 (
                     &agent,
                     format!("/api/v1/namespaces/{}/pods/mine", ns.name),
                     &agents_level,
-                    "the agent reading its pod",
+                    "the agent reading its pod (the agents' own level)",
                 ),
                 (
                     &reconciler,

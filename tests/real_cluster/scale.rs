@@ -28,9 +28,10 @@ const CONTROL_PLANE: [&str; 4] = [
     "kube-controller-manager",
     "jobset",
 ];
-/// The agents' priority level in API Priority and Fairness's default configuration: a pod's
-/// service account falls under the `service-accounts` flow schema.
-const AGENTS_PRIORITY_LEVEL: &str = "workload-low";
+/// The agents' priority levels in API Priority and Fairness: their own (deploy/base/flowcontrol.yaml,
+/// once the reconciler applied their FlowSchema's rules) and, before that or without it, the
+/// built-in `workload-low` of the `service-accounts` flow schema.
+const AGENTS_PRIORITY_LEVELS: [&str; 2] = ["jobset-inplace-agents", "workload-low"];
 /// The agents' requests, by `VERB resource`: the registration's read and write of its pod, its
 /// first read and watch of the published epochs (a streaming list: a WATCH; a LIST where the
 /// API server refuses one). Nothing else in the in-place window GETs or PATCHes pods (the node
@@ -174,10 +175,13 @@ impl Window {
     }
 
     fn agents_rejected(&self) -> f64 {
-        let prefix = format!("{AGENTS_PRIORITY_LEVEL} ");
         self.rejected
             .iter()
-            .filter(|(k, _)| k.starts_with(&prefix))
+            .filter(|(k, _)| {
+                AGENTS_PRIORITY_LEVELS
+                    .iter()
+                    .any(|level| k.starts_with(&format!("{level} ")))
+            })
             // (`sum` of no f64 is -0.)
             .fold(0.0, |total, (_, n)| total + n)
     }

@@ -311,6 +311,9 @@ impl Reconciler {
                 &duration.to_string(),
                 "--lease-grace-seconds",
                 &grace.to_string(),
+                // As the deployed reconciler: the agents' FlowSchema (deploy/base/flowcontrol.yaml).
+                "--agent-flow-schema",
+                "jobset-inplace-agents",
             ])
             .stdin(Stdio::null())
             .kill_on_drop(true)

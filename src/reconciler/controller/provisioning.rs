@@ -21,7 +21,7 @@ use kube::runtime::events::EventType;
 
 use super::report::emit;
 use super::state::{Shared, lock};
-use crate::reconciler::provision;
+use crate::reconciler::{flow_schema, provision};
 use crate::retry::Backoff;
 
 /// How often the provisioner applies everything again.
@@ -47,6 +47,11 @@ pub(super) async fn provision_loop(shared: Arc<Shared>) {
     let mut list_due = Instant::now();
     let mut leader = shared.leader.clone();
     let mut last_full_pass = Instant::now();
+    // The namespaces the agents' FlowSchema was last applied with, and its retries.
+    let mut flow_applied: Option<BTreeSet<String>> = None;
+    let mut flow_backoff = Backoff::new(provision::RETRY_MIN, provision::RETRY_MAX);
+    let mut flow_due = Instant::now();
+    let mut flow_said: Option<String> = None;
     loop {
         if leader.wait_for(|l| *l).await.is_err() {
             return;
@@ -55,6 +60,7 @@ pub(super) async fn provision_loop(shared: Arc<Shared>) {
         // it), so a deleted ServiceAccount or RoleBinding comes back.
         if last_full_pass.elapsed() > PROVISION_RESYNC {
             applied.clear();
+            flow_applied = None;
             provisioned = None;
             last_full_pass = Instant::now();
         }
@@ -109,6 +115,42 @@ pub(super) async fn provision_loop(shared: Arc<Shared>) {
                     }
                 }
             }
+            if let Some(name) = settings.flow_schema.as_deref() {
+                let namespaces: BTreeSet<String> = desired.keys().cloned().collect();
+                if flow_applied.as_ref() != Some(&namespaces) && Instant::now() >= flow_due {
+                    let apply = flow_schema::apply(
+                        &shared.api.client,
+                        name,
+                        &namespaces,
+                        &settings.service_account,
+                    );
+                    match shared.api.fenced("flow_schema_apply", apply).await {
+                        Ok(()) => {
+                            tracing::info!(
+                                flow_schema = name,
+                                namespaces = namespaces.len(),
+                                "the agents' FlowSchema follows the provisioned namespaces"
+                            );
+                            flow_applied = Some(namespaces);
+                            flow_backoff.reset();
+                            flow_said = None;
+                        }
+                        Err(e) => {
+                            let retry_in = flow_backoff.advance();
+                            flow_due = Instant::now() + retry_in;
+                            let error = e.map_or_else(
+                                || "the API server did not answer in time".to_owned(),
+                                |e| e.to_string(),
+                            );
+                            // Said once per error, not at every retry.
+                            if flow_said.as_deref() != Some(error.as_str()) {
+                                tracing::warn!(flow_schema = name, %error, ?retry_in, "cannot apply the agents' FlowSchema (the chart creates it; is flowControl.agents.enabled off?): the agents' requests stay in the built-in service-accounts schema; retrying with backoff");
+                                flow_said = Some(error);
+                            }
+                        }
+                    }
+                }
+            }
             for (namespace, subjects) in desired {
                 if applied.get(&namespace) == Some(&subjects)
                     || !failures.is_due(&namespace, Instant::now())
@@ -142,10 +184,13 @@ pub(super) async fn provision_loop(shared: Arc<Shared>) {
         // Until the next failing namespace (or the list) is due, a change, or the resync.
         let now = Instant::now();
         let list_wait = provisioned.is_none().then_some(list_due);
+        let flow_wait =
+            (settings.flow_schema.is_some() && flow_applied.is_none()).then_some(flow_due);
         let wait = failures
             .next_due()
             .into_iter()
             .chain(list_wait)
+            .chain(flow_wait)
             .min()
             .map_or(PROVISION_RESYNC, |due| due.saturating_duration_since(now))
             .min(PROVISION_RESYNC);

@@ -167,7 +167,8 @@ const EVENT_FIELDS: &[&str] = &[
 
 /// The resources served by default: pods, jobsets, jobsetepochs, jobs, events (core/v1 and
 /// events.k8s.io/v1),
-/// leases, serviceaccounts, rolebindings, nodes, namespaces and customresourcedefinitions.
+/// leases, serviceaccounts, rolebindings, nodes, namespaces, customresourcedefinitions, secrets,
+/// webhook configurations and flowschemas.
 pub fn default_resources() -> Vec<ResourceType> {
     vec![
         ResourceType::namespaced("", "v1", "Pod", "pods")
@@ -220,6 +221,13 @@ pub fn default_resources() -> Vec<ResourceType> {
         )
         .with_status(),
         ResourceType::namespaced("", "v1", "Secret", "secrets"),
+        // The agents' FlowSchema, whose rules the reconciler applies (`--agent-flow-schema`).
+        ResourceType::cluster(
+            "flowcontrol.apiserver.k8s.io",
+            "v1",
+            "FlowSchema",
+            "flowschemas",
+        ),
         ResourceType::cluster(
             "admissionregistration.k8s.io",
             "v1",

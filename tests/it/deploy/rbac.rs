@@ -36,6 +36,10 @@ async fn the_reconcilers_rbac_grants_every_request_it_makes_and_no_more() {
         server
             .create("namespaces", json!({"metadata": {"name": "team-b", "labels": {"jobset-inplace.dev/enabled": "true"}}}))
             .expect("namespace");
+        // The agents' FlowSchema as the chart creates it (no rules: the reconciler applies them).
+        server
+            .create("flowschemas", r.get("FlowSchema", "jobset-inplace-agents").clone())
+            .expect("the agents' FlowSchema");
         // The deadline's steps run within seconds: the JobSet's annotation sets a 1 s timeout.
         let js = JobSet::new("js")
             .namespace("team-a")
@@ -74,6 +78,8 @@ async fn the_reconcilers_rbac_grants_every_request_it_makes_and_no_more() {
                     service_account: args.agent_service_account.clone(),
                     cluster_role: args.agent_cluster_role.clone(),
                     own_namespace: NAMESPACE.to_owned(),
+                    flow_schema: (!args.agent_flow_schema.is_empty())
+                        .then(|| args.agent_flow_schema.clone()),
                 }),
                 request_timeout: args.request_timeout,
                 watch_timeout: args.watch_timeout,
@@ -102,6 +108,17 @@ async fn the_reconcilers_rbac_grants_every_request_it_makes_and_no_more() {
                 .patch("pods", "team-a", pod, &json!({"metadata": {"annotations": {dialect.pod_annotation(): epoch}}}))
                 .expect("pod");
         };
+        // The agents' FlowSchema names the agent's account in both provisioned namespaces.
+        until("the agents' FlowSchema's subjects", || {
+            server
+                .get("flowschemas", "", "jobset-inplace-agents")
+                .map(|fs| fs["spec"]["rules"][0]["subjects"].clone())
+                == Some(json!([
+                    {"kind": "ServiceAccount", "serviceAccount": {"name": "jobset-inplace-agent", "namespace": "team-a"}},
+                    {"kind": "ServiceAccount", "serviceAccount": {"name": "jobset-inplace-agent", "namespace": "team-b"}}
+                ]))
+        })
+        .await;
         // Every pod registers: synced.
         set_epoch("js-0", "0");
         set_epoch("js-1", "0");
@@ -179,6 +196,7 @@ async fn the_reconcilers_rbac_grants_every_request_it_makes_and_no_more() {
         ("leases", args.lease_name.as_str()),
         ("serviceaccounts", provision::ROLE_BINDING),
         ("rolebindings", provision::ROLE_BINDING),
+        ("flowschemas", args.agent_flow_schema.as_str()),
     ]);
     let grants = grants_for(&r, "jobset-inplace-reconciler");
     // Issue 21: its patches and deletes of RoleBindings and ServiceAccounts name the agent's

@@ -364,7 +364,7 @@ fn the_network_policy_component_admits_only_the_api_server_and_monitoring() {
 /// API Priority and Fairness (`deploy/base/flowcontrol.yaml`): the reconciler's account, as its
 /// Deployment runs it, goes to `leader-election` for its Lease and to `workload-high` for the
 /// rest, before the built-in `service-accounts` schema (9000) that would otherwise catch it with
-/// every agent; the agents keep that built-in schema (no schema of ours names them).
+/// every agent; the agents get a level and a schema of their own, whose rules the reconciler keeps.
 #[test]
 fn flow_schemas_name_the_reconciler_as_it_runs() {
     for name in OVERLAYS {
@@ -404,12 +404,37 @@ fn flow_schemas_name_the_reconciler_as_it_runs() {
             precedence(lease) < precedence(rest),
             "{name}: the Lease rule first"
         );
-        assert_eq!(r.of_kind("FlowSchema").len(), 2, "{name}");
+        assert_eq!(r.of_kind("FlowSchema").len(), 3, "{name}");
         for fs in r.of_kind("FlowSchema") {
             assert!(precedence(fs) < 9000, "{name}: {fs}");
-            let text = fs.to_string();
-            assert!(!text.contains("jobset-inplace-agent\""), "{name}: {text}");
         }
+        // The agents' schema: their own level, per-user flows, and no rules (the reconciler,
+        // told its name, applies them: src/reconciler/flow_schema.rs).
+        let agents = r.get("FlowSchema", "jobset-inplace-agents");
+        assert_eq!(
+            agents["spec"]["priorityLevelConfiguration"]["name"],
+            "jobset-inplace-agents"
+        );
+        assert_eq!(agents["spec"]["distinguisherMethod"]["type"], "ByUser");
+        assert!(agents["spec"].get("rules").is_none(), "{name}: {agents}");
+        assert!(precedence(lease) < precedence(agents) && precedence(rest) < precedence(agents));
+        let level = r.get("PriorityLevelConfiguration", "jobset-inplace-agents");
+        let queuing = &level["spec"]["limited"]["limitResponse"]["queuing"];
+        let (hand, length) = (
+            queuing["handSize"].as_i64().expect("handSize"),
+            queuing["queueLengthLimit"]
+                .as_i64()
+                .expect("queueLengthLimit"),
+        );
+        assert!(
+            hand * length >= 10_000,
+            "{name}: one namespace's agents may queue a 5,000-pod restart's 2 requests per pod"
+        );
+        let args = reconciler["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
+        assert!(
+            args.contains("--agent-flow-schema=jobset-inplace-agents"),
+            "{name}: {args}"
+        );
     }
 }
 
