@@ -170,8 +170,21 @@ async fn a_stolen_reconciler_token_may_write_only_its_own_jobset_status_fields()
             })
             .await
             .unwrap_or_else(|e| panic!("failed by the reconciler: {e}\nreconciler:\n{}", reconciler.log_tail()));
+            // Its events went through its events policy too.
+            let events: Api<k8s_openapi::api::events::v1::Event> =
+                Api::namespaced(cluster.client.clone(), &ns.name);
+            try_eventually(Duration::from_secs(30), || async {
+                let list = events.list(&ListParams::default()).await.map_err(|e| e.to_string())?;
+                list.items
+                    .iter()
+                    .any(|e| e.reason.as_deref() == Some("MaxRestartsExceeded"))
+                    .then_some(())
+                    .ok_or(format!("{} events", list.items.len()))
+            })
+            .await
+            .unwrap_or_else(|e| panic!("its event: {e}\nreconciler:\n{}", reconciler.log_tail()));
             assert!(
-                !reconciler.log_tail().contains(POLICY),
+                !reconciler.log_tail().contains("jobset-inplace-reconciler-"),
                 "the reconciler met its policy:\n{}",
                 reconciler.log_tail()
             );
@@ -202,6 +215,70 @@ async fn a_stolen_reconciler_token_may_write_only_its_own_jobset_status_fields()
                     "JobSetStatus.{field} is not held by {POLICY}"
                 );
             }
+            drop(ns);
+        },
+    )
+    .await;
+}
+
+/// Issue 46, item 4: with the reconciler's own token, an event about anything but a JobSet of the
+/// event's namespace (a pod, a JobSet named in another namespace, a related Node) or reported as
+/// another controller is refused by `jobset-inplace-reconciler-events`; an event as its recorder
+/// writes it (regarding the JobSet, a pod related) is created. RBAC allows every one of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stolen_reconciler_token_may_write_only_events_about_jobsets() {
+    with_cluster(
+        "a_stolen_reconciler_token_may_write_only_events_about_jobsets",
+        |cluster| async move {
+            install(&cluster, "epoch").await;
+            delete_webhook_configurations(&cluster).await;
+            let ns = TestNamespace::create(&cluster, "rc-events").await;
+            let policy = "jobset-inplace-reconciler-events";
+            let client =
+                token_client(&cluster, &account_token(&cluster, SYSTEM_NAMESPACE, RECONCILER_ACCOUNT).await)
+                    .await;
+            let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client, &ns.name);
+            let event = |name: &str, regarding: Value, related: Option<Value>, controller: &str| {
+                let mut e = json!({"apiVersion": "events.k8s.io/v1", "kind": "Event",
+                    "metadata": {"name": name, "namespace": ns.name},
+                    "eventTime": "2026-01-01T00:00:00.000000Z", "type": "Warning", "reason": "Stolen",
+                    "action": "Reconcile", "note": "stolen", "reportingController": controller,
+                    "reportingInstance": "x", "regarding": regarding});
+                if let Some(r) = related {
+                    e["related"] = r;
+                }
+                serde_json::from_value::<k8s_openapi::api::events::v1::Event>(e).expect("event")
+            };
+            let jobset = |namespace: &str| {
+                json!({"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "namespace": namespace, "name": "js"})
+            };
+            let pod = json!({"apiVersion": "v1", "kind": "Pod", "namespace": ns.name, "name": "p"});
+            let own = "jobset-inplace-reconciler";
+            let probe = event("probe", pod.clone(), None, own);
+            let dry = PostParams { dry_run: true, ..PostParams::default() };
+            until_enforced(policy, || events.create(&dry, &probe)).await;
+            let attacks = [
+                ("about a pod", event("a", pod.clone(), None, own), "only events about a JobSet of the event's namespace"),
+                ("about a JobSet of another namespace", event("b", jobset("kube-system"), None, own),
+                 "only events about a JobSet of the event's namespace"),
+                ("a Node related", event("c", jobset(&ns.name), Some(json!({"apiVersion": "v1", "kind": "Node", "name": "n"})), own),
+                 "only to a pod of the event's namespace"),
+                ("reported as another controller", event("d", jobset(&ns.name), None, "kubelet"),
+                 "reports its events as jobset-inplace-reconciler"),
+            ];
+            for (what, e, said) in attacks {
+                let (code, _, message, _) = api_error(events.create(&PostParams::default(), &e).await)
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+                assert_eq!(code, 403, "{what}: {message}");
+                assert!(
+                    message.contains(&format!("ValidatingAdmissionPolicy '{policy}'")) && message.contains(said),
+                    "{what}: refused by {policy} with `{said}`: {message}"
+                );
+            }
+            events
+                .create(&PostParams::default(), &event("mine", jobset(&ns.name), Some(pod.clone()), own))
+                .await
+                .expect("an event as the reconciler writes it");
             drop(ns);
         },
     )

@@ -136,6 +136,16 @@ async fn the_reconcilers_rbac_grants_every_request_it_makes_and_no_more() {
         })
         .await;
         until("events", || !server.list("events.events.k8s.io", Some("team-a")).is_empty()).await;
+        // Every event it wrote passes its events policy (issue 46).
+        let events_policy = r.get("ValidatingAdmissionPolicy", "jobset-inplace-reconciler-events");
+        for event in server.list("events.events.k8s.io", Some("team-a")) {
+            let request = object_request(RECONCILER_USER, "CREATE", "team-a", "e");
+            assert_eq!(
+                evaluate_matched(events_policy, &request, &event, &Value::Null),
+                PolicyResult::Allowed,
+                "{event}"
+            );
+        }
         // What provisioning stored passes the provisioning policies, as created and as applied
         // again.
         for ns in ["team-a", "team-b"] {
