@@ -76,6 +76,7 @@ fn chart_dir() -> PathBuf {
     repo().join("charts").join("jobset-inplace")
 }
 mod adoption;
+mod barrier;
 mod cluster;
 mod offline;
 mod readme;

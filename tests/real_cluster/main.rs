@@ -54,6 +54,7 @@ mod deadline;
 mod dialect;
 mod doctor;
 mod enforced;
+mod jobset_status;
 mod measure;
 mod node;
 mod overlays;

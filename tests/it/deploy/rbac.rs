@@ -153,6 +153,16 @@ async fn the_reconcilers_rbac_grants_every_request_it_makes_and_no_more() {
         })
         .await;
         until("events", || !server.list("events.events.k8s.io", Some("team-a")).is_empty()).await;
+        // Every event it wrote passes its events policy (issue 46).
+        let events_policy = r.get("ValidatingAdmissionPolicy", "jobset-inplace-reconciler-events");
+        for event in server.list("events.events.k8s.io", Some("team-a")) {
+            let request = object_request(RECONCILER_USER, "CREATE", "team-a", "e");
+            assert_eq!(
+                evaluate_matched(events_policy, &request, &event, &Value::Null),
+                PolicyResult::Allowed,
+                "{event}"
+            );
+        }
         // What provisioning stored passes the provisioning policies, as created and as applied
         // again.
         for ns in ["team-a", "team-b"] {
@@ -458,6 +468,135 @@ fn the_reconcilers_deletes_are_held_to_the_pods_and_jobs_of_jobsets() {
                     "{name}: {user}"
                 );
             }
+        }
+    }
+}
+
+/// Issue 46, item 4: the policy on the reconciler's JobSet status writes, evaluated here in every
+/// overlay on the shapes of its three writes (the epoch fields as `status_merge_patch` writes them
+/// in the overlay's dialect, the JobSet failed, the deadline's restart) and on writes it never
+/// makes. tests/real_cluster/jobset_status.rs has the API server apply it to the real token.
+#[test]
+fn the_reconcilers_jobset_status_writes_are_held_to_its_fields() {
+    use jobset_inplace::protocol::StatusChange;
+    let reconciler = "system:serviceaccount:jobset-inplace-system:jobset-inplace-reconciler";
+    for name in OVERLAYS {
+        let Some(r) = overlay(name) else { return };
+        let dialect = overlay_dialect(name);
+        let policy = r.get(
+            "ValidatingAdmissionPolicy",
+            "jobset-inplace-reconciler-jobset-status",
+        );
+        assert_eq!(check_object(policy), Vec::<String>::new(), "{name}");
+        assert_eq!(policy["spec"]["failurePolicy"], "Fail");
+        let binding = r.get(
+            "ValidatingAdmissionPolicyBinding",
+            "jobset-inplace-reconciler-jobset-status",
+        );
+        assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]));
+        assert_eq!(
+            policy["spec"]["matchConstraints"]["resourceRules"],
+            json!([{"apiGroups": ["jobset.x-k8s.io"], "apiVersions": ["*"],
+                    "operations": ["UPDATE"], "resources": ["jobsets/status"]}]),
+            "{name}"
+        );
+        let update = |user: &str| json!({"operation": "UPDATE", "subResource": "status", "userInfo": {"username": user}});
+        let running = json!({"type": "StartupPolicyCompleted", "status": "True", "reason": "x",
+                             "message": "x", "lastTransitionTime": "2026-01-01T00:00:00Z"});
+        let old = json!({"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+            "metadata": {"name": "js", "namespace": "team-a"},
+            "status": {"restarts": 1, "restartsCountTowardsMax": 1,
+                       dialect.synced_field(): 1, "conditions": [running.clone()],
+                       "replicatedJobsStatus": [{"name": "w", "ready": 2}]}});
+        let with = |status: Value| {
+            let mut new = old.clone();
+            for (k, v) in status.as_object().expect("object") {
+                new["status"][k] = v.clone();
+            }
+            new
+        };
+        let raised = dialect
+            .status_merge_patch(&StatusChange {
+                deprecated: Some(1),
+                synced: Some(2),
+            })
+            .expect("a change");
+        let failed = json!({"type": "Failed", "status": "True", "reason": "ReachedMaxRestarts",
+                            "message": "in-place restart gave up", "lastTransitionTime": "2026-01-02T00:00:00Z"});
+        let own = [
+            ("the epochs raised", with(raised["status"].clone())),
+            (
+                "failed",
+                with(
+                    json!({"conditions": [running.clone(), failed.clone()], "terminalState": "Failed"}),
+                ),
+            ),
+            (
+                "recreated",
+                with(json!({"restarts": 2, "restartsCountTowardsMax": 2})),
+            ),
+        ];
+        for (what, new) in &own {
+            assert_eq!(
+                evaluate_matched(policy, &update(reconciler), new, &old),
+                PolicyResult::Allowed,
+                "{name}: {what}"
+            );
+            assert_eq!(
+                evaluate_matched(
+                    policy,
+                    &update("system:serviceaccount:jobset-system:jobset-controller-manager"),
+                    &with(json!({"restarts": 9})),
+                    &old
+                ),
+                PolicyResult::NotMatched,
+                "{name}: another account"
+            );
+        }
+        let other = |kind: &str| {
+            json!({"type": kind, "status": "True", "reason": "Other", "message": "x",
+                                        "lastTransitionTime": "2026-01-02T00:00:00Z"})
+        };
+        let attacks = [
+            (
+                "replicatedJobsStatus",
+                with(json!({"replicatedJobsStatus": []})),
+            ),
+            (
+                "a condition it never writes",
+                with(json!({"conditions": [running.clone(), other("Completed")]})),
+            ),
+            (
+                "a Failed condition of another reason",
+                with(json!({"conditions": [running.clone(), other("Failed")]})),
+            ),
+            ("a condition dropped", with(json!({"conditions": []}))),
+            (
+                "terminalState Completed",
+                with(json!({"terminalState": "Completed"})),
+            ),
+            (
+                "terminalState Failed alone",
+                with(json!({"terminalState": "Failed"})),
+            ),
+            (
+                "the synced epoch lowered",
+                with(json!({dialect.synced_field(): 0})),
+            ),
+            ("restarts by two", with(json!({"restarts": 3}))),
+            (
+                "restarts lowered",
+                with(json!({"restartsCountTowardsMax": 0})),
+            ),
+        ];
+        for (what, new) in &attacks {
+            assert!(
+                matches!(
+                    evaluate_matched(policy, &update(reconciler), new, &old),
+                    PolicyResult::Denied(_)
+                ),
+                "{name}: {what}"
+            );
         }
     }
 }
