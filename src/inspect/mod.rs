@@ -8,6 +8,7 @@ mod dialect;
 pub mod doctor;
 pub mod finding;
 pub mod kueue;
+pub mod node_lost;
 pub mod preflight;
 pub mod status;
 

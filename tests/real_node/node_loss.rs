@@ -279,7 +279,7 @@ async fn measure_a_node_lost() {
             let grace_label = match grace.as_deref() {
                 Some("0") => "--node-lost-grace 0 (the node controller alone)".to_owned(),
                 Some(g) => format!("--node-lost-grace {g}"),
-                None => "--node-lost-grace 30s (default)".to_owned(),
+                None => "--node-lost fenced (default): no one fences the node here".to_owned(),
             };
             let victim_node = victim_node(&node, &names).await;
             let specs = std::env::var("JOBSET_INPLACE_NODE_LOSS_CASES")
