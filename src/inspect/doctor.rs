@@ -603,7 +603,10 @@ pub async fn run_checks(client: &kube::Client, target: &Target, now: SystemTime)
         .list(&kube::api::ListParams::default().labels(&selector))
         .await
     {
-        Ok(nodes) => out.push(check_nodes(&nodes.items)),
+        Ok(nodes) => {
+            out.push(check_nodes(&nodes.items));
+            out.push(super::kubelet_version::check_kubelet_versions(&nodes.items));
+        }
         Err(e) => out.push(Finding::new(
             "node-features",
             Outcome::Warn,
