@@ -16,7 +16,8 @@
 #                                            pods run there); --node-grace DURATION: a node whose
 #                                            kubelet is silent that long turns Ready=Unknown (1h;
 #                                            `default`: kube-controller-manager's and the kubelets'
-#                                            own periods, 50 s, and taint eviction on);
+#                                            own periods, 50 s; taint eviction runs with
+#                                            every node);
 #                                            --install: also the product (epoch or jobset-native)
 #                                            as dist/install-VARIANT.yaml installs it, or with
 #                                            helm:VARIANT by `helm install` of the chart (dist/'s

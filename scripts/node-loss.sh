@@ -10,7 +10,9 @@
 #   1. the matrix's worker-exit and eviction rows in place, then JobSet's own recreation of the
 #      same (`MATRIX row=recreation-...`), side by side from one cluster; then
 #      one node killed under three JobSets of 2: in place with the default group-restart
-#      deadline, in place with it at 20 s, and JobSet's own `Recreate`;
+#      deadline, in place with it at 20 s, and JobSet's own `Recreate`, the reconciler in
+#      `--node-lost force-after-grace` at 30 s (`--node-lost-grace 30s`: its default before
+#      `--node-lost`; the fenced default waits for an operator's fence, which nobody sets here);
 #   2. the reconciler's node-lost part off (`--node-lost-grace 0`): the node controller alone,
 #      one JobSet in place.
 # Prints the `MATRIX` and `NODE_LOSS {json}` lines on stdout (the tests' whole output on stderr),
@@ -19,7 +21,7 @@ set -Eeuo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/.." && pwd)"
-[[ $# -eq 0 ]] || { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+[[ $# -eq 0 ]] || { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
 dir=""
 report="$(mktemp "${TMPDIR:-/tmp}/jobset-inplace-node-loss.XXXXXX")"
@@ -55,7 +57,7 @@ cluster() {
   dir=""
 }
 
-cluster -- matrix::the_matrix_a_worker_exits_non_zero_across_nodes matrix::the_matrix_a_pod_evicted \
+cluster JOBSET_INPLACE_NODE_LOST_GRACE=30s -- matrix::the_matrix_a_worker_exits_non_zero_across_nodes matrix::the_matrix_a_pod_evicted \
   node_loss::measure_recreation_beside_the_matrix node_loss::measure_a_node_lost
 cluster JOBSET_INPLACE_NODE_LOST_GRACE=0 JOBSET_INPLACE_NODE_LOSS_CASES=in-place -- node_loss::measure_a_node_lost
 grep -E '^(MATRIX|MATRIX_TIMELINE|RECREATION|NODE_LOSS) ' "$report" || { echo "node-loss: no result line" >&2; exit 1; }

@@ -79,19 +79,22 @@ start_controller_manager() {
   # admission-policy status (type checking) controllers; no scheduler, no kubelet. It talks to the
   # API server as the admin; no serving port.
   # With a node also: the kube-root-ca.crt publisher (pods' service-account volumes), node
-  # lifecycle (takes off the not-ready taint the kubelet registers with; no taint eviction; a
-  # grace of an hour, so that the test kit's nodes of tests/real_cluster/, which send no
-  # heartbeat, stay Ready), the endpoint slices of Services (kube-proxy, webhook Services),
+  # lifecycle (takes off the not-ready taint the kubelet registers with; a grace of an hour, so
+  # that the test kit's nodes of tests/real_cluster/, which send no heartbeat, stay Ready), taint
+  # eviction (on in every cluster: a NoExecute taint, `unreachable` after its 300 s
+  # tolerationSeconds or `out-of-service` at once, marks the node's pods terminating; the row
+  # node_modes::the_fenced_default_fails_a_lost_nodes_pods_once_an_operator_fences_it times
+  # JobSet's recreation through it), the endpoint slices of Services (kube-proxy, webhook Services),
   # deployments and replica sets (installed products).
   local controllers=job-controller,garbage-collector-controller,namespace-controller,pod-garbage-collector-controller,serviceaccount-token-controller,serviceaccount-controller,validatingadmissionpolicy-status-controller
   local node_controller_flags=()
   if [[ -n "$node" ]]; then
-    controllers+=,root-ca-certificate-publisher-controller,node-lifecycle-controller,endpointslice-controller,endpoints-controller,deployment-controller,replicaset-controller
+    controllers+=,root-ca-certificate-publisher-controller,node-lifecycle-controller,taint-eviction-controller,endpointslice-controller,endpoints-controller,deployment-controller,replicaset-controller
     if [[ "$node_grace" == default ]]; then
       # As a cluster runs it: the node lifecycle controller's own periods (a silent node Unknown
-      # after 50 s) and the taint-eviction controller (its NoExecute `unreachable` taint evicts
-      # the node's pods after their tolerationSeconds, 300 s by DefaultTolerationSeconds).
-      controllers+=,taint-eviction-controller
+      # after 50 s; its NoExecute `unreachable` taint evicts the node's pods after their
+      # tolerationSeconds, 300 s by DefaultTolerationSeconds).
+      :
     else
       node_controller_flags=(--node-monitor-grace-period "$node_grace" --node-startup-grace-period 1h
         --node-monitor-period 2s)

@@ -603,7 +603,10 @@ pub async fn run_checks(client: &kube::Client, target: &Target, now: SystemTime)
         .list(&kube::api::ListParams::default().labels(&selector))
         .await
     {
-        Ok(nodes) => out.push(check_nodes(&nodes.items)),
+        Ok(nodes) => {
+            out.push(check_nodes(&nodes.items));
+            out.push(super::kubelet_version::check_kubelet_versions(&nodes.items));
+        }
         Err(e) => out.push(Finding::new(
             "node-features",
             Outcome::Warn,
@@ -612,6 +615,7 @@ pub async fn run_checks(client: &kube::Client, target: &Target, now: SystemTime)
     }
 
     out.push(kueue_check(client, target).await);
+    out.push(node_lost_check(client, target).await);
 
     for ns in &target.namespaces {
         let sa = get_opt(
@@ -668,6 +672,19 @@ async fn installed_dialect_read(
         }
         InstalledDialect::Unknown => None,
     }
+}
+
+/// `node-lost`: the reconciler's Deployment, read.
+async fn node_lost_check(client: &kube::Client, target: &Target) -> Finding {
+    use k8s_openapi::api::apps::v1::Deployment;
+    let sys = &target.system_namespace;
+    let read = get_opt(
+        Api::<Deployment>::namespaced(client.clone(), sys),
+        kueue::RECONCILER_DEPLOYMENT,
+    )
+    .await
+    .map_err(|e| e.to_string());
+    super::node_lost::check_node_lost(read.as_ref().map(Option::as_ref).map_err(Clone::clone), sys)
 }
 
 /// `kueue-wait-for-pods-ready`: Kueue's ConfigMap and the reconciler's Deployment, read.

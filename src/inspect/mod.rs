@@ -7,7 +7,9 @@
 mod dialect;
 pub mod doctor;
 pub mod finding;
+pub mod kubelet_version;
 pub mod kueue;
+pub mod node_lost;
 pub mod preflight;
 pub mod status;
 

@@ -100,7 +100,7 @@ impl Controller {
         }
         tasks.spawn(report::publish_events(shared.clone(), events_rx));
         tasks.spawn(watches::follow_leadership(shared.clone()));
-        if shared.settings.node_lost_grace.is_some() {
+        if shared.settings.node_lost.watches() {
             tasks.spawn(lost::watch_nodes(shared.clone()));
         }
         if shared.settings.provision.is_some() {

@@ -75,6 +75,8 @@ pub enum Error {
     CrdTimeout(Duration),
     #[error("--request-timeout must be above 0")]
     ZeroRequestTimeout,
+    #[error("{0}")]
+    NodeLost(String),
     #[error("cannot load a kubeconfig or the in-cluster config: {0}")]
     Config(#[source] kube::config::InferConfigError),
     #[error("cannot decide the epoch protocol dialect (--protocol auto): {0}")]
@@ -159,12 +161,19 @@ pub struct Args {
     #[arg(long, env = "JOBSET_INPLACE_GROUP_RESTART_TIMEOUT", value_parser = parse_group_restart_timeout, default_value = "2m")]
     pub group_restart_timeout: Duration,
 
-    /// How long a node's Ready condition may stay Unknown (its kubelet silent past the node
-    /// controller's grace) before the pods of InPlaceRestart JobSets bound to it are marked
-    /// Failed and deleted, so that their Jobs replace them elsewhere. Like 10s, 1m; 0 turns it
-    /// off (Nodes are then not watched).
-    #[arg(long, env = "JOBSET_INPLACE_NODE_LOST_GRACE", value_parser = crate::settings::parse_duration, default_value = "30s")]
-    pub node_lost_grace: Duration,
+    /// Which nodes are taken for lost, their InPlaceRestart JobSets' pods then marked Failed and
+    /// deleted so that their Jobs replace them elsewhere: `fenced` (the default) only a node
+    /// deleted or tainted node.kubernetes.io/out-of-service (never two workers of one index at
+    /// once); `force-after-grace` also a node whose Ready condition stays Unknown for
+    /// --node-lost-grace (a partitioned node's worker may run beside its replacement); `off`.
+    #[arg(long, env = "JOBSET_INPLACE_NODE_LOST", value_enum)]
+    pub node_lost: Option<nodes::NodeLostMode>,
+
+    /// With --node-lost force-after-grace: how long a node's Ready condition may stay Unknown
+    /// (default 30s). Like 10s, 1m. Given alone (as before --node-lost existed) it selects
+    /// force-after-grace, and 0 alone turns the Node watch off.
+    #[arg(long, env = "JOBSET_INPLACE_NODE_LOST_GRACE", value_parser = crate::settings::parse_duration)]
+    pub node_lost_grace: Option<Duration>,
 
     /// Leader identity (default: $POD_NAME, else the hostname).
     #[arg(long, env = "JOBSET_INPLACE_IDENTITY")]
@@ -244,6 +253,8 @@ impl Args {
         }
         let (lease_duration, lease_grace) =
             lease_timing(self.lease_duration_seconds, self.lease_grace_seconds)?;
+        let node_lost = nodes::resolve_node_lost(self.node_lost, self.node_lost_grace)
+            .map_err(Error::NodeLost)?;
         let options = Options {
             settings: Settings {
                 // Replaced below by the flag's dialect or the cluster's ([`jobset_crd`]).
@@ -272,7 +283,7 @@ impl Args {
                 publish_epochs: true,
                 group_restart_timeout: (!self.group_restart_timeout.is_zero())
                     .then_some(self.group_restart_timeout),
-                node_lost_grace: (!self.node_lost_grace.is_zero()).then_some(self.node_lost_grace),
+                node_lost,
             },
             leader_election: self.leader_elect.then(|| LeaderElection {
                 lease_name: self.lease_name.clone(),

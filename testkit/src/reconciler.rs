@@ -21,8 +21,9 @@ pub fn settings(dialect: Dialect, identity: &str) -> Settings {
         write_epoch_status: true,
         publish_epochs: true,
         group_restart_timeout: Some(reconciler::DEFAULT_GROUP_RESTART_TIMEOUT),
-        // The test kit's nodes send no heartbeat (tests/it/system/ watch no Nodes).
-        node_lost_grace: None,
+        // The test kit's nodes send no heartbeat (tests/it/system/ watch no Nodes, but for the
+        // tests of node loss, which set it).
+        node_lost: reconciler::nodes::NodeLost::Off,
     }
 }
 

@@ -60,6 +60,7 @@ mod headline;
 mod kubelet;
 mod matrix;
 mod node_loss;
+mod node_modes;
 mod product;
 mod registry;
 mod support;

@@ -63,18 +63,18 @@ fn fresh_default_nodes(node: &Node, test: &str) -> Option<Vec<String>> {
 
 /// What was seen after a kill, in ms after it (`None`: not seen).
 #[derive(Debug, Default)]
-struct Phases {
-    unknown: Option<u64>,
-    tainted: Option<u64>,
-    deleting: Option<u64>,
-    gone: Option<u64>,
-    recovered: Option<u64>,
+pub(super) struct Phases {
+    pub(super) unknown: Option<u64>,
+    pub(super) tainted: Option<u64>,
+    pub(super) deleting: Option<u64>,
+    pub(super) gone: Option<u64>,
+    pub(super) recovered: Option<u64>,
     /// The last state of the lost pod and of the group, for the report.
-    last: String,
+    pub(super) last: String,
 }
 
 impl Phases {
-    fn json(&self, case: &str, pods: usize, watched: Duration) -> serde_json::Value {
+    pub(super) fn json(&self, case: &str, pods: usize, watched: Duration) -> serde_json::Value {
         let s = |ms: Option<u64>| ms.map(|ms| (ms as f64 / 100.0).round() / 10.0);
         json!({
             "case": case,
@@ -94,7 +94,7 @@ impl Phases {
 /// since the records' mark `since`, or `limit`: when `victim_node` turned Unknown and was tainted
 /// `unreachable`, when `victim` got its deletion timestamp and left the API.
 #[allow(clippy::too_many_arguments)]
-async fn observe(
+pub(super) async fn observe(
     node: &Node,
     pods: &Api<Pod>,
     records: &Path,
@@ -179,7 +179,7 @@ async fn observe(
 }
 
 /// The node to kill: one that does not run the reconciler's leader.
-async fn victim_node(node: &Node, names: &[String]) -> String {
+pub(super) async fn victim_node(node: &Node, names: &[String]) -> String {
     let leader_node = super::matrix::leader_node(node).await;
     names
         .iter()
@@ -189,7 +189,7 @@ async fn victim_node(node: &Node, names: &[String]) -> String {
 }
 
 /// One worker per node (as the matrix), one of them preferably on `victim`.
-fn spread_onto(js: &mut serde_json::Value, victim: &str) {
+pub(super) fn spread_onto(js: &mut serde_json::Value, victim: &str) {
     super::matrix::spread(js);
     js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["affinity"]["nodeAffinity"] = json!({"preferredDuringSchedulingIgnoredDuringExecution": [{
         "weight": 100,
@@ -279,7 +279,7 @@ async fn measure_a_node_lost() {
             let grace_label = match grace.as_deref() {
                 Some("0") => "--node-lost-grace 0 (the node controller alone)".to_owned(),
                 Some(g) => format!("--node-lost-grace {g}"),
-                None => "--node-lost-grace 30s (default)".to_owned(),
+                None => "--node-lost fenced (default): no one fences the node here".to_owned(),
             };
             let victim_node = victim_node(&node, &names).await;
             let specs = std::env::var("JOBSET_INPLACE_NODE_LOSS_CASES")
@@ -404,7 +404,7 @@ async fn measure_a_node_lost() {
 /// Creates `train` as JobSet's own recreation runs it (no InPlaceRestart, the Job failing at its
 /// first pod failure, one worker per node, then `edit`), checks the webhook left it alone, and
 /// waits for its `size` workers running.
-async fn create_recreating(
+pub(super) async fn create_recreating(
     run_: &Run,
     size: usize,
     dialect: Dialect,

@@ -6,6 +6,7 @@ use std::time::Duration;
 use kube::runtime::watcher;
 
 use crate::protocol::Dialect;
+use crate::reconciler::nodes::NodeLost;
 use crate::reconciler::provision::ProvisionSettings;
 
 /// What the controller needs to know.
@@ -41,10 +42,9 @@ pub struct Settings {
     /// The group-restart deadline's timeout ([`crate::deadline`]), unless a JobSet's annotation
     /// says otherwise; `None`: off. It applies in both modes of `write_epoch_status`.
     pub group_restart_timeout: Option<Duration>,
-    /// How long a node's `Ready` condition stays `Unknown` before its pods of InPlaceRestart
-    /// JobSets are failed and deleted ([`crate::reconciler::nodes`]); `None`: Nodes are not
-    /// watched.
-    pub node_lost_grace: Option<Duration>,
+    /// Which nodes are taken for lost, their pods of InPlaceRestart JobSets then failed and
+    /// deleted ([`crate::reconciler::nodes`]); `Off`: Nodes are not watched.
+    pub node_lost: NodeLost,
 }
 
 /// [`Settings::request_timeout`] unless configured.

@@ -119,7 +119,7 @@ mod tests {
             write_epoch_status: true,
             publish_epochs: false,
             group_restart_timeout: None,
-            node_lost_grace: None,
+            node_lost: crate::reconciler::nodes::NodeLost::Off,
         };
         let metrics = Metrics::register(&mut Registry::default());
         let (leads, leader) = watch::channel(true);

@@ -87,7 +87,11 @@ async fn the_reconcilers_rbac_grants_every_request_it_makes_and_no_more() {
                 publish_epochs: true,
                 group_restart_timeout: (!args.group_restart_timeout.is_zero())
                     .then_some(args.group_restart_timeout),
-                node_lost_grace: (!args.node_lost_grace.is_zero()).then_some(args.node_lost_grace),
+                node_lost: jobset_inplace::reconciler::nodes::resolve_node_lost(
+                    args.node_lost,
+                    args.node_lost_grace,
+                )
+                .expect("the flags resolve"),
             },
             leader_election: args.leader_elect.then(|| LeaderElection {
                 lease_name: args.lease_name.clone(),

@@ -218,6 +218,7 @@ fn assert_clean(sim: &Simulation, s: &Snapshot) {
         sim.violations()
     );
 }
+mod node_lost;
 mod reasons;
 mod simulation;
 mod tenants;
