@@ -408,15 +408,17 @@ async fn a_deleted_member_deprecates_the_synced_epoch_at_once() {
         })
         .await;
         assert_eq!(w.synced(), Some(1));
-        let events = w.events();
-        assert!(
-            events.iter().any(|e| e["reason"] == "GroupRestartStarted"
-                && e["note"]
-                    .as_str()
-                    .or(e["message"].as_str())
-                    .is_some_and(|n| n.contains("(pod js-0 is being deleted)"))),
-            "{events:?}"
-        );
+        // The Event is sent after the status write, from the reconciler's event queue.
+        w.until("the GroupRestartStarted event names the deletion", |w| {
+            w.events().iter().any(|e| {
+                e["reason"] == "GroupRestartStarted"
+                    && e["note"]
+                        .as_str()
+                        .or(e["message"].as_str())
+                        .is_some_and(|n| n.contains("(pod js-0 is being deleted)"))
+            })
+        })
+        .await;
     })
     .await;
 }
