@@ -66,6 +66,9 @@ pub struct JobRecord {
     /// Its `jobset.sigs.k8s.io/jobset-name` label.
     pub label: Option<String>,
     pub controller: Option<ControllerRef>,
+    /// Its `metadata.deletionTimestamp` is set: its pods go with it
+    /// ([`crate::protocol::PodView::job_leaving`]).
+    pub deleting: bool,
 }
 
 impl JobRecord {
@@ -79,6 +82,7 @@ impl JobRecord {
                 .and_then(|l| l.get(JOBSET_NAME_LABEL))
                 .cloned(),
             controller: ControllerRef::of(meta.owner_references.as_deref()),
+            deleting: meta.deletion_timestamp.is_some(),
         };
         Some((meta.namespace.clone()?, meta.name.clone()?, record))
     }
@@ -216,6 +220,7 @@ mod tests {
                 name: name.into(),
                 uid: uid.into(),
             }),
+            deleting: false,
         }
     }
 

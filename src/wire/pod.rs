@@ -188,6 +188,7 @@ impl WatchedPod {
                 .and_then(|s| s.node_name.clone())
                 .unwrap_or_default(),
             restart_begun: false,
+            job_leaving: false,
         }
     }
 

@@ -388,3 +388,42 @@ fn a_member_keeps_its_last_sync_mark_across_a_move_aside() {
     let (_, pods) = index.get(&key("js")).expect("indexed");
     assert!(pods[0].counted_in_last_sync);
 }
+
+/// A lost member (docs/protocol.md, "A lost member"): the pod watch's update that sets a
+/// `deletionTimestamp` changes the decision's input, and the Job's and the JobSet's own deletion
+/// reach it too.
+#[test]
+fn a_pod_deletion_its_job_deletion_and_the_jobset_deletion_reach_the_decision() {
+    let mut index = with_jobs(&["js"]);
+    index.apply_jobset(&jobset("js", Some(2)));
+    index.apply_pod(&pod("a", "js", Some("2")));
+    index.record_sync(&key("js"), 2, &["a".to_owned()]);
+    let mut deleted = pod("a", "js", Some("2"));
+    deleted.metadata.deletion_timestamp =
+        Some(serde_json::from_value(json!("2026-12-07T00:00:00Z")).expect("time"));
+    assert_eq!(index.apply_pod(&deleted), vec![key("js")]);
+    let input = |index: &Index| {
+        let (js, pods) = index.get(&key("js")).expect("indexed");
+        let pods = pods.to_vec();
+        (js.deleting, pods, index.last_synced(&key("js")))
+    };
+    let (leaving, pods, last) = input(&index);
+    let a = pods.iter().find(|p| p.name == "a").expect("a");
+    assert!(a.terminating && a.counted_in_last_sync && !a.job_leaving && !leaving);
+    assert_eq!(last, Some(2));
+    // Its Job is being deleted (foreground): the pod is its Job's, no member lost.
+    let mut job = job("js");
+    job.deletion_timestamp = deleted.metadata.deletion_timestamp.clone();
+    assert_eq!(index.apply_job(&job), vec![key("js")]);
+    let (_, pods, _) = input(&index);
+    assert!(pods.iter().any(|p| p.name == "a" && p.job_leaving));
+    // A pod seen after its Job's deletion began knows it at once.
+    index.apply_pod(&pod("b", "js", Some("2")));
+    let (_, pods, _) = input(&index);
+    assert!(pods.iter().any(|p| p.name == "b" && p.job_leaving));
+    // The JobSet's deletion.
+    let mut js = jobset("js", Some(2));
+    js.metadata.deletion_timestamp = deleted.metadata.deletion_timestamp.clone();
+    assert_eq!(index.apply_jobset(&js), Some(key("js")));
+    assert!(input(&index).0);
+}

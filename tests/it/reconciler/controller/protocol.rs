@@ -390,3 +390,60 @@ async fn multiple_replicated_jobs() {
     })
     .await;
 }
+
+/// A lost member (docs/protocol.md, "A lost member"): a counted pod at the synced epoch whose
+/// deletion begins deprecates that epoch at once, before any replacement exists; not when its
+/// Job's deletion began first (its pods go with it).
+#[tokio::test]
+async fn a_deleted_member_deprecates_the_synced_epoch_at_once() {
+    bounded(async {
+        let w = World::new(Dialect::Epoch, &[(1, 3)], 10).await;
+        let _r = w.start("r1");
+        w.sync_pods(3, 1, "synced 1").await;
+        // A finalizer keeps the pod terminating, as a kubelet still killing it would.
+        w.patch_pod(0, json!({"metadata": {"finalizers": ["x/y"]}}));
+        w.server.delete("pods", NS, "js-0").expect("delete");
+        w.until("deprecated 1 by the deletion", |w| {
+            w.deprecated() == Some(1)
+        })
+        .await;
+        assert_eq!(w.synced(), Some(1));
+        // The Event is sent after the status write, from the reconciler's event queue.
+        w.until("the GroupRestartStarted event names the deletion", |w| {
+            w.events().iter().any(|e| {
+                e["reason"] == "GroupRestartStarted"
+                    && e["note"]
+                        .as_str()
+                        .or(e["message"].as_str())
+                        .is_some_and(|n| n.contains("(pod js-0 is being deleted)"))
+            })
+        })
+        .await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_pod_deleted_with_its_job_restarts_nothing() {
+    bounded(async {
+        let w = World::new(Dialect::Epoch, &[(1, 3)], 10).await;
+        let _r = w.start("r1");
+        w.sync_pods(3, 1, "synced 1").await;
+        // The Job's deletion begins first (foreground propagation keeps it while its pods go).
+        let mut job = w.server.get("jobs", NS, "js-job").expect("job");
+        job["metadata"]["finalizers"] = json!(["foregroundDeletion"]);
+        w.server.put("jobs", job).expect("finalizer");
+        w.server.delete("jobs", NS, "js-job").expect("delete job");
+        let job = w
+            .server
+            .get("jobs", NS, "js-job")
+            .expect("kept by its finalizer");
+        assert!(job["metadata"]["deletionTimestamp"].is_string(), "{job}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        w.patch_pod(0, json!({"metadata": {"finalizers": ["x/y"]}}));
+        w.server.delete("pods", NS, "js-0").expect("delete");
+        w.quiet("a pod of a Job being deleted").await;
+        assert_eq!(w.deprecated(), None);
+    })
+    .await;
+}
