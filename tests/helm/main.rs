@@ -77,6 +77,7 @@ fn chart_dir() -> PathBuf {
 }
 mod adoption;
 mod cluster;
+mod metrics;
 mod offline;
 mod readme;
 mod render;

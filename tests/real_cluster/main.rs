@@ -55,6 +55,7 @@ mod dialect;
 mod doctor;
 mod enforced;
 mod measure;
+mod metrics;
 mod node;
 mod overlays;
 mod reconciler;
