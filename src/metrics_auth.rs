@@ -491,5 +491,7 @@ pub async fn client() -> Result<kube::Client, kube::Error> {
     config.connect_timeout = Some(Duration::from_secs(10));
     config.read_timeout = Some(Duration::from_secs(10));
     config.write_timeout = Some(Duration::from_secs(10));
-    kube::Client::try_from(config)
+    Ok(kube::client::ClientBuilder::try_from(config)?
+        .with_layer(&crate::telemetry::api_client::ApiClientLayer)
+        .build())
 }

@@ -2,6 +2,9 @@
 //! long-running components (with `/metrics` only under `--metrics-secure=false`: by default
 //! `crate::metrics_auth` serves it over HTTPS).
 
+pub mod api_client;
+pub mod process;
+
 use tracing_subscriber::EnvFilter;
 
 /// Log output format.
@@ -99,10 +102,24 @@ impl Health {
 /// Content type of the OpenMetrics text that [`encode`] writes.
 pub const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-/// The registry in OpenMetrics text.
+/// What every component's `/metrics` also holds: the `process_*` series ([`process`]) and the
+/// API client's ([`api_client`]).
+static SHARED: std::sync::LazyLock<prometheus_client::registry::Registry> =
+    std::sync::LazyLock::new(|| {
+        let mut registry = prometheus_client::registry::Registry::default();
+        registry.register_collector(Box::new(process::ProcessCollector));
+        api_client::register(&mut registry);
+        registry
+    });
+
+/// The registry, then the process's and the API client's series, in OpenMetrics text.
 pub fn encode(registry: &prometheus_client::registry::Registry) -> String {
+    use prometheus_client::encoding::text;
     let mut out = String::new();
-    if let Err(e) = prometheus_client::encoding::text::encode(&mut out, registry) {
+    let written = text::encode_registry(&mut out, registry)
+        .and_then(|()| text::encode_registry(&mut out, &SHARED))
+        .and_then(|()| text::encode_eof(&mut out));
+    if let Err(e) = written {
         tracing::warn!(error = %e, "cannot encode metrics");
     }
     out

@@ -291,7 +291,11 @@ impl Args {
         config.write_timeout = Some(self.request_timeout);
         // The read timeout counts from each request, not from when its pooled connection idled.
         config.reset_reader_on_write = true;
-        let client = crate::retry::client_without_retries(config).map_err(Error::Client)?;
+        let client = crate::retry::client_without_retries_with(
+            config,
+            &telemetry::api_client::ApiClientLayer,
+        )
+        .map_err(Error::Client)?;
         let choice = match global.protocol {
             Some(d) => jobset_crd::explicit(d, &format!("--protocol {d}")),
             None => jobset_crd::read(&client, self.request_timeout)

@@ -383,7 +383,13 @@ impl Args {
         config.protocol = choice.dialect;
         let renewer = if self.self_signed {
             self.policy()?;
-            let client = kube::Client::try_default().await.map_err(Error::Cluster)?;
+            let config = kube::Config::infer()
+                .await
+                .map_err(|e| Error::Cluster(kube::Error::InferConfig(e)))?;
+            let client = kube::client::ClientBuilder::try_from(config)
+                .map_err(Error::Cluster)?
+                .with_layer(&crate::telemetry::api_client::ApiClientLayer)
+                .build();
             Some(self.renewer(client)?)
         } else {
             None
