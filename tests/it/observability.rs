@@ -531,3 +531,66 @@ async fn process_and_api_client_metrics_have_sane_values() {
     })
     .await;
 }
+
+/// The anchor GitHub gives a Markdown heading: lower case, punctuation but `-` and `_` dropped,
+/// spaces made `-`.
+fn heading_anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || matches!(c, ' ' | '-' | '_'))
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+#[test]
+fn heading_anchors_are_githubs() {
+    assert_eq!(
+        heading_anchor("`doctor`: the checks and what to do"),
+        "doctor-the-checks-and-what-to-do"
+    );
+    assert_eq!(
+        heading_anchor(
+            "The agent was not injected, or every InPlaceRestart JobSet is refused: the webhook is down"
+        ),
+        "the-agent-was-not-injected-or-every-inplacerestart-jobset-is-refused-the-webhook-is-down"
+    );
+}
+
+/// Issue 47: every alert has a `runbook_url` to a section of docs/troubleshooting.md that exists
+/// (the chart's default base, `metrics.prometheusRule.runbookBaseUrl`).
+#[test]
+fn every_alert_has_a_runbook_url_to_a_troubleshooting_section() {
+    let base =
+        "https://github.com/jobset-inplace/jobset-inplace/blob/main/docs/troubleshooting.md#";
+    let text = std::fs::read_to_string(repo().join("docs/troubleshooting.md")).expect("read");
+    let anchors: BTreeSet<String> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix('#'))
+        .map(|l| heading_anchor(l.trim_start_matches('#')))
+        .collect();
+    let path = repo().join("deploy/components/monitoring/prometheusrule.yaml");
+    let rule: Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(&path).expect("read")).expect("YAML");
+    let mut alerts = 0;
+    for group in rule["spec"]["groups"].as_array().expect("groups") {
+        for r in group["rules"].as_array().expect("rules") {
+            let Some(name) = r["alert"].as_str() else {
+                continue;
+            };
+            alerts += 1;
+            let url = r["annotations"]["runbook_url"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{name}: no runbook_url"));
+            let anchor = url
+                .strip_prefix(base)
+                .unwrap_or_else(|| panic!("{name}: {url} is not under {base}"));
+            assert!(
+                anchors.contains(anchor),
+                "{name}: no section #{anchor} in docs/troubleshooting.md: {anchors:?}"
+            );
+        }
+    }
+    assert!(alerts >= 13, "{alerts} alerts");
+}
