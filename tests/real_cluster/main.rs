@@ -57,6 +57,7 @@ mod enforced;
 mod measure;
 mod metrics;
 mod node;
+mod off_switch;
 mod overlays;
 mod reconciler;
 mod scale;
