@@ -27,6 +27,7 @@ table=(
   "base/config.yaml                              config.yaml:config.yaml"
   "base/flowcontrol.yaml                         flowcontrol.yaml"
   "base/jobsetepoch-crd.yaml                     jobsetepoch-crd.yaml                crds.keep=false"
+  "base/metrics-rbac.yaml                        metrics-rbac.yaml"
   "base/metrics-services.yaml                    metrics-services.yaml"
   "base/reconciler-policy.yaml                   reconciler-policy.yaml"
   "base/reconciler-rbac.yaml                     reconciler-rbac.yaml"

@@ -31,6 +31,7 @@ pub mod deadline;
 pub mod error;
 pub mod inspect;
 pub mod jobset;
+pub mod metrics_auth;
 pub mod offline;
 pub mod protocol;
 pub mod reconciler;

@@ -84,15 +84,41 @@ const ERROR_BODY_MAX: usize = 64 * 1024;
 /// A client built from `config` with kube's retry layer off, and the `Retry-After` header of a
 /// `429`, `503` or `504` carried into the error's `Status` ([`status_with_retry_after`]), where
 /// [`retry_after`] reads it: the caller owns its retries (see the module's documentation).
-pub fn client_without_retries(mut config: kube::Config) -> Result<kube::Client, kube::Error> {
+pub fn client_without_retries(config: kube::Config) -> Result<kube::Client, kube::Error> {
+    client_without_retries_with(config, &tower::layer::util::Identity::new())
+}
+
+/// [`client_without_retries`] with `layer` on kube's stack below the `Retry-After` rewrite (the
+/// reconciler's API-client metrics).
+pub fn client_without_retries_with<L>(
+    mut config: kube::Config,
+    layer: &L,
+) -> Result<kube::Client, kube::Error>
+where
+    L: tower::Layer<KubeStack>,
+    L::Service: tower::Service<
+            hyper::http::Request<kube::client::Body>,
+            Response = ApiResponse,
+            Error = tower::BoxError,
+        > + Send
+        + 'static,
+    <L::Service as tower::Service<hyper::http::Request<kube::client::Body>>>::Future:
+        Send + 'static,
+{
     config.default_retry = false;
     let builder = kube::client::ClientBuilder::try_from(config)?;
     Ok(builder
+        .with_layer(layer)
         .with_layer(&tower::util::AndThenLayer::new(carry_retry_after))
         .build())
 }
 
 type ApiResponse = hyper::http::Response<Box<kube::client::DynBody>>;
+
+/// The service stack `kube::client::ClientBuilder::try_from` builds (kube's `GenericService`,
+/// which it does not export).
+pub type KubeStack =
+    tower::util::BoxService<hyper::http::Request<kube::client::Body>, ApiResponse, tower::BoxError>;
 
 /// A `429`, `503` or `504` answer with a `Retry-After` header, its body rewritten as a `Status`
 /// that carries it; any other answer as it is.

@@ -1,5 +1,9 @@
-//! Logging setup (tracing, text or JSON), and the plain-HTTP health and metrics server shared
-//! by the long-running components.
+//! Logging setup (tracing, text or JSON), and the plain-HTTP health server shared by the
+//! long-running components (with `/metrics` only under `--metrics-secure=false`: by default
+//! `crate::metrics_auth` serves it over HTTPS).
+
+pub mod api_client;
+pub mod process;
 
 use tracing_subscriber::EnvFilter;
 
@@ -71,7 +75,8 @@ pub async fn bind(
 #[derive(Clone)]
 pub struct Health {
     ready: std::sync::Arc<dyn Fn() -> bool + Send + Sync>,
-    metrics: std::sync::Arc<dyn Fn() -> String + Send + Sync>,
+    /// None: no `/metrics` here (served over HTTPS by the `metrics_auth` module).
+    metrics: Option<std::sync::Arc<dyn Fn() -> String + Send + Sync>>,
 }
 
 impl Health {
@@ -81,7 +86,15 @@ impl Health {
     ) -> Self {
         Health {
             ready: std::sync::Arc::new(ready),
-            metrics: std::sync::Arc::new(metrics),
+            metrics: Some(std::sync::Arc::new(metrics)),
+        }
+    }
+
+    /// `/healthz` and `/readyz` only: `/metrics` is served elsewhere (404 here).
+    pub fn without_metrics(ready: impl Fn() -> bool + Send + Sync + 'static) -> Self {
+        Health {
+            ready: std::sync::Arc::new(ready),
+            metrics: None,
         }
     }
 }
@@ -89,21 +102,35 @@ impl Health {
 /// Content type of the OpenMetrics text that [`encode`] writes.
 pub const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-/// The registry in OpenMetrics text.
+/// What every component's `/metrics` also holds: the `process_*` series ([`process`]) and the
+/// API client's ([`api_client`]).
+static SHARED: std::sync::LazyLock<prometheus_client::registry::Registry> =
+    std::sync::LazyLock::new(|| {
+        let mut registry = prometheus_client::registry::Registry::default();
+        registry.register_collector(Box::new(process::ProcessCollector));
+        api_client::register(&mut registry);
+        registry
+    });
+
+/// The registry, then the process's and the API client's series, in OpenMetrics text.
 pub fn encode(registry: &prometheus_client::registry::Registry) -> String {
+    use prometheus_client::encoding::text;
     let mut out = String::new();
-    if let Err(e) = prometheus_client::encoding::text::encode(&mut out, registry) {
+    let written = text::encode_registry(&mut out, registry)
+        .and_then(|()| text::encode_registry(&mut out, &SHARED))
+        .and_then(|()| text::encode_eof(&mut out));
+    if let Err(e) = written {
         tracing::warn!(error = %e, "cannot encode metrics");
     }
     out
 }
 
-/// `/healthz` (always 200 while the process serves), `/readyz` (200 once ready, else 503) and
-/// `/metrics`.
+/// `/healthz` (always 200 while the process serves), `/readyz` (200 once ready, else 503) and,
+/// unless [`Health::without_metrics`], `/metrics`.
 pub fn health_router(health: Health) -> axum::Router {
     use axum::http::{StatusCode, header};
     use axum::routing::get;
-    axum::Router::new()
+    let router = axum::Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route(
             "/readyz",
@@ -116,19 +143,15 @@ pub fn health_router(health: Health) -> axum::Router {
                     }
                 },
             ),
-        )
-        .route(
+        );
+    let router = match health.metrics.clone() {
+        None => router,
+        Some(metrics) => router.route(
             "/metrics",
-            get(
-                |axum::extract::State(h): axum::extract::State<Health>| async move {
-                    (
-                        [(header::CONTENT_TYPE, METRICS_CONTENT_TYPE)],
-                        (h.metrics)(),
-                    )
-                },
-            ),
-        )
-        .with_state(health)
+            get(move || async move { ([(header::CONTENT_TYPE, METRICS_CONTENT_TYPE)], metrics()) }),
+        ),
+    };
+    router.with_state(health)
 }
 
 /// Limits of the plain-HTTP health listener: it answers probes and scrapes, so a connection

@@ -49,6 +49,8 @@ pub enum Error {
     #[error("cannot reach the Kubernetes API: {0}")]
     Client(#[source] kube::Error),
     #[error(transparent)]
+    Metrics(#[from] crate::metrics_auth::StartError),
+    #[error(transparent)]
     Crd(#[from] crd::CrdError),
     #[error("leader election on lease {namespace}/{name} failed: {source}")]
     Lease {
@@ -99,13 +101,16 @@ pub struct Args {
     #[arg(long, env = "JOBSET_INPLACE_WATCH_NAMESPACE")]
     pub namespace: Option<String>,
 
-    /// Plain-HTTP address of /healthz, /readyz and /metrics.
+    /// Plain-HTTP address of /healthz, /readyz (and /metrics with --metrics-secure=false).
     #[arg(
         long,
         env = "JOBSET_INPLACE_HEALTH_ADDR",
         default_value = "0.0.0.0:8081"
     )]
     pub health_addr: SocketAddr,
+
+    #[command(flatten)]
+    pub metrics: crate::metrics_auth::MetricsArgs,
 
     /// Elect a leader among replicas on a Lease; only the leader writes.
     #[arg(long, env = "JOBSET_INPLACE_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
@@ -305,7 +310,11 @@ impl Args {
         config.write_timeout = Some(self.request_timeout);
         // The read timeout counts from each request, not from when its pooled connection idled.
         config.reset_reader_on_write = true;
-        let client = crate::retry::client_without_retries(config).map_err(Error::Client)?;
+        let client = crate::retry::client_without_retries_with(
+            config,
+            &telemetry::api_client::ApiClientLayer,
+        )
+        .map_err(Error::Client)?;
         let choice = match global.protocol {
             Some(d) => jobset_crd::explicit(d, &format!("--protocol {d}")),
             None => jobset_crd::read(&client, self.request_timeout)
@@ -316,10 +325,20 @@ impl Args {
         let mut options = options;
         options.settings.dialect = choice.dialect;
         let listener = telemetry::bind(self.health_addr, "--health-addr").await?;
-        run(
+        // The reviews of scrapes go through a client of their own: the reconciler's has no
+        // retries and its read timeout is the watch's.
+        let secure_metrics = match self.metrics.metrics_secure {
+            true => Some((
+                self.metrics.metrics_addr,
+                crate::metrics_auth::client().await.map_err(Error::Client)?,
+            )),
+            false => None,
+        };
+        run_with_metrics(
             client,
             options,
             Some(listener),
+            secure_metrics,
             crate::shutdown::shutdown_signal(),
         )
         .await?;
@@ -351,8 +370,21 @@ fn hostname() -> String {
 /// `health` is the listener of /healthz, /readyz and /metrics, if any.
 pub async fn run(
     client: kube::Client,
+    options: Options,
+    health: Option<tokio::net::TcpListener>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), Error> {
+    run_with_metrics(client, options, health, None, shutdown).await
+}
+
+/// [`run`]; with `secure_metrics` (an address and the client of the reviews), `/metrics` is
+/// served over HTTPS there behind the API server's authentication and authorization
+/// (`crate::metrics_auth`), not on `health`.
+pub async fn run_with_metrics(
+    client: kube::Client,
     mut options: Options,
     health: Option<tokio::net::TcpListener>,
+    secure_metrics: Option<(SocketAddr, kube::Client)>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), Error> {
     let dialect: Dialect = options.settings.dialect;
@@ -430,12 +462,31 @@ pub async fn run(
         write_until_rx,
     );
     let ready_probe = controller.readiness();
+    let secure_metrics = match secure_metrics {
+        Some((addr, reviews)) => {
+            let registry = registry.clone();
+            Some(
+                crate::metrics_auth::start(
+                    addr,
+                    reviews,
+                    Arc::new(move || telemetry::encode(&registry)),
+                )
+                .await?,
+            )
+        }
+        None => None,
+    };
     let (health_stop_tx, health_stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let plain_metrics = secure_metrics.is_none();
     let health_task = health.map(|listener| {
         let registry = registry.clone();
         tokio::spawn(telemetry::serve_health(
             listener,
-            telemetry::Health::new(ready_probe, move || telemetry::encode(&registry)),
+            if plain_metrics {
+                telemetry::Health::new(ready_probe, move || telemetry::encode(&registry))
+            } else {
+                telemetry::Health::without_metrics(ready_probe)
+            },
             async {
                 let _ = health_stop_rx.await;
             },
@@ -502,6 +553,9 @@ pub async fn run(
     let _ = health_stop_tx.send(());
     if let Some(task) = health_task {
         let _ = task.await;
+    }
+    if let Some(running) = secure_metrics {
+        running.stop().await;
     }
     outcome
 }

@@ -21,7 +21,7 @@ use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 
 use super::Error;
-use super::routes::{BodyLimits, Handlers, Webhook, admission_routes, health_router};
+use super::routes::{BodyLimits, Handlers, Webhook, admission_routes, health_router_with};
 use super::tls::{ReloadingCert, server_config};
 use crate::serving::conn::{AnswerBudget, DEFAULT_ANSWER_BYTES_IN_FLIGHT, Timeouts};
 use crate::serving::{Common, Limits, accept_loop, wait_stop};
@@ -56,6 +56,9 @@ pub struct ServeOptions {
     pub shutdown_delay: Duration,
     /// Longest wait for in-flight requests at shutdown (after the delay).
     pub shutdown_grace: Duration,
+    /// `/metrics` on the plain-HTTP health listener (`--metrics-secure=false`); otherwise the
+    /// caller serves it over HTTPS (`crate::metrics_auth`).
+    pub metrics_on_health: bool,
 }
 
 impl ServeOptions {
@@ -75,6 +78,7 @@ impl ServeOptions {
             answer_bytes_in_flight: DEFAULT_ANSWER_BYTES_IN_FLIGHT,
             shutdown_delay: Duration::ZERO,
             shutdown_grace: Duration::from_secs(25),
+            metrics_on_health: true,
         }
     }
 }
@@ -85,7 +89,7 @@ pub use crate::serving::DEFAULT_MAX_CONNECTIONS;
 /// Largest request head (request line and headers) read: 431 beyond it.
 pub const MAX_HEADER_BYTES: usize = 64 * 1024;
 
-/// Serves the admission routes ([`admission_routes`]) over TLS on `https` and [`health_router`]
+/// Serves the admission routes ([`admission_routes`]) over TLS on `https` and [`health_router_with`]
 /// over plain HTTP on `health`
 /// (both already bound: bind `127.0.0.1:0` to learn the ports first) until `shutdown`
 /// resolves; then reports not ready, goes on serving for `options.shutdown_delay` with every
@@ -169,7 +173,7 @@ pub async fn serve_routes(
     let health_loop = tokio::spawn(accept_loop(
         health,
         None,
-        health_router(webhook.clone()),
+        health_router_with(webhook.clone(), options.metrics_on_health),
         common,
         limits,
         stop_rx.clone(),

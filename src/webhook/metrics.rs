@@ -439,10 +439,8 @@ impl Metrics {
 
     /// The metrics in the OpenMetrics text format ([`CONTENT_TYPE`]).
     pub fn encode(&self) -> String {
-        let mut text = String::new();
-        // Writing into a String cannot fail.
-        let _ = prometheus_client::encoding::text::encode(&mut text, &self.registry);
-        text
+        // With the process's and the API client's series.
+        crate::telemetry::encode(&self.registry)
     }
 }
 
@@ -527,9 +525,15 @@ mod tests {
             text.contains("jobset_inplace_build_info{version="),
             "{text}"
         );
+        // The process's own series (`process_*`, as every Prometheus client library names
+        // them) are the only others.
         for line in text.lines().filter(|l| !l.starts_with('#')) {
-            assert!(line.starts_with("jobset_inplace_"), "{line}");
+            assert!(
+                line.starts_with("jobset_inplace_") || line.starts_with("process_"),
+                "{line}"
+            );
         }
+        assert!(text.contains("\nprocess_resident_memory_bytes "), "{text}");
     }
 
     #[test]

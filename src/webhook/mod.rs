@@ -31,13 +31,15 @@ pub mod tls;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
 
 pub use listener::{ServeOptions, serve, serve_routes};
 pub use routes::{
-    BodyLimits, Handlers, Webhook, admission_routes, health_router, router, router_with,
+    BodyLimits, Handlers, Webhook, admission_routes, health_router, health_router_with, router,
+    router_with,
 };
 pub use self_signed::serve_self_signed;
 pub use tls::ReloadingCert;
@@ -89,6 +91,12 @@ pub enum Error {
     Config(#[from] admission::Error),
     #[error("cannot decide the epoch protocol dialect (--protocol auto): {0}")]
     Dialect(String),
+    #[error(
+        "--metrics-secure: cannot reach the Kubernetes API to review scrapes' tokens: {0} (--metrics-secure=false serves /metrics over plain HTTP on --health-addr instead)"
+    )]
+    MetricsClient(#[source] kube::Error),
+    #[error(transparent)]
+    Metrics(#[from] crate::metrics_auth::StartError),
 }
 
 /// Flags of `jobset-inplace webhook`.
@@ -102,13 +110,16 @@ pub struct Args {
     )]
     pub addr: SocketAddr,
 
-    /// Address of the plain-HTTP /healthz, /readyz and /metrics.
+    /// Address of the plain-HTTP /healthz, /readyz (and /metrics with --metrics-secure=false).
     #[arg(
         long,
         env = "JOBSET_INPLACE_HEALTH_ADDR",
         default_value = "0.0.0.0:8081"
     )]
     pub health_addr: SocketAddr,
+
+    #[command(flatten)]
+    pub metrics: crate::metrics_auth::MetricsArgs,
 
     /// Serving certificate (PEM, leaf first). With --tls-key; reloaded when the file changes.
     #[arg(long, env = "JOBSET_INPLACE_TLS_CERT", value_name = "FILE")]
@@ -291,6 +302,7 @@ impl Args {
             },
             shutdown_delay: self.shutdown_delay,
             shutdown_grace: self.shutdown_timeout,
+            metrics_on_health: !self.metrics.metrics_secure,
             ..ServeOptions::new(cert, key)
         }
     }
@@ -371,7 +383,13 @@ impl Args {
         config.protocol = choice.dialect;
         let renewer = if self.self_signed {
             self.policy()?;
-            let client = kube::Client::try_default().await.map_err(Error::Cluster)?;
+            let config = kube::Config::infer()
+                .await
+                .map_err(|e| Error::Cluster(kube::Error::InferConfig(e)))?;
+            let client = kube::client::ClientBuilder::try_from(config)
+                .map_err(Error::Cluster)?
+                .with_layer(&crate::telemetry::api_client::ApiClientLayer)
+                .build();
             Some(self.renewer(client)?)
         } else {
             None
@@ -384,6 +402,22 @@ impl Args {
         let health = bind("--health-addr", self.health_addr).await?;
         let options = self.serve_options(cert, key);
         let webhook = Webhook::new(config);
+        let secure_metrics = if self.metrics.metrics_secure {
+            let client = crate::metrics_auth::client()
+                .await
+                .map_err(Error::MetricsClient)?;
+            let encoded = webhook.clone();
+            Some(
+                crate::metrics_auth::start(
+                    self.metrics.metrics_addr,
+                    client,
+                    Arc::new(move || encoded.metrics().encode()),
+                )
+                .await?,
+            )
+        } else {
+            None
+        };
         let shutdown = crate::shutdown::shutdown_signal();
         match renewer {
             Some(renewer) => {
@@ -399,6 +433,9 @@ impl Args {
                 .await?
             }
             None => serve(https, health, webhook, options, shutdown).await?,
+        }
+        if let Some(running) = secure_metrics {
+            running.stop().await;
         }
         Ok(ExitCode::SUCCESS)
     }

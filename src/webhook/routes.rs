@@ -177,11 +177,19 @@ pub fn router_with(webhook: Arc<Webhook>, limits: BodyLimits) -> Router {
 
 /// The plain-HTTP routes: `/healthz`, `/readyz`, `/metrics`.
 pub fn health_router(webhook: Arc<Webhook>) -> Router {
+    health_router_with(webhook, true)
+}
+
+/// The plain-HTTP routes: `/healthz`, `/readyz`, and `/metrics` if `metrics` (else it is served
+/// over HTTPS, `crate::metrics_auth`).
+pub fn health_router_with(webhook: Arc<Webhook>, metrics: bool) -> Router {
     let ready = webhook.clone();
-    crate::telemetry::health_router(crate::telemetry::Health::new(
-        move || ready.is_ready(),
-        move || webhook.metrics.encode(),
-    ))
+    let health = if metrics {
+        crate::telemetry::Health::new(move || ready.is_ready(), move || webhook.metrics.encode())
+    } else {
+        crate::telemetry::Health::without_metrics(move || ready.is_ready())
+    };
+    crate::telemetry::health_router(health)
 }
 
 async fn mutate(State(state): State<Handlers>, request: Request) -> Response {

@@ -47,6 +47,8 @@ impl ReconcilerProcess {
                 "--leader-elect",
                 "false",
                 "--skip-crd-check",
+                // /metrics on the health port, as the tests read it.
+                "--metrics-secure=false",
                 "--health-addr",
             ])
             .arg(health_addr.to_string())

@@ -401,6 +401,8 @@ impl Replica {
         let mut child = tokio::process::Command::new(bin)
             .args(["--log-format", "json", "webhook"])
             .args(["--addr", "127.0.0.1:0", "--health-addr", "127.0.0.1:0"])
+            // /metrics on the health port, as the tests read it (no API server to review tokens).
+            .arg("--metrics-secure=false")
             .arg("--tls-cert")
             .arg(cert)
             .arg("--tls-key")

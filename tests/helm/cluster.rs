@@ -346,6 +346,16 @@ fn helm_installs_upgrades_rolls_back_and_uninstalls_on_a_real_control_plane() {
         "the rollback took the timeout back out: {:?}",
         reconciler_args(k)
     );
+    // Nor does the rollback write the JobSet that runs under it (docs/operations.md, "Rolling
+    // back").
+    let rolled = kubectl_json(k, &["-n", ns, "get", "jobset", "helm-before"]);
+    for field in ["generation", "labels", "annotations"] {
+        assert_eq!(
+            before["metadata"][field], rolled["metadata"][field],
+            "the rollback wrote the JobSet's {field}"
+        );
+    }
+    assert_eq!(before["spec"], rolled["spec"]);
     let history =
         helm_on(&helm, k, &["history", RELEASE, "-o", "json"]).unwrap_or_else(|e| panic!("{e}"));
     let history: Value = serde_json::from_str(&history).expect("history JSON");

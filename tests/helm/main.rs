@@ -78,6 +78,7 @@ fn chart_dir() -> PathBuf {
 mod adoption;
 mod barrier;
 mod cluster;
+mod metrics;
 mod offline;
 mod readme;
 mod render;

@@ -451,3 +451,146 @@ async fn every_metric_the_alerts_and_the_dashboard_read_is_exported() {
     })
     .await;
 }
+
+/// The value of the sample `series` (the name and its labels, as written) in `text`.
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|l| {
+        l.strip_prefix(series)?
+            .strip_prefix(' ')?
+            .trim()
+            .parse()
+            .ok()
+    })
+}
+
+/// Issue 47: the reconciler binary (its own client, as deployed) serves the process's
+/// `process_*` series and its API client's requests by verb, resource and code, with sane
+/// values: a resident size between 1 MiB and 1 GiB, a few open descriptors under the limit, a
+/// start within the last hour, and the lists and watches of its caches answered 200.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn process_and_api_client_metrics_have_sane_values() {
+    bounded(async {
+        let server = TestApiServer::start().await;
+        let process = jobset_inplace_testkit::process::ReconcilerProcess::spawn(
+            std::path::Path::new(env!("CARGO_BIN_EXE_jobset-inplace")),
+            &server,
+            Dialect::Epoch,
+            &[],
+        )
+        .expect("the reconciler process");
+        let listed = "jobset_inplace_api_client_requests_total{verb=\"list\",resource=\"jobsets\",code=\"200\"}";
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(40);
+        let text = loop {
+            if let Ok((200, text)) = support::health_get(process.health, "/metrics").await
+                && sample(&text, listed).is_some_and(|n| n >= 1.0)
+            {
+                break text;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no {listed} within 40 s"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let resident = sample(&text, "process_resident_memory_bytes").expect("resident");
+        assert!(
+            (1024.0 * 1024.0..1024.0 * 1024.0 * 1024.0).contains(&resident),
+            "{resident}"
+        );
+        let open = sample(&text, "process_open_fds").expect("open fds");
+        let max = sample(&text, "process_max_fds").expect("max fds");
+        assert!(open >= 3.0 && open < max, "{open} of {max}");
+        assert!(sample(&text, "process_cpu_seconds_total").expect("cpu") >= 0.0);
+        assert!(sample(&text, "process_virtual_memory_bytes").expect("virtual") >= resident);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_secs_f64();
+        let started = sample(&text, "process_start_time_seconds").expect("start");
+        assert!(started > now - 3600.0 && started <= now + 1.0, "{started} vs {now}");
+        let watched = "jobset_inplace_api_client_requests_total{verb=\"watch\",resource=\"pods\",code=\"200\"}";
+        let latency = "jobset_inplace_api_client_request_duration_seconds_count{verb=\"list\",resource=\"jobsets\"}";
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let (_, text) = support::health_get(process.health, "/metrics")
+                .await
+                .expect("metrics");
+            if sample(&text, watched).is_some_and(|n| n >= 1.0)
+                && sample(&text, latency).is_some_and(|n| n >= 1.0)
+            {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{watched} and {latency} missing from\n{text}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        drop(process);
+        server.shutdown().await;
+    })
+    .await;
+}
+
+/// The anchor GitHub gives a Markdown heading: lower case, punctuation but `-` and `_` dropped,
+/// spaces made `-`.
+fn heading_anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || matches!(c, ' ' | '-' | '_'))
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+#[test]
+fn heading_anchors_are_githubs() {
+    assert_eq!(
+        heading_anchor("`doctor`: the checks and what to do"),
+        "doctor-the-checks-and-what-to-do"
+    );
+    assert_eq!(
+        heading_anchor(
+            "The agent was not injected, or every InPlaceRestart JobSet is refused: the webhook is down"
+        ),
+        "the-agent-was-not-injected-or-every-inplacerestart-jobset-is-refused-the-webhook-is-down"
+    );
+}
+
+/// Issue 47: every alert has a `runbook_url` to a section of docs/troubleshooting.md that exists
+/// (the chart's default base, `metrics.prometheusRule.runbookBaseUrl`).
+#[test]
+fn every_alert_has_a_runbook_url_to_a_troubleshooting_section() {
+    let base =
+        "https://github.com/jobset-inplace/jobset-inplace/blob/main/docs/troubleshooting.md#";
+    let text = std::fs::read_to_string(repo().join("docs/troubleshooting.md")).expect("read");
+    let anchors: BTreeSet<String> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix('#'))
+        .map(|l| heading_anchor(l.trim_start_matches('#')))
+        .collect();
+    let path = repo().join("deploy/components/monitoring/prometheusrule.yaml");
+    let rule: Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(&path).expect("read")).expect("YAML");
+    let mut alerts = 0;
+    for group in rule["spec"]["groups"].as_array().expect("groups") {
+        for r in group["rules"].as_array().expect("rules") {
+            let Some(name) = r["alert"].as_str() else {
+                continue;
+            };
+            alerts += 1;
+            let url = r["annotations"]["runbook_url"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{name}: no runbook_url"));
+            let anchor = url
+                .strip_prefix(base)
+                .unwrap_or_else(|| panic!("{name}: {url} is not under {base}"));
+            assert!(
+                anchors.contains(anchor),
+                "{name}: no section #{anchor} in docs/troubleshooting.md: {anchors:?}"
+            );
+        }
+    }
+    assert!(alerts >= 13, "{alerts} alerts");
+}

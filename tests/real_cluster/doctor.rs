@@ -187,6 +187,7 @@ async fn the_cluster_decides_the_dialect() {
             "reconciler",
             "--health-addr",
             "127.0.0.1:0",
+            "--metrics-secure=false",
             "--leader-elect=false",
         ];
         let webhook_dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
@@ -197,6 +198,7 @@ async fn the_cluster_decides_the_dialect() {
             "127.0.0.1:0",
             "--health-addr",
             "127.0.0.1:0",
+            "--metrics-secure=false",
             "--cert-dir",
             cert_dir.as_str(),
         ];

@@ -92,6 +92,8 @@ impl Webhook {
                 &format!("127.0.0.1:{port}"),
                 "--health-addr",
                 &format!("127.0.0.1:{health}"),
+                // /metrics on the health port: this webhook has no kubeconfig to review tokens.
+                "--metrics-secure=false",
                 "--cert-dir",
                 &dir.path().display().to_string(),
             ])
@@ -303,6 +305,8 @@ impl Reconciler {
                 "reconciler",
                 "--health-addr",
                 &format!("127.0.0.1:{health}"),
+                // Replicas side by side: no HTTPS metrics listener each.
+                "--metrics-secure=false",
                 "--lease-namespace",
                 SYSTEM_NAMESPACE,
                 "--identity",

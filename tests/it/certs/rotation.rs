@@ -90,6 +90,8 @@ impl Replica {
             "100ms",
             "--shutdown-timeout",
             "5s",
+            // /metrics on the health listener, where these tests read it.
+            "--metrics-secure=false",
         ];
         argv.extend_from_slice(flags);
         let cli = Cli::try_parse_from(argv).expect("flags parse");

@@ -166,9 +166,14 @@ fn container_flags_env_and_mounts_are_what_the_binary_takes() {
                     "{name}: the CA key stays out of the pod"
                 );
             }
+            // Its token is mounted only for the reviews of scrapers' tokens (secure metrics).
             assert_eq!(
-                pod["automountServiceAccountToken"], false,
-                "{name}: no API access"
+                pod["automountServiceAccountToken"], true,
+                "{name}: the metrics reviews"
+            );
+            assert!(
+                args.metrics.metrics_secure,
+                "{name}: /metrics over HTTPS, reviewed"
             );
         }
         let known = known_env("webhook");

@@ -464,6 +464,31 @@ struct Grants {
     namespaced: Vec<Value>,
 }
 
+/// The rules of the ClusterRole `jobset-inplace-metrics-auth` (base/metrics-rbac.yaml), bound to
+/// the webhook and the reconciler: the reviews of scrapers' tokens for `/metrics` over HTTPS. The
+/// components here run with plain metrics (`--metrics-secure=false` or the library's `run`), so
+/// they never request them; `tests/real_cluster/metrics.rs` has the webhook use them.
+fn metrics_review_rules() -> Vec<Value> {
+    vec![
+        json!({"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]}),
+        json!({"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"], "verbs": ["create"]}),
+    ]
+}
+
+/// `account`'s grants but the metrics reviews ([`metrics_review_rules`]), which every variant
+/// gives the webhook and the reconciler.
+fn grants_besides_metrics(r: &Rendered, account: &str) -> Grants {
+    let reviews = metrics_review_rules();
+    let mut grants = grants_for(r, account);
+    assert!(
+        reviews.iter().all(|rule| grants.cluster.contains(rule)),
+        "{}: {account} may review scrapers' tokens",
+        r.name
+    );
+    grants.cluster.retain(|rule| !reviews.contains(rule));
+    grants
+}
+
 fn grants_for(r: &Rendered, account: &str) -> Grants {
     let subject = json!({"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE});
     let bound = |binding_kind: &str| -> Vec<Value> {

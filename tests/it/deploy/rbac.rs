@@ -273,6 +273,14 @@ async fn the_reconcilers_rbac_grants_every_request_it_makes_and_no_more() {
             ("rbac.authorization.k8s.io", "clusterroles", "bind"),
             "binding the agent role without holding it; no request",
         ),
+        (
+            ("authentication.k8s.io", "tokenreviews", "create"),
+            "secure metrics (run here with plain ones): tests/real_cluster/metrics.rs",
+        ),
+        (
+            ("authorization.k8s.io", "subjectaccessreviews", "create"),
+            "secure metrics (run here with plain ones): tests/real_cluster/metrics.rs",
+        ),
     ]);
     let unexplained: Vec<_> = unused
         .iter()
@@ -313,8 +321,9 @@ fn without_a_certificate_component_the_webhook_serves_the_mounted_secret() {
         assert!(items.iter().any(|i| i["key"] == key), "{key}");
         assert!(items.iter().all(|i| i["key"] != "ca.key"));
     }
-    assert_eq!(pod["automountServiceAccountToken"], false);
-    let grants = grants_for(&r, "jobset-inplace-webhook");
+    // Mounted for the reviews of scrapers' tokens (secure metrics), its only grants.
+    assert_eq!(pod["automountServiceAccountToken"], true);
+    let grants = grants_besides_metrics(&r, "jobset-inplace-webhook");
     assert!(grants.cluster.is_empty() && grants.namespaced.is_empty());
     assert!(r.of_kind("ValidatingAdmissionPolicy").iter().all(|p| {
         p["metadata"]["name"] != "jobset-inplace-webhook-ca-bundle"

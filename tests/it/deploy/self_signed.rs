@@ -344,7 +344,8 @@ fn the_network_policy_component_admits_only_the_api_server_and_monitoring() {
                 assert!(from[0].get("ipBlock").is_some(), "{rule}");
                 assert_eq!(from.as_array().map(Vec::len), Some(1));
             } else {
-                assert_eq!(allowed, ["health"], "{rule}");
+                // The HTTPS metrics port (secure metrics), not the health port.
+                assert_eq!(allowed, ["metrics"], "{rule}");
                 assert_eq!(
                     from,
                     &json!([{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}])
