@@ -529,16 +529,7 @@ pub(super) async fn measure_floor(
     let took = last_start.saturating_sub(failed_at);
     // The floor is what the API server shows: every restarted status written.
     let written = wait_written(&node, 1, failed_at, limit, &HashSet::new()).await?;
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    let after = api_metrics(cluster).await?;
-    let cpu_after = cpu(cluster, None);
-    let window = Window::between(
-        &before,
-        &after,
-        &cpu_before,
-        &cpu_after,
-        failed_at_wall.elapsed(),
-    );
+    let window = close_window(cluster, &before, &cpu_before, failed_at_wall).await?;
     let text = format!(
         "{pods:>6} pods: the floor (every pod restarted in place by the node, nothing of the \
          product in the loop): first start {:.1} s; last worker running {:.1} s after the exits, \
@@ -547,10 +538,7 @@ pub(super) async fn measure_floor(
         took.as_secs_f64(),
         window.responses_429(),
     );
-    let text = match clear(cluster, ns, node, pods).await {
-        Ok(()) => text,
-        Err(e) => format!("{text}{pods:>6} pods: cleanup: {e}\n"),
-    };
+    let text = cleared(text, cluster, ns, node, pods).await;
     Ok((
         text,
         Measured {
@@ -652,16 +640,7 @@ pub(super) async fn measure_recreation(
         .unwrap_or_default();
     let took = last_start.saturating_sub(failed_at);
     let written = wait_written(&node, 0, failed_at, limit, &first).await?;
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    let after = api_metrics(cluster).await?;
-    let cpu_after = cpu(cluster, None);
-    let window = Window::between(
-        &before,
-        &after,
-        &cpu_before,
-        &cpu_after,
-        failed_at_wall.elapsed(),
-    );
+    let window = close_window(cluster, &before, &cpu_before, failed_at_wall).await?;
     let text = format!(
         "{pods:>6} pods: JobSet's recreation ({rate} kube-controller-manager rate): first start \
          {:.1} s; last worker running {:.1} s after the failure; {} responses 429\n",
@@ -669,11 +648,7 @@ pub(super) async fn measure_recreation(
         took.as_secs_f64(),
         window.responses_429(),
     );
-    let gone = clear(cluster, ns, node, pods).await;
-    let text = match gone {
-        Ok(()) => text,
-        Err(e) => format!("{text}{pods:>6} pods: cleanup: {e}\n"),
-    };
+    let text = cleared(text, cluster, ns, node, pods).await;
     Ok((
         text,
         Measured {
@@ -682,6 +657,40 @@ pub(super) async fn measure_recreation(
             window,
         },
     ))
+}
+
+/// A measurement's window of the node's measurements (no reconciler) closed 5 s after its last
+/// worker ran: the API server's and the processes' figures since `before`.
+async fn close_window(
+    cluster: &Cluster,
+    before: &ApiMetrics,
+    cpu_before: &Cpu,
+    started: Instant,
+) -> Result<Window, String> {
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let after = api_metrics(cluster).await?;
+    let cpu_after = cpu(cluster, None);
+    Ok(Window::between(
+        before,
+        &after,
+        cpu_before,
+        &cpu_after,
+        started.elapsed(),
+    ))
+}
+
+/// [`clear`], its failure added to a measurement's `text`.
+async fn cleared(
+    text: String,
+    cluster: &Cluster,
+    ns: TestNamespace,
+    node: jobset_inplace_testkit::node::Node,
+    pods: usize,
+) -> String {
+    match clear(cluster, ns, node, pods).await {
+        Ok(()) => text,
+        Err(e) => format!("{text}{pods:>6} pods: cleanup: {e}\n"),
+    }
 }
 
 /// A measurement's namespace and node gone before the next measurement starts: the namespace is
