@@ -85,7 +85,6 @@ async fn main() {
         restarts_count_towards_max: 0,
         last_synced: None,
         last_deprecated: None,
-        leaving: false,
         pods: &views,
     };
     let reps = 200;

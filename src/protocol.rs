@@ -391,9 +391,6 @@ pub struct PodView {
     /// its `AllContainersRestarting` condition is `True` now and was seen absent or `False` at
     /// that epoch, for this UID, by this reconciler ([`restart_begun`]).
     pub restart_begun: bool,
-    /// Its Job is being deleted (`metadata.deletionTimestamp`, as the reconciler's Job watch saw
-    /// it): its pods go with it, which is no member's loss ([`member_lost`]).
-    pub job_leaving: bool,
 }
 
 /// The pod condition the kubelet writes when a container's exit matched a
@@ -462,9 +459,6 @@ pub struct ReconcileInput<'a> {
     /// The highest deprecated epoch this reconciler wrote for the JobSet (in memory): a field
     /// that another writer wiped is never rewritten below it.
     pub last_deprecated: Option<Epoch>,
-    /// The JobSet is being deleted (`metadata.deletionTimestamp`): its pods go with it, which is
-    /// no member's loss ([`member_lost`]).
-    pub leaving: bool,
     pub pods: &'a [PodView],
 }
 
@@ -542,9 +536,6 @@ pub struct ReconcileDecision {
     /// the synced epoch is deprecated at once, without waiting for its new agent to register
     /// the next one (early failure detection). The first such pod, by name.
     pub early: Option<String>,
-    /// The early pod is a lost member ([`member_lost`]: its deletion began), not one the kubelet
-    /// restarts.
-    pub early_lost: bool,
 }
 
 /// A pod whose agent restarted without its workers.
@@ -579,14 +570,11 @@ pub fn reconcile_decide(input: &ReconcileInput<'_>) -> ReconcileDecision {
     else {
         return decision;
     };
-    // A lost member (docs/protocol.md, "A lost member"): a pod counted in the synced epoch that
-    // is being deleted will be replaced by a pod that registers the next epoch: the same write,
-    // sooner.
-    let at_synced =
-        |p: &PodView| p.epoch_annotation.as_deref().map(parse_epoch) == Some(Ok(synced));
     let Some(pod) = input.pods.iter().find(|p| {
-        at_synced(p)
-            && ((!p.failed && !p.terminating && p.restart_begun) || member_lost(input, synced, p))
+        !p.failed
+            && !p.terminating
+            && p.restart_begun
+            && p.epoch_annotation.as_deref().map(parse_epoch) == Some(Ok(synced))
     }) else {
         return decision;
     };
@@ -594,7 +582,6 @@ pub fn reconcile_decide(input: &ReconcileInput<'_>) -> ReconcileDecision {
     if current.is_none_or(|d| synced > d) {
         decision.change.deprecated = Some(synced);
         decision.early = Some(pod.name.clone());
-        decision.early_lost = pod.terminating;
         decision.pods_to_restart = input
             .pods
             .iter()
@@ -608,29 +595,6 @@ pub fn reconcile_decide(input: &ReconcileInput<'_>) -> ReconcileDecision {
             .count();
     }
     decision
-}
-
-/// Whether `pod` is a lost member of the synced epoch `synced`: it was counted when this
-/// reconciler wrote `synced` ([`PodView::counted_in_last_sync`], with
-/// [`ReconcileInput::last_synced`] equal to `synced`), it is at that epoch, and its deletion has
-/// begun (a `deletionTimestamp`: an eviction, a drain, a preemption, a user's delete), while
-/// neither its Job nor the JobSet is being deleted. Its replacement registers `synced + 1`, which
-/// deprecates `synced`: [`reconcile_decide`] writes that at once (docs/protocol.md, "A lost
-/// member").
-///
-/// Counted in the last sync, not merely at the synced epoch: a pod deleted before it was counted
-/// (one that registered the next epoch and was deleted before the sync, or one left terminating
-/// from an earlier generation) ran no worker of this generation, and its loss is no failure of
-/// it. Kept in memory, like the last sync: a new reconciler leaves a pod deleted before it
-/// started to the normal path (its replacement's registration).
-pub fn member_lost(input: &ReconcileInput<'_>, synced: Epoch, pod: &PodView) -> bool {
-    pod.terminating
-        && !pod.failed
-        && !pod.job_leaving
-        && !input.leaving
-        && pod.counted_in_last_sync
-        && input.last_synced == Some(synced)
-        && pod.epoch_annotation.as_deref().map(parse_epoch) == Some(Ok(synced))
 }
 
 /// [`reconcile_decide`] on the pods' registered epochs alone.

@@ -23,7 +23,6 @@ fn input<'a>(
         restarts_count_towards_max: 0,
         last_synced: None,
         last_deprecated: None,
-        leaving: false,
         pods,
     }
 }
@@ -838,5 +837,3 @@ fn no_synced_epoch_over_old_workers() {
     assert_eq!(d.change.synced, Some(2));
     assert!(d.restarted_alone.is_empty() && !d.held);
 }
-
-mod lost;

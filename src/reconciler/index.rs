@@ -44,9 +44,6 @@ pub struct JobSetState {
     /// Its [`crate::deadline::TIMEOUT_ANNOTATION`], as written (cut at 100 characters: a longer
     /// one is malformed anyway).
     pub group_restart_timeout: Option<String>,
-    /// `metadata.deletionTimestamp` is set: its pods go with it, which is no member's loss
-    /// ([`crate::protocol::member_lost`]).
-    pub deleting: bool,
 }
 
 impl JobSetState {
@@ -80,7 +77,6 @@ impl JobSetState {
                 .as_ref()
                 .and_then(|a| a.get(crate::deadline::TIMEOUT_ANNOTATION))
                 .map(|v| v.chars().take(100).collect()),
-            deleting: js.metadata.deletion_timestamp.is_some(),
         }
     }
 
@@ -271,13 +267,6 @@ impl Index {
         self.reevaluate(&key);
     }
 
-    /// Whether the Job `controller` names is being deleted ([`PodView::job_leaving`]).
-    fn job_leaving(&self, key: &Key, controller: Option<&ControllerRef>) -> bool {
-        controller
-            .and_then(|c| self.jobs.get(&(key.namespace.clone(), c.name.clone())))
-            .is_some_and(|j| j.deleting)
-    }
-
     /// Whether a pod labelled with `key`'s JobSet, controlled by `controller`, counts toward it.
     fn membership_of(&self, key: &Key, controller: Option<&ControllerRef>) -> Membership {
         let job = controller.and_then(|c| self.jobs.get(&(key.namespace.clone(), c.name.clone())));
@@ -295,23 +284,17 @@ impl Index {
         let Some(pods) = self.pods.get(key) else {
             return false;
         };
-        let decided: Vec<(String, Membership, bool)> = pods
+        let decided: Vec<(String, Membership)> = pods
             .controllers
             .iter()
-            .map(|(name, c)| {
-                (
-                    name.clone(),
-                    self.membership_of(key, c.as_ref()),
-                    self.job_leaving(key, c.as_ref()),
-                )
-            })
+            .map(|(name, c)| (name.clone(), self.membership_of(key, c.as_ref())))
             .collect();
         let counted = self.last_sync.get(key).map(|(_, c)| c);
         let mut changed = false;
         let Some(pods) = self.pods.get_mut(key) else {
             return false;
         };
-        for (name, m, job_leaving) in decided {
+        for (name, m) in decided {
             let view = match pods.outside.get(&name) {
                 Some((view, _)) => view.clone(),
                 None => match pods.get(&name) {
@@ -321,7 +304,6 @@ impl Index {
             };
             let mut view = view;
             view.counted_in_last_sync = counted.is_some_and(|c| c.contains(&name));
-            view.job_leaving = job_leaving;
             changed |= pods.place(view, m);
         }
         changed
@@ -453,7 +435,6 @@ impl Index {
             .is_some_and(|(_, counted)| counted.contains(&name));
         let controller = ControllerRef::of(pod.metadata.owner_references.as_deref());
         let member = self.membership_of(&key, controller.as_ref());
-        view.job_leaving = self.job_leaving(&key, controller.as_ref());
         let pods = self.pods.entry(key.clone()).or_default();
         pods.controllers.insert(name.clone(), controller);
         if let Some(rv) = &pod.metadata.resource_version {
@@ -669,7 +650,6 @@ pub fn reconcile_input<'a>(
         restarts_count_towards_max: js.restarts_count_towards_max,
         last_synced,
         last_deprecated,
-        leaving: js.deleting,
         pods,
     }
 }

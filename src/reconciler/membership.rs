@@ -66,9 +66,6 @@ pub struct JobRecord {
     /// Its `jobset.sigs.k8s.io/jobset-name` label.
     pub label: Option<String>,
     pub controller: Option<ControllerRef>,
-    /// Its `metadata.deletionTimestamp` is set: its pods go with it
-    /// ([`crate::protocol::PodView::job_leaving`]).
-    pub deleting: bool,
 }
 
 impl JobRecord {
@@ -82,7 +79,6 @@ impl JobRecord {
                 .and_then(|l| l.get(JOBSET_NAME_LABEL))
                 .cloned(),
             controller: ControllerRef::of(meta.owner_references.as_deref()),
-            deleting: meta.deletion_timestamp.is_some(),
         };
         Some((meta.namespace.clone()?, meta.name.clone()?, record))
     }
@@ -220,7 +216,6 @@ mod tests {
                 name: name.into(),
                 uid: uid.into(),
             }),
-            deleting: false,
         }
     }
 

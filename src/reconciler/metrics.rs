@@ -30,8 +30,7 @@ pub struct JobSetLabels {
 pub struct Metrics {
     pub group_restarts: Counter,
     /// Of those, the ones started by early failure detection (a pod's kubelet seen restarting
-    /// it at the synced epoch, or a counted pod's deletion, before its new agent or its
-    /// replacement registered the next epoch).
+    /// it at the synced epoch, before its new agent registered the next one).
     pub early_group_restarts: Counter,
     pub group_restart_duration: Histogram,
     pub status_writes: Family<WriteLabels, Counter>,
@@ -149,7 +148,7 @@ impl Metrics {
         );
         r.register(
             "early_group_restarts",
-            "Group restarts started by early failure detection (a pod's AllContainersRestarting condition, or a counted pod's deletion, at the synced epoch)",
+            "Group restarts started by early failure detection (a pod's AllContainersRestarting condition at the synced epoch)",
             m.early_group_restarts.clone(),
         );
         r.register(

@@ -526,7 +526,6 @@ mod tests {
             old_workers: crate::protocol::OldWorkers::No,
             node: node.to_owned(),
             restart_begun: false,
-            job_leaving: false,
         }
     }
 

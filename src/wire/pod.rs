@@ -188,7 +188,6 @@ impl WatchedPod {
                 .and_then(|s| s.node_name.clone())
                 .unwrap_or_default(),
             restart_begun: false,
-            job_leaving: false,
         }
     }
 

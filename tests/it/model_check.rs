@@ -158,12 +158,6 @@ fn early(mut config: Config) -> Config {
     config
 }
 
-/// The same, with pods deleted among the failures (a lost member, docs/protocol.md).
-fn deletions(mut config: Config) -> Config {
-    config.deletions = true;
-    config
-}
-
 /// The same, with agents that watch their JobSet (their fallback where the JobSetEpoch kind is
 /// not served).
 fn watching_the_jobset(mut config: Config) -> Config {
@@ -475,86 +469,6 @@ fn early_epoch_dialect_three_pods_one_failure() {
     check(early(config(Dialect::Epoch, 3, 1, 0)));
 }
 
-// A lost member (docs/protocol.md, "A lost member"): a pod deleted (an eviction, a drain, a
-// preemption, a user's delete) is terminating while its worker runs until the kubelet ends it;
-// the reconciler takes a counted pod's deletion at the synced epoch for a group restart at once,
-// beside the kubelet's condition (early failure detection), stale events and a reconciler
-// restart included.
-
-#[test]
-fn lost_members_epoch_dialect_two_pods_one_failure() {
-    check(deletions(early(config(Dialect::Epoch, 2, 1, 0))));
-}
-
-#[test]
-fn lost_members_attempt_dialect_two_pods_one_failure_one_wipe() {
-    check(deletions(early(config(Dialect::Attempt, 2, 1, 1))));
-}
-
-/// A reconciler restart between the deletion and what follows it.
-#[test]
-fn lost_members_epoch_dialect_two_pods_one_failure_one_reconciler_restart() {
-    let mut config = deletions(early(config(Dialect::Epoch, 2, 1, 0)));
-    config.reconciler_restarts = 1;
-    check(config);
-}
-
-#[test]
-#[ignore = "minutes in release: cargo test --release --test it model_check:: -- --ignored"]
-fn lost_members_epoch_dialect_two_pods_two_failures() {
-    check(deletions(early(config(Dialect::Epoch, 2, 2, 0))));
-}
-
-/// The lost-member path is taken: a counted pod's deletion deprecates the synced epoch while the
-/// deleted pod still runs its worker, before any replacement exists.
-#[test]
-fn a_lost_member_deprecates_before_its_replacement_exists() {
-    let model = ProtocolModel::new(deletions(early(config(Dialect::Epoch, 2, 1, 0))));
-    let mut trace = FIRST_SYNC_WATCHING_THE_JOBSET.to_vec();
-    trace.insert(2, Action::ReconcilerPublishes);
-    trace.extend([
-        Action::PodDeleted(0),
-        Action::ReconcilerPodWatchDelivers,
-        Action::ReconcilerDecides,
-    ]);
-    let states = trace::replay(&model, &trace);
-    let last = states.last().expect("states");
-    println!("{}", trace::render(&model, &trace));
-    assert_eq!(last.status.deprecated, Some(1), "{}", trace::state(last));
-    assert!(last.pods[0].terminating && last.pods[0].worker.is_some());
-    assert_eq!(last.pods.len(), 2, "no replacement yet");
-    // Without this reconciler's memory of the sync (a new one), the normal path: nothing yet.
-    let mut restarts = deletions(early(config(Dialect::Epoch, 2, 1, 0)));
-    restarts.reconciler_restarts = 1;
-    let model = ProtocolModel::new(restarts);
-    let mut restarted = trace[..trace.len() - 2].to_vec();
-    restarted.extend([
-        Action::ReconcilerRestarts,
-        Action::ReconcilerRelistsPods,
-        Action::ReconcilerSeesJobSet,
-    ]);
-    let states = trace::replay(&model, &restarted);
-    let last = states.last().expect("states");
-    assert!(
-        model.step(last, Action::ReconcilerDecides).is_none(),
-        "nothing to decide before the replacement registers: {}",
-        trace::state(last)
-    );
-}
-
-/// The replacement of a deleted pod must wait until that pod has ended
-/// (`podReplacementPolicy: Failed`, which the webhook requires, and a Job deleted with
-/// foreground propagation): a replacement created once the deletion began runs its worker
-/// beside the deleted pod's, at the next epoch.
-#[test]
-fn a_replacement_before_the_deleted_pod_ended_is_caught() {
-    let mut config = deletions(config(Dialect::Epoch, 2, 1, 0));
-    config.node_loss = false;
-    config.variant = Variant::ReplacesTerminatingPods;
-    run(config, HasDiscoveries::AnyFailures)
-        .counterexample("safety 1: running workers share one epoch");
-}
-
 // Regressions: what the model check found in the protocol as it was, each as the old behaviour
 // (a variant of the model) that the checker must still catch, and as a recorded trace.
 
@@ -661,7 +575,7 @@ fn without_the_admission_policy_a_late_registration_moves_an_epoch_back() {
 }
 
 /// Any configuration, from the environment: `MODEL_DIALECT` (epoch|attempt), `MODEL_PODS`,
-/// `MODEL_FAILURES`, `MODEL_NODE_LOSS` (0|1), `MODEL_DELETIONS` (0|1), `MODEL_WIPES`, `MODEL_RECONCILER_RESTARTS`,
+/// `MODEL_FAILURES`, `MODEL_NODE_LOSS` (0|1), `MODEL_WIPES`, `MODEL_RECONCILER_RESTARTS`,
 /// `MODEL_LATE_REGISTRATIONS` (0|1), `MODEL_AGENTS_WATCH_JOBSET` (0|1), `MODEL_KUBELET_CONDITION`
 /// (0|1);
 /// `MODEL_ALL_TRACES=1` prints every counterexample.
@@ -684,7 +598,6 @@ fn explore() {
         config.agents_read = AgentsRead::JobSet;
     }
     config.node_loss = var("MODEL_NODE_LOSS", 1) == 1;
-    config.deletions = var("MODEL_DELETIONS", 0) == 1;
     config.wipes = var("MODEL_WIPES", config.wipes);
     config.reconciler_restarts = var("MODEL_RECONCILER_RESTARTS", config.reconciler_restarts);
     config.late_registrations = var("MODEL_LATE_REGISTRATIONS", 1) == 1;
@@ -695,7 +608,6 @@ fn explore() {
         Ok("AgentRetriesRefusedEpoch") => Variant::AgentRetriesRefusedEpoch,
         Ok("ReconcilerDecidesMidRelist") => Variant::ReconcilerDecidesMidRelist,
         Ok("ReconcilerTrustsAnyRestarting") => Variant::ReconcilerTrustsAnyRestarting,
-        Ok("ReplacesTerminatingPods") => Variant::ReplacesTerminatingPods,
         _ => Variant::Real,
     };
     check(config);

@@ -372,16 +372,6 @@ impl Run {
     /// by a registration (`None`). Nothing to check where JobSet's own controller writes the
     /// epochs.
     pub(crate) async fn assert_started_by(&self, early: Option<&str>) {
-        self.assert_started(early, "is restarting").await;
-    }
-
-    /// The first group restart was started by `pod`'s deletion (a lost member, docs/protocol.md
-    /// "A lost member").
-    pub(crate) async fn assert_started_by_loss(&self, pod: &str) {
-        self.assert_started(Some(pod), "is being deleted").await;
-    }
-
-    async fn assert_started(&self, early: Option<&str>, why: &str) {
         if !self.dialect.reconciler_writes {
             return;
         }
@@ -391,10 +381,9 @@ impl Run {
             || async {
                 let notes = self.restarts_started().await;
                 let note = notes.first().ok_or("no event yet")?;
-                let by_early =
-                    note.contains("is restarting)") || note.contains("is being deleted)");
+                let by_early = note.contains("is restarting)");
                 match early {
-                    Some(pod) if note.contains(&format!("(pod {pod} {why})")) => Ok(()),
+                    Some(pod) if note.contains(&format!("(pod {pod} is restarting)")) => Ok(()),
                     None if !by_early => Ok(()),
                     _ => Err(format!("expected early={early:?}: {note:?}")),
                 }

@@ -158,21 +158,16 @@ pub(super) fn record_progress(
         shared.with_entry(key, |e| {
             e.restart_began = Some((deprecated, Instant::now()))
         });
-        // What started it: a pod's kubelet seen restarting it (early failure detection), a
-        // counted pod being deleted (a lost member), or a pod registered above the deprecated
-        // epoch.
+        // What started it: a pod's kubelet seen restarting it (early failure detection), or a
+        // pod registered above the deprecated epoch.
         let trigger = match &decision.early {
-            Some(pod) if decision.early_lost => {
-                shared.metrics.early_group_restarts.inc();
-                format!(" (pod {pod} is being deleted)")
-            }
             Some(pod) => {
                 shared.metrics.early_group_restarts.inc();
                 format!(" (pod {pod} is restarting)")
             }
             None => String::new(),
         };
-        tracing::info!(namespace = %key.namespace, jobset = %key.name, epoch = deprecated, pods = decision.pods_to_restart, early = decision.early.as_deref(), lost = decision.early_lost, "group restart started");
+        tracing::info!(namespace = %key.namespace, jobset = %key.name, epoch = deprecated, pods = decision.pods_to_restart, early = decision.early.as_deref(), "group restart started");
         emit(
             shared,
             key,

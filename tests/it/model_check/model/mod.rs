@@ -88,11 +88,6 @@ pub enum Variant {
     /// Early failure detection without the arming: any `AllContainersRestarting=True` seen at the
     /// synced epoch counts as a new failure, a stale one too.
     ReconcilerTrustsAnyRestarting,
-    /// The Job controller replaces a pod as soon as its deletion began, not once it has ended
-    /// (`podReplacementPolicy: TerminatingOrFailed`, the Job API's default, which the webhook
-    /// refuses; or a Job deleted with background propagation and created again at once): the
-    /// replacement's worker may run beside the deleted pod's.
-    ReplacesTerminatingPods,
 }
 
 /// What agents read their JobSet's epochs from.
@@ -129,11 +124,6 @@ pub struct Config {
     pub failures: u8,
     /// Lost nodes may be among the failures (the pod fails and is replaced).
     pub node_loss: bool,
-    /// Deletions may be among the failures (an eviction, a drain, a preemption, a user's
-    /// delete): the pod is terminating, its worker runs until the kubelet ends it, and the Job
-    /// controller replaces it once it has ended (`podReplacementPolicy: Failed`). The reconciler
-    /// takes a counted pod's deletion for a lost member ([`protocol::member_lost`]).
-    pub deletions: bool,
     /// Wipes of both epoch fields by another status writer.
     pub wipes: u8,
     /// Reconciler restarts (a new leader with empty caches).
@@ -159,7 +149,6 @@ impl Config {
             pods,
             failures,
             node_loss: true,
-            deletions: false,
             wipes: 1,
             reconciler_restarts: 0,
             late_registrations: true,
@@ -185,7 +174,7 @@ impl fmt::Display for Config {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{}{} dialect, {} pods, {} failures{}{}, {} wipes, {} reconciler restarts{}{}{}{}{}",
+            "{}{} dialect, {} pods, {} failures{}, {} wipes, {} reconciler restarts{}{}{}{}{}",
             match self.agents_read {
                 AgentsRead::Published => "",
                 AgentsRead::JobSet => "agents watch the JobSet, ",
@@ -197,11 +186,6 @@ impl fmt::Display for Config {
                 " (crashes or lost nodes)"
             } else {
                 " (crashes)"
-            },
-            if self.deletions {
-                " (or deletions)"
-            } else {
-                ""
             },
             self.wipes,
             self.reconciler_restarts,
@@ -301,10 +285,8 @@ pub enum Agent {
 pub struct Pod {
     /// Its epoch annotation.
     pub annotation: Option<Epoch>,
-    /// Phase `Failed` (lost node, or a deleted pod the kubelet ended).
+    /// Phase `Failed` (lost node).
     pub failed: bool,
-    /// Its deletion began (`deletionTimestamp`): the kubelet restarts and starts nothing in it.
-    pub terminating: bool,
     /// Failed and replaced by the Job controller.
     pub replaced: bool,
     pub agent: Agent,
@@ -324,7 +306,6 @@ impl Pod {
         Pod {
             annotation: None,
             failed: false,
-            terminating: false,
             replaced: false,
             agent: Agent::Starting,
             worker: None,
@@ -337,7 +318,7 @@ impl Pod {
     /// What the kubelet knows of the condition: the pod's containers are being restarted
     /// (from the exit that matched a rule until the new agent starts).
     fn kubelet_restarting(&self) -> bool {
-        !self.failed && !self.terminating && self.agent == Agent::Exited
+        !self.failed && self.agent == Agent::Exited
     }
 
     fn agent_alive(&self) -> bool {
@@ -430,7 +411,6 @@ impl RecPod {
 pub struct Seen {
     pub annotation: Option<Epoch>,
     pub failed: bool,
-    pub terminating: bool,
     /// Its `AllContainersRestarting` condition.
     pub restarting: bool,
 }
@@ -440,7 +420,6 @@ impl Seen {
         Seen {
             annotation: pod.annotation,
             failed: pod.failed,
-            terminating: pod.terminating,
             restarting: pod.restarting,
         }
     }
@@ -566,11 +545,6 @@ pub enum Action {
     AgentCrashes { pod: usize, late: bool },
     /// Fault: the node of pod object `i` is lost; the pod fails.
     NodeLost(usize),
-    /// Fault: pod object `i` is deleted (an eviction, a drain, a preemption, a user's delete):
-    /// its deletion begins.
-    PodDeleted(usize),
-    /// The kubelet ends deleted pod object `i`: its containers are gone, the pod fails.
-    KubeletEndsPod(usize),
     /// Fault: another status writer drops both epoch fields.
     StatusWiped,
     /// Fault: the reconciler restarts (or leadership moves): its caches start empty.
@@ -584,7 +558,6 @@ impl Action {
             Action::WorkerCrashes(_)
                 | Action::AgentCrashes { .. }
                 | Action::NodeLost(_)
-                | Action::PodDeleted(_)
                 | Action::StatusWiped
                 | Action::ReconcilerRestarts
         )
@@ -763,12 +736,11 @@ fn format_key(pair: &(Pod, RecPod)) -> impl Ord + use<> {
     (
         (
             (p.failed, p.replaced, p.annotation, p.worker, p.born, p.late),
-            (p.restarting, p.terminating),
+            p.restarting,
         ),
         (agent.0, agent.1, status_key(agent.2), agent.3, agent.4),
         (
-            r.seen
-                .map(|s| (s.failed, s.annotation, s.restarting, s.terminating)),
+            r.seen.map(|s| (s.failed, s.annotation, s.restarting)),
             r.counted,
             r.armed,
             r.begun,

@@ -46,9 +46,6 @@ fn pod(st: &State, i: usize, p: &Pod) -> String {
     if p.restarting {
         out.push_str(", AllContainersRestarting=True");
     }
-    if p.terminating {
-        out.push_str(", terminating");
-    }
     out
 }
 
@@ -60,9 +57,6 @@ fn seen(r: &RecPod) -> String {
     };
     if r.seen.is_some_and(|s| s.restarting) {
         out.push_str(" restarting");
-    }
-    if r.seen.is_some_and(|s| s.terminating) {
-        out.push_str(" terminating");
     }
     if r.begun {
         out.push_str(" (begun)");

@@ -85,7 +85,7 @@ impl ProtocolModel {
                     name: pod_name(i),
                     uid: pod_name(i),
                     failed: s.failed,
-                    terminating: s.terminating,
+                    terminating: false,
                     epoch_annotation: s.annotation.map(|e| e.to_string()),
                     max_restart_count: 0,
                     counted_in_last_sync: r.counted,
@@ -113,7 +113,6 @@ impl ProtocolModel {
                 Variant::ReconcilerWithoutMemory => None,
                 _ => last_deprecated,
             },
-            leaving: false,
             pods: &pods,
         };
         let mut decision = protocol::reconcile_decide(&input);
@@ -260,14 +259,14 @@ impl ProtocolModel {
                 else {
                     return None;
                 };
-                if p.worker.is_some() || p.terminating {
+                if p.worker.is_some() {
                     return None;
                 }
                 p.worker = Some(epoch);
             }
             Action::KubeletRestartsPod(i) => {
                 let p = s.pods.get_mut(i)?;
-                if p.failed || p.terminating || p.agent != Agent::Exited {
+                if p.failed || p.agent != Agent::Exited {
                     return None;
                 }
                 p.worker = None;
@@ -276,11 +275,7 @@ impl ProtocolModel {
             }
             Action::KubeletWritesCondition(i) => {
                 let p = s.pods.get_mut(i)?;
-                if !cfg.kubelet_condition
-                    || p.failed
-                    || p.terminating
-                    || p.restarting == p.kubelet_restarting()
-                {
+                if !cfg.kubelet_condition || p.failed || p.restarting == p.kubelet_restarting() {
                     return None;
                 }
                 p.restarting = p.kubelet_restarting();
@@ -299,9 +294,7 @@ impl ProtocolModel {
             }
             Action::JobControllerReplaces(i) => {
                 let p = s.pods.get_mut(i)?;
-                let gone =
-                    p.failed || (p.terminating && cfg.variant == Variant::ReplacesTerminatingPods);
-                if !gone || p.replaced {
+                if !p.failed || p.replaced {
                     return None;
                 }
                 p.replaced = true;
@@ -427,7 +420,7 @@ impl ProtocolModel {
                     return None;
                 }
                 let p = s.pods.get(pod)?;
-                if p.failed || p.terminating || p.worker.is_none() || !p.agent_alive() {
+                if p.failed || p.worker.is_none() || !p.agent_alive() {
                     return None;
                 }
                 Self::fail(&mut s);
@@ -440,7 +433,7 @@ impl ProtocolModel {
                     return None;
                 }
                 let p = s.pods.get(pod)?;
-                if p.failed || p.terminating || !p.agent_alive() {
+                if p.failed || !p.agent_alive() {
                     return None;
                 }
                 let in_flight = match (late, p.agent) {
@@ -457,7 +450,7 @@ impl ProtocolModel {
                 if s.failures_left == 0 || !cfg.node_loss {
                     return None;
                 }
-                if s.pods.get(pod)?.failed || s.pods.get(pod)?.terminating {
+                if s.pods.get(pod)?.failed {
                     return None;
                 }
                 Self::fail(&mut s);
@@ -467,38 +460,7 @@ impl ProtocolModel {
                 *p = Pod {
                     annotation: None,
                     failed: true,
-                    terminating: false,
                     replaced: false,
-                    agent: Agent::Gone,
-                    worker: None,
-                    born: 0,
-                    late: None,
-                    restarting: false,
-                };
-            }
-            Action::PodDeleted(pod) => {
-                if s.failures_left == 0 || !cfg.deletions {
-                    return None;
-                }
-                let p = s.pods.get(pod)?;
-                if p.failed || p.terminating {
-                    return None;
-                }
-                Self::fail(&mut s);
-                s.pods[pod].terminating = true;
-            }
-            Action::KubeletEndsPod(pod) => {
-                let p = s.pods.get_mut(pod)?;
-                if p.failed || !p.terminating {
-                    return None;
-                }
-                // As a lost node's pod: nothing that could tell two failed pods apart, but
-                // whether it was replaced already (`ReplacesTerminatingPods`).
-                *p = Pod {
-                    annotation: None,
-                    failed: true,
-                    terminating: false,
-                    replaced: p.replaced,
                     agent: Agent::Gone,
                     worker: None,
                     born: 0,
@@ -649,12 +611,9 @@ impl ProtocolModel {
             if p.late.is_some() {
                 out.push(Action::LateRegistrationLands(i));
             }
-            if p.terminating {
-                out.push(Action::KubeletEndsPod(i));
-            }
         }
         for (i, p) in state.pods.iter().enumerate() {
-            if (p.failed || p.terminating) && !p.replaced {
+            if p.failed && !p.replaced {
                 out.push(Action::JobControllerReplaces(i));
             }
         }
@@ -684,9 +643,6 @@ impl ProtocolModel {
                     out.push(Action::AgentCrashes { pod: i, late: true });
                 }
                 out.push(Action::NodeLost(i));
-                if self.config.deletions {
-                    out.push(Action::PodDeleted(i));
-                }
             }
         }
         out.push(Action::StatusWiped);
@@ -707,11 +663,7 @@ impl ProtocolModel {
     /// `e` and the deprecated epoch below it (present once there was a restart), every barrier
     /// lifted and every worker running at `e`, none owing a restart.
     pub fn converged(&self, state: &State) -> bool {
-        let live: Vec<&Pod> = state
-            .pods
-            .iter()
-            .filter(|p| !p.failed && !p.terminating)
-            .collect();
+        let live: Vec<&Pod> = state.pods.iter().filter(|p| !p.failed).collect();
         if live.len() != usize::from(self.config.pods) {
             return false;
         }
