@@ -227,6 +227,13 @@ pub struct PodView {
 }
 
 impl PodView {
+    /// Its worker started at `at` (the node's clock).
+    fn worker_started(&mut self, at: Duration) {
+        self.worker_running = true;
+        self.worker_starts += 1;
+        self.worker_runs.push((at, None));
+    }
+
     fn worker_stopped(&mut self, at: Duration) {
         self.worker_running = false;
         if let Some(run) = self.worker_runs.last_mut() {
@@ -353,6 +360,12 @@ impl Shared {
 
     fn view(&self, name: &str, f: impl FnOnce(&mut PodView)) {
         f(lock(&self.views).entry(name.to_owned()).or_default());
+    }
+
+    /// The API server acknowledged the status that shows `name`'s worker running (now).
+    fn running_written(&self, name: &str) {
+        let at = self.started.elapsed();
+        self.view(name, |v| v.running_written.push(at));
     }
 
     /// `call` under the API timeout; its error (or the timeout) as text.

@@ -367,8 +367,7 @@ pub(super) async fn run_pod(
             tokio::select! {
                 _ = status.wait_written(running_seq.unwrap_or_default()), if running_seq.is_some() => {
                     running_seq = None;
-                    let at = shared.started.elapsed();
-                    shared.view(&name, |v| v.running_written.push(at));
+                    shared.running_written(&name);
                 }
                 changed = stop.changed() => {
                     if changed.is_err() || *stop.borrow() {
@@ -402,11 +401,7 @@ pub(super) async fn run_pod(
                             st.worker.ready = true;
                             st.phase = "Running";
                             let at = shared.started.elapsed();
-                            shared.view(&name, |v| {
-                                v.worker_running = true;
-                                v.worker_starts += 1;
-                                v.worker_runs.push((at, None));
-                            });
+                            shared.view(&name, |v| v.worker_started(at));
                             shared.log(format!("{name}: barrier lifted; worker started"));
                             running_seq = Some(status.set(&mut st));
                         } else {
@@ -537,19 +532,14 @@ pub(super) async fn run_plain_pod(
         st.worker.ready = true;
         st.phase = "Running";
         let at = shared.started.elapsed();
-        shared.view(&name, |v| {
-            v.worker_running = true;
-            v.worker_starts += 1;
-            v.worker_runs.push((at, None));
-        });
+        shared.view(&name, |v| v.worker_started(at));
         let mut running_seq = Some(status.set(&mut st));
         shared.log(format!("{name}: no agent; worker started"));
         let exit = loop {
             tokio::select! {
                 _ = status.wait_written(running_seq.unwrap_or_default()), if running_seq.is_some() => {
                     running_seq = None;
-                    let at = shared.started.elapsed();
-                    shared.view(&name, |v| v.running_written.push(at));
+                    shared.running_written(&name);
                 }
                 changed = stop.changed() => {
                     if changed.is_err() || *stop.borrow() {
